@@ -1,0 +1,352 @@
+//! The one error type of the request path and its one mapping to an HTTP response:
+//! status, headers and OpenAI's `{"error": {"message", "type", "param", "code"}}` body.
+//! Every room returns its own typed failure; they all become an [`ApiError`] here.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use std::time::Duration;
+
+/// Rate-limit headers of a 429 (OpenAI's `x-ratelimit-*` set).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimitHeaders {
+    /// Decode bucket capacity (tokens).
+    pub limit_tokens: u64,
+    /// Decode tokens available now.
+    pub remaining_tokens: u64,
+    /// Time until the decode bucket is full again.
+    pub reset_tokens: Duration,
+    /// Request bucket capacity.
+    pub limit_requests: u64,
+    /// Requests available now.
+    pub remaining_requests: u64,
+    /// Time until the request bucket is full again.
+    pub reset_requests: Duration,
+}
+
+/// What went wrong, in the terms the client sees.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// OpenAI `error.code`.
+    pub code: &'static str,
+    /// OpenAI `error.type`.
+    pub kind: &'static str,
+    /// Human message naming the field and the numbers.
+    pub message: String,
+    /// Offending parameter, if one.
+    pub param: Option<String>,
+    /// `retry-after`, rounded up to whole seconds when sent.
+    pub retry_after: Option<Duration>,
+    /// `x-ratelimit-*` headers of a 429.
+    pub rate_limit: Option<RateLimitHeaders>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, kind: &'static str, message: String) -> Self {
+        Self {
+            status,
+            code,
+            kind,
+            message,
+            param: None,
+            retry_after: None,
+            rate_limit: None,
+        }
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 400 `invalid_request` about one parameter.
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        Self::invalid(message).with_param(param)
+    }
+
+    /// 400 `context_length_exceeded`.
+    pub fn context_length(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 400 `exceeds_tenant_burst`: the request can never fit the tenant's bucket.
+    pub fn exceeds_burst(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "exceeds_tenant_burst",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 400 `exceeds_kv_capacity`: the request can never fit any backend's KV cache.
+    pub fn exceeds_kv(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "exceeds_kv_capacity",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 401 `invalid_api_key`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 404 `model_not_found`.
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            "invalid_request_error",
+            format!("The model `{model}` does not exist or you do not have access to it."),
+        )
+        .with_param("model")
+    }
+
+    /// 405 `method_not_allowed`.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 413 `payload_too_large`.
+    pub fn payload_too_large(limit_bytes: u64) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            "invalid_request_error",
+            format!("request body is larger than the limit of {limit_bytes} bytes"),
+        )
+    }
+
+    /// 415 `unsupported_media_type`.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 429 `rate_limit_exceeded`.
+    pub fn rate_limited(
+        message: impl Into<String>,
+        retry_after: Duration,
+        headers: RateLimitHeaders,
+    ) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            "requests",
+            message.into(),
+        );
+        e.retry_after = Some(retry_after);
+        e.rate_limit = Some(headers);
+        e
+    }
+
+    /// 503 `capacity_exhausted`: the KV queue is full or the wait passed its deadline.
+    pub fn capacity_exhausted(message: impl Into<String>, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "capacity_exhausted",
+            "server_error",
+            message.into(),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 503 `overloaded`: a local resource (the tokenizer pool) is saturated.
+    pub fn overloaded(message: impl Into<String>, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "server_error",
+            message.into(),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 502 `upstream_error`.
+    pub fn upstream(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_error",
+            "server_error",
+            message.into(),
+        )
+    }
+
+    /// 504 `upstream_timeout`.
+    pub fn upstream_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_timeout",
+            "server_error",
+            message.into(),
+        )
+    }
+
+    /// 500 `internal_error`: a bug; the message never carries internals.
+    pub fn internal() -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "server_error",
+            "internal error in the gateway; see its logs".to_string(),
+        )
+    }
+
+    /// Names the offending parameter.
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    /// The OpenAI error body.
+    pub fn body_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+
+    /// The full HTTP response: status, headers and body.
+    pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
+        let body = Bytes::from(self.body_json().to_string());
+        let mut resp = Response::new(B::from(body));
+        *resp.status_mut() = self.status;
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(wait) = self.retry_after {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+        }
+        if let Some(rl) = &self.rate_limit {
+            let pairs = [
+                ("x-ratelimit-limit-tokens", rl.limit_tokens.to_string()),
+                ("x-ratelimit-remaining-tokens", rl.remaining_tokens.to_string()),
+                ("x-ratelimit-reset-tokens", format_reset(rl.reset_tokens)),
+                ("x-ratelimit-limit-requests", rl.limit_requests.to_string()),
+                (
+                    "x-ratelimit-remaining-requests",
+                    rl.remaining_requests.to_string(),
+                ),
+                ("x-ratelimit-reset-requests", format_reset(rl.reset_requests)),
+            ];
+            for (name, value) in pairs {
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    h.insert(name, v);
+                }
+            }
+        }
+        resp
+    }
+}
+
+/// `retry-after` in whole seconds, rounded up, never 0 for a positive wait.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let whole = wait.as_secs();
+    if wait.subsec_nanos() > 0 {
+        whole + 1
+    } else {
+        whole
+    }
+}
+
+/// OpenAI's reset duration format: `12ms`, `1s`, `1.5s`, `6m0s`.
+pub fn format_reset(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let total_secs = d.as_secs_f64();
+    if total_secs < 60.0 {
+        let s = (total_secs * 1000.0).ceil() / 1000.0;
+        return format!("{s}s");
+    }
+    let mins = d.as_secs() / 60;
+    let secs = d.as_secs() % 60;
+    if mins < 60 {
+        format!("{mins}m{secs}s")
+    } else {
+        format!("{}h{}m{}s", mins / 60, mins % 60, secs)
+    }
+}
+
+/// The body type used for locally generated responses.
+pub type FullBody = Full<Bytes>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(2)), 2);
+        assert_eq!(retry_after_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(retry_after_secs(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn reset_format_matches_openai() {
+        assert_eq!(format_reset(Duration::from_millis(12)), "12ms");
+        assert_eq!(format_reset(Duration::from_secs(1)), "1s");
+        assert_eq!(format_reset(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+    }
+
+    #[test]
+    fn error_body_has_openai_shape() {
+        let e = ApiError::invalid_param("max_tokens", "max_tokens must be at least 1");
+        assert_eq!(
+            e.body_json(),
+            serde_json::json!({"error": {"message": "max_tokens must be at least 1",
+                "type": "invalid_request_error", "param": "max_tokens", "code": "invalid_request"}})
+        );
+    }
+}
