@@ -143,6 +143,16 @@ impl ApiError {
         )
     }
 
+    /// 408 `request_timeout`: the body did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
     /// 413 `payload_too_large`.
     pub fn payload_too_large(limit_bytes: u64) -> Self {
         Self::new(
