@@ -5,5 +5,8 @@
 
 pub mod byte_level;
 pub mod cli;
+pub mod engine;
 pub mod import;
 pub mod preset;
+
+pub use engine::{Engine, EngineChoice, Tokenizer};
