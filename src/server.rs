@@ -47,7 +47,9 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_default();
     tracing::error!(panic = %what, "handler panicked; its reservation and lease were released by their guards");
-    ApiError::internal().to_response::<String>().map(|b| b.to_string())
+    let e = ApiError::internal();
+    let (parts, _) = e.to_response::<http_body_util::Full<bytes::Bytes>>().into_parts();
+    Response::from_parts(parts, e.body_json().to_string())
 }
 
 async fn route_main(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<GatewayBody>, std::convert::Infallible> {

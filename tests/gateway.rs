@@ -433,3 +433,52 @@ async fn admin_and_metrics_show_the_contract() {
         assert!(m.contains(name), "{name} missing");
     }
 }
+
+#[tokio::test]
+async fn speaks_h2c_with_prior_knowledge() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let stream = tokio::net::TcpStream::connect(gw.running.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-alice")
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat("hi", 2, false).to_string())))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    use http_body_util::BodyExt;
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
+    let backend = FakeBackend::start(FakeSpec { hold: true, ..FakeSpec::default() }).await;
+    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
+    let addr = gw.running.addr;
+    let inflight = {
+        let url = gw.url("/v1/chat/completions");
+        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 3, true)).await })
+    };
+    backend.wait_held(1).await;
+    let shutdown = tokio::spawn(gw.running.shutdown());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "listener still accepting");
+        tokio::task::yield_now().await;
+    }
+    backend.release.add_permits(1);
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(sse_data(&r.body).len(), 4, "the whole stream arrived");
+    shutdown.await.unwrap();
+}

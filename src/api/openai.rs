@@ -27,7 +27,7 @@ impl Endpoint {
 }
 
 /// What must be tokenized to know a request's prefill cost.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Prompt {
     /// A chat, rendered with the chat template before counting.
     Chat(ChatPrompt),
@@ -441,18 +441,9 @@ mod tests {
     #[test]
     fn completion_prompts() {
         let p = |v| parse(Endpoint::Completions, v).map(|r| r.prompt);
-        assert_eq!(
-            p(json!({"model": "qwen", "prompt": "a b"})).unwrap(),
-            Prompt::Text("a b".into())
-        );
-        assert_eq!(
-            p(json!({"model": "qwen", "prompt": ["a b"]})).unwrap(),
-            Prompt::Text("a b".into())
-        );
-        assert_eq!(
-            p(json!({"model": "qwen", "prompt": [1, 2, 3]})).unwrap(),
-            Prompt::TokenIds(vec![1, 2, 3])
-        );
+        assert!(matches!(p(json!({"model": "qwen", "prompt": "a b"})), Ok(Prompt::Text(t)) if t == "a b"));
+        assert!(matches!(p(json!({"model": "qwen", "prompt": ["a b"]})), Ok(Prompt::Text(t)) if t == "a b"));
+        assert!(matches!(p(json!({"model": "qwen", "prompt": [1, 2, 3]})), Ok(Prompt::TokenIds(ids)) if ids == [1, 2, 3]));
         assert!(p(json!({"model": "qwen", "prompt": ["a", "b"]})).is_err());
         assert!(p(json!({"model": "qwen", "prompt": ""})).is_err());
     }

@@ -14,7 +14,7 @@ use crate::error::{ApiError, RateLimitHeaders};
 use crate::limiter::{Cost, Denial, Limiter, Reservation, TenantSnapshot};
 use crate::metrics::{self, Metrics};
 use crate::tenant::{Tenant, TenantDirectory};
-use crate::tokenize::chat::ChatCounter;
+use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::{PoolError, TokenizePool};
 use crate::tokenize::Tokenizer;
 use bytes::Bytes;
@@ -149,7 +149,7 @@ impl Gateway {
             .observe(started.elapsed().as_secs_f64());
         match counted {
             Ok(Ok(n)) => Ok(n),
-            Ok(Err(template)) => Err(ApiError::invalid_param("messages", template.to_string())),
+            Ok(Err(template)) => Err(template.into()),
             Err(e) => Err(pool_error(e)),
         }
     }
@@ -161,14 +161,14 @@ impl Gateway {
         let encoded = self
             .pool
             .run(move || match prompt {
-                Prompt::Chat(p) => chat.render(&p).map(|text| tok.encode(&text)),
+                Prompt::Chat(p) => chat.template().render(&p).map(|text| tok.encode(&text)),
                 Prompt::Text(t) => Ok(tok.encode(&t)),
                 Prompt::TokenIds(ids) => Ok(ids),
             })
             .await;
         match encoded {
             Ok(Ok(ids)) => Ok(ids),
-            Ok(Err(template)) => Err(ApiError::invalid_param("messages", template.to_string())),
+            Ok(Err(template)) => Err(template.into()),
             Err(e) => Err(pool_error(e)),
         }
     }
@@ -423,7 +423,7 @@ pub fn denial_error(tenant: &str, d: Denial) -> ApiError {
             format!(
                 "rate limit of tenant `{tenant}`: the {bucket} bucket needs {needed} tokens but has {} available now (refills at {}/s); retry in {:.3}s",
                 available.floor() as u64,
-                fmt_rate(bucket_rate(&snapshot, bucket)),
+                fmt_rate(snapshot.bucket(bucket).rate_per_second),
                 retry_after.as_secs_f64()
             ),
             retry_after,
@@ -433,15 +433,6 @@ pub fn denial_error(tenant: &str, d: Denial) -> ApiError {
             "the request needs {needed} {bucket} tokens but tenant `{tenant}`'s {bucket} bucket holds at most {} (rate x burst_seconds); it can never be admitted: shorten it or lower max_tokens",
             capacity.floor() as u64
         )),
-    }
-}
-
-fn bucket_rate(s: &TenantSnapshot, bucket: crate::limiter::BucketKind) -> f64 {
-    use crate::limiter::BucketKind::*;
-    match bucket {
-        Prefill => s.prefill.rate_per_second,
-        Decode => s.decode.rate_per_second,
-        Requests => s.requests.rate_per_second,
     }
 }
 

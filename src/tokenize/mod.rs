@@ -12,3 +12,9 @@ pub mod import;
 pub mod preset;
 
 pub use engine::{Engine, EngineChoice, Tokenizer};
+
+impl chat::CountTokens for Tokenizer {
+    fn count(&self, text: &str) -> usize {
+        Tokenizer::count(self, text)
+    }
+}
