@@ -7,6 +7,8 @@ pub mod byte_level;
 pub mod cli;
 pub mod engine;
 pub mod import;
+pub mod pool;
 pub mod preset;
 
 pub use engine::{Engine, EngineChoice, Tokenizer};
+pub use pool::{PoolError, TokenizePool};
