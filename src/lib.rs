@@ -6,5 +6,6 @@
 //! on every path.
 #![forbid(unsafe_code)]
 
+pub mod capacity;
 pub mod clock;
 pub mod error;
