@@ -8,3 +8,4 @@
 
 pub mod clock;
 pub mod error;
+pub mod sim;
