@@ -9,3 +9,4 @@
 pub mod clock;
 pub mod error;
 pub mod sim;
+pub mod tokenize;
