@@ -4,6 +4,8 @@
 //! CLI commands.
 
 pub mod byte_level;
+pub mod cache;
+pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod import;
