@@ -273,19 +273,28 @@ impl ApiError {
             HeaderValue::from_static("application/json"),
         );
         if let Some(wait) = self.retry_after {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+            h.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(wait)),
+            );
         }
         if let Some(rl) = &self.rate_limit {
             let pairs = [
                 ("x-ratelimit-limit-tokens", rl.limit_tokens.to_string()),
-                ("x-ratelimit-remaining-tokens", rl.remaining_tokens.to_string()),
+                (
+                    "x-ratelimit-remaining-tokens",
+                    rl.remaining_tokens.to_string(),
+                ),
                 ("x-ratelimit-reset-tokens", format_reset(rl.reset_tokens)),
                 ("x-ratelimit-limit-requests", rl.limit_requests.to_string()),
                 (
                     "x-ratelimit-remaining-requests",
                     rl.remaining_requests.to_string(),
                 ),
-                ("x-ratelimit-reset-requests", format_reset(rl.reset_requests)),
+                (
+                    "x-ratelimit-reset-requests",
+                    format_reset(rl.reset_requests),
+                ),
             ];
             for (name, value) in pairs {
                 if let Ok(v) = HeaderValue::from_str(&value) {
