@@ -28,6 +28,21 @@ enum Command {
         /// Config file (TOML).
         config: PathBuf,
     },
+    /// Tokenizer tools.
+    Tokenizer {
+        #[command(subcommand)]
+        command: TokenizerCommand,
+    },
+    /// Capacity model of an accelerator + model (roofline, or the seed article's formula).
+    Capacity(crate::capacity::cli::CapacityArgs),
+    /// Run the simulated backend (OpenAI + MindIE APIs on a 910B3 capacity model).
+    Sim(crate::sim::cli::SimArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenizerCommand {
+    /// Build a HuggingFace tokenizer.json from tiktoken ranks.
+    Import(crate::tokenize::cli::ImportArgs),
 }
 
 fn init_tracing() {
@@ -74,5 +89,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::config::describe(&cfg));
             Ok(())
         }
+        Command::Tokenizer {
+            command: TokenizerCommand::Import(args),
+        } => crate::tokenize::cli::run_import(args),
+        Command::Capacity(args) => crate::capacity::cli::run_capacity(args),
+        Command::Sim(args) => crate::sim::cli::run_sim(args),
     }
 }

@@ -283,6 +283,8 @@ async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
     gw.wait_queued(0).await;
     gw.wait_metric("tokengate_requests_total{tenant=\"bob\",outcome=\"client_disconnect\"}", "1").await;
     assert_eq!(gw.bucket("bob", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("bob", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("bob", "requests").await, 100.0);
     backend.release.add_permits(1);
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(gw.kv_reserved(0).await, 0);

@@ -75,7 +75,7 @@ impl Admitted {
 
     /// Index of the backend the lease is on.
     pub fn backend(&self) -> usize {
-        self.lease.as_ref().map_or(0, |l| l.backend)
+        self.lease.as_ref().map_or(0, |l| l.backend())
     }
 
     /// The request never reached a backend (or the backend failed before answering): give

@@ -271,8 +271,15 @@ impl Gateway {
             decode: max_output,
             requests: 1,
         };
-        let mut reservation = self.charge(&tenant, cost).await?;
-        let lease = match self.admit(&tenant, prompt_tokens + max_output).await {
+        let mut queued = Queued {
+            reservation: Some(self.charge(&tenant, cost).await?),
+            tenant: &tenant.name,
+            metrics: &self.metrics,
+        };
+        let admitted = self.admit(&tenant, prompt_tokens + max_output).await;
+        let mut reservation = queued.reservation.take().expect("taken only here");
+        drop(queued);
+        let lease = match admitted {
             Ok(l) => l,
             Err(e) => {
                 reservation.refund_all();
@@ -406,13 +413,30 @@ impl Gateway {
     }
 }
 
+/// A charged request waiting for KV space. Dropped there (the client went away), it gives back
+/// everything that was charged, since nothing reached a backend, and counts the disconnect.
+struct Queued<'a> {
+    reservation: Option<Reservation>,
+    tenant: &'a str,
+    metrics: &'a Metrics,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.reservation.take() {
+            r.refund_all();
+            self.metrics.outcome(self.tenant, "client_disconnect");
+        }
+    }
+}
+
 fn pool_error(e: PoolError) -> ApiError {
     match e {
-        PoolError::Full => ApiError::overloaded(
-            "all tokenizer workers are busy and their queue is full; retry shortly",
+        PoolError::Full { queue_depth } => ApiError::overloaded(
+            format!("all tokenizer workers are busy and {queue_depth} jobs already wait (tokenizer.queue_depth); retry shortly"),
             Duration::from_secs(1),
         ),
-        _ => ApiError::internal(),
+        PoolError::Panicked => ApiError::internal(),
     }
 }
 

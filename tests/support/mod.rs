@@ -105,6 +105,10 @@ impl FakeBackend {
             loop {
                 let Ok((stream, _)) = listener.accept().await else { return };
                 let (s, r, h) = (s.clone(), r.clone(), h.clone());
+                if let Behaviour::ResetAfter(n) = spec.behaviour {
+                    tokio::spawn(reset_after(stream, n, s));
+                    continue;
+                }
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| {
                         handle(spec, s.clone(), r.clone(), h.clone(), req)
@@ -136,6 +140,44 @@ impl FakeBackend {
             .map(|b| b["max_tokens"].as_u64().unwrap())
             .collect()
     }
+}
+
+/// Speaks raw HTTP/1.1 so the break is exact: reads one request, streams `n` SSE token chunks
+/// (flushed), then closes the connection without ending the chunked body.
+async fn reset_after(mut stream: tokio::net::TcpStream, n: u64, seen: Arc<Mutex<Vec<Value>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let (head_end, len) = loop {
+        let read = stream.read(&mut chunk).await.unwrap();
+        assert!(read > 0, "client closed before sending a request");
+        buf.extend_from_slice(&chunk[..read]);
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..p]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .unwrap_or(0);
+            break (p + 4, len);
+        }
+    };
+    while buf.len() < head_end + len {
+        let read = stream.read(&mut chunk).await.unwrap();
+        buf.extend_from_slice(&chunk[..read]);
+    }
+    seen.lock().unwrap().push(serde_json::from_slice(&buf[head_end..head_end + len]).unwrap());
+    if n == 0 {
+        return; // close before any answer
+    }
+    let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..n {
+        let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": WORD}}]});
+        let event = format!("data: {chunk}\n\n");
+        out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+    }
+    stream.write_all(&out).await.unwrap();
+    stream.flush().await.unwrap();
 }
 
 type FakeBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
@@ -207,12 +249,6 @@ async fn handle(
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     tokio::spawn(async move {
         for i in 0..n {
-            if spec.behaviour == Behaviour::ResetAfter(i) {
-                let _ = tx
-                    .send(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset")))
-                    .await;
-                return;
-            }
             let delta = if chat {
                 json!({"index": 0, "delta": {"content": WORD}})
             } else {
