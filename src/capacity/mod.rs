@@ -18,7 +18,7 @@ pub use profile::{
 };
 pub use roofline::{
     mean_context_tokens, sequence_footprint_bytes, Bottleneck, Calibration, CapacityInputs,
-    RooflineReport, SafeBatch, StepTerms, DEFAULT_BLOCK_TOKENS, DEFAULT_EFFICIENCY,
+    RooflineReport, SafeBatch, StepBound, StepTerms, DEFAULT_BLOCK_TOKENS, DEFAULT_EFFICIENCY,
     DEFAULT_RESERVE_BYTES, DEFAULT_TPOT_SLO_SECONDS,
 };
 pub use seed::{estimate_llm_performance_v3, SeedInputs, SeedReport};

@@ -93,6 +93,35 @@ impl Bottleneck {
     }
 }
 
+/// Which roofline term sets a decode step's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepBound {
+    /// Reading weights, KV and state from HBM takes longer than the arithmetic.
+    Bandwidth,
+    /// The arithmetic takes longer than the reads.
+    Compute,
+}
+
+impl StepBound {
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StepBound::Bandwidth => "bandwidth-bound",
+            StepBound::Compute => "compute-bound",
+        }
+    }
+}
+
+impl From<StepBound> for Bottleneck {
+    fn from(bound: StepBound) -> Self {
+        match bound {
+            StepBound::Bandwidth => Bottleneck::Bandwidth,
+            StepBound::Compute => Bottleneck::Compute,
+        }
+    }
+}
+
 /// The largest batch a deployment can run for one workload, and why not more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SafeBatch {
@@ -122,11 +151,11 @@ impl StepTerms {
     }
 
     /// Which of the two binds (bandwidth on a tie).
-    pub fn bound(&self) -> Bottleneck {
+    pub fn bound(&self) -> StepBound {
         if self.memory_seconds >= self.compute_seconds {
-            Bottleneck::Bandwidth
+            StepBound::Bandwidth
         } else {
-            Bottleneck::Compute
+            StepBound::Compute
         }
     }
 }
@@ -305,7 +334,7 @@ impl CapacityInputs {
             Bottleneck::EngineMaxBatch
         } else {
             // the batch that broke the target shows which term did it
-            self.decode_step_terms(sla + 1, ctx).bound()
+            self.decode_step_terms(sla + 1, ctx).bound().into()
         };
         SafeBatch {
             memory,
@@ -473,7 +502,7 @@ pub struct RooflineReport {
     /// Batch the step figures below are evaluated at (`--batch`, else the safe batch).
     pub batch: u64,
     /// Which roofline term binds the step at `batch`.
-    pub step_bound: Bottleneck,
+    pub step_bound: StepBound,
     /// Time to read the weights once (the floor of every step), ms.
     pub weight_read_ms: f64,
     /// Decode step time at `batch`, ms.
@@ -516,7 +545,7 @@ pub struct Calibration {
     /// (observed / predicted - 1) x 100.
     pub gap_percent: f64,
     /// Which term the model says binds at that batch.
-    pub predicted_bound: Bottleneck,
+    pub predicted_bound: StepBound,
     /// Fraction of peak bandwidth the observation implies (the step's bytes / observed time).
     pub implied_bandwidth_efficiency: f64,
     /// Bandwidth the observation implies, bytes/s.

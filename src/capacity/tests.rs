@@ -119,7 +119,7 @@ fn full_report_for_rag() {
         (r.max_batch_memory, r.max_batch_sla, r.safe_batch),
         (19, 108, 19)
     );
-    assert_eq!(r.step_bound, Bottleneck::Bandwidth);
+    assert_eq!(r.step_bound, StepBound::Bandwidth);
     assert_eq!(f6(r.weight_read_ms), "28.421053");
     assert_eq!(f6(r.ttft_ms), "506.250000");
     assert_eq!(f6(r.decode_tps), "265.621023");
@@ -225,7 +225,7 @@ fn calibration_reports_the_gap_and_keeps_the_coefficient() {
     assert_eq!(f6(c.predicted_tpot_ms), "32.188717");
     assert_eq!(f6(c.observed_over_predicted), "1.242671");
     assert_eq!(format!("{:.4}", c.gap_percent), "24.2671");
-    assert_eq!(c.predicted_bound, Bottleneck::Bandwidth);
+    assert_eq!(c.predicted_bound, StepBound::Bandwidth);
     assert_eq!(f6(c.implied_bandwidth_efficiency), "0.804718");
     assert_eq!(
         format!("{:.0}", c.implied_bandwidth_bytes_per_s / 1e6),
@@ -378,6 +378,9 @@ fn scenario_table_puts_article_seed_and_roofline_side_by_side() {
          153.9 MB state = 405.6 MB of 8.00 GB, and every step reads all weights and resident \
          cache; the article's 6 matches neither"
     );
+    // the article's own chain (QPS of the script run at its memory ceiling), checked in Python
+    let seed_qps: Vec<f64> = rows.iter().map(|r| r.seed_qps).collect();
+    assert_eq!(seed_qps, vec![69700.18, 457.18, 8695.39, 134.58]);
     let unblocked = scenario_table(&qwen(1, StateDtype::Fp32), &SeedInputs::default()).unwrap();
     let mem: Vec<u64> = unblocked
         .iter()
