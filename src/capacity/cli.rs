@@ -294,6 +294,13 @@ fn roofline_text(r: &RooflineReport) -> String {
         r.step_bound.label(),
         r.ttft_ms
     );
+    if r.batch > r.max_batch_memory {
+        let _ = writeln!(
+            s,
+            "  warning    batch {} exceeds the memory ceiling {}: the engine would queue or preempt",
+            r.batch, r.max_batch_memory
+        );
+    }
     if let (Some(slo), Some(ok), Some(max_in)) =
         (r.ttft_slo_ms, r.ttft_within_slo, r.max_input_ttft_slo)
     {

@@ -12,7 +12,7 @@ mod table;
 
 pub mod cli;
 
-pub use derive::{derive_backend, tenant_rates, DerivedBackend, Workload};
+pub use derive::{derive_backend, derived_table, tenant_rates, DerivedBackend, Workload};
 pub use profile::{
     gb_to_bytes, HardwareProfile, ModelArch, ModelProfile, ProfileOverrides, StateDtype, GB,
 };

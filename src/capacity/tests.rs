@@ -326,6 +326,20 @@ fn derived_backend_for_the_rag_workload() {
 }
 
 #[test]
+fn derived_table_lists_each_backend() {
+    let mut inputs = qwen(128, StateDtype::Fp32);
+    inputs.replicas = 2;
+    let b = derive_backend(&inputs, Workload::default());
+    assert_eq!(
+        derived_table(&[("npu-a", &b)]),
+        "backend             kv_capacity_B max_batch prefill_t/s  decode_t/s  derived from\n\
+         npu-a                 16000000000        38      1450.4       386.8  910b3 x1 TP x2 \
+         replicas, qwen3.5-27b, 3000/800 tokens, safe batch 19 per replica (memory capacity \
+         (KV + state))\n"
+    );
+}
+
+#[test]
 fn tenant_rates_are_a_share_of_the_summed_rates() {
     let inputs = qwen(128, StateDtype::Fp32);
     let chat = derive_backend(
