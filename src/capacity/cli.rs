@@ -54,10 +54,10 @@ pub struct CapacityArgs {
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
     /// Mean prompt tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = SeedInputs::default().avg_input_len)]
     pub input: u64,
     /// Mean output tokens.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = SeedInputs::default().avg_output_len)]
     pub output: u64,
     /// Batch to evaluate at (roofline default: the safe batch; seed default: 16).
     #[arg(long)]
@@ -72,13 +72,13 @@ pub struct CapacityArgs {
     #[arg(long, default_value_t = super::DEFAULT_EFFICIENCY)]
     pub efficiency: f64,
     /// TPOT target, ms.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = super::DEFAULT_TPOT_SLO_SECONDS * 1e3)]
     pub tpot_slo_ms: f64,
     /// TTFT target, ms (reports whether the prefill meets it and the longest prompt that does).
     #[arg(long)]
     pub ttft_slo_ms: Option<f64>,
     /// HBM reserved per card, GB.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = super::DEFAULT_RESERVE_BYTES as f64 / GB)]
     pub reserve_gb: f64,
     /// The engine's maxBatchSize.
     #[arg(long)]
@@ -152,7 +152,7 @@ impl CapacityArgs {
             hbm_capacity_gb: self.hbm_gb.unwrap_or(inputs.hardware.hbm_bytes as f64 / GB),
             avg_input_len: self.input,
             avg_output_len: self.output,
-            batch_size: self.batch.unwrap_or(16),
+            batch_size: self.batch.unwrap_or(SeedInputs::default().batch_size),
             efficiency_coeff: self.efficiency,
         }
     }
