@@ -344,6 +344,11 @@ impl CapacityInputs {
         }
     }
 
+    /// What binds the safe batch for `input`/`output` requests.
+    pub fn bottleneck(&self, input: u64, output: u64) -> Bottleneck {
+        self.safe_batch(input, output).bottleneck
+    }
+
     /// Requests/s one replica sustains at `batch` for `input`/`output` requests when prefill and
     /// decode share the cards: each request costs its prefill time plus `output` steps shared
     /// with `batch - 1` others, and the efficiency coefficient scales the result.

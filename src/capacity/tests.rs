@@ -158,9 +158,11 @@ fn sla_and_engine_caps_bind_when_memory_does_not() {
     // (30 ms - 28.42 ms weight read) / 0.0905 ms per chat sequence = 17.4
     assert_eq!((s.memory, s.sla, s.batch), (44, 17, 17));
     assert_eq!(s.bottleneck, Bottleneck::Bandwidth);
+    assert_eq!(inputs.bottleneck(200, 150), Bottleneck::Bandwidth);
     inputs.engine_max_batch = Some(8);
     let s = inputs.safe_batch(200, 150);
     assert_eq!((s.batch, s.bottleneck), (8, Bottleneck::EngineMaxBatch));
+    assert_eq!(inputs.bottleneck(200, 150), Bottleneck::EngineMaxBatch);
     // below the weight-read floor no batch meets the target
     inputs.tpot_slo_seconds = 0.028;
     assert_eq!(inputs.safe_batch(200, 150).sla, 0);
