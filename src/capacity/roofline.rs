@@ -254,14 +254,14 @@ impl CapacityInputs {
             .unwrap_or(0)
     }
 
-    /// Both roofline terms of a step of `batch` sequences holding `resident_kv_bytes` of cache
-    /// (KV plus state) in the replica.
-    fn step_terms(&self, batch: u64, resident_kv_bytes: f64) -> StepTerms {
+    /// Both roofline terms of a pass computing `tokens` tokens while reading the weights and
+    /// `resident_kv_bytes` of cache (KV plus state) in the replica.
+    fn step_terms(&self, tokens: u64, resident_kv_bytes: f64) -> StepTerms {
         let tp = f64::from(self.tp);
         let bytes = self.model.weight_bytes as f64 + resident_kv_bytes;
         StepTerms {
             memory_seconds: bytes / (tp * self.hardware.bandwidth_bytes_per_s),
-            compute_seconds: 2.0 * self.model.params * batch as f64
+            compute_seconds: 2.0 * self.model.params * tokens as f64
                 / (tp * self.hardware.peak_flops),
         }
     }
@@ -284,9 +284,23 @@ impl CapacityInputs {
     /// `resident_kv_tokens` cached tokens in total (a step reads the tokens actually cached,
     /// not whole blocks): max((W + tokens x kv + B x state) / (tp x BW), 2 x P x B / (tp x F)).
     pub fn decode_step_seconds_resident(&self, batch: u64, resident_kv_tokens: u64) -> f64 {
+        self.mixed_pass_seconds(batch, resident_kv_tokens, 0)
+    }
+
+    /// One engine pass that decodes `batch` sequences (holding `resident_kv_tokens` cached
+    /// tokens in total) and prefills a chunk of `prefill_tokens` in the same pass (chunked
+    /// prefill): the weights are read once and every token in the pass is computed,
+    /// max((W + tokens x kv + B x state) / (tp x BW), 2 x P x (B + chunk) / (tp x F)).
+    pub fn mixed_pass_seconds(
+        &self,
+        batch: u64,
+        resident_kv_tokens: u64,
+        prefill_tokens: u64,
+    ) -> f64 {
         let resident = resident_kv_tokens as f64 * self.model.kv_bytes_per_token as f64
             + batch as f64 * self.model.state_bytes_per_sequence as f64;
-        self.step_terms(batch, resident).seconds()
+        self.step_terms(batch.saturating_add(prefill_tokens), resident)
+            .seconds()
     }
 
     /// Prefill time of `tokens` prompt tokens (TTFT excluding queueing): 2 x P x L / (tp x F).

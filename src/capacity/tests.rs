@@ -193,6 +193,15 @@ fn heterogeneous_step_matches_uniform_one() {
         f6(inputs.decode_step_seconds_resident(0, 0) * 1e3),
         "28.421053"
     );
+    // a 2048-token prefill chunk in the pass: 2 x 27e9 x 2051 / 320e12 = 346.1 ms of compute
+    assert_eq!(
+        f6(inputs.mixed_pass_seconds(3, 600, 2048) * 1e3),
+        "346.106250"
+    );
+    assert_eq!(
+        inputs.mixed_pass_seconds(3, 600, 0),
+        inputs.decode_step_seconds_resident(3, 600)
+    );
 }
 
 #[test]
