@@ -7,7 +7,7 @@ use super::roofline::{Calibration, CapacityInputs, RooflineReport};
 use super::seed::{estimate_llm_performance_v3, py_float_repr, seed_line, SeedInputs, SeedReport};
 use super::table::{scenario_table, ScenarioRow};
 use super::GB;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
@@ -54,10 +54,10 @@ pub struct CapacityArgs {
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
     /// Mean prompt tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = SeedInputs::default().avg_input_len)]
     pub input: u64,
     /// Mean output tokens.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = SeedInputs::default().avg_output_len)]
     pub output: u64,
     /// Batch to evaluate at (roofline default: the safe batch; seed default: 16).
     #[arg(long)]
@@ -72,13 +72,13 @@ pub struct CapacityArgs {
     #[arg(long, default_value_t = super::DEFAULT_EFFICIENCY)]
     pub efficiency: f64,
     /// TPOT target, ms.
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = super::DEFAULT_TPOT_SLO_SECONDS * 1e3)]
     pub tpot_slo_ms: f64,
     /// TTFT target, ms (reports whether the prefill meets it and the longest prompt that does).
     #[arg(long)]
     pub ttft_slo_ms: Option<f64>,
     /// HBM reserved per card, GB.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = super::DEFAULT_RESERVE_BYTES as f64 / GB)]
     pub reserve_gb: f64,
     /// The engine's maxBatchSize.
     #[arg(long)]
@@ -152,7 +152,7 @@ impl CapacityArgs {
             hbm_capacity_gb: self.hbm_gb.unwrap_or(inputs.hardware.hbm_bytes as f64 / GB),
             avg_input_len: self.input,
             avg_output_len: self.output,
-            batch_size: self.batch.unwrap_or(16),
+            batch_size: self.batch.unwrap_or(SeedInputs::default().batch_size),
             efficiency_coeff: self.efficiency,
         }
     }
@@ -185,9 +185,9 @@ impl CapacityArgs {
                 self.batch,
                 ttft_slo,
             )),
-            Formula::Seed => CapacityOutput::Seed(
-                estimate_llm_performance_v3(&self.seed_inputs(&inputs)).context("seed formula")?,
-            ),
+            Formula::Seed => {
+                CapacityOutput::Seed(estimate_llm_performance_v3(&self.seed_inputs(&inputs))?)
+            }
         })
     }
 }
@@ -294,6 +294,13 @@ fn roofline_text(r: &RooflineReport) -> String {
         r.step_bound.label(),
         r.ttft_ms
     );
+    if r.batch > r.max_batch_memory {
+        let _ = writeln!(
+            s,
+            "  warning    batch {} exceeds the memory ceiling {}: the engine would queue or preempt",
+            r.batch, r.max_batch_memory
+        );
+    }
     if let (Some(slo), Some(ok), Some(max_in)) =
         (r.ttft_slo_ms, r.ttft_within_slo, r.max_input_ttft_slo)
     {
@@ -370,4 +377,314 @@ fn calibration_text(c: &Calibration, r: &RooflineReport) -> String {
         fl = c.implied_compute_efficiency * 100.0,
         e = py_float_repr(c.efficiency_coefficient),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: CapacityArgs,
+    }
+
+    fn args(flags: &[&str]) -> CapacityArgs {
+        Cli::try_parse_from(std::iter::once("capacity").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn json(flags: &[&str]) -> Value {
+        args(flags).evaluate().unwrap().to_json()
+    }
+
+    #[test]
+    fn seed_mode_prints_the_articles_keys_and_digits() {
+        let v = json(&[
+            "--formula",
+            "seed",
+            "--input",
+            "512",
+            "--output",
+            "128",
+            "--batch",
+            "32",
+            "--efficiency",
+            "0.6",
+        ]);
+        assert_eq!(
+            v,
+            json!({
+                "estimated_tps": 21616.9,
+                "estimated_qps": 168.88,
+                "ttft_ms": 86.4,
+                "tpot_ms": 0.9,
+                "bottleneck": "Prefill(算力)",
+                "max_bs_by_memory": 953,
+                "note": "BS=32, 效率系数=0.6"
+            })
+        );
+        assert_eq!(
+            serde_json::to_string(&v).unwrap(),
+            r#"{"estimated_tps":21616.9,"estimated_qps":168.88,"ttft_ms":86.4,"tpot_ms":0.9,"bottleneck":"Prefill(算力)","max_bs_by_memory":953,"note":"BS=32, 效率系数=0.6"}"#
+        );
+    }
+
+    #[test]
+    fn seed_mode_takes_the_scripts_hardware_flags() {
+        let v = json(&[
+            "--formula",
+            "seed",
+            "--batch",
+            "32",
+            "--efficiency",
+            "0.6",
+            "--bandwidth-gbs",
+            "1200",
+        ]);
+        assert_eq!(v["estimated_tps"], 13652.8);
+        assert_eq!(v["tpot_ms"], 1.4);
+        let v = json(&[
+            "--formula",
+            "seed",
+            "--tflops",
+            "160",
+            "--hbm-gb",
+            "80",
+            "--params-b",
+            "27",
+        ]);
+        // half the FLOPS doubles the prefill; 16 more GB of HBM: int(24 / 0.008388608) = 2861
+        assert_eq!(v["ttft_ms"], 172.8);
+        assert_eq!(v["max_bs_by_memory"], 2861);
+    }
+
+    #[test]
+    fn roofline_json_has_the_issue_keys() {
+        let v = json(&["--input", "3000", "--output", "800", "--json"]);
+        for key in [
+            "kv_bytes_per_token",
+            "state_bytes_per_sequence",
+            "kv_budget_bytes",
+            "footprint_bytes_per_sequence",
+            "max_batch_memory",
+            "max_batch_sla",
+            "safe_batch",
+            "step_ms",
+            "tpot_ms",
+            "ttft_ms",
+            "decode_tps",
+            "prefill_tps",
+            "qps",
+            "bottleneck",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["kv_budget_bytes"], 8_000_000_000u64);
+        assert_eq!(v["footprint_bytes_per_sequence"], 405_602_304u64);
+        assert_eq!(v["max_batch_memory"], 19);
+        assert_eq!(v["max_batch_sla"], 108);
+        assert_eq!(v["safe_batch"], 19);
+        assert_eq!(v["bottleneck"], "memory_capacity");
+        assert_eq!(v["step_bound"], "bandwidth");
+        assert_eq!(v["ttft_ms"], 506.25);
+        assert_eq!(v["ttft_slo_ms"], Value::Null);
+    }
+
+    #[test]
+    fn roofline_flags_reach_the_model() {
+        let block1 = |i: &str, o: &str| {
+            json(&["--block", "1", "--input", i, "--output", o])["max_batch_memory"].clone()
+        };
+        assert_eq!(block1("200", "150"), 45);
+        assert_eq!(block1("1500", "300"), 29);
+        let v = json(&["--input", "200", "--output", "150", "--state-dtype", "bf16"]);
+        assert_eq!(v["state_bytes_per_sequence"], 78_446_592u64);
+        assert_eq!(v["max_batch_memory"], 77);
+        let v = json(&[
+            "--model",
+            "qwen3-32b",
+            "--tp",
+            "2",
+            "--input",
+            "3000",
+            "--output",
+            "800",
+        ]);
+        assert_eq!(v["kv_budget_bytes"], 58_400_000_000u64);
+        assert_eq!(v["safe_batch"], 58);
+        let v = json(&[
+            "--batch",
+            "8",
+            "--engine-max-batch",
+            "4",
+            "--ttft-slo-ms",
+            "50",
+        ]);
+        assert_eq!(v["batch"], 8);
+        assert_eq!(v["safe_batch"], 4);
+        assert_eq!(v["bottleneck"], "engine_max_batch");
+        assert_eq!(v["ttft_within_slo"], false);
+        assert_eq!(v["max_input_ttft_slo"], 296);
+        let v = json(&["--tpot-slo-ms", "30", "--input", "200", "--output", "150"]);
+        assert_eq!(v["safe_batch"], 17);
+        assert_eq!(v["bottleneck"], "bandwidth");
+    }
+
+    #[test]
+    fn table_json_and_text() {
+        let v = json(&["--table"]);
+        let rows = v["scenarios"].as_array().unwrap();
+        let safe: Vec<(u64, u64, u64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r["scenario"]["article_safe_batch"].as_u64().unwrap(),
+                    r["seed_safe_batch"].as_u64().unwrap(),
+                    r["roofline_safe_batch"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            safe,
+            vec![(48, 813, 44), (6, 152, 19), (18, 406, 28), (4, 101, 12)]
+        );
+        let v = json(&["--table", "--block", "1"]);
+        let mem: Vec<u64> = v["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["roofline_max_batch_memory"].as_u64().unwrap())
+            .collect();
+        assert_eq!(mem, vec![45, 19, 29, 12]);
+        let text = args(&["--table"]).evaluate().unwrap().to_text();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 9);
+        assert_eq!(
+            lines[1],
+            "chat       200/150 |       48     813      44 |      ~38     69700.18    3.120 |     32.40 | memory capacity (KV + state)"
+        );
+        assert!(lines[2].starts_with("         why: seed counts only 150 output tokens"));
+    }
+
+    #[test]
+    fn calibration_reports_without_refitting() {
+        let v = json(&[
+            "--input",
+            "3000",
+            "--output",
+            "800",
+            "--observed-tpot-ms",
+            "40",
+            "--observed-batch",
+            "19",
+        ]);
+        assert_eq!(v["calibration"]["batch"], 19);
+        assert_eq!(v["calibration"]["observed_tpot_ms"], 40.0);
+        assert_eq!(v["calibration"]["predicted_bound"], "bandwidth");
+        assert_eq!(v["calibration"]["efficiency_coefficient"], 0.45);
+        assert_eq!(v["roofline"]["efficiency"], 0.45);
+        assert_eq!(v["roofline"]["batch"], 19);
+        let text = args(&[
+            "--input",
+            "3000",
+            "--output",
+            "800",
+            "--observed-tpot-ms",
+            "40",
+            "--observed-batch",
+            "19",
+        ])
+        .evaluate()
+        .unwrap()
+        .to_text();
+        assert_eq!(
+            text,
+            "calibration at batch 19 (3000 in / 800 out):\n  observed TPOT 40.00 ms, modelled 32.19 ms (bandwidth-bound): observed/modelled 1.243 (+24.3%)\n  implies 80.5% of peak HBM bandwidth (1529 GB/s) and 8.0% of peak FLOPS\n  efficiency coefficient 0.45 left unchanged: locate the gap with profiling, do not fit the black box to it\n"
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_refused_with_the_field_named() {
+        let err = |flags: &[&str]| args(flags).evaluate().unwrap_err().to_string();
+        assert_eq!(err(&["--tp", "0"]), "invalid tp: must be >= 1");
+        assert_eq!(
+            err(&["--hardware", "h100"]),
+            "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b4, atlas-300i-duo)"
+        );
+        assert_eq!(
+            err(&["--formula", "seed", "--output", "0"]),
+            "invalid avg_output_len: must be >= 1 (the script divides by it)"
+        );
+        assert_eq!(
+            err(&[
+                "--observed-tpot-ms",
+                "40",
+                "--observed-batch",
+                "19",
+                "--formula",
+                "seed"
+            ]),
+            "calibration compares with the roofline; drop --formula seed"
+        );
+        assert!(Cli::try_parse_from(["capacity", "--observed-tpot-ms", "40"]).is_err());
+        assert!(Cli::try_parse_from(["capacity", "--table", "--batch", "3"]).is_err());
+    }
+
+    #[test]
+    fn text_outputs() {
+        let text = args(&[
+            "--formula",
+            "seed",
+            "--batch",
+            "6",
+            "--input",
+            "3000",
+            "--output",
+            "800",
+            "--efficiency",
+            "0.35",
+        ])
+        .evaluate()
+        .unwrap()
+        .to_text();
+        assert_eq!(
+            text,
+            "seed formula (the article's estimate_llm_performance_v3, reproduced; wrong, see docs/capacity.md):\n  TPS=443.3, TTFT=506.2ms, 安全BS上限=152, 瓶颈=Prefill(算力)\n  QPS=0.55, TPOT=4.7ms, BS=6, 效率系数=0.35\n"
+        );
+        let text = args(&[
+            "--input",
+            "3000",
+            "--output",
+            "800",
+            "--ttft-slo-ms",
+            "1000",
+        ])
+        .evaluate()
+        .unwrap()
+        .to_text();
+        assert_eq!(
+            text,
+            "roofline: 910b3 x1 (TP), qwen3.5-27b, 3000 in / 800 out, 128-token blocks, efficiency 0.45
+  cache      65,536 B/token KV + 153,944,064 B/sequence state; budget 8,000,000,000 B
+  footprint  405,602,304 B/sequence -> memory ceiling 19
+  TPOT SLO   50.0 ms -> SLA ceiling 108 (weights alone take 28.42 ms/step)
+  safe batch 19 (bound: memory capacity (KV + state))
+  at batch 19: step = TPOT 32.19 ms (bandwidth-bound), TTFT 506.2 ms (prefill, no queueing)
+  TTFT SLO   1000.0 ms: prefill meets it; longest prompt that fits 5925
+  throughput decode 265.6 tok/s (batch / step x eff), prefill 2666.7 tok/s (x eff)
+  sustained  0.242 req/s = 725.2 prefill + 193.4 decode tok/s (prefill and decode share the cards)
+"
+        );
+    }
+
+    #[test]
+    fn grouped_thousands() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1000), "1,000");
+        assert_eq!(grouped(8_000_000_000), "8,000,000,000");
+    }
 }

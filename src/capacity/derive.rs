@@ -132,3 +132,32 @@ pub fn tenant_rates(share: f64, backends: &[DerivedBackend]) -> (f64, f64) {
     let decode: f64 = backends.iter().map(|b| b.decode_tps).sum();
     (share * prefill, share * decode)
 }
+
+/// The derived figures of named backends as a small text table, for startup logs and
+/// `check-config`.
+pub fn derived_table(backends: &[(&str, &DerivedBackend)]) -> String {
+    let mut out = format!(
+        "{:<16} {:>16} {:>9} {:>11} {:>11}  derived from\n",
+        "backend", "kv_capacity_B", "max_batch", "prefill_t/s", "decode_t/s"
+    );
+    for (name, b) in backends {
+        let r = &b.per_replica;
+        out.push_str(&format!(
+            "{:<16} {:>16} {:>9} {:>11.1} {:>11.1}  {} x{} TP x{} replicas, {}, {}/{} tokens, safe batch {} per replica ({})\n",
+            name,
+            b.kv_capacity_bytes,
+            b.max_batch,
+            b.prefill_tps,
+            b.decode_tps,
+            r.hardware,
+            r.tp,
+            b.replicas,
+            r.model,
+            b.workload.avg_input,
+            b.workload.avg_output,
+            r.safe_batch,
+            r.bottleneck.label()
+        ));
+    }
+    out
+}

@@ -12,13 +12,13 @@ mod table;
 
 pub mod cli;
 
-pub use derive::{derive_backend, tenant_rates, DerivedBackend, Workload};
+pub use derive::{derive_backend, derived_table, tenant_rates, DerivedBackend, Workload};
 pub use profile::{
     gb_to_bytes, HardwareProfile, ModelArch, ModelProfile, ProfileOverrides, StateDtype, GB,
 };
 pub use roofline::{
     mean_context_tokens, sequence_footprint_bytes, Bottleneck, Calibration, CapacityInputs,
-    RooflineReport, SafeBatch, StepTerms, DEFAULT_BLOCK_TOKENS, DEFAULT_EFFICIENCY,
+    RooflineReport, SafeBatch, StepBound, StepTerms, DEFAULT_BLOCK_TOKENS, DEFAULT_EFFICIENCY,
     DEFAULT_RESERVE_BYTES, DEFAULT_TPOT_SLO_SECONDS,
 };
 pub use seed::{estimate_llm_performance_v3, SeedInputs, SeedReport};

@@ -93,6 +93,35 @@ impl Bottleneck {
     }
 }
 
+/// Which roofline term sets a decode step's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepBound {
+    /// Reading weights, KV and state from HBM takes longer than the arithmetic.
+    Bandwidth,
+    /// The arithmetic takes longer than the reads.
+    Compute,
+}
+
+impl StepBound {
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StepBound::Bandwidth => "bandwidth-bound",
+            StepBound::Compute => "compute-bound",
+        }
+    }
+}
+
+impl From<StepBound> for Bottleneck {
+    fn from(bound: StepBound) -> Self {
+        match bound {
+            StepBound::Bandwidth => Bottleneck::Bandwidth,
+            StepBound::Compute => Bottleneck::Compute,
+        }
+    }
+}
+
 /// The largest batch a deployment can run for one workload, and why not more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SafeBatch {
@@ -122,11 +151,11 @@ impl StepTerms {
     }
 
     /// Which of the two binds (bandwidth on a tie).
-    pub fn bound(&self) -> Bottleneck {
+    pub fn bound(&self) -> StepBound {
         if self.memory_seconds >= self.compute_seconds {
-            Bottleneck::Bandwidth
+            StepBound::Bandwidth
         } else {
-            Bottleneck::Compute
+            StepBound::Compute
         }
     }
 }
@@ -225,14 +254,14 @@ impl CapacityInputs {
             .unwrap_or(0)
     }
 
-    /// Both roofline terms of a step of `batch` sequences holding `resident_kv_bytes` of cache
-    /// (KV plus state) in the replica.
-    fn step_terms(&self, batch: u64, resident_kv_bytes: f64) -> StepTerms {
+    /// Both roofline terms of a pass computing `tokens` tokens while reading the weights and
+    /// `resident_kv_bytes` of cache (KV plus state) in the replica.
+    fn step_terms(&self, tokens: u64, resident_kv_bytes: f64) -> StepTerms {
         let tp = f64::from(self.tp);
         let bytes = self.model.weight_bytes as f64 + resident_kv_bytes;
         StepTerms {
             memory_seconds: bytes / (tp * self.hardware.bandwidth_bytes_per_s),
-            compute_seconds: 2.0 * self.model.params * batch as f64
+            compute_seconds: 2.0 * self.model.params * tokens as f64
                 / (tp * self.hardware.peak_flops),
         }
     }
@@ -255,9 +284,23 @@ impl CapacityInputs {
     /// `resident_kv_tokens` cached tokens in total (a step reads the tokens actually cached,
     /// not whole blocks): max((W + tokens x kv + B x state) / (tp x BW), 2 x P x B / (tp x F)).
     pub fn decode_step_seconds_resident(&self, batch: u64, resident_kv_tokens: u64) -> f64 {
+        self.mixed_pass_seconds(batch, resident_kv_tokens, 0)
+    }
+
+    /// One engine pass that decodes `batch` sequences (holding `resident_kv_tokens` cached
+    /// tokens in total) and prefills a chunk of `prefill_tokens` in the same pass (chunked
+    /// prefill): the weights are read once and every token in the pass is computed,
+    /// max((W + tokens x kv + B x state) / (tp x BW), 2 x P x (B + chunk) / (tp x F)).
+    pub fn mixed_pass_seconds(
+        &self,
+        batch: u64,
+        resident_kv_tokens: u64,
+        prefill_tokens: u64,
+    ) -> f64 {
         let resident = resident_kv_tokens as f64 * self.model.kv_bytes_per_token as f64
             + batch as f64 * self.model.state_bytes_per_sequence as f64;
-        self.step_terms(batch, resident).seconds()
+        self.step_terms(batch.saturating_add(prefill_tokens), resident)
+            .seconds()
     }
 
     /// Prefill time of `tokens` prompt tokens (TTFT excluding queueing): 2 x P x L / (tp x F).
@@ -305,7 +348,7 @@ impl CapacityInputs {
             Bottleneck::EngineMaxBatch
         } else {
             // the batch that broke the target shows which term did it
-            self.decode_step_terms(sla + 1, ctx).bound()
+            self.decode_step_terms(sla + 1, ctx).bound().into()
         };
         SafeBatch {
             memory,
@@ -313,6 +356,11 @@ impl CapacityInputs {
             batch,
             bottleneck,
         }
+    }
+
+    /// What binds the safe batch for `input`/`output` requests.
+    pub fn bottleneck(&self, input: u64, output: u64) -> Bottleneck {
+        self.safe_batch(input, output).bottleneck
     }
 
     /// Requests/s one replica sustains at `batch` for `input`/`output` requests when prefill and
@@ -473,7 +521,7 @@ pub struct RooflineReport {
     /// Batch the step figures below are evaluated at (`--batch`, else the safe batch).
     pub batch: u64,
     /// Which roofline term binds the step at `batch`.
-    pub step_bound: Bottleneck,
+    pub step_bound: StepBound,
     /// Time to read the weights once (the floor of every step), ms.
     pub weight_read_ms: f64,
     /// Decode step time at `batch`, ms.
@@ -516,7 +564,7 @@ pub struct Calibration {
     /// (observed / predicted - 1) x 100.
     pub gap_percent: f64,
     /// Which term the model says binds at that batch.
-    pub predicted_bound: Bottleneck,
+    pub predicted_bound: StepBound,
     /// Fraction of peak bandwidth the observation implies (the step's bytes / observed time).
     pub implied_bandwidth_efficiency: f64,
     /// Bandwidth the observation implies, bytes/s.

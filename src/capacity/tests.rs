@@ -119,7 +119,7 @@ fn full_report_for_rag() {
         (r.max_batch_memory, r.max_batch_sla, r.safe_batch),
         (19, 108, 19)
     );
-    assert_eq!(r.step_bound, Bottleneck::Bandwidth);
+    assert_eq!(r.step_bound, StepBound::Bandwidth);
     assert_eq!(f6(r.weight_read_ms), "28.421053");
     assert_eq!(f6(r.ttft_ms), "506.250000");
     assert_eq!(f6(r.decode_tps), "265.621023");
@@ -158,9 +158,11 @@ fn sla_and_engine_caps_bind_when_memory_does_not() {
     // (30 ms - 28.42 ms weight read) / 0.0905 ms per chat sequence = 17.4
     assert_eq!((s.memory, s.sla, s.batch), (44, 17, 17));
     assert_eq!(s.bottleneck, Bottleneck::Bandwidth);
+    assert_eq!(inputs.bottleneck(200, 150), Bottleneck::Bandwidth);
     inputs.engine_max_batch = Some(8);
     let s = inputs.safe_batch(200, 150);
     assert_eq!((s.batch, s.bottleneck), (8, Bottleneck::EngineMaxBatch));
+    assert_eq!(inputs.bottleneck(200, 150), Bottleneck::EngineMaxBatch);
     // below the weight-read floor no batch meets the target
     inputs.tpot_slo_seconds = 0.028;
     assert_eq!(inputs.safe_batch(200, 150).sla, 0);
@@ -190,6 +192,15 @@ fn heterogeneous_step_matches_uniform_one() {
     assert_eq!(
         f6(inputs.decode_step_seconds_resident(0, 0) * 1e3),
         "28.421053"
+    );
+    // a 2048-token prefill chunk in the pass: 2 x 27e9 x 2051 / 320e12 = 346.1 ms of compute
+    assert_eq!(
+        f6(inputs.mixed_pass_seconds(3, 600, 2048) * 1e3),
+        "346.106250"
+    );
+    assert_eq!(
+        inputs.mixed_pass_seconds(3, 600, 0),
+        inputs.decode_step_seconds_resident(3, 600)
     );
 }
 
@@ -225,7 +236,7 @@ fn calibration_reports_the_gap_and_keeps_the_coefficient() {
     assert_eq!(f6(c.predicted_tpot_ms), "32.188717");
     assert_eq!(f6(c.observed_over_predicted), "1.242671");
     assert_eq!(format!("{:.4}", c.gap_percent), "24.2671");
-    assert_eq!(c.predicted_bound, Bottleneck::Bandwidth);
+    assert_eq!(c.predicted_bound, StepBound::Bandwidth);
     assert_eq!(f6(c.implied_bandwidth_efficiency), "0.804718");
     assert_eq!(
         format!("{:.0}", c.implied_bandwidth_bytes_per_s / 1e6),
@@ -326,6 +337,20 @@ fn derived_backend_for_the_rag_workload() {
 }
 
 #[test]
+fn derived_table_lists_each_backend() {
+    let mut inputs = qwen(128, StateDtype::Fp32);
+    inputs.replicas = 2;
+    let b = derive_backend(&inputs, Workload::default());
+    assert_eq!(
+        derived_table(&[("npu-a", &b)]),
+        "backend             kv_capacity_B max_batch prefill_t/s  decode_t/s  derived from\n\
+         npu-a                 16000000000        38      1450.4       386.8  910b3 x1 TP x2 \
+         replicas, qwen3.5-27b, 3000/800 tokens, safe batch 19 per replica (memory capacity \
+         (KV + state))\n"
+    );
+}
+
+#[test]
 fn tenant_rates_are_a_share_of_the_summed_rates() {
     let inputs = qwen(128, StateDtype::Fp32);
     let chat = derive_backend(
@@ -378,6 +403,9 @@ fn scenario_table_puts_article_seed_and_roofline_side_by_side() {
          153.9 MB state = 405.6 MB of 8.00 GB, and every step reads all weights and resident \
          cache; the article's 6 matches neither"
     );
+    // the article's own chain (QPS of the script run at its memory ceiling), checked in Python
+    let seed_qps: Vec<f64> = rows.iter().map(|r| r.seed_qps).collect();
+    assert_eq!(seed_qps, vec![69700.18, 457.18, 8695.39, 134.58]);
     let unblocked = scenario_table(&qwen(1, StateDtype::Fp32), &SeedInputs::default()).unwrap();
     let mem: Vec<u64> = unblocked
         .iter()
