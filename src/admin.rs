@@ -64,7 +64,8 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
         .backends
         .iter()
         .zip(&gw.upstreams)
-        .map(|(b, u)| {
+        .zip(&gw.config.backends)
+        .map(|((b, u), cfg)| {
             json!({
                 "url": u.url,
                 "kv_capacity_bytes": b.kv_capacity_bytes,
@@ -72,6 +73,8 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 "inflight": b.inflight,
                 "max_batch": b.max_batch,
                 "queued": snap.queued,
+                "sizing": if cfg.derived.is_some() { "capacity model" } else { "config" },
+                "derived": cfg.derived,
             })
         })
         .collect();

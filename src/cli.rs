@@ -77,6 +77,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { config } => {
             let cfg = Config::load(&config)?;
+            for line in crate::config::describe(&cfg).lines() {
+                tracing::info!("{line}");
+            }
             runtime()?.block_on(async move {
                 let running = app::start(cfg, Deps::default()).await?;
                 running.run_until_signal().await;

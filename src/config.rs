@@ -3,6 +3,10 @@
 //! validation path used by `serve` and `check-config` alike. Relative paths are resolved
 //! against the directory of the config file.
 
+use crate::capacity::{
+    derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend, ProfileOverrides,
+    StateDtype, Workload,
+};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -23,10 +27,41 @@ pub struct Config {
     /// The KV admission queue.
     #[serde(default)]
     pub admission: AdmissionConfig,
+    /// The average request the capacity-model sizing is done for.
+    #[serde(default)]
+    pub workload: WorkloadConfig,
     /// Inference backends (vLLM, MindIE, `tokengate sim`).
     pub backends: Vec<BackendConfig>,
     /// Tenants and their budgets.
     pub tenants: Vec<TenantConfig>,
+}
+
+/// The declared average request used to derive batch ceilings and token rates.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadConfig {
+    /// Average prompt tokens (default: the seed article's RAG profile, 3000).
+    #[serde(default = "default_avg_input")]
+    pub avg_input_tokens: u64,
+    /// Average output tokens (default 800).
+    #[serde(default = "default_avg_output")]
+    pub avg_output_tokens: u64,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        Self {
+            avg_input_tokens: default_avg_input(),
+            avg_output_tokens: default_avg_output(),
+        }
+    }
+}
+
+fn default_avg_input() -> u64 {
+    3000
+}
+fn default_avg_output() -> u64 {
+    800
 }
 
 /// Listeners and HTTP limits.
@@ -171,10 +206,44 @@ fn default_queue_deadline() -> Duration {
 pub struct BackendConfig {
     /// Base URL, e.g. `http://127.0.0.1:9000` (http only; TLS terminates elsewhere).
     pub url: String,
-    /// Bytes of KV cache the backend has for sequences (KV plus per-sequence state).
+    /// Bytes of KV cache the backend has for sequences (KV plus per-sequence state). Derived
+    /// from `hardware` + `model` when left out.
+    #[serde(default)]
     pub kv_capacity_bytes: u64,
-    /// Most sequences the backend runs at once.
+    /// Most sequences the backend runs at once. Derived (the safe batch ceiling for the
+    /// declared workload) when left out.
+    #[serde(default)]
     pub max_batch: u32,
+    /// Capacity-model sizing: hardware profile (`910b3`, `910b4`, ...; see `tokengate capacity`).
+    #[serde(default)]
+    pub hardware: Option<String>,
+    /// Capacity-model sizing: model profile (`qwen3.5-27b`, `qwen3-32b`, ...).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Cards one model replica is split over (tensor parallelism).
+    #[serde(default = "one")]
+    pub tp: u32,
+    /// Model replicas behind this URL.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Share of peak throughput actually reached (scales throughput only, never TPOT/TTFT).
+    #[serde(default)]
+    pub efficiency: Option<f64>,
+    /// TPOT target the SLA batch ceiling is computed for.
+    #[serde(default)]
+    pub tpot_slo_ms: Option<f64>,
+    /// Precision of the DeltaNet state (`fp32` or `bf16`).
+    #[serde(default)]
+    pub state_dtype: StateDtype,
+    /// The engine's own batch limit (MindIE `maxBatchSize`, vLLM `--max-num-seqs`).
+    #[serde(default)]
+    pub engine_max_batch: Option<u64>,
+    /// Figures that replace the named profiles' (`tflops`, `bandwidth_gbs`, `hbm_gb`, ...).
+    #[serde(default)]
+    pub overrides: ProfileOverrides,
+    /// How `kv_capacity_bytes` and `max_batch` were derived, when they were.
+    #[serde(skip)]
+    pub derived: Option<DerivedBackend>,
     /// Path answered by a ready backend (`/health` for vLLM and the sim, `/v2/health/ready`
     /// for MindIE).
     #[serde(default = "default_health_path")]
@@ -187,6 +256,9 @@ pub struct BackendConfig {
     pub first_byte_timeout: Duration,
 }
 
+fn one() -> u32 {
+    1
+}
 fn default_block_tokens() -> u64 {
     128
 }
@@ -218,12 +290,20 @@ pub struct TenantConfig {
     /// API keys stored as lowercase sha256 hex of the key.
     #[serde(default)]
     pub api_key_sha256: Vec<String>,
-    /// Prompt (prefill) tokens per second.
+    /// Prompt (prefill) tokens per second (or derived from `share`).
+    #[serde(default)]
     pub prefill_tokens_per_second: f64,
-    /// Output (decode) tokens per second, charged at max_tokens and refunded when unused.
+    /// Output (decode) tokens per second, charged at max_tokens and refunded when unused (or
+    /// derived from `share`).
+    #[serde(default)]
     pub decode_tokens_per_second: f64,
-    /// Requests per second.
+    /// Requests per second (derived from `share` of the sustainable request rate if left out).
+    #[serde(default)]
     pub requests_per_second: f64,
+    /// Instead of rates: this share of the backends' sustainable prefill and decode token rates
+    /// at the safe batch for the declared `[workload]` (needs capacity-model backends).
+    #[serde(default)]
+    pub share: Option<f64>,
     /// Bucket capacity in seconds of rate (capacity = rate x burst).
     #[serde(default = "default_burst_seconds")]
     pub burst_seconds: f64,
@@ -245,11 +325,91 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Parses and validates config text (paths left as written).
+    /// Parses, sizes (capacity model) and validates config text (paths left as written).
     pub fn parse(text: &str) -> anyhow::Result<Config> {
-        let cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        cfg.derive_capacity()?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Fills in what the capacity model derives: backends' KV capacity and batch cap from
+    /// `hardware` + `model`, tenants' rates from `share`. Values given by hand win.
+    fn derive_capacity(&mut self) -> anyhow::Result<()> {
+        let workload = Workload {
+            avg_input: self.workload.avg_input_tokens,
+            avg_output: self.workload.avg_output_tokens,
+        };
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            let at = format!("backends[{i}]");
+            let (hardware, model) = match (&b.hardware, &b.model) {
+                (None, None) => continue,
+                (Some(h), Some(m)) => (h, m),
+                _ => bail!("{at}: capacity-model sizing needs both `hardware` and `model`"),
+            };
+            let mut inputs = CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
+                .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            inputs.tp = b.tp;
+            inputs.replicas = b.replicas;
+            inputs.block_tokens = self.model.block_tokens;
+            if let Some(e) = b.efficiency {
+                inputs.efficiency = e;
+            }
+            if let Some(ms) = b.tpot_slo_ms {
+                inputs.tpot_slo_seconds = ms / 1000.0;
+            }
+            inputs.engine_max_batch = b.engine_max_batch;
+            inputs.validate().map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            let derived = derive_backend(&inputs, workload);
+            if derived.kv_bytes_per_token != self.model.kv_bytes_per_token
+                || derived.state_bytes_per_sequence != self.model.state_bytes_per_sequence
+            {
+                bail!(
+                    "{at}: model profile `{model}` has {} KV bytes/token and {} state bytes/sequence, but [model] says {} and {}: make them agree",
+                    derived.kv_bytes_per_token,
+                    derived.state_bytes_per_sequence,
+                    self.model.kv_bytes_per_token,
+                    self.model.state_bytes_per_sequence
+                );
+            }
+            if derived.max_batch == 0 {
+                bail!(
+                    "{at}: not even one sequence of the declared workload ({} + {} tokens) fits: {}",
+                    workload.avg_input,
+                    workload.avg_output,
+                    derived.explanation
+                );
+            }
+            if b.kv_capacity_bytes == 0 {
+                b.kv_capacity_bytes = derived.kv_capacity_bytes;
+            }
+            if b.max_batch == 0 {
+                b.max_batch = u32::try_from(derived.max_batch).unwrap_or(u32::MAX);
+            }
+            b.derived = Some(derived);
+        }
+        let derived: Vec<DerivedBackend> = self.backends.iter().filter_map(|b| b.derived.clone()).collect();
+        for (i, t) in self.tenants.iter_mut().enumerate() {
+            let Some(share) = t.share else { continue };
+            let at = format!("tenants[{i}] ({})", t.name);
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                bail!("{at}.share must be in (0, 1], got {share}");
+            }
+            if t.prefill_tokens_per_second != 0.0 || t.decode_tokens_per_second != 0.0 {
+                bail!("{at}: give `share` or token rates, not both");
+            }
+            if derived.len() != self.backends.len() {
+                bail!("{at}.share needs every backend sized by the capacity model (`hardware` and `model`)");
+            }
+            let (prefill, decode) = tenant_rates(share, &derived);
+            t.prefill_tokens_per_second = prefill;
+            t.decode_tokens_per_second = decode;
+            if t.requests_per_second == 0.0 {
+                let qps: f64 = derived.iter().map(|d| d.per_replica.qps * f64::from(d.replicas)).sum();
+                t.requests_per_second = share * qps;
+            }
+        }
+        Ok(())
     }
 
     fn resolve_paths(&mut self, base: &Path) {
@@ -312,11 +472,8 @@ impl Config {
             if uri.scheme_str() != Some("http") || uri.authority().is_none() {
                 bail!("{at}.url `{}` must be http://HOST:PORT", b.url);
             }
-            if b.kv_capacity_bytes == 0 {
-                bail!("{at}.kv_capacity_bytes must be positive");
-            }
-            if b.max_batch == 0 {
-                bail!("{at}.max_batch must be at least 1");
+            if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
+                bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
             }
         }
         if self.tenants.is_empty() {
@@ -394,15 +551,26 @@ pub fn describe(cfg: &Config) -> String {
             b.max_batch
         );
     }
+    let derived: Vec<(&str, &DerivedBackend)> = cfg
+        .backends
+        .iter()
+        .filter_map(|b| b.derived.as_ref().map(|d| (b.url.as_str(), d)))
+        .collect();
+    if !derived.is_empty() {
+        s.push_str(&derived_table(&derived));
+    }
     for t in &cfg.tenants {
         let _ = writeln!(
             s,
-            "tenant {}: prefill {}/s, decode {}/s, requests {}/s, burst {} s",
+            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}",
             t.name,
             t.prefill_tokens_per_second,
             t.decode_tokens_per_second,
             t.requests_per_second,
-            t.burst_seconds
+            t.burst_seconds,
+            t.share
+                .map(|x| format!(" (share {x} of the derived capacity)"))
+                .unwrap_or_default()
         );
     }
     s

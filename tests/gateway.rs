@@ -484,3 +484,47 @@ async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
     assert_eq!(sse_data(&r.body).len(), 4, "the whole stream arrived");
     shutdown.await.unwrap();
 }
+
+#[tokio::test]
+async fn capacity_model_sizes_backends_and_tenant_shares() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[tokenizer]
+path = "unused"
+[model]
+served_names = ["qwen3.5-27b"]
+max_model_len = 32768
+default_max_tokens = 800
+[workload]
+avg_input_tokens = 3000
+avg_output_tokens = 800
+[[backends]]
+url = "http://{}"
+hardware = "910b3"
+model = "qwen3.5-27b"
+[[tenants]]
+name = "alice"
+api_keys = ["sk-alice"]
+share = 0.25
+requests_per_second = 2
+"#,
+        backend.addr
+    );
+    let cfg = tokengate::config::Config::parse(&text).unwrap();
+    let gw = TestGateway::start(cfg).await;
+    let b = &gw.admin("/admin/backends").await["backends"][0];
+    // 64e9 B HBM - 54e9 B weights - 2e9 B reserve; RAG 3000/800 with 128-token blocks and fp32
+    // DeltaNet state fits 19 sequences (docs/capacity.md).
+    assert_eq!(b["kv_capacity_bytes"], 8_000_000_000u64);
+    assert_eq!(b["max_batch"], 19);
+    assert_eq!(b["sizing"], "capacity model");
+    let derived_decode = b["derived"]["decode_tps"].as_f64().unwrap();
+    let derived_prefill = b["derived"]["prefill_tps"].as_f64().unwrap();
+    let t = &gw.admin("/admin/tenants").await["tenants"][0]["buckets"];
+    assert_eq!(t["decode"]["rate_per_second"].as_f64().unwrap(), 0.25 * derived_decode);
+    assert_eq!(t["prefill"]["rate_per_second"].as_f64().unwrap(), 0.25 * derived_prefill);
+}
