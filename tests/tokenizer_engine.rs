@@ -166,3 +166,16 @@ fn every_scalar_value_encodes_identically_in_both_engines() {
         "chunks starting at these code points differ"
     );
 }
+
+#[test]
+fn jsonl_text_lines_are_counted_with_the_tokenizer() {
+    use tokengate::tokenize::cli::{count_text_line, run_jsonl};
+    let input: &[u8] = b"{\"text\": \"Hello, world!\"}\n{\"text\": 5}\n{\"messages\": []}\n";
+    let mut output = Vec::new();
+    run_jsonl(input, &mut output, |line| count_text_line(fast(), line)).unwrap();
+    assert_eq!(
+        String::from_utf8(output).unwrap(),
+        "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n\
+         {\"error\":\"\\\"messages\\\" lines need the chat template, not available here\"}\n"
+    );
+}
