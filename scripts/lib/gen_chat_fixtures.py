@@ -280,7 +280,7 @@ def tool_arguments(rng, name):
         args = {"q": rng.choice(['"vLLM" release notes', "MindIE 910B maxBatchSize", "token bucket"])}
         if rng.random() < 0.7:
             args["filters"] = rng.choice(
-                [{"site": "github.com", "recent": True}, {}, {"recent": False, "lang": ["en", "zh"]}]
+                [{"site": "docs.example.org", "recent": True}, {}, {"recent": False, "lang": ["en", "zh"]}]
             )
         return args
     return {"expr": rng.choice(["17*23", "2**10 - 1", "(1+2)/3"])}
@@ -305,11 +305,11 @@ def text_parts(rng, text):
     parts = [{"type": "text", "text": text}]
     roll = rng.random()
     if roll < 0.2:
-        parts.insert(0, {"type": "image", "image": "file:///tmp/cat.png"})
+        parts.insert(0, {"type": "image", "image": "file:///images/cat.png"})
     elif roll < 0.3:
         parts.append({"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}})
     elif roll < 0.4:
-        parts.append({"type": "video", "video": "file:///tmp/clip.mp4"})
+        parts.append({"type": "video", "video": "file:///videos/clip.mp4"})
     elif roll < 0.55:
         cut = len(text) // 2
         parts = [{"type": "text", "text": text[:cut]}, {"type": "text", "text": text[cut:]}]
