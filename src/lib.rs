@@ -7,5 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
+pub mod admission;
 pub mod error;
 pub mod limiter;
