@@ -216,8 +216,7 @@ impl Admission {
     pub async fn admit(&self, tenant: &str, bytes: u64) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
-        let (tx, rx) = oneshot::channel();
-        let id = {
+        let (id, rx) = {
             let mut guard = self.shared.state();
             let state = &mut *guard;
             match state.queue.arrive(&mut state.ledgers, tenant, bytes) {
@@ -225,8 +224,9 @@ impl Admission {
                     return Ok(Lease::new(&self.shared, backend, bytes, Duration::ZERO))
                 }
                 Arrival::Queued { id } => {
+                    let (tx, rx) = oneshot::channel();
                     state.pending.insert(id, Pending { tx, since });
-                    id
+                    (id, rx)
                 }
                 Arrival::QueueFull { waiting } => {
                     return Err(AdmitError::QueueFull {
@@ -628,6 +628,20 @@ mod tests {
         );
         drop((a, b, c));
         assert_eq!(usage(&adm), [(0, 0), (0, 0)]);
+        let _d = adm.admit("z", 7).await.expect("room");
+        assert_eq!(
+            serde_json::to_value(adm.snapshot()).expect("serializable"),
+            serde_json::json!({
+                "backends": [
+                    {"name": "npu0", "kv_capacity_bytes": 1000, "kv_reserved_bytes": 0,
+                     "inflight": 0, "max_batch": 4},
+                    {"name": "npu1", "kv_capacity_bytes": 2000, "kv_reserved_bytes": 7,
+                     "inflight": 1, "max_batch": 4},
+                ],
+                "queued": 0,
+                "queued_by_tenant": {},
+            })
+        );
     }
 
     #[test]
