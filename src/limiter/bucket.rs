@@ -2,7 +2,7 @@
 //! requests) charged all-or-nothing. No clock reads and no I/O: every function takes `now`.
 //!
 //! Levels are kept in exact integer fixed point so that every decision is reproducible to the
-//! nanosecond: one token is [`UNITS_PER_TOKEN`] units and a rate is kept in thousandths of a
+//! nanosecond: one token is `UNITS_PER_TOKEN` (10^12) units and a rate is kept in thousandths of a
 //! token per second, which makes the refill over `d` nanoseconds exactly `d x rate_milli` units.
 //! With that, a denial's `retry_after` is the exact smallest wait after which the charge
 //! succeeds, and "admitted tokens in any window W <= rate x W + capacity" holds without rounding
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 /// Fixed-point units per token: 10^12, so that a rate in milli-tokens per second refills exactly
 /// `rate_milli` units per nanosecond.
-pub const UNITS_PER_TOKEN: u128 = 1_000_000_000_000;
+const UNITS_PER_TOKEN: u128 = 1_000_000_000_000;
 
 /// Which of the tenant's buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -416,6 +416,21 @@ mod tests {
     fn bucket_kind_displays_lowercase() {
         let names: Vec<String> = BucketKind::ALL.iter().map(|k| k.to_string()).collect();
         assert_eq!(names, ["prefill", "decode", "requests"]);
+    }
+
+    #[test]
+    fn snapshot_serializes_as_the_admin_api_prints_it() {
+        let t0 = Instant::now();
+        let mut state = TenantState::full(&limits(), t0);
+        state.charge(&limits(), decode(25), t0).expect("full");
+        assert_eq!(
+            serde_json::to_value(state.snapshot(&limits(), t0)).expect("serializable"),
+            serde_json::json!({
+                "prefill": {"rate_per_second": 100.0, "capacity": 1000.0, "available": 1000.0},
+                "decode": {"rate_per_second": 10.0, "capacity": 100.0, "available": 75.0},
+                "requests": {"rate_per_second": 1.0, "capacity": 5.0, "available": 5.0},
+            })
+        );
     }
 
     #[test]
