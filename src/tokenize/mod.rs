@@ -14,3 +14,9 @@ pub mod preset;
 
 pub use engine::{Engine, EngineChoice, Tokenizer};
 pub use pool::{PoolError, TokenizePool};
+
+impl chat::CountTokens for Tokenizer {
+    fn count(&self, text: &str) -> usize {
+        Tokenizer::count(self, text)
+    }
+}
