@@ -245,3 +245,6 @@ async fn accept_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -94,6 +94,8 @@ fn bad_json(e: serde_json::Error) -> ApiError {
     ApiError::invalid(format!("request body is not valid JSON for this API: {e}"))
 }
 
+// ApiError is the crate's one error type, returned as is on every path (as in the limiter).
+#[allow(clippy::result_large_err)]
 /// Parses an OpenAI chat or completions body and counts its prompt (a chat rendered with
 /// `template`, as vLLM renders it before tokenizing).
 pub fn parse_openai(
@@ -145,6 +147,7 @@ pub fn parse_openai(
     })
 }
 
+#[allow(clippy::result_large_err)]
 /// Parses a TGI-style body (`/generate`, `/generate_stream`, `/infer`); `stream` is the
 /// endpoint's mode, `None` for `/infer`, which reads it from the body.
 pub fn parse_tgi(
