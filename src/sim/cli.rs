@@ -1,6 +1,7 @@
 //! Room `sim`: `tokengate sim`, the command line of the simulated backend.
 
 use super::{start, SimConfig, DEFAULT_MODEL};
+use crate::tokenize::Tokenizer;
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -76,8 +77,7 @@ impl SimArgs {
 
 /// Runs `tokengate sim` until Ctrl-C.
 pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
-    let tokenizer = tokenizers::Tokenizer::from_file(&args.tokenizer)
-        .map_err(anyhow::Error::msg)
+    let tokenizer = Tokenizer::load(&args.tokenizer)
         .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {

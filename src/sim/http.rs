@@ -4,10 +4,11 @@
 use super::engine::{EngineConfig, SeqRequest};
 use super::metrics::SimMetrics;
 use super::shell::{EngineHandle, TokenEvent};
-use super::text::{completion_text, TokenCounter};
+use super::text::{completion_text, SharedCounter};
 use super::wire::{parse_openai, parse_tgi, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
 use crate::error::ApiError;
+use crate::tokenize::chat::ChatTemplate;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
@@ -33,11 +34,11 @@ const BODY_LIMIT_BYTES: usize = 64 << 20;
 const OUTPUT_LENGTH_SIGMA: f64 = 0.8;
 
 /// Everything the routes share.
-#[derive(Debug)]
 pub struct Shared {
     pub(super) model: String,
     pub(super) engine_cfg: EngineConfig,
-    pub(super) counter: Arc<dyn TokenCounter>,
+    pub(super) counter: SharedCounter,
+    template: ChatTemplate,
     pub(super) engine: EngineHandle,
     pub(super) metrics: Arc<SimMetrics>,
     pub(super) stats: Mutex<SimStats>,
@@ -51,7 +52,7 @@ impl Shared {
     /// lognormal of mean `cfg.mean_output_tokens`, drawn from `cfg.seed` in arrival order.
     pub fn new(
         cfg: SimConfig,
-        counter: Arc<dyn TokenCounter>,
+        counter: SharedCounter,
         engine: EngineHandle,
         metrics: Arc<SimMetrics>,
     ) -> Self {
@@ -62,6 +63,7 @@ impl Shared {
             model: cfg.model,
             engine_cfg: cfg.engine,
             counter,
+            template: ChatTemplate::builtin_qwen35(),
             engine,
             metrics,
             stats: Mutex::new(SimStats::default()),
@@ -79,6 +81,15 @@ impl Shared {
 
     fn faults(&self) -> Faults {
         self.faults.lock().expect("faults lock poisoned").clone()
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("model", &self.model)
+            .field("engine_cfg", &self.engine_cfg)
+            .finish_non_exhaustive()
     }
 }
 
@@ -138,7 +149,13 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         .to_bytes();
     let job = match api {
         (Api::Tgi, stream) => parse_tgi(&body, stream, shared.counter.as_ref())?,
-        (api, _) => parse_openai(api, &body, &shared.model, shared.counter.as_ref())?,
+        (api, _) => parse_openai(
+            api,
+            &body,
+            &shared.model,
+            &shared.template,
+            shared.counter.as_ref(),
+        )?,
     };
     generate(shared, job).await
 }

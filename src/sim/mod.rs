@@ -22,7 +22,7 @@ use hyper_util::server::conn::auto;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use text::TokenCounter;
+use text::SharedCounter;
 use timing::{Pace, Roofline, StepTiming};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -186,10 +186,10 @@ impl Drop for SimHandle {
 }
 
 /// Starts a simulated backend on `listener` (e.g. bound to `127.0.0.1:0`), counting prompts with
-/// `tokenizer`. Fails if the configuration is inconsistent.
+/// `tokenizer` (a [`crate::tokenize::Tokenizer`]). Fails if the configuration is inconsistent.
 pub async fn start(
     cfg: SimConfig,
-    tokenizer: Arc<dyn TokenCounter>,
+    tokenizer: SharedCounter,
     listener: TcpListener,
 ) -> anyhow::Result<SimHandle> {
     cfg.engine.validate().map_err(anyhow::Error::msg)?;
@@ -245,3 +245,6 @@ async fn accept_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

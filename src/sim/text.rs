@@ -1,22 +1,13 @@
 //! Room `sim`: the text side of the simulated backend. Prompts are counted with the model's
-//! tokenizer (through [`TokenCounter`]); generated text is made of words that are each exactly one
+//! tokenizer (through [`SharedCounter`]); generated text is made of words that are each exactly one
 //! token and a pre-token of their own, so the text of `n` tokens re-tokenizes to exactly `n`.
 
-use std::fmt;
+use crate::tokenize::chat::CountTokens;
+use std::sync::Arc;
 
-/// Counts the tokens of a text with the served model's tokenizer.
-pub trait TokenCounter: Send + Sync + fmt::Debug {
-    /// Number of tokens of `text`, without special tokens added.
-    fn count(&self, text: &str) -> usize;
-}
-
-impl TokenCounter for tokenizers::Tokenizer {
-    fn count(&self, text: &str) -> usize {
-        // An encoding failure is a bug in the tokenizer file, not in the request: count nothing
-        // rather than fail the simulated request.
-        self.encode_fast(text, false).map_or(0, |e| e.len())
-    }
-}
+/// The served model's tokenizer as the simulated backend uses it (the project's
+/// [`crate::tokenize::Tokenizer`] in production and tests).
+pub type SharedCounter = Arc<dyn CountTokens + Send + Sync>;
 
 /// Words of the generated text, each one token with its leading space in the Qwen3.5 vocabulary
 /// (pinned by a test with the real tokenizer), cycled in order.
@@ -32,23 +23,6 @@ pub fn completion_text(first: u64, n: u64) -> String {
         .collect()
 }
 
-/// Tokens of a chat prompt: each message costs its stripped content plus 5 framing tokens
-/// (`<|im_start|>role\n ... <|im_end|>\n`) and the generation prompt adds 5 (DOMAIN.md 3).
-// TODO(chat): render with the chat room's `ChatTemplate::builtin_qwen35()` once it lands, so
-// tools and multi-part contents are counted exactly; this framing is exact only for plain text.
-pub fn chat_prompt_tokens<'a>(
-    counter: &dyn TokenCounter,
-    contents: impl IntoIterator<Item = &'a str>,
-) -> u64 {
-    const PER_MESSAGE: u64 = 5;
-    const GENERATION_PROMPT: u64 = 5;
-    contents
-        .into_iter()
-        .map(|c| counter.count(c.trim()) as u64 + PER_MESSAGE)
-        .sum::<u64>()
-        + GENERATION_PROMPT
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +32,34 @@ mod tests {
         assert_eq!(completion_text(0, 3), " the quick brown");
         assert_eq!(completion_text(15, 3), " farm the quick");
         assert_eq!(completion_text(7, 0), "");
+    }
+}
+
+#[cfg(test)]
+mod real_tokenizer_tests {
+    use super::*;
+    use crate::tokenize::Tokenizer;
+    use std::path::PathBuf;
+
+    fn tokenizer() -> Tokenizer {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
+        assert!(
+            path.is_file(),
+            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
+            path.display()
+        );
+        Tokenizer::load(&path).expect("tokenizer loads")
+    }
+
+    #[test]
+    fn generated_text_retokenizes_to_exactly_its_token_count() {
+        let tok = tokenizer();
+        for word in COMPLETION_WORDS {
+            assert_eq!(tok.count(word), 1, "{word:?} must be a single token");
+        }
+        for n in [1, 2, 15, 16, 17, 150, 2000] {
+            assert_eq!(tok.count(&completion_text(0, n)), n as usize);
+            assert_eq!(tok.count(&completion_text(n, n)), n as usize);
+        }
     }
 }

@@ -2,8 +2,8 @@
 //! emits them (SSE chunks, `usage`, `stream_options.include_usage`), and MindIE's TGI-style
 //! `/generate`, `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
-use super::text::{chat_prompt_tokens, TokenCounter};
 use crate::error::ApiError;
+use crate::tokenize::chat::{ChatPrompt, ChatTemplate, CountTokens};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -40,7 +40,11 @@ pub struct Job {
 #[derive(Deserialize)]
 struct OpenAiRequest {
     model: Option<String>,
-    messages: Option<Vec<Message>>,
+    messages: Option<Vec<Value>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    chat_template_kwargs: Option<TemplateKwargs>,
     prompt: Option<Prompt>,
     max_tokens: Option<u64>,
     max_completion_tokens: Option<u64>,
@@ -58,22 +62,8 @@ struct StreamOptions {
 }
 
 #[derive(Deserialize)]
-struct Message {
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Deserialize)]
-struct Part {
-    #[serde(default)]
-    text: Option<String>,
+struct TemplateKwargs {
+    enable_thinking: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -104,12 +94,16 @@ fn bad_json(e: serde_json::Error) -> ApiError {
     ApiError::invalid(format!("request body is not valid JSON for this API: {e}"))
 }
 
-/// Parses an OpenAI chat or completions body and counts its prompt.
+// ApiError is the crate's one error type, returned as is on every path (as in the limiter).
+#[allow(clippy::result_large_err)]
+/// Parses an OpenAI chat or completions body and counts its prompt (a chat rendered with
+/// `template`, as vLLM renders it before tokenizing).
 pub fn parse_openai(
     api: Api,
     body: &[u8],
     served_model: &str,
-    counter: &dyn TokenCounter,
+    template: &ChatTemplate,
+    counter: &dyn CountTokens,
 ) -> Result<Job, ApiError> {
     let req: OpenAiRequest = serde_json::from_slice(body).map_err(bad_json)?;
     if let Some(model) = &req.model {
@@ -122,17 +116,13 @@ pub fn parse_openai(
             let messages = req
                 .messages
                 .ok_or_else(|| ApiError::invalid_param("messages", "`messages` is required"))?;
-            let texts: Vec<String> = messages
-                .into_iter()
-                .map(|m| match m.content {
-                    None => String::new(),
-                    Some(Content::Text(t)) => t,
-                    Some(Content::Parts(parts)) => {
-                        parts.into_iter().filter_map(|p| p.text).collect()
-                    }
-                })
-                .collect();
-            chat_prompt_tokens(counter, texts.iter().map(String::as_str))
+            let prompt = ChatPrompt {
+                messages,
+                tools: req.tools,
+                add_generation_prompt: true,
+                enable_thinking: req.chat_template_kwargs.and_then(|k| k.enable_thinking),
+            };
+            counter.count(&template.render(&prompt)?) as u64
         }
         _ => match req.prompt {
             Some(Prompt::One(p)) => counter.count(&p) as u64,
@@ -157,12 +147,13 @@ pub fn parse_openai(
     })
 }
 
+#[allow(clippy::result_large_err)]
 /// Parses a TGI-style body (`/generate`, `/generate_stream`, `/infer`); `stream` is the
 /// endpoint's mode, `None` for `/infer`, which reads it from the body.
 pub fn parse_tgi(
     body: &[u8],
     stream: Option<bool>,
-    counter: &dyn TokenCounter,
+    counter: &dyn CountTokens,
 ) -> Result<Job, ApiError> {
     let req: TgiRequest = serde_json::from_slice(body).map_err(bad_json)?;
     Ok(Job {
