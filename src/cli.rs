@@ -33,6 +33,8 @@ enum Command {
         #[command(subcommand)]
         command: TokenizerCommand,
     },
+    /// Count or encode text from standard input with the model's tokenizer.
+    Tokenize(crate::tokenize::cli::TokenizeArgs),
     /// Capacity model of an accelerator + model (roofline, or the seed article's formula).
     Capacity(crate::capacity::cli::CapacityArgs),
     /// Run the simulated backend (OpenAI + MindIE APIs on a 910B3 capacity model).
@@ -95,6 +97,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenizer {
             command: TokenizerCommand::Import(args),
         } => crate::tokenize::cli::run_import(args),
+        Command::Tokenize(args) => crate::tokenize::cli::run_tokenize(args),
         Command::Capacity(args) => crate::capacity::cli::run_capacity(args),
         Command::Sim(args) => crate::sim::cli::run_sim(args),
     }

@@ -118,6 +118,7 @@ mod tests {
             decode_tokens_per_second: 10.0,
             requests_per_second: 1.0,
             burst_seconds: 5.0,
+            share: None,
         }
     }
 

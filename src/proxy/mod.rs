@@ -150,7 +150,7 @@ impl Gateway {
         match counted {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(template)) => Err(template.into()),
-            Err(e) => Err(pool_error(e)),
+            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
         }
     }
 
@@ -169,7 +169,7 @@ impl Gateway {
         match encoded {
             Ok(Ok(ids)) => Ok(ids),
             Ok(Err(template)) => Err(template.into()),
-            Err(e) => Err(pool_error(e)),
+            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
         }
     }
 
@@ -430,9 +430,9 @@ impl Drop for Queued<'_> {
     }
 }
 
-fn pool_error(e: PoolError) -> ApiError {
+fn pool_error(e: PoolError, queue_depth: usize) -> ApiError {
     match e {
-        PoolError::Full { queue_depth } => ApiError::overloaded(
+        PoolError::Full => ApiError::overloaded(
             format!("all tokenizer workers are busy and {queue_depth} jobs already wait (tokenizer.queue_depth); retry shortly"),
             Duration::from_secs(1),
         ),
