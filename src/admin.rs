@@ -1,9 +1,9 @@
 //! The admin listener: Prometheus metrics, liveness and readiness, and JSON views of the
 //! tenants' buckets and the backends' KV ledgers.
 
-use crate::proxy::{json_response, GatewayBody, Gateway};
 use crate::error::ApiError;
 use crate::metrics::{BackendLabel, BucketLabels};
+use crate::proxy::{json_response, Gateway, GatewayBody};
 use http::{header, Method, Request, Response, StatusCode};
 use serde_json::json;
 
@@ -11,7 +11,9 @@ use serde_json::json;
 pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError> {
     let path = req.uri().path();
     if req.method() != Method::GET {
-        return Err(ApiError::method_not_allowed(format!("{path} only answers GET")));
+        return Err(ApiError::method_not_allowed(format!(
+            "{path} only answers GET"
+        )));
     }
     match path {
         "/metrics" => {
@@ -27,7 +29,10 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
         "/readyz" => {
             for (u, b) in gw.upstreams.iter().zip(&gw.config.backends) {
                 if u.is_ready(&b.health_path).await {
-                    return Ok(json_response(StatusCode::OK, &json!({"status": "ready", "backend": u.url})));
+                    return Ok(json_response(
+                        StatusCode::OK,
+                        &json!({"status": "ready", "backend": u.url}),
+                    ));
                 }
             }
             Ok(json_response(
@@ -84,23 +89,42 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
 async fn refresh_gauges(gw: &Gateway) {
     let snap = gw.admission.snapshot();
     for (b, u) in snap.backends.iter().zip(&gw.upstreams) {
-        let label = BackendLabel { backend: u.url.clone() };
-        gw.metrics.kv_reserved_bytes.get_or_create(&label).set(b.kv_reserved_bytes as i64);
-        gw.metrics.kv_capacity_bytes.get_or_create(&label).set(b.kv_capacity_bytes as i64);
+        let label = BackendLabel {
+            backend: u.url.clone(),
+        };
+        gw.metrics
+            .kv_reserved_bytes
+            .get_or_create(&label)
+            .set(b.kv_reserved_bytes as i64);
+        gw.metrics
+            .kv_capacity_bytes
+            .get_or_create(&label)
+            .set(b.kv_capacity_bytes as i64);
     }
     gw.metrics.queue_depth.set(snap.queued as i64);
     for t in gw.tenants.tenants() {
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
-        for (bucket, b) in [("prefill", &s.prefill), ("decode", &s.decode), ("requests", &s.requests)] {
+        for (bucket, b) in [
+            ("prefill", &s.prefill),
+            ("decode", &s.decode),
+            ("requests", &s.requests),
+        ] {
             gw.metrics
                 .bucket_available
-                .get_or_create(&BucketLabels { tenant: t.name.clone(), bucket: bucket.to_string() })
+                .get_or_create(&BucketLabels {
+                    tenant: t.name.clone(),
+                    bucket: bucket.to_string(),
+                })
                 .set(b.available);
         }
     }
     let stats = gw.chat.stats();
-    let hits = stats.hits.saturating_sub(gw.metrics.tokenize_cache_hits.get());
+    let hits = stats
+        .hits
+        .saturating_sub(gw.metrics.tokenize_cache_hits.get());
     gw.metrics.tokenize_cache_hits.inc_by(hits);
-    let misses = stats.misses.saturating_sub(gw.metrics.tokenize_cache_misses.get());
+    let misses = stats
+        .misses
+        .saturating_sub(gw.metrics.tokenize_cache_misses.get());
     gw.metrics.tokenize_cache_misses.inc_by(misses);
 }

@@ -61,7 +61,10 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
             .with_context(|| format!("loading chat template {}", path.display()))?,
         None => ChatTemplate::builtin_qwen35(),
     };
-    let chat = Arc::new(ChatCounter::new(template, config.tokenizer.cache_bytes as usize));
+    let chat = Arc::new(ChatCounter::new(
+        template,
+        config.tokenizer.cache_bytes as usize,
+    ));
     let pool = Arc::new(TokenizePool::new(
         config.tokenizer.workers,
         config.tokenizer.queue_depth,

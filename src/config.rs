@@ -318,8 +318,8 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
-        let mut cfg = Config::parse(&text)
-            .with_context(|| format!("in config file {}", path.display()))?;
+        let mut cfg =
+            Config::parse(&text).with_context(|| format!("in config file {}", path.display()))?;
         let base = path.parent().unwrap_or_else(|| Path::new("."));
         cfg.resolve_paths(base);
         Ok(cfg)
@@ -347,8 +347,9 @@ impl Config {
                 (Some(h), Some(m)) => (h, m),
                 _ => bail!("{at}: capacity-model sizing needs both `hardware` and `model`"),
             };
-            let mut inputs = CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
-                .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            let mut inputs =
+                CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
+                    .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
             inputs.tp = b.tp;
             inputs.replicas = b.replicas;
             inputs.block_tokens = self.model.block_tokens;
@@ -359,7 +360,9 @@ impl Config {
                 inputs.tpot_slo_seconds = ms / 1000.0;
             }
             inputs.engine_max_batch = b.engine_max_batch;
-            inputs.validate().map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            inputs
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
             let derived = derive_backend(&inputs, workload);
             if derived.kv_bytes_per_token != self.model.kv_bytes_per_token
                 || derived.state_bytes_per_sequence != self.model.state_bytes_per_sequence
@@ -388,7 +391,11 @@ impl Config {
             }
             b.derived = Some(derived);
         }
-        let derived: Vec<DerivedBackend> = self.backends.iter().filter_map(|b| b.derived.clone()).collect();
+        let derived: Vec<DerivedBackend> = self
+            .backends
+            .iter()
+            .filter_map(|b| b.derived.clone())
+            .collect();
         for (i, t) in self.tenants.iter_mut().enumerate() {
             let Some(share) = t.share else { continue };
             let at = format!("tenants[{i}] ({})", t.name);
@@ -405,7 +412,10 @@ impl Config {
             t.prefill_tokens_per_second = prefill;
             t.decode_tokens_per_second = decode;
             if t.requests_per_second == 0.0 {
-                let qps: f64 = derived.iter().map(|d| d.per_replica.qps * f64::from(d.replicas)).sum();
+                let qps: f64 = derived
+                    .iter()
+                    .map(|d| d.per_replica.qps * f64::from(d.replicas))
+                    .sum();
                 t.requests_per_second = share * qps;
             }
         }

@@ -133,9 +133,21 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register("requests", "Requests by tenant and outcome", m.requests.clone());
-        r.register("prefill_tokens", "Prompt tokens charged", m.prefill_tokens.clone());
-        r.register("decode_tokens", "Output tokens generated", m.decode_tokens.clone());
+        r.register(
+            "requests",
+            "Requests by tenant and outcome",
+            m.requests.clone(),
+        );
+        r.register(
+            "prefill_tokens",
+            "Prompt tokens charged",
+            m.prefill_tokens.clone(),
+        );
+        r.register(
+            "decode_tokens",
+            "Output tokens generated",
+            m.decode_tokens.clone(),
+        );
         r.register(
             "decode_tokens_reserved",
             "Output tokens reserved at admission (max_tokens)",
@@ -166,8 +178,16 @@ impl Metrics {
             "Time to count a request's prompt tokens",
             m.tokenize.clone(),
         );
-        r.register("prompt_tokens", "Prompt length per request", m.prompt_tokens.clone());
-        r.register("output_tokens", "Output length per request", m.output_tokens.clone());
+        r.register(
+            "prompt_tokens",
+            "Prompt length per request",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "output_tokens",
+            "Output length per request",
+            m.output_tokens.clone(),
+        );
         r.register(
             "inflight_requests",
             "Requests admitted and not yet settled",

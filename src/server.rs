@@ -22,7 +22,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::request_id::{
+    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
 
 /// Request ids: a process-unique prefix and a counter (cheap, sortable, never reused).
 #[derive(Clone)]
@@ -48,11 +50,16 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
         .unwrap_or_default();
     tracing::error!(panic = %what, "handler panicked; its reservation and lease were released by their guards");
     let e = ApiError::internal();
-    let (parts, _) = e.to_response::<http_body_util::Full<bytes::Bytes>>().into_parts();
+    let (parts, _) = e
+        .to_response::<http_body_util::Full<bytes::Bytes>>()
+        .into_parts();
     Response::from_parts(parts, e.body_json().to_string())
 }
 
-async fn route_main(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<GatewayBody>, std::convert::Infallible> {
+async fn route_main(
+    gw: Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<GatewayBody>, std::convert::Infallible> {
     let rid = req
         .headers()
         .get(REQUEST_ID)
@@ -72,9 +79,14 @@ async fn route_main(gw: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
         (Method::GET, "/v1/models") => ("-".to_string(), gw.models(req.headers()).await),
         (_, "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/v1/models") => (
             "-".to_string(),
-            Err(ApiError::method_not_allowed(format!("{method} is not allowed on {path}"))),
+            Err(ApiError::method_not_allowed(format!(
+                "{method} is not allowed on {path}"
+            ))),
         ),
-        _ => ("-".to_string(), Err(ApiError::not_found(format!("no route {method} {path}")))),
+        _ => (
+            "-".to_string(),
+            Err(ApiError::not_found(format!("no route {method} {path}"))),
+        ),
     };
     let resp = match result {
         Ok(r) => r,
@@ -95,7 +107,13 @@ fn main_service(
     gw: Arc<Gateway>,
 ) -> impl tower::Service<
     Request<Incoming>,
-    Response = Response<impl http_body::Body<Data = bytes::Bytes, Error = impl Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static>,
+    Response = Response<
+        impl http_body::Body<
+                Data = bytes::Bytes,
+                Error = impl Into<Box<dyn std::error::Error + Send + Sync>>,
+            > + Send
+            + 'static,
+    >,
     Error = std::convert::Infallible,
     Future = impl Future + Send + 'static,
 > + Clone
@@ -107,8 +125,13 @@ fn main_service(
     };
     ServiceBuilder::new()
         // 1. every request gets an id (kept if the client sent one), echoed in the response
-        .layer(SetRequestIdLayer::new(http::HeaderName::from_static(REQUEST_ID), ids))
-        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(REQUEST_ID)))
+        .layer(SetRequestIdLayer::new(
+            http::HeaderName::from_static(REQUEST_ID),
+            ids,
+        ))
+        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
+            REQUEST_ID,
+        )))
         // 2. a panic becomes a 500 in OpenAI's shape; guards dropped while unwinding settle
         .layer(CatchPanicLayer::custom(panic_response))
         // 3-11. body limit and timeouts, route, auth, parse, count, charge, admit, forward,
@@ -194,11 +217,29 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let grace = cfg.server.shutdown_grace;
     let header_timeout = cfg.server.header_read_timeout;
     let tasks = vec![
-        tokio::spawn(accept_loop(main, TowerToHyperService::new(main_service(gw.clone())), rx.clone(), grace, header_timeout)),
-        tokio::spawn(accept_loop(admin, TowerToHyperService::new(admin_service(gw.clone())), rx, grace, header_timeout)),
+        tokio::spawn(accept_loop(
+            main,
+            TowerToHyperService::new(main_service(gw.clone())),
+            rx.clone(),
+            grace,
+            header_timeout,
+        )),
+        tokio::spawn(accept_loop(
+            admin,
+            TowerToHyperService::new(admin_service(gw.clone())),
+            rx,
+            grace,
+            header_timeout,
+        )),
     ];
     tracing::info!(%addr, %admin_addr, "tokengate listening");
-    Ok(Running { addr, admin_addr, gateway: gw, shutdown: tx, tasks })
+    Ok(Running {
+        addr,
+        admin_addr,
+        gateway: gw,
+        shutdown: tx,
+        tasks,
+    })
 }
 
 async fn accept_loop<S, B>(
@@ -238,7 +279,10 @@ async fn accept_loop<S, B>(
         }
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("shutdown grace period over; cutting remaining connections");
     }
 }

@@ -176,7 +176,10 @@ fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
         {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true}\n\
         {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true, \"enable_thinking\": false}\n";
     let mut output = Vec::new();
-    run_jsonl(input, &mut output, |line| count_line(fast(), &template, line)).unwrap();
+    run_jsonl(input, &mut output, |line| {
+        count_line(fast(), &template, line)
+    })
+    .unwrap();
     // A user message costs its content + 5 framing tokens; the generation prompt 5, or 7 with
     // thinking disabled (DOMAIN.md section 3).
     assert_eq!(

@@ -80,9 +80,8 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     if std::str::from_utf8(bytes).is_err() {
         return Err(ApiError::invalid("the request body is not valid UTF-8"));
     }
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::invalid(format!("the request body is not valid JSON: {e}"))
-    })?;
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
     match value {
         Value::Object(map) => Ok(map),
         other => Err(ApiError::invalid(format!(
@@ -164,7 +163,13 @@ pub fn parse_generation(
         Some(Value::Object(o)) => match o.get("include_usage") {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
-            Some(other) => return Err(wrong_type("stream_options.include_usage", "a boolean", other)),
+            Some(other) => {
+                return Err(wrong_type(
+                    "stream_options.include_usage",
+                    "a boolean",
+                    other,
+                ))
+            }
         },
         Some(other) => return Err(wrong_type("stream_options", "an object", other)),
     };
@@ -227,7 +232,10 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
             ))
         }
         None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param("messages", "`messages` is required"))
+            return Err(ApiError::invalid_param(
+                "messages",
+                "`messages` is required",
+            ))
         }
         Some(other) => return Err(wrong_type("messages", "an array", other)),
     };
@@ -419,16 +427,56 @@ mod tests {
             (json!({"model": "qwen"}), 400, "messages"),
             (json!({"model": "qwen", "messages": []}), 400, "messages"),
             (json!({"model": "qwen", "messages": "hi"}), 400, "messages"),
-            (json!({"model": "qwen", "messages": [{"content": "x"}]}), 400, "messages[0].role"),
-            (json!({"model": "qwen", "messages": [{"role": "user", "content": 3}]}), 400, "messages[0].content"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 0}), 400, "max_tokens"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": -1}), 400, "max_tokens"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 1.5}), 400, "max_tokens"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 1001}), 400, "max_tokens"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": "9"}), 400, "max_tokens"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "stream": "yes"}), 400, "stream"),
-            (json!({"model": "qwen", "messages": [{"role": "user"}], "n": 2}), 400, "n"),
-            (json!({"model": "gpt", "messages": [{"role": "user"}]}), 404, "model"),
+            (
+                json!({"model": "qwen", "messages": [{"content": "x"}]}),
+                400,
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user", "content": 3}]}),
+                400,
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 0}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": -1}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 1.5}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 1001}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": "9"}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "stream": "yes"}),
+                400,
+                "stream",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "n": 2}),
+                400,
+                "n",
+            ),
+            (
+                json!({"model": "gpt", "messages": [{"role": "user"}]}),
+                404,
+                "model",
+            ),
             (json!({"messages": [{"role": "user"}]}), 400, "model"),
         ];
         for (body, status, param) in cases {
@@ -441,19 +489,37 @@ mod tests {
     #[test]
     fn completion_prompts() {
         let p = |v| parse(Endpoint::Completions, v).map(|r| r.prompt);
-        assert!(matches!(p(json!({"model": "qwen", "prompt": "a b"})), Ok(Prompt::Text(t)) if t == "a b"));
-        assert!(matches!(p(json!({"model": "qwen", "prompt": ["a b"]})), Ok(Prompt::Text(t)) if t == "a b"));
-        assert!(matches!(p(json!({"model": "qwen", "prompt": [1, 2, 3]})), Ok(Prompt::TokenIds(ids)) if ids == [1, 2, 3]));
+        assert!(
+            matches!(p(json!({"model": "qwen", "prompt": "a b"})), Ok(Prompt::Text(t)) if t == "a b")
+        );
+        assert!(
+            matches!(p(json!({"model": "qwen", "prompt": ["a b"]})), Ok(Prompt::Text(t)) if t == "a b")
+        );
+        assert!(
+            matches!(p(json!({"model": "qwen", "prompt": [1, 2, 3]})), Ok(Prompt::TokenIds(ids)) if ids == [1, 2, 3])
+        );
         assert!(p(json!({"model": "qwen", "prompt": ["a", "b"]})).is_err());
         assert!(p(json!({"model": "qwen", "prompt": ""})).is_err());
     }
 
     #[test]
     fn body_errors() {
-        assert!(parse_object(b"\xff\xfe").unwrap_err().message.contains("UTF-8"));
-        assert!(parse_object(b"{").unwrap_err().message.contains("not valid JSON"));
-        assert!(parse_object(b"[1]").unwrap_err().message.contains("an array"));
+        assert!(parse_object(b"\xff\xfe")
+            .unwrap_err()
+            .message
+            .contains("UTF-8"));
+        assert!(parse_object(b"{")
+            .unwrap_err()
+            .message
+            .contains("not valid JSON"));
+        assert!(parse_object(b"[1]")
+            .unwrap_err()
+            .message
+            .contains("an array"));
         let deep = "[".repeat(200) + &"]".repeat(200);
-        assert_eq!(parse_object(deep.as_bytes()).unwrap_err().status.as_u16(), 400);
+        assert_eq!(
+            parse_object(deep.as_bytes()).unwrap_err().status.as_u16(),
+            400
+        );
     }
 }

@@ -73,8 +73,7 @@ pub fn inspect(event: &[u8]) -> ChunkInfo {
         .and_then(|u| u.get("completion_tokens"))
         .and_then(Value::as_u64);
     let choices = v.get("choices").and_then(Value::as_array);
-    info.usage_only =
-        info.completion_tokens.is_some() && choices.is_none_or(|c| c.is_empty());
+    info.usage_only = info.completion_tokens.is_some() && choices.is_none_or(|c| c.is_empty());
     for choice in choices.into_iter().flatten() {
         append_generated_text(choice.get("delta").unwrap_or(choice), &mut info.text);
     }
@@ -110,15 +109,26 @@ mod tests {
         let mut s = SseSplitter::default();
         assert!(s.push(b"data: {\"a\"").is_empty());
         let ev = s.push(b":1}\n\ndata: [DONE]\n\n");
-        assert_eq!(ev, vec![Bytes::from("data: {\"a\":1}\n\n"), Bytes::from("data: [DONE]\n\n")]);
+        assert_eq!(
+            ev,
+            vec![
+                Bytes::from("data: {\"a\":1}\n\n"),
+                Bytes::from("data: [DONE]\n\n")
+            ]
+        );
         assert_eq!(s.finish(), None);
     }
 
     #[test]
     fn reads_usage_and_text() {
         let c = inspect(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n");
-        assert_eq!((c.text.as_str(), c.usage_only, c.done), ("hi", false, false));
-        let u = inspect(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9}}\n\n");
+        assert_eq!(
+            (c.text.as_str(), c.usage_only, c.done),
+            ("hi", false, false)
+        );
+        let u = inspect(
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9}}\n\n",
+        );
         assert_eq!((u.usage_only, u.completion_tokens), (true, Some(9)));
         assert!(inspect(b"data: [DONE]\n\n").done);
     }

@@ -474,7 +474,7 @@ mod tests {
         );
         assert_eq!(e.retry_after, Some(Duration::from_millis(2250)));
         assert_eq!(
-            e.rate_limit,
+            e.rate_limit.map(|h| *h),
             Some(RateLimitHeaders {
                 limit_tokens: 100,
                 remaining_tokens: 7,

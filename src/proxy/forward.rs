@@ -32,7 +32,9 @@ impl Upstream {
             .build(connector);
         Self {
             url: url.trim_end_matches('/').to_string(),
-            base: url.parse().expect("backend URLs are validated with the config"),
+            base: url
+                .parse()
+                .expect("backend URLs are validated with the config"),
             first_byte_timeout,
             client,
         }

@@ -55,7 +55,10 @@ impl Admitted {
         counter: OutputCounter,
         arrived: Instant,
     ) -> Self {
-        metrics.inflight.get_or_create(&metrics::tenant(&tenant.name)).inc();
+        metrics
+            .inflight
+            .get_or_create(&metrics::tenant(&tenant.name))
+            .inc();
         Self {
             tenant,
             reservation: Some(reservation),
@@ -235,7 +238,12 @@ pin_project_lite::pin_project! {
 
 impl MeteredStream {
     /// Wraps the backend's body; `first` is the part already read before answering.
-    pub fn new(inner: Incoming, first: Bytes, admitted: Admitted, client_wants_usage: bool) -> Self {
+    pub fn new(
+        inner: Incoming,
+        first: Bytes,
+        admitted: Admitted,
+        client_wants_usage: bool,
+    ) -> Self {
         let mut s = Self {
             inner,
             splitter: SseSplitter::default(),
@@ -243,7 +251,12 @@ impl MeteredStream {
             client_wants_usage,
             pending: None,
         };
-        let out = filter(&mut s.splitter, &mut s.admitted, s.client_wants_usage, &first);
+        let out = filter(
+            &mut s.splitter,
+            &mut s.admitted,
+            s.client_wants_usage,
+            &first,
+        );
         s.pending = (!out.is_empty()).then_some(out);
         s
     }
@@ -289,7 +302,12 @@ impl Body for MeteredStream {
                     let Ok(data) = frame.into_data() else {
                         continue; // trailers: not part of an SSE answer
                     };
-                    let out = filter(this.splitter, this.admitted, *this.client_wants_usage, &data);
+                    let out = filter(
+                        this.splitter,
+                        this.admitted,
+                        *this.client_wants_usage,
+                        &data,
+                    );
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(out))));
                     }

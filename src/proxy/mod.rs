@@ -6,12 +6,12 @@
 pub mod forward;
 pub mod meter;
 
-use crate::admission::{AdmitError, Admission};
+use crate::admission::{Admission, AdmitError};
 use crate::api::openai::{self, Endpoint, GenerationRequest, ParseLimits, Prompt};
 use crate::capacity::sequence_footprint_bytes;
 use crate::config::Config;
-use crate::error::{ApiError, RateLimitHeaders};
-use crate::limiter::{Cost, Denial, Limiter, Reservation, TenantSnapshot};
+use crate::error::ApiError;
+use crate::limiter::{Cost, Limiter, Reservation};
 use crate::metrics::{self, Metrics};
 use crate::tenant::{Tenant, TenantDirectory};
 use crate::tokenize::cache::ChatCounter;
@@ -175,7 +175,11 @@ impl Gateway {
 
     /// Output tokens to reserve: what the client asked for, or the default clamped to the
     /// context; more than the context allows is a 400 naming both numbers.
-    pub fn output_budget(&self, req: &GenerationRequest, prompt_tokens: u64) -> Result<u64, ApiError> {
+    pub fn output_budget(
+        &self,
+        req: &GenerationRequest,
+        prompt_tokens: u64,
+    ) -> Result<u64, ApiError> {
         let max_len = self.config.model.max_model_len;
         match req.requested_max_tokens {
             Some((_, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
@@ -197,11 +201,15 @@ impl Gateway {
         self.limiter
             .reserve(&tenant.name, &tenant.limits, cost)
             .await
-            .map_err(|d| denial_error(&tenant.name, d))
+            .map_err(ApiError::from)
     }
 
     /// Step 9: a KV lease for the request's footprint, waiting fairly if needed.
-    pub async fn admit(&self, tenant: &Tenant, tokens: u64) -> Result<crate::admission::Lease, ApiError> {
+    pub async fn admit(
+        &self,
+        tenant: &Tenant,
+        tokens: u64,
+    ) -> Result<crate::admission::Lease, ApiError> {
         let m = &self.config.model;
         let bytes = sequence_footprint_bytes(
             tokens,
@@ -251,7 +259,10 @@ impl Gateway {
             Err(e) => return ("unknown".to_string(), Err(e)),
         };
         let name = tenant.name.clone();
-        (name, self.generate_for(tenant, endpoint, req, arrived).await)
+        (
+            name,
+            self.generate_for(tenant, endpoint, req, arrived).await,
+        )
     }
 
     async fn generate_for(
@@ -287,7 +298,10 @@ impl Gateway {
             }
         };
         let label = metrics::tenant(&tenant.name);
-        self.metrics.prefill_tokens.get_or_create(&label).inc_by(prompt_tokens);
+        self.metrics
+            .prefill_tokens
+            .get_or_create(&label)
+            .inc_by(prompt_tokens);
         self.metrics
             .decode_tokens_reserved
             .get_or_create(&label)
@@ -319,7 +333,10 @@ impl Gateway {
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
         let body = openai::rewrite_for_backend(&req, max_output);
-        let resp = match upstream.send(Method::POST, req.endpoint.path(), Some(body)).await {
+        let resp = match upstream
+            .send(Method::POST, req.endpoint.path(), Some(body))
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 admitted.cancel(e.code);
@@ -329,7 +346,11 @@ impl Gateway {
         let (parts, incoming) = resp.into_parts();
         if !parts.status.is_success() {
             // Passed through unchanged; the request produced nothing.
-            let bytes = incoming.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            let bytes = incoming
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
             admitted.finish_without_output("backend_error");
             return Ok(Response::from_parts(parts, full(bytes)));
         }
@@ -338,7 +359,9 @@ impl Gateway {
                 Ok(c) => c.to_bytes(),
                 Err(_) => {
                     admitted.cancel("upstream_error");
-                    return Err(ApiError::upstream("the backend closed the connection mid-answer"));
+                    return Err(ApiError::upstream(
+                        "the backend closed the connection mid-answer",
+                    ));
                 }
             };
             admitted.finish_json(&bytes);
@@ -353,7 +376,9 @@ impl Gateway {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             Some(Err(_)) => {
                 admitted.cancel("upstream_error");
-                return Err(ApiError::upstream("the backend stream broke before its first token"));
+                return Err(ApiError::upstream(
+                    "the backend stream broke before its first token",
+                ));
             }
             None => Bytes::new(),
         };
@@ -364,7 +389,10 @@ impl Gateway {
     }
 
     /// `POST /tokenize`, answered locally in vLLM's shape.
-    pub async fn tokenize(&self, req: Request<Incoming>) -> Result<Response<GatewayBody>, ApiError> {
+    pub async fn tokenize(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<GatewayBody>, ApiError> {
         self.authenticate(req.headers())?;
         let body = self.read_json(req).await?;
         if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
@@ -400,7 +428,9 @@ impl Gateway {
                     let bytes = body
                         .collect()
                         .await
-                        .map_err(|_| ApiError::upstream("the backend closed the connection mid-answer"))?
+                        .map_err(|_| {
+                            ApiError::upstream("the backend closed the connection mid-answer")
+                        })?
                         .to_bytes();
                     let mut resp = Response::from_parts(parts, full(bytes));
                     resp.headers_mut().remove(header::CONTENT_LENGTH);
@@ -437,45 +467,5 @@ fn pool_error(e: PoolError, queue_depth: usize) -> ApiError {
             Duration::from_secs(1),
         ),
         PoolError::Panicked => ApiError::internal(),
-    }
-}
-
-/// A bucket denial as the client sees it.
-pub fn denial_error(tenant: &str, d: Denial) -> ApiError {
-    match d {
-        Denial::NotYet { bucket, needed, available, retry_after, snapshot } => ApiError::rate_limited(
-            format!(
-                "rate limit of tenant `{tenant}`: the {bucket} bucket needs {needed} tokens but has {} available now (refills at {}/s); retry in {:.3}s",
-                available.floor() as u64,
-                fmt_rate(snapshot.bucket(bucket).rate_per_second),
-                retry_after.as_secs_f64()
-            ),
-            retry_after,
-            rate_headers(&snapshot),
-        ),
-        Denial::Never { bucket, needed, capacity } => ApiError::exceeds_burst(format!(
-            "the request needs {needed} {bucket} tokens but tenant `{tenant}`'s {bucket} bucket holds at most {} (rate x burst_seconds); it can never be admitted: shorten it or lower max_tokens",
-            capacity.floor() as u64
-        )),
-    }
-}
-
-fn fmt_rate(r: f64) -> String {
-    if r.fract() == 0.0 {
-        format!("{r:.0}")
-    } else {
-        format!("{r}")
-    }
-}
-
-/// OpenAI's `x-ratelimit-*` values from a snapshot (tokens = the decode bucket).
-pub fn rate_headers(s: &TenantSnapshot) -> RateLimitHeaders {
-    RateLimitHeaders {
-        limit_tokens: s.decode.capacity.floor() as u64,
-        remaining_tokens: s.decode.available.floor() as u64,
-        reset_tokens: s.decode.time_to_full,
-        limit_requests: s.requests.capacity.floor() as u64,
-        remaining_requests: s.requests.available.floor() as u64,
-        reset_requests: s.requests.time_to_full,
     }
 }

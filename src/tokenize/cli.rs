@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::engine::Tokenizer;
 use super::chat::{ChatPrompt, ChatTemplate};
+use super::engine::Tokenizer;
 use super::import::import_file;
 use super::preset::{preset, PRESETS};
 
@@ -79,9 +79,9 @@ pub fn run_tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
             (cfg.tokenizer.path, template)
         }
         None => (
-            args.tokenizer
-                .clone()
-                .context("no tokenizer: pass --tokenizer PATH (a tokenizer.json) or --config FILE")?,
+            args.tokenizer.clone().context(
+                "no tokenizer: pass --tokenizer PATH (a tokenizer.json) or --config FILE",
+            )?,
             args.chat_template.clone(),
         ),
     };
@@ -93,7 +93,9 @@ pub fn run_tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     if args.jsonl {
-        return run_jsonl(stdin, stdout, |line| count_line(&tokenizer, &template, line));
+        return run_jsonl(stdin, stdout, |line| {
+            count_line(&tokenizer, &template, line)
+        });
     }
     let mut text = String::new();
     { stdin }
@@ -146,13 +148,17 @@ pub fn run_jsonl<R: BufRead, W: Write>(
 
 /// Counts a `{"text": "..."}` line as is, or a `{"messages": [...], "tools": [...],
 /// "add_generation_prompt": bool, "enable_thinking": bool}` line as its rendered prompt.
-pub fn count_line(tokenizer: &Tokenizer, template: &ChatTemplate, line: &Value) -> Result<usize, String> {
+pub fn count_line(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    line: &Value,
+) -> Result<usize, String> {
     match (line.get("text"), line.get("messages")) {
         (Some(Value::String(text)), None) => Ok(tokenizer.count(text)),
         (Some(_), None) => Err("\"text\" must be a string".to_owned()),
         (None, Some(_)) => {
-            let prompt: ChatPrompt =
-                serde_json::from_value(line.clone()).map_err(|e| format!("invalid chat line: {e}"))?;
+            let prompt: ChatPrompt = serde_json::from_value(line.clone())
+                .map_err(|e| format!("invalid chat line: {e}"))?;
             let text = template.render(&prompt).map_err(|e| e.to_string())?;
             Ok(tokenizer.count(&text))
         }

@@ -103,7 +103,9 @@ impl FakeBackend {
         let (s, r, h) = (seen.clone(), release.clone(), held.clone());
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let (s, r, h) = (s.clone(), r.clone(), h.clone());
                 if let Behaviour::ResetAfter(n) = spec.behaviour {
                     tokio::spawn(reset_after(stream, n, s));
@@ -119,7 +121,12 @@ impl FakeBackend {
                 });
             }
         });
-        FakeBackend { addr, seen, release, held }
+        FakeBackend {
+            addr,
+            seen,
+            release,
+            held,
+        }
     }
 
     /// Waits until `n` generations are held.
@@ -166,11 +173,15 @@ async fn reset_after(mut stream: tokio::net::TcpStream, n: u64, seen: Arc<Mutex<
         let read = stream.read(&mut chunk).await.unwrap();
         buf.extend_from_slice(&chunk[..read]);
     }
-    seen.lock().unwrap().push(serde_json::from_slice(&buf[head_end..head_end + len]).unwrap());
+    seen.lock()
+        .unwrap()
+        .push(serde_json::from_slice(&buf[head_end..head_end + len]).unwrap());
     if n == 0 {
         return; // close before any answer
     }
-    let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    let mut out =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
     for _ in 0..n {
         let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": WORD}}]});
         let event = format!("data: {chunk}\n\n");
@@ -211,8 +222,8 @@ async fn handle(
         }
         _ => {}
     }
-    let body: Value = serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes())
-        .unwrap();
+    let body: Value =
+        serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
     seen.lock().unwrap().push(body.clone());
     if let Behaviour::Status(code) = spec.behaviour {
         return Ok(full(
@@ -245,7 +256,8 @@ async fn handle(
         }
         return Ok(full(200, v));
     }
-    let include_usage = spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
+    let include_usage =
+        spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     tokio::spawn(async move {
         for i in 0..n {
@@ -254,8 +266,13 @@ async fn handle(
             } else {
                 json!({"index": 0, "text": WORD})
             };
-            let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [delta]});
-            if tx.send(Ok(Frame::data(Bytes::from(format!("data: {chunk}\n\n"))))).await.is_err() {
+            let chunk =
+                json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [delta]});
+            if tx
+                .send(Ok(Frame::data(Bytes::from(format!("data: {chunk}\n\n")))))
+                .await
+                .is_err()
+            {
                 return;
             }
             if i == 0 && spec.hold {
@@ -265,9 +282,13 @@ async fn handle(
         }
         if include_usage {
             let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [], "usage": usage});
-            let _ = tx.send(Ok(Frame::data(Bytes::from(format!("data: {chunk}\n\n"))))).await;
+            let _ = tx
+                .send(Ok(Frame::data(Bytes::from(format!("data: {chunk}\n\n")))))
+                .await;
         }
-        let _ = tx.send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n")))).await;
+        let _ = tx
+            .send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n"))))
+            .await;
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
@@ -354,7 +375,13 @@ impl TestGateway {
 
     /// GETs an admin path as JSON.
     pub async fn admin(&self, path: &str) -> Value {
-        let r = send(&format!("http://{}{}", self.running.admin_addr, path), "GET", None, &[]).await;
+        let r = send(
+            &format!("http://{}{}", self.running.admin_addr, path),
+            "GET",
+            None,
+            &[],
+        )
+        .await;
         serde_json::from_slice(&r.body).unwrap()
     }
 
@@ -380,7 +407,13 @@ impl TestGateway {
 
     /// The metrics text.
     pub async fn metrics(&self) -> String {
-        let r = send(&format!("http://{}/metrics", self.running.admin_addr), "GET", None, &[]).await;
+        let r = send(
+            &format!("http://{}/metrics", self.running.admin_addr),
+            "GET",
+            None,
+            &[],
+        )
+        .await;
         String::from_utf8(r.body).unwrap()
     }
 
@@ -410,7 +443,10 @@ impl TestGateway {
             if self.admin("/admin/backends").await["queued"].as_u64() == Some(n) {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "queue never reached {n}");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "queue never reached {n}"
+            );
             tokio::task::yield_now().await;
         }
     }
@@ -430,14 +466,16 @@ pub struct Received {
 impl Received {
     /// The body as JSON.
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| {
-            panic!("not JSON: {}", String::from_utf8_lossy(&self.body))
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// `error.code` of an error body.
     pub fn code(&self) -> String {
-        self.json()["error"]["code"].as_str().unwrap_or_default().to_string()
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// The body as text.
@@ -447,11 +485,24 @@ impl Received {
 }
 
 /// Sends one HTTP/1.1 request on a fresh connection and reads the whole answer.
-pub async fn send(url: &str, method: &str, body: Option<Vec<u8>>, headers: &[(&str, &str)]) -> Received {
+pub async fn send(
+    url: &str,
+    method: &str,
+    body: Option<Vec<u8>>,
+    headers: &[(&str, &str)],
+) -> Received {
     let resp = start_request(url, method, body, headers).await;
     let (parts, body) = resp.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes().to_vec()).unwrap_or_default();
-    Received { status: parts.status.as_u16(), headers: parts.headers, body }
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes().to_vec())
+        .unwrap_or_default();
+    Received {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
 }
 
 /// Sends a request and returns as soon as the response headers arrive.
@@ -475,7 +526,9 @@ pub async fn start_request(
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).unwrap();
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
     sender.send_request(req).await.unwrap()
 }
 
@@ -486,7 +539,10 @@ pub async fn post(url: &str, key: &str, body: &Value) -> Received {
         url,
         "POST",
         Some(body.to_string().into_bytes()),
-        &[("content-type", "application/json"), ("authorization", &auth)],
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
     )
     .await
 }
