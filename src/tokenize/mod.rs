@@ -7,5 +7,16 @@ pub mod byte_level;
 pub mod cache;
 pub mod chat;
 pub mod cli;
+pub mod engine;
 pub mod import;
+pub mod pool;
 pub mod preset;
+
+pub use engine::{Engine, EngineChoice, Tokenizer};
+pub use pool::{PoolError, TokenizePool};
+
+impl chat::CountTokens for Tokenizer {
+    fn count(&self, text: &str) -> usize {
+        Tokenizer::count(self, text)
+    }
+}
