@@ -346,6 +346,46 @@ mod tests {
         assert_eq!(counter.stats().misses, 0);
     }
 
+    /// Counts characters; shareable across threads like the real tokenizer.
+    struct SyncCharCounter;
+
+    impl CountTokens for SyncCharCounter {
+        fn count(&self, text: &str) -> usize {
+            text.chars().count()
+        }
+    }
+
+    #[test]
+    fn shared_by_worker_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatCounter>();
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let expected: Vec<usize> = (1..=8)
+            .map(|n| counter.template().render(&turn(n)).unwrap().chars().count())
+            .collect();
+        std::thread::scope(|scope| {
+            for worker in 0..4 {
+                let (counter, expected) = (&counter, &expected);
+                scope.spawn(move || {
+                    for round in 0..50 {
+                        let n = (worker + round) % 8 + 1;
+                        let got = counter.count(&SyncCharCounter, &turn(n)).unwrap();
+                        assert_eq!(got, expected[n - 1]);
+                    }
+                });
+            }
+        });
+        let stats = counter.stats();
+        // turn(n) has 2n + 1 spans; each worker counted 50 prompts.
+        let spans: u64 = (0..4)
+            .flat_map(|w| (0..50).map(move |r| 2 * ((w + r) % 8 + 1) as u64 + 1))
+            .sum();
+        assert_eq!(stats.hits + stats.misses, spans);
+        // Distinct spans: system, 8 questions, 7 answers, generation prompt.
+        assert_eq!(stats.entries, 17);
+        assert!(stats.misses >= 17);
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Get(u8),
