@@ -8,5 +8,6 @@
 
 pub mod clock;
 pub mod error;
+pub mod loadgen;
 pub mod sim;
 pub mod tokenize;
