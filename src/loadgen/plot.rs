@@ -7,6 +7,7 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+type Chart<'a, 'b, X, Y> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>;
 
 /// Renders the report's charts as an SVG document.
 pub fn svg(report: &Report) -> anyhow::Result<String> {
@@ -146,7 +147,7 @@ fn chart<'a, 'b, X, Y>(
     y: Y,
     x_desc: &str,
     y_desc: &str,
-) -> anyhow::Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<X::CoordDescType, Y::CoordDescType>>>
+) -> anyhow::Result<Chart<'a, 'b, X::CoordDescType, Y::CoordDescType>>
 where
     X: AsRangedCoord,
     Y: AsRangedCoord,
@@ -167,9 +168,7 @@ where
     Ok(chart)
 }
 
-fn legend<'a, 'b, X: Ranged, Y: Ranged>(
-    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
-) -> anyhow::Result<()>
+fn legend<'a, 'b, X: Ranged, Y: Ranged>(chart: &mut Chart<'a, 'b, X, Y>) -> anyhow::Result<()>
 where
     'b: 'a,
 {
