@@ -40,8 +40,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// `retry-after`, rounded up to whole seconds when sent.
     pub retry_after: Option<Duration>,
-    /// `x-ratelimit-*` headers of a 429.
-    pub rate_limit: Option<RateLimitHeaders>,
+    /// `x-ratelimit-*` headers of a 429 (boxed: errors travel in `Result`s on every path).
+    pub rate_limit: Option<Box<RateLimitHeaders>>,
 }
 
 impl ApiError {
@@ -143,6 +143,16 @@ impl ApiError {
         )
     }
 
+    /// 408 `request_timeout`: the body did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
     /// 413 `payload_too_large`.
     pub fn payload_too_large(limit_bytes: u64) -> Self {
         Self::new(
@@ -176,7 +186,7 @@ impl ApiError {
             message.into(),
         );
         e.retry_after = Some(retry_after);
-        e.rate_limit = Some(headers);
+        e.rate_limit = Some(Box::new(headers));
         e
     }
 

@@ -73,7 +73,7 @@ pub struct ChatTemplate {
 #[derive(Debug)]
 enum Engine {
     BuiltinQwen35,
-    Jinja(jinja::JinjaTemplate),
+    Jinja(Box<jinja::JinjaTemplate>),
 }
 
 /// The special token every turn starts with; rendered text is cut into spans right before it.
@@ -109,7 +109,7 @@ impl ChatTemplate {
             message: e.to_string(),
         })?;
         Ok(Self {
-            engine: Engine::Jinja(template),
+            engine: Engine::Jinja(Box::new(template)),
         })
     }
 

@@ -478,3 +478,137 @@ fn check_merges(merges: &[MergeEntry], ranks: &[Vec<u8>]) -> Result<(), String> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenize::import::build_tokenizer;
+    use crate::tokenize::preset::Preset;
+
+    const TINY: Preset = Preset {
+        name: "tiny",
+        pattern: r"\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+        added_tokens: &["<|end|>", "<|endx|>"],
+    };
+
+    /// All 256 bytes, then a few merged tokens (ranks 256..).
+    fn tiny_ranks() -> Vec<Vec<u8>> {
+        let mut ranks: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        for t in ["ab", "abc", "bc", " a", "é", "aa", "aaa", "aaaa"] {
+            ranks.push(t.as_bytes().to_vec());
+        }
+        ranks
+    }
+
+    /// Writes the tiny tokenizer, edited by `edit`, to a fresh file and loads it.
+    fn load_tiny(name: &str, edit: impl FnOnce(&mut Value)) -> Tokenizer {
+        let hf = build_tokenizer(&tiny_ranks(), &TINY).unwrap();
+        let mut json: Value = serde_json::from_str(&hf.to_string(false).unwrap()).unwrap();
+        edit(&mut json);
+        let dir = std::env::temp_dir().join(format!("tokengate-engine-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.json"));
+        std::fs::write(&path, json.to_string()).unwrap();
+        Tokenizer::load(&path).unwrap()
+    }
+
+    fn reason(t: &Tokenizer) -> String {
+        match t.engine() {
+            Engine::Fast => "fast".to_owned(),
+            Engine::HfFallback { reason } => reason,
+        }
+    }
+
+    #[test]
+    fn tokenizer_is_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+    }
+
+    #[test]
+    fn tiny_rank_vocabulary_runs_fast_and_matches_hf() {
+        let fast = load_tiny("fast", |_| {});
+        assert_eq!(fast.engine(), Engine::Fast);
+        assert_eq!(fast.vocab_size(), 266);
+        let hf = {
+            let hf = build_tokenizer(&tiny_ranks(), &TINY).unwrap();
+            Tokenizer {
+                engine: Engine::HfFallback {
+                    reason: "test".to_owned(),
+                },
+                imp: Imp::Hf(Box::new(hf)),
+            }
+        };
+        for text in [
+            "abc aaaaaaa bcab",
+            "<|end|><|endx|><|end",
+            "e\u{301} é",
+            "aa<|end|>aa",
+            "",
+        ] {
+            assert_eq!(fast.encode(text), hf.encode(text), "{text:?}");
+        }
+        // leftmost-longest added tokens; "é" composed by NFC before BPE
+        assert_eq!(fast.encode("<|endx|>"), vec![265]);
+        assert_eq!(fast.encode("e\u{301}"), vec![260]);
+        assert_eq!(fast.encode("abc"), vec![257]);
+        assert_eq!(fast.token_id("Ġa"), Some(259));
+        assert_eq!(fast.token_id("<|end|>"), Some(264));
+    }
+
+    #[test]
+    fn unrepresentable_files_fall_back_to_hf_and_say_why() {
+        type Edit = Box<dyn FnOnce(&mut Value)>;
+        let cases: Vec<(&str, Edit, &str)> = vec![
+            (
+                "ignore-merges",
+                Box::new(|j| j["model"]["ignore_merges"] = json!(false)),
+                "BPE ignore_merges is false",
+            ),
+            (
+                "normalizer",
+                Box::new(|j| j["normalizer"] = json!({"type": "Lowercase"})),
+                "normalizer is neither NFC nor absent",
+            ),
+            (
+                "pre-tokenizer",
+                Box::new(|j| {
+                    j["pre_tokenizer"] = json!({"type": "ByteLevel", "add_prefix_space": true,
+                        "trim_offsets": true, "use_regex": true})
+                }),
+                "pre-tokenizer is not Sequence[Split(regex), ByteLevel]",
+            ),
+            (
+                "decoder",
+                Box::new(|j| j["decoder"] = Value::Null),
+                "decoder is not ByteLevel",
+            ),
+            (
+                "merge-order",
+                Box::new(|j| j["model"]["merges"].as_array_mut().unwrap().swap(0, 1)),
+                "merge 0 is not the rank-derived one (merges not in rank order)",
+            ),
+            (
+                "merge-missing",
+                Box::new(|j| {
+                    j["model"]["merges"].as_array_mut().unwrap().pop();
+                }),
+                "merges are not the rank-derived set (11 in the file, 12 derived)",
+            ),
+            (
+                "added-normalized",
+                Box::new(|j| j["added_tokens"][0]["normalized"] = json!(true)),
+                "added token \"<|end|>\" is not a plain special token",
+            ),
+        ];
+        for (name, edit, expected) in cases {
+            let t = load_tiny(name, edit);
+            assert_eq!(reason(&t), expected, "case {name}");
+            // the fallback still tokenizes
+            assert!(t.count("abc abc") > 0, "case {name}");
+        }
+        let no_normalizer = load_tiny("no-normalizer", |j| j["normalizer"] = Value::Null);
+        assert_eq!(no_normalizer.engine(), Engine::Fast);
+        assert_eq!(no_normalizer.encode("e\u{301}"), vec![101, 204, 129]);
+    }
+}

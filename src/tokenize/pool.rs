@@ -17,11 +17,8 @@ use tokio::sync::oneshot;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
     /// `queue_depth` jobs were already waiting for a worker.
-    #[error("tokenizer pool is full ({queue_depth} jobs waiting)")]
-    Full {
-        /// The configured bound.
-        queue_depth: usize,
-    },
+    #[error("tokenizer pool is full: every worker is busy and the queue is at its bound")]
+    Full,
     /// The job panicked.
     #[error("tokenizer job panicked")]
     Panicked,
@@ -63,6 +60,11 @@ impl TokenizePool {
         self.workers
     }
 
+    /// Most jobs that may wait for a worker.
+    pub fn queue_depth(&self) -> usize {
+        self.queue_depth
+    }
+
     /// Runs `job` on a worker and waits for its result without blocking the executor.
     /// Fails at once with [`PoolError::Full`] when `queue_depth` jobs are already waiting.
     pub async fn run<T: Send + 'static>(
@@ -80,11 +82,7 @@ impl TokenizePool {
         });
         match self.queue.try_send(wrapped) {
             Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(PoolError::Full {
-                    queue_depth: self.queue_depth,
-                })
-            }
+            Err(TrySendError::Full(_)) => return Err(PoolError::Full),
             Err(TrySendError::Disconnected(_)) => {
                 unreachable!("workers hold the receiver for as long as the pool lives")
             }
@@ -162,13 +160,10 @@ mod tests {
             queued.push(f);
         }
         let mut rejected: Pending<'_, i32> = Box::pin(pool.run(|| 0));
+        assert_eq!(poll_once(&mut rejected), Poll::Ready(Err(PoolError::Full)));
         assert_eq!(
-            poll_once(&mut rejected),
-            Poll::Ready(Err(PoolError::Full { queue_depth: 3 }))
-        );
-        assert_eq!(
-            PoolError::Full { queue_depth: 3 }.to_string(),
-            "tokenizer pool is full (3 jobs waiting)"
+            PoolError::Full.to_string(),
+            "tokenizer pool is full: every worker is busy and the queue is at its bound"
         );
 
         for _ in 0..2 {
