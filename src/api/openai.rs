@@ -341,10 +341,12 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
     }
 }
 
-/// Rewrites a validated body so the backend generates at most `reserved` tokens and, for a
+/// Rewrites a validated body so the backend generates at most `reserved` tokens, is asked for
+/// the model by the name it serves (`backend_model`; clients may use an alias) and, for a
 /// stream, reports usage in its last chunk.
-pub fn rewrite_for_backend(req: &GenerationRequest, reserved: u64) -> Vec<u8> {
+pub fn rewrite_for_backend(req: &GenerationRequest, reserved: u64, backend_model: &str) -> Vec<u8> {
     let mut body = req.body.clone();
+    body.insert("model".into(), Value::from(backend_model));
     body.insert("max_tokens".into(), Value::from(reserved));
     if body.contains_key("max_completion_tokens")
         || matches!(
@@ -415,7 +417,8 @@ mod tests {
                    "max_completion_tokens": 7, "stream": true}),
         )
         .unwrap();
-        let out: Value = serde_json::from_slice(&rewrite_for_backend(&r, 5)).unwrap();
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&r, 5, "served")).unwrap();
+        assert_eq!(out["model"], "served");
         assert_eq!(out["max_tokens"], 5);
         assert_eq!(out["max_completion_tokens"], 5);
         assert_eq!(out["stream_options"]["include_usage"], true);

@@ -332,7 +332,8 @@ impl Gateway {
         admitted: Admitted,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
-        let body = openai::rewrite_for_backend(&req, max_output);
+        let body =
+            openai::rewrite_for_backend(&req, max_output, &self.config.model.served_names[0]);
         let resp = match upstream
             .send(Method::POST, req.endpoint.path(), Some(body))
             .await
