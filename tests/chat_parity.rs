@@ -83,6 +83,16 @@ fn tokenizer() -> &'static HfCount {
     })
 }
 
+/// The gateway's own tokenizer (its fast engine when exact) on the same file.
+fn gateway_tokenizer() -> &'static tokengate::tokenize::Tokenizer {
+    static TOKENIZER: OnceLock<tokengate::tokenize::Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let path = root().join("assets/qwen3.5/tokenizer.json");
+        tokengate::tokenize::Tokenizer::load(&path)
+            .unwrap_or_else(|e| panic!("{e:#}: run scripts/fetch-tokenizer first"))
+    })
+}
+
 fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
@@ -175,12 +185,14 @@ fn counts_equal_the_recorded_counts() {
             "span counts of fixture {} add up",
             f.id
         );
+        let gateway = gateway_tokenizer().count(&text);
+        assert_eq!(Some(gateway), f.tokens, "gateway count of fixture {}", f.id);
     }
 }
 
 #[test]
 fn memoized_counts_equal_full_counts_cold_and_warm() {
-    let tok = tokenizer();
+    let tok = gateway_tokenizer();
     let ok: Vec<&Fixture> = fixtures().iter().filter(|f| f.error.is_none()).collect();
     let spans_total: u64 = ok
         .iter()
