@@ -230,6 +230,60 @@ fn memoized_counts_equal_full_counts_cold_and_warm() {
     }
 }
 
+/// Conversations replayed turn by turn, as clients resend them: each request is the history up
+/// to a user message. Memoized counts equal full counts, and from the second request on only
+/// the turns new since the previous request are tokenized (plus the previous answer, re-rendered
+/// without its reasoning once a new question follows it).
+#[test]
+fn replayed_conversations_count_exactly_and_reuse_history() {
+    let tok = gateway_tokenizer();
+    let template = ChatTemplate::builtin_qwen35();
+    let mut replayed = 0;
+    for f in fixtures().iter().filter(|f| f.error.is_none()) {
+        let user_turns: Vec<usize> = (0..f.prompt.messages.len())
+            .filter(|&i| f.prompt.messages[i]["role"] == "user")
+            .collect();
+        if user_turns.len() < 3 {
+            continue;
+        }
+        replayed += 1;
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let mut previous_spans: Vec<String> = Vec::new();
+        for &end in &user_turns {
+            let prompt = ChatPrompt {
+                messages: f.prompt.messages[..=end].to_vec(),
+                ..f.prompt.clone()
+            };
+            let Ok(text) = template.render(&prompt) else {
+                continue; // a prefix of only tool responses has no query yet
+            };
+            let before = counter.stats();
+            assert_eq!(
+                counter.count(tok, &prompt).unwrap(),
+                tok.count(&text),
+                "fixture {} up to message {end}",
+                f.id
+            );
+            let spans_now: Vec<String> = spans(&text).map(str::to_owned).collect();
+            let new = spans_now
+                .iter()
+                .filter(|s| !previous_spans.contains(s))
+                .count();
+            let missed = counter.stats().misses - before.misses;
+            assert!(
+                missed as usize <= new,
+                "fixture {} up to message {end}: {missed} misses for {new} new spans",
+                f.id
+            );
+            previous_spans = spans_now;
+        }
+    }
+    assert!(
+        replayed >= 50,
+        "only {replayed} conversations with 3+ user turns"
+    );
+}
+
 fn chat(messages: Value, add_generation_prompt: bool, enable_thinking: Option<bool>) -> ChatPrompt {
     ChatPrompt {
         messages: serde_json::from_value(messages).unwrap(),
