@@ -176,7 +176,7 @@ impl ChatCounter {
     /// the spans not seen recently. The lock is never held while tokenizing.
     pub fn count(
         &self,
-        tok: &impl CountTokens,
+        tok: &(impl CountTokens + ?Sized),
         prompt: &ChatPrompt,
     ) -> Result<usize, TemplateError> {
         let text = self.template.render(prompt)?;
@@ -314,6 +314,15 @@ mod tests {
         assert_eq!(counter.count(&tok, &turn(2)).unwrap(), whole(&turn(2)));
         assert!(tok.seen.borrow().is_empty());
         assert_eq!(counter.stats().hits, 8);
+    }
+
+    #[test]
+    fn counts_through_a_trait_object() {
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let tok: std::sync::Arc<dyn CountTokens + Send + Sync> =
+            std::sync::Arc::new(SyncCharCounter);
+        let want = counter.template().render(&turn(2)).unwrap().chars().count();
+        assert_eq!(counter.count(tok.as_ref(), &turn(2)).unwrap(), want);
     }
 
     #[test]
