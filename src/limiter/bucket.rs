@@ -21,16 +21,17 @@ const UNITS_PER_TOKEN: u128 = 1_000_000_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BucketKind {
+    // Explicit discriminants: `kind as usize` indexes per-bucket arrays in `ALL` order.
     /// Prompt tokens per second (compute-bound, drives TTFT).
-    Prefill,
+    Prefill = 0,
     /// Output tokens per second (bandwidth-bound, drives TPOT).
-    Decode,
+    Decode = 1,
     /// Requests per second.
-    Requests,
+    Requests = 2,
 }
 
 impl BucketKind {
-    /// The three kinds, in the order they are checked.
+    /// The three kinds, in the order they are checked (and of their discriminants).
     pub const ALL: [BucketKind; 3] = [
         BucketKind::Prefill,
         BucketKind::Decode,
@@ -74,12 +75,13 @@ impl BucketSpec {
     /// The spec in the integer units decisions are made in (float conversions happen here once
     /// per decision, not in every step of it).
     fn resolve(&self) -> Resolved {
-        let milli = (self.rate_per_second * 1000.0).round() as u128;
+        // `as u64` saturates and maps NaN and negatives to 0; adding 0.5 rounds half up.
+        let milli = (self.rate_per_second * 1000.0 + 0.5) as u64;
         Resolved {
             rate: if milli == 0 && self.rate_per_second > 0.0 {
                 1
             } else {
-                milli
+                u128::from(milli)
             },
             capacity: tokens_to_units(self.capacity()),
         }
@@ -87,13 +89,18 @@ impl BucketSpec {
 }
 
 /// Whole tokens convert exactly (`x * 10^12` in f64 would round above 2^25 tokens); only the
-/// fraction goes through a float product.
+/// fraction goes through a float product. 64-bit float conversions are single instructions,
+/// 128-bit ones library calls, hence the `u64` path for every realistic capacity.
 fn tokens_to_units(tokens: f64) -> u128 {
-    let whole = tokens.trunc();
-    let fraction = ((tokens - whole) * UNITS_PER_TOKEN as f64).round() as u128;
-    (whole as u128)
+    let whole = if tokens < u64::MAX as f64 {
+        u128::from(tokens as u64)
+    } else {
+        tokens as u128
+    };
+    let fraction = ((tokens - whole as f64) * UNITS_PER_TOKEN as f64 + 0.5) as u64;
+    whole
         .saturating_mul(UNITS_PER_TOKEN)
-        .saturating_add(fraction)
+        .saturating_add(u128::from(fraction))
 }
 
 /// A [`BucketSpec`] in units: refill per nanosecond (= thousandths of a token per second) and
@@ -265,7 +272,10 @@ impl BucketState {
 
     /// The bucket as seen at `now`.
     pub fn snapshot(&self, spec: &BucketSpec, now: Instant) -> BucketSnapshot {
-        let units = spec.resolve();
+        self.snapshot_in(spec, spec.resolve(), now)
+    }
+
+    fn snapshot_in(&self, spec: &BucketSpec, units: Resolved, now: Instant) -> BucketSnapshot {
         let level = self.level_at(units, now);
         BucketSnapshot {
             rate_per_second: spec.rate_per_second,
@@ -277,7 +287,11 @@ impl BucketState {
 }
 
 fn units_to_tokens(units: u128) -> f64 {
-    units as f64 / UNITS_PER_TOKEN as f64
+    let units = match u64::try_from(units) {
+        Ok(small) => small as f64,
+        Err(_) => units as f64,
+    };
+    units / UNITS_PER_TOKEN as f64
 }
 
 /// Per-bucket verdict of a charge, before anything is applied.
@@ -348,8 +362,9 @@ impl TenantState {
         cost: Cost,
         now: Instant,
     ) -> Result<TenantSnapshot, Denial> {
-        let verdicts = BucketKind::ALL
-            .map(|k| judge(self.bucket(k), limits.spec(k).resolve(), cost.of(k), now));
+        let units = BucketKind::ALL.map(|k| limits.spec(k).resolve());
+        let verdicts =
+            BucketKind::ALL.map(|k| judge(self.bucket(k), units[k as usize], cost.of(k), now));
         let mut longest: Option<(BucketKind, u128, Duration)> = None;
         for (kind, verdict) in BucketKind::ALL.into_iter().zip(&verdicts) {
             match *verdict {
@@ -374,7 +389,7 @@ impl TenantState {
                 needed: cost.of(bucket),
                 available: units_to_tokens(level),
                 retry_after,
-                snapshot: self.snapshot(limits, now),
+                snapshot: self.snapshot_in(limits, &units, now),
             });
         }
         for (kind, verdict) in BucketKind::ALL.into_iter().zip(verdicts) {
@@ -382,7 +397,7 @@ impl TenantState {
                 self.bucket_mut(kind).set(level_after, now);
             }
         }
-        Ok(self.snapshot(limits, now))
+        Ok(self.snapshot_in(limits, &units, now))
     }
 
     /// Gives `cost` back (a negative hit), each bucket capped at its capacity.
@@ -401,10 +416,27 @@ impl TenantState {
 
     /// The three buckets as seen at `now`.
     pub fn snapshot(&self, limits: &TenantLimits, now: Instant) -> TenantSnapshot {
+        self.snapshot_in(
+            limits,
+            &BucketKind::ALL.map(|k| limits.spec(k).resolve()),
+            now,
+        )
+    }
+
+    fn snapshot_in(
+        &self,
+        limits: &TenantLimits,
+        units: &[Resolved; 3],
+        now: Instant,
+    ) -> TenantSnapshot {
+        let bucket = |k: BucketKind| {
+            self.bucket(k)
+                .snapshot_in(limits.spec(k), units[k as usize], now)
+        };
         TenantSnapshot {
-            prefill: self.prefill.snapshot(&limits.prefill, now),
-            decode: self.decode.snapshot(&limits.decode, now),
-            requests: self.requests.snapshot(&limits.requests, now),
+            prefill: bucket(BucketKind::Prefill),
+            decode: bucket(BucketKind::Decode),
+            requests: bucket(BucketKind::Requests),
         }
     }
 }
