@@ -15,6 +15,7 @@ pub use bucket::{
 pub use store::{BucketStore, LocalStore};
 
 use crate::clock::SharedClock;
+use crate::error::{ApiError, RateLimitHeaders};
 use std::fmt;
 use std::sync::Arc;
 
@@ -198,10 +199,73 @@ impl Drop for Reservation {
     }
 }
 
+impl TenantSnapshot {
+    /// The `x-ratelimit-*` headers: tokens are the decode bucket, requests the request bucket.
+    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
+        RateLimitHeaders {
+            limit_tokens: self.decode.capacity.floor() as u64,
+            remaining_tokens: self.decode.available.floor() as u64,
+            reset_tokens: self.decode.time_to_full,
+            limit_requests: self.requests.capacity.floor() as u64,
+            remaining_requests: self.requests.available.floor() as u64,
+            reset_requests: self.requests.time_to_full,
+        }
+    }
+}
+
+fn unit(bucket: BucketKind) -> &'static str {
+    match bucket {
+        BucketKind::Prefill | BucketKind::Decode => "tokens",
+        BucketKind::Requests => "requests",
+    }
+}
+
+impl From<Denial> for ApiError {
+    /// `NotYet` is a 429 with the exact wait; `Never` a 400 naming the bucket and its capacity.
+    fn from(denial: Denial) -> Self {
+        match denial {
+            Denial::NotYet {
+                bucket,
+                needed,
+                available,
+                retry_after,
+                snapshot,
+            } => ApiError::rate_limited(
+                format!(
+                    "rate limit reached for {bucket}: request needs {needed} {}, {} available; \
+                     retry after {:.3} s",
+                    unit(bucket),
+                    available.floor(),
+                    retry_after.as_secs_f64()
+                ),
+                retry_after,
+                snapshot.rate_limit_headers(),
+            ),
+            Denial::Never {
+                bucket,
+                needed,
+                capacity,
+            } => {
+                let e = ApiError::exceeds_burst(format!(
+                    "request needs {needed} {bucket} {}; the tenant's {bucket} burst is {}",
+                    unit(bucket),
+                    capacity.floor()
+                ));
+                if bucket == BucketKind::Decode {
+                    e.with_param("max_tokens")
+                } else {
+                    e
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use http::StatusCode;
     use std::sync::Mutex;
     use std::time::Duration;
 
@@ -385,5 +449,62 @@ mod tests {
         let snap = limiter.snapshot("a", &limits()).await;
         assert_eq!(available(&snap), (1000.0, 100.0, 5.0));
         assert!(settled.lock().expect("sink").is_empty());
+    }
+
+    #[tokio::test]
+    async fn not_yet_becomes_a_429_with_exact_headers() {
+        let (limiter, clock, _) = limiter();
+        let mut r = limiter
+            .reserve("a", &limits(), cost(0, 95))
+            .await
+            .expect("full");
+        r.record_output(95);
+        drop(r);
+        clock.advance(Duration::from_millis(250));
+        let denial = limiter
+            .reserve("a", &limits(), cost(0, 30))
+            .await
+            .expect_err("7.5 available");
+        let e = ApiError::from(denial);
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            e.message,
+            "rate limit reached for decode: request needs 30 tokens, 7 available; \
+             retry after 2.250 s"
+        );
+        assert_eq!(e.retry_after, Some(Duration::from_millis(2250)));
+        assert_eq!(
+            e.rate_limit.map(|h| *h),
+            Some(RateLimitHeaders {
+                limit_tokens: 100,
+                remaining_tokens: 7,
+                reset_tokens: Duration::from_millis(9250),
+                limit_requests: 5,
+                remaining_requests: 4,
+                reset_requests: Duration::from_millis(750),
+            })
+        );
+    }
+
+    #[test]
+    fn never_becomes_a_400_naming_the_burst() {
+        let e = ApiError::from(Denial::Never {
+            bucket: BucketKind::Prefill,
+            needed: 9120,
+            capacity: 8000.0,
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.code, "exceeds_tenant_burst");
+        assert_eq!(
+            e.message,
+            "request needs 9120 prefill tokens; the tenant's prefill burst is 8000"
+        );
+        assert_eq!(e.param, None);
+        let e = ApiError::from(Denial::Never {
+            bucket: BucketKind::Decode,
+            needed: 500,
+            capacity: 100.0,
+        });
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
     }
 }

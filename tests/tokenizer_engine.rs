@@ -1,0 +1,189 @@
+//! Tokenizer room: the imported Qwen3.5 tokenizer.json, loaded by both engines, against ids
+//! computed independently from the raw tiktoken ranks with tiktoken-rs.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use base64::Engine as _;
+use tiktoken_rs::CoreBPE;
+use tokengate::tokenize::preset::QWEN3_5;
+use tokengate::tokenize::{Engine, EngineChoice, Tokenizer};
+use unicode_normalization::UnicodeNormalization;
+
+fn fast() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::load(&common::tokenizer_json()).unwrap())
+}
+
+fn hf() -> &'static Tokenizer {
+    static T: OnceLock<Tokenizer> = OnceLock::new();
+    T.get_or_init(|| Tokenizer::load_with(&common::tokenizer_json(), EngineChoice::Hf).unwrap())
+}
+
+/// tiktoken over the raw ranks file with the 33 specials, text NFC-normalized first.
+fn reference() -> &'static CoreBPE {
+    static T: OnceLock<CoreBPE> = OnceLock::new();
+    T.get_or_init(|| {
+        let text = std::fs::read_to_string(common::asset("qwen3_6.tiktoken")).unwrap();
+        let ranks = text
+            .lines()
+            .map(|line| {
+                let (b64, rank) = line.split_once(' ').unwrap();
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap();
+                (bytes, rank.parse::<u32>().unwrap())
+            })
+            .collect();
+        let specials = QWEN3_5
+            .added_tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), 248_044 + i as u32))
+            .collect();
+        CoreBPE::new(ranks, specials, QWEN3_5.pattern).unwrap()
+    })
+}
+
+fn reference_ids(text: &str) -> Vec<u32> {
+    let nfc: String = text.nfc().collect();
+    reference().encode_with_special_tokens(&nfc)
+}
+
+const SAMPLES: &[&str] = &[
+    "Hello, world!",
+    "你好，世界。今天天气很好，我们去公园散步吧。",
+    "def f(x):\n    return x**2  # square\r\n",
+    "fn main() { println!(\"{}\", 1 + 2); }",
+    "{\"key\": [1, 2.5, -3e10, null, true], \"名字\": \"值\"}",
+    "1234567890 3.14159 0x1F 1,000,000",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n",
+    "<|im_end|><|im_end|><|endoftext|>",
+    "<|im_end",
+    "<|im_end|",
+    "<<|im_end|>>",
+    "<tool_call><tool_response></tool_response>",
+    "e\u{301}cole cafe\u{301} Å Å",
+    "\u{a0}\u{3000}\u{2028}x\t\t\n\n  \r\n",
+    "   leading and trailing   ",
+    "👩‍👩‍👧‍👦 🇨🇳🇺🇸 👍🏽",
+    "한국어 텍스트 \u{1100}\u{1161}\u{11a8}",
+    "",
+    " ",
+    "don't I'LL we've THEY'RE",
+];
+
+#[test]
+fn loads_the_fast_engine_with_the_full_vocabulary() {
+    assert_eq!(fast().engine(), Engine::Fast);
+    assert_eq!(fast().vocab_size(), 248_077);
+    assert_eq!(
+        hf().engine(),
+        Engine::HfFallback {
+            reason: "HuggingFace engine requested".to_owned()
+        }
+    );
+    assert_eq!(hf().vocab_size(), 248_077);
+}
+
+#[test]
+fn token_ids_of_added_and_vocabulary_tokens() {
+    for t in [fast(), hf()] {
+        assert_eq!(t.token_id("<|endoftext|>"), Some(248_044));
+        assert_eq!(t.token_id("<|im_end|>"), Some(248_046));
+        assert_eq!(t.token_id("<think>"), Some(248_068));
+        assert_eq!(t.token_id("<|audio_pad|>"), Some(248_076));
+        assert_eq!(t.token_id("!"), Some(0));
+        assert_eq!(t.token_id("Ċ"), Some(198));
+        assert_eq!(t.token_id("Ġ"), Some(220));
+        assert_eq!(t.token_id("not a token at all"), None);
+        assert_eq!(t.token_id(" "), None);
+    }
+}
+
+#[test]
+fn both_engines_match_tiktoken_on_the_raw_ranks() {
+    for text in SAMPLES {
+        let expected = reference_ids(text);
+        assert_eq!(fast().encode(text), expected, "fast engine on {text:?}");
+        assert_eq!(hf().encode(text), expected, "HF engine on {text:?}");
+        assert_eq!(fast().count(text), expected.len(), "fast count on {text:?}");
+        assert_eq!(hf().count(text), expected.len(), "HF count on {text:?}");
+    }
+}
+
+#[test]
+fn exact_ids_of_a_chat_turn() {
+    let text = "<|im_start|>user\nhi<|im_end|>\n";
+    assert_eq!(fast().encode(text), [248_045, 846, 198, 5834, 248_046, 198]);
+}
+
+#[test]
+fn special_token_before_combining_solidus_follows_huggingface() {
+    // HF matches `<think>` on the raw text, then normalizes the rest (U+0338 alone); tiktoken
+    // normalizes first, turning `>` + U+0338 into `≯`, so the special token disappears.
+    let text = "<think>\u{338}";
+    assert_eq!(fast().encode(text), [248_068, 136, 116]);
+    assert_eq!(hf().encode(text), [248_068, 136, 116]);
+    assert_ne!(reference_ids(text), [248_068, 136, 116]);
+}
+
+#[test]
+fn decode_inverts_encode_up_to_nfc() {
+    for text in SAMPLES {
+        let nfc: String = text.nfc().collect();
+        assert_eq!(fast().decode(&fast().encode(text)), nfc, "fast on {text:?}");
+        assert_eq!(hf().decode(&hf().encode(text)), nfc, "HF on {text:?}");
+    }
+}
+
+#[test]
+fn decode_replaces_broken_utf8_and_skips_unknown_ids() {
+    // 136, 116 are the two bytes of U+0338; one alone is invalid UTF-8.
+    for t in [fast(), hf()] {
+        assert_eq!(t.decode(&[136]), "\u{fffd}");
+        assert_eq!(t.decode(&[136, 116]), "\u{338}");
+        assert_eq!(t.decode(&[9419, 999_999, 248_046]), "Hello<|im_end|>");
+    }
+}
+
+#[test]
+fn every_scalar_value_encodes_identically_in_both_engines() {
+    // Each code point between letters, digits and spaces, so every regex class (\p{L}, \p{M},
+    // \p{N}, \s) and NFC (composition with the previous letter) is exercised.
+    let mut mismatches = Vec::new();
+    let chars: Vec<char> = (0..=0x10FFFFu32).filter_map(char::from_u32).collect();
+    for chunk in chars.chunks(4096) {
+        let text: String = chunk.iter().map(|c| format!("a{c}1 {c}{c}\n")).collect();
+        if fast().encode(&text) != hf().encode(&text) {
+            mismatches.push(chunk[0] as u32);
+        }
+    }
+    assert_eq!(
+        mismatches,
+        Vec::<u32>::new(),
+        "chunks starting at these code points differ"
+    );
+}
+
+#[test]
+fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
+    use tokengate::tokenize::chat::ChatTemplate;
+    use tokengate::tokenize::cli::{count_line, run_jsonl};
+    let template = ChatTemplate::builtin_qwen35();
+    let input: &[u8] = b"{\"text\": \"Hello, world!\"}\n{\"text\": 5}\n\
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true}\n\
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true, \"enable_thinking\": false}\n";
+    let mut output = Vec::new();
+    run_jsonl(input, &mut output, |line| {
+        count_line(fast(), &template, line)
+    })
+    .unwrap();
+    // A user message costs its content + 5 framing tokens; the generation prompt 5, or 7 with
+    // thinking disabled (DOMAIN.md section 3).
+    assert_eq!(
+        String::from_utf8(output).unwrap(),
+        "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n{\"count\":14}\n{\"count\":16}\n"
+    );
+}
