@@ -134,9 +134,13 @@ fn grant_waiters(shared: &Arc<Shared>, state: &mut State) -> Vec<Lease> {
         queue,
         pending,
     } = state;
+    let grants = queue.grant(ledgers);
+    if grants.is_empty() {
+        return Vec::new();
+    }
     let now = Instant::now();
     let mut orphans = Vec::new();
-    for grant in queue.grant(ledgers) {
+    for grant in grants {
         let Some(waiter) = pending.remove(&grant.id) else {
             orphans.push(Lease::new(
                 shared,
