@@ -1,6 +1,8 @@
 //! Room `sim`: `tokengate sim`, the command line of the simulated backend.
 
+use super::timing::Roofline;
 use super::{start, SimConfig, DEFAULT_MODEL};
+use crate::capacity::StateDtype;
 use crate::tokenize::Tokenizer;
 use anyhow::Context;
 use std::net::SocketAddr;
@@ -20,6 +22,15 @@ pub struct SimArgs {
     /// Model name served in `/v1/models` and expected in requests.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub served_model_name: String,
+    /// Hardware profile of the simulated card (see `tokengate capacity`).
+    #[arg(long, default_value = "910b3")]
+    pub hardware: String,
+    /// Model profile timed on it.
+    #[arg(long, default_value = "qwen3.5-27b")]
+    pub model: String,
+    /// Precision of the model's linear-attention state (its share of the cache).
+    #[arg(long, value_enum, default_value_t = StateDtype::Fp32)]
+    pub state_dtype: StateDtype,
     /// Fixed-pace mode: every pass (a prefill, or one token for every running request) takes
     /// this many milliseconds, and the KV cache never fills. Without it, the capacity model
     /// times every pass.
@@ -52,10 +63,14 @@ pub struct SimArgs {
 
 impl SimArgs {
     /// The simulated backend these arguments describe.
-    pub fn config(&self) -> SimConfig {
+    pub fn config(&self) -> anyhow::Result<SimConfig> {
         let mut cfg = match self.pace_ms {
             Some(ms) => SimConfig::pace(Duration::from_millis(ms)),
-            None => SimConfig::roofline_910b3(),
+            None => SimConfig::roofline(Roofline::from_names(
+                &self.hardware,
+                &self.model,
+                self.state_dtype,
+            )?),
         };
         cfg.model.clone_from(&self.served_model_name);
         cfg.time_scale = self.time_scale;
@@ -71,7 +86,7 @@ impl SimArgs {
         if let Some(n) = self.max_prefill_tokens {
             cfg.engine.max_prefill_tokens = n;
         }
-        cfg
+        Ok(cfg)
     }
 }
 
@@ -84,7 +99,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
-        let handle = start(args.config(), Arc::new(tokenizer), listener).await?;
+        let handle = start(args.config()?, Arc::new(tokenizer), listener).await?;
         eprintln!(
             "tokengate sim: serving {} on {} (time scale {})",
             args.served_model_name,

@@ -9,6 +9,7 @@
 //! reports what happened as [`Event`]s stamped with the exact simulated instant.
 
 use super::timing::StepTiming;
+use crate::capacity::sequence_footprint_bytes;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +43,13 @@ impl KvGeometry {
     }
 
     /// Bytes held by one sequence with `tokens` resident tokens: whole blocks plus its state.
-    // TODO(capacity): call the capacity room's `sequence_footprint_bytes` once it lands.
     pub fn footprint_bytes(&self, tokens: u64) -> u64 {
-        tokens.div_ceil(self.block_tokens) * self.block_tokens * self.kv_bytes_per_token
-            + self.state_bytes_per_seq
+        sequence_footprint_bytes(
+            tokens,
+            self.block_tokens,
+            self.kv_bytes_per_token,
+            self.state_bytes_per_seq,
+        )
     }
 }
 
@@ -478,13 +482,11 @@ mod tests {
         }
     }
 
+    /// The seed's 910B3 with Qwen3.5-27B: 8e9 bytes in 128-token blocks.
     fn big_cache() -> KvGeometry {
-        KvGeometry {
-            block_tokens: 128,
-            kv_bytes_per_token: 65_536,
-            state_bytes_per_seq: 153_944_064,
-            budget_bytes: 8_000_000_000,
-        }
+        let kv = Roofline::seed_910b3_qwen35_27b().kv_geometry();
+        assert_eq!(kv.budget_bytes, 8_000_000_000);
+        kv
     }
 
     fn req(id: SeqId, prompt: u64, output: u64) -> SeqRequest {
@@ -565,9 +567,11 @@ mod tests {
             assert_eq!(times[0], prefill);
             assert_eq!(gaps(&times), expected);
         }
-        // The step at B = 16 is the weight read plus 16 sequences' KV and DeltaNet state.
+        // The step at B = 16 is the weight read plus 16 sequences' KV and DeltaNet state
+        // (the seed's 910B3 and Qwen3.5-27B: memory-bound).
         let at_b = (54e9 + 16.0 * (201.0 * 65_536.0 + 153_944_064.0)) / 1.9e12;
         assert_eq!(expected[0], Duration::from_secs_f64(at_b));
+        assert_eq!(expected[0].as_micros(), 29_828);
     }
 
     #[test]

@@ -83,18 +83,12 @@ impl SimConfig {
         }
     }
 
-    /// The physics engine: the seed's 910B3 running Qwen3.5-27B, 8e9 bytes of cache in blocks of
-    /// 128 tokens, MindIE's default batch (200) and prefill budget (8,192 tokens).
-    pub fn roofline_910b3() -> Self {
-        let roofline = Roofline::seed_910b3_qwen35_27b();
+    /// The physics engine on `roofline`'s deployment: its cache budget in blocks, MindIE's
+    /// default batch (200) and prefill budget (8,192 tokens), 65,536-token contexts.
+    pub fn roofline(roofline: Roofline) -> Self {
         Self {
             engine: EngineConfig {
-                kv: KvGeometry {
-                    block_tokens: 128,
-                    kv_bytes_per_token: roofline.kv_bytes_per_token as u64,
-                    state_bytes_per_seq: roofline.state_bytes_per_seq as u64,
-                    budget_bytes: 8_000_000_000,
-                },
+                kv: roofline.kv_geometry(),
                 max_batch: 200,
                 max_prefill_tokens: 8192,
                 chunked_prefill: None,
@@ -103,6 +97,11 @@ impl SimConfig {
             timing: Arc::new(roofline),
             ..Self::pace(Duration::ZERO)
         }
+    }
+
+    /// The physics engine on the seed's 910B3 running Qwen3.5-27B (8e9 bytes of cache).
+    pub fn roofline_910b3() -> Self {
+        Self::roofline(Roofline::seed_910b3_qwen35_27b())
     }
 }
 

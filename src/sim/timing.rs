@@ -2,6 +2,8 @@
 //! ([`super::engine`]) asks a [`StepTiming`] and never computes physics itself, so the same
 //! scheduler runs on the capacity model ([`Roofline`]) or at a fixed pace ([`Pace`]).
 
+use super::engine::KvGeometry;
+use crate::capacity::{CapacityError, CapacityInputs, ProfileOverrides, StateDtype};
 use std::fmt;
 use std::time::Duration;
 
@@ -31,61 +33,53 @@ impl StepTiming for Pace {
     }
 }
 
-/// The roofline timing of one model replica on one card (DOMAIN.md section 1).
-// TODO(capacity): replace the fields and formulas by the capacity room's `Deployment` once it
-// lands on main; they are here only so the scheduler can be built and tested meanwhile.
+/// The roofline timing of one model replica: the capacity room's formulas for a deployment
+/// (prefill `2 P L / F`, a pass `max((W + KV read) / BW, 2 P tokens / F)`), at peak rates (the
+/// efficiency coefficient scales throughputs, never TTFT or TPOT).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Roofline {
-    /// Weight bytes read by every forward pass.
-    pub weights_bytes: f64,
-    /// Parameter count (2 FLOPs per parameter per token).
-    pub params: f64,
-    /// Peak FLOP/s.
-    pub flops: f64,
-    /// HBM bytes/s.
-    pub bandwidth: f64,
-    /// Efficiency applied to both rates.
-    pub efficiency: f64,
-    /// KV bytes per resident token.
-    pub kv_bytes_per_token: f64,
-    /// Fixed per-sequence state bytes (Gated DeltaNet).
-    pub state_bytes_per_seq: f64,
-}
+pub struct Roofline(pub CapacityInputs);
 
 impl Roofline {
-    /// The seed's 910B3 (320 TFLOPS, 1.9 TB/s) running Qwen3.5-27B (54e9 weight bytes, 64 KiB of KV
-    /// per token, fp32 DeltaNet state).
-    pub fn seed_910b3_qwen35_27b() -> Self {
-        Self {
-            weights_bytes: 54e9,
-            params: 27e9,
-            flops: 320e12,
-            bandwidth: 1.9e12,
-            efficiency: 1.0,
-            kv_bytes_per_token: 65_536.0,
-            state_bytes_per_seq: 153_944_064.0,
-        }
+    /// The named hardware and model profiles with every other capacity input at its default.
+    pub fn from_names(
+        hardware: &str,
+        model: &str,
+        state_dtype: StateDtype,
+    ) -> Result<Self, CapacityError> {
+        let inputs =
+            CapacityInputs::from_names(hardware, model, state_dtype, &ProfileOverrides::default())?;
+        inputs.validate()?;
+        Ok(Self(inputs))
     }
 
-    fn compute_seconds(&self, tokens: u64) -> f64 {
-        2.0 * self.params * tokens as f64 / (self.flops * self.efficiency)
+    /// The seed's 910B3 (320 TFLOPS, 1.9 TB/s, 64 GB) running Qwen3.5-27B with fp32 DeltaNet
+    /// state.
+    pub fn seed_910b3_qwen35_27b() -> Self {
+        Self::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32)
+            .expect("built-in profiles are valid")
+    }
+
+    /// The cache of this deployment: its blocks, per-token KV, per-sequence state and budget.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry {
+            block_tokens: self.0.block_tokens,
+            kv_bytes_per_token: self.0.model.kv_bytes_per_token,
+            state_bytes_per_seq: self.0.model.state_bytes_per_sequence,
+            budget_bytes: self.0.kv_budget_bytes(),
+        }
     }
 }
 
 impl StepTiming for Roofline {
     fn prefill(&self, tokens: &[u64]) -> Duration {
-        Duration::from_secs_f64(self.compute_seconds(tokens.iter().sum()))
+        Duration::from_secs_f64(self.0.prefill_seconds(tokens.iter().sum()))
     }
 
     fn step(&self, contexts: &[u64], chunk: u64) -> Duration {
-        let resident: f64 = contexts
-            .iter()
-            .map(|&c| c as f64 * self.kv_bytes_per_token + self.state_bytes_per_seq)
-            .sum();
-        let memory = (self.weights_bytes + resident) / (self.bandwidth * self.efficiency);
-        // A mixed pass reads the weights once and computes every token in it: the decode
-        // tokens plus the prefill chunk.
-        let compute = self.compute_seconds(contexts.len() as u64 + chunk);
-        Duration::from_secs_f64(memory.max(compute))
+        let resident: u64 = contexts.iter().sum();
+        Duration::from_secs_f64(
+            self.0
+                .mixed_pass_seconds(contexts.len() as u64, resident, chunk),
+        )
     }
 }
