@@ -112,7 +112,9 @@ async fn run() {
     let tokenizer = Arc::new(Tokenizer::load(&path).expect("run scripts/fetch-tokenizer first"));
     let mut sim_cfg = SimConfig::pace(Duration::ZERO);
     sim_cfg.model = "qwen3.5-27b".to_string();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let backend = sim::start(sim_cfg, tokenizer.clone(), listener)
         .await
         .expect("sim starts");
@@ -170,11 +172,32 @@ requests_per_second = 1e9
     println!(
         "gateway overhead vs direct-to-sim ({ROUNDS} requests each, interleaved, sequential, keep-alive; sim answers 16 tokens at once)"
     );
-    compare(&client, "chat 2 KB, non-streamed", &direct, &through, &small).await;
+    compare(
+        &client,
+        "chat 2 KB, non-streamed",
+        &direct,
+        &through,
+        &small,
+    )
+    .await;
     let mut small_stream = small.clone();
     small_stream["stream"] = json!(true);
-    compare(&client, "chat 2 KB, streamed", &direct, &through, &small_stream).await;
-    compare(&client, "chat 4K tokens, non-streamed", &direct, &through, &long).await;
+    compare(
+        &client,
+        "chat 2 KB, streamed",
+        &direct,
+        &through,
+        &small_stream,
+    )
+    .await;
+    compare(
+        &client,
+        "chat 4K tokens, non-streamed",
+        &direct,
+        &through,
+        &long,
+    )
+    .await;
     let tokenize = json!({"messages": [{"role": "user", "content": long_text}]});
     time_alone(
         &client,

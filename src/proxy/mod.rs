@@ -247,20 +247,21 @@ impl Gateway {
         }
     }
 
-    /// Steps 6-11 for `/v1/chat/completions` and `/v1/completions`.
+    /// Steps 5-11 for `/v1/chat/completions` and `/v1/completions`; also returns the tenant
+    /// (`unknown` when authentication failed) so the outcome can be counted.
     pub async fn generate(
         &self,
         endpoint: Endpoint,
         req: Request<Incoming>,
-    ) -> (String, Result<Response<GatewayBody>, ApiError>) {
+    ) -> (Option<String>, Result<Response<GatewayBody>, ApiError>) {
         let arrived = Instant::now();
         let tenant = match self.authenticate(req.headers()) {
             Ok(t) => t,
-            Err(e) => return ("unknown".to_string(), Err(e)),
+            Err(e) => return (Some("unknown".to_string()), Err(e)),
         };
         let name = tenant.name.clone();
         (
-            name,
+            Some(name),
             self.generate_for(tenant, endpoint, req, arrived).await,
         )
     }
