@@ -305,12 +305,15 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
         }
     };
     let add_generation_prompt = optional_bool(body, "add_generation_prompt")?.unwrap_or(true);
-    Ok(ChatPrompt {
+    let mut prompt = ChatPrompt {
         messages: messages.clone(),
         tools,
         add_generation_prompt,
         enable_thinking,
-    })
+    };
+    // OpenAI clients send tool-call arguments as JSON strings; the template wants mappings.
+    prompt.normalize_tool_calls()?;
+    Ok(prompt)
 }
 
 /// The `prompt` of a completions body: a string, a one-element list of strings, or token ids.
@@ -407,6 +410,24 @@ mod tests {
         let Prompt::Chat(p) = &r.prompt else { panic!() };
         assert_eq!(p.enable_thinking, Some(false));
         assert!(p.add_generation_prompt);
+    }
+
+    #[test]
+    fn tool_call_arguments_given_as_json_strings_are_accepted() {
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+        )
+        .unwrap();
+        let Prompt::Chat(p) = &r.prompt else { panic!() };
+        assert_eq!(
+            p.messages[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"city": "Paris"})
+        );
     }
 
     #[test]
