@@ -229,16 +229,10 @@ async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        let url = url.clone();
-        tasks.push(tokio::spawn(async move {
-            post(&url, "sk-alice", &chat("a", 4, true)).await
-        }));
+        tasks.push(spawn_post(&url, "sk-alice", chat("a", 4, true)));
     }
     backend.wait_held(2).await;
-    let third = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-bob", &chat("b", 4, true)).await })
-    };
+    let third = spawn_post(&url, "sk-bob", chat("b", 4, true));
     gw.wait_queued(1).await;
     assert_eq!(backend.seen.lock().unwrap().len(), 2);
     backend.release.add_permits(1);
@@ -261,10 +255,7 @@ async fn queue_deadline_gives_503_and_refunds_the_waiter() {
     .await;
     let gw = TestGateway::start(held_config(&backend, 1, "100ms")).await;
     let url = gw.url("/v1/chat/completions");
-    let first = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 4, true)).await })
-    };
+    let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
     let r = post(&url, "sk-bob", &chat("b", 30, true)).await;
     assert_eq!((r.status, r.code().as_str()), (503, "capacity_exhausted"));
@@ -286,10 +277,7 @@ async fn a_flood_from_one_tenant_does_not_starve_another() {
     let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
-    let spawn = |key: &'static str, text: &'static str| {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, key, &chat(text, 2, true)).await })
-    };
+    let spawn = |key: &'static str, text: &str| spawn_post(&url, key, chat(text, 2, true));
     tasks.push(spawn("sk-alice", "alice 0"));
     backend.wait_held(1).await;
     for (i, text) in ["alice 1", "alice 2", "alice 3", "alice 4", "alice 5"]
@@ -370,15 +358,9 @@ async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
     .await;
     let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
     let url = gw.url("/v1/chat/completions");
-    let first = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 4, true)).await })
-    };
+    let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
-    let waiting = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-bob", &chat("b", 30, true)).await })
-    };
+    let waiting = spawn_post(&url, "sk-bob", chat("b", 30, true));
     gw.wait_queued(1).await;
     waiting.abort();
     gw.wait_queued(0).await;
@@ -665,10 +647,11 @@ async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
     .await;
     let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
     let addr = gw.running.addr;
-    let inflight = {
-        let url = gw.url("/v1/chat/completions");
-        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 3, true)).await })
-    };
+    let inflight = spawn_post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        chat("a", 3, true),
+    );
     backend.wait_held(1).await;
     let shutdown = tokio::spawn(gw.running.shutdown());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -547,6 +547,12 @@ pub async fn post(url: &str, key: &str, body: &Value) -> Received {
     .await
 }
 
+/// [`post`] on a task of its own, for requests that must wait while the test goes on.
+pub fn spawn_post(url: &str, key: &'static str, body: Value) -> tokio::task::JoinHandle<Received> {
+    let url = url.to_string();
+    tokio::spawn(async move { post(&url, key, &body).await })
+}
+
 /// A one-message chat body.
 pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
     json!({
