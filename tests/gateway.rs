@@ -211,21 +211,31 @@ async fn requests_that_can_never_fit_are_400_not_429() {
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
 }
 
-fn held_config(backend: &FakeBackend, max_batch: u32, deadline: &str) -> tokengate::config::Config {
+/// A gateway whose backend holds every generation after its first token, with `max_batch`
+/// sequences of KV room and the given queue deadline.
+async fn held_gateway(
+    spec: FakeSpec,
+    max_batch: u32,
+    deadline: &str,
+) -> (TestGateway, FakeBackend) {
+    let backend = FakeBackend::start(spec).await;
     let mut cfg = config(&[backend.addr]);
     cfg.backends[0].max_batch = max_batch;
     cfg.admission.queue_deadline = humantime::parse_duration(deadline).unwrap();
-    cfg
+    (TestGateway::start(cfg).await, backend)
 }
 
 #[tokio::test]
 async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        },
+        2,
+        "10s",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 2, "10s")).await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     for _ in 0..2 {
@@ -248,12 +258,15 @@ async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
 
 #[tokio::test]
 async fn queue_deadline_gives_503_and_refunds_the_waiter() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        },
+        1,
+        "100ms",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 1, "100ms")).await;
     let url = gw.url("/v1/chat/completions");
     let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
@@ -269,12 +282,15 @@ async fn queue_deadline_gives_503_and_refunds_the_waiter() {
 
 #[tokio::test]
 async fn a_flood_from_one_tenant_does_not_starve_another() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        },
+        1,
+        "30s",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     let spawn = |key: &'static str, text: &str| spawn_post(&url, key, chat(text, 2, true));
@@ -304,13 +320,16 @@ async fn a_flood_from_one_tenant_does_not_starve_another() {
 
 #[tokio::test]
 async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        usage: false,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            hold: true,
+            usage: false,
+            ..FakeSpec::default()
+        },
+        4,
+        "10s",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
     let client = {
         let url = gw.url("/v1/chat/completions");
         tokio::spawn(async move {
@@ -351,12 +370,15 @@ async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
 
 #[tokio::test]
 async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        },
+        1,
+        "30s",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
     let url = gw.url("/v1/chat/completions");
     let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
@@ -640,12 +662,15 @@ async fn speaks_h2c_with_prior_knowledge() {
 
 #[tokio::test]
 async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        },
+        4,
+        "10s",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
     let addr = gw.running.addr;
     let inflight = spawn_post(
         &gw.url("/v1/chat/completions"),
