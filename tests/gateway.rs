@@ -227,15 +227,7 @@ async fn held_gateway(
 
 #[tokio::test]
 async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
-    let (gw, backend) = held_gateway(
-        FakeSpec {
-            hold: true,
-            ..FakeSpec::default()
-        },
-        2,
-        "10s",
-    )
-    .await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 2, "10s").await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     for _ in 0..2 {
@@ -258,15 +250,7 @@ async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
 
 #[tokio::test]
 async fn queue_deadline_gives_503_and_refunds_the_waiter() {
-    let (gw, backend) = held_gateway(
-        FakeSpec {
-            hold: true,
-            ..FakeSpec::default()
-        },
-        1,
-        "100ms",
-    )
-    .await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 1, "100ms").await;
     let url = gw.url("/v1/chat/completions");
     let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
@@ -282,15 +266,7 @@ async fn queue_deadline_gives_503_and_refunds_the_waiter() {
 
 #[tokio::test]
 async fn a_flood_from_one_tenant_does_not_starve_another() {
-    let (gw, backend) = held_gateway(
-        FakeSpec {
-            hold: true,
-            ..FakeSpec::default()
-        },
-        1,
-        "30s",
-    )
-    .await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 1, "30s").await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     let spawn = |key: &'static str, text: &str| spawn_post(&url, key, chat(text, 2, true));
@@ -322,9 +298,8 @@ async fn a_flood_from_one_tenant_does_not_starve_another() {
 async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
     let (gw, backend) = held_gateway(
         FakeSpec {
-            hold: true,
             usage: false,
-            ..FakeSpec::default()
+            ..FakeSpec::held()
         },
         4,
         "10s",
@@ -370,15 +345,7 @@ async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
 
 #[tokio::test]
 async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
-    let (gw, backend) = held_gateway(
-        FakeSpec {
-            hold: true,
-            ..FakeSpec::default()
-        },
-        1,
-        "30s",
-    )
-    .await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 1, "30s").await;
     let url = gw.url("/v1/chat/completions");
     let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
@@ -662,15 +629,7 @@ async fn speaks_h2c_with_prior_knowledge() {
 
 #[tokio::test]
 async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
-    let (gw, backend) = held_gateway(
-        FakeSpec {
-            hold: true,
-            ..FakeSpec::default()
-        },
-        4,
-        "10s",
-    )
-    .await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 4, "10s").await;
     let addr = gw.running.addr;
     let inflight = spawn_post(
         &gw.url("/v1/chat/completions"),

@@ -88,6 +88,16 @@ impl Default for FakeSpec {
     }
 }
 
+impl FakeSpec {
+    /// Holds every generation after its first token until the test releases it.
+    pub fn held() -> FakeSpec {
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        }
+    }
+}
+
 /// The word each fake token is (one Qwen token, its own pre-token).
 pub const WORD: &str = " hello";
 
