@@ -40,8 +40,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// `retry-after`, rounded up to whole seconds when sent.
     pub retry_after: Option<Duration>,
-    /// `x-ratelimit-*` headers of a 429.
-    pub rate_limit: Option<RateLimitHeaders>,
+    /// `x-ratelimit-*` headers of a 429 (boxed: errors travel in `Result`s on every path).
+    pub rate_limit: Option<Box<RateLimitHeaders>>,
 }
 
 impl ApiError {
@@ -143,6 +143,16 @@ impl ApiError {
         )
     }
 
+    /// 408 `request_timeout`: the body did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
     /// 413 `payload_too_large`.
     pub fn payload_too_large(limit_bytes: u64) -> Self {
         Self::new(
@@ -176,7 +186,7 @@ impl ApiError {
             message.into(),
         );
         e.retry_after = Some(retry_after);
-        e.rate_limit = Some(headers);
+        e.rate_limit = Some(Box::new(headers));
         e
     }
 
@@ -263,19 +273,28 @@ impl ApiError {
             HeaderValue::from_static("application/json"),
         );
         if let Some(wait) = self.retry_after {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+            h.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(wait)),
+            );
         }
         if let Some(rl) = &self.rate_limit {
             let pairs = [
                 ("x-ratelimit-limit-tokens", rl.limit_tokens.to_string()),
-                ("x-ratelimit-remaining-tokens", rl.remaining_tokens.to_string()),
+                (
+                    "x-ratelimit-remaining-tokens",
+                    rl.remaining_tokens.to_string(),
+                ),
                 ("x-ratelimit-reset-tokens", format_reset(rl.reset_tokens)),
                 ("x-ratelimit-limit-requests", rl.limit_requests.to_string()),
                 (
                     "x-ratelimit-remaining-requests",
                     rl.remaining_requests.to_string(),
                 ),
-                ("x-ratelimit-reset-requests", format_reset(rl.reset_requests)),
+                (
+                    "x-ratelimit-reset-requests",
+                    format_reset(rl.reset_requests),
+                ),
             ];
             for (name, value) in pairs {
                 if let Ok(v) = HeaderValue::from_str(&value) {

@@ -6,6 +6,20 @@
 //! on every path.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod admission;
+pub mod api;
+pub mod app;
+pub mod capacity;
+pub mod cli;
 pub mod clock;
+pub mod config;
 pub mod error;
+pub mod limiter;
+pub mod loadgen;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod sim;
+pub mod tenant;
 pub mod tokenize;

@@ -168,14 +168,22 @@ fn every_scalar_value_encodes_identically_in_both_engines() {
 }
 
 #[test]
-fn jsonl_text_lines_are_counted_with_the_tokenizer() {
-    use tokengate::tokenize::cli::{count_text_line, run_jsonl};
-    let input: &[u8] = b"{\"text\": \"Hello, world!\"}\n{\"text\": 5}\n{\"messages\": []}\n";
+fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
+    use tokengate::tokenize::chat::ChatTemplate;
+    use tokengate::tokenize::cli::{count_line, run_jsonl};
+    let template = ChatTemplate::builtin_qwen35();
+    let input: &[u8] = b"{\"text\": \"Hello, world!\"}\n{\"text\": 5}\n\
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true}\n\
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true, \"enable_thinking\": false}\n";
     let mut output = Vec::new();
-    run_jsonl(input, &mut output, |line| count_text_line(fast(), line)).unwrap();
+    run_jsonl(input, &mut output, |line| {
+        count_line(fast(), &template, line)
+    })
+    .unwrap();
+    // A user message costs its content + 5 framing tokens; the generation prompt 5, or 7 with
+    // thinking disabled (DOMAIN.md section 3).
     assert_eq!(
         String::from_utf8(output).unwrap(),
-        "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n\
-         {\"error\":\"\\\"messages\\\" lines need the chat template, not available here\"}\n"
+        "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n{\"count\":14}\n{\"count\":16}\n"
     );
 }

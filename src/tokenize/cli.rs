@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::{json, Value};
 
+use super::chat::{ChatPrompt, ChatTemplate};
 use super::engine::Tokenizer;
 use super::import::import_file;
 use super::preset::{preset, PRESETS};
@@ -50,8 +51,15 @@ pub fn run_import(args: ImportArgs) -> anyhow::Result<()> {
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenizeArgs {
     /// The `tokenizer.json` to load.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "config")]
     pub tokenizer: Option<PathBuf>,
+    /// Take the tokenizer and chat template from a gateway config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A Jinja chat template for `{"messages": ...}` lines (default: the built-in Qwen3.5
+    /// renderer, or the config's `tokenizer.chat_template`).
+    #[arg(long, value_name = "PATH")]
+    pub chat_template: Option<PathBuf>,
     /// Print only the number of tokens of the whole input (taken as is, final newline included).
     #[arg(long, conflicts_with = "jsonl")]
     pub count: bool,
@@ -61,18 +69,33 @@ pub struct TokenizeArgs {
     pub jsonl: bool,
 }
 
-/// Runs `tokenize` on standard input and output, counting only plain-text lines in `--jsonl`
-/// mode. A command that also counts `{"messages": [...]}` lines calls [`run_jsonl`] with its own
-/// line counter that falls back to [`count_text_line`].
+/// Runs `tokenize` on standard input and output. In `--jsonl` mode `{"text": ...}` lines are
+/// counted as they are and `{"messages": ...}` lines through the chat template.
 pub fn run_tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
-    let path = args
-        .tokenizer
-        .context("no tokenizer: pass --tokenizer PATH (a tokenizer.json)")?;
+    let (path, template_path) = match &args.config {
+        Some(file) => {
+            let cfg = crate::config::Config::load(file)?;
+            let template = args.chat_template.clone().or(cfg.tokenizer.chat_template);
+            (cfg.tokenizer.path, template)
+        }
+        None => (
+            args.tokenizer.clone().context(
+                "no tokenizer: pass --tokenizer PATH (a tokenizer.json) or --config FILE",
+            )?,
+            args.chat_template.clone(),
+        ),
+    };
     let tokenizer = Tokenizer::load(&path)?;
+    let template = match template_path {
+        Some(p) => ChatTemplate::from_jinja_file(&p)?,
+        None => ChatTemplate::builtin_qwen35(),
+    };
     let stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     if args.jsonl {
-        return run_jsonl(stdin, stdout, |line| count_text_line(&tokenizer, line));
+        return run_jsonl(stdin, stdout, |line| {
+            count_line(&tokenizer, &template, line)
+        });
     }
     let mut text = String::new();
     { stdin }
@@ -123,15 +146,24 @@ pub fn run_jsonl<R: BufRead, W: Write>(
     Ok(())
 }
 
-/// Counts a `{"text": "..."}` line.
-pub fn count_text_line(tokenizer: &Tokenizer, line: &Value) -> Result<usize, String> {
-    match line.get("text") {
-        Some(Value::String(text)) => Ok(tokenizer.count(text)),
-        Some(_) => Err("\"text\" must be a string".to_owned()),
-        None if line.get("messages").is_some() => {
-            Err("\"messages\" lines need the chat template, not available here".to_owned())
+/// Counts a `{"text": "..."}` line as is, or a `{"messages": [...], "tools": [...],
+/// "add_generation_prompt": bool, "enable_thinking": bool}` line as its rendered prompt.
+pub fn count_line(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    line: &Value,
+) -> Result<usize, String> {
+    match (line.get("text"), line.get("messages")) {
+        (Some(Value::String(text)), None) => Ok(tokenizer.count(text)),
+        (Some(_), None) => Err("\"text\" must be a string".to_owned()),
+        (None, Some(_)) => {
+            let prompt: ChatPrompt = serde_json::from_value(line.clone())
+                .map_err(|e| format!("invalid chat line: {e}"))?;
+            let text = template.render(&prompt).map_err(|e| e.to_string())?;
+            Ok(tokenizer.count(&text))
         }
-        None => Err("expected {\"text\": \"...\"}".to_owned()),
+        (Some(_), Some(_)) => Err("give \"text\" or \"messages\", not both".to_owned()),
+        (None, None) => Err("expected {\"text\": \"...\"} or {\"messages\": [...]}".to_owned()),
     }
 }
 

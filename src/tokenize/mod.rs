@@ -4,6 +4,8 @@
 //! CLI commands.
 
 pub mod byte_level;
+pub mod cache;
+pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod import;
@@ -12,3 +14,9 @@ pub mod preset;
 
 pub use engine::{Engine, EngineChoice, Tokenizer};
 pub use pool::{PoolError, TokenizePool};
+
+impl chat::CountTokens for Tokenizer {
+    fn count(&self, text: &str) -> usize {
+        Tokenizer::count(self, text)
+    }
+}

@@ -1,0 +1,130 @@
+//! The admin listener: Prometheus metrics, liveness and readiness, and JSON views of the
+//! tenants' buckets and the backends' KV ledgers.
+
+use crate::error::ApiError;
+use crate::metrics::{BackendLabel, BucketLabels};
+use crate::proxy::{json_response, Gateway, GatewayBody};
+use http::{header, Method, Request, Response, StatusCode};
+use serde_json::json;
+
+/// Routes one admin request.
+pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError> {
+    let path = req.uri().path();
+    if req.method() != Method::GET {
+        return Err(ApiError::method_not_allowed(format!(
+            "{path} only answers GET"
+        )));
+    }
+    match path {
+        "/metrics" => {
+            refresh_gauges(gw).await;
+            let mut resp = Response::new(crate::proxy::full(gw.metrics.encode()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(resp)
+        }
+        "/healthz" => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        "/readyz" => {
+            for (u, b) in gw.upstreams.iter().zip(&gw.config.backends) {
+                if u.is_ready(&b.health_path).await {
+                    return Ok(json_response(
+                        StatusCode::OK,
+                        &json!({"status": "ready", "backend": u.url}),
+                    ));
+                }
+            }
+            Ok(json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "not ready", "reason": "no backend answers its health check"}),
+            ))
+        }
+        "/admin/tenants" => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
+        "/admin/backends" => Ok(json_response(StatusCode::OK, &backends_json(gw))),
+        _ => Err(ApiError::not_found(format!("no admin route {path}"))),
+    }
+}
+
+async fn tenants_json(gw: &Gateway) -> serde_json::Value {
+    let mut out = Vec::new();
+    for t in gw.tenants.tenants() {
+        let s = gw.limiter.snapshot(&t.name, &t.limits).await;
+        out.push(json!({
+            "name": t.name,
+            "burst_seconds": t.limits.decode.burst_seconds,
+            "buckets": {
+                "prefill": s.prefill,
+                "decode": s.decode,
+                "requests": s.requests,
+            },
+        }));
+    }
+    json!({"tenants": out})
+}
+
+fn backends_json(gw: &Gateway) -> serde_json::Value {
+    let snap = gw.admission.snapshot();
+    let backends: Vec<_> = snap
+        .backends
+        .iter()
+        .zip(&gw.upstreams)
+        .zip(&gw.config.backends)
+        .map(|((b, u), cfg)| {
+            json!({
+                "url": u.url,
+                "kv_capacity_bytes": b.kv_capacity_bytes,
+                "kv_reserved_bytes": b.kv_reserved_bytes,
+                "inflight": b.inflight,
+                "max_batch": b.max_batch,
+                "queued": snap.queued,
+                "sizing": if cfg.derived.is_some() { "capacity model" } else { "config" },
+                "derived": cfg.derived,
+            })
+        })
+        .collect();
+    json!({"backends": backends, "queued": snap.queued, "queued_by_tenant": snap.queued_by_tenant})
+}
+
+async fn refresh_gauges(gw: &Gateway) {
+    let snap = gw.admission.snapshot();
+    for (b, u) in snap.backends.iter().zip(&gw.upstreams) {
+        let label = BackendLabel {
+            backend: u.url.clone(),
+        };
+        gw.metrics
+            .kv_reserved_bytes
+            .get_or_create(&label)
+            .set(b.kv_reserved_bytes as i64);
+        gw.metrics
+            .kv_capacity_bytes
+            .get_or_create(&label)
+            .set(b.kv_capacity_bytes as i64);
+    }
+    gw.metrics.queue_depth.set(snap.queued as i64);
+    for t in gw.tenants.tenants() {
+        let s = gw.limiter.snapshot(&t.name, &t.limits).await;
+        for (bucket, b) in [
+            ("prefill", &s.prefill),
+            ("decode", &s.decode),
+            ("requests", &s.requests),
+        ] {
+            gw.metrics
+                .bucket_available
+                .get_or_create(&BucketLabels {
+                    tenant: t.name.clone(),
+                    bucket: bucket.to_string(),
+                })
+                .set(b.available);
+        }
+    }
+    let stats = gw.chat.stats();
+    let hits = stats
+        .hits
+        .saturating_sub(gw.metrics.tokenize_cache_hits.get());
+    gw.metrics.tokenize_cache_hits.inc_by(hits);
+    let misses = stats
+        .misses
+        .saturating_sub(gw.metrics.tokenize_cache_misses.get());
+    gw.metrics.tokenize_cache_misses.inc_by(misses);
+}

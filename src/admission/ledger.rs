@@ -1,0 +1,155 @@
+//! Admission room, pure core: the KV ledger of one backend (bytes of KV cache reserved by live
+//! leases and the number of those leases, against the card's capacity and batch size).
+
+/// KV-cache bookkeeping of one backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLedger {
+    kv_capacity_bytes: u64,
+    max_batch: u32,
+    reserved_bytes: u64,
+    live: u32,
+}
+
+impl KvLedger {
+    /// An empty ledger.
+    pub fn new(kv_capacity_bytes: u64, max_batch: u32) -> Self {
+        Self {
+            kv_capacity_bytes,
+            max_batch,
+            reserved_bytes: 0,
+            live: 0,
+        }
+    }
+
+    /// KV bytes the backend can hold.
+    pub fn kv_capacity_bytes(&self) -> u64 {
+        self.kv_capacity_bytes
+    }
+
+    /// Most sequences in flight at once.
+    pub fn max_batch(&self) -> u32 {
+        self.max_batch
+    }
+
+    /// KV bytes held by live leases.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved_bytes
+    }
+
+    /// Live leases.
+    pub fn live(&self) -> u32 {
+        self.live
+    }
+
+    /// KV bytes not reserved.
+    pub fn free_bytes(&self) -> u64 {
+        self.kv_capacity_bytes - self.reserved_bytes
+    }
+
+    /// Whether a request of `bytes` could ever run here (alone, on an idle backend).
+    pub fn could_ever_fit(&self, bytes: u64) -> bool {
+        self.max_batch > 0 && bytes <= self.kv_capacity_bytes
+    }
+
+    /// Whether a request of `bytes` fits now: reserved + bytes <= capacity and a batch slot is
+    /// free.
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.live < self.max_batch && bytes <= self.free_bytes()
+    }
+
+    /// Takes `bytes` and a batch slot. Returns `false` (and changes nothing) if they don't fit.
+    #[must_use]
+    pub fn reserve(&mut self, bytes: u64) -> bool {
+        if !self.fits(bytes) {
+            return false;
+        }
+        self.reserved_bytes += bytes;
+        self.live += 1;
+        true
+    }
+
+    /// Gives back what one lease of `bytes` took.
+    pub fn release(&mut self, bytes: u64) {
+        debug_assert!(
+            self.live > 0 && bytes <= self.reserved_bytes,
+            "release without lease"
+        );
+        self.reserved_bytes = self.reserved_bytes.saturating_sub(bytes);
+        self.live = self.live.saturating_sub(1);
+    }
+}
+
+/// The backend to admit `bytes` on now: among those where it fits, the one with the most free KV
+/// bytes (the lowest index on a tie), so that load spreads and large requests keep a chance.
+pub fn choose_backend(ledgers: &[KvLedger], bytes: u64) -> Option<usize> {
+    ledgers
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.fits(bytes))
+        // max_by_key returns the last maximum; reversing keeps the lowest index on ties.
+        .rev()
+        .max_by_key(|(_, l)| l.free_bytes())
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_and_release_keep_exact_numbers() {
+        let mut l = KvLedger::new(1000, 2);
+        assert!(l.reserve(600));
+        assert_eq!(
+            (l.reserved_bytes(), l.live(), l.free_bytes()),
+            (600, 1, 400)
+        );
+        assert!(!l.fits(401));
+        assert!(l.fits(400));
+        assert!(!l.reserve(401));
+        assert_eq!((l.reserved_bytes(), l.live()), (600, 1));
+        assert!(l.reserve(400));
+        assert_eq!((l.reserved_bytes(), l.live(), l.free_bytes()), (1000, 2, 0));
+        l.release(600);
+        assert_eq!(
+            (l.reserved_bytes(), l.live(), l.free_bytes()),
+            (400, 1, 600)
+        );
+        l.release(400);
+        assert_eq!(l, KvLedger::new(1000, 2));
+    }
+
+    #[test]
+    fn batch_limit_binds_even_with_free_bytes() {
+        let mut l = KvLedger::new(1000, 2);
+        assert!(l.reserve(0));
+        assert!(l.reserve(10));
+        assert!(!l.fits(0));
+        assert_eq!(l.free_bytes(), 990);
+    }
+
+    #[test]
+    fn could_ever_fit_needs_capacity_and_a_batch() {
+        assert!(KvLedger::new(1000, 1).could_ever_fit(1000));
+        assert!(!KvLedger::new(1000, 1).could_ever_fit(1001));
+        assert!(!KvLedger::new(1000, 0).could_ever_fit(1));
+    }
+
+    #[test]
+    fn chooses_the_backend_with_most_free_bytes_where_it_fits() {
+        let mut a = KvLedger::new(1000, 4);
+        let b = KvLedger::new(800, 4);
+        let mut c = KvLedger::new(2000, 1);
+        assert!(a.reserve(100));
+        assert!(c.reserve(1));
+        // free: a 900, b 800, c full by batch.
+        assert_eq!(
+            choose_backend(&[a.clone(), b.clone(), c.clone()], 500),
+            Some(0)
+        );
+        assert_eq!(choose_backend(&[a.clone(), b.clone(), c], 850), Some(0));
+        assert_eq!(choose_backend(&[b.clone(), a.clone()], 500), Some(1));
+        assert_eq!(choose_backend(&[a.clone(), b], 901), None);
+        assert_eq!(choose_backend(&[a.clone(), a], 10), Some(0));
+    }
+}

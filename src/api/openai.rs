@@ -1,0 +1,528 @@
+//! OpenAI-compatible requests: strict parsing and validation of `/v1/chat/completions`,
+//! `/v1/completions` and `/tokenize` bodies, and the rewrite that caps what the backend may
+//! generate at what was reserved. Validation happens before anything is charged: a bad request
+//! changes nothing.
+
+use crate::error::ApiError;
+use crate::tokenize::chat::ChatPrompt;
+use serde_json::{Map, Value};
+
+/// Which endpoint a body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The backend path of this endpoint.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// What must be tokenized to know a request's prefill cost.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// A chat, rendered with the chat template before counting.
+    Chat(ChatPrompt),
+    /// A completion prompt given as text (special tokens recognized, as vLLM does).
+    Text(String),
+    /// A completion prompt given as token ids: its count is its length.
+    TokenIds(Vec<u32>),
+}
+
+/// Which output-length field the client used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxTokensField {
+    /// `max_tokens`.
+    MaxTokens,
+    /// `max_completion_tokens` (newer OpenAI name).
+    MaxCompletionTokens,
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// The endpoint it came to.
+    pub endpoint: Endpoint,
+    /// The model the client named.
+    pub model: String,
+    /// Whether the answer is streamed (SSE).
+    pub stream: bool,
+    /// Whether the client itself asked for the usage chunk of a stream.
+    pub client_wants_usage: bool,
+    /// The output limit the client asked for, if any, and where.
+    pub requested_max_tokens: Option<(MaxTokensField, u64)>,
+    /// What to count.
+    pub prompt: Prompt,
+    /// The body as sent, rewritten before forwarding.
+    pub body: Map<String, Value>,
+}
+
+/// Limits that validation needs.
+#[derive(Debug, Clone)]
+pub struct ParseLimits<'a> {
+    /// Model names the gateway serves.
+    pub served_names: &'a [String],
+    /// Context length (prompt + output).
+    pub max_model_len: u64,
+}
+
+/// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
+/// non-object bodies (serde_json also bounds nesting depth at 128).
+pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if std::str::from_utf8(bytes).is_err() {
+        return Err(ApiError::invalid("the request body is not valid UTF-8"));
+    }
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    match value {
+        Value::Object(map) => Ok(map),
+        other => Err(ApiError::invalid(format!(
+            "the request body must be a JSON object, got {}",
+            type_name(&other)
+        ))),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
+    ApiError::invalid_param(
+        param,
+        format!("`{param}` must be {expected}, got {}", type_name(got)),
+    )
+}
+
+fn optional_bool(body: &Map<String, Value>, param: &str) -> Result<Option<bool>, ApiError> {
+    match body.get(param) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(wrong_type(param, "a boolean", other)),
+    }
+}
+
+/// A positive whole number no larger than `max`; floats like `10.5` and negatives are refused.
+fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiError> {
+    let n = v.as_u64().ok_or_else(|| match v {
+        Value::Number(_) => ApiError::invalid_param(
+            param,
+            format!("`{param}` must be a whole number of at least 1, got {v}"),
+        ),
+        other => wrong_type(param, "an integer", other),
+    })?;
+    if n == 0 {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` must be at least 1, got 0"),
+        ));
+    }
+    if n > max {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` is {n}, more than the model's context length of {max} tokens"),
+        ));
+    }
+    Ok(n)
+}
+
+/// Validates a generation request body for `endpoint`.
+pub fn parse_generation(
+    endpoint: Endpoint,
+    body: Map<String, Value>,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param("model", "`model` is required"))
+        }
+        Some(other) => return Err(wrong_type("model", "a string", other)),
+    };
+    if !limits.served_names.iter().any(|n| n == &model) {
+        return Err(ApiError::model_not_found(&model));
+    }
+    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    let client_wants_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(wrong_type(
+                    "stream_options.include_usage",
+                    "a boolean",
+                    other,
+                ))
+            }
+        },
+        Some(other) => return Err(wrong_type("stream_options", "an object", other)),
+    };
+    if body.contains_key("stream_options") && !stream {
+        return Err(ApiError::invalid_param(
+            "stream_options",
+            "`stream_options` is only allowed when `stream` is true",
+        ));
+    }
+    match body.get("n") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64() == Some(1) => {}
+        Some(v) => {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("`n` must be 1 (one choice per request), got {v}"),
+            ))
+        }
+    }
+    let mut requested = None;
+    for (field, param) in [
+        (MaxTokensField::MaxCompletionTokens, "max_completion_tokens"),
+        (MaxTokensField::MaxTokens, "max_tokens"),
+    ] {
+        match body.get(param) {
+            None | Some(Value::Null) => {}
+            Some(v) => {
+                let n = positive_int(param, v, limits.max_model_len)?;
+                if requested.is_none() {
+                    requested = Some((field, n));
+                }
+            }
+        }
+    }
+    let prompt = match endpoint {
+        Endpoint::Chat => Prompt::Chat(parse_chat_prompt(&body)?),
+        Endpoint::Completions => parse_completion_prompt(&body)?,
+    };
+    Ok(GenerationRequest {
+        endpoint,
+        model,
+        stream,
+        client_wants_usage,
+        requested_max_tokens: requested,
+        prompt,
+        body,
+    })
+}
+
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// `messages`, `tools` and the template switches of a chat body.
+pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiError> {
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "`messages` must contain at least one message",
+            ))
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "`messages` is required",
+            ))
+        }
+        Some(other) => return Err(wrong_type("messages", "an array", other)),
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = m else {
+            return Err(wrong_type(&at, "an object", m));
+        };
+        match m.get("role") {
+            Some(Value::String(r)) if ROLES.contains(&r.as_str()) => {}
+            Some(Value::String(r)) => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.role"),
+                    format!("`{at}.role` must be one of {ROLES:?}, got `{r}`"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.role"),
+                    format!("`{at}.role` is required"),
+                ))
+            }
+            Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", other)),
+        }
+        match m.get("content") {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                for (j, p) in parts.iter().enumerate() {
+                    let ok = matches!(p, Value::Object(o) if matches!(o.get("text"), Some(Value::String(_)))
+                        || o.contains_key("image_url") || o.contains_key("image") || o.contains_key("video"));
+                    if !ok {
+                        return Err(ApiError::invalid_param(
+                            &format!("{at}.content[{j}]"),
+                            format!("`{at}.content[{j}]` must be a content part such as {{\"type\": \"text\", \"text\": \"...\"}}"),
+                        ));
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(wrong_type(
+                    &format!("{at}.content"),
+                    "a string or an array of content parts",
+                    other,
+                ))
+            }
+        }
+    }
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
+        Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
+    };
+    let kwargs = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(other) => return Err(wrong_type("chat_template_kwargs", "an object", other)),
+    };
+    let enable_thinking = match kwargs.and_then(|k| k.get("enable_thinking")) {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(wrong_type(
+                "chat_template_kwargs.enable_thinking",
+                "a boolean",
+                other,
+            ))
+        }
+    };
+    let add_generation_prompt = optional_bool(body, "add_generation_prompt")?.unwrap_or(true);
+    Ok(ChatPrompt {
+        messages: messages.clone(),
+        tools,
+        add_generation_prompt,
+        enable_thinking,
+    })
+}
+
+/// The `prompt` of a completions body: a string, a one-element list of strings, or token ids.
+pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    match body.get("prompt") {
+        Some(Value::String(s)) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
+        Some(Value::String(_)) => Err(ApiError::invalid_param(
+            "prompt",
+            "`prompt` must not be empty",
+        )),
+        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
+            parse_completion_prompt(&Map::from_iter([("prompt".to_string(), items[0].clone())]))
+        }
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
+            let ids = items
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| ApiError::invalid_param("prompt", "token ids must fit in 32 bits"))?;
+            Ok(Prompt::TokenIds(ids))
+        }
+        Some(Value::Array(_)) => Err(ApiError::invalid_param(
+            "prompt",
+            "`prompt` must be a non-empty string, a list of one string, or a list of token ids (batched prompts are not supported)",
+        )),
+        None | Some(Value::Null) => Err(ApiError::invalid_param("prompt", "`prompt` is required")),
+        Some(other) => Err(wrong_type("prompt", "a string", other)),
+    }
+}
+
+/// Rewrites a validated body so the backend generates at most `reserved` tokens, is asked for
+/// the model by the name it serves (`backend_model`; clients may use an alias) and, for a
+/// stream, reports usage in its last chunk.
+pub fn rewrite_for_backend(req: &GenerationRequest, reserved: u64, backend_model: &str) -> Vec<u8> {
+    let mut body = req.body.clone();
+    body.insert("model".into(), Value::from(backend_model));
+    body.insert("max_tokens".into(), Value::from(reserved));
+    if body.contains_key("max_completion_tokens")
+        || matches!(
+            req.requested_max_tokens,
+            Some((MaxTokensField::MaxCompletionTokens, _))
+        )
+    {
+        body.insert("max_completion_tokens".into(), Value::from(reserved));
+    }
+    if req.stream {
+        let opts = body
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(o) = opts {
+            o.insert("include_usage".into(), Value::Bool(true));
+        }
+    }
+    serde_json::to_vec(&Value::Object(body)).expect("a JSON map always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn limits() -> (Vec<String>, u64) {
+        (vec!["qwen".to_string()], 1000)
+    }
+
+    fn parse(endpoint: Endpoint, v: Value) -> Result<GenerationRequest, ApiError> {
+        let (names, len) = limits();
+        let Value::Object(map) = v else { panic!() };
+        parse_generation(
+            endpoint,
+            map,
+            &ParseLimits {
+                served_names: &names,
+                max_model_len: len,
+            },
+        )
+    }
+
+    #[test]
+    fn accepts_a_chat_and_reads_its_switches() {
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}],
+                   "max_completion_tokens": 7, "stream": true,
+                   "chat_template_kwargs": {"enable_thinking": false}}),
+        )
+        .unwrap();
+        assert!(r.stream);
+        assert!(!r.client_wants_usage);
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxCompletionTokens, 7))
+        );
+        let Prompt::Chat(p) = &r.prompt else { panic!() };
+        assert_eq!(p.enable_thinking, Some(false));
+        assert!(p.add_generation_prompt);
+    }
+
+    #[test]
+    fn rewrite_caps_output_and_asks_for_usage() {
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}],
+                   "max_completion_tokens": 7, "stream": true}),
+        )
+        .unwrap();
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&r, 5, "served")).unwrap();
+        assert_eq!(out["model"], "served");
+        assert_eq!(out["max_tokens"], 5);
+        assert_eq!(out["max_completion_tokens"], 5);
+        assert_eq!(out["stream_options"]["include_usage"], true);
+    }
+
+    #[test]
+    fn refuses_bad_fields_with_their_names() {
+        let cases = [
+            (json!({"model": "qwen"}), 400, "messages"),
+            (json!({"model": "qwen", "messages": []}), 400, "messages"),
+            (json!({"model": "qwen", "messages": "hi"}), 400, "messages"),
+            (
+                json!({"model": "qwen", "messages": [{"content": "x"}]}),
+                400,
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user", "content": 3}]}),
+                400,
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 0}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": -1}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 1.5}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": 1001}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": "9"}),
+                400,
+                "max_tokens",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "stream": "yes"}),
+                400,
+                "stream",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "n": 2}),
+                400,
+                "n",
+            ),
+            (
+                json!({"model": "gpt", "messages": [{"role": "user"}]}),
+                404,
+                "model",
+            ),
+            (json!({"messages": [{"role": "user"}]}), 400, "model"),
+        ];
+        for (body, status, param) in cases {
+            let e = parse(Endpoint::Chat, body.clone()).unwrap_err();
+            assert_eq!(e.status.as_u16(), status, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+    }
+
+    #[test]
+    fn completion_prompts() {
+        let p = |v| parse(Endpoint::Completions, v).map(|r| r.prompt);
+        assert!(
+            matches!(p(json!({"model": "qwen", "prompt": "a b"})), Ok(Prompt::Text(t)) if t == "a b")
+        );
+        assert!(
+            matches!(p(json!({"model": "qwen", "prompt": ["a b"]})), Ok(Prompt::Text(t)) if t == "a b")
+        );
+        assert!(
+            matches!(p(json!({"model": "qwen", "prompt": [1, 2, 3]})), Ok(Prompt::TokenIds(ids)) if ids == [1, 2, 3])
+        );
+        assert!(p(json!({"model": "qwen", "prompt": ["a", "b"]})).is_err());
+        assert!(p(json!({"model": "qwen", "prompt": ""})).is_err());
+    }
+
+    #[test]
+    fn body_errors() {
+        assert!(parse_object(b"\xff\xfe")
+            .unwrap_err()
+            .message
+            .contains("UTF-8"));
+        assert!(parse_object(b"{")
+            .unwrap_err()
+            .message
+            .contains("not valid JSON"));
+        assert!(parse_object(b"[1]")
+            .unwrap_err()
+            .message
+            .contains("an array"));
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        assert_eq!(
+            parse_object(deep.as_bytes()).unwrap_err().status.as_u16(),
+            400
+        );
+    }
+}

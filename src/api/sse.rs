@@ -1,0 +1,135 @@
+//! Server-sent events as OpenAI-compatible backends stream them: splitting a byte stream into
+//! events, and reading what the gateway meters from each `data:` chunk.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+
+/// Cuts a byte stream into complete SSE events (each ending in a blank line).
+#[derive(Debug, Default)]
+pub struct SseSplitter {
+    buf: BytesMut,
+}
+
+impl SseSplitter {
+    /// Adds bytes; returns the events completed by them, each with its trailing blank line.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Bytes> {
+        self.buf.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(end) = find_event_end(&self.buf) {
+            events.push(self.buf.split_to(end).freeze());
+        }
+        events
+    }
+
+    /// What is left when the stream ends (an event without its blank line), if anything.
+    pub fn finish(&mut self) -> Option<Bytes> {
+        (!self.buf.is_empty()).then(|| self.buf.split().freeze())
+    }
+}
+
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What one event says, as far as metering cares.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChunkInfo {
+    /// The event is `data: [DONE]`.
+    pub done: bool,
+    /// The chunk has no choices and carries `usage` (vLLM's `include_usage` chunk).
+    pub usage_only: bool,
+    /// `usage.completion_tokens`, wherever it appears.
+    pub completion_tokens: Option<u64>,
+    /// Generated text in this chunk (content, reasoning, completion text, tool-call arguments).
+    pub text: String,
+}
+
+/// Reads an event's `data:` payload.
+pub fn inspect(event: &[u8]) -> ChunkInfo {
+    let mut info = ChunkInfo::default();
+    let Ok(text) = std::str::from_utf8(event) else {
+        return info;
+    };
+    let data: String = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if data.trim() == "[DONE]" {
+        info.done = true;
+        return info;
+    }
+    let Ok(v) = serde_json::from_str::<Value>(&data) else {
+        return info;
+    };
+    info.completion_tokens = v
+        .get("usage")
+        .and_then(|u| u.get("completion_tokens"))
+        .and_then(Value::as_u64);
+    let choices = v.get("choices").and_then(Value::as_array);
+    info.usage_only = info.completion_tokens.is_some() && choices.is_none_or(|c| c.is_empty());
+    for choice in choices.into_iter().flatten() {
+        append_generated_text(choice.get("delta").unwrap_or(choice), &mut info.text);
+    }
+    info
+}
+
+/// Appends the generated text of a chat delta/message or a completion choice.
+pub fn append_generated_text(v: &Value, out: &mut String) {
+    for key in ["reasoning_content", "content", "text"] {
+        if let Some(s) = v.get(key).and_then(Value::as_str) {
+            out.push_str(s);
+        }
+    }
+    if let Some(calls) = v.get("tool_calls").and_then(Value::as_array) {
+        for call in calls {
+            if let Some(f) = call.get("function") {
+                for key in ["name", "arguments"] {
+                    if let Some(s) = f.get(key).and_then(Value::as_str) {
+                        out.push_str(s);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_events_across_pushes() {
+        let mut s = SseSplitter::default();
+        assert!(s.push(b"data: {\"a\"").is_empty());
+        let ev = s.push(b":1}\n\ndata: [DONE]\n\n");
+        assert_eq!(
+            ev,
+            vec![
+                Bytes::from("data: {\"a\":1}\n\n"),
+                Bytes::from("data: [DONE]\n\n")
+            ]
+        );
+        assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn reads_usage_and_text() {
+        let c = inspect(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n");
+        assert_eq!(
+            (c.text.as_str(), c.usage_only, c.done),
+            ("hi", false, false)
+        );
+        let u = inspect(
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9}}\n\n",
+        );
+        assert_eq!((u.usage_only, u.completion_tokens), (true, Some(9)));
+        assert!(inspect(b"data: [DONE]\n\n").done);
+    }
+}

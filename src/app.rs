@@ -1,0 +1,109 @@
+//! Building a whole gateway from a validated [`Config`], so `serve` and the tests start it the
+//! same way (and tests can start many independent gateways in one process).
+
+use crate::admission::{Admission, BackendSpec, QueueSpec};
+use crate::clock::{SharedClock, SystemClock};
+use crate::config::Config;
+use crate::limiter::{Limiter, LocalStore};
+use crate::metrics::Metrics;
+use crate::proxy::forward::Upstream;
+use crate::proxy::Gateway;
+use crate::server::{self, Running};
+use crate::tenant::TenantDirectory;
+use crate::tokenize::cache::ChatCounter;
+use crate::tokenize::chat::ChatTemplate;
+use crate::tokenize::pool::TokenizePool;
+use crate::tokenize::Tokenizer;
+use anyhow::Context;
+use std::sync::Arc;
+
+/// What a gateway takes from outside its config.
+#[derive(Clone)]
+pub struct Deps {
+    /// The limiter's time source.
+    pub clock: SharedClock,
+    /// An already loaded tokenizer (tests share one); `None` loads `tokenizer.path`.
+    pub tokenizer: Option<Arc<Tokenizer>>,
+}
+
+impl Default for Deps {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            tokenizer: None,
+        }
+    }
+}
+
+/// Loads a tokenizer file off the async executor.
+pub async fn load_tokenizer(path: &std::path::Path) -> anyhow::Result<Arc<Tokenizer>> {
+    let path = path.to_path_buf();
+    let tok = tokio::task::spawn_blocking(move || {
+        Tokenizer::load(&path).with_context(|| {
+            format!(
+                "loading tokenizer {} (run scripts/fetch-tokenizer to make the Qwen3.5 one)",
+                path.display()
+            )
+        })
+    })
+    .await??;
+    Ok(Arc::new(tok))
+}
+
+/// Builds the gateway state.
+pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
+    let tokenizer = match deps.tokenizer {
+        Some(t) => t,
+        None => load_tokenizer(&config.tokenizer.path).await?,
+    };
+    let template = match &config.tokenizer.chat_template {
+        Some(path) => ChatTemplate::from_jinja_file(path)
+            .with_context(|| format!("loading chat template {}", path.display()))?,
+        None => ChatTemplate::builtin_qwen35(),
+    };
+    let chat = Arc::new(ChatCounter::new(
+        template,
+        config.tokenizer.cache_bytes as usize,
+    ));
+    let pool = Arc::new(TokenizePool::new(
+        config.tokenizer.workers,
+        config.tokenizer.queue_depth,
+    ));
+    let admission = Admission::new(
+        config
+            .backends
+            .iter()
+            .map(|b| BackendSpec {
+                name: b.url.clone(),
+                kv_capacity_bytes: b.kv_capacity_bytes,
+                max_batch: b.max_batch,
+            })
+            .collect(),
+        QueueSpec {
+            max_waiting: config.admission.queue_max_waiting,
+            deadline: config.admission.queue_deadline,
+        },
+    );
+    let upstreams = config
+        .backends
+        .iter()
+        .map(|b| Upstream::new(&b.url, b.connect_timeout, b.first_byte_timeout))
+        .collect();
+    Ok(Arc::new(Gateway {
+        tenants: TenantDirectory::from_config(&config.tenants),
+        limiter: Limiter::new(Arc::new(LocalStore::default()), deps.clock),
+        admission,
+        upstreams,
+        tokenizer,
+        chat,
+        pool,
+        metrics: Arc::new(Metrics::new()),
+        config: Arc::new(config),
+    }))
+}
+
+/// Builds and serves a gateway.
+pub async fn start(config: Config, deps: Deps) -> anyhow::Result<Running> {
+    let gw = build(config, deps).await?;
+    server::serve(gw).await
+}

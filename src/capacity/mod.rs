@@ -1,0 +1,63 @@
+//! Capacity room: the roofline model of one accelerator deployment (how many sequences fit in
+//! the KV cache, decode step time and TPOT at a batch, prefill time, the safe batch and what
+//! binds it), the named hardware and model profiles it runs on, the seed article's calibrator
+//! reproduced for comparison, and the derivation of a backend's KV capacity, batch cap and
+//! sustainable token rates that sizes the gateway. Pure: no I/O, no clock; `cli` prints.
+
+mod derive;
+mod profile;
+mod roofline;
+pub mod seed;
+mod table;
+
+pub mod cli;
+
+pub use derive::{derive_backend, derived_table, tenant_rates, DerivedBackend, Workload};
+pub use profile::{
+    gb_to_bytes, HardwareProfile, ModelArch, ModelProfile, ProfileOverrides, StateDtype, GB,
+};
+pub use roofline::{
+    mean_context_tokens, sequence_footprint_bytes, Bottleneck, Calibration, CapacityInputs,
+    RooflineReport, SafeBatch, StepBound, StepTerms, DEFAULT_BLOCK_TOKENS, DEFAULT_EFFICIENCY,
+    DEFAULT_RESERVE_BYTES, DEFAULT_TPOT_SLO_SECONDS,
+};
+pub use seed::{estimate_llm_performance_v3, SeedInputs, SeedReport};
+pub use table::{scenario_table, Scenario, ScenarioRow, SCENARIOS};
+
+/// Why capacity inputs were refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CapacityError {
+    /// No built-in hardware profile by that name.
+    #[error("unknown hardware profile {name:?} (known: {known})")]
+    UnknownHardware {
+        /// The name asked for.
+        name: String,
+        /// The built-in names.
+        known: String,
+    },
+    /// No built-in model profile by that name.
+    #[error("unknown model profile {name:?} (known: {known})")]
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+        /// The built-in names.
+        known: String,
+    },
+    /// An input outside the range the formulas hold for.
+    #[error("invalid {field}: {message}")]
+    Invalid {
+        /// The offending input.
+        field: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl CapacityError {
+    fn invalid(field: &'static str, message: String) -> Self {
+        CapacityError::Invalid { field, message }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,374 @@
+//! Capacity room: named hardware and model profiles. Every figure is a plain field so config and
+//! CLI can override it; lookups accept the usual spellings (`910B3`, `Ascend 910B3`,
+//! `Qwen/Qwen3.5-27B`). Units are bytes, FLOP/s and bytes/s; GB means 1e9 bytes.
+
+use super::CapacityError;
+use serde::{Deserialize, Serialize};
+
+/// One gigabyte as this module counts it: 1e9 bytes (not GiB; see `docs/capacity.md`).
+pub const GB: f64 = 1e9;
+
+/// One accelerator card.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HardwareProfile {
+    /// Canonical profile name (`910b3`), or what the user called an overridden profile.
+    pub name: String,
+    /// Dense FP16/BF16 peak, FLOP/s.
+    pub peak_flops: f64,
+    /// HBM (device memory) capacity, bytes.
+    pub hbm_bytes: u64,
+    /// HBM bandwidth, bytes/s.
+    pub bandwidth_bytes_per_s: f64,
+}
+
+/// (canonical name, aliases, TFLOPS, HBM GB, bandwidth GB/s). Figures other than the 910B3's
+/// HBM are unverified vendor-sheet values (DOMAIN.md section 4); the 910B3 row carries the seed
+/// article's inputs (320 TFLOPS, 1.9 TB/s) so its readers get its numbers.
+const HARDWARE: &[(&str, &[&str], f64, u64, f64)] = &[
+    ("910b1", &[], 400.0, 64, 1600.0),
+    ("910b2", &[], 353.0, 64, 1600.0),
+    ("910b3", &[], 320.0, 64, 1900.0),
+    ("910b4", &[], 280.0, 32, 800.0),
+    (
+        "atlas-300i-duo",
+        &["300i-duo", "atlas300i-duo", "300iduo"],
+        140.0,
+        96,
+        408.0,
+    ),
+];
+
+impl HardwareProfile {
+    /// The built-in profile called `name` (case-insensitive; `Ascend ` prefix, spaces and `_`
+    /// tolerated).
+    pub fn lookup(name: &str) -> Result<Self, CapacityError> {
+        let key = normalize(name);
+        let key = key.strip_prefix("ascend-").unwrap_or(&key);
+        HARDWARE
+            .iter()
+            .find(|(canonical, aliases, ..)| *canonical == key || aliases.contains(&key))
+            .map(|&(canonical, _, tflops, hbm_gb, bw_gbs)| Self {
+                name: canonical.to_string(),
+                peak_flops: tflops * 1e12,
+                hbm_bytes: hbm_gb * 1_000_000_000,
+                bandwidth_bytes_per_s: bw_gbs * GB,
+            })
+            .ok_or_else(|| CapacityError::UnknownHardware {
+                name: name.to_string(),
+                known: Self::names().join(", "),
+            })
+    }
+
+    /// Canonical names of the built-in hardware profiles.
+    pub fn names() -> Vec<&'static str> {
+        HARDWARE.iter().map(|(name, ..)| *name).collect()
+    }
+}
+
+/// Precision the engine keeps the linear-attention (DeltaNet) recurrent state in. Engines differ
+/// (DOMAIN.md section 2, unverified), so it is a setting; the conv state stays bf16 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum StateDtype {
+    /// 4-byte recurrent state (the reference implementation's choice).
+    #[default]
+    Fp32,
+    /// 2-byte recurrent state.
+    Bf16,
+}
+
+impl StateDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            StateDtype::Fp32 => 4,
+            StateDtype::Bf16 => 2,
+        }
+    }
+}
+
+/// The layout facts a model's cache footprint follows from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ModelArch {
+    /// Layers with full (softmax) attention: the only ones with a per-token KV cache.
+    pub full_attention_layers: u64,
+    /// KV heads per full-attention layer (GQA).
+    pub kv_heads: u64,
+    /// Dimension of one head.
+    pub head_dim: u64,
+    /// Bytes per KV element (2 for bf16/fp16).
+    pub kv_dtype_bytes: u64,
+    /// Linear-attention (Gated DeltaNet) layers: a fixed state per running sequence.
+    pub linear_layers: u64,
+    /// Linear-attention key heads.
+    pub linear_key_heads: u64,
+    /// Linear-attention value heads.
+    pub linear_value_heads: u64,
+    /// Linear-attention key head dimension.
+    pub linear_key_head_dim: u64,
+    /// Linear-attention value head dimension.
+    pub linear_value_head_dim: u64,
+    /// Causal conv kernel width of the linear-attention layers.
+    pub conv_kernel: u64,
+}
+
+impl ModelArch {
+    /// K and V of every full-attention layer for one token.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.full_attention_layers * 2 * self.kv_heads * self.head_dim * self.kv_dtype_bytes
+    }
+
+    /// Linear-attention state of one running sequence: per layer the recurrent state
+    /// (value heads x key dim x value dim, in `dtype`) plus the conv state (the last
+    /// `kernel - 1` inputs of the q/k/v channels, bf16).
+    pub fn state_bytes_per_sequence(&self, dtype: StateDtype) -> u64 {
+        let recurrent = self.linear_value_heads
+            * self.linear_key_head_dim
+            * self.linear_value_head_dim
+            * dtype.bytes();
+        let conv_channels = 2 * self.linear_key_heads * self.linear_key_head_dim
+            + self.linear_value_heads * self.linear_value_head_dim;
+        let conv = conv_channels * self.conv_kernel.saturating_sub(1) * 2;
+        self.linear_layers * (recurrent + conv)
+    }
+
+    /// A dense transformer: every layer full attention, no fixed state.
+    const fn dense(layers: u64, kv_heads: u64, head_dim: u64) -> Self {
+        Self {
+            full_attention_layers: layers,
+            kv_heads,
+            head_dim,
+            kv_dtype_bytes: 2,
+            linear_layers: 0,
+            linear_key_heads: 0,
+            linear_value_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            conv_kernel: 0,
+        }
+    }
+}
+
+/// Qwen3.5-27B text part (DOMAIN.md section 2): 16 full-attention + 48 Gated DeltaNet layers.
+const QWEN35_27B: ModelArch = ModelArch {
+    full_attention_layers: 16,
+    kv_heads: 4,
+    head_dim: 256,
+    kv_dtype_bytes: 2,
+    linear_layers: 48,
+    linear_key_heads: 16,
+    linear_value_heads: 48,
+    linear_key_head_dim: 128,
+    linear_value_head_dim: 128,
+    conv_kernel: 4,
+};
+
+/// (canonical name, aliases, parameters, weight bytes, layout). Dense rows show the model is
+/// general: no fixed state, all layers cached.
+const MODELS: &[(&str, &[&str], f64, u64, ModelArch)] = &[
+    (
+        "qwen3.5-27b",
+        &["qwen3.6-27b", "qwen35-27b", "qwen3.5-27b-instruct"],
+        27e9,
+        54_000_000_000,
+        QWEN35_27B,
+    ),
+    (
+        "qwen3-32b",
+        &[],
+        32.8e9,
+        65_600_000_000,
+        ModelArch::dense(64, 8, 128),
+    ),
+    (
+        "qwen3-8b",
+        &[],
+        8.2e9,
+        16_400_000_000,
+        ModelArch::dense(36, 8, 128),
+    ),
+];
+
+/// One model as the capacity model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelProfile {
+    /// Canonical profile name (`qwen3.5-27b`).
+    pub name: String,
+    /// Parameter count (FLOPs per token = 2 x params).
+    pub params: f64,
+    /// Bytes of weights read once per decode step (all TP shards together).
+    pub weight_bytes: u64,
+    /// KV cache bytes per cached token (all layers, all TP shards together).
+    pub kv_bytes_per_token: u64,
+    /// Fixed per-sequence state bytes (linear-attention layers), for the chosen dtype.
+    pub state_bytes_per_sequence: u64,
+    /// The dtype `state_bytes_per_sequence` was computed for.
+    pub state_dtype: StateDtype,
+    /// The layout the cache figures were derived from (`None` once overridden by hand).
+    pub arch: Option<ModelArch>,
+}
+
+impl ModelProfile {
+    /// The built-in profile called `name` (case-insensitive; an `org/` prefix, spaces and `_`
+    /// tolerated), with its state computed for `state_dtype`.
+    pub fn lookup(name: &str, state_dtype: StateDtype) -> Result<Self, CapacityError> {
+        let key = normalize(name);
+        let key = key.rsplit('/').next().unwrap_or(&key);
+        MODELS
+            .iter()
+            .find(|(canonical, aliases, ..)| *canonical == key || aliases.contains(&key))
+            .map(|&(canonical, _, params, weight_bytes, arch)| Self {
+                name: canonical.to_string(),
+                params,
+                weight_bytes,
+                kv_bytes_per_token: arch.kv_bytes_per_token(),
+                state_bytes_per_sequence: arch.state_bytes_per_sequence(state_dtype),
+                state_dtype,
+                arch: Some(arch),
+            })
+            .ok_or_else(|| CapacityError::UnknownModel {
+                name: name.to_string(),
+                known: Self::names().join(", "),
+            })
+    }
+
+    /// Canonical names of the built-in model profiles.
+    pub fn names() -> Vec<&'static str> {
+        MODELS.iter().map(|(name, ..)| *name).collect()
+    }
+}
+
+/// Overrides of profile figures, in the units users type (the seed script's names where it has
+/// them). `params_b` also sets the weights to 2 bytes per parameter unless `weights_gb` is given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileOverrides {
+    /// Peak FP16/BF16 TFLOPS (`accel_tflops`).
+    pub tflops: Option<f64>,
+    /// HBM bandwidth, GB/s (`accel_bw_gbs`).
+    pub bandwidth_gbs: Option<f64>,
+    /// HBM capacity, GB (`hbm_capacity_gb`).
+    pub hbm_gb: Option<f64>,
+    /// Parameters, billions (`model_params_b`).
+    pub params_b: Option<f64>,
+    /// Weight bytes, GB.
+    pub weights_gb: Option<f64>,
+    /// KV bytes per cached token.
+    pub kv_bytes_per_token: Option<u64>,
+    /// Fixed state bytes per running sequence.
+    pub state_bytes_per_sequence: Option<u64>,
+}
+
+impl ProfileOverrides {
+    /// Writes every given figure into the profiles. A model whose cache figures were set by hand
+    /// loses its `arch` (it no longer explains them).
+    pub fn apply(&self, hardware: &mut HardwareProfile, model: &mut ModelProfile) {
+        if let Some(t) = self.tflops {
+            hardware.peak_flops = t * 1e12;
+        }
+        if let Some(bw) = self.bandwidth_gbs {
+            hardware.bandwidth_bytes_per_s = bw * GB;
+        }
+        if let Some(h) = self.hbm_gb {
+            hardware.hbm_bytes = gb_to_bytes(h);
+        }
+        if let Some(p) = self.params_b {
+            model.params = p * 1e9;
+            model.weight_bytes = gb_to_bytes(p * 2.0);
+        }
+        if let Some(w) = self.weights_gb {
+            model.weight_bytes = gb_to_bytes(w);
+        }
+        if let Some(kv) = self.kv_bytes_per_token {
+            model.kv_bytes_per_token = kv;
+            model.arch = None;
+        }
+        if let Some(state) = self.state_bytes_per_sequence {
+            model.state_bytes_per_sequence = state;
+            model.arch = None;
+        }
+    }
+}
+
+/// GB (1e9) to whole bytes; negative or NaN become 0 (validation reports what that implies).
+pub fn gb_to_bytes(gb: f64) -> u64 {
+    // `as` saturates: NaN and negatives to 0, huge values to u64::MAX
+    (gb * GB).round() as u64
+}
+
+fn normalize(name: &str) -> String {
+    name.trim().to_lowercase().replace([' ', '_'], "-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qwen35_cache_figures_follow_from_the_layout() {
+        let fp32 = ModelProfile::lookup("qwen3.5-27b", StateDtype::Fp32).unwrap();
+        assert_eq!(fp32.kv_bytes_per_token, 65_536);
+        assert_eq!(fp32.state_bytes_per_sequence, 153_944_064);
+        assert_eq!(fp32.weight_bytes, 54_000_000_000);
+        assert_eq!(fp32.params, 27e9);
+        let bf16 = ModelProfile::lookup("qwen3.5-27b", StateDtype::Bf16).unwrap();
+        assert_eq!(bf16.state_bytes_per_sequence, 78_446_592);
+        assert_eq!(bf16.kv_bytes_per_token, 65_536);
+    }
+
+    #[test]
+    fn dense_models_have_no_fixed_state() {
+        let m = ModelProfile::lookup("qwen3-32b", StateDtype::Fp32).unwrap();
+        assert_eq!(m.kv_bytes_per_token, 262_144);
+        assert_eq!(m.state_bytes_per_sequence, 0);
+        let m = ModelProfile::lookup("Qwen3-8B", StateDtype::Bf16).unwrap();
+        assert_eq!(m.kv_bytes_per_token, 147_456);
+        assert_eq!(m.state_bytes_per_sequence, 0);
+    }
+
+    #[test]
+    fn lookups_accept_usual_spellings() {
+        for name in ["910b3", "910B3", "Ascend 910B3", "ascend_910b3", " 910b3 "] {
+            assert_eq!(
+                HardwareProfile::lookup(name).unwrap().name,
+                "910b3",
+                "{name}"
+            );
+        }
+        for name in [
+            "qwen3.5-27b",
+            "Qwen/Qwen3.5-27B",
+            "QWEN3.6-27B",
+            "qwen3.5 27b",
+        ] {
+            let m = ModelProfile::lookup(name, StateDtype::Fp32).unwrap();
+            assert_eq!(m.name, "qwen3.5-27b", "{name}");
+        }
+        let duo = HardwareProfile::lookup("Atlas 300I Duo").unwrap();
+        assert_eq!(duo.name, "atlas-300i-duo");
+        assert_eq!(duo.hbm_bytes, 96_000_000_000);
+        assert_eq!(duo.bandwidth_bytes_per_s, 408e9);
+    }
+
+    #[test]
+    fn the_910b3_default_is_the_seed_hardware() {
+        let hw = HardwareProfile::lookup("910b3").unwrap();
+        assert_eq!(hw.peak_flops, 320e12);
+        assert_eq!(hw.bandwidth_bytes_per_s, 1.9e12);
+        assert_eq!(hw.hbm_bytes, 64_000_000_000);
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let err = HardwareProfile::lookup("h100").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b4, atlas-300i-duo)"
+        );
+        let err = ModelProfile::lookup("llama", StateDtype::Fp32).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown model profile \"llama\" (known: qwen3.5-27b, qwen3-32b, qwen3-8b)"
+        );
+    }
+}

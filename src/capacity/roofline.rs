@@ -1,0 +1,576 @@
+//! Capacity room: the per-replica roofline (DOMAIN.md section 1, done right). How many sequences
+//! fit in the cache, how long one decode step takes at a batch, what TPOT SLO allows, and which
+//! term binds. Pure arithmetic: bytes and seconds in, bytes, seconds and counts out.
+//!
+//! A *replica* is one engine instance: `tp` cards holding one copy of the weights, each card
+//! holding `1/tp` of the weights, of every sequence's KV and of its linear-attention state.
+//! Byte figures (budget, footprint) are therefore summed over the replica's cards, and times
+//! divide the per-replica work by `tp` cards working in parallel (collective communication is
+//! not modelled).
+
+use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
+use super::CapacityError;
+use serde::Serialize;
+
+/// HBM kept back for activations, framework and fragmentation, per card (the seed's 2 GB).
+pub const DEFAULT_RESERVE_BYTES: u64 = 2_000_000_000;
+/// MindIE's `cacheBlockSize`: KV is allocated in blocks of this many tokens.
+pub const DEFAULT_BLOCK_TOKENS: u64 = 128;
+/// The seed's TPOT target: P95 < 50 ms (about 20 tokens/s per user).
+pub const DEFAULT_TPOT_SLO_SECONDS: f64 = 0.050;
+/// The seed's default efficiency coefficient; it scales throughputs only.
+pub const DEFAULT_EFFICIENCY: f64 = 0.45;
+/// Largest batch any search considers (far beyond any engine's `maxBatchSize`).
+const BATCH_SEARCH_CAP: u64 = u32::MAX as u64;
+
+/// Bytes one sequence of `tokens` cached tokens pins: its KV rounded up to whole blocks of
+/// `block_tokens` (0 or 1 = no rounding) plus its fixed state.
+pub fn sequence_footprint_bytes(
+    tokens: u64,
+    block_tokens: u64,
+    kv_bytes_per_token: u64,
+    state_bytes_per_sequence: u64,
+) -> u64 {
+    let block = block_tokens.max(1);
+    tokens
+        .div_ceil(block)
+        .saturating_mul(block)
+        .saturating_mul(kv_bytes_per_token)
+        .saturating_add(state_bytes_per_sequence)
+}
+
+/// Mean cached context of a sequence over its decode: the prompt plus half the output.
+pub fn mean_context_tokens(input: u64, output: u64) -> f64 {
+    input as f64 + output as f64 / 2.0
+}
+
+/// Everything the roofline needs about one deployment of one model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapacityInputs {
+    /// The card.
+    pub hardware: HardwareProfile,
+    /// The model.
+    pub model: ModelProfile,
+    /// Tensor-parallel degree: cards per replica.
+    pub tp: u32,
+    /// Independent replicas behind one backend (only [`super::derive_backend`] multiplies by it).
+    pub replicas: u32,
+    /// KV allocation block, tokens (0 or 1 = exact).
+    pub block_tokens: u64,
+    /// HBM kept back per card, bytes.
+    pub reserve_bytes: u64,
+    /// Black-box coefficient applied to throughputs (never to TPOT or TTFT).
+    pub efficiency: f64,
+    /// TPOT target, seconds.
+    pub tpot_slo_seconds: f64,
+    /// The engine's configured `maxBatchSize`, if any.
+    pub engine_max_batch: Option<u64>,
+}
+
+/// Which term limits the safe batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bottleneck {
+    /// No further sequence fits in the cache (KV plus fixed state).
+    MemoryCapacity,
+    /// One more sequence would push the HBM-read time of a step past the TPOT target.
+    Bandwidth,
+    /// One more sequence would push the compute time of a step past the TPOT target.
+    Compute,
+    /// The engine's configured `maxBatchSize`.
+    EngineMaxBatch,
+}
+
+impl Bottleneck {
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Bottleneck::MemoryCapacity => "memory capacity (KV + state)",
+            Bottleneck::Bandwidth => "HBM bandwidth (TPOT SLO)",
+            Bottleneck::Compute => "compute (TPOT SLO)",
+            Bottleneck::EngineMaxBatch => "engine maxBatchSize",
+        }
+    }
+}
+
+/// Which roofline term sets a decode step's time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepBound {
+    /// Reading weights, KV and state from HBM takes longer than the arithmetic.
+    Bandwidth,
+    /// The arithmetic takes longer than the reads.
+    Compute,
+}
+
+impl StepBound {
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StepBound::Bandwidth => "bandwidth-bound",
+            StepBound::Compute => "compute-bound",
+        }
+    }
+}
+
+impl From<StepBound> for Bottleneck {
+    fn from(bound: StepBound) -> Self {
+        match bound {
+            StepBound::Bandwidth => Bottleneck::Bandwidth,
+            StepBound::Compute => Bottleneck::Compute,
+        }
+    }
+}
+
+/// The largest batch a deployment can run for one workload, and why not more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SafeBatch {
+    /// Sequences that fit in the cache budget.
+    pub memory: u64,
+    /// Largest batch whose predicted TPOT meets the target.
+    pub sla: u64,
+    /// min(memory, sla, engine max).
+    pub batch: u64,
+    /// The binding term.
+    pub bottleneck: Bottleneck,
+}
+
+/// The two roofline terms of one decode step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepTerms {
+    /// Time to read weights plus resident KV and state from HBM, seconds.
+    pub memory_seconds: f64,
+    /// Time to do 2 x params FLOPs per sequence, seconds.
+    pub compute_seconds: f64,
+}
+
+impl StepTerms {
+    /// The step time: the slower of the two terms.
+    pub fn seconds(&self) -> f64 {
+        self.memory_seconds.max(self.compute_seconds)
+    }
+
+    /// Which of the two binds (bandwidth on a tie).
+    pub fn bound(&self) -> StepBound {
+        if self.memory_seconds >= self.compute_seconds {
+            StepBound::Bandwidth
+        } else {
+            StepBound::Compute
+        }
+    }
+}
+
+impl CapacityInputs {
+    /// `hardware` and `model` with every other input at its default (TP 1, one replica, 128-token
+    /// blocks, 2 GB reserve, efficiency 0.45, TPOT target 50 ms, no engine cap).
+    pub fn new(hardware: HardwareProfile, model: ModelProfile) -> Self {
+        Self {
+            hardware,
+            model,
+            tp: 1,
+            replicas: 1,
+            block_tokens: DEFAULT_BLOCK_TOKENS,
+            reserve_bytes: DEFAULT_RESERVE_BYTES,
+            efficiency: DEFAULT_EFFICIENCY,
+            tpot_slo_seconds: DEFAULT_TPOT_SLO_SECONDS,
+            engine_max_batch: None,
+        }
+    }
+
+    /// The named profiles (state computed for `state_dtype`) with `overrides` applied and every
+    /// other input at its default.
+    pub fn from_names(
+        hardware: &str,
+        model: &str,
+        state_dtype: StateDtype,
+        overrides: &ProfileOverrides,
+    ) -> Result<Self, CapacityError> {
+        let mut hardware = HardwareProfile::lookup(hardware)?;
+        let mut model = ModelProfile::lookup(model, state_dtype)?;
+        overrides.apply(&mut hardware, &mut model);
+        Ok(Self::new(hardware, model))
+    }
+
+    /// Rejects inputs the formulas are meaningless for, naming the field.
+    pub fn validate(&self) -> Result<(), CapacityError> {
+        let positive = |field: &'static str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(CapacityError::invalid(
+                    field,
+                    format!("must be > 0, got {v}"),
+                ))
+            }
+        };
+        positive("peak_flops", self.hardware.peak_flops)?;
+        positive("bandwidth_bytes_per_s", self.hardware.bandwidth_bytes_per_s)?;
+        positive("params", self.model.params)?;
+        positive("tpot_slo_seconds", self.tpot_slo_seconds)?;
+        if !(self.efficiency.is_finite() && self.efficiency > 0.0 && self.efficiency <= 1.0) {
+            return Err(CapacityError::invalid(
+                "efficiency",
+                format!("must be in (0, 1], got {}", self.efficiency),
+            ));
+        }
+        if self.tp == 0 {
+            return Err(CapacityError::invalid("tp", "must be >= 1".into()));
+        }
+        if self.replicas == 0 {
+            return Err(CapacityError::invalid("replicas", "must be >= 1".into()));
+        }
+        if self.model.kv_bytes_per_token == 0 {
+            return Err(CapacityError::invalid(
+                "kv_bytes_per_token",
+                "must be >= 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes left for cache in one replica: tp x HBM - weights - tp x reserve (0 if the model
+    /// does not fit).
+    pub fn kv_budget_bytes(&self) -> u64 {
+        let tp = u64::from(self.tp);
+        tp.saturating_mul(self.hardware.hbm_bytes)
+            .saturating_sub(self.model.weight_bytes)
+            .saturating_sub(tp.saturating_mul(self.reserve_bytes))
+    }
+
+    /// Footprint of one sequence of `input + output` tokens with this model and block size.
+    pub fn footprint_bytes(&self, input: u64, output: u64) -> u64 {
+        sequence_footprint_bytes(
+            input.saturating_add(output),
+            self.block_tokens,
+            self.model.kv_bytes_per_token,
+            self.model.state_bytes_per_sequence,
+        )
+    }
+
+    /// Memory ceiling: how many `input + output` sequences fit in the cache budget at once.
+    pub fn max_batch_memory(&self, input: u64, output: u64) -> u64 {
+        self.kv_budget_bytes()
+            .checked_div(self.footprint_bytes(input, output))
+            .unwrap_or(0)
+    }
+
+    /// Both roofline terms of a pass computing `tokens` tokens while reading the weights and
+    /// `resident_kv_bytes` of cache (KV plus state) in the replica.
+    fn step_terms(&self, tokens: u64, resident_kv_bytes: f64) -> StepTerms {
+        let tp = f64::from(self.tp);
+        let bytes = self.model.weight_bytes as f64 + resident_kv_bytes;
+        StepTerms {
+            memory_seconds: bytes / (tp * self.hardware.bandwidth_bytes_per_s),
+            compute_seconds: 2.0 * self.model.params * tokens as f64
+                / (tp * self.hardware.peak_flops),
+        }
+    }
+
+    /// Roofline terms of a step of `batch` sequences of `ctx_tokens_per_seq` cached tokens each.
+    pub fn decode_step_terms(&self, batch: u64, ctx_tokens_per_seq: f64) -> StepTerms {
+        let per_seq = ctx_tokens_per_seq * self.model.kv_bytes_per_token as f64
+            + self.model.state_bytes_per_sequence as f64;
+        self.step_terms(batch, batch as f64 * per_seq)
+    }
+
+    /// Decode step time (= TPOT of every running sequence) at `batch` sequences of
+    /// `ctx_tokens_per_seq` cached tokens each:
+    /// max((W + B x (ctx x kv + state)) / (tp x BW), 2 x P x B / (tp x F)).
+    pub fn decode_step_seconds(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
+        self.decode_step_terms(batch, ctx_tokens_per_seq).seconds()
+    }
+
+    /// Decode step time of a heterogeneous batch: `batch` sequences holding
+    /// `resident_kv_tokens` cached tokens in total (a step reads the tokens actually cached,
+    /// not whole blocks): max((W + tokens x kv + B x state) / (tp x BW), 2 x P x B / (tp x F)).
+    pub fn decode_step_seconds_resident(&self, batch: u64, resident_kv_tokens: u64) -> f64 {
+        self.mixed_pass_seconds(batch, resident_kv_tokens, 0)
+    }
+
+    /// One engine pass that decodes `batch` sequences (holding `resident_kv_tokens` cached
+    /// tokens in total) and prefills a chunk of `prefill_tokens` in the same pass (chunked
+    /// prefill): the weights are read once and every token in the pass is computed,
+    /// max((W + tokens x kv + B x state) / (tp x BW), 2 x P x (B + chunk) / (tp x F)).
+    pub fn mixed_pass_seconds(
+        &self,
+        batch: u64,
+        resident_kv_tokens: u64,
+        prefill_tokens: u64,
+    ) -> f64 {
+        let resident = resident_kv_tokens as f64 * self.model.kv_bytes_per_token as f64
+            + batch as f64 * self.model.state_bytes_per_sequence as f64;
+        self.step_terms(batch.saturating_add(prefill_tokens), resident)
+            .seconds()
+    }
+
+    /// Prefill time of `tokens` prompt tokens (TTFT excluding queueing): 2 x P x L / (tp x F).
+    pub fn prefill_seconds(&self, tokens: u64) -> f64 {
+        2.0 * self.model.params * tokens as f64 / (f64::from(self.tp) * self.hardware.peak_flops)
+    }
+
+    /// Prefill throughput, tokens/s, with the efficiency coefficient applied.
+    pub fn prefill_tps(&self) -> f64 {
+        f64::from(self.tp) * self.hardware.peak_flops / (2.0 * self.model.params) * self.efficiency
+    }
+
+    /// Decode throughput at `batch`, tokens/s: B / step x efficiency.
+    pub fn decode_tps(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
+        if batch == 0 {
+            return 0.0;
+        }
+        batch as f64 / self.decode_step_seconds(batch, ctx_tokens_per_seq) * self.efficiency
+    }
+
+    /// SLA ceiling: the largest batch whose step time meets the TPOT target (0 if even one
+    /// sequence misses it).
+    pub fn max_batch_sla(&self, ctx_tokens_per_seq: f64) -> u64 {
+        largest_fitting(|b| {
+            self.decode_step_seconds(b, ctx_tokens_per_seq) <= self.tpot_slo_seconds
+        })
+    }
+
+    /// Largest prompt whose prefill alone meets `ttft_slo_seconds`.
+    pub fn max_input_for_ttft(&self, ttft_slo_seconds: f64) -> u64 {
+        largest_fitting(|l| self.prefill_seconds(l) <= ttft_slo_seconds)
+    }
+
+    /// Safe batch for `input`/`output` requests: min(memory, SLA, engine max) and the binding
+    /// term (memory first on ties, then the engine cap, then the SLA's roofline term).
+    pub fn safe_batch(&self, input: u64, output: u64) -> SafeBatch {
+        let ctx = mean_context_tokens(input, output);
+        let memory = self.max_batch_memory(input, output);
+        let sla = self.max_batch_sla(ctx);
+        let engine = self.engine_max_batch.unwrap_or(u64::MAX);
+        let batch = memory.min(sla).min(engine);
+        let bottleneck = if memory == batch {
+            Bottleneck::MemoryCapacity
+        } else if engine == batch {
+            Bottleneck::EngineMaxBatch
+        } else {
+            // the batch that broke the target shows which term did it
+            self.decode_step_terms(sla + 1, ctx).bound().into()
+        };
+        SafeBatch {
+            memory,
+            sla,
+            batch,
+            bottleneck,
+        }
+    }
+
+    /// What binds the safe batch for `input`/`output` requests.
+    pub fn bottleneck(&self, input: u64, output: u64) -> Bottleneck {
+        self.safe_batch(input, output).bottleneck
+    }
+
+    /// Requests/s one replica sustains at `batch` for `input`/`output` requests when prefill and
+    /// decode share the cards: each request costs its prefill time plus `output` steps shared
+    /// with `batch - 1` others, and the efficiency coefficient scales the result.
+    pub fn sustained_qps(&self, input: u64, output: u64, batch: u64) -> f64 {
+        if batch == 0 {
+            return 0.0;
+        }
+        let step = self.decode_step_seconds(batch, mean_context_tokens(input, output));
+        let per_request = self.prefill_seconds(input) + output as f64 * step / batch as f64;
+        self.efficiency / per_request
+    }
+
+    /// The full report for `input`/`output` requests, evaluated at `batch` (default: the safe
+    /// batch), with an optional TTFT target.
+    pub fn report(
+        &self,
+        input: u64,
+        output: u64,
+        batch: Option<u64>,
+        ttft_slo_seconds: Option<f64>,
+    ) -> RooflineReport {
+        let ctx = mean_context_tokens(input, output);
+        let safe = self.safe_batch(input, output);
+        let at = batch.unwrap_or(safe.batch);
+        let terms = self.decode_step_terms(at, ctx);
+        let step = terms.seconds();
+        let ttft = self.prefill_seconds(input);
+        let qps = self.sustained_qps(input, output, at);
+        RooflineReport {
+            hardware: self.hardware.name.clone(),
+            model: self.model.name.clone(),
+            tp: self.tp,
+            input_tokens: input,
+            output_tokens: output,
+            block_tokens: self.block_tokens,
+            efficiency: self.efficiency,
+            kv_bytes_per_token: self.model.kv_bytes_per_token,
+            state_bytes_per_sequence: self.model.state_bytes_per_sequence,
+            kv_budget_bytes: self.kv_budget_bytes(),
+            footprint_bytes_per_sequence: self.footprint_bytes(input, output),
+            max_batch_memory: safe.memory,
+            max_batch_sla: safe.sla,
+            engine_max_batch: self.engine_max_batch,
+            safe_batch: safe.batch,
+            bottleneck: safe.bottleneck,
+            batch: at,
+            step_bound: terms.bound(),
+            weight_read_ms: self.step_terms(0, 0.0).memory_seconds * 1e3,
+            step_ms: step * 1e3,
+            tpot_ms: step * 1e3,
+            tpot_slo_ms: self.tpot_slo_seconds * 1e3,
+            ttft_ms: ttft * 1e3,
+            ttft_slo_ms: ttft_slo_seconds.map(|s| s * 1e3),
+            ttft_within_slo: ttft_slo_seconds.map(|s| ttft <= s),
+            max_input_ttft_slo: ttft_slo_seconds.map(|s| self.max_input_for_ttft(s)),
+            decode_tps: self.decode_tps(at, ctx),
+            prefill_tps: self.prefill_tps(),
+            qps,
+            sustained_decode_tps: qps * output as f64,
+            sustained_prefill_tps: qps * input as f64,
+        }
+    }
+
+    /// Compares an observed TPOT at `batch` with the model, for `input`/`output` requests.
+    /// Reports the gap and the fraction of peak bandwidth (and compute) the observation implies;
+    /// it never changes the efficiency coefficient (the seed's warning: do not fit the black box
+    /// to hide a gap, profile instead).
+    pub fn calibrate(
+        &self,
+        observed_tpot_seconds: f64,
+        batch: u64,
+        input: u64,
+        output: u64,
+    ) -> Calibration {
+        let terms = self.decode_step_terms(batch, mean_context_tokens(input, output));
+        let predicted = terms.seconds();
+        let ratio = observed_tpot_seconds / predicted;
+        Calibration {
+            batch,
+            observed_tpot_ms: observed_tpot_seconds * 1e3,
+            predicted_tpot_ms: predicted * 1e3,
+            observed_over_predicted: ratio,
+            gap_percent: (ratio - 1.0) * 100.0,
+            predicted_bound: terms.bound(),
+            implied_bandwidth_efficiency: terms.memory_seconds / observed_tpot_seconds,
+            implied_bandwidth_bytes_per_s: self.hardware.bandwidth_bytes_per_s
+                * terms.memory_seconds
+                / observed_tpot_seconds,
+            implied_compute_efficiency: terms.compute_seconds / observed_tpot_seconds,
+            efficiency_coefficient: self.efficiency,
+        }
+    }
+}
+
+/// Largest n in [0, cap] with `fits(n)`, for a `fits` that holds up to some n and never after.
+fn largest_fitting(fits: impl Fn(u64) -> bool) -> u64 {
+    if !fits(1) {
+        return 0;
+    }
+    // grow to a failing bound, then bisect: fits(lo) && !fits(hi)
+    let mut lo = 1;
+    let mut hi = 2;
+    while fits(hi) {
+        if hi >= BATCH_SEARCH_CAP {
+            return BATCH_SEARCH_CAP;
+        }
+        lo = hi;
+        hi = (hi * 2).min(BATCH_SEARCH_CAP);
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Everything the roofline says about one deployment and workload (one replica).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RooflineReport {
+    /// Hardware profile name.
+    pub hardware: String,
+    /// Model profile name.
+    pub model: String,
+    /// Cards per replica.
+    pub tp: u32,
+    /// Prompt tokens per request.
+    pub input_tokens: u64,
+    /// Output tokens per request.
+    pub output_tokens: u64,
+    /// KV block size, tokens.
+    pub block_tokens: u64,
+    /// Efficiency coefficient applied to the throughputs.
+    pub efficiency: f64,
+    /// KV bytes per cached token.
+    pub kv_bytes_per_token: u64,
+    /// Fixed state bytes per running sequence.
+    pub state_bytes_per_sequence: u64,
+    /// Cache budget of the replica, bytes.
+    pub kv_budget_bytes: u64,
+    /// Bytes one request pins (block-rounded KV + state).
+    pub footprint_bytes_per_sequence: u64,
+    /// Memory ceiling.
+    pub max_batch_memory: u64,
+    /// TPOT-SLO ceiling.
+    pub max_batch_sla: u64,
+    /// Engine cap, if configured.
+    pub engine_max_batch: Option<u64>,
+    /// min(memory, SLA, engine).
+    pub safe_batch: u64,
+    /// What binds the safe batch.
+    pub bottleneck: Bottleneck,
+    /// Batch the step figures below are evaluated at (`--batch`, else the safe batch).
+    pub batch: u64,
+    /// Which roofline term binds the step at `batch`.
+    pub step_bound: StepBound,
+    /// Time to read the weights once (the floor of every step), ms.
+    pub weight_read_ms: f64,
+    /// Decode step time at `batch`, ms.
+    pub step_ms: f64,
+    /// TPOT at `batch` (= step time), ms.
+    pub tpot_ms: f64,
+    /// TPOT target, ms.
+    pub tpot_slo_ms: f64,
+    /// Prefill time of one prompt (TTFT without queueing), ms.
+    pub ttft_ms: f64,
+    /// TTFT target, ms, if given.
+    pub ttft_slo_ms: Option<f64>,
+    /// Whether `ttft_ms` meets the TTFT target.
+    pub ttft_within_slo: Option<bool>,
+    /// Longest prompt whose prefill meets the TTFT target.
+    pub max_input_ttft_slo: Option<u64>,
+    /// Decode-only throughput at `batch` x efficiency, tokens/s.
+    pub decode_tps: f64,
+    /// Prefill-only throughput x efficiency, tokens/s.
+    pub prefill_tps: f64,
+    /// Requests/s sustained with prefill and decode sharing the cards, at `batch`.
+    pub qps: f64,
+    /// qps x output tokens.
+    pub sustained_decode_tps: f64,
+    /// qps x input tokens.
+    pub sustained_prefill_tps: f64,
+}
+
+/// An observed TPOT set against the model (see [`CapacityInputs::calibrate`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Calibration {
+    /// Batch the observation was made at.
+    pub batch: u64,
+    /// Observed TPOT, ms.
+    pub observed_tpot_ms: f64,
+    /// Modelled TPOT at that batch, ms.
+    pub predicted_tpot_ms: f64,
+    /// observed / predicted.
+    pub observed_over_predicted: f64,
+    /// (observed / predicted - 1) x 100.
+    pub gap_percent: f64,
+    /// Which term the model says binds at that batch.
+    pub predicted_bound: StepBound,
+    /// Fraction of peak bandwidth the observation implies (the step's bytes / observed time).
+    pub implied_bandwidth_efficiency: f64,
+    /// Bandwidth the observation implies, bytes/s.
+    pub implied_bandwidth_bytes_per_s: f64,
+    /// Fraction of peak FLOPS the observation implies.
+    pub implied_compute_efficiency: f64,
+    /// The efficiency coefficient in use, reported and left unchanged.
+    pub efficiency_coefficient: f64,
+}

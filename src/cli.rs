@@ -1,0 +1,104 @@
+//! The command line: one binary, one subcommand per tool. Each subcommand's arguments and
+//! work live in its own room; this file only dispatches.
+
+use crate::app::{self, Deps};
+use crate::config::Config;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// tokengate: token-aware rate limiting and KV admission in front of vLLM / MindIE.
+#[derive(Debug, Parser)]
+#[command(name = "tokengate", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Config file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Validate a config file and print what it sets up.
+    CheckConfig {
+        /// Config file (TOML).
+        config: PathBuf,
+    },
+    /// Tokenizer tools.
+    Tokenizer {
+        #[command(subcommand)]
+        command: TokenizerCommand,
+    },
+    /// Count or encode text from standard input with the model's tokenizer.
+    Tokenize(crate::tokenize::cli::TokenizeArgs),
+    /// Capacity model of an accelerator + model (roofline, or the seed article's formula).
+    Capacity(crate::capacity::cli::CapacityArgs),
+    /// Run the simulated backend (OpenAI + MindIE APIs on a 910B3 capacity model).
+    Sim(crate::sim::cli::SimArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenizerCommand {
+    /// Build a HuggingFace tokenizer.json from tiktoken ranks.
+    Import(crate::tokenize::cli::ImportArgs),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Parses the command line and runs it; errors are printed with their causes.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve { config } => {
+            let cfg = Config::load(&config)?;
+            for line in crate::config::describe(&cfg).lines() {
+                tracing::info!("{line}");
+            }
+            runtime()?.block_on(async move {
+                let running = app::start(cfg, Deps::default()).await?;
+                running.run_until_signal().await;
+                anyhow::Ok(())
+            })
+        }
+        Command::CheckConfig { config } => {
+            let cfg = Config::load(&config)?;
+            println!("{}: ok", config.display());
+            print!("{}", crate::config::describe(&cfg));
+            Ok(())
+        }
+        Command::Tokenizer {
+            command: TokenizerCommand::Import(args),
+        } => crate::tokenize::cli::run_import(args),
+        Command::Tokenize(args) => crate::tokenize::cli::run_tokenize(args),
+        Command::Capacity(args) => crate::capacity::cli::run_capacity(args),
+        Command::Sim(args) => crate::sim::cli::run_sim(args),
+    }
+}

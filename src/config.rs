@@ -1,0 +1,588 @@
+//! The TOML configuration: schema, defaults and validation. Parsing is strict
+//! (`deny_unknown_fields`), units are in the field names, and [`Config::load`] is the one
+//! validation path used by `serve` and `check-config` alike. Relative paths are resolved
+//! against the directory of the config file.
+
+use crate::capacity::{
+    derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend, ProfileOverrides,
+    StateDtype, Workload,
+};
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listeners and HTTP limits.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Tokenizer and chat template.
+    pub tokenizer: TokenizerConfig,
+    /// The model served behind the gateway.
+    pub model: ModelConfig,
+    /// The KV admission queue.
+    #[serde(default)]
+    pub admission: AdmissionConfig,
+    /// The average request the capacity-model sizing is done for.
+    #[serde(default)]
+    pub workload: WorkloadConfig,
+    /// Inference backends (vLLM, MindIE, `tokengate sim`).
+    pub backends: Vec<BackendConfig>,
+    /// Tenants and their budgets.
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// The declared average request used to derive batch ceilings and token rates.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadConfig {
+    /// Average prompt tokens (default: the seed article's RAG profile, 3000).
+    #[serde(default = "default_avg_input")]
+    pub avg_input_tokens: u64,
+    /// Average output tokens (default 800).
+    #[serde(default = "default_avg_output")]
+    pub avg_output_tokens: u64,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        Self {
+            avg_input_tokens: default_avg_input(),
+            avg_output_tokens: default_avg_output(),
+        }
+    }
+}
+
+fn default_avg_input() -> u64 {
+    3000
+}
+fn default_avg_output() -> u64 {
+    800
+}
+
+/// Listeners and HTTP limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Main (API) listener.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Admin listener: metrics, health, admin API.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: SocketAddr,
+    /// Largest accepted request body.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: u64,
+    /// Time allowed to receive a request's headers.
+    #[serde(default = "default_header_timeout", with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Time allowed to receive a request's body.
+    #[serde(default = "default_body_timeout", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// On SIGTERM / ctrl-c, how long in-flight streams may run before they are cut.
+    #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            admin_listen: default_admin_listen(),
+            max_body_bytes: default_max_body_bytes(),
+            header_read_timeout: default_header_timeout(),
+            body_read_timeout: default_body_timeout(),
+            shutdown_grace: default_shutdown_grace(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8081))
+}
+fn default_max_body_bytes() -> u64 {
+    4 * 1024 * 1024
+}
+fn default_header_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_body_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// Tokenizer and chat template.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerConfig {
+    /// HuggingFace `tokenizer.json` (the model directory's own, or one made by
+    /// `tokengate tokenizer import`).
+    pub path: PathBuf,
+    /// A Jinja chat template file; without it the built-in Qwen3.5 renderer is used.
+    #[serde(default)]
+    pub chat_template: Option<PathBuf>,
+    /// Blocking worker threads that tokenize.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Jobs that may wait for a worker; beyond it requests get 503 `overloaded`.
+    #[serde(default = "default_queue_depth")]
+    pub queue_depth: usize,
+    /// Bytes of the per-message count memo.
+    #[serde(default = "default_cache_bytes")]
+    pub cache_bytes: u64,
+}
+
+fn default_workers() -> usize {
+    2
+}
+fn default_queue_depth() -> usize {
+    256
+}
+fn default_cache_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+/// The model served behind the gateway.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Model names clients may ask for. The first is the name the backends serve (vLLM
+    /// `--served-model-name`, MindIE `modelName`): requests are forwarded with it.
+    pub served_names: Vec<String>,
+    /// Context length of the backend (prompt + output).
+    pub max_model_len: u64,
+    /// Output tokens reserved when a client sends no `max_tokens`.
+    pub default_max_tokens: u64,
+    /// KV block size of the engine (MindIE `cacheBlockSize`, vLLM `block_size`).
+    #[serde(default = "default_block_tokens")]
+    pub block_tokens: u64,
+    /// KV bytes per token (Qwen3.5-27B: 16 layers x 2 x 4 heads x 256 x 2 B = 65,536).
+    #[serde(default = "default_kv_bytes_per_token")]
+    pub kv_bytes_per_token: u64,
+    /// Fixed state per running sequence (Qwen3.5-27B DeltaNet, fp32: 153,944,064 B).
+    #[serde(default = "default_state_bytes")]
+    pub state_bytes_per_sequence: u64,
+}
+
+/// The KV admission queue.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Requests that may wait for KV space at once (all tenants).
+    #[serde(default = "default_queue_max_waiting")]
+    pub queue_max_waiting: usize,
+    /// How long a request may wait for KV space before a 503.
+    #[serde(default = "default_queue_deadline", with = "humantime_serde")]
+    pub queue_deadline: Duration,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            queue_max_waiting: default_queue_max_waiting(),
+            queue_deadline: default_queue_deadline(),
+        }
+    }
+}
+
+fn default_queue_max_waiting() -> usize {
+    256
+}
+fn default_queue_deadline() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// One inference backend.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Base URL, e.g. `http://127.0.0.1:9000` (http only; TLS terminates elsewhere).
+    pub url: String,
+    /// Bytes of KV cache the backend has for sequences (KV plus per-sequence state). Derived
+    /// from `hardware` + `model` when left out.
+    #[serde(default)]
+    pub kv_capacity_bytes: u64,
+    /// Most sequences the backend runs at once. Derived (the safe batch ceiling for the
+    /// declared workload) when left out.
+    #[serde(default)]
+    pub max_batch: u32,
+    /// Capacity-model sizing: hardware profile (`910b3`, `910b4`, ...; see `tokengate capacity`).
+    #[serde(default)]
+    pub hardware: Option<String>,
+    /// Capacity-model sizing: model profile (`qwen3.5-27b`, `qwen3-32b`, ...).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Cards one model replica is split over (tensor parallelism).
+    #[serde(default = "one")]
+    pub tp: u32,
+    /// Model replicas behind this URL.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Share of peak throughput actually reached (scales throughput only, never TPOT/TTFT).
+    #[serde(default)]
+    pub efficiency: Option<f64>,
+    /// TPOT target the SLA batch ceiling is computed for.
+    #[serde(default)]
+    pub tpot_slo_ms: Option<f64>,
+    /// Precision of the DeltaNet state (`fp32` or `bf16`).
+    #[serde(default)]
+    pub state_dtype: StateDtype,
+    /// The engine's own batch limit (MindIE `maxBatchSize`, vLLM `--max-num-seqs`).
+    #[serde(default)]
+    pub engine_max_batch: Option<u64>,
+    /// Figures that replace the named profiles' (`tflops`, `bandwidth_gbs`, `hbm_gb`, ...).
+    #[serde(default)]
+    pub overrides: ProfileOverrides,
+    /// How `kv_capacity_bytes` and `max_batch` were derived, when they were.
+    #[serde(skip)]
+    pub derived: Option<DerivedBackend>,
+    /// Path answered by a ready backend (`/health` for vLLM and the sim, `/v2/health/ready`
+    /// for MindIE).
+    #[serde(default = "default_health_path")]
+    pub health_path: String,
+    /// TCP connect timeout.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time until the backend's response headers arrive.
+    #[serde(default = "default_first_byte_timeout", with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_block_tokens() -> u64 {
+    128
+}
+fn default_kv_bytes_per_token() -> u64 {
+    65_536
+}
+fn default_state_bytes() -> u64 {
+    153_944_064
+}
+fn default_health_path() -> String {
+    "/health".to_string()
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_first_byte_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+/// A tenant: who it is and its budget.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Name used in metrics, logs and the admin API.
+    pub name: String,
+    /// API keys in clear (fine for local setups).
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// API keys stored as lowercase sha256 hex of the key.
+    #[serde(default)]
+    pub api_key_sha256: Vec<String>,
+    /// Prompt (prefill) tokens per second (or derived from `share`).
+    #[serde(default)]
+    pub prefill_tokens_per_second: f64,
+    /// Output (decode) tokens per second, charged at max_tokens and refunded when unused (or
+    /// derived from `share`).
+    #[serde(default)]
+    pub decode_tokens_per_second: f64,
+    /// Requests per second (derived from `share` of the sustainable request rate if left out).
+    #[serde(default)]
+    pub requests_per_second: f64,
+    /// Instead of rates: this share of the backends' sustainable prefill and decode token rates
+    /// at the safe batch for the declared `[workload]` (needs capacity-model backends).
+    #[serde(default)]
+    pub share: Option<f64>,
+    /// Bucket capacity in seconds of rate (capacity = rate x burst).
+    #[serde(default = "default_burst_seconds")]
+    pub burst_seconds: f64,
+}
+
+fn default_burst_seconds() -> f64 {
+    10.0
+}
+
+impl Config {
+    /// Reads, parses and validates a config file; relative paths become relative to its folder.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config file {}", path.display()))?;
+        let mut cfg =
+            Config::parse(&text).with_context(|| format!("in config file {}", path.display()))?;
+        let base = path.parent().unwrap_or_else(|| Path::new("."));
+        cfg.resolve_paths(base);
+        Ok(cfg)
+    }
+
+    /// Parses, sizes (capacity model) and validates config text (paths left as written).
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        cfg.derive_capacity()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Fills in what the capacity model derives: backends' KV capacity and batch cap from
+    /// `hardware` + `model`, tenants' rates from `share`. Values given by hand win.
+    fn derive_capacity(&mut self) -> anyhow::Result<()> {
+        let workload = Workload {
+            avg_input: self.workload.avg_input_tokens,
+            avg_output: self.workload.avg_output_tokens,
+        };
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            let at = format!("backends[{i}]");
+            let (hardware, model) = match (&b.hardware, &b.model) {
+                (None, None) => continue,
+                (Some(h), Some(m)) => (h, m),
+                _ => bail!("{at}: capacity-model sizing needs both `hardware` and `model`"),
+            };
+            let mut inputs =
+                CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
+                    .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            inputs.tp = b.tp;
+            inputs.replicas = b.replicas;
+            inputs.block_tokens = self.model.block_tokens;
+            if let Some(e) = b.efficiency {
+                inputs.efficiency = e;
+            }
+            if let Some(ms) = b.tpot_slo_ms {
+                inputs.tpot_slo_seconds = ms / 1000.0;
+            }
+            inputs.engine_max_batch = b.engine_max_batch;
+            inputs
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            let derived = derive_backend(&inputs, workload);
+            if derived.kv_bytes_per_token != self.model.kv_bytes_per_token
+                || derived.state_bytes_per_sequence != self.model.state_bytes_per_sequence
+            {
+                bail!(
+                    "{at}: model profile `{model}` has {} KV bytes/token and {} state bytes/sequence, but [model] says {} and {}: make them agree",
+                    derived.kv_bytes_per_token,
+                    derived.state_bytes_per_sequence,
+                    self.model.kv_bytes_per_token,
+                    self.model.state_bytes_per_sequence
+                );
+            }
+            if derived.max_batch == 0 {
+                bail!(
+                    "{at}: not even one sequence of the declared workload ({} + {} tokens) fits: {}",
+                    workload.avg_input,
+                    workload.avg_output,
+                    derived.explanation
+                );
+            }
+            if b.kv_capacity_bytes == 0 {
+                b.kv_capacity_bytes = derived.kv_capacity_bytes;
+            }
+            if b.max_batch == 0 {
+                b.max_batch = u32::try_from(derived.max_batch).unwrap_or(u32::MAX);
+            }
+            b.derived = Some(derived);
+        }
+        let derived: Vec<DerivedBackend> = self
+            .backends
+            .iter()
+            .filter_map(|b| b.derived.clone())
+            .collect();
+        for (i, t) in self.tenants.iter_mut().enumerate() {
+            let Some(share) = t.share else { continue };
+            let at = format!("tenants[{i}] ({})", t.name);
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                bail!("{at}.share must be in (0, 1], got {share}");
+            }
+            if t.prefill_tokens_per_second != 0.0 || t.decode_tokens_per_second != 0.0 {
+                bail!("{at}: give `share` or token rates, not both");
+            }
+            if derived.len() != self.backends.len() {
+                bail!("{at}.share needs every backend sized by the capacity model (`hardware` and `model`)");
+            }
+            let (prefill, decode) = tenant_rates(share, &derived);
+            t.prefill_tokens_per_second = prefill;
+            t.decode_tokens_per_second = decode;
+            if t.requests_per_second == 0.0 {
+                let qps: f64 = derived
+                    .iter()
+                    .map(|d| d.per_replica.qps * f64::from(d.replicas))
+                    .sum();
+                t.requests_per_second = share * qps;
+            }
+        }
+        Ok(())
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            }
+        };
+        self.tokenizer.path = resolve(&self.tokenizer.path);
+        if let Some(t) = &self.tokenizer.chat_template {
+            self.tokenizer.chat_template = Some(resolve(t));
+        }
+    }
+
+    /// Checks every cross-field rule; the message names the field.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.server.listen == self.server.admin_listen && self.server.listen.port() != 0 {
+            bail!("server.admin_listen must differ from server.listen");
+        }
+        if self.server.max_body_bytes == 0 {
+            bail!("server.max_body_bytes must be at least 1");
+        }
+        if self.tokenizer.workers == 0 {
+            bail!("tokenizer.workers must be at least 1");
+        }
+        if self.model.served_names.is_empty() {
+            bail!("model.served_names must name at least one model");
+        }
+        if self.model.max_model_len == 0 {
+            bail!("model.max_model_len must be at least 1");
+        }
+        if self.model.default_max_tokens == 0
+            || self.model.default_max_tokens >= self.model.max_model_len
+        {
+            bail!(
+                "model.default_max_tokens must be between 1 and model.max_model_len - 1 ({})",
+                self.model.max_model_len - 1
+            );
+        }
+        if self.model.block_tokens == 0 {
+            bail!("model.block_tokens must be at least 1");
+        }
+        if self.model.kv_bytes_per_token == 0 {
+            bail!("model.kv_bytes_per_token must be positive");
+        }
+        if self.admission.queue_deadline.is_zero() {
+            bail!("admission.queue_deadline must be positive");
+        }
+        if self.backends.is_empty() {
+            bail!("backends: at least one backend is needed");
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            let at = format!("backends[{i}]");
+            let uri: http::Uri = b
+                .url
+                .parse()
+                .with_context(|| format!("{at}.url `{}` is not a URL", b.url))?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                bail!("{at}.url `{}` must be http://HOST:PORT", b.url);
+            }
+            if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
+                bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
+            }
+        }
+        if self.tenants.is_empty() {
+            bail!("tenants: at least one tenant is needed");
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut keys = std::collections::HashSet::new();
+        for (i, t) in self.tenants.iter().enumerate() {
+            let at = format!("tenants[{i}] ({})", t.name);
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                bail!("tenants[{i}].name must be non-empty and unique");
+            }
+            if t.api_keys.is_empty() && t.api_key_sha256.is_empty() {
+                bail!("{at}: give api_keys or api_key_sha256");
+            }
+            for k in &t.api_keys {
+                if k.is_empty() {
+                    bail!("{at}.api_keys: a key must not be empty");
+                }
+                if !keys.insert(crate::tenant::hash_key(k)) {
+                    bail!("{at}.api_keys: a key is used twice");
+                }
+            }
+            for h in &t.api_key_sha256 {
+                let bytes = hex::decode(h).ok().filter(|b| b.len() == 32);
+                let Some(bytes) = bytes else {
+                    bail!("{at}.api_key_sha256: `{h}` is not 64 hex digits");
+                };
+                let mut arr = [0u8; 32];
+                arr.copy_from_slice(&bytes);
+                if !keys.insert(arr) {
+                    bail!("{at}.api_key_sha256: a key is used twice");
+                }
+            }
+            for (field, v) in [
+                ("prefill_tokens_per_second", t.prefill_tokens_per_second),
+                ("decode_tokens_per_second", t.decode_tokens_per_second),
+                ("requests_per_second", t.requests_per_second),
+                ("burst_seconds", t.burst_seconds),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    bail!("{at}.{field} must be a positive number, got {v}");
+                }
+            }
+            if t.requests_per_second * t.burst_seconds < 1.0 {
+                bail!(
+                    "{at}: requests_per_second x burst_seconds must be at least 1 (else no request ever fits)"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A human summary of what a config sets up (printed by `check-config` and at startup).
+pub fn describe(cfg: &Config) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "listen {} (admin {}); model {} (max_model_len {}, default_max_tokens {})",
+        cfg.server.listen,
+        cfg.server.admin_listen,
+        cfg.model.served_names.join(", "),
+        cfg.model.max_model_len,
+        cfg.model.default_max_tokens
+    );
+    for b in &cfg.backends {
+        let _ = writeln!(
+            s,
+            "backend {}: kv_capacity_bytes {} ({:.2} GB), max_batch {}",
+            b.url,
+            b.kv_capacity_bytes,
+            b.kv_capacity_bytes as f64 / 1e9,
+            b.max_batch
+        );
+    }
+    let derived: Vec<(&str, &DerivedBackend)> = cfg
+        .backends
+        .iter()
+        .filter_map(|b| b.derived.as_ref().map(|d| (b.url.as_str(), d)))
+        .collect();
+    if !derived.is_empty() {
+        s.push_str(&derived_table(&derived));
+    }
+    for t in &cfg.tenants {
+        let _ = writeln!(
+            s,
+            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}",
+            t.name,
+            t.prefill_tokens_per_second,
+            t.decode_tokens_per_second,
+            t.requests_per_second,
+            t.burst_seconds,
+            t.share
+                .map(|x| format!(" (share {x} of the derived capacity)"))
+                .unwrap_or_default()
+        );
+    }
+    s
+}

@@ -1,0 +1,510 @@
+//! Limiter room (request path step 8): per-tenant token buckets for prefill tokens, decode tokens
+//! and requests. [`Limiter::reserve`] charges a request's [`Cost`] all-or-nothing and returns a
+//! [`Reservation`] guard; the guard settles on `Drop`, giving back the decode tokens that were
+//! reserved (`max_tokens`) but not produced.
+//!
+//! The decision is the pure core in [`bucket`]; [`store`] keeps the states; this module is the
+//! thin shell that reads the clock and owns the guard.
+
+pub mod bucket;
+pub mod store;
+
+pub use bucket::{
+    BucketKind, BucketSnapshot, BucketSpec, Cost, Denial, TenantLimits, TenantSnapshot,
+};
+pub use store::{BucketStore, LocalStore};
+
+use crate::clock::SharedClock;
+use crate::error::{ApiError, RateLimitHeaders};
+use std::fmt;
+use std::sync::Arc;
+
+/// Called once per settled reservation with the tenant and what was given back (for the
+/// `decode_tokens_refunded_total` metric and friends).
+pub type SettleHook = Arc<dyn Fn(&str, &Settlement) + Send + Sync>;
+
+/// Charges tenants' buckets and hands out [`Reservation`]s. Cheap to clone.
+#[derive(Clone)]
+pub struct Limiter {
+    store: Arc<dyn BucketStore>,
+    clock: SharedClock,
+    on_settle: Option<SettleHook>,
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("clock", &self.clock)
+            .field("on_settle", &self.on_settle.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter {
+    /// A limiter over `store`, reading time from `clock`.
+    pub fn new(store: Arc<dyn BucketStore>, clock: SharedClock) -> Self {
+        Self {
+            store,
+            clock,
+            on_settle: None,
+        }
+    }
+
+    /// Calls `hook` every time a reservation settles (by `Drop`, `settle` or `refund_all`).
+    pub fn with_settle_hook(mut self, hook: SettleHook) -> Self {
+        self.on_settle = Some(hook);
+        self
+    }
+
+    /// Charges `cost` to the tenant's buckets (all or nothing) and returns the guard that owns
+    /// the charge.
+    pub async fn reserve(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        cost: Cost,
+    ) -> Result<Reservation, Denial> {
+        let now = self.clock.now();
+        let remaining = self.store.charge(tenant, limits, cost, now).await?;
+        Ok(Reservation {
+            limiter: self.clone(),
+            tenant: tenant.to_string(),
+            limits: limits.clone(),
+            cost,
+            remaining,
+            actual_decode: 0,
+            settled: None,
+        })
+    }
+
+    /// The tenant's buckets now.
+    pub async fn snapshot(&self, tenant: &str, limits: &TenantLimits) -> TenantSnapshot {
+        self.store.snapshot(tenant, limits, self.clock.now()).await
+    }
+}
+
+/// What a reservation gave back when it settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// Decode tokens actually produced (0 after [`Reservation::refund_all`]).
+    pub actual_decode: u64,
+    /// Decode tokens given back: reserved minus actual.
+    pub refunded_decode: u64,
+    /// Whether prefill and the request were given back too (the backend was never reached).
+    pub refunded_all: bool,
+}
+
+/// A charge held by one request. Dropping it settles: the decode tokens reserved but not
+/// recorded as produced go back to the tenant's decode bucket, exactly once.
+pub struct Reservation {
+    limiter: Limiter,
+    tenant: String,
+    limits: TenantLimits,
+    cost: Cost,
+    remaining: TenantSnapshot,
+    actual_decode: u64,
+    settled: Option<Settlement>,
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("tenant", &self.tenant)
+            .field("cost", &self.cost)
+            .field("actual_decode", &self.actual_decode)
+            .field("settled", &self.settled)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reservation {
+    /// What was charged.
+    pub fn cost(&self) -> Cost {
+        self.cost
+    }
+
+    /// The tenant charged.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// The tenant's buckets right after the charge (for `x-ratelimit-*` headers on success).
+    pub fn remaining(&self) -> &TenantSnapshot {
+        &self.remaining
+    }
+
+    /// Records the decode tokens produced SO FAR (a running total, not an increment), saturating
+    /// at the reserved decode. Ignored once settled.
+    pub fn record_output(&mut self, tokens: u64) {
+        if self.settled.is_none() {
+            self.actual_decode = tokens.min(self.cost.decode);
+        }
+    }
+
+    /// The request never reached the backend: gives back prefill, decode and the request itself
+    /// ("a failing backend changes nothing"). Settles; a later drop or settle does nothing more.
+    pub fn refund_all(&mut self) {
+        self.finish(true);
+    }
+
+    /// Settles now (what `Drop` does) and returns what was given back.
+    pub fn settle(mut self) -> Settlement {
+        self.finish(false)
+    }
+
+    fn finish(&mut self, everything: bool) -> Settlement {
+        if let Some(done) = self.settled {
+            return done;
+        }
+        let (settlement, refund) = if everything {
+            (
+                Settlement {
+                    actual_decode: 0,
+                    refunded_decode: self.cost.decode,
+                    refunded_all: true,
+                },
+                self.cost,
+            )
+        } else {
+            let unused = self.cost.decode - self.actual_decode;
+            (
+                Settlement {
+                    actual_decode: self.actual_decode,
+                    refunded_decode: unused,
+                    refunded_all: false,
+                },
+                Cost {
+                    decode: unused,
+                    ..Cost::default()
+                },
+            )
+        };
+        self.settled = Some(settlement);
+        if refund != Cost::default() {
+            let limiter = &self.limiter;
+            limiter
+                .store
+                .refund(&self.tenant, &self.limits, refund, limiter.clock.now());
+        }
+        if let Some(hook) = &self.limiter.on_settle {
+            hook(&self.tenant, &settlement);
+        }
+        settlement
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.finish(false);
+    }
+}
+
+impl TenantSnapshot {
+    /// The `x-ratelimit-*` headers: tokens are the decode bucket, requests the request bucket.
+    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
+        RateLimitHeaders {
+            limit_tokens: self.decode.capacity.floor() as u64,
+            remaining_tokens: self.decode.available.floor() as u64,
+            reset_tokens: self.decode.time_to_full,
+            limit_requests: self.requests.capacity.floor() as u64,
+            remaining_requests: self.requests.available.floor() as u64,
+            reset_requests: self.requests.time_to_full,
+        }
+    }
+}
+
+fn unit(bucket: BucketKind) -> &'static str {
+    match bucket {
+        BucketKind::Prefill | BucketKind::Decode => "tokens",
+        BucketKind::Requests => "requests",
+    }
+}
+
+impl From<Denial> for ApiError {
+    /// `NotYet` is a 429 with the exact wait; `Never` a 400 naming the bucket and its capacity.
+    fn from(denial: Denial) -> Self {
+        match denial {
+            Denial::NotYet {
+                bucket,
+                needed,
+                available,
+                retry_after,
+                snapshot,
+            } => ApiError::rate_limited(
+                format!(
+                    "rate limit reached for {bucket}: request needs {needed} {}, {} available; \
+                     retry after {:.3} s",
+                    unit(bucket),
+                    available.floor(),
+                    retry_after.as_secs_f64()
+                ),
+                retry_after,
+                snapshot.rate_limit_headers(),
+            ),
+            Denial::Never {
+                bucket,
+                needed,
+                capacity,
+            } => {
+                let e = ApiError::exceeds_burst(format!(
+                    "request needs {needed} {bucket} {}; the tenant's {bucket} burst is {}",
+                    unit(bucket),
+                    capacity.floor()
+                ));
+                if bucket == BucketKind::Decode {
+                    e.with_param("max_tokens")
+                } else {
+                    e
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use http::StatusCode;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    fn limits() -> TenantLimits {
+        let spec = |rate, burst| BucketSpec {
+            rate_per_second: rate,
+            burst_seconds: burst,
+        };
+        TenantLimits {
+            prefill: spec(100.0, 10.0),
+            decode: spec(10.0, 10.0),
+            requests: spec(1.0, 5.0),
+        }
+    }
+
+    fn cost(prefill: u64, decode: u64) -> Cost {
+        Cost {
+            prefill,
+            decode,
+            requests: 1,
+        }
+    }
+
+    type Settled = Arc<Mutex<Vec<(String, Settlement)>>>;
+
+    fn limiter() -> (Limiter, ManualClock, Settled) {
+        let clock = ManualClock::new();
+        let settled: Settled = Arc::default();
+        let sink = settled.clone();
+        let limiter = Limiter::new(Arc::new(LocalStore::new()), Arc::new(clock.clone()))
+            .with_settle_hook(Arc::new(move |tenant, s| {
+                sink.lock()
+                    .expect("test sink")
+                    .push((tenant.to_string(), *s))
+            }));
+        (limiter, clock, settled)
+    }
+
+    fn available(snap: &TenantSnapshot) -> (f64, f64, f64) {
+        (
+            snap.prefill.available,
+            snap.decode.available,
+            snap.requests.available,
+        )
+    }
+
+    #[tokio::test]
+    async fn drop_refunds_the_unused_decode_tokens() {
+        let (limiter, _clock, settled) = limiter();
+        let mut r = limiter
+            .reserve("a", &limits(), cost(200, 80))
+            .await
+            .expect("full");
+        assert_eq!(available(r.remaining()), (800.0, 20.0, 4.0));
+        r.record_output(10);
+        r.record_output(30);
+        drop(r);
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(available(&snap), (800.0, 70.0, 4.0));
+        assert_eq!(
+            *settled.lock().expect("sink"),
+            [(
+                "a".to_string(),
+                Settlement {
+                    actual_decode: 30,
+                    refunded_decode: 50,
+                    refunded_all: false
+                }
+            )]
+        );
+    }
+
+    #[tokio::test]
+    async fn output_saturates_at_the_reservation() {
+        let (limiter, _clock, _) = limiter();
+        let mut r = limiter
+            .reserve("a", &limits(), cost(0, 40))
+            .await
+            .expect("full");
+        r.record_output(41);
+        assert_eq!(
+            r.settle(),
+            Settlement {
+                actual_decode: 40,
+                refunded_decode: 0,
+                refunded_all: false
+            }
+        );
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(snap.decode.available, 60.0);
+    }
+
+    #[tokio::test]
+    async fn settle_then_drop_settles_once() {
+        let (limiter, _clock, settled) = limiter();
+        let r = limiter
+            .reserve("a", &limits(), cost(0, 40))
+            .await
+            .expect("full");
+        let s = r.settle();
+        assert_eq!(s.refunded_decode, 40);
+        assert_eq!(settled.lock().expect("sink").len(), 1);
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(snap.decode.available, 100.0);
+    }
+
+    #[tokio::test]
+    async fn refund_all_gives_everything_back_once() {
+        let (limiter, _clock, settled) = limiter();
+        limiter
+            .reserve("a", &limits(), cost(100, 50))
+            .await
+            .expect("full")
+            .record_output(50);
+        let mut r = limiter
+            .reserve("a", &limits(), cost(300, 20))
+            .await
+            .expect("room left");
+        r.record_output(5);
+        r.refund_all();
+        r.refund_all();
+        r.record_output(20);
+        drop(r);
+        let snap = limiter.snapshot("a", &limits()).await;
+        // Only the first request (fully used: 100 prefill, 50 decode, 1 request) remains.
+        assert_eq!(available(&snap), (900.0, 50.0, 4.0));
+        let settled = settled.lock().expect("sink");
+        assert_eq!(settled.len(), 2);
+        assert_eq!(
+            settled[1].1,
+            Settlement {
+                actual_decode: 0,
+                refunded_decode: 20,
+                refunded_all: true
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn exact_retry_after_with_manual_clock() {
+        let (limiter, clock, _) = limiter();
+        let mut drain = limiter
+            .reserve("a", &limits(), cost(0, 100))
+            .await
+            .expect("full");
+        drain.record_output(100);
+        drop(drain);
+        let denial = limiter
+            .reserve("a", &limits(), cost(0, 30))
+            .await
+            .expect_err("drained");
+        assert!(matches!(
+            denial,
+            Denial::NotYet { retry_after, .. } if retry_after == Duration::from_secs(3)
+        ));
+        clock.advance(Duration::from_millis(2999));
+        assert!(limiter.reserve("a", &limits(), cost(0, 30)).await.is_err());
+        clock.advance(Duration::from_millis(1));
+        let r = limiter
+            .reserve("a", &limits(), cost(0, 30))
+            .await
+            .expect("refilled");
+        assert_eq!(r.remaining().decode.available, 0.0);
+    }
+
+    #[tokio::test]
+    async fn denial_leaves_every_bucket_untouched() {
+        let (limiter, _clock, settled) = limiter();
+        let r = limiter
+            .reserve("a", &limits(), cost(0, 1000))
+            .await
+            .expect_err("over burst");
+        assert_eq!(
+            r,
+            Denial::Never {
+                bucket: BucketKind::Decode,
+                needed: 1000,
+                capacity: 100.0
+            }
+        );
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(available(&snap), (1000.0, 100.0, 5.0));
+        assert!(settled.lock().expect("sink").is_empty());
+    }
+
+    #[tokio::test]
+    async fn not_yet_becomes_a_429_with_exact_headers() {
+        let (limiter, clock, _) = limiter();
+        let mut r = limiter
+            .reserve("a", &limits(), cost(0, 95))
+            .await
+            .expect("full");
+        r.record_output(95);
+        drop(r);
+        clock.advance(Duration::from_millis(250));
+        let denial = limiter
+            .reserve("a", &limits(), cost(0, 30))
+            .await
+            .expect_err("7.5 available");
+        let e = ApiError::from(denial);
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            e.message,
+            "rate limit reached for decode: request needs 30 tokens, 7 available; \
+             retry after 2.250 s"
+        );
+        assert_eq!(e.retry_after, Some(Duration::from_millis(2250)));
+        assert_eq!(
+            e.rate_limit.map(|h| *h),
+            Some(RateLimitHeaders {
+                limit_tokens: 100,
+                remaining_tokens: 7,
+                reset_tokens: Duration::from_millis(9250),
+                limit_requests: 5,
+                remaining_requests: 4,
+                reset_requests: Duration::from_millis(750),
+            })
+        );
+    }
+
+    #[test]
+    fn never_becomes_a_400_naming_the_burst() {
+        let e = ApiError::from(Denial::Never {
+            bucket: BucketKind::Prefill,
+            needed: 9120,
+            capacity: 8000.0,
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.code, "exceeds_tenant_burst");
+        assert_eq!(
+            e.message,
+            "request needs 9120 prefill tokens; the tenant's prefill burst is 8000"
+        );
+        assert_eq!(e.param, None);
+        let e = ApiError::from(Denial::Never {
+            bucket: BucketKind::Decode,
+            needed: 500,
+            capacity: 100.0,
+        });
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+    }
+}

@@ -1,0 +1,190 @@
+//! Limiter room, storage: where tenants' bucket states live. [`LocalStore`] keeps them in this
+//! process; a shared store (Redis, for several gateway replicas) implements the same
+//! [`BucketStore`] trait, which is why charging and snapshots return futures.
+
+use super::bucket::{Cost, Denial, TenantLimits, TenantSnapshot, TenantState};
+use futures_util::future::{self, BoxFuture};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use tokio::time::Instant;
+
+/// Storage of tenants' buckets. Limits are passed on every call, so a config reload applies at
+/// once; a tenant never seen before starts with full buckets.
+pub trait BucketStore: Send + Sync + 'static {
+    /// Charges `cost` to the tenant's three buckets, all or nothing.
+    fn charge<'a>(
+        &'a self,
+        tenant: &'a str,
+        limits: &'a TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>>;
+
+    /// Gives `cost` back, capped at capacity. Synchronous and non-blocking so that a `Drop` can
+    /// call it (a remote store spawns the write).
+    fn refund(&self, tenant: &str, limits: &TenantLimits, cost: Cost, now: Instant);
+
+    /// The tenant's buckets at `now` (full for a tenant never charged).
+    fn snapshot<'a>(
+        &'a self,
+        tenant: &'a str,
+        limits: &'a TenantLimits,
+        now: Instant,
+    ) -> BoxFuture<'a, TenantSnapshot>;
+}
+
+/// In-memory store for a single gateway. The lock is held only for the pure decision.
+#[derive(Debug, Default)]
+pub struct LocalStore {
+    tenants: Mutex<HashMap<String, TenantState>>,
+}
+
+impl LocalStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn tenants(&self) -> MutexGuard<'_, HashMap<String, TenantState>> {
+        // The critical sections are pure arithmetic that cannot leave a state half-written, so
+        // a poisoned lock (a panic elsewhere on that thread) still guards consistent data; going
+        // on beats turning every later request (and every Drop) into a panic.
+        self.tenants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The synchronous charge behind [`BucketStore::charge`].
+    // A denial carries the snapshot for the 429 headers by contract; it is the slow path, so
+    // moving ~160 bytes there is cheaper than boxing on every denial.
+    #[allow(clippy::result_large_err)]
+    pub fn charge_now(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> Result<TenantSnapshot, Denial> {
+        let mut tenants = self.tenants();
+        match tenants.get_mut(tenant) {
+            Some(state) => state.charge(limits, cost, now),
+            None => {
+                let mut state = TenantState::full(limits, now);
+                let result = state.charge(limits, cost, now);
+                // A denied newcomer is still full: no need to remember it.
+                if result.is_ok() {
+                    tenants.insert(tenant.to_string(), state);
+                }
+                result
+            }
+        }
+    }
+
+    /// The synchronous snapshot behind [`BucketStore::snapshot`].
+    pub fn snapshot_now(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        now: Instant,
+    ) -> TenantSnapshot {
+        match self.tenants().get(tenant) {
+            Some(state) => state.snapshot(limits, now),
+            None => TenantState::full(limits, now).snapshot(limits, now),
+        }
+    }
+}
+
+impl BucketStore for LocalStore {
+    fn charge<'a>(
+        &'a self,
+        tenant: &'a str,
+        limits: &'a TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>> {
+        Box::pin(future::ready(self.charge_now(tenant, limits, cost, now)))
+    }
+
+    fn refund(&self, tenant: &str, limits: &TenantLimits, cost: Cost, now: Instant) {
+        // An unknown tenant is full already: a refund to it would be capped away.
+        if let Some(state) = self.tenants().get_mut(tenant) {
+            state.refund(limits, cost, now);
+        }
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        tenant: &'a str,
+        limits: &'a TenantLimits,
+        now: Instant,
+    ) -> BoxFuture<'a, TenantSnapshot> {
+        Box::pin(future::ready(self.snapshot_now(tenant, limits, now)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::bucket::BucketSpec;
+    use std::time::Duration;
+
+    fn limits() -> TenantLimits {
+        let spec = |rate, burst| BucketSpec {
+            rate_per_second: rate,
+            burst_seconds: burst,
+        };
+        TenantLimits {
+            prefill: spec(100.0, 10.0),
+            decode: spec(10.0, 10.0),
+            requests: spec(1.0, 5.0),
+        }
+    }
+
+    fn decode(n: u64) -> Cost {
+        Cost {
+            decode: n,
+            ..Cost::default()
+        }
+    }
+
+    #[test]
+    fn tenants_are_isolated() {
+        let store = LocalStore::new();
+        let t0 = Instant::now();
+        store
+            .charge_now("a", &limits(), decode(100), t0)
+            .expect("full");
+        assert!(store.charge_now("a", &limits(), decode(1), t0).is_err());
+        let b = store
+            .charge_now("b", &limits(), decode(60), t0)
+            .expect("b is full");
+        assert_eq!(b.decode.available, 40.0);
+        assert_eq!(store.snapshot_now("a", &limits(), t0).decode.available, 0.0);
+    }
+
+    #[test]
+    fn unknown_tenant_is_full_and_not_remembered_on_denial() {
+        let store = LocalStore::new();
+        let t0 = Instant::now();
+        assert_eq!(
+            store.snapshot_now("new", &limits(), t0).decode.available,
+            100.0
+        );
+        assert!(store.charge_now("new", &limits(), decode(101), t0).is_err());
+        assert!(store.tenants().is_empty());
+    }
+
+    #[test]
+    fn refund_goes_to_the_charged_tenant() {
+        let store = LocalStore::new();
+        let t0 = Instant::now();
+        store
+            .charge_now("a", &limits(), decode(100), t0)
+            .expect("full");
+        store.refund("a", &limits(), decode(25), t0 + Duration::from_secs(1));
+        let snap = store.snapshot_now("a", &limits(), t0 + Duration::from_secs(1));
+        assert_eq!(snap.decode.available, 35.0);
+        store.refund("ghost", &limits(), decode(25), t0);
+        assert_eq!(store.tenants().len(), 1);
+    }
+}

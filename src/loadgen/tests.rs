@@ -1,0 +1,145 @@
+//! Room `loadgen`: the runner end to end against an in-process simulated backend on 127.0.0.1
+//! (fixed-pace engine at a scaled clock). Real time: hyper's pooled client stalls on paused
+//! tokio time, so latencies are checked against the floor the engine's pace sets (a missing
+//! time-scale conversion would land 10x under it), and counts and outcomes exactly.
+
+use super::cli::{run_plan, ApiKeys};
+use super::client::{Client, Endpoint, Target};
+use super::prompt::PromptBuilder;
+use super::report::{Outcome, Report, Sla};
+use super::workload::Planned;
+use crate::sim::{start, Faults, SimConfig, DEFAULT_MODEL};
+use crate::tokenize::chat::ChatTemplate;
+use crate::tokenize::Tokenizer;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn tokenizer() -> Arc<Tokenizer> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
+        path.display()
+    );
+    Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
+}
+
+fn planned(at_ms: u64, tenant: &str, input: u64, output: u64) -> Planned {
+    Planned {
+        at: Duration::from_millis(at_ms),
+        tenant: tenant.into(),
+        input_tokens: input,
+        output_tokens: output,
+    }
+}
+
+#[tokio::test]
+async fn measures_latencies_in_server_time_and_classifies_outcomes() {
+    let tok = tokenizer();
+    // The sim runs 10x faster than real time; passes of 20 simulated ms.
+    let mut cfg = SimConfig::pace(Duration::from_millis(20));
+    cfg.time_scale = 10.0;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sim = start(cfg, tok.clone(), listener).await.unwrap();
+    let prompts =
+        Arc::new(PromptBuilder::new(tok.as_ref(), &ChatTemplate::builtin_qwen35()).unwrap());
+    let client = Client::new(Target {
+        url: sim.url(),
+        endpoint: Endpoint::Chat,
+        model: DEFAULT_MODEL.into(),
+        time_scale: 10.0,
+        retry: false,
+        timeout: Duration::from_secs(60),
+    });
+    // Apart in time: each request runs alone (a pass is 2 ms of real time).
+    let plan = vec![
+        planned(0, "alice", 200, 6),
+        planned(1_000, "bob", 3000, 11),
+        planned(2_000, "alice", 50, 1),
+    ];
+    let (samples, elapsed) = run_plan(
+        client.clone(),
+        plan,
+        prompts.clone(),
+        &ApiKeys::default(),
+        1,
+        false,
+    )
+    .await;
+    assert_eq!(samples.len(), 3);
+    for s in &samples {
+        assert_eq!(
+            (s.outcome, s.status, s.attempts),
+            (Outcome::Ok, 200, 1),
+            "{s:?}"
+        );
+        // One pass of prefill, then one token per pass: in simulated milliseconds.
+        assert!(s.ttft_ms.unwrap() >= 20.0, "{s:?}");
+        assert!(s.e2e_ms >= 20.0 * s.output_tokens as f64, "{s:?}");
+    }
+    // TPOT has no causal floor on the client (the first chunk may arrive late), only a value.
+    assert!(samples[0].tpot_ms.is_some());
+    assert_eq!(
+        samples.iter().map(|s| s.output_tokens).collect::<Vec<_>>(),
+        vec![6, 11, 1]
+    );
+    assert_eq!(samples[2].tpot_ms, None);
+    assert_eq!(
+        samples
+            .iter()
+            .map(|s| (s.tenant.as_str(), s.at_s))
+            .collect::<Vec<_>>(),
+        vec![("alice", 0.0), ("bob", 1.0), ("alice", 2.0)]
+    );
+    // The server counted exactly the planned prompt lengths.
+    assert_eq!(
+        samples.iter().map(|s| s.prompt_tokens).collect::<Vec<_>>(),
+        vec![200, 3000, 50]
+    );
+    assert_eq!(sim.stats().prompt_tokens, 3250);
+    assert_eq!(sim.stats().max_tokens, vec![Some(6), Some(11), Some(1)]);
+    assert!(elapsed >= Duration::from_millis(2_040), "{elapsed:?}");
+
+    let report = Report::new(
+        samples,
+        elapsed,
+        Sla {
+            ttft_ms: 800.0,
+            tpot_ms: 50.0,
+        },
+    );
+    assert_eq!(report.tenants["alice"].requests_ok, 2);
+    assert_eq!(report.overall.sla_attainment, 1.0);
+
+    // A backend answering 503 is counted as such, and a cut stream as a server error.
+    sim.set_faults(Faults {
+        fail_after_tokens: None,
+        status: Some(503),
+    });
+    let (s, _) = run_plan(
+        client.clone(),
+        vec![planned(0, "alice", 20, 3)],
+        prompts.clone(),
+        &ApiKeys::default(),
+        1,
+        false,
+    )
+    .await;
+    assert_eq!((s[0].outcome, s[0].status), (Outcome::Unavailable, 503));
+    sim.set_faults(Faults {
+        fail_after_tokens: Some(2),
+        status: None,
+    });
+    let (s, _) = run_plan(
+        client,
+        vec![planned(0, "alice", 20, 5)],
+        prompts,
+        &ApiKeys::default(),
+        1,
+        false,
+    )
+    .await;
+    assert_eq!(s[0].outcome, Outcome::ServerError);
+    assert_eq!(s[0].output_tokens, 0);
+}

@@ -1,0 +1,268 @@
+//! Prometheus metrics. One [`Metrics`] value owns its registry and is passed to whoever records
+//! (no global statics), so tests can run many gateways in one process. Gauges that mirror
+//! state owned elsewhere (KV ledger, queue, buckets) are refreshed when `/metrics` is scraped.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// `{tenant}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    /// Tenant name.
+    pub tenant: String,
+}
+
+/// `{tenant, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// Tenant name (`unknown` before authentication).
+    pub tenant: String,
+    /// How the request ended: `ok`, or the error code it got.
+    pub outcome: String,
+}
+
+/// `{backend}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabel {
+    /// Backend URL.
+    pub backend: String,
+}
+
+/// `{tenant, bucket}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BucketLabels {
+    /// Tenant name.
+    pub tenant: String,
+    /// `prefill`, `decode` or `requests`.
+    pub bucket: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn token_histogram() -> Histogram {
+    // 16 .. ~1M tokens
+    Histogram::new(exponential_buckets(16.0, 2.0, 17))
+}
+
+/// Every metric the gateway exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by tenant and outcome.
+    pub requests: Family<OutcomeLabels, Counter>,
+    /// Prompt tokens charged.
+    pub prefill_tokens: Family<TenantLabel, Counter>,
+    /// Output tokens actually generated.
+    pub decode_tokens: Family<TenantLabel, Counter>,
+    /// Output tokens reserved at admission.
+    pub decode_tokens_reserved: Family<TenantLabel, Counter>,
+    /// Output tokens given back at settlement.
+    pub decode_tokens_refunded: Family<TenantLabel, Counter>,
+    /// Time from request arrival to the first output token.
+    pub ttft: HistogramFamily<TenantLabel>,
+    /// Mean gap between output tokens after the first.
+    pub tpot: HistogramFamily<TenantLabel>,
+    /// Time waiting for KV space.
+    pub queue_wait: HistogramFamily<TenantLabel>,
+    /// Time to count one request's prompt (queue for a worker included).
+    pub tokenize: Histogram,
+    /// Prompt lengths.
+    pub prompt_tokens: HistogramFamily<TenantLabel>,
+    /// Output lengths.
+    pub output_tokens: HistogramFamily<TenantLabel>,
+    /// Requests between admission and settlement.
+    pub inflight: Family<TenantLabel, Gauge>,
+    /// KV bytes leased per backend.
+    pub kv_reserved_bytes: Family<BackendLabel, Gauge>,
+    /// KV bytes per backend.
+    pub kv_capacity_bytes: Family<BackendLabel, Gauge>,
+    /// Requests waiting for KV space.
+    pub queue_depth: Gauge,
+    /// Tokens available now per tenant bucket.
+    pub bucket_available: Family<BucketLabels, Gauge<f64, AtomicU64>>,
+    /// Chat-count memo hits (per rendered message).
+    pub tokenize_cache_hits: Counter,
+    /// Chat-count memo misses.
+    pub tokenize_cache_misses: Counter,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered under the `tokengate_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tokengate");
+        let m = Self {
+            requests: Family::default(),
+            prefill_tokens: Family::default(),
+            decode_tokens: Family::default(),
+            decode_tokens_reserved: Family::default(),
+            decode_tokens_refunded: Family::default(),
+            ttft: Family::new_with_constructor(latency_histogram),
+            tpot: Family::new_with_constructor(latency_histogram),
+            queue_wait: Family::new_with_constructor(latency_histogram),
+            tokenize: Histogram::new(exponential_buckets(0.00001, 2.0, 20)),
+            prompt_tokens: Family::new_with_constructor(token_histogram),
+            output_tokens: Family::new_with_constructor(token_histogram),
+            inflight: Family::default(),
+            kv_reserved_bytes: Family::default(),
+            kv_capacity_bytes: Family::default(),
+            queue_depth: Gauge::default(),
+            bucket_available: Family::default(),
+            tokenize_cache_hits: Counter::default(),
+            tokenize_cache_misses: Counter::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "requests",
+            "Requests by tenant and outcome",
+            m.requests.clone(),
+        );
+        r.register(
+            "prefill_tokens",
+            "Prompt tokens charged",
+            m.prefill_tokens.clone(),
+        );
+        r.register(
+            "decode_tokens",
+            "Output tokens generated",
+            m.decode_tokens.clone(),
+        );
+        r.register(
+            "decode_tokens_reserved",
+            "Output tokens reserved at admission (max_tokens)",
+            m.decode_tokens_reserved.clone(),
+        );
+        r.register(
+            "decode_tokens_refunded",
+            "Reserved output tokens given back at settlement",
+            m.decode_tokens_refunded.clone(),
+        );
+        r.register(
+            "ttft_seconds",
+            "Time from request arrival to first output token (queueing included)",
+            m.ttft.clone(),
+        );
+        r.register(
+            "tpot_seconds",
+            "Mean time per output token after the first",
+            m.tpot.clone(),
+        );
+        r.register(
+            "queue_wait_seconds",
+            "Time spent waiting for KV space",
+            m.queue_wait.clone(),
+        );
+        r.register(
+            "tokenize_seconds",
+            "Time to count a request's prompt tokens",
+            m.tokenize.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt length per request",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "output_tokens",
+            "Output length per request",
+            m.output_tokens.clone(),
+        );
+        r.register(
+            "inflight_requests",
+            "Requests admitted and not yet settled",
+            m.inflight.clone(),
+        );
+        r.register(
+            "kv_reserved_bytes",
+            "KV-cache bytes leased on a backend",
+            m.kv_reserved_bytes.clone(),
+        );
+        r.register(
+            "kv_capacity_bytes",
+            "KV-cache bytes a backend has for sequences",
+            m.kv_capacity_bytes.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Requests waiting for KV space",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "bucket_available_tokens",
+            "Tokens available now in a tenant's bucket",
+            m.bucket_available.clone(),
+        );
+        r.register(
+            "tokenize_cache_hits",
+            "Chat messages whose token count came from the memo",
+            m.tokenize_cache_hits.clone(),
+        );
+        r.register(
+            "tokenize_cache_misses",
+            "Chat messages that had to be tokenized",
+            m.tokenize_cache_misses.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts a finished request.
+    pub fn outcome(&self, tenant: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&OutcomeLabels {
+                tenant: tenant.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Label helper.
+pub fn tenant(name: &str) -> TenantLabel {
+    TenantLabel {
+        tenant: name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_prefix_and_total_suffix() {
+        let m = Metrics::new();
+        m.outcome("alice", "ok");
+        m.queue_depth.set(3);
+        let text = m.encode();
+        assert!(text.contains("tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"} 1"));
+        assert!(text.contains("tokengate_queue_depth 3"));
+    }
+}

@@ -1,0 +1,345 @@
+//! Metering and settlement. An [`Admitted`] request owns its bucket [`Reservation`] and its KV
+//! [`Lease`]; the response body owns the `Admitted` until the stream ends, errors or is dropped
+//! (client disconnect), and its `Drop` settles: the lease is freed at once, unused decode
+//! tokens are refunded once the output is known, and the metrics are recorded. No path can
+//! skip it, a panic included, because it is a `Drop`.
+
+use crate::admission::Lease;
+use crate::api::sse::{self, SseSplitter};
+use crate::limiter::Reservation;
+use crate::metrics::{self, Metrics};
+use crate::tenant::Tenant;
+use crate::tokenize::pool::TokenizePool;
+use crate::tokenize::Tokenizer;
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
+use hyper::body::Incoming;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::time::Instant;
+
+/// What settlement needs to count output text when the backend sent no usage.
+#[derive(Clone)]
+pub struct OutputCounter {
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The bounded worker pool it runs on.
+    pub pool: Arc<TokenizePool>,
+}
+
+/// An admitted request, from admission to settlement.
+pub struct Admitted {
+    tenant: Arc<Tenant>,
+    reservation: Option<Reservation>,
+    lease: Option<Lease>,
+    metrics: Arc<Metrics>,
+    counter: OutputCounter,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    token_events: u64,
+    usage_tokens: Option<u64>,
+    text: String,
+    outcome: &'static str,
+    cancelled: bool,
+}
+
+impl Admitted {
+    /// Takes ownership of what was charged and leased.
+    pub fn new(
+        tenant: Arc<Tenant>,
+        reservation: Reservation,
+        lease: Lease,
+        metrics: Arc<Metrics>,
+        counter: OutputCounter,
+        arrived: Instant,
+    ) -> Self {
+        metrics
+            .inflight
+            .get_or_create(&metrics::tenant(&tenant.name))
+            .inc();
+        Self {
+            tenant,
+            reservation: Some(reservation),
+            lease: Some(lease),
+            metrics,
+            counter,
+            arrived,
+            first_token: None,
+            last_token: None,
+            token_events: 0,
+            usage_tokens: None,
+            text: String::new(),
+            outcome: "client_disconnect",
+            cancelled: false,
+        }
+    }
+
+    /// Index of the backend the lease is on.
+    pub fn backend(&self) -> usize {
+        self.lease.as_ref().map_or(0, |l| l.backend())
+    }
+
+    /// The request never reached a backend (or the backend failed before answering): give
+    /// back everything that was charged.
+    pub fn cancel(mut self, outcome: &'static str) {
+        if let Some(r) = self.reservation.as_mut() {
+            r.refund_all();
+        }
+        self.cancelled = true;
+        self.outcome = outcome;
+    }
+
+    /// The backend answered with an error status: no output, decode tokens all refunded.
+    pub fn finish_without_output(mut self, outcome: &'static str) {
+        self.usage_tokens = Some(0);
+        self.outcome = outcome;
+    }
+
+    /// A complete non-streamed answer.
+    pub fn finish_json(mut self, body: &[u8]) {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        self.usage_tokens = v
+            .get("usage")
+            .and_then(|u| u.get("completion_tokens"))
+            .and_then(serde_json::Value::as_u64);
+        if let Some(choices) = v.get("choices").and_then(serde_json::Value::as_array) {
+            for c in choices {
+                sse::append_generated_text(c.get("message").unwrap_or(c), &mut self.text);
+            }
+        }
+        self.outcome = "ok";
+    }
+
+    fn observe_chunk(&mut self, info: &sse::ChunkInfo) {
+        if let Some(n) = info.completion_tokens {
+            self.usage_tokens = Some(n);
+        }
+        if !info.text.is_empty() {
+            let now = Instant::now();
+            self.first_token.get_or_insert(now);
+            self.last_token = Some(now);
+            self.token_events += 1;
+            self.text.push_str(&info.text);
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        // KV first: the backend has stopped (or never started) using it.
+        drop(self.lease.take());
+        let Some(mut reservation) = self.reservation.take() else {
+            return;
+        };
+        let reserved = reservation.cost().decode;
+        let settle = Settle {
+            tenant: self.tenant.clone(),
+            metrics: self.metrics.clone(),
+            arrived: self.arrived,
+            first_token: self.first_token,
+            last_token: self.last_token,
+            token_events: self.token_events,
+            outcome: self.outcome,
+            counter: self.counter.clone(),
+        };
+        if self.cancelled {
+            // Cancelled: nothing was produced, nothing is counted as output.
+            settle.record(0, 0);
+            return;
+        }
+        match self.usage_tokens {
+            Some(n) => {
+                reservation.record_output(n);
+                settle.record(n.min(reserved), reserved);
+            }
+            None if self.text.is_empty() => {
+                reservation.record_output(0);
+                settle.record(0, reserved);
+            }
+            None => {
+                // No usage from the backend: count what streamed, on the tokenizer pool.
+                let text = std::mem::take(&mut self.text);
+                let fallback = self.token_events;
+                let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                    reservation.record_output(fallback);
+                    settle.record(fallback.min(reserved), reserved);
+                    return;
+                };
+                rt.spawn(async move {
+                    let tok = settle.counter.tokenizer.clone();
+                    let n = match settle.counter.pool.run(move || tok.count(&text)).await {
+                        Ok(n) => n as u64,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not count streamed output; using the chunk count");
+                            fallback
+                        }
+                    };
+                    reservation.record_output(n);
+                    drop(reservation);
+                    settle.record(n.min(reserved), reserved);
+                });
+            }
+        }
+    }
+}
+
+/// The parts of an [`Admitted`] that recording metrics needs, detached so it can move into
+/// a task after the lease is gone.
+struct Settle {
+    tenant: Arc<Tenant>,
+    metrics: Arc<Metrics>,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    token_events: u64,
+    outcome: &'static str,
+    counter: OutputCounter,
+}
+
+impl Settle {
+    fn record(&self, actual: u64, reserved: u64) {
+        let s = self;
+        let m = &s.metrics;
+        let label = metrics::tenant(&s.tenant.name);
+        m.decode_tokens.get_or_create(&label).inc_by(actual);
+        m.decode_tokens_refunded
+            .get_or_create(&label)
+            .inc_by(reserved.saturating_sub(actual));
+        m.output_tokens.get_or_create(&label).observe(actual as f64);
+        if let (Some(first), Some(last)) = (s.first_token, s.last_token) {
+            m.ttft
+                .get_or_create(&label)
+                .observe((first - s.arrived).as_secs_f64());
+            if s.token_events > 1 {
+                let gaps = (s.token_events - 1) as f64;
+                m.tpot
+                    .get_or_create(&label)
+                    .observe((last - first).as_secs_f64() / gaps);
+            }
+        }
+        m.outcome(&s.tenant.name, s.outcome);
+        m.inflight.get_or_create(&label).dec();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A streamed (SSE) answer on its way to the client, metered chunk by chunk.
+    pub struct MeteredStream {
+        #[pin]
+        inner: Incoming,
+        splitter: SseSplitter,
+        admitted: Option<Admitted>,
+        client_wants_usage: bool,
+        pending: Option<Bytes>,
+    }
+}
+
+impl MeteredStream {
+    /// Wraps the backend's body; `first` is the part already read before answering.
+    pub fn new(
+        inner: Incoming,
+        first: Bytes,
+        admitted: Admitted,
+        client_wants_usage: bool,
+    ) -> Self {
+        let mut s = Self {
+            inner,
+            splitter: SseSplitter::default(),
+            admitted: Some(admitted),
+            client_wants_usage,
+            pending: None,
+        };
+        let out = filter(
+            &mut s.splitter,
+            &mut s.admitted,
+            s.client_wants_usage,
+            &first,
+        );
+        s.pending = (!out.is_empty()).then_some(out);
+        s
+    }
+}
+
+/// Feeds bytes through the SSE splitter, meters each complete event, and returns what the
+/// client should see (the usage-only chunk is dropped when the client did not ask for it).
+fn filter(
+    splitter: &mut SseSplitter,
+    admitted: &mut Option<Admitted>,
+    client_wants_usage: bool,
+    bytes: &[u8],
+) -> Bytes {
+    let mut out = BytesMut::new();
+    for event in splitter.push(bytes) {
+        let info = sse::inspect(&event);
+        if let Some(a) = admitted.as_mut() {
+            a.observe_chunk(&info);
+        }
+        if info.usage_only && !client_wants_usage {
+            continue;
+        }
+        out.extend_from_slice(&event);
+    }
+    out.freeze()
+}
+
+impl Body for MeteredStream {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let mut this = self.project();
+        if let Some(first) = this.pending.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        loop {
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue; // trailers: not part of an SSE answer
+                    };
+                    let out = filter(
+                        this.splitter,
+                        this.admitted,
+                        *this.client_wants_usage,
+                        &data,
+                    );
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "backend stream broke");
+                    let mut rest = BytesMut::new();
+                    if let Some(tail) = this.splitter.finish() {
+                        rest.extend_from_slice(&tail);
+                    }
+                    if let Some(mut a) = this.admitted.take() {
+                        a.outcome = "upstream_error";
+                        drop(a);
+                    }
+                    let err = crate::error::ApiError::upstream(
+                        "the backend stream broke before it finished",
+                    );
+                    rest.extend_from_slice(format!("data: {}\n\n", err.body_json()).as_bytes());
+                    return Poll::Ready(Some(Ok(Frame::data(rest.freeze()))));
+                }
+                None => {
+                    if let Some(mut a) = this.admitted.take() {
+                        a.outcome = "ok";
+                        drop(a);
+                    }
+                    return Poll::Ready(this.splitter.finish().map(|b| Ok(Frame::data(b))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_none() && self.admitted.is_none() && self.inner.is_end_stream()
+    }
+}

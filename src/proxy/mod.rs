@@ -1,0 +1,472 @@
+//! The request path of a generation request, steps 5 to 11 of DESIGN.md, one function per
+//! step: authenticate, parse, count, charge, admit, forward, meter. Each step either hands the
+//! next one what it needs or returns an [`ApiError`]; whatever was taken before a failing step
+//! is given back by the guards it lives in.
+
+pub mod forward;
+pub mod meter;
+
+use crate::admission::{Admission, AdmitError};
+use crate::api::openai::{self, Endpoint, GenerationRequest, ParseLimits, Prompt};
+use crate::capacity::sequence_footprint_bytes;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::limiter::{Cost, Limiter, Reservation};
+use crate::metrics::{self, Metrics};
+use crate::tenant::{Tenant, TenantDirectory};
+use crate::tokenize::cache::ChatCounter;
+use crate::tokenize::pool::{PoolError, TokenizePool};
+use crate::tokenize::Tokenizer;
+use bytes::Bytes;
+use forward::Upstream;
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use meter::{Admitted, MeteredStream, OutputCounter};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The body of every response the gateway sends.
+pub type GatewayBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A complete in-memory body.
+pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
+    Full::new(bytes.into()).boxed_unsync()
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<GatewayBody> {
+    let mut resp = Response::new(full(value.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// An error as a response.
+pub fn error_response(e: &ApiError) -> Response<GatewayBody> {
+    e.to_response::<Full<Bytes>>().map(|b| b.boxed_unsync())
+}
+
+/// Everything the request path needs, built once from a validated [`Config`].
+pub struct Gateway {
+    /// The configuration it was built from.
+    pub config: Arc<Config>,
+    /// API keys -> tenants.
+    pub tenants: TenantDirectory,
+    /// Per-tenant buckets.
+    pub limiter: Limiter,
+    /// KV ledgers and the fair queue.
+    pub admission: Admission,
+    /// The backends, in config order (the admission's backend indices point here).
+    pub upstreams: Vec<Upstream>,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Chat rendering and its per-message memo.
+    pub chat: Arc<ChatCounter>,
+    /// Where tokenization runs.
+    pub pool: Arc<TokenizePool>,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Header names clients use for a request's id.
+pub const REQUEST_ID: &str = "x-request-id";
+
+impl Gateway {
+    /// Step 5: the tenant behind the request's API key.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
+        self.tenants.authenticate(headers)
+    }
+
+    /// Step 3 (body side): content type, size limit and read timeout, then a JSON object.
+    pub async fn read_json(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+            let ct = ct.to_str().unwrap_or_default();
+            let mime = ct.split(';').next().unwrap_or_default().trim();
+            if !mime.eq_ignore_ascii_case("application/json") {
+                return Err(ApiError::unsupported_media_type(format!(
+                    "content-type must be application/json, got `{ct}`"
+                )));
+            }
+        }
+        let limit = self.config.server.max_body_bytes;
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(ApiError::payload_too_large(limit));
+        }
+        let body = Limited::new(req.into_body(), limit as usize);
+        let timeout = self.config.server.body_read_timeout;
+        let bytes = match tokio::time::timeout(timeout, body.collect()).await {
+            Err(_) => {
+                return Err(ApiError::request_timeout(format!(
+                    "the request body did not arrive within {}",
+                    humantime::format_duration(timeout)
+                )))
+            }
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(ApiError::payload_too_large(limit))
+            }
+            Ok(Err(_)) => return Err(ApiError::invalid("the request body could not be read")),
+            Ok(Ok(c)) => c.to_bytes(),
+        };
+        openai::parse_object(&bytes)
+    }
+
+    fn parse_limits(&self) -> ParseLimits<'_> {
+        ParseLimits {
+            served_names: &self.config.model.served_names,
+            max_model_len: self.config.model.max_model_len,
+        }
+    }
+
+    /// Step 7: prompt tokens, counted on the worker pool, never on the executor.
+    pub async fn count_prompt(&self, prompt: Prompt) -> Result<u64, ApiError> {
+        let started = Instant::now();
+        let tok = self.tokenizer.clone();
+        let chat = self.chat.clone();
+        let counted = self
+            .pool
+            .run(move || match prompt {
+                Prompt::Chat(p) => chat.count(tok.as_ref(), &p).map(|n| n as u64),
+                Prompt::Text(t) => Ok(tok.count(&t) as u64),
+                Prompt::TokenIds(ids) => Ok(ids.len() as u64),
+            })
+            .await;
+        self.metrics
+            .tokenize
+            .observe(started.elapsed().as_secs_f64());
+        match counted {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(template)) => Err(template.into()),
+            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
+        }
+    }
+
+    /// Renders a chat (for `/tokenize`, which returns the ids).
+    pub async fn encode_prompt(&self, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+        let tok = self.tokenizer.clone();
+        let chat = self.chat.clone();
+        let encoded = self
+            .pool
+            .run(move || match prompt {
+                Prompt::Chat(p) => chat.template().render(&p).map(|text| tok.encode(&text)),
+                Prompt::Text(t) => Ok(tok.encode(&t)),
+                Prompt::TokenIds(ids) => Ok(ids),
+            })
+            .await;
+        match encoded {
+            Ok(Ok(ids)) => Ok(ids),
+            Ok(Err(template)) => Err(template.into()),
+            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
+        }
+    }
+
+    /// Output tokens to reserve: what the client asked for, or the default clamped to the
+    /// context; more than the context allows is a 400 naming both numbers.
+    pub fn output_budget(
+        &self,
+        req: &GenerationRequest,
+        prompt_tokens: u64,
+    ) -> Result<u64, ApiError> {
+        let max_len = self.config.model.max_model_len;
+        match req.requested_max_tokens {
+            Some((_, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
+                "this model's maximum context length is {max_len} tokens; the prompt is {prompt_tokens} tokens and {asked} output tokens were requested ({} in all)",
+                prompt_tokens + asked
+            ))
+            .with_param("max_tokens")),
+            Some((_, asked)) => Ok(asked),
+            None if prompt_tokens >= max_len => Err(ApiError::context_length(format!(
+                "this model's maximum context length is {max_len} tokens; the prompt alone is {prompt_tokens} tokens"
+            ))
+            .with_param("messages")),
+            None => Ok(self.config.model.default_max_tokens.min(max_len - prompt_tokens)),
+        }
+    }
+
+    /// Step 8: charge the tenant's buckets, all or nothing.
+    pub async fn charge(&self, tenant: &Tenant, cost: Cost) -> Result<Reservation, ApiError> {
+        self.limiter
+            .reserve(&tenant.name, &tenant.limits, cost)
+            .await
+            .map_err(ApiError::from)
+    }
+
+    /// Step 9: a KV lease for the request's footprint, waiting fairly if needed.
+    pub async fn admit(
+        &self,
+        tenant: &Tenant,
+        tokens: u64,
+    ) -> Result<crate::admission::Lease, ApiError> {
+        let m = &self.config.model;
+        let bytes = sequence_footprint_bytes(
+            tokens,
+            m.block_tokens,
+            m.kv_bytes_per_token,
+            m.state_bytes_per_sequence,
+        );
+        let started = Instant::now();
+        let result = self.admission.admit(&tenant.name, bytes).await;
+        self.metrics
+            .queue_wait
+            .get_or_create(&metrics::tenant(&tenant.name))
+            .observe(started.elapsed().as_secs_f64());
+        result.map_err(|e| self.admit_error(tokens, e))
+    }
+
+    fn admit_error(&self, tokens: u64, e: AdmitError) -> ApiError {
+        let deadline = self.config.admission.queue_deadline;
+        match e {
+            AdmitError::NeverFits { bytes, largest_capacity } => ApiError::exceeds_kv(format!(
+                "the request's KV footprint ({tokens} tokens of prompt + max output = {bytes} bytes) is larger than the KV capacity of every backend (largest: {largest_capacity} bytes); lower max_tokens or shorten the prompt"
+            )),
+            AdmitError::QueueFull { waiting, max_waiting } => ApiError::capacity_exhausted(
+                format!("the KV cache is full and {waiting} requests already wait for it (queue limit {max_waiting}); retry later"),
+                deadline,
+            ),
+            AdmitError::DeadlineExceeded { waited, deadline } => ApiError::capacity_exhausted(
+                format!(
+                    "no KV-cache space freed up within the queue deadline of {} (waited {}); retry later",
+                    humantime::format_duration(deadline),
+                    humantime::format_duration(Duration::from_millis(waited.as_millis() as u64))
+                ),
+                deadline,
+            ),
+        }
+    }
+
+    /// Steps 6-11 for `/v1/chat/completions` and `/v1/completions`.
+    pub async fn generate(
+        &self,
+        endpoint: Endpoint,
+        req: Request<Incoming>,
+    ) -> (String, Result<Response<GatewayBody>, ApiError>) {
+        let arrived = Instant::now();
+        let tenant = match self.authenticate(req.headers()) {
+            Ok(t) => t,
+            Err(e) => return ("unknown".to_string(), Err(e)),
+        };
+        let name = tenant.name.clone();
+        (
+            name,
+            self.generate_for(tenant, endpoint, req, arrived).await,
+        )
+    }
+
+    async fn generate_for(
+        &self,
+        tenant: Arc<Tenant>,
+        endpoint: Endpoint,
+        req: Request<Incoming>,
+        arrived: Instant,
+    ) -> Result<Response<GatewayBody>, ApiError> {
+        let body = self.read_json(req).await?;
+        let mut parsed = openai::parse_generation(endpoint, body, &self.parse_limits())?;
+        let prompt = std::mem::replace(&mut parsed.prompt, Prompt::TokenIds(Vec::new()));
+        let prompt_tokens = self.count_prompt(prompt).await?;
+        let max_output = self.output_budget(&parsed, prompt_tokens)?;
+        let cost = Cost {
+            prefill: prompt_tokens,
+            decode: max_output,
+            requests: 1,
+        };
+        let mut queued = Queued {
+            reservation: Some(self.charge(&tenant, cost).await?),
+            tenant: &tenant.name,
+            metrics: &self.metrics,
+        };
+        let admitted = self.admit(&tenant, prompt_tokens + max_output).await;
+        let mut reservation = queued.reservation.take().expect("taken only here");
+        drop(queued);
+        let lease = match admitted {
+            Ok(l) => l,
+            Err(e) => {
+                reservation.refund_all();
+                return Err(e);
+            }
+        };
+        let label = metrics::tenant(&tenant.name);
+        self.metrics
+            .prefill_tokens
+            .get_or_create(&label)
+            .inc_by(prompt_tokens);
+        self.metrics
+            .decode_tokens_reserved
+            .get_or_create(&label)
+            .inc_by(max_output);
+        self.metrics
+            .prompt_tokens
+            .get_or_create(&label)
+            .observe(prompt_tokens as f64);
+        let admitted = Admitted::new(
+            tenant,
+            reservation,
+            lease,
+            self.metrics.clone(),
+            OutputCounter {
+                tokenizer: self.tokenizer.clone(),
+                pool: self.pool.clone(),
+            },
+            arrived,
+        );
+        self.forward(parsed, max_output, admitted).await
+    }
+
+    /// Steps 10-11: send to the leased backend and meter the answer.
+    async fn forward(
+        &self,
+        req: GenerationRequest,
+        max_output: u64,
+        admitted: Admitted,
+    ) -> Result<Response<GatewayBody>, ApiError> {
+        let upstream = &self.upstreams[admitted.backend()];
+        let body =
+            openai::rewrite_for_backend(&req, max_output, &self.config.model.served_names[0]);
+        let resp = match upstream
+            .send(Method::POST, req.endpoint.path(), Some(body))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                admitted.cancel(e.code);
+                return Err(e);
+            }
+        };
+        let (parts, incoming) = resp.into_parts();
+        if !parts.status.is_success() {
+            // Passed through unchanged; the request produced nothing.
+            let bytes = incoming
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            admitted.finish_without_output("backend_error");
+            return Ok(Response::from_parts(parts, full(bytes)));
+        }
+        if !req.stream {
+            let bytes = match incoming.collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(_) => {
+                    admitted.cancel("upstream_error");
+                    return Err(ApiError::upstream(
+                        "the backend closed the connection mid-answer",
+                    ));
+                }
+            };
+            admitted.finish_json(&bytes);
+            let mut resp = Response::from_parts(parts, full(bytes));
+            resp.headers_mut().remove(header::CONTENT_LENGTH);
+            return Ok(resp);
+        }
+        // Wait for the first bytes before answering, so a backend that fails before its
+        // first token still gets a proper 502 instead of a broken 200 stream.
+        let mut incoming = incoming;
+        let first = match incoming.frame().await {
+            Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
+            Some(Err(_)) => {
+                admitted.cancel("upstream_error");
+                return Err(ApiError::upstream(
+                    "the backend stream broke before its first token",
+                ));
+            }
+            None => Bytes::new(),
+        };
+        let stream = MeteredStream::new(incoming, first, admitted, req.client_wants_usage);
+        let mut resp = Response::from_parts(parts, stream.boxed_unsync());
+        resp.headers_mut().remove(header::CONTENT_LENGTH);
+        Ok(resp)
+    }
+
+    /// `POST /tokenize`, answered locally in vLLM's shape.
+    pub async fn tokenize(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<GatewayBody>, ApiError> {
+        self.authenticate(req.headers())?;
+        let body = self.read_json(req).await?;
+        if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
+            let m = v.as_str().unwrap_or_default();
+            if !self.config.model.served_names.iter().any(|n| n == m) {
+                return Err(ApiError::model_not_found(m));
+            }
+        }
+        let prompt = if body.contains_key("messages") {
+            Prompt::Chat(openai::parse_chat_prompt(&body)?)
+        } else {
+            openai::parse_completion_prompt(&body)?
+        };
+        let ids = self.encode_prompt(prompt).await?;
+        Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({
+                "count": ids.len(),
+                "max_model_len": self.config.model.max_model_len,
+                "tokens": ids,
+            }),
+        ))
+    }
+
+    /// `GET /v1/models`, from the first backend that answers.
+    pub async fn models(&self, headers: &HeaderMap) -> Result<Response<GatewayBody>, ApiError> {
+        self.authenticate(headers)?;
+        let mut last = ApiError::upstream("no backend is configured");
+        for upstream in &self.upstreams {
+            match upstream.send(Method::GET, "/v1/models", None).await {
+                Ok(resp) => {
+                    let (parts, body) = resp.into_parts();
+                    let bytes = body
+                        .collect()
+                        .await
+                        .map_err(|_| {
+                            ApiError::upstream("the backend closed the connection mid-answer")
+                        })?
+                        .to_bytes();
+                    let mut resp = Response::from_parts(parts, full(bytes));
+                    resp.headers_mut().remove(header::CONTENT_LENGTH);
+                    return Ok(resp);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// A charged request waiting for KV space. Dropped there (the client went away), it gives back
+/// everything that was charged, since nothing reached a backend, and counts the disconnect.
+struct Queued<'a> {
+    reservation: Option<Reservation>,
+    tenant: &'a str,
+    metrics: &'a Metrics,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.reservation.take() {
+            r.refund_all();
+            self.metrics.outcome(self.tenant, "client_disconnect");
+        }
+    }
+}
+
+fn pool_error(e: PoolError, queue_depth: usize) -> ApiError {
+    match e {
+        PoolError::Full => ApiError::overloaded(
+            format!("all tokenizer workers are busy and {queue_depth} jobs already wait (tokenizer.queue_depth); retry shortly"),
+            Duration::from_secs(1),
+        ),
+        PoolError::Panicked => ApiError::internal(),
+    }
+}

@@ -1,0 +1,118 @@
+//! Room `sim`: `tokengate sim`, the command line of the simulated backend.
+
+use super::timing::Roofline;
+use super::{start, SimConfig, DEFAULT_MODEL};
+use crate::capacity::StateDtype;
+use crate::tokenize::Tokenizer;
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `tokengate sim`: a simulated MindIE / vLLM backend serving Qwen3.5-27B on a 910B3.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// The model's `tokenizer.json` (prompts are counted with it).
+    #[arg(long, default_value = "assets/qwen3.5/tokenizer.json")]
+    pub tokenizer: PathBuf,
+    /// Model name served in `/v1/models` and expected in requests.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub served_model_name: String,
+    /// Hardware profile of the simulated card (see `tokengate capacity`).
+    #[arg(long, default_value = "910b3")]
+    pub hardware: String,
+    /// Model profile timed on it.
+    #[arg(long, default_value = "qwen3.5-27b")]
+    pub model: String,
+    /// Precision of the model's linear-attention state (its share of the cache).
+    #[arg(long, value_enum, default_value_t = StateDtype::Fp32)]
+    pub state_dtype: StateDtype,
+    /// Fixed-pace mode: every pass (a prefill, or one token for every running request) takes
+    /// this many milliseconds, and the KV cache never fills. Without it, the capacity model
+    /// times every pass.
+    #[arg(long)]
+    pub pace_ms: Option<u64>,
+    /// Run simulated time this many times faster than real time (all reported times are
+    /// simulated).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Mix prefill chunks of this many tokens into decode passes instead of running each
+    /// prefill alone (MindIE's default).
+    #[arg(long)]
+    pub chunked_prefill: Option<u64>,
+    /// Longest prompt + output accepted (vLLM `max_model_len`).
+    #[arg(long)]
+    pub max_model_len: Option<u64>,
+    /// Most requests decoding at once (MindIE `maxBatchSize`).
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Token budget of one prefill pass (MindIE `maxPrefillTokens`).
+    #[arg(long)]
+    pub max_prefill_tokens: Option<u64>,
+    /// Seed of the output lengths drawn for requests without `ignore_eos`.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Mean of those output lengths (lognormal).
+    #[arg(long, default_value_t = 150.0)]
+    pub mean_output_tokens: f64,
+}
+
+impl SimArgs {
+    /// The simulated backend these arguments describe.
+    pub fn config(&self) -> anyhow::Result<SimConfig> {
+        let mut cfg = match self.pace_ms {
+            Some(ms) => SimConfig::pace(Duration::from_millis(ms)),
+            None => SimConfig::roofline(Roofline::from_names(
+                &self.hardware,
+                &self.model,
+                self.state_dtype,
+            )?),
+        };
+        cfg.model.clone_from(&self.served_model_name);
+        cfg.time_scale = self.time_scale;
+        cfg.seed = self.seed;
+        cfg.mean_output_tokens = self.mean_output_tokens;
+        cfg.engine.chunked_prefill = self.chunked_prefill;
+        if let Some(n) = self.max_model_len {
+            cfg.engine.max_model_len = n;
+        }
+        if let Some(n) = self.max_batch {
+            cfg.engine.max_batch = n;
+        }
+        if let Some(n) = self.max_prefill_tokens {
+            cfg.engine.max_prefill_tokens = n;
+        }
+        Ok(cfg)
+    }
+}
+
+/// Runs `tokengate sim` until Ctrl-C.
+pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
+    let tokenizer = Tokenizer::load(&args.tokenizer)
+        .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("binding {}", args.listen))?;
+        let handle = start(args.config()?, Arc::new(tokenizer), listener).await?;
+        eprintln!(
+            "tokengate sim: serving {} on {} (time scale {})",
+            args.served_model_name,
+            handle.url(),
+            args.time_scale
+        );
+        tokio::signal::ctrl_c().await?;
+        let stats = handle.stats();
+        eprintln!(
+            "tokengate sim: {} requests, {} tokens generated, {} preemptions",
+            stats.requests, stats.generated_tokens, stats.engine.preemptions
+        );
+        handle.shutdown().await;
+        Ok(())
+    })
+}

@@ -1,0 +1,353 @@
+//! Room `sim`: the HTTP face of the simulated backend: routing, request validation like vLLM,
+//! streamed and whole answers, fault injection, `/metrics`, `/health`, `/v1/models`.
+
+use super::engine::{EngineConfig, SeqRequest};
+use super::metrics::SimMetrics;
+use super::shell::{EngineHandle, TokenEvent};
+use super::text::{completion_text, SharedCounter};
+use super::wire::{parse_openai, parse_tgi, Api, Finish, Job, Meta};
+use super::{Faults, SimConfig, SimStats};
+use crate::error::ApiError;
+use crate::tokenize::chat::ChatTemplate;
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, LogNormal};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Errors of a response body; one makes hyper abort the connection mid-response.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The response body of every route.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// Largest request body accepted.
+const BODY_LIMIT_BYTES: usize = 64 << 20;
+
+/// Spread (sigma of the log) of output lengths sampled when `ignore_eos` is off.
+const OUTPUT_LENGTH_SIGMA: f64 = 0.8;
+
+/// Everything the routes share.
+pub struct Shared {
+    pub(super) model: String,
+    pub(super) engine_cfg: EngineConfig,
+    pub(super) counter: SharedCounter,
+    template: ChatTemplate,
+    pub(super) engine: EngineHandle,
+    pub(super) metrics: Arc<SimMetrics>,
+    pub(super) stats: Mutex<SimStats>,
+    pub(super) faults: Mutex<Faults>,
+    lengths: Mutex<(StdRng, LogNormal<f64>)>,
+    next_id: AtomicU64,
+}
+
+impl Shared {
+    /// Routes and counters over a running engine. Output lengths without `ignore_eos` follow a
+    /// lognormal of mean `cfg.mean_output_tokens`, drawn from `cfg.seed` in arrival order.
+    pub fn new(
+        cfg: SimConfig,
+        counter: SharedCounter,
+        engine: EngineHandle,
+        metrics: Arc<SimMetrics>,
+    ) -> Self {
+        let sigma = OUTPUT_LENGTH_SIGMA;
+        let mu = cfg.mean_output_tokens.max(1.0).ln() - sigma * sigma / 2.0;
+        let dist = LogNormal::new(mu, sigma).expect("sigma is a positive constant");
+        Self {
+            model: cfg.model,
+            engine_cfg: cfg.engine,
+            counter,
+            template: ChatTemplate::builtin_qwen35(),
+            engine,
+            metrics,
+            stats: Mutex::new(SimStats::default()),
+            faults: Mutex::new(cfg.faults),
+            lengths: Mutex::new((StdRng::seed_from_u64(cfg.seed), dist)),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn sample_output_len(&self) -> u64 {
+        let mut guard = self.lengths.lock().expect("length sampler lock poisoned");
+        let (rng, dist) = &mut *guard;
+        (dist.sample(rng).round() as u64).max(1)
+    }
+
+    fn faults(&self) -> Faults {
+        self.faults.lock().expect("faults lock poisoned").clone()
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("model", &self.model)
+            .field("engine_cfg", &self.engine_cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+fn full_body(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
+    let mut resp = Response::new(full_body(v.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response<Body> {
+    e.to_response::<Full<Bytes>>()
+        .map(|b| b.map_err(|never: Infallible| match never {}).boxed())
+}
+
+/// Answers one request.
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    match route(&shared, req).await {
+        Ok(resp) => resp,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_string();
+    let api = match (req.method(), path.as_str()) {
+        (&Method::GET, "/health") => return Ok(Response::new(full_body(Bytes::new()))),
+        (&Method::GET, "/v1/models") => return Ok(models(shared)),
+        (&Method::GET, "/metrics") => {
+            let mut resp = Response::new(full_body(shared.metrics.render()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            return Ok(resp);
+        }
+        (&Method::POST, "/v1/chat/completions") => (Api::Chat, None),
+        (&Method::POST, "/v1/completions") => (Api::Completion, None),
+        (&Method::POST, "/generate") => (Api::Tgi, Some(false)),
+        (&Method::POST, "/generate_stream") => (Api::Tgi, Some(true)),
+        (&Method::POST, "/infer") => (Api::Tgi, None),
+        _ => return Err(ApiError::not_found(format!("no route for {path}"))),
+    };
+    let body = Limited::new(req.into_body(), BODY_LIMIT_BYTES)
+        .collect()
+        .await
+        .map_err(|_| ApiError::payload_too_large(BODY_LIMIT_BYTES as u64))?
+        .to_bytes();
+    let job = match api {
+        (Api::Tgi, stream) => parse_tgi(&body, stream, shared.counter.as_ref())?,
+        (api, _) => parse_openai(
+            api,
+            &body,
+            &shared.model,
+            &shared.template,
+            shared.counter.as_ref(),
+        )?,
+    };
+    generate(shared, job).await
+}
+
+fn models(shared: &Shared) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "object": "list",
+            "data": [{
+                "id": shared.model,
+                "object": "model",
+                "created": unix_now(),
+                "owned_by": "tokengate-sim",
+                "root": shared.model,
+                "parent": null,
+                "max_model_len": shared.engine_cfg.max_model_len,
+            }],
+        }),
+    )
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn injected_status(status: u16) -> ApiError {
+    ApiError {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        code: "injected_failure",
+        kind: "server_error",
+        message: format!("the simulated backend was told to answer {status}"),
+        param: None,
+        retry_after: None,
+        rate_limit: None,
+    }
+}
+
+/// Why a response was cut short on purpose.
+#[derive(Debug, thiserror::Error)]
+enum Cut {
+    #[error("injected connection reset after {0} tokens")]
+    Injected(u64),
+    #[error("the simulated engine stopped")]
+    EngineStopped,
+}
+
+async fn generate(shared: &Shared, job: Job) -> Result<Response<Body>, ApiError> {
+    let faults = shared.faults();
+    {
+        let mut stats = shared.stats.lock().expect("stats lock poisoned");
+        stats.requests += 1;
+        stats.max_tokens.push(job.max_tokens);
+    }
+    if let Some(status) = faults.status {
+        return Err(injected_status(status));
+    }
+    let cfg = &shared.engine_cfg;
+    let max_tokens = job
+        .max_tokens
+        .unwrap_or(cfg.max_model_len.saturating_sub(job.prompt_tokens));
+    cfg.check_lengths(job.prompt_tokens, max_tokens)
+        .map_err(ApiError::context_length)?;
+    if max_tokens == 0 {
+        return Err(ApiError::invalid_param(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        ));
+    }
+    let output = if job.ignore_eos {
+        max_tokens
+    } else {
+        shared.sample_output_len().min(max_tokens)
+    };
+    let finish = if output == max_tokens {
+        Finish::Length
+    } else {
+        Finish::Stop
+    };
+    shared.metrics.prompt_tokens.inc_by(job.prompt_tokens);
+    shared
+        .stats
+        .lock()
+        .expect("stats lock poisoned")
+        .prompt_tokens += job.prompt_tokens;
+    let n = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let mut tokens = shared
+        .engine
+        .submit(SeqRequest {
+            id: n,
+            prompt_tokens: job.prompt_tokens,
+            output_tokens: output,
+        })
+        .await
+        .ok_or_else(ApiError::internal)?;
+    let meta = Meta {
+        id: format!("{}{n}", job.api.id_prefix()),
+        created: unix_now(),
+        model: shared.model.clone(),
+    };
+    if job.stream {
+        return Ok(stream_response(StreamState {
+            tokens,
+            job,
+            meta,
+            finish,
+            fail_after: faults.fail_after_tokens,
+            pending: VecDeque::new(),
+            done: false,
+        }));
+    }
+    let mut generated = 0;
+    while let Some(TokenEvent { index, last }) = tokens.recv().await {
+        if faults.fail_after_tokens.is_some_and(|limit| index > limit) {
+            let cut = futures_util::stream::once(async move {
+                Err::<Frame<Bytes>, BoxError>(Box::new(Cut::Injected(index - 1)))
+            });
+            return Ok(Response::new(StreamBody::new(cut).boxed()));
+        }
+        generated = index;
+        if last {
+            break;
+        }
+    }
+    if generated != output {
+        return Err(ApiError::internal());
+    }
+    let text = completion_text(0, generated);
+    let body = job.api.full(&meta, &job, &text, finish, generated);
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+struct StreamState {
+    tokens: tokio::sync::mpsc::UnboundedReceiver<TokenEvent>,
+    job: Job,
+    meta: Meta,
+    finish: Finish,
+    fail_after: Option<u64>,
+    pending: VecDeque<String>,
+    done: bool,
+}
+
+impl StreamState {
+    /// The next piece of the SSE stream: `None` at its end, `Err` to cut the connection.
+    async fn next(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
+        loop {
+            if let Some(chunk) = self.pending.pop_front() {
+                return Some(Ok(Frame::data(Bytes::from(chunk))));
+            }
+            if self.done {
+                return None;
+            }
+            let Some(TokenEvent { index, last }) = self.tokens.recv().await else {
+                self.done = true;
+                return Some(Err(Box::new(Cut::EngineStopped)));
+            };
+            if self.fail_after.is_some_and(|limit| index > limit) {
+                self.done = true;
+                return Some(Err(Box::new(Cut::Injected(index - 1))));
+            }
+            let api = self.job.api;
+            let text = completion_text(index - 1, 1);
+            let finish = last.then(|| (self.finish, completion_text(0, index), index));
+            self.pending
+                .extend(api.token_events(&self.meta, index, &text, finish));
+            if last {
+                let end = api.stream_end(
+                    &self.meta,
+                    self.job.include_usage,
+                    self.job.prompt_tokens,
+                    index,
+                );
+                self.pending.extend(end);
+                self.done = true;
+            }
+        }
+    }
+}
+
+fn stream_response(state: StreamState) -> Response<Body> {
+    let stream = futures_util::stream::unfold(state, |mut st| async move {
+        let item = st.next().await?;
+        Some((item, st))
+    });
+    let mut resp = Response::new(StreamBody::new(stream).boxed());
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}

@@ -1,0 +1,397 @@
+//! Room `sim`: socket tests of the simulated backend's HTTP face (real sockets on 127.0.0.1:0,
+//! the real Qwen3.5 tokenizer, the fixed-pace engine on paused tokio time).
+
+use super::*;
+use crate::tokenize::Tokenizer;
+use ::http::{Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn tokenizer() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
+        assert!(
+            path.is_file(),
+            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
+            path.display()
+        );
+        Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
+    })
+    .clone()
+}
+
+async fn sim(cfg: SimConfig) -> SimHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start(cfg, tokenizer(), listener).await.unwrap()
+}
+
+/// A whole exchange: status, body text, and whether the connection was cut mid-body.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    content_type: Option<String>,
+    body: String,
+    cut: bool,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    /// The `data:` payloads of an SSE body.
+    fn events(&self) -> Vec<String> {
+        self.body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data:"))
+            .map(|d| d.trim().to_string())
+            .collect()
+    }
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Answer {
+    exchange(addr, method, path, body).await.unwrap()
+}
+
+/// One request on a fresh connection; `Err` when the connection dies before the head.
+async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Answer, hyper::Error> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "sim")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string());
+    let mut body = resp.into_body();
+    let mut bytes = Vec::new();
+    let mut cut = false;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => bytes.extend_from_slice(f.data_ref().map_or(&[][..], |d| &d[..])),
+            Err(_) => {
+                cut = true;
+                break;
+            }
+        }
+    }
+    Ok(Answer {
+        status,
+        content_type,
+        body: String::from_utf8(bytes).unwrap(),
+        cut,
+    })
+}
+
+async fn post(addr: SocketAddr, path: &str, body: Value) -> Answer {
+    call(addr, "POST", path, Some(body)).await
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "model": DEFAULT_MODEL,
+        "messages": [{"role": "user", "content": content}],
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// A user message costs its stripped content plus 5 tokens, the generation prompt 5
+/// (DOMAIN.md 3); "Hello there, how are you?" is 7 tokens.
+const HELLO: &str = "Hello there, how are you?";
+const HELLO_CHAT_TOKENS: u64 = 7 + 5 + 5;
+
+#[tokio::test(start_paused = true)]
+async fn chat_answers_exactly_max_tokens_with_ignore_eos_and_reports_usage() {
+    let s = sim(SimConfig::default()).await;
+    assert_eq!(tokenizer().count(HELLO), 7);
+    let a = post(
+        s.addr(),
+        "/v1/chat/completions",
+        chat(HELLO, json!({"max_tokens": 12, "ignore_eos": true})),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    let v = a.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        text::completion_text(0, 12)
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": HELLO_CHAT_TOKENS, "total_tokens": HELLO_CHAT_TOKENS + 12, "completion_tokens": 12})
+    );
+    let stats = s.stats();
+    assert_eq!(stats.requests, 1);
+    assert_eq!(stats.max_tokens, vec![Some(12)]);
+    assert_eq!(stats.prompt_tokens, HELLO_CHAT_TOKENS);
+    assert_eq!(stats.generated_tokens, 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn chat_stream_sends_one_token_per_chunk_then_usage_like_vllm() {
+    let s = sim(SimConfig::default()).await;
+    let a = post(
+        s.addr(),
+        "/v1/chat/completions",
+        chat(
+            HELLO,
+            json!({"max_tokens": 5, "ignore_eos": true, "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        ),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.content_type.as_deref(), Some("text/event-stream"));
+    let events = a.events();
+    // Role chunk, 5 content chunks, usage chunk, [DONE].
+    assert_eq!(events.len(), 8);
+    let chunks: Vec<Value> = events[..7]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    let contents: Vec<&str> = chunks[1..6]
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents, vec![" the", " quick", " brown", " fox", " jumps"]);
+    assert_eq!(chunks[4]["choices"][0]["finish_reason"], Value::Null);
+    assert_eq!(chunks[5]["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunks[6]["choices"], json!([]));
+    assert_eq!(chunks[6]["usage"]["completion_tokens"], 5);
+    assert_eq!(chunks[6]["usage"]["prompt_tokens"], HELLO_CHAT_TOKENS);
+    assert_eq!(events[7], "[DONE]");
+}
+
+#[tokio::test(start_paused = true)]
+async fn completions_stream_without_include_usage_has_no_usage_chunk() {
+    let s = sim(SimConfig::default()).await;
+    let a = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"prompt": HELLO, "max_tokens": 3, "ignore_eos": true, "stream": true}),
+    )
+    .await;
+    let events = a.events();
+    assert_eq!(events.len(), 4);
+    let last: Value = serde_json::from_str(&events[2]).unwrap();
+    assert_eq!(last["object"], "text_completion");
+    assert_eq!(last["choices"][0]["text"], " brown");
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[3], "[DONE]");
+    assert_eq!(s.stats().prompt_tokens, 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn mindie_generate_stream_reports_generated_tokens_in_details() {
+    let s = sim(SimConfig::default()).await;
+    let body = json!({"inputs": HELLO, "parameters": {"max_new_tokens": 4, "ignore_eos": true}});
+    let a = post(s.addr(), "/generate_stream", body.clone()).await;
+    let events = a.events();
+    assert_eq!(events.len(), 4);
+    let last: Value = serde_json::from_str(&events[3]).unwrap();
+    assert_eq!(last["details"]["generated_tokens"], 4);
+    assert_eq!(last["details"]["finish_reason"], "length");
+    assert_eq!(last["generated_text"], text::completion_text(0, 4));
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["details"], Value::Null);
+
+    let mut with_details = body.clone();
+    with_details["parameters"]["details"] = json!(true);
+    let g = post(s.addr(), "/generate", with_details).await.json();
+    assert_eq!(g["details"]["generated_tokens"], 4);
+    let infer = post(s.addr(), "/infer", body).await.json();
+    assert_eq!(
+        infer,
+        json!({"generated_text": text::completion_text(0, 4)})
+    );
+    assert_eq!(s.stats().max_tokens, vec![Some(4); 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_max_tokens_means_the_rest_of_the_context_and_overflow_is_400() {
+    let mut cfg = SimConfig::default();
+    cfg.engine.max_model_len = 40;
+    let s = sim(cfg).await;
+    let a = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"prompt": HELLO, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(a.json()["usage"]["completion_tokens"], 40 - 7);
+
+    let over = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"prompt": HELLO, "max_tokens": 34}),
+    )
+    .await;
+    assert_eq!(over.status, StatusCode::BAD_REQUEST);
+    assert_eq!(over.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(
+        over.json()["error"]["message"],
+        "This model's maximum context length is 40 tokens. However, you requested 41 tokens \
+         (7 in the messages, 34 in the completion). Please reduce the length of the messages or \
+         completion."
+    );
+    assert_eq!(s.stats().max_tokens, vec![None, Some(34)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn sampled_lengths_are_seeded_and_capped_by_max_tokens() {
+    let body = json!({"prompt": HELLO, "max_tokens": 40});
+    let mut lengths = Vec::new();
+    for _ in 0..2 {
+        let s = sim(SimConfig::default()).await;
+        let mut run = Vec::new();
+        for _ in 0..5 {
+            let v = post(s.addr(), "/v1/completions", body.clone()).await.json();
+            let n = v["usage"]["completion_tokens"].as_u64().unwrap();
+            let finish = if n == 40 { "length" } else { "stop" };
+            assert_eq!(v["choices"][0]["finish_reason"], finish);
+            assert!((1..=40).contains(&n));
+            run.push(n);
+        }
+        lengths.push(run);
+    }
+    assert_eq!(lengths[0], lengths[1]);
+    assert!(lengths[0].iter().any(|&n| n < 40));
+}
+
+#[tokio::test(start_paused = true)]
+async fn injected_reset_cuts_the_stream_after_n_tokens_and_status_answers() {
+    let s = sim(SimConfig {
+        faults: Faults {
+            fail_after_tokens: Some(3),
+            status: None,
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let body = chat(
+        HELLO,
+        json!({"max_tokens": 10, "ignore_eos": true, "stream": true}),
+    );
+    let a = post(s.addr(), "/v1/chat/completions", body.clone()).await;
+    assert!(a.cut);
+    // The role chunk and exactly three content chunks made it.
+    assert_eq!(a.events().len(), 4);
+    // Not streamed: the connection dies before the response head.
+    let whole = exchange(
+        s.addr(),
+        "POST",
+        "/v1/chat/completions",
+        Some(chat(HELLO, json!({"max_tokens": 10, "ignore_eos": true}))),
+    )
+    .await;
+    assert!(whole.unwrap_err().is_incomplete_message());
+
+    s.set_faults(Faults {
+        fail_after_tokens: None,
+        status: Some(503),
+    });
+    let a = post(s.addr(), "/v1/chat/completions", body).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.json()["error"]["code"], "injected_failure");
+}
+
+#[tokio::test(start_paused = true)]
+async fn models_health_metrics_and_unknown_routes() {
+    let s = sim(SimConfig::default()).await;
+    let models = call(s.addr(), "GET", "/v1/models", None).await.json();
+    assert_eq!(models["data"][0]["id"], DEFAULT_MODEL);
+    assert_eq!(models["data"][0]["max_model_len"], 65_536);
+    assert_eq!(
+        call(s.addr(), "GET", "/health", None).await.status,
+        StatusCode::OK
+    );
+    let wrong_model = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"model": "gpt-4", "prompt": "x"}),
+    )
+    .await;
+    assert_eq!(wrong_model.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        call(s.addr(), "GET", "/nope", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    post(
+        s.addr(),
+        "/v1/completions",
+        json!({"prompt": HELLO, "max_tokens": 6, "ignore_eos": true}),
+    )
+    .await;
+    let metrics = call(s.addr(), "GET", "/metrics", None).await.body;
+    for line in [
+        "vllm:generation_tokens_total 6",
+        "vllm:prompt_tokens_total 7",
+        "vllm:num_preemptions_total 0",
+        "vllm:num_requests_running 0",
+        "vllm:time_to_first_token_seconds_count 1",
+        "vllm:time_per_output_token_seconds_count 5",
+        // Six passes of 1 ms: a prefill, then five decode steps.
+        "vllm:time_to_first_token_seconds_sum 0.001",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn roofline_engine_reports_simulated_times_at_any_time_scale() {
+    let mut cfg = SimConfig::roofline_910b3();
+    cfg.time_scale = 50.0;
+    let s = sim(cfg).await;
+    let prompt = text::completion_text(0, 3000);
+    let a = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"prompt": prompt, "max_tokens": 2, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(a.json()["usage"]["prompt_tokens"], 3000);
+    let metrics = call(s.addr(), "GET", "/metrics", None).await.body;
+    let ttft = timing::Roofline::seed_910b3_qwen35_27b().prefill(&[3000]);
+    let line = format!(
+        "vllm:time_to_first_token_seconds_sum {}",
+        ttft.as_secs_f64()
+    );
+    assert!(
+        metrics.lines().any(|l| l == line),
+        "{line} not in\n{metrics}"
+    );
+}

@@ -1,0 +1,85 @@
+//! Room `sim`: how long the simulated card takes for one engine iteration. The scheduler core
+//! ([`super::engine`]) asks a [`StepTiming`] and never computes physics itself, so the same
+//! scheduler runs on the capacity model ([`Roofline`]) or at a fixed pace ([`Pace`]).
+
+use super::engine::KvGeometry;
+use crate::capacity::{CapacityError, CapacityInputs, ProfileOverrides, StateDtype};
+use std::fmt;
+use std::time::Duration;
+
+/// Duration of the engine's iterations.
+pub trait StepTiming: Send + Sync + fmt::Debug {
+    /// A prefill pass over whole prompts of `tokens` tokens each, running alone (no decodes
+    /// mixed in).
+    fn prefill(&self, tokens: &[u64]) -> Duration;
+
+    /// One decode step over running sequences whose resident contexts (KV tokens) are
+    /// `contexts`, with `chunk` prefill tokens of a chunked prefill mixed into the same pass.
+    fn step(&self, contexts: &[u64], chunk: u64) -> Duration;
+}
+
+/// The degenerate engine of issue 2: every pass (prefill or decode, whatever the batch) takes
+/// the same time, so each running sequence gets one token per `pace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace(pub Duration);
+
+impl StepTiming for Pace {
+    fn prefill(&self, _tokens: &[u64]) -> Duration {
+        self.0
+    }
+
+    fn step(&self, _contexts: &[u64], _chunk: u64) -> Duration {
+        self.0
+    }
+}
+
+/// The roofline timing of one model replica: the capacity room's formulas for a deployment
+/// (prefill `2 P L / F`, a pass `max((W + KV read) / BW, 2 P tokens / F)`), at peak rates (the
+/// efficiency coefficient scales throughputs, never TTFT or TPOT).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Roofline(pub CapacityInputs);
+
+impl Roofline {
+    /// The named hardware and model profiles with every other capacity input at its default.
+    pub fn from_names(
+        hardware: &str,
+        model: &str,
+        state_dtype: StateDtype,
+    ) -> Result<Self, CapacityError> {
+        let inputs =
+            CapacityInputs::from_names(hardware, model, state_dtype, &ProfileOverrides::default())?;
+        inputs.validate()?;
+        Ok(Self(inputs))
+    }
+
+    /// The seed's 910B3 (320 TFLOPS, 1.9 TB/s, 64 GB) running Qwen3.5-27B with fp32 DeltaNet
+    /// state.
+    pub fn seed_910b3_qwen35_27b() -> Self {
+        Self::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32)
+            .expect("built-in profiles are valid")
+    }
+
+    /// The cache of this deployment: its blocks, per-token KV, per-sequence state and budget.
+    pub fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry {
+            block_tokens: self.0.block_tokens,
+            kv_bytes_per_token: self.0.model.kv_bytes_per_token,
+            state_bytes_per_seq: self.0.model.state_bytes_per_sequence,
+            budget_bytes: self.0.kv_budget_bytes(),
+        }
+    }
+}
+
+impl StepTiming for Roofline {
+    fn prefill(&self, tokens: &[u64]) -> Duration {
+        Duration::from_secs_f64(self.0.prefill_seconds(tokens.iter().sum()))
+    }
+
+    fn step(&self, contexts: &[u64], chunk: u64) -> Duration {
+        let resident: u64 = contexts.iter().sum();
+        Duration::from_secs_f64(
+            self.0
+                .mixed_pass_seconds(contexts.len() as u64, resident, chunk),
+        )
+    }
+}

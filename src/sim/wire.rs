@@ -1,0 +1,362 @@
+//! Room `sim`: the wire formats the simulated backend speaks: OpenAI chat and completions as vLLM
+//! emits them (SSE chunks, `usage`, `stream_options.include_usage`), and MindIE's TGI-style
+//! `/generate`, `/generate_stream` and `/infer` (with `details.generated_tokens`).
+
+use crate::error::ApiError;
+use crate::tokenize::chat::{ChatPrompt, ChatTemplate, CountTokens};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Which API a request came in on; decides every response shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completion,
+    /// MindIE / TGI `/generate`, `/generate_stream`, `/infer`.
+    Tgi,
+}
+
+/// A parsed generation request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// The API, for the response shape.
+    pub api: Api,
+    /// Stream the answer as SSE.
+    pub stream: bool,
+    /// OpenAI `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Prompt tokens, counted with the served tokenizer.
+    pub prompt_tokens: u64,
+    /// `max_tokens` (or `max_completion_tokens`, `max_new_tokens`) as the client sent it.
+    pub max_tokens: Option<u64>,
+    /// Generate exactly the output budget, ignoring end-of-sequence.
+    pub ignore_eos: bool,
+    /// TGI `parameters.details` (always on in a TGI stream's last event).
+    pub details: bool,
+}
+
+#[derive(Deserialize)]
+struct OpenAiRequest {
+    model: Option<String>,
+    messages: Option<Vec<Value>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    chat_template_kwargs: Option<TemplateKwargs>,
+    prompt: Option<Prompt>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct TemplateKwargs {
+    enable_thinking: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct TgiRequest {
+    inputs: String,
+    stream: Option<bool>,
+    #[serde(default)]
+    parameters: TgiParameters,
+}
+
+#[derive(Deserialize, Default)]
+struct TgiParameters {
+    max_new_tokens: Option<u64>,
+    #[serde(default)]
+    details: bool,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+fn bad_json(e: serde_json::Error) -> ApiError {
+    ApiError::invalid(format!("request body is not valid JSON for this API: {e}"))
+}
+
+// ApiError is the crate's one error type, returned as is on every path (as in the limiter).
+#[allow(clippy::result_large_err)]
+/// Parses an OpenAI chat or completions body and counts its prompt (a chat rendered with
+/// `template`, as vLLM renders it before tokenizing).
+pub fn parse_openai(
+    api: Api,
+    body: &[u8],
+    served_model: &str,
+    template: &ChatTemplate,
+    counter: &dyn CountTokens,
+) -> Result<Job, ApiError> {
+    let req: OpenAiRequest = serde_json::from_slice(body).map_err(bad_json)?;
+    if let Some(model) = &req.model {
+        if model != served_model {
+            return Err(ApiError::model_not_found(model));
+        }
+    }
+    let prompt_tokens = match api {
+        Api::Chat => {
+            let messages = req
+                .messages
+                .ok_or_else(|| ApiError::invalid_param("messages", "`messages` is required"))?;
+            let prompt = ChatPrompt {
+                messages,
+                tools: req.tools,
+                add_generation_prompt: true,
+                enable_thinking: req.chat_template_kwargs.and_then(|k| k.enable_thinking),
+            };
+            counter.count(&template.render(&prompt)?) as u64
+        }
+        _ => match req.prompt {
+            Some(Prompt::One(p)) => counter.count(&p) as u64,
+            Some(Prompt::Many(ps)) if ps.len() == 1 => counter.count(&ps[0]) as u64,
+            Some(Prompt::Many(_)) => {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    "the simulated backend takes one prompt per request",
+                ))
+            }
+            None => return Err(ApiError::invalid_param("prompt", "`prompt` is required")),
+        },
+    };
+    Ok(Job {
+        api,
+        stream: req.stream,
+        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        prompt_tokens,
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        ignore_eos: req.ignore_eos,
+        details: false,
+    })
+}
+
+#[allow(clippy::result_large_err)]
+/// Parses a TGI-style body (`/generate`, `/generate_stream`, `/infer`); `stream` is the
+/// endpoint's mode, `None` for `/infer`, which reads it from the body.
+pub fn parse_tgi(
+    body: &[u8],
+    stream: Option<bool>,
+    counter: &dyn CountTokens,
+) -> Result<Job, ApiError> {
+    let req: TgiRequest = serde_json::from_slice(body).map_err(bad_json)?;
+    Ok(Job {
+        api: Api::Tgi,
+        stream: stream.or(req.stream).unwrap_or(false),
+        include_usage: false,
+        prompt_tokens: counter.count(&req.inputs) as u64,
+        max_tokens: req.parameters.max_new_tokens,
+        ignore_eos: req.parameters.ignore_eos,
+        details: req.parameters.details,
+    })
+}
+
+/// What every response of one request shares.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    /// Response id (`chatcmpl-N`, `cmpl-N`).
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+}
+
+/// How a finished answer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It reached the output budget.
+    Length,
+    /// It ended on its own (end of sequence).
+    Stop,
+}
+
+impl Finish {
+    fn openai(self) -> &'static str {
+        match self {
+            Finish::Length => "length",
+            Finish::Stop => "stop",
+        }
+    }
+
+    fn tgi(self) -> &'static str {
+        match self {
+            Finish::Length => "length",
+            Finish::Stop => "eos_token",
+        }
+    }
+}
+
+fn usage(prompt: u64, completion: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    })
+}
+
+impl Api {
+    /// The SSE events carrying token number `index` (1-based) with `text`; `finish` on the last.
+    pub fn token_events(
+        self,
+        meta: &Meta,
+        index: u64,
+        text: &str,
+        finish: Option<(Finish, String, u64)>,
+    ) -> Vec<String> {
+        match self {
+            Api::Chat => {
+                let mut out = Vec::new();
+                if index == 1 {
+                    out.push(sse(&chat_chunk(
+                        meta,
+                        json!({"role": "assistant", "content": ""}),
+                        None,
+                    )));
+                }
+                out.push(sse(&chat_chunk(
+                    meta,
+                    json!({"content": text}),
+                    finish.map(|f| f.0.openai()),
+                )));
+                out
+            }
+            Api::Completion => vec![sse(&json!({
+                "id": meta.id,
+                "object": "text_completion",
+                "created": meta.created,
+                "model": meta.model,
+                "choices": [{
+                    "index": 0,
+                    "text": text,
+                    "logprobs": null,
+                    "finish_reason": finish.map(|f| f.0.openai()),
+                    "stop_reason": null,
+                }],
+            }))],
+            Api::Tgi => {
+                let (generated_text, details) = match finish {
+                    Some((f, full, n)) => (json!(full), tgi_details(f, n)),
+                    None => (Value::Null, Value::Null),
+                };
+                vec![format!(
+                    "data:{}\n\n",
+                    json!({
+                        "index": index,
+                        // Token ids are not simulated.
+                        "token": {"id": 0, "text": text, "logprob": 0.0, "special": false},
+                        "generated_text": generated_text,
+                        "details": details,
+                    })
+                )]
+            }
+        }
+    }
+
+    /// The SSE events after the last token: the usage chunk if asked, and `[DONE]` (OpenAI).
+    pub fn stream_end(self, meta: &Meta, include_usage: bool, prompt: u64, n: u64) -> Vec<String> {
+        match self {
+            Api::Tgi => Vec::new(),
+            Api::Chat | Api::Completion => {
+                let mut out = Vec::new();
+                if include_usage {
+                    let object = if self == Api::Chat {
+                        "chat.completion.chunk"
+                    } else {
+                        "text_completion"
+                    };
+                    out.push(sse(&json!({
+                        "id": meta.id,
+                        "object": object,
+                        "created": meta.created,
+                        "model": meta.model,
+                        "choices": [],
+                        "usage": usage(prompt, n),
+                    })));
+                }
+                out.push("data: [DONE]\n\n".to_string());
+                out
+            }
+        }
+    }
+
+    /// The whole answer of a non-streamed request.
+    pub fn full(self, meta: &Meta, job: &Job, text: &str, finish: Finish, n: u64) -> Value {
+        match self {
+            Api::Chat => json!({
+                "id": meta.id,
+                "object": "chat.completion",
+                "created": meta.created,
+                "model": meta.model,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": null,
+                    "finish_reason": finish.openai(),
+                }],
+                "usage": usage(job.prompt_tokens, n),
+            }),
+            Api::Completion => json!({
+                "id": meta.id,
+                "object": "text_completion",
+                "created": meta.created,
+                "model": meta.model,
+                "choices": [{
+                    "index": 0,
+                    "text": text,
+                    "logprobs": null,
+                    "finish_reason": finish.openai(),
+                    "stop_reason": null,
+                }],
+                "usage": usage(job.prompt_tokens, n),
+            }),
+            Api::Tgi if job.details => {
+                json!({"generated_text": text, "details": tgi_details(finish, n)})
+            }
+            Api::Tgi => json!({"generated_text": text}),
+        }
+    }
+
+    /// The response id prefix.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Api::Chat => "chatcmpl-",
+            Api::Completion => "cmpl-",
+            Api::Tgi => "gen-",
+        }
+    }
+}
+
+fn tgi_details(finish: Finish, n: u64) -> Value {
+    json!({"finish_reason": finish.tgi(), "generated_tokens": n, "seed": null})
+}
+
+fn chat_chunk(meta: &Meta, delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "chat.completion.chunk",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+    })
+}
+
+fn sse(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}

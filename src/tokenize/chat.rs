@@ -1,0 +1,360 @@
+//! Chat templates (tokenize room): turns a chat request (`messages`, `tools`, flags) into the
+//! exact prompt text the backend will tokenize, so the gateway counts the same tokens vLLM or
+//! MindIE will prefill. Two engines: a built-in Rust renderer of the Qwen3.5 format (the
+//! default: fast, no file needed) and any Jinja chat template rendered the way transformers
+//! renders it. Both are held byte-identical to the official Qwen3.5 template by
+//! `tests/chat_parity.rs`.
+
+mod jinja;
+pub mod pyfmt;
+mod qwen35;
+
+use crate::error::ApiError;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// Counts the tokens of a text with special tokens recognized. The tokenizer implements it; the
+/// chat code needs nothing more.
+pub trait CountTokens {
+    /// The number of tokens of `text`, added tokens such as `<|im_start|>` counted as one each.
+    fn count(&self, text: &str) -> usize;
+}
+
+/// The input of a chat template: what transformers' `apply_chat_template` receives.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatPrompt {
+    /// The conversation, as JSON objects (`role`, `content`, `tool_calls`, `reasoning_content`).
+    pub messages: Vec<Value>,
+    /// Tool (function) definitions, listed in the system turn.
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// Whether to open the assistant turn the model should complete.
+    #[serde(default)]
+    pub add_generation_prompt: bool,
+    /// Qwen3.5's thinking switch; `Some(false)` renders an empty think block.
+    #[serde(default)]
+    pub enable_thinking: Option<bool>,
+}
+
+impl ChatPrompt {
+    /// Brings OpenAI-style assistant tool calls into the shape chat templates expect, as vLLM
+    /// does before rendering: `function.arguments` sent as a JSON string becomes a mapping
+    /// (malformed JSON, a non-object value or a missing one become `{}`), and an empty
+    /// `tool_calls` list is dropped. Without it, the template rejects every conversation that
+    /// replays a tool call the way the OpenAI API returned it.
+    pub fn normalize_tool_calls(&mut self) -> Result<(), TemplateError> {
+        for message in &mut self.messages {
+            let Some(message) = message.as_object_mut() else {
+                continue;
+            };
+            if message.get("role").and_then(Value::as_str) != Some("assistant") {
+                continue;
+            }
+            let Some(Value::Array(calls)) = message.get_mut("tool_calls") else {
+                continue;
+            };
+            if calls.is_empty() {
+                message.remove("tool_calls");
+                continue;
+            }
+            for call in calls {
+                let call = call.as_object_mut().ok_or_else(|| {
+                    TemplateError::Unrenderable(
+                        "assistant tool_calls entries must be objects".into(),
+                    )
+                })?;
+                let is_function = call.get("type").is_none_or(|t| t == "function");
+                let function = match call.get_mut("function") {
+                    Some(Value::Object(function)) if is_function => function,
+                    _ => return Err(TemplateError::Unrenderable(
+                        "only tool calls of type 'function' with a 'function' object are supported"
+                            .into(),
+                    )),
+                };
+                let arguments = match function.remove("arguments") {
+                    Some(Value::Object(map)) => map,
+                    Some(Value::String(text)) => match serde_json::from_str(&text) {
+                        Ok(Value::Object(map)) => map,
+                        _ => serde_json::Map::new(),
+                    },
+                    _ => serde_json::Map::new(),
+                };
+                function.insert("arguments".to_owned(), Value::Object(arguments));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a conversation could not be rendered. The gateway answers it with a 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// The template itself rejected the conversation (its `raise_exception`), with the
+    /// template's message, e.g. "System message must be at the beginning.".
+    #[error("{0}")]
+    Rejected(String),
+    /// The conversation holds a value the template cannot render, e.g. a tool call without a
+    /// function name or with arguments that are not a mapping.
+    #[error("cannot render the conversation: {0}")]
+    Unrenderable(String),
+    /// A template file could not be read or parsed (at startup, never per request).
+    #[error("chat template {path}: {message}")]
+    Load {
+        /// The template file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl From<TemplateError> for ApiError {
+    fn from(err: TemplateError) -> Self {
+        ApiError::invalid_param("messages", err.to_string())
+    }
+}
+
+/// A chat template: the built-in Qwen3.5 renderer or a Jinja template file.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    engine: Engine,
+}
+
+#[derive(Debug)]
+enum Engine {
+    BuiltinQwen35,
+    Jinja(Box<jinja::JinjaTemplate>),
+}
+
+/// The special token every turn starts with; rendered text is cut into spans right before it.
+const IM_START: &str = "<|im_start|>";
+
+impl ChatTemplate {
+    /// The built-in renderer of the official Qwen3.5 / Qwen3.6 chat template.
+    pub fn builtin_qwen35() -> Self {
+        Self {
+            engine: Engine::BuiltinQwen35,
+        }
+    }
+
+    /// Loads a Jinja chat template file (e.g. a model directory's `chat_template.jinja`).
+    pub fn from_jinja_file(path: impl AsRef<Path>) -> Result<Self, TemplateError> {
+        let path = path.as_ref();
+        let load_error = |message: String| TemplateError::Load {
+            path: path.display().to_string(),
+            message,
+        };
+        let source = std::fs::read_to_string(path).map_err(|e| load_error(e.to_string()))?;
+        Self::from_jinja_source(source).map_err(|e| match e {
+            TemplateError::Load { message, .. } => load_error(message),
+            other => other,
+        })
+    }
+
+    /// Parses a Jinja chat template given as text (e.g. `chat_template` of a
+    /// `tokenizer_config.json`).
+    pub fn from_jinja_source(source: String) -> Result<Self, TemplateError> {
+        let template = jinja::JinjaTemplate::parse(source).map_err(|e| TemplateError::Load {
+            path: "<inline>".to_owned(),
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            engine: Engine::Jinja(Box::new(template)),
+        })
+    }
+
+    /// Renders the prompt text the model will see.
+    pub fn render(&self, prompt: &ChatPrompt) -> Result<String, TemplateError> {
+        let mut out = String::new();
+        match &self.engine {
+            Engine::BuiltinQwen35 => qwen35::render(prompt, &mut out)?,
+            Engine::Jinja(template) => template.render(prompt, &mut out)?,
+        }
+        Ok(out)
+    }
+
+    /// Renders the prompt cut into spans whose concatenation is [`ChatTemplate::render`]'s text
+    /// and whose token counts add up to the whole text's count (see [`spans`]).
+    pub fn render_spans(&self, prompt: &ChatPrompt) -> Result<Vec<String>, TemplateError> {
+        Ok(spans(&self.render(prompt)?).map(str::to_owned).collect())
+    }
+}
+
+/// Cuts rendered chat text right before every `<|im_start|>` (so each span is one turn,
+/// `<|im_start|>...<|im_end|>\n`, or a run of grouped tool responses, or the generation
+/// prompt).
+///
+/// Why token counts add up across these cuts: the tokenizer first splits the text on added
+/// tokens and runs BPE only on the pieces between them, so no token ever spans an added token's
+/// edge. A cut placed right at the start of an added token therefore cuts no BPE piece, and no
+/// added-token match can straddle it (no added token ends with a prefix of `<|im_start|>`).
+/// Hence count(a + b) = count(a) + count(b) for every pair of adjacent spans, and identical turns
+/// in consecutive requests of one conversation yield identical spans to memoize.
+pub fn spans(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        // A span starts with `<|im_start|>`; the next one starts at the following occurrence.
+        let cut = rest
+            .match_indices(IM_START)
+            .map(|(i, _)| i)
+            .find(|i| *i > 0)
+            .unwrap_or(rest.len());
+        let (span, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(span)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn prompt(messages: Value) -> ChatPrompt {
+        ChatPrompt {
+            messages: serde_json::from_value(messages).unwrap(),
+            tools: None,
+            add_generation_prompt: true,
+            enable_thinking: None,
+        }
+    }
+
+    #[test]
+    fn renders_a_simple_chat() {
+        let p = prompt(json!([
+            {"role": "system", "content": "  Be brief. "},
+            {"role": "user", "content": "Hi\n"},
+        ]));
+        assert_eq!(
+            ChatTemplate::builtin_qwen35().render(&p).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\n<think>\n"
+        );
+    }
+
+    #[test]
+    fn spans_cut_before_every_turn() {
+        let text = "<|im_start|>system\nA<|im_end|>\n<|im_start|>user\nB <|im_start|>x<|im_end|>\n\
+                    <|im_start|>assistant\n<think>\n";
+        assert_eq!(
+            spans(text).collect::<Vec<_>>(),
+            [
+                "<|im_start|>system\nA<|im_end|>\n",
+                "<|im_start|>user\nB ",
+                "<|im_start|>x<|im_end|>\n",
+                "<|im_start|>assistant\n<think>\n",
+            ]
+        );
+        assert_eq!(
+            spans("é<|im_start|>").collect::<Vec<_>>(),
+            ["é", "<|im_start|>"]
+        );
+        assert_eq!(spans("").count(), 0);
+    }
+
+    #[test]
+    fn render_spans_concatenate_to_render() {
+        let p = prompt(json!([
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "calc", "arguments": {"expr": "2+2"}}}]},
+            {"role": "tool", "content": "4"},
+            {"role": "tool", "content": "four"},
+        ]));
+        let t = ChatTemplate::builtin_qwen35();
+        let spans = t.render_spans(&p).unwrap();
+        assert_eq!(spans.len(), 4);
+        assert_eq!(spans.concat(), t.render(&p).unwrap());
+        assert_eq!(
+            spans[2],
+            "<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\nfour\n\
+             </tool_response><|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn normalize_tool_calls_decodes_openai_arguments() {
+        let mut p = prompt(json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function",
+                 "function": {"name": "w", "arguments": "{\"city\": \"杭州\", \"days\": 2}"}},
+                {"id": "b", "function": {"name": "x", "arguments": "not json"}},
+                {"id": "c", "function": {"name": "y", "arguments": "[1]"}},
+                {"id": "d", "function": {"name": "z"}},
+                {"id": "e", "function": {"name": "v", "arguments": {"k": 1}}},
+            ]},
+            {"role": "assistant", "content": "x", "tool_calls": []},
+            {"role": "tool", "content": "22C"},
+        ]));
+        p.normalize_tool_calls().unwrap();
+        let args: Vec<&Value> = p.messages[1]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["function"]["arguments"])
+            .collect();
+        assert_eq!(
+            args,
+            [
+                &json!({"city": "杭州", "days": 2}),
+                &json!({}),
+                &json!({}),
+                &json!({}),
+                &json!({"k": 1})
+            ]
+        );
+        assert_eq!(p.messages[2], json!({"role": "assistant", "content": "x"}));
+        let text = ChatTemplate::builtin_qwen35().render(&p).unwrap();
+        assert!(text.contains(
+            "<tool_call>\n<function=w>\n<parameter=city>\n杭州\n</parameter>\n<parameter=days>\n2\n\
+             </parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=x>\n</function>"
+        ));
+
+        for bad in [
+            json!("w"),
+            json!({"type": "custom", "function": {"name": "w"}}),
+            json!({"id": "f"}),
+        ] {
+            let mut p = prompt(json!([
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [bad]},
+            ]));
+            assert!(matches!(
+                p.normalize_tool_calls(),
+                Err(TemplateError::Unrenderable(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn errors_are_typed_and_become_400() {
+        let t = ChatTemplate::builtin_qwen35();
+        assert_eq!(
+            t.render(&prompt(json!([]))),
+            Err(TemplateError::Rejected("No messages provided.".into()))
+        );
+        let err = t
+            .render(&prompt(json!([
+                {"role": "user", "content": "a"},
+                {"role": "system", "content": "b"},
+            ])))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            TemplateError::Rejected("System message must be at the beginning.".into())
+        );
+        let api: ApiError = err.into();
+        assert_eq!(api.status, http::StatusCode::BAD_REQUEST);
+        assert_eq!(api.code, "invalid_request");
+        assert_eq!(api.param.as_deref(), Some("messages"));
+        assert_eq!(api.message, "System message must be at the beginning.");
+        let missing = ChatTemplate::from_jinja_file("no/such/template.jinja").unwrap_err();
+        assert!(
+            matches!(missing, TemplateError::Load { ref path, .. } if path == "no/such/template.jinja")
+        );
+    }
+}

@@ -1,0 +1,737 @@
+//! The gateway end to end on real sockets: a fake backend and a gateway on 127.0.0.1:0, the
+//! limiter on a manual clock. Every test asserts exact statuses, codes, headers and ledger
+//! numbers, and waits only on observable events.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use support::*;
+
+const USER_FRAME: &str = "<|im_start|>user\n";
+const GEN_PROMPT: &str = "<|im_end|>\n<|im_start|>assistant\n<think>\n";
+
+/// Prompt tokens of a one-message chat, from the tokenizer on the hand-written rendering.
+fn chat_tokens(content: &str) -> u64 {
+    tokenizer().count(&format!("{USER_FRAME}{content}{GEN_PROMPT}")) as u64
+}
+
+async fn gateway(spec: FakeSpec) -> (TestGateway, FakeBackend) {
+    let backend = FakeBackend::start(spec).await;
+    let gw = TestGateway::start(config(&[backend.addr])).await;
+    (gw, backend)
+}
+
+#[tokio::test]
+async fn streams_meters_and_hides_the_usage_chunk_it_asked_for() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("hello world", 5, true),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let data = sse_data(&r.body);
+    assert_eq!(
+        data.len(),
+        6,
+        "5 tokens and [DONE], no usage chunk: {data:?}"
+    );
+    assert_eq!(data[5], "[DONE]");
+    for d in &data[..5] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["content"], WORD);
+    }
+    let sent = backend.seen.lock().unwrap()[0].clone();
+    assert_eq!(sent["max_tokens"], 5);
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    let prompt = chat_tokens("hello world");
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - prompt as f64
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 995.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 99.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    gw.wait_metric("tokengate_decode_tokens_total{tenant=\"alice\"}", "5")
+        .await;
+    gw.wait_metric(
+        "tokengate_prefill_tokens_total{tenant=\"alice\"}",
+        &prompt.to_string(),
+    )
+    .await;
+
+    // Asked for usage: the client gets the usage chunk.
+    let mut body = chat("hello world", 3, true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post(&gw.url("/v1/chat/completions"), "sk-alice", &body).await;
+    let data = sse_data(&r.body);
+    assert_eq!(data.len(), 5);
+    let usage: Value = serde_json::from_str(&data[3]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 3);
+}
+
+#[tokio::test]
+async fn non_streaming_answer_is_passed_and_settled() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("hi there", 7, false),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], WORD.repeat(7));
+    assert_eq!(r.json()["usage"]["completion_tokens"], 7);
+    assert_eq!(backend.max_tokens_seen(), vec![7]);
+    assert_eq!(gw.bucket("alice", "decode").await, 993.0);
+    assert!(r.headers.get("x-request-id").is_some());
+
+    // Completions endpoint, no max_tokens: the default (100) is reserved and forwarded.
+    let body = json!({"model": "qwen3.5-27b", "prompt": "Once upon a time"});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(backend.max_tokens_seen(), vec![7, 100]);
+}
+
+#[tokio::test]
+async fn drained_decode_bucket_gives_exact_retry_after_then_admits_after_refill() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    assert_eq!(
+        post(&url, "sk-alice", &chat("a", 600, false)).await.status,
+        200
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 400.0);
+    let r = post(&url, "sk-alice", &chat("a", 600, false)).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.code(), "rate_limit_exceeded");
+    // 200 tokens short at 100 tokens/s: exactly 2 s.
+    assert_eq!(r.headers["retry-after"], "2");
+    assert_eq!(r.headers["x-ratelimit-limit-tokens"], "1000");
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "400");
+    assert_eq!(r.headers["x-ratelimit-reset-tokens"], "6s");
+    assert_eq!(r.headers["x-ratelimit-remaining-requests"], "99");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert_eq!(
+        msg,
+        "rate limit reached for decode: request needs 600 tokens, 400 available; retry after 2.000 s"
+    );
+    // Nothing was charged by the refusal.
+    assert_eq!(gw.bucket("alice", "decode").await, 400.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 99.0);
+
+    gw.clock.advance(Duration::from_millis(1999));
+    assert_eq!(
+        post(&url, "sk-alice", &chat("a", 600, false)).await.status,
+        429
+    );
+    gw.clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        post(&url, "sk-alice", &chat("a", 600, false)).await.status,
+        200
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 0.0);
+}
+
+#[tokio::test]
+async fn early_stop_refunds_exactly_the_unused_decode_tokens() {
+    let (gw, _backend) = gateway(FakeSpec {
+        natural_length: 3,
+        ..FakeSpec::default()
+    })
+    .await;
+    let mut body = chat("tell me", 50, true);
+    body.as_object_mut().unwrap().remove("ignore_eos");
+    let r = post(&gw.url("/v1/chat/completions"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(sse_data(&r.body).len(), 4);
+    assert_eq!(gw.bucket("alice", "decode").await, 997.0);
+    gw.wait_metric(
+        "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
+        "47",
+    )
+    .await;
+    gw.wait_metric(
+        "tokengate_decode_tokens_reserved_total{tenant=\"alice\"}",
+        "50",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn one_tenant_drained_leaves_the_other_untouched() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    assert_eq!(
+        post(&url, "sk-alice", &chat("a", 1000, false)).await.status,
+        200
+    );
+    assert_eq!(
+        post(&url, "sk-alice", &chat("a", 1, false)).await.status,
+        429
+    );
+    assert_eq!(gw.bucket("bob", "decode").await, 1000.0);
+    assert_eq!(
+        post(&url, "sk-bob", &chat("a", 1000, false)).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn requests_that_can_never_fit_are_400_not_429() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    let r = post(&url, "sk-alice", &chat("a", 1001, false)).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_tenant_burst"));
+    assert!(r.headers.get("retry-after").is_none());
+    let r = post(&url, "sk-alice", &chat("a", 4090, false)).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "context_length_exceeded")
+    );
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("4096") && msg.contains("4090"), "{msg}");
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+
+    // KV: one sequence's footprint over the whole backend capacity.
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let mut cfg = config(&[backend.addr]);
+    cfg.backends[0].kv_capacity_bytes = 153_944_064 + 65_536 * 128; // one block of KV
+    let gw = TestGateway::start(cfg).await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("a", 200, false),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+}
+
+fn held_config(backend: &FakeBackend, max_batch: u32, deadline: &str) -> tokengate::config::Config {
+    let mut cfg = config(&[backend.addr]);
+    cfg.backends[0].max_batch = max_batch;
+    cfg.admission.queue_deadline = humantime::parse_duration(deadline).unwrap();
+    cfg
+}
+
+#[tokio::test]
+async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
+    let backend = FakeBackend::start(FakeSpec {
+        hold: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let gw = TestGateway::start(held_config(&backend, 2, "10s")).await;
+    let url = gw.url("/v1/chat/completions");
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            post(&url, "sk-alice", &chat("a", 4, true)).await
+        }));
+    }
+    backend.wait_held(2).await;
+    let third = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, "sk-bob", &chat("b", 4, true)).await })
+    };
+    gw.wait_queued(1).await;
+    assert_eq!(backend.seen.lock().unwrap().len(), 2);
+    backend.release.add_permits(1);
+    backend.wait_held(3).await;
+    gw.wait_queued(0).await;
+    backend.release.add_permits(2);
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, 200);
+    }
+    assert_eq!(third.await.unwrap().status, 200);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn queue_deadline_gives_503_and_refunds_the_waiter() {
+    let backend = FakeBackend::start(FakeSpec {
+        hold: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let gw = TestGateway::start(held_config(&backend, 1, "100ms")).await;
+    let url = gw.url("/v1/chat/completions");
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 4, true)).await })
+    };
+    backend.wait_held(1).await;
+    let r = post(&url, "sk-bob", &chat("b", 30, true)).await;
+    assert_eq!((r.status, r.code().as_str()), (503, "capacity_exhausted"));
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(gw.bucket("bob", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("bob", "requests").await, 100.0);
+    backend.release.add_permits(1);
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn a_flood_from_one_tenant_does_not_starve_another() {
+    let backend = FakeBackend::start(FakeSpec {
+        hold: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
+    let url = gw.url("/v1/chat/completions");
+    let mut tasks = Vec::new();
+    let spawn = |key: &'static str, text: &'static str| {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, key, &chat(text, 2, true)).await })
+    };
+    tasks.push(spawn("sk-alice", "alice 0"));
+    backend.wait_held(1).await;
+    for (i, text) in ["alice 1", "alice 2", "alice 3", "alice 4", "alice 5"]
+        .into_iter()
+        .enumerate()
+    {
+        tasks.push(spawn("sk-alice", text));
+        gw.wait_queued(i as u64 + 1).await;
+    }
+    tasks.push(spawn("sk-bob", "bob 0"));
+    gw.wait_queued(6).await;
+    backend.release.add_permits(1);
+    backend.wait_held(2).await;
+    let second = backend.seen.lock().unwrap()[1]["messages"][0]["content"].clone();
+    assert_eq!(
+        second, "bob 0",
+        "bob goes next, not after alice's whole flood"
+    );
+    backend.release.add_permits(10);
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
+    let backend = FakeBackend::start(FakeSpec {
+        hold: true,
+        usage: false,
+        ..FakeSpec::default()
+    })
+    .await;
+    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
+    let client = {
+        let url = gw.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let auth = "Bearer sk-alice";
+            let resp = start_request(
+                &url,
+                "POST",
+                Some(chat("a", 50, true).to_string().into_bytes()),
+                &[
+                    ("content-type", "application/json"),
+                    ("authorization", auth),
+                ],
+            )
+            .await;
+            let mut body = resp.into_body();
+            use http_body_util::BodyExt;
+            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert!(String::from_utf8_lossy(&first).contains(WORD));
+            // dropping `body` here closes the connection mid-stream
+        })
+    };
+    backend.wait_held(1).await;
+    client.await.unwrap();
+    // One token was streamed: 49 of the 50 reserved come back once the drop is seen.
+    gw.wait_metric(
+        "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
+        "49",
+    )
+    .await;
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_eq!(gw.bucket("alice", "decode").await, 999.0);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"client_disconnect\"}",
+        "1",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
+    let backend = FakeBackend::start(FakeSpec {
+        hold: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
+    let url = gw.url("/v1/chat/completions");
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 4, true)).await })
+    };
+    backend.wait_held(1).await;
+    let waiting = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, "sk-bob", &chat("b", 30, true)).await })
+    };
+    gw.wait_queued(1).await;
+    waiting.abort();
+    gw.wait_queued(0).await;
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"bob\",outcome=\"client_disconnect\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(gw.bucket("bob", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("bob", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("bob", "requests").await, 100.0);
+    backend.release.add_permits(1);
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn backend_down_is_502_and_changes_nothing() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let gw = TestGateway::start(config(&[closed])).await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("a", 10, true),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    let r = send(
+        &gw.url("/v1/models"),
+        "GET",
+        None,
+        &[("authorization", "Bearer sk-alice")],
+    )
+    .await;
+    assert_eq!(r.status, 502);
+}
+
+#[tokio::test]
+async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
+    let (gw, _backend) = gateway(FakeSpec {
+        behaviour: Behaviour::ResetAfter(0),
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("a", 10, true),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn backend_reset_mid_stream_ends_with_an_error_event_and_settles_tokens_seen() {
+    let (gw, _backend) = gateway(FakeSpec {
+        behaviour: Behaviour::ResetAfter(2),
+        usage: false,
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("a", 10, true),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let data = sse_data(&r.body);
+    assert_eq!(data.len(), 3, "{data:?}");
+    let err: Value = serde_json::from_str(&data[2]).unwrap();
+    assert_eq!(err["error"]["code"], "upstream_error");
+    gw.wait_metric(
+        "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
+        "8",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 998.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn backend_error_status_is_passed_through_and_refunds_the_output() {
+    let (gw, _backend) = gateway(FakeSpec {
+        behaviour: Behaviour::Status(400),
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        &chat("a", 10, false),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["message"], "backend says no");
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    let ok_msgs = json!([{"role": "user", "content": "hi"}]);
+    let deep = "[".repeat(300) + &"]".repeat(300);
+    let cases: Vec<(&str, Vec<u8>, &str, u16, &str)> = vec![
+        ("not JSON", b"{not json".to_vec(), "application/json", 400, "invalid_request"),
+        ("array body", b"[1,2]".to_vec(), "application/json", 400, "invalid_request"),
+        ("no messages", json!({"model": "qwen3.5-27b"}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("empty messages", json!({"model": "qwen3.5-27b", "messages": []}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("messages wrong type", json!({"model": "qwen3.5-27b", "messages": {"role": "user"}}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("content wrong type", json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": 5}]}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("max_tokens 0", json!({"model": "qwen3.5-27b", "messages": ok_msgs, "max_tokens": 0}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("max_tokens negative", json!({"model": "qwen3.5-27b", "messages": ok_msgs, "max_tokens": -5}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("max_tokens fractional", json!({"model": "qwen3.5-27b", "messages": ok_msgs, "max_tokens": 2.5}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("max_tokens absurd", json!({"model": "qwen3.5-27b", "messages": ok_msgs, "max_tokens": 1_000_000_000_000u64}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("unknown model", json!({"model": "gpt-9", "messages": ok_msgs}).to_string().into_bytes(), "application/json", 404, "model_not_found"),
+        ("stream wrong type", json!({"model": "qwen3.5-27b", "messages": ok_msgs, "stream": "true"}).to_string().into_bytes(), "application/json", 400, "invalid_request"),
+        ("wrong content type", json!({"model": "qwen3.5-27b", "messages": ok_msgs}).to_string().into_bytes(), "text/plain", 415, "unsupported_media_type"),
+        ("over the body limit", json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "x".repeat(70_000)}]}).to_string().into_bytes(), "application/json", 413, "payload_too_large"),
+        ("not UTF-8", b"{\"model\": \"qwen3.5-27b\", \"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), "application/json", 400, "invalid_request"),
+        ("deeply nested", deep.into_bytes(), "application/json", 400, "invalid_request"),
+    ];
+    for (what, body, ct, status, code) in cases {
+        let r = send(
+            &url,
+            "POST",
+            Some(body),
+            &[("content-type", ct), ("authorization", "Bearer sk-alice")],
+        )
+        .await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (status, code),
+            "{what}: {}",
+            r.text()
+        );
+        let err = &r.json()["error"];
+        assert!(
+            err["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}"
+        );
+        assert!(
+            err.get("type").is_some() && err.get("param").is_some(),
+            "{what}"
+        );
+    }
+    let completions = [
+        (json!({"model": "qwen3.5-27b"}), "missing prompt"),
+        (
+            json!({"model": "qwen3.5-27b", "prompt": ""}),
+            "empty prompt",
+        ),
+        (
+            json!({"model": "qwen3.5-27b", "prompt": 42}),
+            "prompt wrong type",
+        ),
+    ];
+    for (body, what) in completions {
+        let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (400, "invalid_request"),
+            "{what}"
+        );
+    }
+    for key in ["", "sk-nobody"] {
+        let r = post(&url, key, &chat("a", 1, false)).await;
+        assert_eq!((r.status, r.code().as_str()), (401, "invalid_api_key"));
+    }
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert!(backend.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn tokenize_answers_locally_in_vllm_shape() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let r = post(
+        &gw.url("/tokenize"),
+        "sk-alice",
+        &json!({"prompt": "hello world"}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["count"], 2);
+    assert_eq!(v["max_model_len"], 4096);
+    assert_eq!(v["tokens"], json!(tokenizer().encode("hello world")));
+    let r = post(
+        &gw.url("/tokenize"),
+        "sk-alice",
+        &json!({"messages": [{"role": "user", "content": "hello world"}]}),
+    )
+    .await;
+    assert_eq!(r.json()["count"], chat_tokens("hello world"));
+    assert!(backend.seen.lock().unwrap().is_empty());
+    let r = send(
+        &gw.url("/v1/models"),
+        "GET",
+        None,
+        &[("authorization", "Bearer sk-alice")],
+    )
+    .await;
+    assert_eq!(r.json()["data"][0]["id"], "qwen3.5-27b");
+}
+
+#[tokio::test]
+async fn admin_and_metrics_show_the_contract() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let t = gw.admin("/admin/tenants").await;
+    assert_eq!(t["tenants"][0]["name"], "alice");
+    assert_eq!(
+        t["tenants"][0]["buckets"]["decode"]["rate_per_second"],
+        100.0
+    );
+    assert_eq!(t["tenants"][0]["buckets"]["decode"]["capacity"], 1000.0);
+    let b = gw.admin("/admin/backends").await;
+    assert_eq!(b["backends"][0]["kv_capacity_bytes"], 8_000_000_000u64);
+    assert_eq!(b["backends"][0]["max_batch"], 32);
+    assert_eq!(b["backends"][0]["inflight"], 0);
+    assert_eq!(gw.admin("/healthz").await["status"], "ok");
+    assert_eq!(gw.admin("/readyz").await["status"], "ready");
+    let m = gw.metrics().await;
+    for name in [
+        "tokengate_kv_capacity_bytes",
+        "tokengate_queue_depth",
+        "tokengate_bucket_available_tokens",
+    ] {
+        assert!(m.contains(name), "{name} missing");
+    }
+}
+
+#[tokio::test]
+async fn speaks_h2c_with_prior_knowledge() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let stream = tokio::net::TcpStream::connect(gw.running.addr)
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(gw.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sk-alice")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            chat("hi", 2, false).to_string(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), 200);
+    use http_body_util::BodyExt;
+    let body: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
+    let backend = FakeBackend::start(FakeSpec {
+        hold: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
+    let addr = gw.running.addr;
+    let inflight = {
+        let url = gw.url("/v1/chat/completions");
+        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 3, true)).await })
+    };
+    backend.wait_held(1).await;
+    let shutdown = tokio::spawn(gw.running.shutdown());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "listener still accepting"
+        );
+        tokio::task::yield_now().await;
+    }
+    backend.release.add_permits(1);
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(sse_data(&r.body).len(), 4, "the whole stream arrived");
+    shutdown.await.unwrap();
+}
+
+#[tokio::test]
+async fn capacity_model_sizes_backends_and_tenant_shares() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[tokenizer]
+path = "unused"
+[model]
+served_names = ["qwen3.5-27b"]
+max_model_len = 32768
+default_max_tokens = 800
+[workload]
+avg_input_tokens = 3000
+avg_output_tokens = 800
+[[backends]]
+url = "http://{}"
+hardware = "910b3"
+model = "qwen3.5-27b"
+[[tenants]]
+name = "alice"
+api_keys = ["sk-alice"]
+share = 0.25
+requests_per_second = 2
+"#,
+        backend.addr
+    );
+    let cfg = tokengate::config::Config::parse(&text).unwrap();
+    let gw = TestGateway::start(cfg).await;
+    let b = &gw.admin("/admin/backends").await["backends"][0];
+    // 64e9 B HBM - 54e9 B weights - 2e9 B reserve; RAG 3000/800 with 128-token blocks and fp32
+    // DeltaNet state fits 19 sequences (docs/capacity.md).
+    assert_eq!(b["kv_capacity_bytes"], 8_000_000_000u64);
+    assert_eq!(b["max_batch"], 19);
+    assert_eq!(b["sizing"], "capacity model");
+    let derived_decode = b["derived"]["decode_tps"].as_f64().unwrap();
+    let derived_prefill = b["derived"]["prefill_tps"].as_f64().unwrap();
+    let t = &gw.admin("/admin/tenants").await["tenants"][0]["buckets"];
+    assert_eq!(
+        t["decode"]["rate_per_second"].as_f64().unwrap(),
+        0.25 * derived_decode
+    );
+    assert_eq!(
+        t["prefill"]["rate_per_second"].as_f64().unwrap(),
+        0.25 * derived_prefill
+    );
+}

@@ -1,0 +1,567 @@
+//! Test support: a scriptable fake OpenAI backend on a real socket, a gateway builder on
+//! `127.0.0.1:0`, and a small HTTP client. Everything waits on observable events, never on
+//! sleeps.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokengate::app::{self, Deps};
+use tokengate::clock::ManualClock;
+use tokengate::config::Config;
+use tokengate::server::Running;
+use tokengate::tokenize::Tokenizer;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+
+/// The Qwen3.5 tokenizer, loaded once per test binary.
+pub fn tokenizer() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = tokenizer_path();
+        assert!(
+            path.exists(),
+            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
+            path.display()
+        );
+        Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
+    })
+    .clone()
+}
+
+/// Where `scripts/fetch-tokenizer` puts the tokenizer.
+pub fn tokenizer_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json")
+}
+
+/// How the fake backend answers generation requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Behaviour {
+    /// Generate and finish.
+    Normal,
+    /// Answer `status` with an OpenAI error body.
+    Status(u16),
+    /// Stream this many tokens (0: none), then break the connection.
+    ResetAfter(u64),
+}
+
+/// A fake OpenAI-compatible backend.
+pub struct FakeBackend {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// Bodies it received, in order.
+    pub seen: Arc<Mutex<Vec<Value>>>,
+    /// While `hold` is on, each generation waits for one permit after its first token.
+    pub release: Arc<Semaphore>,
+    /// Requests that reached the backend and are waiting for a permit.
+    pub held: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+/// Fake backend settings.
+#[derive(Debug, Clone, Copy)]
+pub struct FakeSpec {
+    /// What it does.
+    pub behaviour: Behaviour,
+    /// Tokens generated unless `ignore_eos` asks for exactly `max_tokens`.
+    pub natural_length: u64,
+    /// Hold every generation after its first token until released.
+    pub hold: bool,
+    /// Send `usage` (a backend without it makes the gateway count the text).
+    pub usage: bool,
+}
+
+impl Default for FakeSpec {
+    fn default() -> Self {
+        Self {
+            behaviour: Behaviour::Normal,
+            natural_length: 1_000_000,
+            hold: false,
+            usage: true,
+        }
+    }
+}
+
+/// The word each fake token is (one Qwen token, its own pre-token).
+pub const WORD: &str = " hello";
+
+impl FakeBackend {
+    /// Starts a fake backend on 127.0.0.1:0.
+    pub async fn start(spec: FakeSpec) -> FakeBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let release = Arc::new(Semaphore::new(0));
+        let (held, _) = tokio::sync::watch::channel(0usize);
+        let held = Arc::new(held);
+        let (s, r, h) = (seen.clone(), release.clone(), held.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (s, r, h) = (s.clone(), r.clone(), h.clone());
+                if let Behaviour::ResetAfter(n) = spec.behaviour {
+                    tokio::spawn(reset_after(stream, n, s));
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        handle(spec, s.clone(), r.clone(), h.clone(), req)
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        FakeBackend {
+            addr,
+            seen,
+            release,
+            held,
+        }
+    }
+
+    /// Waits until `n` generations are held.
+    pub async fn wait_held(&self, n: usize) {
+        let mut rx = self.held.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|h| *h >= n))
+            .await
+            .expect("backend held requests in time")
+            .unwrap();
+    }
+
+    /// The `max_tokens` of every request it received.
+    pub fn max_tokens_seen(&self) -> Vec<u64> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| b["max_tokens"].as_u64().unwrap())
+            .collect()
+    }
+}
+
+/// Speaks raw HTTP/1.1 so the break is exact: reads one request, streams `n` SSE token chunks
+/// (flushed), then closes the connection without ending the chunked body.
+async fn reset_after(mut stream: tokio::net::TcpStream, n: u64, seen: Arc<Mutex<Vec<Value>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let (head_end, len) = loop {
+        let read = stream.read(&mut chunk).await.unwrap();
+        assert!(read > 0, "client closed before sending a request");
+        buf.extend_from_slice(&chunk[..read]);
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..p]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .unwrap_or(0);
+            break (p + 4, len);
+        }
+    };
+    while buf.len() < head_end + len {
+        let read = stream.read(&mut chunk).await.unwrap();
+        buf.extend_from_slice(&chunk[..read]);
+    }
+    seen.lock()
+        .unwrap()
+        .push(serde_json::from_slice(&buf[head_end..head_end + len]).unwrap());
+    if n == 0 {
+        return; // close before any answer
+    }
+    let mut out =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    for _ in 0..n {
+        let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": WORD}}]});
+        let event = format!("data: {chunk}\n\n");
+        out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
+    }
+    stream.write_all(&out).await.unwrap();
+    stream.flush().await.unwrap();
+}
+
+type FakeBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+async fn handle(
+    spec: FakeSpec,
+    seen: Arc<Mutex<Vec<Value>>>,
+    release: Arc<Semaphore>,
+    held: Arc<tokio::sync::watch::Sender<usize>>,
+    req: Request<Incoming>,
+) -> Result<Response<FakeBody>, std::convert::Infallible> {
+    let path = req.uri().path().to_string();
+    let full = |status: u16, v: Value| {
+        let mut r = Response::new(
+            Full::new(Bytes::from(v.to_string()))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *r.status_mut() = StatusCode::from_u16(status).unwrap();
+        r.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        r
+    };
+    match path.as_str() {
+        "/health" => return Ok(full(200, json!({}))),
+        "/v1/models" => {
+            return Ok(full(
+                200,
+                json!({"object": "list", "data": [{"id": "qwen3.5-27b", "object": "model"}]}),
+            ))
+        }
+        _ => {}
+    }
+    let body: Value =
+        serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    seen.lock().unwrap().push(body.clone());
+    if let Behaviour::Status(code) = spec.behaviour {
+        return Ok(full(
+            code,
+            json!({"error": {"message": "backend says no", "type": "BadRequestError", "code": code}}),
+        ));
+    }
+    let max = body["max_tokens"].as_u64().unwrap_or(16);
+    let n = if body["ignore_eos"].as_bool() == Some(true) {
+        max
+    } else {
+        max.min(spec.natural_length)
+    };
+    let chat = path == "/v1/chat/completions";
+    let usage = json!({"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n});
+    if body["stream"].as_bool() != Some(true) {
+        if spec.hold {
+            held.send_modify(|h| *h += 1);
+            release.acquire().await.unwrap().forget();
+        }
+        let text = WORD.repeat(n as usize);
+        let choice = if chat {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+        } else {
+            json!({"index": 0, "text": text, "finish_reason": "length"})
+        };
+        let mut v = json!({"id": "fake-1", "object": "chat.completion", "choices": [choice]});
+        if spec.usage {
+            v["usage"] = usage;
+        }
+        return Ok(full(200, v));
+    }
+    let include_usage =
+        spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+    tokio::spawn(async move {
+        for i in 0..n {
+            let delta = if chat {
+                json!({"index": 0, "delta": {"content": WORD}})
+            } else {
+                json!({"index": 0, "text": WORD})
+            };
+            let chunk =
+                json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [delta]});
+            if tx
+                .send(Ok(Frame::data(Bytes::from(format!("data: {chunk}\n\n")))))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if i == 0 && spec.hold {
+                held.send_modify(|h| *h += 1);
+                release.acquire().await.unwrap().forget();
+            }
+        }
+        if include_usage {
+            let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [], "usage": usage});
+            let _ = tx
+                .send(Ok(Frame::data(Bytes::from(format!("data: {chunk}\n\n")))))
+                .await;
+        }
+        let _ = tx
+            .send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n"))))
+            .await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    Ok(r)
+}
+
+/// A gateway config for tests: both listeners on port 0, generous limits unless changed.
+pub fn config(backends: &[SocketAddr]) -> Config {
+    let backends: String = backends
+        .iter()
+        .map(|a| {
+            format!(
+                "[[backends]]\nurl = \"http://{a}\"\nkv_capacity_bytes = 8000000000\nmax_batch = 32\nfirst_byte_timeout = \"5s\"\n"
+            )
+        })
+        .collect();
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_body_bytes = 65536
+[tokenizer]
+path = "unused: tests pass the tokenizer in"
+[model]
+served_names = ["qwen3.5-27b"]
+max_model_len = 4096
+default_max_tokens = 100
+[admission]
+queue_max_waiting = 64
+queue_deadline = "5s"
+{backends}
+[[tenants]]
+name = "alice"
+api_keys = ["sk-alice"]
+prefill_tokens_per_second = 1000
+decode_tokens_per_second = 100
+requests_per_second = 10
+burst_seconds = 10
+[[tenants]]
+name = "bob"
+api_keys = ["sk-bob"]
+prefill_tokens_per_second = 1000
+decode_tokens_per_second = 100
+requests_per_second = 10
+burst_seconds = 10
+"#
+    );
+    Config::parse(&text).unwrap()
+}
+
+/// A gateway under test with a manual clock.
+pub struct TestGateway {
+    /// The running gateway.
+    pub running: Running,
+    /// Its limiter clock.
+    pub clock: ManualClock,
+}
+
+impl TestGateway {
+    /// Starts a gateway for `config`.
+    pub async fn start(config: Config) -> TestGateway {
+        let clock = ManualClock::new();
+        let running = app::start(
+            config,
+            Deps {
+                clock: Arc::new(clock.clone()),
+                tokenizer: Some(tokenizer()),
+            },
+        )
+        .await
+        .unwrap();
+        TestGateway { running, clock }
+    }
+
+    /// `http://addr` of the main listener.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.running.addr, path)
+    }
+
+    /// GETs an admin path as JSON.
+    pub async fn admin(&self, path: &str) -> Value {
+        let r = send(
+            &format!("http://{}{}", self.running.admin_addr, path),
+            "GET",
+            None,
+            &[],
+        )
+        .await;
+        serde_json::from_slice(&r.body).unwrap()
+    }
+
+    /// The admin view of one tenant's bucket: (available, capacity).
+    pub async fn bucket(&self, tenant: &str, bucket: &str) -> f64 {
+        let v = self.admin("/admin/tenants").await;
+        v["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == tenant)
+            .unwrap()["buckets"][bucket]["available"]
+            .as_f64()
+            .unwrap()
+    }
+
+    /// KV bytes reserved on backend `i`.
+    pub async fn kv_reserved(&self, i: usize) -> u64 {
+        self.admin("/admin/backends").await["backends"][i]["kv_reserved_bytes"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// The metrics text.
+    pub async fn metrics(&self) -> String {
+        let r = send(
+            &format!("http://{}/metrics", self.running.admin_addr),
+            "GET",
+            None,
+            &[],
+        )
+        .await;
+        String::from_utf8(r.body).unwrap()
+    }
+
+    /// Waits until a metrics line starting with `prefix` reads `value`.
+    pub async fn wait_metric(&self, prefix: &str, value: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.metrics().await;
+            if text
+                .lines()
+                .any(|l| l.starts_with(prefix) && l.rsplit(' ').next() == Some(value))
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "metric {prefix} never became {value}:\n{text}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Waits until the admin API shows `n` requests queued for KV.
+    pub async fn wait_queued(&self, n: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.admin("/admin/backends").await["queued"].as_u64() == Some(n) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "queue never reached {n}"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// A received response.
+#[derive(Debug)]
+pub struct Received {
+    /// Status.
+    pub status: u16,
+    /// Headers.
+    pub headers: http::HeaderMap,
+    /// Whole body.
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// `error.code` of an error body.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one HTTP/1.1 request on a fresh connection and reads the whole answer.
+pub async fn send(
+    url: &str,
+    method: &str,
+    body: Option<Vec<u8>>,
+    headers: &[(&str, &str)],
+) -> Received {
+    let resp = start_request(url, method, body, headers).await;
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes().to_vec())
+        .unwrap_or_default();
+    Received {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// Sends a request and returns as soon as the response headers arrive.
+pub async fn start_request(
+    url: &str,
+    method: &str,
+    body: Option<Vec<u8>>,
+    headers: &[(&str, &str)],
+) -> Response<Incoming> {
+    let uri: http::Uri = url.parse().unwrap();
+    let addr = format!("{}:{}", uri.host().unwrap(), uri.port_u16().unwrap());
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(uri.path_and_query().unwrap().as_str())
+        .header("host", uri.authority().unwrap().as_str());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
+    sender.send_request(req).await.unwrap()
+}
+
+/// POSTs JSON with a bearer key.
+pub async fn post(url: &str, key: &str, body: &Value) -> Received {
+    let auth = format!("Bearer {key}");
+    send(
+        url,
+        "POST",
+        Some(body.to_string().into_bytes()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+    )
+    .await
+}
+
+/// A one-message chat body.
+pub fn chat(content: &str, max_tokens: u64, stream: bool) -> Value {
+    json!({
+        "model": "qwen3.5-27b",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": true,
+    })
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn sse_data(body: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: ").map(str::to_string))
+        .collect()
+}
