@@ -62,13 +62,14 @@ class OpenAISdk(unittest.TestCase):
                 model="gpt-nothing", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
 
     def test_drained_bucket_is_rate_limit_error(self):
-        # bob's decode bucket holds 600 tokens; two 400-token reservations cannot both fit.
+        # bob's decode bucket holds 300 tokens (20/s x 15 s); two 250-token reservations
+        # cannot both fit.
         c = client("sk-bob")
         c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                  max_tokens=400, extra_body={"ignore_eos": True})
+                                  max_tokens=250, extra_body={"ignore_eos": True})
         with self.assertRaises(openai.RateLimitError) as cm:
             c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                      max_tokens=400)
+                                      max_tokens=250)
         self.assertEqual(cm.exception.code, "rate_limit_exceeded")
         self.assertIsNotNone(cm.exception.response.headers.get("retry-after"))
 
