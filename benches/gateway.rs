@@ -152,7 +152,9 @@ requests_per_second = 1e9
     )
     .await
     .expect("gateway starts");
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
     let direct = format!("{}/v1/chat/completions", backend.url());
     let through = format!("http://{}/v1/chat/completions", gateway.addr);
 

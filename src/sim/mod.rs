@@ -229,6 +229,8 @@ async fn accept_loop(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // Tokens are small writes: without this, Nagle + delayed ACKs hold each ~40 ms.
+                let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
