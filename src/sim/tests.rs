@@ -395,3 +395,53 @@ async fn roofline_engine_reports_simulated_times_at_any_time_scale() {
         "{line} not in\n{metrics}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn serves_http2_with_prior_knowledge() {
+    let s = sim(SimConfig::default()).await;
+    let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let body = json!({"prompt": HELLO, "max_tokens": 2, "ignore_eos": true});
+    let req = Request::post(format!("{}/v1/completions", s.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), ::http::Version::HTTP_2);
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_goes_away_frees_its_sequence() {
+    let s = sim(SimConfig::default()).await;
+    let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = json!({"prompt": HELLO, "max_tokens": 1000, "ignore_eos": true, "stream": true});
+    let req = Request::post("/v1/completions")
+        .header("host", "sim")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let mut resp = sender.send_request(req).await.unwrap().into_body();
+    // Read the first token, then hang up.
+    let first = resp.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some());
+    assert_eq!(s.stats().engine.running, 1);
+    drop(resp);
+    drop(sender);
+    conn.abort();
+    // Drive the paused clock: the engine notices at its next pass (1 ms) and cancels.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let stats = s.stats();
+    assert_eq!((stats.engine.running, stats.engine.waiting), (0, 0));
+    assert!(stats.generated_tokens < 1000, "{}", stats.generated_tokens);
+}
