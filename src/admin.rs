@@ -119,12 +119,5 @@ async fn refresh_gauges(gw: &Gateway) {
         }
     }
     let stats = gw.chat.stats();
-    let hits = stats
-        .hits
-        .saturating_sub(gw.metrics.tokenize_cache_hits.get());
-    gw.metrics.tokenize_cache_hits.inc_by(hits);
-    let misses = stats
-        .misses
-        .saturating_sub(gw.metrics.tokenize_cache_misses.get());
-    gw.metrics.tokenize_cache_misses.inc_by(misses);
+    gw.metrics.sync_cache_counters(stats.hits, stats.misses);
 }

@@ -155,7 +155,8 @@ fn default_cache_bytes() -> u64 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Model names clients may ask for (the first is the canonical one).
+    /// Model names clients may ask for. The first is the name the backends serve (vLLM
+    /// `--served-model-name`, MindIE `modelName`): requests are forwarded with it.
     pub served_names: Vec<String>,
     /// Context length of the backend (prompt + output).
     pub max_model_len: u64,

@@ -93,6 +93,8 @@ pub struct Metrics {
     pub tokenize_cache_hits: Counter,
     /// Chat-count memo misses.
     pub tokenize_cache_misses: Counter,
+    /// Memo totals already exported (hits, misses), so each scrape adds only what is new.
+    cache_exported: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -130,6 +132,7 @@ impl Metrics {
             bucket_available: Family::default(),
             tokenize_cache_hits: Counter::default(),
             tokenize_cache_misses: Counter::default(),
+            cache_exported: Default::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -236,6 +239,21 @@ impl Metrics {
             .inc();
     }
 
+    /// Brings the memo counters up to the memo's own running totals. `fetch_max` makes
+    /// concurrent scrapes add each increment once.
+    pub fn sync_cache_counters(&self, hits: u64, misses: u64) {
+        use std::sync::atomic::Ordering;
+        for (total, exported, counter) in [
+            (hits, &self.cache_exported[0], &self.tokenize_cache_hits),
+            (misses, &self.cache_exported[1], &self.tokenize_cache_misses),
+        ] {
+            let before = exported.fetch_max(total, Ordering::Relaxed);
+            if total > before {
+                counter.inc_by(total - before);
+            }
+        }
+    }
+
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -261,8 +279,13 @@ mod tests {
         let m = Metrics::new();
         m.outcome("alice", "ok");
         m.queue_depth.set(3);
+        m.sync_cache_counters(5, 2);
+        m.sync_cache_counters(5, 2);
+        m.sync_cache_counters(7, 2);
         let text = m.encode();
         assert!(text.contains("tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"} 1"));
         assert!(text.contains("tokengate_queue_depth 3"));
+        assert!(text.contains("tokengate_tokenize_cache_hits_total 7"));
+        assert!(text.contains("tokengate_tokenize_cache_misses_total 2"));
     }
 }

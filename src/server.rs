@@ -25,6 +25,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
+use tracing::Instrument;
 
 /// Request ids: a process-unique prefix and a counter (cheap, sortable, never reused).
 #[derive(Clone)]
@@ -66,40 +67,47 @@ async fn route_main(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    let span =
+        tracing::info_span!("request", id = %rid, method = %req.method(), path = %req.uri().path());
+    Ok(route(gw, req).instrument(span).await)
+}
+
+async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let span = tracing::info_span!("request", id = %rid, %method, %path);
-    let _enter = span.enter();
-    drop(_enter);
     let started = tokio::time::Instant::now();
     let (tenant, result) = match (method.clone(), path.as_str()) {
         (Method::POST, "/v1/chat/completions") => gw.generate(Endpoint::Chat, req).await,
         (Method::POST, "/v1/completions") => gw.generate(Endpoint::Completions, req).await,
-        (Method::POST, "/tokenize") => ("-".to_string(), gw.tokenize(req).await),
-        (Method::GET, "/v1/models") => ("-".to_string(), gw.models(req.headers()).await),
+        (Method::POST, "/tokenize") => (None, gw.tokenize(req).await),
+        (Method::GET, "/v1/models") => (None, gw.models(req.headers()).await),
         (_, "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/v1/models") => (
-            "-".to_string(),
+            None,
             Err(ApiError::method_not_allowed(format!(
                 "{method} is not allowed on {path}"
             ))),
         ),
         _ => (
-            "-".to_string(),
+            None,
             Err(ApiError::not_found(format!("no route {method} {path}"))),
         ),
     };
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
-            if tenant != "-" {
-                gw.metrics.outcome(&tenant, e.code);
+            if let Some(tenant) = &tenant {
+                gw.metrics.outcome(tenant, e.code);
             }
-            tracing::info!(parent: &span, status = e.status.as_u16(), code = e.code, message = %e.message, "request refused");
+            tracing::info!(status = e.status.as_u16(), code = e.code, message = %e.message, "refused");
             error_response(&e)
         }
     };
-    tracing::debug!(parent: &span, status = resp.status().as_u16(), elapsed_ms = started.elapsed().as_millis() as u64, "answered");
-    Ok(resp)
+    tracing::debug!(
+        status = resp.status().as_u16(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "answered"
+    );
+    resp
 }
 
 /// The main listener's service: the whole stack, outermost first.

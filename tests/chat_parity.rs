@@ -83,6 +83,16 @@ fn tokenizer() -> &'static HfCount {
     })
 }
 
+/// The gateway's own tokenizer (its fast engine when exact) on the same file.
+fn gateway_tokenizer() -> &'static tokengate::tokenize::Tokenizer {
+    static TOKENIZER: OnceLock<tokengate::tokenize::Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        let path = root().join("assets/qwen3.5/tokenizer.json");
+        tokengate::tokenize::Tokenizer::load(&path)
+            .unwrap_or_else(|e| panic!("{e:#}: run scripts/fetch-tokenizer first"))
+    })
+}
+
 fn sha256_hex(text: &str) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
@@ -175,12 +185,14 @@ fn counts_equal_the_recorded_counts() {
             "span counts of fixture {} add up",
             f.id
         );
+        let gateway = gateway_tokenizer().count(&text);
+        assert_eq!(Some(gateway), f.tokens, "gateway count of fixture {}", f.id);
     }
 }
 
 #[test]
 fn memoized_counts_equal_full_counts_cold_and_warm() {
-    let tok = tokenizer();
+    let tok = gateway_tokenizer();
     let ok: Vec<&Fixture> = fixtures().iter().filter(|f| f.error.is_none()).collect();
     let spans_total: u64 = ok
         .iter()
@@ -216,6 +228,60 @@ fn memoized_counts_equal_full_counts_cold_and_warm() {
         let CacheStats { bytes, entries, .. } = small.stats();
         assert!(bytes <= small_bytes && entries <= 40);
     }
+}
+
+/// Conversations replayed turn by turn, as clients resend them: each request is the history up
+/// to a user message. Memoized counts equal full counts, and from the second request on only
+/// the turns new since the previous request are tokenized (plus the previous answer, re-rendered
+/// without its reasoning once a new question follows it).
+#[test]
+fn replayed_conversations_count_exactly_and_reuse_history() {
+    let tok = gateway_tokenizer();
+    let template = ChatTemplate::builtin_qwen35();
+    let mut replayed = 0;
+    for f in fixtures().iter().filter(|f| f.error.is_none()) {
+        let user_turns: Vec<usize> = (0..f.prompt.messages.len())
+            .filter(|&i| f.prompt.messages[i]["role"] == "user")
+            .collect();
+        if user_turns.len() < 3 {
+            continue;
+        }
+        replayed += 1;
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let mut previous_spans: Vec<String> = Vec::new();
+        for &end in &user_turns {
+            let prompt = ChatPrompt {
+                messages: f.prompt.messages[..=end].to_vec(),
+                ..f.prompt.clone()
+            };
+            let Ok(text) = template.render(&prompt) else {
+                continue; // a prefix of only tool responses has no query yet
+            };
+            let before = counter.stats();
+            assert_eq!(
+                counter.count(tok, &prompt).unwrap(),
+                tok.count(&text),
+                "fixture {} up to message {end}",
+                f.id
+            );
+            let spans_now: Vec<String> = spans(&text).map(str::to_owned).collect();
+            let new = spans_now
+                .iter()
+                .filter(|s| !previous_spans.contains(s))
+                .count();
+            let missed = counter.stats().misses - before.misses;
+            assert!(
+                missed as usize <= new,
+                "fixture {} up to message {end}: {missed} misses for {new} new spans",
+                f.id
+            );
+            previous_spans = spans_now;
+        }
+    }
+    assert!(
+        replayed >= 50,
+        "only {replayed} conversations with 3+ user turns"
+    );
 }
 
 fn chat(messages: Value, add_generation_prompt: bool, enable_thinking: Option<bool>) -> ChatPrompt {

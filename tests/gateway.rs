@@ -211,34 +211,30 @@ async fn requests_that_can_never_fit_are_400_not_429() {
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
 }
 
-fn held_config(backend: &FakeBackend, max_batch: u32, deadline: &str) -> tokengate::config::Config {
+/// A gateway whose backend holds every generation after its first token, with `max_batch`
+/// sequences of KV room and the given queue deadline.
+async fn held_gateway(
+    spec: FakeSpec,
+    max_batch: u32,
+    deadline: &str,
+) -> (TestGateway, FakeBackend) {
+    let backend = FakeBackend::start(spec).await;
     let mut cfg = config(&[backend.addr]);
     cfg.backends[0].max_batch = max_batch;
     cfg.admission.queue_deadline = humantime::parse_duration(deadline).unwrap();
-    cfg
+    (TestGateway::start(cfg).await, backend)
 }
 
 #[tokio::test]
 async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
-    .await;
-    let gw = TestGateway::start(held_config(&backend, 2, "10s")).await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 2, "10s").await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        let url = url.clone();
-        tasks.push(tokio::spawn(async move {
-            post(&url, "sk-alice", &chat("a", 4, true)).await
-        }));
+        tasks.push(spawn_post(&url, "sk-alice", chat("a", 4, true)));
     }
     backend.wait_held(2).await;
-    let third = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-bob", &chat("b", 4, true)).await })
-    };
+    let third = spawn_post(&url, "sk-bob", chat("b", 4, true));
     gw.wait_queued(1).await;
     assert_eq!(backend.seen.lock().unwrap().len(), 2);
     backend.release.add_permits(1);
@@ -254,17 +250,9 @@ async fn third_request_waits_for_kv_and_proceeds_when_one_finishes() {
 
 #[tokio::test]
 async fn queue_deadline_gives_503_and_refunds_the_waiter() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
-    .await;
-    let gw = TestGateway::start(held_config(&backend, 1, "100ms")).await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 1, "100ms").await;
     let url = gw.url("/v1/chat/completions");
-    let first = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 4, true)).await })
-    };
+    let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
     let r = post(&url, "sk-bob", &chat("b", 30, true)).await;
     assert_eq!((r.status, r.code().as_str()), (503, "capacity_exhausted"));
@@ -278,18 +266,10 @@ async fn queue_deadline_gives_503_and_refunds_the_waiter() {
 
 #[tokio::test]
 async fn a_flood_from_one_tenant_does_not_starve_another() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
-    .await;
-    let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 1, "30s").await;
     let url = gw.url("/v1/chat/completions");
     let mut tasks = Vec::new();
-    let spawn = |key: &'static str, text: &'static str| {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, key, &chat(text, 2, true)).await })
-    };
+    let spawn = |key: &'static str, text: &str| spawn_post(&url, key, chat(text, 2, true));
     tasks.push(spawn("sk-alice", "alice 0"));
     backend.wait_held(1).await;
     for (i, text) in ["alice 1", "alice 2", "alice 3", "alice 4", "alice 5"]
@@ -316,13 +296,15 @@ async fn a_flood_from_one_tenant_does_not_starve_another() {
 
 #[tokio::test]
 async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        usage: false,
-        ..FakeSpec::default()
-    })
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            usage: false,
+            ..FakeSpec::held()
+        },
+        4,
+        "10s",
+    )
     .await;
-    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
     let client = {
         let url = gw.url("/v1/chat/completions");
         tokio::spawn(async move {
@@ -363,22 +345,11 @@ async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
 
 #[tokio::test]
 async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
-    .await;
-    let gw = TestGateway::start(held_config(&backend, 1, "30s")).await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 1, "30s").await;
     let url = gw.url("/v1/chat/completions");
-    let first = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 4, true)).await })
-    };
+    let first = spawn_post(&url, "sk-alice", chat("a", 4, true));
     backend.wait_held(1).await;
-    let waiting = {
-        let url = url.clone();
-        tokio::spawn(async move { post(&url, "sk-bob", &chat("b", 30, true)).await })
-    };
+    let waiting = spawn_post(&url, "sk-bob", chat("b", 30, true));
     gw.wait_queued(1).await;
     waiting.abort();
     gw.wait_queued(0).await;
@@ -658,17 +629,13 @@ async fn speaks_h2c_with_prior_knowledge() {
 
 #[tokio::test]
 async fn shutdown_stops_accepting_and_lets_in_flight_streams_finish() {
-    let backend = FakeBackend::start(FakeSpec {
-        hold: true,
-        ..FakeSpec::default()
-    })
-    .await;
-    let gw = TestGateway::start(held_config(&backend, 4, "10s")).await;
+    let (gw, backend) = held_gateway(FakeSpec::held(), 4, "10s").await;
     let addr = gw.running.addr;
-    let inflight = {
-        let url = gw.url("/v1/chat/completions");
-        tokio::spawn(async move { post(&url, "sk-alice", &chat("a", 3, true)).await })
-    };
+    let inflight = spawn_post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        chat("a", 3, true),
+    );
     backend.wait_held(1).await;
     let shutdown = tokio::spawn(gw.running.shutdown());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -13,7 +13,6 @@ pub mod queue;
 pub use ledger::KvLedger;
 pub use queue::{Arrival, FairQueue, Grant, WaiterId};
 
-use crate::error::ApiError;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -71,23 +70,6 @@ pub enum AdmitError {
         /// The queue deadline.
         deadline: Duration,
     },
-}
-
-impl From<AdmitError> for ApiError {
-    /// `NeverFits` is a 400 `exceeds_kv_capacity`. A passed deadline is a 503 asking to retry
-    /// after one deadline (the longest anyone queued now can still hold a place); a full queue is
-    /// a 503 asking to retry after 1 s, as a full queue turns over as soon as leases end.
-    fn from(e: AdmitError) -> Self {
-        match &e {
-            AdmitError::NeverFits { .. } => ApiError::exceeds_kv(e.to_string()),
-            AdmitError::QueueFull { .. } => {
-                ApiError::capacity_exhausted(e.to_string(), Duration::from_secs(1))
-            }
-            AdmitError::DeadlineExceeded { deadline, .. } => {
-                ApiError::capacity_exhausted(e.to_string(), *deadline)
-            }
-        }
-    }
 }
 
 /// One backend as seen now.
@@ -152,9 +134,13 @@ fn grant_waiters(shared: &Arc<Shared>, state: &mut State) -> Vec<Lease> {
         queue,
         pending,
     } = state;
+    let grants = queue.grant(ledgers);
+    if grants.is_empty() {
+        return Vec::new();
+    }
     let now = Instant::now();
     let mut orphans = Vec::new();
-    for grant in queue.grant(ledgers) {
+    for grant in grants {
         let Some(waiter) = pending.remove(&grant.id) else {
             orphans.push(Lease::new(
                 shared,
@@ -369,7 +355,6 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::StatusCode;
     use tokio::sync::mpsc;
     use tokio::task::JoinHandle;
 
@@ -649,45 +634,5 @@ mod tests {
         fn assert_send<T: Send>(_: &T) {}
         let adm = admission(vec![backend("npu0", 1000, 1)], 1);
         assert_send(&adm.admit("a", 1));
-    }
-
-    #[test]
-    fn admit_errors_become_api_errors() {
-        let e = ApiError::from(AdmitError::NeverFits {
-            bytes: 9000,
-            largest_capacity: 8000,
-        });
-        assert_eq!(
-            (e.status, e.code, e.message.as_str()),
-            (
-                StatusCode::BAD_REQUEST,
-                "exceeds_kv_capacity",
-                "request needs 9000 bytes of KV cache; the largest backend holds 8000"
-            )
-        );
-        let e = ApiError::from(AdmitError::QueueFull {
-            waiting: 64,
-            max_waiting: 64,
-        });
-        assert_eq!(
-            (e.status, e.code, e.retry_after),
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "capacity_exhausted",
-                Some(Duration::from_secs(1))
-            )
-        );
-        let e = ApiError::from(AdmitError::DeadlineExceeded {
-            waited: Duration::from_secs(5),
-            deadline: Duration::from_secs(5),
-        });
-        assert_eq!(
-            (e.status, e.message.as_str(), e.retry_after),
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no KV cache became free within 5s (waited 5s)",
-                Some(Duration::from_secs(5))
-            )
-        );
     }
 }

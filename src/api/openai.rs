@@ -305,12 +305,15 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
         }
     };
     let add_generation_prompt = optional_bool(body, "add_generation_prompt")?.unwrap_or(true);
-    Ok(ChatPrompt {
+    let mut prompt = ChatPrompt {
         messages: messages.clone(),
         tools,
         add_generation_prompt,
         enable_thinking,
-    })
+    };
+    // OpenAI clients send tool-call arguments as JSON strings; the template wants mappings.
+    prompt.normalize_tool_calls()?;
+    Ok(prompt)
 }
 
 /// The `prompt` of a completions body: a string, a one-element list of strings, or token ids.
@@ -341,10 +344,12 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
     }
 }
 
-/// Rewrites a validated body so the backend generates at most `reserved` tokens and, for a
+/// Rewrites a validated body so the backend generates at most `reserved` tokens, is asked for
+/// the model by the name it serves (`backend_model`; clients may use an alias) and, for a
 /// stream, reports usage in its last chunk.
-pub fn rewrite_for_backend(req: &GenerationRequest, reserved: u64) -> Vec<u8> {
+pub fn rewrite_for_backend(req: &GenerationRequest, reserved: u64, backend_model: &str) -> Vec<u8> {
     let mut body = req.body.clone();
+    body.insert("model".into(), Value::from(backend_model));
     body.insert("max_tokens".into(), Value::from(reserved));
     if body.contains_key("max_completion_tokens")
         || matches!(
@@ -408,6 +413,24 @@ mod tests {
     }
 
     #[test]
+    fn tool_call_arguments_given_as_json_strings_are_accepted() {
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+        )
+        .unwrap();
+        let Prompt::Chat(p) = &r.prompt else { panic!() };
+        assert_eq!(
+            p.messages[1]["tool_calls"][0]["function"]["arguments"],
+            json!({"city": "Paris"})
+        );
+    }
+
+    #[test]
     fn rewrite_caps_output_and_asks_for_usage() {
         let r = parse(
             Endpoint::Chat,
@@ -415,7 +438,8 @@ mod tests {
                    "max_completion_tokens": 7, "stream": true}),
         )
         .unwrap();
-        let out: Value = serde_json::from_slice(&rewrite_for_backend(&r, 5)).unwrap();
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&r, 5, "served")).unwrap();
+        assert_eq!(out["model"], "served");
         assert_eq!(out["max_tokens"], 5);
         assert_eq!(out["max_completion_tokens"], 5);
         assert_eq!(out["stream_options"]["include_usage"], true);

@@ -3,7 +3,7 @@
 //!
 //! Levels are kept in exact integer fixed point so that every decision is reproducible to the
 //! nanosecond: one token is `UNITS_PER_TOKEN` (10^12) units and a rate is kept in thousandths of a
-//! token per second, which makes the refill over `d` nanoseconds exactly `d x rate_milli` units.
+//! token per second, which makes the refill over `d` nanoseconds exactly `d x rate_in_thousandths` units.
 //! With that, a denial's `retry_after` is the exact smallest wait after which the charge
 //! succeeds, and "admitted tokens in any window W <= rate x W + capacity" holds without rounding
 //! slack.
@@ -13,24 +13,25 @@ use std::fmt;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Fixed-point units per token: 10^12, so that a rate in milli-tokens per second refills exactly
-/// `rate_milli` units per nanosecond.
+/// Fixed-point units per token: 10^12, so that a rate of `m` thousandths of a token per second
+/// refills exactly `m` units per nanosecond.
 const UNITS_PER_TOKEN: u128 = 1_000_000_000_000;
 
 /// Which of the tenant's buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BucketKind {
+    // Explicit discriminants: `kind as usize` indexes per-bucket arrays in `ALL` order.
     /// Prompt tokens per second (compute-bound, drives TTFT).
-    Prefill,
+    Prefill = 0,
     /// Output tokens per second (bandwidth-bound, drives TPOT).
-    Decode,
+    Decode = 1,
     /// Requests per second.
-    Requests,
+    Requests = 2,
 }
 
 impl BucketKind {
-    /// The three kinds, in the order they are checked.
+    /// The three kinds, in the order they are checked (and of their discriminants).
     pub const ALL: [BucketKind; 3] = [
         BucketKind::Prefill,
         BucketKind::Decode,
@@ -71,18 +72,63 @@ impl BucketSpec {
         self.rate_per_second * self.burst_seconds
     }
 
-    /// Refill per nanosecond in units (= thousandths of a token per second).
-    fn rate_milli(&self) -> u128 {
-        let milli = (self.rate_per_second * 1000.0).round() as u128;
-        if milli == 0 && self.rate_per_second > 0.0 {
-            1
-        } else {
-            milli
+    /// The spec in the integer units decisions are made in (float conversions happen here once
+    /// per decision, not in every step of it).
+    fn resolve(&self) -> Resolved {
+        // `as u64` saturates and maps NaN and negatives to 0; adding 0.5 rounds half up.
+        let milli = (self.rate_per_second * 1000.0 + 0.5) as u64;
+        Resolved {
+            rate: if milli == 0 && self.rate_per_second > 0.0 {
+                1
+            } else {
+                u128::from(milli)
+            },
+            capacity: tokens_to_units(self.capacity()),
         }
     }
+}
 
-    fn capacity_units(&self) -> u128 {
-        (self.capacity() * UNITS_PER_TOKEN as f64).round() as u128
+/// Whole tokens convert exactly (`x * 10^12` in f64 would round above 2^25 tokens); only the
+/// fraction goes through a float product. 64-bit float conversions are single instructions,
+/// 128-bit ones library calls, hence the `u64` path for every realistic capacity.
+fn tokens_to_units(tokens: f64) -> u128 {
+    let whole = if tokens < u64::MAX as f64 {
+        u128::from(tokens as u64)
+    } else {
+        tokens as u128
+    };
+    let fraction = ((tokens - whole as f64) * UNITS_PER_TOKEN as f64 + 0.5) as u64;
+    whole
+        .saturating_mul(UNITS_PER_TOKEN)
+        .saturating_add(u128::from(fraction))
+}
+
+/// A [`BucketSpec`] in units: refill per nanosecond (= thousandths of a token per second) and
+/// capacity.
+#[derive(Clone, Copy, Debug)]
+struct Resolved {
+    rate: u128,
+    capacity: u128,
+}
+
+impl Resolved {
+    /// The exact smallest wait after which a bucket at `level` holds `target` units (ignoring
+    /// the cap, which is at least `target` wherever this is used).
+    fn wait_for(self, level: u128, target: u128) -> Duration {
+        let deficit = target.saturating_sub(level);
+        if deficit == 0 {
+            return Duration::ZERO;
+        }
+        if self.rate == 0 {
+            return Duration::MAX;
+        }
+        // 64-bit division when the numbers allow it (always, for realistic buckets): 128-bit
+        // division is a slow library call and this runs on every snapshot.
+        let nanos = match (u64::try_from(deficit), u64::try_from(self.rate)) {
+            (Ok(d), Ok(r)) => u128::from(d.div_ceil(r)),
+            _ => deficit.div_ceil(self.rate),
+        };
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
 }
 
@@ -206,17 +252,17 @@ impl BucketState {
     /// A full bucket.
     pub fn full(spec: &BucketSpec, now: Instant) -> Self {
         Self {
-            level: spec.capacity_units(),
+            level: spec.resolve().capacity,
             updated: now,
         }
     }
 
     /// The level at `now` in units, refilled and capped at the (possibly reloaded) capacity.
     /// An instant before the last update (a racing caller read the clock earlier) refills nothing.
-    fn level_at(&self, spec: &BucketSpec, now: Instant) -> u128 {
+    fn level_at(&self, units: Resolved, now: Instant) -> u128 {
         let elapsed = now.saturating_duration_since(self.updated).as_nanos();
-        let refill = elapsed.saturating_mul(spec.rate_milli());
-        self.level.saturating_add(refill).min(spec.capacity_units())
+        let refill = elapsed.saturating_mul(units.rate);
+        self.level.saturating_add(refill).min(units.capacity)
     }
 
     fn set(&mut self, level: u128, now: Instant) {
@@ -226,33 +272,26 @@ impl BucketState {
 
     /// The bucket as seen at `now`.
     pub fn snapshot(&self, spec: &BucketSpec, now: Instant) -> BucketSnapshot {
-        let level = self.level_at(spec, now);
+        self.snapshot_in(spec, spec.resolve(), now)
+    }
+
+    fn snapshot_in(&self, spec: &BucketSpec, units: Resolved, now: Instant) -> BucketSnapshot {
+        let level = self.level_at(units, now);
         BucketSnapshot {
             rate_per_second: spec.rate_per_second,
             capacity: spec.capacity(),
             available: units_to_tokens(level),
-            time_to_full: wait_for(spec, level, spec.capacity_units()),
+            time_to_full: units.wait_for(level, units.capacity),
         }
     }
 }
 
 fn units_to_tokens(units: u128) -> f64 {
-    units as f64 / UNITS_PER_TOKEN as f64
-}
-
-/// The exact smallest wait after which a bucket at `level` holds `target` units (ignoring the
-/// cap, which is at least `target` wherever this is used).
-fn wait_for(spec: &BucketSpec, level: u128, target: u128) -> Duration {
-    let deficit = target.saturating_sub(level);
-    if deficit == 0 {
-        return Duration::ZERO;
-    }
-    let rate = spec.rate_milli();
-    if rate == 0 {
-        return Duration::MAX;
-    }
-    let nanos = deficit.div_ceil(rate);
-    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    let units = match u64::try_from(units) {
+        Ok(small) => small as f64,
+        Err(_) => units as f64,
+    };
+    units / UNITS_PER_TOKEN as f64
 }
 
 /// Per-bucket verdict of a charge, before anything is applied.
@@ -262,17 +301,17 @@ enum Verdict {
     Never,
 }
 
-fn judge(state: &BucketState, spec: &BucketSpec, needed: u64, now: Instant) -> Verdict {
+fn judge(state: &BucketState, units: Resolved, needed: u64, now: Instant) -> Verdict {
     let needed_units = u128::from(needed) * UNITS_PER_TOKEN;
-    if needed_units > spec.capacity_units() {
+    if needed_units > units.capacity {
         return Verdict::Never;
     }
-    let level = state.level_at(spec, now);
+    let level = state.level_at(units, now);
     match level.checked_sub(needed_units) {
         Some(level_after) => Verdict::Fits { level_after },
         None => Verdict::NotYet {
             level,
-            wait: wait_for(spec, level, needed_units),
+            wait: units.wait_for(level, needed_units),
         },
     }
 }
@@ -323,8 +362,9 @@ impl TenantState {
         cost: Cost,
         now: Instant,
     ) -> Result<TenantSnapshot, Denial> {
+        let units = BucketKind::ALL.map(|k| limits.spec(k).resolve());
         let verdicts =
-            BucketKind::ALL.map(|k| judge(self.bucket(k), limits.spec(k), cost.of(k), now));
+            BucketKind::ALL.map(|k| judge(self.bucket(k), units[k as usize], cost.of(k), now));
         let mut longest: Option<(BucketKind, u128, Duration)> = None;
         for (kind, verdict) in BucketKind::ALL.into_iter().zip(&verdicts) {
             match *verdict {
@@ -349,7 +389,7 @@ impl TenantState {
                 needed: cost.of(bucket),
                 available: units_to_tokens(level),
                 retry_after,
-                snapshot: self.snapshot(limits, now),
+                snapshot: self.snapshot_in(limits, &units, now),
             });
         }
         for (kind, verdict) in BucketKind::ALL.into_iter().zip(verdicts) {
@@ -357,29 +397,46 @@ impl TenantState {
                 self.bucket_mut(kind).set(level_after, now);
             }
         }
-        Ok(self.snapshot(limits, now))
+        Ok(self.snapshot_in(limits, &units, now))
     }
 
     /// Gives `cost` back (a negative hit), each bucket capped at its capacity.
     pub fn refund(&mut self, limits: &TenantLimits, cost: Cost, now: Instant) {
         for kind in BucketKind::ALL {
-            let spec = limits.spec(kind);
+            let units = limits.spec(kind).resolve();
             let bucket = self.bucket_mut(kind);
             let back = u128::from(cost.of(kind)) * UNITS_PER_TOKEN;
             let level = bucket
-                .level_at(spec, now)
+                .level_at(units, now)
                 .saturating_add(back)
-                .min(spec.capacity_units());
+                .min(units.capacity);
             bucket.set(level, now);
         }
     }
 
     /// The three buckets as seen at `now`.
     pub fn snapshot(&self, limits: &TenantLimits, now: Instant) -> TenantSnapshot {
+        self.snapshot_in(
+            limits,
+            &BucketKind::ALL.map(|k| limits.spec(k).resolve()),
+            now,
+        )
+    }
+
+    fn snapshot_in(
+        &self,
+        limits: &TenantLimits,
+        units: &[Resolved; 3],
+        now: Instant,
+    ) -> TenantSnapshot {
+        let bucket = |k: BucketKind| {
+            self.bucket(k)
+                .snapshot_in(limits.spec(k), units[k as usize], now)
+        };
         TenantSnapshot {
-            prefill: self.prefill.snapshot(&limits.prefill, now),
-            decode: self.decode.snapshot(&limits.decode, now),
-            requests: self.requests.snapshot(&limits.requests, now),
+            prefill: bucket(BucketKind::Prefill),
+            decode: bucket(BucketKind::Decode),
+            requests: bucket(BucketKind::Requests),
         }
     }
 }
@@ -663,6 +720,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn huge_buckets_beyond_64_bit_units_stay_exact() {
+        let t0 = Instant::now();
+        let huge = TenantLimits {
+            decode: spec(1e9, 100.0),
+            ..limits()
+        };
+        let mut state = TenantState::full(&huge, t0);
+        state
+            .charge(&huge, decode(100_000_000_000), t0)
+            .expect("full");
+        match state.charge(&huge, decode(3_000_000_000), t0) {
+            Err(Denial::NotYet { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(3))
+            }
+            other => panic!("expected NotYet, got {other:?}"),
+        }
+        let snap = state.snapshot(&huge, t0 + Duration::from_secs(1));
+        assert_eq!(snap.decode.available, 1e9);
+        assert_eq!(snap.decode.time_to_full, Duration::from_secs(99));
+    }
+
     /// A step of a random workload: advance the clock, then try to charge.
     fn steps() -> impl Strategy<Value = Vec<(u64, Cost)>> {
         let cost = (0u64..300, 0u64..40, 0u64..2).prop_map(|(prefill, decode, requests)| Cost {
@@ -711,7 +790,7 @@ mod tests {
                         let window = t.duration_since(admitted[i].0).as_nanos();
                         prop_assert!(
                             sum * UNITS_PER_TOKEN
-                                <= window * spec.rate_milli() + spec.capacity_units(),
+                                <= window * spec.resolve().rate + spec.resolve().capacity,
                             "{kind}: {sum} admitted in {window} ns"
                         );
                     }

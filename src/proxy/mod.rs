@@ -247,20 +247,21 @@ impl Gateway {
         }
     }
 
-    /// Steps 6-11 for `/v1/chat/completions` and `/v1/completions`.
+    /// Steps 5-11 for `/v1/chat/completions` and `/v1/completions`; also returns the tenant
+    /// (`unknown` when authentication failed) so the outcome can be counted.
     pub async fn generate(
         &self,
         endpoint: Endpoint,
         req: Request<Incoming>,
-    ) -> (String, Result<Response<GatewayBody>, ApiError>) {
+    ) -> (Option<String>, Result<Response<GatewayBody>, ApiError>) {
         let arrived = Instant::now();
         let tenant = match self.authenticate(req.headers()) {
             Ok(t) => t,
-            Err(e) => return ("unknown".to_string(), Err(e)),
+            Err(e) => return (Some("unknown".to_string()), Err(e)),
         };
         let name = tenant.name.clone();
         (
-            name,
+            Some(name),
             self.generate_for(tenant, endpoint, req, arrived).await,
         )
     }
@@ -332,7 +333,8 @@ impl Gateway {
         admitted: Admitted,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
-        let body = openai::rewrite_for_backend(&req, max_output);
+        let body =
+            openai::rewrite_for_backend(&req, max_output, &self.config.model.served_names[0]);
         let resp = match upstream
             .send(Method::POST, req.endpoint.path(), Some(body))
             .await

@@ -176,7 +176,7 @@ impl ChatCounter {
     /// the spans not seen recently. The lock is never held while tokenizing.
     pub fn count(
         &self,
-        tok: &impl CountTokens,
+        tok: &(impl CountTokens + ?Sized),
         prompt: &ChatPrompt,
     ) -> Result<usize, TemplateError> {
         let text = self.template.render(prompt)?;
@@ -317,6 +317,15 @@ mod tests {
     }
 
     #[test]
+    fn counts_through_a_trait_object() {
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let tok: std::sync::Arc<dyn CountTokens + Send + Sync> =
+            std::sync::Arc::new(SyncCharCounter);
+        let want = counter.template().render(&turn(2)).unwrap().chars().count();
+        assert_eq!(counter.count(tok.as_ref(), &turn(2)).unwrap(), want);
+    }
+
+    #[test]
     fn zero_bytes_disables_memoization() {
         let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 0);
         let tok = CharCounter::default();
@@ -344,6 +353,46 @@ mod tests {
             Err(TemplateError::Rejected("No messages provided.".into()))
         );
         assert_eq!(counter.stats().misses, 0);
+    }
+
+    /// Counts characters; shareable across threads like the real tokenizer.
+    struct SyncCharCounter;
+
+    impl CountTokens for SyncCharCounter {
+        fn count(&self, text: &str) -> usize {
+            text.chars().count()
+        }
+    }
+
+    #[test]
+    fn shared_by_worker_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatCounter>();
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let expected: Vec<usize> = (1..=8)
+            .map(|n| counter.template().render(&turn(n)).unwrap().chars().count())
+            .collect();
+        std::thread::scope(|scope| {
+            for worker in 0..4 {
+                let (counter, expected) = (&counter, &expected);
+                scope.spawn(move || {
+                    for round in 0..50 {
+                        let n = (worker + round) % 8 + 1;
+                        let got = counter.count(&SyncCharCounter, &turn(n)).unwrap();
+                        assert_eq!(got, expected[n - 1]);
+                    }
+                });
+            }
+        });
+        let stats = counter.stats();
+        // turn(n) has 2n + 1 spans; each worker counted 50 prompts.
+        let spans: u64 = (0..4)
+            .flat_map(|w| (0..50).map(move |r| 2 * ((w + r) % 8 + 1) as u64 + 1))
+            .sum();
+        assert_eq!(stats.hits + stats.misses, spans);
+        // Distinct spans: system, 8 questions, 7 answers, generation prompt.
+        assert_eq!(stats.entries, 17);
+        assert!(stats.misses >= 17);
     }
 
     #[derive(Debug, Clone)]

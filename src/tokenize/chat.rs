@@ -37,6 +37,56 @@ pub struct ChatPrompt {
     pub enable_thinking: Option<bool>,
 }
 
+impl ChatPrompt {
+    /// Brings OpenAI-style assistant tool calls into the shape chat templates expect, as vLLM
+    /// does before rendering: `function.arguments` sent as a JSON string becomes a mapping
+    /// (malformed JSON, a non-object value or a missing one become `{}`), and an empty
+    /// `tool_calls` list is dropped. Without it, the template rejects every conversation that
+    /// replays a tool call the way the OpenAI API returned it.
+    pub fn normalize_tool_calls(&mut self) -> Result<(), TemplateError> {
+        for message in &mut self.messages {
+            let Some(message) = message.as_object_mut() else {
+                continue;
+            };
+            if message.get("role").and_then(Value::as_str) != Some("assistant") {
+                continue;
+            }
+            let Some(Value::Array(calls)) = message.get_mut("tool_calls") else {
+                continue;
+            };
+            if calls.is_empty() {
+                message.remove("tool_calls");
+                continue;
+            }
+            for call in calls {
+                let call = call.as_object_mut().ok_or_else(|| {
+                    TemplateError::Unrenderable(
+                        "assistant tool_calls entries must be objects".into(),
+                    )
+                })?;
+                let is_function = call.get("type").is_none_or(|t| t == "function");
+                let function = match call.get_mut("function") {
+                    Some(Value::Object(function)) if is_function => function,
+                    _ => return Err(TemplateError::Unrenderable(
+                        "only tool calls of type 'function' with a 'function' object are supported"
+                            .into(),
+                    )),
+                };
+                let arguments = match function.remove("arguments") {
+                    Some(Value::Object(map)) => map,
+                    Some(Value::String(text)) => match serde_json::from_str(&text) {
+                        Ok(Value::Object(map)) => map,
+                        _ => serde_json::Map::new(),
+                    },
+                    _ => serde_json::Map::new(),
+                };
+                function.insert("arguments".to_owned(), Value::Object(arguments));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why a conversation could not be rendered. The gateway answers it with a 400.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {
@@ -223,6 +273,61 @@ mod tests {
             "<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\nfour\n\
              </tool_response><|im_end|>\n"
         );
+    }
+
+    #[test]
+    fn normalize_tool_calls_decodes_openai_arguments() {
+        let mut p = prompt(json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function",
+                 "function": {"name": "w", "arguments": "{\"city\": \"杭州\", \"days\": 2}"}},
+                {"id": "b", "function": {"name": "x", "arguments": "not json"}},
+                {"id": "c", "function": {"name": "y", "arguments": "[1]"}},
+                {"id": "d", "function": {"name": "z"}},
+                {"id": "e", "function": {"name": "v", "arguments": {"k": 1}}},
+            ]},
+            {"role": "assistant", "content": "x", "tool_calls": []},
+            {"role": "tool", "content": "22C"},
+        ]));
+        p.normalize_tool_calls().unwrap();
+        let args: Vec<&Value> = p.messages[1]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| &c["function"]["arguments"])
+            .collect();
+        assert_eq!(
+            args,
+            [
+                &json!({"city": "杭州", "days": 2}),
+                &json!({}),
+                &json!({}),
+                &json!({}),
+                &json!({"k": 1})
+            ]
+        );
+        assert_eq!(p.messages[2], json!({"role": "assistant", "content": "x"}));
+        let text = ChatTemplate::builtin_qwen35().render(&p).unwrap();
+        assert!(text.contains(
+            "<tool_call>\n<function=w>\n<parameter=city>\n杭州\n</parameter>\n<parameter=days>\n2\n\
+             </parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=x>\n</function>"
+        ));
+
+        for bad in [
+            json!("w"),
+            json!({"type": "custom", "function": {"name": "w"}}),
+            json!({"id": "f"}),
+        ] {
+            let mut p = prompt(json!([
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [bad]},
+            ]));
+            assert!(matches!(
+                p.normalize_tool_calls(),
+                Err(TemplateError::Unrenderable(_))
+            ));
+        }
     }
 
     #[test]

@@ -1,27 +1,38 @@
 //! Tokenizer room: [`Tokenizer`], the model's tokenizer loaded from a HuggingFace
 //! `tokenizer.json`.
 //!
-//! The `tokenizers` crate is the loader and the reference. When the file is representable
-//! exactly by a rank-based byte-level BPE (the tiktoken algorithm) the tokenizer runs a fast
-//! engine built from it and drops the HuggingFace object; otherwise it keeps the HuggingFace
-//! object and says why at load. The fast engine reproduces HuggingFace's order of operations:
-//! added tokens are matched on the raw text first, each segment between them is NFC-normalized
-//! (only when a quick check says it may not be already), then split by the regex and BPE-encoded.
+//! HuggingFace `tokenizers` is the reference. When the file is representable exactly by a
+//! rank-based byte-level BPE (the tiktoken algorithm: byte-level vocabulary with ids as ranks,
+//! merges exactly the rank-derived set, `ignore_merges`, NFC or no normalizer, one split regex
+//! then ByteLevel, plain special added tokens) the tokenizer runs a fast engine built straight
+//! from the file; otherwise it loads the `tokenizers` object and says why at load.
+//!
+//! The fast path reads the small sections (normalizer, pre-tokenizer, decoder, post-processor,
+//! added tokens) with the `tokenizers` crate's own types, and the vocabulary and merges (the
+//! bulk) with a lean borrowed parse, because building the full `tokenizers` object costs more
+//! than a second and hundreds of MB that the fast engine would throw away. It reproduces
+//! HuggingFace's order of operations: added tokens are matched on the raw text first, each
+//! segment between them is NFC-normalized (by HuggingFace's own NFC, only when a quick check
+//! says it may not be already), then split by the regex and BPE-encoded.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt;
 use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use anyhow::Context;
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tiktoken_rs::CoreBPE;
-use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::NormalizerWrapper;
-use tokenizers::{ModelWrapper, NormalizedString, Normalizer};
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizedString, Normalizer, NormalizerWrapper,
+    PostProcessorWrapper, PreTokenizerWrapper,
+};
 use unicode_normalization::{is_nfc_quick, IsNormalized};
 
-use super::byte_level::string_to_bytes;
+use super::byte_level::{spells, string_to_bytes};
 use super::import::derive_merges;
 
 /// Which engine [`Tokenizer::load_with`] should build.
@@ -74,11 +85,13 @@ impl Tokenizer {
 
     /// Loads `tokenizer.json` at `path` with the engine `choice` asks for.
     pub fn load_with(path: &Path, choice: EngineChoice) -> anyhow::Result<Tokenizer> {
-        let hf = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", path.display()))?;
         let fast = match choice {
             EngineChoice::Hf => Err("HuggingFace engine requested".to_owned()),
-            EngineChoice::Auto => FastEngine::from_hf(&hf, path)?,
+            EngineChoice::Auto => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading tokenizer {}", path.display()))?;
+                FastEngine::from_json(&text)
+            }
         };
         let tokenizer = match fast {
             Ok(fast) => Tokenizer {
@@ -86,8 +99,10 @@ impl Tokenizer {
                 imp: Imp::Fast(Box::new(fast)),
             },
             Err(reason) => Tokenizer {
+                imp: Imp::Hf(Box::new(tokenizers::Tokenizer::from_file(path).map_err(
+                    |e| anyhow::anyhow!("loading tokenizer {}: {e}", path.display()),
+                )?)),
                 engine: Engine::HfFallback { reason },
-                imp: Imp::Hf(Box::new(hf)),
             },
         };
         match &tokenizer.engine {
@@ -175,135 +190,176 @@ fn hf_encode(hf: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
 /// Rank-based byte-level BPE over the vocabulary of a representable `tokenizer.json`.
 struct FastEngine {
     bpe: CoreBPE,
+    /// Number of base-vocabulary ids (ranks `0..n_ranks`).
+    n_ranks: u32,
     /// Added tokens, matched leftmost-longest on the raw text (as HuggingFace does).
     added: Option<AhoCorasick>,
     /// Id of each `added` pattern.
     added_ids: Vec<u32>,
     added_by_content: HashMap<String, u32>,
+    /// Bytes of each added token as HuggingFace's ByteLevel decoder produces them.
+    added_bytes: HashMap<u32, Vec<u8>>,
     nfc: bool,
-    /// Bytes of each id (decode); `None` for ids that do not exist.
-    pieces: Vec<Option<Box<[u8]>>>,
     /// Base-vocabulary ids sorted by their bytes (`token_id` by binary search).
     ids_by_bytes: Vec<u32>,
     vocab_size: usize,
 }
 
-/// The model section of `tokenizer.json` as far as the merges go (HuggingFace does not expose
-/// them after loading).
+/// The sections of `tokenizer.json` the fast engine reads: small ones with the `tokenizers`
+/// types, the vocabulary and merges borrowed from the file text.
 #[derive(Deserialize)]
-struct FileMerges {
-    model: ModelMerges,
-}
-
-#[derive(Deserialize)]
-struct ModelMerges {
+struct TokenizerFile<'a> {
     #[serde(default)]
-    merges: Vec<MergeEntry>,
+    added_tokens: Vec<AddedTokenWithId>,
+    normalizer: Option<NormalizerWrapper>,
+    pre_tokenizer: Option<PreTokenizerWrapper>,
+    post_processor: Option<PostProcessorWrapper>,
+    decoder: Option<DecoderWrapper>,
+    #[serde(borrow)]
+    model: ModelFile<'a>,
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum MergeEntry {
-    Pair(String, String),
-    Legacy(String),
+struct AddedTokenWithId {
+    id: u32,
+    #[serde(flatten)]
+    token: AddedToken,
 }
 
-impl MergeEntry {
+#[derive(Deserialize)]
+struct ModelFile<'a> {
+    #[serde(rename = "type")]
+    kind: Option<Cow<'a, str>>,
+    dropout: Option<f32>,
+    continuing_subword_prefix: Option<String>,
+    end_of_word_suffix: Option<String>,
+    #[serde(default)]
+    byte_fallback: bool,
+    #[serde(default)]
+    ignore_merges: bool,
+    #[serde(borrow)]
+    vocab: VocabEntries<'a>,
+    #[serde(borrow, default)]
+    merges: Vec<MergeEntry<'a>>,
+}
+
+/// The `vocab` object as a list (no hashing while parsing).
+struct VocabEntries<'a>(Vec<(Cow<'a, str>, u32)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for VocabEntries<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = VocabEntries<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map from token to id")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some((token, id)) = map.next_entry::<Cow<'a, str>, u32>()? {
+                    entries.push((token, id));
+                }
+                Ok(VocabEntries(entries))
+            }
+        }
+        deserializer.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+/// One merge: `["l", "r"]`, or the legacy `"l r"`.
+struct MergeEntry<'a>(Cow<'a, str>, Option<Cow<'a, str>>);
+
+impl MergeEntry<'_> {
     fn halves(&self) -> Option<(&str, &str)> {
-        match self {
-            MergeEntry::Pair(l, r) => Some((l, r)),
-            MergeEntry::Legacy(s) => s.split_once(' '),
+        match &self.1 {
+            Some(r) => Some((&self.0, r)),
+            None => self.0.split_once(' '),
         }
     }
 }
 
-impl FastEngine {
-    /// The fast engine for `hf`, `Ok(Err(reason))` when it would not be exact, `Err` when the
-    /// file cannot be read again.
-    fn from_hf(
-        hf: &tokenizers::Tokenizer,
-        path: &Path,
-    ) -> anyhow::Result<Result<FastEngine, String>> {
-        let bpe = match hf.get_model() {
-            ModelWrapper::BPE(bpe) => bpe,
-            _ => return Ok(Err("model is not BPE".to_owned())),
-        };
-        if let Err(reason) = check_bpe(bpe) {
-            return Ok(Err(reason));
-        }
-        let nfc = match hf.get_normalizer() {
-            None => false,
-            Some(NormalizerWrapper::NFC(_)) => true,
-            Some(_) => return Ok(Err("normalizer is neither NFC nor absent".to_owned())),
-        };
-        let pattern = match split_pattern(hf) {
-            Ok(pattern) => pattern,
-            Err(reason) => return Ok(Err(reason)),
-        };
-        if let Err(reason) = check_decoder_and_post_processor(hf) {
-            return Ok(Err(reason));
-        }
-
-        // Ranks: ids of the byte-level vocabulary.
-        let vocab = bpe.get_vocab();
-        let n_ranks = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
-        if n_ranks != vocab.len() {
-            return Ok(Err("vocabulary ids are not dense".to_owned()));
-        }
-        let mut ranks: Vec<Vec<u8>> = vec![Vec::new(); n_ranks];
-        for (token, &id) in &vocab {
-            match string_to_bytes(token) {
-                Some(bytes) => ranks[id as usize] = bytes,
-                None => return Ok(Err(format!("vocabulary token {token:?} is not byte-level"))),
+impl<'de: 'a, 'a> Deserialize<'de> for MergeEntry<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = MergeEntry<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a merge: [left, right] or \"left right\"")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(MergeEntry(Cow::Borrowed(s), None))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MergeEntry(Cow::Owned(s.to_owned()), None))
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+                let l: Cow<'a, str> = seq
+                    .next_element()?
+                    .ok_or_else(|| serde::de::Error::invalid_length(0, &self))?;
+                let r: Cow<'a, str> = seq
+                    .next_element()?
+                    .ok_or_else(|| serde::de::Error::invalid_length(1, &self))?;
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(serde::de::Error::invalid_length(3, &self));
+                }
+                Ok(MergeEntry(l, Some(r)))
             }
         }
-        drop(vocab);
+        deserializer.deserialize_any(V(std::marker::PhantomData))
+    }
+}
 
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let file: FileMerges = serde_json::from_str(&text)
-            .with_context(|| format!("reading merges of {}", path.display()))?;
-        drop(text);
-        if let Err(reason) = check_merges(&file.model.merges, &ranks) {
-            return Ok(Err(reason));
+impl FastEngine {
+    /// The fast engine for the `tokenizer.json` text, or why it would not be exact.
+    fn from_json(text: &str) -> Result<FastEngine, String> {
+        let file: TokenizerFile<'_> = serde_json::from_str(text)
+            .map_err(|e| format!("not readable by the fast loader: {e}"))?;
+        let model = &file.model;
+        if model.kind.as_deref().is_some_and(|k| k != "BPE") {
+            return Err("model is not BPE".to_owned());
         }
-        drop(file);
+        check_bpe(model)?;
+        let nfc = match &file.normalizer {
+            None => false,
+            Some(NormalizerWrapper::NFC(_)) => true,
+            Some(_) => return Err("normalizer is neither NFC nor absent".to_owned()),
+        };
+        let pattern = split_pattern(file.pre_tokenizer.as_ref())?;
+        check_decoder_and_post_processor(file.decoder.as_ref(), file.post_processor.as_ref())?;
+
+        // Ranks: the byte-level vocabulary, ids dense from 0.
+        let n_ranks = model.vocab.0.len();
+        let mut ranks: Vec<Option<Vec<u8>>> = vec![None; n_ranks];
+        for (token, id) in &model.vocab.0 {
+            let bytes = string_to_bytes(token)
+                .ok_or_else(|| format!("vocabulary token {token:?} is not byte-level"))?;
+            match ranks.get_mut(*id as usize) {
+                Some(slot @ None) => *slot = Some(bytes),
+                _ => return Err("vocabulary ids are not dense from 0".to_owned()),
+            }
+        }
+        let ranks: Vec<Vec<u8>> = ranks.into_iter().map(Option::unwrap_or_default).collect();
+        check_merges(&model.merges, &ranks)?;
 
         let mut added_contents = Vec::new();
         let mut added_ids = Vec::new();
-        let mut pieces: Vec<Option<Box<[u8]>>> = ranks
-            .iter()
-            .map(|t| Some(t.clone().into_boxed_slice()))
-            .collect();
-        let mut ids_by_bytes: Vec<u32> = (0..n_ranks as u32).collect();
-        ids_by_bytes.sort_unstable_by(|&a, &b| ranks[a as usize].cmp(&ranks[b as usize]));
-        let mut specials: HashMap<String, u32> = HashMap::new();
-        let mut added_tokens: Vec<(u32, tokenizers::AddedToken)> =
-            hf.get_added_tokens_decoder().into_iter().collect();
-        added_tokens.sort_by_key(|(id, _)| *id);
-        for (id, token) in added_tokens {
-            if !token.special
-                || token.normalized
-                || token.single_word
-                || token.lstrip
-                || token.rstrip
+        let mut added_by_content = HashMap::new();
+        let mut added_bytes = HashMap::new();
+        for AddedTokenWithId { id, token } in &file.added_tokens {
+            if !token.special || token.normalized || token.single_word || token.lstrip || token.rstrip
             {
-                return Ok(Err(format!(
+                return Err(format!(
                     "added token {:?} is not a plain special token",
                     token.content
-                )));
-            }
-            let index = id as usize;
-            if pieces.len() <= index {
-                pieces.resize(index + 1, None);
+                ));
             }
             // As HuggingFace's ByteLevel decoder: byte-level spelling if it is one, else UTF-8.
             let bytes = string_to_bytes(&token.content)
                 .unwrap_or_else(|| token.content.as_bytes().to_vec());
-            pieces[index] = Some(bytes.into_boxed_slice());
-            specials.insert(token.content.clone(), id);
-            added_contents.push(token.content);
-            added_ids.push(id);
+            added_bytes.insert(*id, bytes);
+            added_by_content.insert(token.content.clone(), *id);
+            added_contents.push(token.content.as_str());
+            added_ids.push(*id);
         }
         let added = if added_contents.is_empty() {
             None
@@ -312,34 +368,31 @@ impl FastEngine {
                 AhoCorasickBuilder::new()
                     .match_kind(MatchKind::LeftmostLongest)
                     .build(&added_contents)
-                    .context("building the added-token matcher")?,
+                    .map_err(|e| format!("added-token matcher: {e}"))?,
             )
         };
 
+        let mut ids_by_bytes: Vec<u32> = (0..n_ranks as u32).collect();
+        ids_by_bytes.sort_unstable_by(|&a, &b| ranks[a as usize].cmp(&ranks[b as usize]));
         let encoder = ranks
             .into_iter()
             .enumerate()
             .map(|(rank, bytes)| (bytes, rank as u32))
             .collect();
-        let bpe = match CoreBPE::new(encoder, specials.clone().into_iter().collect(), &pattern) {
-            Ok(bpe) => bpe,
-            Err(e) => {
-                return Ok(Err(format!(
-                    "split regex not supported by fancy-regex: {e}"
-                )))
-            }
-        };
-        let vocab_size = hf.get_vocab_size(true);
-        Ok(Ok(FastEngine {
+        let specials = added_by_content.iter().map(|(c, &id)| (c.clone(), id)).collect();
+        let bpe = CoreBPE::new(encoder, specials, &pattern)
+            .map_err(|e| format!("split regex not supported by fancy-regex: {e}"))?;
+        Ok(FastEngine {
             bpe,
+            n_ranks: n_ranks as u32,
             added,
             added_ids,
-            added_by_content: specials,
+            vocab_size: n_ranks + added_by_content.len(),
+            added_by_content,
+            added_bytes,
             nfc,
-            pieces,
             ids_by_bytes,
-            vocab_size,
-        }))
+        })
     }
 
     /// Encodes `text`, handing each run of ids to `sink` (no allocation for counting).
@@ -371,13 +424,27 @@ impl FastEngine {
         }
     }
 
+    /// Bytes of base-vocabulary id `rank` (which must be `< n_ranks`).
+    fn rank_bytes(&self, rank: u32) -> Vec<u8> {
+        self.bpe
+            .decode_bytes(&[rank])
+            .expect("every rank below n_ranks is in the decoder")
+    }
+
     fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
+        let mut run = Vec::new();
         for &id in ids {
-            if let Some(Some(piece)) = self.pieces.get(id as usize) {
-                bytes.extend_from_slice(piece);
+            // Added tokens first: an added token may reuse a vocabulary id (HF checks it first).
+            if let Some(added) = self.added_bytes.get(&id) {
+                bytes.extend(self.bpe.decode_bytes(&run).expect("ranks below n_ranks"));
+                run.clear();
+                bytes.extend_from_slice(added);
+            } else if id < self.n_ranks {
+                run.push(id);
             }
         }
+        bytes.extend(self.bpe.decode_bytes(&run).expect("ranks below n_ranks"));
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
@@ -386,26 +453,25 @@ impl FastEngine {
             return Some(id);
         }
         let bytes = string_to_bytes(token)?;
-        let piece = |id: u32| self.pieces[id as usize].as_deref().unwrap_or_default();
         self.ids_by_bytes
-            .binary_search_by(|&id| piece(id).cmp(&bytes[..]))
+            .binary_search_by(|&id| self.rank_bytes(id).as_slice().cmp(&bytes))
             .ok()
             .map(|i| self.ids_by_bytes[i])
     }
 }
 
 /// The BPE options that rank-based BPE cannot express.
-fn check_bpe(bpe: &BPE) -> Result<(), String> {
-    if bpe.dropout.is_some() {
+fn check_bpe(model: &ModelFile<'_>) -> Result<(), String> {
+    if model.dropout.is_some() {
         return Err("BPE dropout is set".to_owned());
     }
-    if bpe.byte_fallback {
+    if model.byte_fallback {
         return Err("BPE byte_fallback is set".to_owned());
     }
-    if bpe.continuing_subword_prefix.is_some() || bpe.end_of_word_suffix.is_some() {
+    if model.continuing_subword_prefix.is_some() || model.end_of_word_suffix.is_some() {
         return Err("BPE has a subword prefix or suffix".to_owned());
     }
-    if !bpe.ignore_merges {
+    if !model.ignore_merges {
         // Rank BPE takes a pre-token that is a whole token as is; HF without ignore_merges
         // may split it.
         return Err("BPE ignore_merges is false".to_owned());
@@ -415,8 +481,8 @@ fn check_bpe(bpe: &BPE) -> Result<(), String> {
 
 /// The split regex of a `Sequence[Split(regex, Isolated), ByteLevel(no prefix, no regex)]`
 /// pre-tokenizer.
-fn split_pattern(hf: &tokenizers::Tokenizer) -> Result<String, String> {
-    let pre = serde_json::to_value(hf.get_pre_tokenizer()).map_err(|e| e.to_string())?;
+fn split_pattern(pre: Option<&PreTokenizerWrapper>) -> Result<String, String> {
+    let pre = serde_json::to_value(pre).map_err(|e| e.to_string())?;
     let unsupported = || Err("pre-tokenizer is not Sequence[Split(regex), ByteLevel]".to_owned());
     let Some([split, byte_level]) = pre
         .get("pretokenizers")
@@ -441,14 +507,15 @@ fn split_pattern(hf: &tokenizers::Tokenizer) -> Result<String, String> {
     }
 }
 
-fn check_decoder_and_post_processor(hf: &tokenizers::Tokenizer) -> Result<(), String> {
-    let decoder = serde_json::to_value(hf.get_decoder()).map_err(|e| e.to_string())?;
-    if decoder["type"] != "ByteLevel" {
+fn check_decoder_and_post_processor(
+    decoder: Option<&DecoderWrapper>,
+    post: Option<&PostProcessorWrapper>,
+) -> Result<(), String> {
+    if !matches!(decoder, Some(DecoderWrapper::ByteLevel(_))) {
         return Err("decoder is not ByteLevel".to_owned());
     }
-    let post = serde_json::to_value(hf.get_post_processor()).map_err(|e| e.to_string())?;
     // A ByteLevel post-processor only trims offsets; ids are unchanged.
-    if post != Value::Null && post["type"] != json!("ByteLevel") {
+    if !matches!(post, None | Some(PostProcessorWrapper::ByteLevel(_))) {
         return Err("post-processor adds or changes tokens".to_owned());
     }
     Ok(())
@@ -456,7 +523,7 @@ fn check_decoder_and_post_processor(hf: &tokenizers::Tokenizer) -> Result<(), St
 
 /// Rank BPE equals HuggingFace's merge-list BPE when the merges are exactly the ones derived
 /// from the ranks (see [`derive_merges`]).
-fn check_merges(merges: &[MergeEntry], ranks: &[Vec<u8>]) -> Result<(), String> {
+fn check_merges(merges: &[MergeEntry<'_>], ranks: &[Vec<u8>]) -> Result<(), String> {
     let expected = derive_merges(ranks);
     if merges.len() != expected.len() {
         return Err(format!(
@@ -467,8 +534,7 @@ fn check_merges(merges: &[MergeEntry], ranks: &[Vec<u8>]) -> Result<(), String> 
     }
     for (index, (entry, &(l, r))) in merges.iter().zip(&expected).enumerate() {
         let same = entry.halves().is_some_and(|(fl, fr)| {
-            string_to_bytes(fl).as_deref() == Some(&ranks[l as usize][..])
-                && string_to_bytes(fr).as_deref() == Some(&ranks[r as usize][..])
+            spells(fl, &ranks[l as usize]) && spells(fr, &ranks[r as usize])
         });
         if !same {
             return Err(format!(
@@ -483,6 +549,7 @@ fn check_merges(merges: &[MergeEntry], ranks: &[Vec<u8>]) -> Result<(), String> 
 mod tests {
     use super::*;
     use crate::tokenize::import::build_tokenizer;
+    use serde_json::json;
     use crate::tokenize::preset::Preset;
 
     const TINY: Preset = Preset {

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use base64::Engine as _;
+use rustc_hash::FxHashMap;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -67,7 +68,8 @@ pub fn parse_tiktoken(text: &str) -> anyhow::Result<Vec<Vec<u8>>> {
 /// token in rank order, every split `(l, r)` with both halves in the vocabulary, sorted by
 /// `(rank l, rank r)`.
 pub fn derive_merges<T: AsRef<[u8]>>(tokens: &[T]) -> Vec<(u32, u32)> {
-    let rank_of: HashMap<&[u8], u32> = tokens
+    // Fx: ~3 million short-key lookups on every tokenizer load.
+    let rank_of: FxHashMap<&[u8], u32> = tokens
         .iter()
         .enumerate()
         .map(|(rank, t)| (t.as_ref(), rank as u32))

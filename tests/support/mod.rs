@@ -88,6 +88,16 @@ impl Default for FakeSpec {
     }
 }
 
+impl FakeSpec {
+    /// Holds every generation after its first token until the test releases it.
+    pub fn held() -> FakeSpec {
+        FakeSpec {
+            hold: true,
+            ..FakeSpec::default()
+        }
+    }
+}
+
 /// The word each fake token is (one Qwen token, its own pre-token).
 pub const WORD: &str = " hello";
 
@@ -545,6 +555,12 @@ pub async fn post(url: &str, key: &str, body: &Value) -> Received {
         ],
     )
     .await
+}
+
+/// [`post`] on a task of its own, for requests that must wait while the test goes on.
+pub fn spawn_post(url: &str, key: &'static str, body: Value) -> tokio::task::JoinHandle<Received> {
+    let url = url.to_string();
+    tokio::spawn(async move { post(&url, key, &body).await })
 }
 
 /// A one-message chat body.
