@@ -329,7 +329,8 @@ async fn injected_reset_cuts_the_stream_after_n_tokens_and_status_answers() {
 async fn models_health_metrics_and_unknown_routes() {
     let s = sim(SimConfig::default()).await;
     let models = call(s.addr(), "GET", "/v1/models", None).await.json();
-    assert_eq!(models["data"][0]["id"], DEFAULT_MODEL);
+    assert_eq!(models["data"][0]["id"], "qwen3.5-27b");
+    assert_eq!(models["data"][1]["id"], "Qwen/Qwen3.5-27B");
     assert_eq!(models["data"][0]["max_model_len"], 65_536);
     assert_eq!(
         call(s.addr(), "GET", "/health", None).await.status,
@@ -342,6 +343,13 @@ async fn models_health_metrics_and_unknown_routes() {
     )
     .await;
     assert_eq!(wrong_model.status, StatusCode::NOT_FOUND);
+    let second_name = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"model": "Qwen/Qwen3.5-27B", "prompt": "x", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(second_name.json()["model"], "qwen3.5-27b");
     assert_eq!(
         call(s.addr(), "GET", "/nope", None).await.status,
         StatusCode::NOT_FOUND
@@ -355,14 +363,14 @@ async fn models_health_metrics_and_unknown_routes() {
     .await;
     let metrics = call(s.addr(), "GET", "/metrics", None).await.body;
     for line in [
-        "vllm:generation_tokens_total 6",
-        "vllm:prompt_tokens_total 7",
+        "vllm:generation_tokens_total 7",
+        "vllm:prompt_tokens_total 8",
         "vllm:num_preemptions_total 0",
         "vllm:num_requests_running 0",
-        "vllm:time_to_first_token_seconds_count 1",
+        "vllm:time_to_first_token_seconds_count 2",
         "vllm:time_per_output_token_seconds_count 5",
-        // Six passes of 1 ms: a prefill, then five decode steps.
-        "vllm:time_to_first_token_seconds_sum 0.001",
+        // Each request alone: its first token after one pass of 1 ms.
+        "vllm:time_to_first_token_seconds_sum 0.002",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
