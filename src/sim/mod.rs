@@ -238,6 +238,9 @@ async fn accept_loop(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // Tokens go out one small SSE chunk at a time: Nagle's algorithm would hold each
+                // for the peer's delayed ACK (~40 ms), far above a decode step.
+                let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 connections.spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
