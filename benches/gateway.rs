@@ -111,7 +111,7 @@ async fn run() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
     let tokenizer = Arc::new(Tokenizer::load(&path).expect("run scripts/fetch-tokenizer first"));
     let mut sim_cfg = SimConfig::pace(Duration::ZERO);
-    sim_cfg.model = "qwen3.5-27b".to_string();
+    sim_cfg.served_names = vec!["qwen3.5-27b".to_string()];
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -113,7 +113,9 @@ fn over_time(
     sla: f64,
 ) -> anyhow::Result<()> {
     let (lo, hi) = latency_range(report, &metric, sla);
-    let end = report.elapsed_s.max(1.0);
+    // The arrival window (answers may end later, but points sit at their arrival).
+    let last_arrival = report.samples.iter().map(|s| s.at_s).fold(0.0, f64::max);
+    let end = (last_arrival * 1.02).max(1.0);
     let mut chart = chart(
         area,
         title,

@@ -1,7 +1,7 @@
 //! Room `sim`: `tokengate sim`, the command line of the simulated backend.
 
 use super::timing::Roofline;
-use super::{start, SimConfig, DEFAULT_MODEL};
+use super::{start, SimConfig, DEFAULT_SERVED_NAMES};
 use crate::capacity::StateDtype;
 use crate::tokenize::Tokenizer;
 use anyhow::Context;
@@ -19,9 +19,10 @@ pub struct SimArgs {
     /// The model's `tokenizer.json` (prompts are counted with it).
     #[arg(long, default_value = "assets/qwen3.5/tokenizer.json")]
     pub tokenizer: PathBuf,
-    /// Model name served in `/v1/models` and expected in requests.
-    #[arg(long, default_value = DEFAULT_MODEL)]
-    pub served_model_name: String,
+    /// Model names served in `/v1/models` and accepted in requests (the first is the one
+    /// answers carry).
+    #[arg(long, num_args = 1.., default_values_t = DEFAULT_SERVED_NAMES.map(String::from))]
+    pub served_model_name: Vec<String>,
     /// Hardware profile of the simulated card (see `tokengate capacity`).
     #[arg(long, default_value = "910b3")]
     pub hardware: String,
@@ -72,7 +73,7 @@ impl SimArgs {
                 self.state_dtype,
             )?),
         };
-        cfg.model.clone_from(&self.served_model_name);
+        cfg.served_names.clone_from(&self.served_model_name);
         cfg.time_scale = self.time_scale;
         cfg.seed = self.seed;
         cfg.mean_output_tokens = self.mean_output_tokens;
@@ -102,7 +103,7 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         let handle = start(args.config()?, Arc::new(tokenizer), listener).await?;
         eprintln!(
             "tokengate sim: serving {} on {} (time scale {})",
-            args.served_model_name,
+            args.served_model_name.join(", "),
             handle.url(),
             args.time_scale
         );

@@ -35,7 +35,7 @@ const OUTPUT_LENGTH_SIGMA: f64 = 0.8;
 
 /// Everything the routes share.
 pub struct Shared {
-    pub(super) model: String,
+    pub(super) served_names: Vec<String>,
     pub(super) engine_cfg: EngineConfig,
     pub(super) counter: SharedCounter,
     template: ChatTemplate,
@@ -60,7 +60,7 @@ impl Shared {
         let mu = cfg.mean_output_tokens.max(1.0).ln() - sigma * sigma / 2.0;
         let dist = LogNormal::new(mu, sigma).expect("sigma is a positive constant");
         Self {
-            model: cfg.model,
+            served_names: cfg.served_names,
             engine_cfg: cfg.engine,
             counter,
             template: ChatTemplate::builtin_qwen35(),
@@ -87,7 +87,7 @@ impl Shared {
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("model", &self.model)
+            .field("served_names", &self.served_names)
             .field("engine_cfg", &self.engine_cfg)
             .finish_non_exhaustive()
     }
@@ -152,7 +152,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         (api, _) => parse_openai(
             api,
             &body,
-            &shared.model,
+            &shared.served_names,
             &shared.template,
             shared.counter.as_ref(),
         )?,
@@ -161,20 +161,25 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
 }
 
 fn models(shared: &Shared) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        &serde_json::json!({
-            "object": "list",
-            "data": [{
-                "id": shared.model,
+    let created = unix_now();
+    let data: Vec<serde_json::Value> = shared
+        .served_names
+        .iter()
+        .map(|name| {
+            serde_json::json!({
+                "id": name,
                 "object": "model",
-                "created": unix_now(),
+                "created": created,
                 "owned_by": "tokengate-sim",
-                "root": shared.model,
+                "root": shared.served_names[0],
                 "parent": null,
                 "max_model_len": shared.engine_cfg.max_model_len,
-            }],
-        }),
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": data}),
     )
 }
 
@@ -256,7 +261,7 @@ async fn generate(shared: &Shared, job: Job) -> Result<Response<Body>, ApiError>
     let meta = Meta {
         id: format!("{}{n}", job.api.id_prefix()),
         created: unix_now(),
-        model: shared.model.clone(),
+        model: shared.served_names[0].clone(),
     };
     if job.stream {
         return Ok(stream_response(StreamState {

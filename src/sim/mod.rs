@@ -43,8 +43,9 @@ pub struct Faults {
 /// a cache that never fills) suited to tests.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
-    /// Served model name (`model` of requests and `/v1/models`).
-    pub model: String,
+    /// Served model names (vLLM `--served-model-name`): requests may name any of them; the
+    /// first is the one answers carry.
+    pub served_names: Vec<String>,
     /// Scheduler settings.
     pub engine: EngineConfig,
     /// Pass durations.
@@ -59,15 +60,19 @@ pub struct SimConfig {
     pub faults: Faults,
 }
 
-/// The served model name by default, as vLLM would serve the Hugging Face repository.
-pub const DEFAULT_MODEL: &str = "Qwen/Qwen3.5-27B";
+/// The served model names by default: the capacity profile's name, then the Hugging Face
+/// repository's (the gateway's example configs forward the first).
+pub const DEFAULT_SERVED_NAMES: [&str; 2] = ["qwen3.5-27b", "Qwen/Qwen3.5-27B"];
+
+/// The model name clients send by default.
+pub const DEFAULT_MODEL: &str = DEFAULT_SERVED_NAMES[0];
 
 impl SimConfig {
     /// The fixed-pace engine: every pass (a prefill or one token for every running request)
     /// takes `pace`, and the cache never fills.
     pub fn pace(pace: Duration) -> Self {
         Self {
-            model: DEFAULT_MODEL.to_string(),
+            served_names: DEFAULT_SERVED_NAMES.map(String::from).to_vec(),
             engine: EngineConfig {
                 kv: KvGeometry::unlimited(),
                 max_batch: 1024,
@@ -192,6 +197,10 @@ pub async fn start(
     listener: TcpListener,
 ) -> anyhow::Result<SimHandle> {
     cfg.engine.validate().map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !cfg.served_names.is_empty(),
+        "the sim needs a served model name"
+    );
     if !(cfg.time_scale > 0.0 && cfg.time_scale.is_finite()) {
         anyhow::bail!(
             "time_scale must be a positive number, got {}",
@@ -229,7 +238,8 @@ async fn accept_loop(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                // Tokens are small writes: without this, Nagle + delayed ACKs hold each ~40 ms.
+                // Tokens go out one small SSE chunk at a time: Nagle's algorithm would hold each
+                // for the peer's delayed ACK (~40 ms), far above a decode step.
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 connections.spawn(async move {

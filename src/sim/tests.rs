@@ -329,7 +329,8 @@ async fn injected_reset_cuts_the_stream_after_n_tokens_and_status_answers() {
 async fn models_health_metrics_and_unknown_routes() {
     let s = sim(SimConfig::default()).await;
     let models = call(s.addr(), "GET", "/v1/models", None).await.json();
-    assert_eq!(models["data"][0]["id"], DEFAULT_MODEL);
+    assert_eq!(models["data"][0]["id"], "qwen3.5-27b");
+    assert_eq!(models["data"][1]["id"], "Qwen/Qwen3.5-27B");
     assert_eq!(models["data"][0]["max_model_len"], 65_536);
     assert_eq!(
         call(s.addr(), "GET", "/health", None).await.status,
@@ -342,6 +343,13 @@ async fn models_health_metrics_and_unknown_routes() {
     )
     .await;
     assert_eq!(wrong_model.status, StatusCode::NOT_FOUND);
+    let second_name = post(
+        s.addr(),
+        "/v1/completions",
+        json!({"model": "Qwen/Qwen3.5-27B", "prompt": "x", "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(second_name.json()["model"], "qwen3.5-27b");
     assert_eq!(
         call(s.addr(), "GET", "/nope", None).await.status,
         StatusCode::NOT_FOUND
@@ -355,14 +363,14 @@ async fn models_health_metrics_and_unknown_routes() {
     .await;
     let metrics = call(s.addr(), "GET", "/metrics", None).await.body;
     for line in [
-        "vllm:generation_tokens_total 6",
-        "vllm:prompt_tokens_total 7",
+        "vllm:generation_tokens_total 7",
+        "vllm:prompt_tokens_total 8",
         "vllm:num_preemptions_total 0",
         "vllm:num_requests_running 0",
-        "vllm:time_to_first_token_seconds_count 1",
+        "vllm:time_to_first_token_seconds_count 2",
         "vllm:time_per_output_token_seconds_count 5",
-        // Six passes of 1 ms: a prefill, then five decode steps.
-        "vllm:time_to_first_token_seconds_sum 0.001",
+        // Each request alone: its first token after one pass of 1 ms.
+        "vllm:time_to_first_token_seconds_sum 0.002",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
@@ -394,4 +402,54 @@ async fn roofline_engine_reports_simulated_times_at_any_time_scale() {
         metrics.lines().any(|l| l == line),
         "{line} not in\n{metrics}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn serves_http2_with_prior_knowledge() {
+    let s = sim(SimConfig::default()).await;
+    let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let body = json!({"prompt": HELLO, "max_tokens": 2, "ignore_eos": true});
+    let req = Request::post(format!("{}/v1/completions", s.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), ::http::Version::HTTP_2);
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_goes_away_frees_its_sequence() {
+    let s = sim(SimConfig::default()).await;
+    let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = json!({"prompt": HELLO, "max_tokens": 1000, "ignore_eos": true, "stream": true});
+    let req = Request::post("/v1/completions")
+        .header("host", "sim")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let mut resp = sender.send_request(req).await.unwrap().into_body();
+    // Read the first token, then hang up.
+    let first = resp.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some());
+    assert_eq!(s.stats().engine.running, 1);
+    drop(resp);
+    drop(sender);
+    conn.abort();
+    // Drive the paused clock: the engine notices at its next pass (1 ms) and cancels.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let stats = s.stats();
+    assert_eq!((stats.engine.running, stats.engine.waiting), (0, 0));
+    assert!(stats.generated_tokens < 1000, "{}", stats.generated_tokens);
 }

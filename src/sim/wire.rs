@@ -101,13 +101,13 @@ fn bad_json(e: serde_json::Error) -> ApiError {
 pub fn parse_openai(
     api: Api,
     body: &[u8],
-    served_model: &str,
+    served_names: &[String],
     template: &ChatTemplate,
     counter: &dyn CountTokens,
 ) -> Result<Job, ApiError> {
     let req: OpenAiRequest = serde_json::from_slice(body).map_err(bad_json)?;
     if let Some(model) = &req.model {
-        if model != served_model {
+        if !served_names.contains(model) {
             return Err(ApiError::model_not_found(model));
         }
     }
