@@ -286,7 +286,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for MergeEntry<'a> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a merge: [left, right] or \"left right\"")
             }
-            fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                s: &'de str,
+            ) -> Result<Self::Value, E> {
                 Ok(MergeEntry(Cow::Borrowed(s), None))
             }
             fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
@@ -346,7 +349,11 @@ impl FastEngine {
         let mut added_by_content = HashMap::new();
         let mut added_bytes = HashMap::new();
         for AddedTokenWithId { id, token } in &file.added_tokens {
-            if !token.special || token.normalized || token.single_word || token.lstrip || token.rstrip
+            if !token.special
+                || token.normalized
+                || token.single_word
+                || token.lstrip
+                || token.rstrip
             {
                 return Err(format!(
                     "added token {:?} is not a plain special token",
@@ -379,7 +386,10 @@ impl FastEngine {
             .enumerate()
             .map(|(rank, bytes)| (bytes, rank as u32))
             .collect();
-        let specials = added_by_content.iter().map(|(c, &id)| (c.clone(), id)).collect();
+        let specials = added_by_content
+            .iter()
+            .map(|(c, &id)| (c.clone(), id))
+            .collect();
         let bpe = CoreBPE::new(encoder, specials, &pattern)
             .map_err(|e| format!("split regex not supported by fancy-regex: {e}"))?;
         Ok(FastEngine {
@@ -549,8 +559,8 @@ fn check_merges(merges: &[MergeEntry<'_>], ranks: &[Vec<u8>]) -> Result<(), Stri
 mod tests {
     use super::*;
     use crate::tokenize::import::build_tokenizer;
-    use serde_json::json;
     use crate::tokenize::preset::Preset;
+    use serde_json::json;
 
     const TINY: Preset = Preset {
         name: "tiny",
