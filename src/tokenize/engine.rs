@@ -200,6 +200,9 @@ struct FastEngine {
     /// Bytes of each added token as HuggingFace's ByteLevel decoder produces them.
     added_bytes: HashMap<u32, Vec<u8>>,
     nfc: bool,
+    /// The split without its lookahead, when the regex ends in `\s+(?!\S)|\s+` (see
+    /// [`WhitespaceSplit`]); `None` lets `CoreBPE` split with the regex as written.
+    split: Option<WhitespaceSplit>,
     /// Base-vocabulary ids sorted by their bytes (`token_id` by binary search).
     ids_by_bytes: Vec<u32>,
     vocab_size: usize,
@@ -390,9 +393,16 @@ impl FastEngine {
             .iter()
             .map(|(c, &id)| (c.clone(), id))
             .collect();
-        let bpe = CoreBPE::new(encoder, specials, &pattern)
+        let split = WhitespaceSplit::new(&pattern);
+        // With our own split, CoreBPE only ever sees single pre-tokens; its regex must then be
+        // lookahead-free too (a piece of a million spaces overflows fancy-regex's stack).
+        let bpe_pattern = split
+            .as_ref()
+            .map_or(pattern.as_str(), |s| s.regex.as_str());
+        let bpe = CoreBPE::new(encoder, specials, bpe_pattern)
             .map_err(|e| format!("split regex not supported by fancy-regex: {e}"))?;
         Ok(FastEngine {
+            split,
             bpe,
             n_ranks: n_ranks as u32,
             added,
@@ -428,9 +438,21 @@ impl FastEngine {
             tokenizers::normalizers::unicode::NFC
                 .normalize(&mut normalized)
                 .expect("NFC normalization is infallible");
-            sink(&self.bpe.encode_ordinary(normalized.get()));
+            self.encode_normalized(normalized.get(), sink);
         } else {
-            sink(&self.bpe.encode_ordinary(segment));
+            self.encode_normalized(segment, sink);
+        }
+    }
+
+    fn encode_normalized(&self, text: &str, sink: &mut impl FnMut(&[u32])) {
+        match &self.split {
+            None => sink(&self.bpe.encode_ordinary(text)),
+            Some(split) => {
+                for piece in split.pieces(text) {
+                    // One pre-token: CoreBPE's lookahead-free regex finds it whole again.
+                    sink(&self.bpe.encode_ordinary(piece));
+                }
+            }
         }
     }
 
@@ -467,6 +489,48 @@ impl FastEngine {
             .binary_search_by(|&id| self.rank_bytes(id).as_slice().cmp(&bytes))
             .ok()
             .map(|i| self.ids_by_bytes[i])
+    }
+}
+
+/// The pre-tokenizer split of a regex ending in `|\s+(?!\S)|\s+` (Qwen, cl100k, o200k style)
+/// without fancy-regex: the `\s+(?!\S)` branch is dropped and emulated. That branch, given a
+/// whitespace run of two or more characters followed by a non-space, takes all but the last
+/// character; with it dropped, `\s+` takes the whole run, so such a match is shortened by one
+/// character and the next search starts at the last one, as before. fancy-regex runs
+/// `\s+(?!\S)` on a backtracking stack that overflows on a run of about a million spaces
+/// (HuggingFace's Oniguruma handles it), and the plain `regex` crate is faster besides.
+struct WhitespaceSplit {
+    regex: regex::Regex,
+}
+
+impl WhitespaceSplit {
+    const TAIL: &'static str = r"|\s+(?!\S)|\s+";
+
+    fn new(pattern: &str) -> Option<WhitespaceSplit> {
+        let head = pattern.strip_suffix(Self::TAIL)?;
+        let regex = regex::Regex::new(&format!(r"{head}|\s+")).ok()?;
+        Some(WhitespaceSplit { regex })
+    }
+
+    fn pieces<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
+        let mut start = 0;
+        std::iter::from_fn(move || {
+            let m = self.regex.find_at(text, start)?;
+            let mut end = m.end();
+            let piece = m.as_str();
+            // A `\s+` match: whitespace not ending in a newline (the earlier branches of these
+            // regexes never match such text: they need a letter, digit, punctuation or newline).
+            if end < text.len() && piece.chars().all(char::is_whitespace) {
+                let mut chars = piece.chars();
+                if let (Some(last), Some(_)) = (chars.next_back(), chars.next()) {
+                    if last != '\r' && last != '\n' {
+                        end -= last.len_utf8();
+                    }
+                }
+            }
+            start = end;
+            Some(&text[m.start()..end])
+        })
     }
 }
 
