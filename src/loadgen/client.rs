@@ -155,8 +155,10 @@ impl Client {
                 Ok(Ok(r)) => r,
                 Ok(Err(())) => (0, None, StreamSeen::default()),
                 Err(_) => {
-                    let mut seen = StreamSeen::default();
-                    seen.timed_out = true;
+                    let seen = StreamSeen {
+                        timed_out: true,
+                        ..StreamSeen::default()
+                    };
                     (0, None, seen)
                 }
             };
