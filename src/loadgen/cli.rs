@@ -157,7 +157,7 @@ impl Progress {
             Outcome::Ok => &self.ok,
             Outcome::RateLimited => &self.rate_limited,
             Outcome::Unavailable => &self.unavailable,
-            Outcome::ClientError | Outcome::ServerError => &self.failed,
+            Outcome::ClientError | Outcome::ServerError | Outcome::Timeout => &self.failed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -88,6 +88,7 @@ struct StreamSeen {
     usage_completion: Option<u64>,
     done: bool,
     error: bool,
+    timed_out: bool,
 }
 
 impl Client {
@@ -148,13 +149,19 @@ impl Client {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let (status, retry_after, seen) =
-                match tokio::time::timeout(self.target.timeout, self.attempt(job, body.clone()))
-                    .await
-                {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(())) | Err(_) => (0, None, StreamSeen::default()),
-                };
+            let attempt =
+                tokio::time::timeout(self.target.timeout, self.attempt(job, body.clone()));
+            let (status, retry_after, seen) = match attempt.await {
+                Ok(Ok(r)) => r,
+                Ok(Err(())) => (0, None, StreamSeen::default()),
+                Err(_) => {
+                    let seen = StreamSeen {
+                        timed_out: true,
+                        ..StreamSeen::default()
+                    };
+                    (0, None, seen)
+                }
+            };
             let retryable = status == 429 || status == 503;
             if self.target.retry && retryable && attempts < MAX_ATTEMPTS {
                 if let Some(wait) = retry_after {
@@ -175,6 +182,7 @@ impl Client {
         attempts: u32,
     ) -> Sample {
         let outcome = match status {
+            _ if seen.timed_out => Outcome::Timeout,
             200..=299 if seen.done && !seen.error => Outcome::Ok,
             429 => Outcome::RateLimited,
             503 => Outcome::Unavailable,

@@ -20,6 +20,8 @@ pub enum Outcome {
     ClientError,
     /// Another 5xx, a broken stream or a failed connection.
     ServerError,
+    /// No complete answer within the client's timeout (the client hung up).
+    Timeout,
 }
 
 /// What one request measured. Durations are in the server's (simulated) time.
@@ -128,6 +130,8 @@ pub struct Summary {
     pub client_errors: u64,
     /// Other 5xx and failures.
     pub server_errors: u64,
+    /// Given up after the client's timeout.
+    pub timeouts: u64,
     /// Share of the requests served (`requests_ok / requests`).
     pub served_share: f64,
     /// TTFT P50, ms (completed requests).
@@ -196,6 +200,7 @@ impl Summary {
             unavailable,
             client_errors: count(Outcome::ClientError),
             server_errors: count(Outcome::ServerError),
+            timeouts: count(Outcome::Timeout),
             served_share: share(ok.len()),
             ttft_p50_ms: ttft.p50,
             ttft_p95_ms: ttft.p95,
