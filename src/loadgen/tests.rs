@@ -114,8 +114,8 @@ async fn measures_latencies_in_server_time_and_classifies_outcomes() {
 
     // A backend answering 503 is counted as such, and a cut stream as a server error.
     sim.set_faults(Faults {
-        fail_after_tokens: None,
         status: Some(503),
+        ..Faults::default()
     });
     let (s, _) = run_plan(
         client.clone(),
@@ -129,17 +129,47 @@ async fn measures_latencies_in_server_time_and_classifies_outcomes() {
     assert_eq!((s[0].outcome, s[0].status), (Outcome::Unavailable, 503));
     sim.set_faults(Faults {
         fail_after_tokens: Some(2),
-        status: None,
+        ..Faults::default()
     });
+    let one = |output| vec![planned(0, "alice", 20, output)];
+    let keys = ApiKeys::default();
+    let (s, _) = run_plan(client.clone(), one(5), prompts.clone(), &keys, 1, false).await;
+    assert_eq!(s[0].outcome, Outcome::ServerError);
+    assert_eq!(s[0].output_tokens, 0);
+
+    // 1,000 passes of 2 real ms cannot end within 100 real ms: the client gives up.
+    sim.set_faults(Faults::default());
+    let mut target = client.target().clone();
+    target.timeout = Duration::from_millis(100);
     let (s, _) = run_plan(
-        client,
-        vec![planned(0, "alice", 20, 5)],
-        prompts,
-        &ApiKeys::default(),
+        Client::new(target),
+        one(1000),
+        prompts.clone(),
+        &keys,
         1,
         false,
     )
     .await;
-    assert_eq!(s[0].outcome, Outcome::ServerError);
-    assert_eq!(s[0].output_tokens, 0);
+    assert_eq!((s[0].outcome, s[0].status), (Outcome::Timeout, 0));
+
+    // A 429 with `retry-after: 0` is retried only with --retry, at most 5 attempts in all; a 429
+    // without `retry-after` is not retried.
+    sim.set_faults(Faults {
+        status: Some(429),
+        retry_after: Some(Duration::ZERO),
+        ..Faults::default()
+    });
+    let mut target = client.target().clone();
+    target.retry = true;
+    let retrying = Client::new(target);
+    let (s, _) = run_plan(retrying.clone(), one(3), prompts.clone(), &keys, 1, false).await;
+    assert_eq!((s[0].outcome, s[0].attempts), (Outcome::RateLimited, 5));
+    let (s, _) = run_plan(client, one(3), prompts.clone(), &keys, 1, false).await;
+    assert_eq!((s[0].outcome, s[0].attempts), (Outcome::RateLimited, 1));
+    sim.set_faults(Faults {
+        status: Some(429),
+        ..Faults::default()
+    });
+    let (s, _) = run_plan(retrying, one(3), prompts, &keys, 1, false).await;
+    assert_eq!((s[0].outcome, s[0].attempts), (Outcome::RateLimited, 1));
 }

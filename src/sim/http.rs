@@ -189,14 +189,14 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn injected_status(status: u16) -> ApiError {
+fn injected_status(status: u16, retry_after: Option<std::time::Duration>) -> ApiError {
     ApiError {
         status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         code: "injected_failure",
         kind: "server_error",
         message: format!("the simulated backend was told to answer {status}"),
         param: None,
-        retry_after: None,
+        retry_after,
         rate_limit: None,
     }
 }
@@ -218,7 +218,7 @@ async fn generate(shared: &Shared, job: Job) -> Result<Response<Body>, ApiError>
         stats.max_tokens.push(job.max_tokens);
     }
     if let Some(status) = faults.status {
-        return Err(injected_status(status));
+        return Err(injected_status(status, faults.retry_after));
     }
     let cfg = &shared.engine_cfg;
     let max_tokens = job

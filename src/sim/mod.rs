@@ -37,6 +37,8 @@ pub struct Faults {
     pub fail_after_tokens: Option<u64>,
     /// Answer every generation request with this status and an OpenAI error body.
     pub status: Option<u16>,
+    /// With `status`: the `retry-after` of those answers (whole seconds, rounded up).
+    pub retry_after: Option<Duration>,
 }
 
 /// Everything a simulated backend needs. `Default` is the fast fixed-pace mode (1 ms per pass,

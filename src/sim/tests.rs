@@ -33,6 +33,7 @@ async fn sim(cfg: SimConfig) -> SimHandle {
 #[derive(Debug)]
 struct Answer {
     status: StatusCode,
+    retry_after: Option<String>,
     content_type: Option<String>,
     body: String,
     cut: bool,
@@ -80,10 +81,13 @@ async fn exchange(
         .unwrap();
     let resp = sender.send_request(req).await?;
     let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string());
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let content_type = header("content-type");
+    let retry_after = header("retry-after");
     let mut body = resp.into_body();
     let mut bytes = Vec::new();
     let mut cut = false;
@@ -98,6 +102,7 @@ async fn exchange(
     }
     Ok(Answer {
         status,
+        retry_after,
         content_type,
         body: String::from_utf8(bytes).unwrap(),
         cut,
@@ -293,7 +298,7 @@ async fn injected_reset_cuts_the_stream_after_n_tokens_and_status_answers() {
     let s = sim(SimConfig {
         faults: Faults {
             fail_after_tokens: Some(3),
-            status: None,
+            ..Faults::default()
         },
         ..SimConfig::default()
     })
@@ -317,11 +322,13 @@ async fn injected_reset_cuts_the_stream_after_n_tokens_and_status_answers() {
     assert!(whole.unwrap_err().is_incomplete_message());
 
     s.set_faults(Faults {
-        fail_after_tokens: None,
         status: Some(503),
+        retry_after: Some(Duration::from_millis(1500)),
+        ..Faults::default()
     });
     let a = post(s.addr(), "/v1/chat/completions", body).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(a.retry_after.as_deref(), Some("2"));
     assert_eq!(a.json()["error"]["code"], "injected_failure");
 }
 
