@@ -45,6 +45,14 @@ pub struct SimArgs {
     /// prefill alone (MindIE's default).
     #[arg(long)]
     pub chunked_prefill: Option<u64>,
+    /// With `--chunked-prefill`: prefill up to this many prompts at once, splitting the chunk
+    /// evenly between them (vLLM `max_num_partial_prefills`).
+    #[arg(long, default_value_t = 1)]
+    pub max_partial_prefills: usize,
+    /// Prompts longer than this many tokens are prefilled one at a time, and shorter ones
+    /// queued behind such a prompt are prefilled beside it (vLLM `long_prefill_token_threshold`).
+    #[arg(long)]
+    pub long_prefill_threshold: Option<u64>,
     /// Longest prompt + output accepted (vLLM `max_model_len`).
     #[arg(long)]
     pub max_model_len: Option<u64>,
@@ -78,6 +86,8 @@ impl SimArgs {
         cfg.seed = self.seed;
         cfg.mean_output_tokens = self.mean_output_tokens;
         cfg.engine.chunked_prefill = self.chunked_prefill;
+        cfg.engine.max_partial_prefills = self.max_partial_prefills;
+        cfg.engine.long_prefill_threshold = self.long_prefill_threshold;
         if let Some(n) = self.max_model_len {
             cfg.engine.max_model_len = n;
         }

@@ -1,9 +1,14 @@
 //! Room `sim`: the pure scheduler core of the simulated engine. Continuous batching like vLLM and
 //! MindIE: a FIFO waiting queue, admission while the KV cache has room for a sequence's current
 //! tokens (not its `max_tokens`), prefill passes that run alone and stall every decode (MindIE's
-//! default) or chunks of a prefill mixed into decode passes (`chunked_prefill`), one token per
+//! default) or chunks of prefills mixed into decode passes (`chunked_prefill`), one token per
 //! running sequence per decode pass, and preemption of the newest sequence by recompute when the
 //! growing sequences overflow the cache.
+//!
+//! With chunked prefill, up to `max_partial_prefills` prompts are prefilled at once (vLLM's
+//! `max_num_partial_prefills`): the chunk budget is split evenly between them, and at most one of
+//! them may be longer than `long_prefill_threshold` tokens, so a short prompt arriving behind a
+//! long one is admitted past it and prefilled beside it instead of waiting for its end.
 //!
 //! No clock and no I/O: every method takes `now` (simulated time since the engine started) and
 //! reports what happened as [`Event`]s stamped with the exact simulated instant.
@@ -65,6 +70,12 @@ pub struct EngineConfig {
     pub max_prefill_tokens: u64,
     /// `Some(n)`: prefills advance by chunks of `n` tokens mixed into decode passes.
     pub chunked_prefill: Option<u64>,
+    /// Prompts prefilled at once with `chunked_prefill`, sharing its `n` tokens evenly per pass
+    /// (1: one prompt at a time, in arrival order).
+    pub max_partial_prefills: usize,
+    /// Prompts longer than this many tokens are long: at most one of them is prefilled at a time,
+    /// and shorter ones queued behind it are admitted past it (`None`: no prompt is long).
+    pub long_prefill_threshold: Option<u64>,
     /// Longest prompt + output a request may ask for.
     pub max_model_len: u64,
 }
@@ -94,8 +105,25 @@ impl EngineConfig {
                 self.max_model_len, longest, self.kv.budget_bytes
             ));
         }
-        if self.max_batch == 0 || self.chunked_prefill == Some(0) || self.kv.block_tokens == 0 {
-            return Err("max_batch, chunked_prefill and block_tokens must be positive".into());
+        if self.max_batch == 0
+            || self.chunked_prefill == Some(0)
+            || self.kv.block_tokens == 0
+            || self.max_partial_prefills == 0
+        {
+            return Err(
+                "max_batch, chunked_prefill, block_tokens and max_partial_prefills must be positive"
+                    .into(),
+            );
+        }
+        if self.max_partial_prefills > 1
+            && self
+                .chunked_prefill
+                .is_none_or(|n| n < self.max_partial_prefills as u64)
+        {
+            return Err(
+                "max_partial_prefills > 1 needs chunked_prefill of at least that many tokens"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -172,8 +200,9 @@ impl Seq {
 enum Pass {
     /// Whole prefills of these sequences, alone on the card.
     Prefill(Vec<Seq>),
-    /// One decode token for every running sequence, plus `chunk` tokens of `prefilling`.
-    Decode { chunk: u64 },
+    /// One decode token for every running sequence, plus a chunk of tokens of each sequence
+    /// being prefilled, by id.
+    Decode { chunks: Vec<(SeqId, u64)> },
 }
 
 #[derive(Debug)]
@@ -190,8 +219,9 @@ pub struct Engine {
     waiting: VecDeque<Seq>,
     /// In admission order: the last is the newest, the first to be preempted.
     running: Vec<Seq>,
-    /// The sequence whose chunked prefill is under way (it is newer than every running one).
-    prefilling: Option<Seq>,
+    /// The sequences whose chunked prefill is under way, in admission order (they are newer
+    /// than every running one).
+    prefilling: Vec<Seq>,
     in_flight: Option<InFlight>,
     used: u64,
     preemptions: u64,
@@ -205,7 +235,7 @@ impl Engine {
             timing,
             waiting: VecDeque::new(),
             running: Vec::new(),
-            prefilling: None,
+            prefilling: Vec::new(),
             in_flight: None,
             used: 0,
             preemptions: 0,
@@ -241,8 +271,8 @@ impl Engine {
         }
         let removed = if let Some(i) = self.running.iter().position(|s| s.id == id) {
             Some(self.running.remove(i))
-        } else if self.prefilling.as_ref().is_some_and(|s| s.id == id) {
-            self.prefilling.take()
+        } else if let Some(i) = self.prefilling.iter().position(|s| s.id == id) {
+            Some(self.prefilling.remove(i))
         } else if let Some(InFlight {
             pass: Pass::Prefill(batch),
             ..
@@ -301,7 +331,7 @@ impl Engine {
             _ => 0,
         };
         EngineSnapshot {
-            running: self.running.len() + prefilling + usize::from(self.prefilling.is_some()),
+            running: self.running.len() + prefilling + self.prefilling.len(),
             waiting: self.waiting.len(),
             used_bytes: self.used,
             budget_bytes: self.cfg.kv.budget_bytes,
@@ -313,16 +343,16 @@ impl Engine {
         self.cfg.kv.budget_bytes - self.used
     }
 
-    /// Takes the waiting head into the cache if it fits and the batch has a slot beside
-    /// `extra_seqs` sequences admitted in this pass.
-    fn admit_head(&mut self, extra_seqs: usize) -> Option<Seq> {
-        let head = self.waiting.front()?;
-        let need = self.cfg.kv.footprint_bytes(head.context());
-        let slots = self.running.len() + usize::from(self.prefilling.is_some()) + extra_seqs;
+    /// Takes the waiting sequence at `index` into the cache if it fits and the batch has a slot
+    /// beside `extra_seqs` sequences admitted in this pass.
+    fn admit_at(&mut self, index: usize, extra_seqs: usize) -> Option<Seq> {
+        let candidate = self.waiting.get(index)?;
+        let need = self.cfg.kv.footprint_bytes(candidate.context());
+        let slots = self.running.len() + self.prefilling.len() + extra_seqs;
         if slots >= self.cfg.max_batch || need > self.free_bytes() {
             return None;
         }
-        let mut seq = self.waiting.pop_front()?;
+        let mut seq = self.waiting.remove(index)?;
         seq.allocated = need;
         seq.to_prefill = seq.context();
         seq.prefilled = 0;
@@ -339,30 +369,59 @@ impl Engine {
                     (self.timing.prefill(&tokens), Pass::Prefill(batch))
                 } else if !self.running.is_empty() {
                     self.make_room(now, out);
-                    (self.decode_duration(0), Pass::Decode { chunk: 0 })
+                    (self.decode_duration(0), Pass::Decode { chunks: Vec::new() })
                 } else {
                     return;
                 }
             }
             Some(chunk_tokens) => {
                 self.make_room(now, out);
-                if self.prefilling.is_none() {
-                    self.prefilling = self.admit_head(0);
-                }
-                let chunk = self
+                self.admit_partial_prefills();
+                // vLLM's split: each of the n prompts gets at most budget / n tokens this pass.
+                let share = chunk_tokens / self.prefilling.len().max(1) as u64;
+                let chunks: Vec<(SeqId, u64)> = self
                     .prefilling
-                    .as_ref()
-                    .map_or(0, |p| chunk_tokens.min(p.to_prefill - p.prefilled));
+                    .iter()
+                    .map(|p| (p.id, share.min(p.to_prefill - p.prefilled)))
+                    .collect();
+                let chunk: u64 = chunks.iter().map(|&(_, c)| c).sum();
                 if self.running.is_empty() && chunk == 0 {
                     return;
                 }
-                (self.decode_duration(chunk), Pass::Decode { chunk })
+                (self.decode_duration(chunk), Pass::Decode { chunks })
             }
         };
         self.in_flight = Some(InFlight {
             ends: now + duration,
             pass,
         });
+    }
+
+    /// Whether `seq`'s prefill counts against the one-long-prefill limit.
+    fn is_long(&self, seq: &Seq) -> bool {
+        self.cfg
+            .long_prefill_threshold
+            .is_some_and(|t| seq.context() > t)
+    }
+
+    /// Admits waiting sequences in order into the partial prefills while there is a free one,
+    /// passing over long prompts while a long one is being prefilled, and stopping at the first
+    /// that does not fit the cache or the batch (the cache stays first come, first served).
+    fn admit_partial_prefills(&mut self) {
+        let mut index = 0;
+        while self.prefilling.len() < self.cfg.max_partial_prefills {
+            let Some(candidate) = self.waiting.get(index) else {
+                return;
+            };
+            if self.is_long(candidate) && self.prefilling.iter().any(|p| self.is_long(p)) {
+                index += 1;
+                continue;
+            }
+            let Some(seq) = self.admit_at(index, 0) else {
+                return;
+            };
+            self.prefilling.push(seq);
+        }
     }
 
     /// FIFO admission of whole prefills, within the cache, the batch and the prefill budget.
@@ -373,7 +432,7 @@ impl Engine {
             if !batch.is_empty() && tokens + head.context() > self.cfg.max_prefill_tokens {
                 break;
             }
-            let Some(seq) = self.admit_head(batch.len()) else {
+            let Some(seq) = self.admit_at(0, batch.len()) else {
                 break;
             };
             tokens += seq.to_prefill;
@@ -401,7 +460,7 @@ impl Engine {
             }
             // Invariant: growth > 0 implies a running sequence, and the longest sequence fits
             // alone (EngineConfig::validate), so this ends with at least one running.
-            let Some(mut victim) = self.prefilling.take().or_else(|| self.running.pop()) else {
+            let Some(mut victim) = self.prefilling.pop().or_else(|| self.running.pop()) else {
                 break;
             };
             self.used -= victim.allocated;
@@ -428,17 +487,20 @@ impl Engine {
                     self.emit_and_keep(seq, at, out);
                 }
             }
-            Pass::Decode { chunk } => {
+            Pass::Decode { chunks } => {
                 let running = std::mem::take(&mut self.running);
                 for seq in running {
                     self.emit_and_keep(seq, at, out);
                 }
-                if let Some(mut p) = self.prefilling.take() {
-                    p.prefilled += chunk;
+                // Every sequence still prefilling was given its chunk when the pass started.
+                for mut p in std::mem::take(&mut self.prefilling) {
+                    if let Some(&(_, chunk)) = chunks.iter().find(|&&(id, _)| id == p.id) {
+                        p.prefilled += chunk;
+                    }
                     if p.prefilled == p.to_prefill {
                         self.emit_and_keep(p, at, out);
                     } else {
-                        self.prefilling = Some(p);
+                        self.prefilling.push(p);
                     }
                 }
             }
@@ -478,6 +540,8 @@ mod tests {
             max_batch: 200,
             max_prefill_tokens: 8192,
             chunked_prefill: None,
+            max_partial_prefills: 1,
+            long_prefill_threshold: None,
             max_model_len: 65_536,
         }
     }
@@ -633,6 +697,91 @@ mod tests {
         assert_eq!(g[3], timing.step(&[204, 5001], 0));
         let first_of_2 = token_times(&out, 2)[0];
         assert_eq!(first_of_2, token_times(&out, 1)[3]);
+    }
+
+    /// A 2,000-token prompt `L` alone, then a 200-token prompt `S` arriving during the first
+    /// pass, with 256-token chunks and `partial` prompts prefilled at once (threshold 1,000).
+    fn long_then_short(partial: usize) -> (Vec<Event>, Arc<dyn StepTiming>) {
+        let timing = roofline();
+        let mut c = cfg(big_cache());
+        c.chunked_prefill = Some(256);
+        c.max_partial_prefills = partial;
+        c.long_prefill_threshold = Some(1000);
+        assert!(c.validate().is_ok());
+        let mut e = Engine::new(c, timing.clone());
+        let mut out = Vec::new();
+        arrive(&mut e, Duration::ZERO, &[req(1, 2000, 2)], &mut out);
+        let during = e.next_event().unwrap() - Duration::from_millis(1);
+        arrive(&mut e, during, &[req(2, 200, 3)], &mut out);
+        drain(&mut e, &mut out);
+        (out, timing)
+    }
+
+    #[test]
+    fn a_short_prompt_is_prefilled_beside_a_long_one() {
+        let (out, timing) = long_then_short(2);
+        let full = timing.step(&[], 256);
+        // Pass 1: L alone (256). Passes 2-3: the 256 tokens split 128/128 between L and S,
+        // then L 128 and S's last 72: S's first token ends pass 3.
+        let t3 = full + full + timing.step(&[], 200);
+        let t4 = t3 + timing.step(&[201], 256);
+        let t5 = t4 + timing.step(&[202], 256);
+        assert_eq!(token_times(&out, 2), vec![t3, t4, t5]);
+        // L has 512 tokens after pass 3 and 1,024 after pass 5; then three 256-token passes
+        // alone and its last 208 tokens.
+        let l_first = t5 + 3 * full + timing.step(&[], 208);
+        assert_eq!(token_times(&out, 1)[0], l_first);
+        // 2 x 43.2 ms (2 P x 256 / F) + 33.75 ms.
+        assert_eq!(t3.as_micros(), 120_150);
+    }
+
+    #[test]
+    fn one_prefill_at_a_time_makes_the_short_prompt_wait_for_the_long_one() {
+        let (out, timing) = long_then_short(1);
+        let full = timing.step(&[], 256);
+        // L takes seven 256-token passes and one of 208; S's 200 tokens ride on L's decode.
+        let l_first = 7 * full + timing.step(&[], 208);
+        assert_eq!(token_times(&out, 1)[0], l_first);
+        let s_first = l_first + timing.step(&[2001], 200);
+        assert_eq!(token_times(&out, 2)[0], s_first);
+        // 7 x 43.2 ms + 35.1 ms + 33.9 ms, against 120.2 ms beside it.
+        assert_eq!(s_first.as_micros(), 371_418);
+    }
+
+    #[test]
+    fn a_second_long_prompt_waits_while_short_ones_pass_it() {
+        let pace = Duration::from_millis(10);
+        let mut c = cfg(KvGeometry::unlimited());
+        c.chunked_prefill = Some(256);
+        c.max_partial_prefills = 3;
+        c.long_prefill_threshold = Some(1000);
+        let mut e = Engine::new(c, Arc::new(Pace(pace)));
+        let mut out = Vec::new();
+        let reqs = [req(1, 2000, 20), req(2, 1500, 2), req(3, 100, 20)];
+        arrive(&mut e, Duration::ZERO, &reqs, &mut out);
+        // 1 and 3 are being prefilled; 2 (long, behind the long 1) waits.
+        assert_eq!(e.snapshot().running, 2);
+        assert_eq!(e.snapshot().waiting, 1);
+        drain(&mut e, &mut out);
+        // Pass 1: 1 gets 128 tokens and 3 its 100. Then 1 alone: 7 x 256 and 80 (pass 9).
+        assert_eq!(token_times(&out, 3)[0], pace);
+        assert_eq!(token_times(&out, 1)[0], 9 * pace);
+        // 2 is admitted at pass 10: 5 x 256 and 220 (pass 15).
+        assert_eq!(token_times(&out, 2)[0], 15 * pace);
+        assert_eq!(e.snapshot().used_bytes, 0);
+    }
+
+    #[test]
+    fn partial_prefills_need_chunks_to_share() {
+        let mut c = cfg(big_cache());
+        c.max_partial_prefills = 2;
+        assert!(c.validate().is_err());
+        c.chunked_prefill = Some(1);
+        assert!(c.validate().is_err());
+        c.chunked_prefill = Some(2);
+        assert!(c.validate().is_ok());
+        c.max_partial_prefills = 0;
+        assert!(c.validate().is_err());
     }
 
     /// 4-token blocks of 1 byte per token, no state: footprints are easy to follow by hand.
