@@ -772,6 +772,61 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_partial_prefill_leaves_its_share_to_the_others() {
+        let pace = Duration::from_millis(10);
+        let mut c = cfg(KvGeometry::unlimited());
+        c.chunked_prefill = Some(8);
+        c.max_partial_prefills = 2;
+        let mut e = Engine::new(c, Arc::new(Pace(pace)));
+        let mut out = Vec::new();
+        arrive(
+            &mut e,
+            Duration::ZERO,
+            &[req(1, 16, 1), req(2, 16, 1)],
+            &mut out,
+        );
+        // Pass 1 gives each 4 tokens; 1 goes away during it. 2 then gets all 8: 4 + 8 + 4.
+        assert!(e.cancel(1));
+        drain(&mut e, &mut out);
+        assert!(token_times(&out, 1).is_empty());
+        assert_eq!(token_times(&out, 2), vec![3 * pace]);
+    }
+
+    #[test]
+    fn growth_preempts_the_newest_partial_prefill_first() {
+        let pace = Duration::from_millis(10);
+        let mut c = cfg(tiny_cache(16));
+        c.max_model_len = 16;
+        c.chunked_prefill = Some(2);
+        c.max_partial_prefills = 2;
+        let mut e = Engine::new(c, Arc::new(Pace(pace)));
+        let mut out = Vec::new();
+        // 1 is prefilled in two passes; 2 and 3 arrive with its first token and are admitted at
+        // the next pass (30 ms): 8 + 4 + 4 bytes fill the cache, and each gets 1 token a pass.
+        arrive(&mut e, Duration::ZERO, &[req(1, 4, 10)], &mut out);
+        arrive(&mut e, 2 * pace, &[req(2, 4, 1), req(3, 4, 1)], &mut out);
+        drain(&mut e, &mut out);
+        // At 60 ms 1 reaches 9 tokens (12 bytes): 3, the newest, is preempted after 3 of its 4
+        // tokens; 2 finishes alone at 70 ms and frees the room 3 is recomputed in (2 passes).
+        let preempted: Vec<Event> = out
+            .iter()
+            .filter(|ev| matches!(ev, Event::Preempted { .. }))
+            .copied()
+            .collect();
+        assert_eq!(
+            preempted,
+            vec![Event::Preempted {
+                id: 3,
+                at: 6 * pace
+            }]
+        );
+        assert_eq!(token_times(&out, 2), vec![7 * pace]);
+        assert_eq!(token_times(&out, 3), vec![9 * pace]);
+        assert_eq!(token_times(&out, 1).len(), 10);
+        assert_eq!(e.snapshot().used_bytes, 0);
+    }
+
+    #[test]
     fn partial_prefills_need_chunks_to_share() {
         let mut c = cfg(big_cache());
         c.max_partial_prefills = 2;
