@@ -7,8 +7,8 @@ use crate::error::ApiError;
 use crate::tokenize::chat::ChatPrompt;
 use serde_json::{Map, Value};
 
-/// Which endpoint a body was sent to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Endpoint {
     /// `POST /v1/chat/completions`.
     Chat,

@@ -5,6 +5,7 @@
 //! answers carrying `retry-after` are retried after that wait.
 
 use super::report::{Outcome, Sample};
+pub use crate::api::openai::Endpoint;
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -14,25 +15,6 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// Which OpenAI API to call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-}
-
-impl Endpoint {
-    /// The request path.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-        }
-    }
-}
 
 /// Most attempts of one request with `retry`.
 const MAX_ATTEMPTS: u32 = 5;
