@@ -80,23 +80,16 @@ mod tests {
     use super::*;
     use crate::tokenize::Tokenizer;
     use rand::SeedableRng;
-    use std::path::PathBuf;
 
-    fn tokenizer() -> Tokenizer {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
-        assert!(
-            path.is_file(),
-            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
-            path.display()
-        );
-        Tokenizer::load(&path).expect("tokenizer loads")
+    fn tokenizer() -> std::sync::Arc<Tokenizer> {
+        crate::tokenize::test_tokenizer()
     }
 
     #[test]
     fn prompts_have_exactly_the_asked_token_count() {
         let tok = tokenizer();
         let template = ChatTemplate::builtin_qwen35();
-        let b = PromptBuilder::new(&tok, &template).unwrap();
+        let b = PromptBuilder::new(tok.as_ref(), &template).unwrap();
         assert_eq!(
             b.words.len(),
             WORDS.len(),

@@ -11,18 +11,11 @@ use super::workload::Planned;
 use crate::sim::{start, Faults, SimConfig, DEFAULT_MODEL};
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::Tokenizer;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn tokenizer() -> Arc<Tokenizer> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
-        path.display()
-    );
-    Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
+    crate::tokenize::test_tokenizer()
 }
 
 fn planned(at_ms: u64, tenant: &str, input: u64, output: u64) -> Planned {

@@ -7,21 +7,9 @@ use ::http::{Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
 fn tokenizer() -> Arc<Tokenizer> {
-    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
-        assert!(
-            path.is_file(),
-            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
-            path.display()
-        );
-        Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
-    })
-    .clone()
+    crate::tokenize::test_tokenizer()
 }
 
 async fn sim(cfg: SimConfig) -> SimHandle {

@@ -39,16 +39,9 @@ mod tests {
 mod real_tokenizer_tests {
     use super::*;
     use crate::tokenize::Tokenizer;
-    use std::path::PathBuf;
 
-    fn tokenizer() -> Tokenizer {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json");
-        assert!(
-            path.is_file(),
-            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
-            path.display()
-        );
-        Tokenizer::load(&path).expect("tokenizer loads")
+    fn tokenizer() -> std::sync::Arc<Tokenizer> {
+        crate::tokenize::test_tokenizer()
     }
 
     #[test]

@@ -20,3 +20,21 @@ impl chat::CountTokens for Tokenizer {
         Tokenizer::count(self, text)
     }
 }
+
+/// The Qwen3.5 tokenizer made by `scripts/fetch-tokenizer`, loaded once for all unit tests.
+#[cfg(test)]
+pub(crate) fn test_tokenizer() -> std::sync::Arc<Tokenizer> {
+    use std::sync::{Arc, OnceLock};
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("assets/qwen3.5/tokenizer.json");
+        assert!(
+            path.is_file(),
+            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
+            path.display()
+        );
+        Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
+    })
+    .clone()
+}
