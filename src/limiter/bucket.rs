@@ -441,12 +441,13 @@ impl TenantState {
     }
 }
 
+/// Limits and costs shared by the limiter room's tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
-    use proptest::prelude::*;
 
-    fn spec(rate: f64, burst: f64) -> BucketSpec {
+    /// A bucket of `rate` per second and `burst` seconds.
+    pub fn spec(rate: f64, burst: f64) -> BucketSpec {
         BucketSpec {
             rate_per_second: rate,
             burst_seconds: burst,
@@ -454,7 +455,7 @@ mod tests {
     }
 
     /// Prefill 100/s x 10 s, decode 10/s x 10 s, requests 1/s x 5 s.
-    fn limits() -> TenantLimits {
+    pub fn limits() -> TenantLimits {
         TenantLimits {
             prefill: spec(100.0, 10.0),
             decode: spec(10.0, 10.0),
@@ -462,12 +463,20 @@ mod tests {
         }
     }
 
-    fn decode(n: u64) -> Cost {
+    /// `n` decode tokens and nothing else.
+    pub fn decode(n: u64) -> Cost {
         Cost {
             decode: n,
             ..Cost::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{decode, limits, spec};
+    use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn bucket_kind_displays_lowercase() {

@@ -269,17 +269,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    fn limits() -> TenantLimits {
-        let spec = |rate, burst| BucketSpec {
-            rate_per_second: rate,
-            burst_seconds: burst,
-        };
-        TenantLimits {
-            prefill: spec(100.0, 10.0),
-            decode: spec(10.0, 10.0),
-            requests: spec(1.0, 5.0),
-        }
-    }
+    use crate::limiter::bucket::fixtures::limits;
 
     fn cost(prefill: u64, decode: u64) -> Cost {
         Cost {

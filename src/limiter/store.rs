@@ -125,27 +125,8 @@ impl BucketStore for LocalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::bucket::BucketSpec;
+    use crate::limiter::bucket::fixtures::{decode, limits};
     use std::time::Duration;
-
-    fn limits() -> TenantLimits {
-        let spec = |rate, burst| BucketSpec {
-            rate_per_second: rate,
-            burst_seconds: burst,
-        };
-        TenantLimits {
-            prefill: spec(100.0, 10.0),
-            decode: spec(10.0, 10.0),
-            requests: spec(1.0, 5.0),
-        }
-    }
-
-    fn decode(n: u64) -> Cost {
-        Cost {
-            decode: n,
-            ..Cost::default()
-        }
-    }
 
     #[test]
     fn tenants_are_isolated() {
