@@ -189,6 +189,38 @@ fn every_assigned_plane_encodes_identically_in_both_engines() {
 }
 
 #[test]
+fn runs_of_vocabulary_characters_match_huggingface() {
+    // The fast engine starts some characters from their token instead of their bytes; random
+    // runs of every non-ASCII character that is a token, with letters, digits and punctuation
+    // between, check that this never changes an id.
+    use rand::{Rng, SeedableRng};
+    let mut chars: Vec<String> = (0..248_044u32)
+        .map(|id| fast().decode(&[id]))
+        .filter(|t| t.chars().count() == 1 && !t.is_ascii() && !t.contains('\u{fffd}'))
+        .collect();
+    assert_eq!(chars.len(), 8_090);
+    chars.extend(["a", "Z", "7", " ", "'", "-", "。"].map(String::from));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let lines: Vec<String> = (0..20_000)
+        .map(|_| {
+            let len = rng.gen_range(1..=24);
+            (0..len)
+                .map(|_| chars[rng.gen_range(0..chars.len())].as_str())
+                .collect()
+        })
+        .collect();
+    let differing: Vec<&String> = lines
+        .chunks(500)
+        .filter(|chunk| {
+            let text = chunk.join("\n");
+            fast().encode(&text) != hf().encode(&text)
+        })
+        .flat_map(|chunk| chunk.iter().filter(|l| fast().encode(l) != hf().encode(l)))
+        .collect();
+    assert_eq!(differing, Vec::<&String>::new());
+}
+
+#[test]
 fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
     use tokengate::tokenize::chat::ChatTemplate;
     use tokengate::tokenize::cli::{count_line, run_jsonl};

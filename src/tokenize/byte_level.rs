@@ -19,14 +19,6 @@ pub fn string_to_bytes(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Whether the byte-level string `s` spells exactly `bytes` (no allocation).
-pub fn spells(s: &str, bytes: &[u8]) -> bool {
-    let mut rest = bytes.iter();
-    s.chars()
-        .all(|c| BYTE_OF_CODE.get(c as usize).copied().flatten() == rest.next().copied())
-        && rest.next().is_none()
-}
-
 const fn printable(b: u8) -> bool {
     matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF)
 }
@@ -88,10 +80,5 @@ mod tests {
         assert_eq!(string_to_bytes(&s).unwrap(), all);
         assert_eq!(string_to_bytes("a\u{144}"), None);
         assert_eq!(string_to_bytes(" "), None);
-        assert!(spells("Ã©Ġ", "é ".as_bytes()));
-        assert!(!spells("Ã©", "é ".as_bytes()));
-        assert!(!spells("Ã©ĠĠ", "é ".as_bytes()));
-        assert!(!spells(" ", b" "));
-        assert!(spells("", b""));
     }
 }

@@ -1,11 +1,12 @@
 //! Tokenizer room: [`Tokenizer`], the model's tokenizer loaded from a HuggingFace
 //! `tokenizer.json`.
 //!
-//! HuggingFace `tokenizers` is the reference. When the file is representable exactly by a
-//! rank-based byte-level BPE (the tiktoken algorithm: byte-level vocabulary with ids as ranks,
-//! merges exactly the rank-derived set, `ignore_merges`, NFC or no normalizer, one split regex
+//! HuggingFace `tokenizers` is the reference. When the file is a byte-level BPE the fast engine
+//! reproduces exactly (byte-level vocabulary with ids dense from 0, `ignore_merges`, NFC or no
+//! normalizer, one split regex that needs no look-around but the usual trailing whitespace one,
 //! then ByteLevel, plain special added tokens) the tokenizer runs a fast engine built straight
-//! from the file; otherwise it loads the `tokenizers` object and says why at load.
+//! from the file ([`super::bpe`]: the file's merge list over flat tables); otherwise it loads
+//! the `tokenizers` object and says why at load.
 //!
 //! The fast path reads the small sections (normalizer, pre-tokenizer, decoder, post-processor,
 //! added tokens) with the `tokenizers` crate's own types, and the vocabulary and merges (the
@@ -22,18 +23,18 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use anyhow::Context;
+use regex_automata::{Anchored, Input};
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
-use tiktoken_rs::CoreBPE;
 use tokenizers::{
     AddedToken, DecoderWrapper, NormalizedString, Normalizer, NormalizerWrapper,
     PostProcessorWrapper, PreTokenizerWrapper,
 };
 use unicode_normalization::{is_nfc_quick, IsNormalized};
 
-use super::byte_level::{spells, string_to_bytes};
-use super::import::derive_merges;
+use super::bpe::{Bpe, Work};
+use super::byte_level::string_to_bytes;
 
 /// Which engine [`Tokenizer::load_with`] should build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +48,7 @@ pub enum EngineChoice {
 /// The engine a loaded [`Tokenizer`] runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Engine {
-    /// Rank-based byte-level BPE (tiktoken) with HuggingFace's added-token and NFC handling.
+    /// Byte-level BPE over flat tables, with HuggingFace's added-token and NFC handling.
     Fast,
     /// HuggingFace `tokenizers`, because the fast engine could not be exact (or was not asked for).
     HfFallback {
@@ -109,7 +110,7 @@ impl Tokenizer {
             Engine::Fast => tracing::info!(
                 path = %path.display(),
                 vocab_size = tokenizer.vocab_size(),
-                "tokenizer loaded: fast engine (rank BPE, exact for this file)"
+                "tokenizer loaded: fast engine (byte-level BPE, exact for this file)"
             ),
             Engine::HfFallback { reason } => tracing::info!(
                 path = %path.display(),
@@ -187,11 +188,10 @@ fn hf_encode(hf: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
     }
 }
 
-/// Rank-based byte-level BPE over the vocabulary of a representable `tokenizer.json`.
+/// Byte-level BPE over the vocabulary and merges of a representable `tokenizer.json`.
 struct FastEngine {
-    bpe: CoreBPE,
-    /// Number of base-vocabulary ids (ranks `0..n_ranks`).
-    n_ranks: u32,
+    /// The base vocabulary (ranks `0..bpe.len()`) and its merges.
+    bpe: Bpe,
     /// Added tokens, matched leftmost-longest on the raw text (as HuggingFace does).
     added: Option<AhoCorasick>,
     /// Id of each `added` pattern.
@@ -200,11 +200,7 @@ struct FastEngine {
     /// Bytes of each added token as HuggingFace's ByteLevel decoder produces them.
     added_bytes: HashMap<u32, Vec<u8>>,
     nfc: bool,
-    /// The split without its lookahead, when the regex ends in `\s+(?!\S)|\s+` (see
-    /// [`WhitespaceSplit`]); `None` lets `CoreBPE` split with the regex as written.
-    split: Option<WhitespaceSplit>,
-    /// Base-vocabulary ids sorted by their bytes (`token_id` by binary search).
-    ids_by_bytes: Vec<u32>,
+    split: PreTokenSplit,
     vocab_size: usize,
 }
 
@@ -330,7 +326,7 @@ impl FastEngine {
             Some(NormalizerWrapper::NFC(_)) => true,
             Some(_) => return Err("normalizer is neither NFC nor absent".to_owned()),
         };
-        let pattern = split_pattern(file.pre_tokenizer.as_ref())?;
+        let split = PreTokenSplit::new(&split_pattern(file.pre_tokenizer.as_ref())?)?;
         check_decoder_and_post_processor(file.decoder.as_ref(), file.post_processor.as_ref())?;
 
         // Ranks: the byte-level vocabulary, ids dense from 0.
@@ -345,7 +341,14 @@ impl FastEngine {
             }
         }
         let ranks: Vec<Vec<u8>> = ranks.into_iter().map(Option::unwrap_or_default).collect();
-        check_merges(&model.merges, &ranks)?;
+        // HuggingFace's BPE over the file's own merge list, so any merge order is exact.
+        let merges = model.merges.iter().enumerate().map(|(index, merge)| {
+            merge
+                .halves()
+                .and_then(|(l, r)| Some((string_to_bytes(l)?, string_to_bytes(r)?)))
+                .ok_or_else(|| format!("merge {index} is not a pair of byte-level tokens"))
+        });
+        let bpe = Bpe::new(&ranks, merges)?;
 
         let mut added_contents = Vec::new();
         let mut added_ids = Vec::new();
@@ -382,101 +385,64 @@ impl FastEngine {
             )
         };
 
-        let mut ids_by_bytes: Vec<u32> = (0..n_ranks as u32).collect();
-        ids_by_bytes.sort_unstable_by(|&a, &b| ranks[a as usize].cmp(&ranks[b as usize]));
-        let encoder = ranks
-            .into_iter()
-            .enumerate()
-            .map(|(rank, bytes)| (bytes, rank as u32))
-            .collect();
-        let specials = added_by_content
-            .iter()
-            .map(|(c, &id)| (c.clone(), id))
-            .collect();
-        let split = WhitespaceSplit::new(&pattern);
-        // With our own split, CoreBPE only ever sees single pre-tokens; its regex must then be
-        // lookahead-free too (a piece of a million spaces overflows fancy-regex's stack).
-        let bpe_pattern = split
-            .as_ref()
-            .map_or(pattern.as_str(), |s| s.regex.as_str());
-        let bpe = CoreBPE::new(encoder, specials, bpe_pattern)
-            .map_err(|e| format!("split regex not supported by fancy-regex: {e}"))?;
         Ok(FastEngine {
             split,
-            bpe,
-            n_ranks: n_ranks as u32,
             added,
             added_ids,
-            vocab_size: n_ranks + added_by_content.len(),
+            vocab_size: bpe.len() + added_by_content.len(),
+            bpe,
             added_by_content,
             added_bytes,
             nfc,
-            ids_by_bytes,
         })
     }
 
     /// Encodes `text`, handing each run of ids to `sink` (no allocation for counting).
     fn encode_with(&self, text: &str, mut sink: impl FnMut(&[u32])) {
+        let mut work = Work::default();
         let mut start = 0;
         if let Some(added) = &self.added {
             for m in added.find_iter(text) {
-                self.encode_segment(&text[start..m.start()], &mut sink);
+                self.encode_segment(&text[start..m.start()], &mut work, &mut sink);
                 sink(&[self.added_ids[m.pattern().as_usize()]]);
                 start = m.end();
             }
         }
-        self.encode_segment(&text[start..], &mut sink);
+        self.encode_segment(&text[start..], &mut work, &mut sink);
     }
 
-    fn encode_segment(&self, segment: &str, sink: &mut impl FnMut(&[u32])) {
+    fn encode_segment(&self, segment: &str, work: &mut Work, sink: &mut impl FnMut(&[u32])) {
         if segment.is_empty() {
             return;
         }
-        if self.nfc && is_nfc_quick(segment.chars()) != IsNormalized::Yes {
+        if self.nfc && !plainly_nfc(segment) && is_nfc_quick(segment.chars()) != IsNormalized::Yes {
             // HuggingFace's own NFC (its Unicode tables), so results match it exactly.
             let mut normalized = NormalizedString::from(segment);
             tokenizers::normalizers::unicode::NFC
                 .normalize(&mut normalized)
                 .expect("NFC normalization is infallible");
-            self.encode_normalized(normalized.get(), sink);
+            self.encode_normalized(normalized.get(), work, sink);
         } else {
-            self.encode_normalized(segment, sink);
+            self.encode_normalized(segment, work, sink);
         }
     }
 
-    fn encode_normalized(&self, text: &str, sink: &mut impl FnMut(&[u32])) {
-        match &self.split {
-            None => sink(&self.bpe.encode_ordinary(text)),
-            Some(split) => {
-                for piece in split.pieces(text) {
-                    // One pre-token: CoreBPE's lookahead-free regex finds it whole again.
-                    sink(&self.bpe.encode_ordinary(piece));
-                }
-            }
+    fn encode_normalized(&self, text: &str, work: &mut Work, sink: &mut impl FnMut(&[u32])) {
+        for piece in self.split.pieces(text) {
+            self.bpe.encode_piece(piece, work, sink);
         }
-    }
-
-    /// Bytes of base-vocabulary id `rank` (which must be `< n_ranks`).
-    fn rank_bytes(&self, rank: u32) -> Vec<u8> {
-        self.bpe
-            .decode_bytes(&[rank])
-            .expect("every rank below n_ranks is in the decoder")
     }
 
     fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
-        let mut run = Vec::new();
         for &id in ids {
             // Added tokens first: an added token may reuse a vocabulary id (HF checks it first).
             if let Some(added) = self.added_bytes.get(&id) {
-                bytes.extend(self.bpe.decode_bytes(&run).expect("ranks below n_ranks"));
-                run.clear();
                 bytes.extend_from_slice(added);
-            } else if id < self.n_ranks {
-                run.push(id);
+            } else if (id as usize) < self.bpe.len() {
+                bytes.extend_from_slice(self.bpe.token_bytes(id));
             }
         }
-        bytes.extend(self.bpe.decode_bytes(&run).expect("ranks below n_ranks"));
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
@@ -484,43 +450,109 @@ impl FastEngine {
         if let Some(&id) = self.added_by_content.get(token) {
             return Some(id);
         }
-        let bytes = string_to_bytes(token)?;
-        self.ids_by_bytes
-            .binary_search_by(|&id| self.rank_bytes(id).as_slice().cmp(&bytes))
-            .ok()
-            .map(|i| self.ids_by_bytes[i])
+        self.bpe.token_id(&string_to_bytes(token)?)
     }
 }
 
-/// The pre-tokenizer split of a regex ending in `|\s+(?!\S)|\s+` (Qwen, cl100k, o200k style)
-/// without fancy-regex: the `\s+(?!\S)` branch is dropped and emulated. That branch, given a
-/// whitespace run of two or more characters followed by a non-space, takes all but the last
-/// character; with it dropped, `\s+` takes the whole run, so such a match is shortened by one
-/// character and the next search starts at the last one, as before. fancy-regex runs
-/// `\s+(?!\S)` on a backtracking stack that overflows on a run of about a million spaces
-/// (HuggingFace's Oniguruma handles it), and the plain `regex` crate is faster besides.
-struct WhitespaceSplit {
-    regex: regex::Regex,
+/// Code points that are in NFC next to anything (NFC_Quick_Check=Yes, canonical combining
+/// class 0; a test checks every one against the Unicode tables): ASCII and Latin-1 up to the
+/// combining marks, general punctuation from the hyphens to the ellipsis, CJK punctuation,
+/// CJK unified ideographs and full-width forms.
+const PLAINLY_NFC: &[(char, char)] = &[
+    ('\0', '\u{2ff}'),
+    ('\u{2010}', '\u{2027}'),
+    ('\u{3000}', '\u{3029}'),
+    ('\u{4e00}', '\u{9fff}'),
+    ('\u{ff01}', '\u{ff60}'),
+];
+
+/// Whether `text` is in NFC for certain, by a check cheaper than `is_nfc_quick` (which the
+/// text goes through when this says no).
+fn plainly_nfc(text: &str) -> bool {
+    text.chars()
+        .all(|c| c < '\u{300}' || PLAINLY_NFC.iter().any(|&(lo, hi)| (lo..=hi).contains(&c)))
 }
 
-impl WhitespaceSplit {
+/// The pre-tokenizer split (HuggingFace's `Split` with `Isolated`: each match is a pre-token,
+/// and so is the text between two matches), with the `regex` crate's engine (no look-around, no
+/// backtracking). Each search is first anchored where the last pre-token ended, which needs only
+/// a forward scan; unanchored only when that finds nothing (a gap).
+///
+/// A regex ending in `|\s+(?!\S)|\s+` (Qwen, cl100k, o200k style) is split with the
+/// `\s+(?!\S)` branch dropped and emulated. That branch, given a whitespace run of two or more
+/// characters followed by a non-space, takes all but the last character; with it dropped, `\s+`
+/// takes the whole run, so such a match is shortened by one character and the next search
+/// starts at the last one, as before. (A backtracking engine such as fancy-regex runs
+/// `\s+(?!\S)` on a stack that overflows on a run of about a million spaces; HuggingFace's
+/// Oniguruma handles it.) Any other regex must compile as it is.
+struct PreTokenSplit {
+    regex: regex_automata::meta::Regex,
+    /// Whether the `\s+(?!\S)` branch is emulated.
+    whitespace_tail: bool,
+}
+
+impl PreTokenSplit {
     const TAIL: &'static str = r"|\s+(?!\S)|\s+";
 
-    fn new(pattern: &str) -> Option<WhitespaceSplit> {
-        let head = pattern.strip_suffix(Self::TAIL)?;
-        let regex = regex::Regex::new(&format!(r"{head}|\s+")).ok()?;
-        Some(WhitespaceSplit { regex })
+    fn new(pattern: &str) -> Result<PreTokenSplit, String> {
+        let (pattern, whitespace_tail) = match pattern.strip_suffix(Self::TAIL) {
+            Some(head) => (format!(r"{head}|\s+"), true),
+            None => (pattern.to_owned(), false),
+        };
+        let hir = regex_syntax::parse(&pattern).map_err(|e| {
+            // The last line of a parse error says what is wrong; the others draw the pattern.
+            let error = e.to_string();
+            let why = error.lines().last().unwrap_or_default();
+            format!(
+                "split regex not supported (only a trailing `\\s+(?!\\S)` may look around): {}",
+                why.trim_start_matches("error: ")
+            )
+        })?;
+        if hir.properties().minimum_len() == Some(0) {
+            return Err("split regex can match the empty string".to_owned());
+        }
+        let regex = regex_automata::meta::Regex::builder()
+            .build_from_hir(&hir)
+            .map_err(|e| format!("split regex: {e}"))?;
+        Ok(PreTokenSplit {
+            regex,
+            whitespace_tail,
+        })
+    }
+
+    /// The next match at or after `start`.
+    fn find(&self, text: &str, start: usize) -> Option<(usize, usize)> {
+        let input = Input::new(text).range(start..).anchored(Anchored::Yes);
+        self.regex
+            .search(&input)
+            .or_else(|| self.regex.search(&input.anchored(Anchored::No)))
+            .map(|m| (m.start(), m.end()))
     }
 
     fn pieces<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
         let mut start = 0;
+        // A match found after a gap, returned after the gap.
+        let mut next = None;
         std::iter::from_fn(move || {
-            let m = self.regex.find_at(text, start)?;
-            let mut end = m.end();
-            let piece = m.as_str();
+            if start == text.len() {
+                return None;
+            }
+            let Some((m_start, m_end)) = next.take().or_else(|| self.find(text, start)) else {
+                let rest = &text[start..];
+                start = text.len();
+                return Some(rest);
+            };
+            if m_start > start {
+                next = Some((m_start, m_end));
+                let gap = &text[start..m_start];
+                start = m_start;
+                return Some(gap);
+            }
+            let mut end = m_end;
+            let piece = &text[m_start..m_end];
             // A `\s+` match: whitespace not ending in a newline (the earlier branches of these
             // regexes never match such text: they need a letter, digit, punctuation or newline).
-            if end < text.len() && piece.chars().all(char::is_whitespace) {
+            if self.whitespace_tail && end < text.len() && piece.chars().all(char::is_whitespace) {
                 let mut chars = piece.chars();
                 if let (Some(last), Some(_)) = (chars.next_back(), chars.next()) {
                     if last != '\r' && last != '\n' {
@@ -529,7 +561,7 @@ impl WhitespaceSplit {
                 }
             }
             start = end;
-            Some(&text[m.start()..end])
+            Some(&text[m_start..end])
         })
     }
 }
@@ -546,7 +578,7 @@ fn check_bpe(model: &ModelFile<'_>) -> Result<(), String> {
         return Err("BPE has a subword prefix or suffix".to_owned());
     }
     if !model.ignore_merges {
-        // Rank BPE takes a pre-token that is a whole token as is; HF without ignore_merges
+        // The fast BPE takes a pre-token that is a whole token as is; HF without ignore_merges
         // may split it.
         return Err("BPE ignore_merges is false".to_owned());
     }
@@ -595,30 +627,6 @@ fn check_decoder_and_post_processor(
     Ok(())
 }
 
-/// Rank BPE equals HuggingFace's merge-list BPE when the merges are exactly the ones derived
-/// from the ranks (see [`derive_merges`]).
-fn check_merges(merges: &[MergeEntry<'_>], ranks: &[Vec<u8>]) -> Result<(), String> {
-    let expected = derive_merges(ranks);
-    if merges.len() != expected.len() {
-        return Err(format!(
-            "merges are not the rank-derived set ({} in the file, {} derived)",
-            merges.len(),
-            expected.len()
-        ));
-    }
-    for (index, (entry, &(l, r))) in merges.iter().zip(&expected).enumerate() {
-        let same = entry.halves().is_some_and(|(fl, fr)| {
-            spells(fl, &ranks[l as usize]) && spells(fr, &ranks[r as usize])
-        });
-        if !same {
-            return Err(format!(
-                "merge {index} is not the rank-derived one (merges not in rank order)"
-            ));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,8 +649,8 @@ mod tests {
         ranks
     }
 
-    /// Writes the tiny tokenizer, edited by `edit`, to a fresh file and loads it.
-    fn load_tiny(name: &str, edit: impl FnOnce(&mut Value)) -> Tokenizer {
+    /// Writes the tiny tokenizer, edited by `edit`, to a fresh file.
+    fn tiny_file(name: &str, edit: impl FnOnce(&mut Value)) -> std::path::PathBuf {
         let hf = build_tokenizer(&tiny_ranks(), &TINY).unwrap();
         let mut json: Value = serde_json::from_str(&hf.to_string(false).unwrap()).unwrap();
         edit(&mut json);
@@ -650,7 +658,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{name}.json"));
         std::fs::write(&path, json.to_string()).unwrap();
-        Tokenizer::load(&path).unwrap()
+        path
+    }
+
+    /// The tiny tokenizer, edited by `edit`, loaded with the fast engine if it can be.
+    fn load_tiny(name: &str, edit: impl FnOnce(&mut Value)) -> Tokenizer {
+        Tokenizer::load(&tiny_file(name, edit)).unwrap()
     }
 
     fn reason(t: &Tokenizer) -> String {
@@ -658,6 +671,23 @@ mod tests {
             Engine::Fast => "fast".to_owned(),
             Engine::HfFallback { reason } => reason,
         }
+    }
+
+    #[test]
+    fn plainly_nfc_code_points_are_nfc_next_to_anything() {
+        use unicode_normalization::char::canonical_combining_class;
+        let mut checked = 0;
+        for &(lo, hi) in PLAINLY_NFC {
+            for c in lo..=hi {
+                assert_eq!(is_nfc_quick(std::iter::once(c)), IsNormalized::Yes, "{c:?}");
+                assert_eq!(canonical_combining_class(c), 0, "{c:?}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 768 + 24 + 42 + 20_992 + 96);
+        assert!(plainly_nfc("Tokens, 令牌。“quoted” — ＡＢ"));
+        assert!(!plainly_nfc("e\u{301}"));
+        assert!(!plainly_nfc("\u{2000}"));
     }
 
     #[test]
@@ -698,6 +728,21 @@ mod tests {
     }
 
     #[test]
+    fn fast_engine_follows_the_merge_list_of_the_file() {
+        // The merges in reverse: longest splits first, so "aaaa" now forms as aaa + a.
+        let path = tiny_file("reversed", |j| {
+            j["model"]["merges"].as_array_mut().unwrap().reverse()
+        });
+        let fast = Tokenizer::load(&path).unwrap();
+        assert_eq!(fast.engine(), Engine::Fast);
+        let hf = Tokenizer::load_with(&path, EngineChoice::Hf).unwrap();
+        let original = load_tiny("original", |_| {});
+        let text = "aaaaa abcbc aaab abab";
+        assert_eq!(fast.encode(text), hf.encode(text));
+        assert_ne!(fast.encode(text), original.encode(text));
+    }
+
+    #[test]
     fn unrepresentable_files_fall_back_to_hf_and_say_why() {
         type Edit = Box<dyn FnOnce(&mut Value)>;
         let cases: Vec<(&str, Edit, &str)> = vec![
@@ -725,16 +770,20 @@ mod tests {
                 "decoder is not ByteLevel",
             ),
             (
-                "merge-order",
-                Box::new(|j| j["model"]["merges"].as_array_mut().unwrap().swap(0, 1)),
-                "merge 0 is not the rank-derived one (merges not in rank order)",
+                "look-around",
+                Box::new(|j| {
+                    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+                        json!(r"\p{L}+(?=\s)|\s+|.")
+                }),
+                "split regex not supported (only a trailing `\\s+(?!\\S)` may look around): \
+                 look-around, including look-ahead and look-behind, is not supported",
             ),
             (
-                "merge-missing",
+                "empty-match",
                 Box::new(|j| {
-                    j["model"]["merges"].as_array_mut().unwrap().pop();
+                    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = json!(r"\p{L}*")
                 }),
-                "merges are not the rank-derived set (11 in the file, 12 derived)",
+                "split regex can match the empty string",
             ),
             (
                 "added-normalized",
@@ -749,6 +798,19 @@ mod tests {
             assert!(t.count("abc abc") > 0, "case {name}");
         }
         let no_normalizer = load_tiny("no-normalizer", |j| j["normalizer"] = Value::Null);
+        // A split without look-around runs as written (no whitespace-tail emulation), and text
+        // between matches is a pre-token of its own, as in HuggingFace.
+        let path = tiny_file("plain-split", |j| {
+            j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = json!(r"\p{L}+|\s")
+        });
+        let plain_split = Tokenizer::load(&path).unwrap();
+        assert_eq!(plain_split.engine(), Engine::Fast);
+        let hf = Tokenizer::load_with(&path, EngineChoice::Hf).unwrap();
+        for text in ["ab  abc", "12ab!!bc,", "!!", "ab 1", "<|end|>a1"] {
+            assert_eq!(plain_split.encode(text), hf.encode(text), "{text:?}");
+        }
+        assert_eq!(plain_split.encode("ab  abc"), vec![256, 32, 32, 257]);
+        assert_eq!(plain_split.encode("1ab1"), vec![49, 256, 49]);
         assert_eq!(no_normalizer.engine(), Engine::Fast);
         assert_eq!(no_normalizer.encode("e\u{301}"), vec![101, 204, 129]);
     }

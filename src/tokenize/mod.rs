@@ -3,6 +3,7 @@
 //! off the async executor, the tiktoken-ranks import, and the `tokenize` / `tokenizer import`
 //! CLI commands.
 
+mod bpe;
 pub mod byte_level;
 pub mod cache;
 pub mod chat;
