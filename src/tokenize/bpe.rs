@@ -161,6 +161,12 @@ impl Bpe {
             .copied()
     }
 
+    /// Number of characters that start whole.
+    #[cfg(test)]
+    pub(super) fn whole_characters(&self) -> usize {
+        self.char_ids.iter().filter(|&&id| id != NONE).count()
+    }
+
     fn merge_of(&self, left: u32, right: u32) -> Merge {
         self.merges
             .get(&pair_key(left, right))

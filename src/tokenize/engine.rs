@@ -691,6 +691,17 @@ mod tests {
     }
 
     #[test]
+    fn qwen_starts_most_one_character_tokens_whole() {
+        let tokenizer = crate::tokenize::test_tokenizer();
+        let Imp::Fast(fast) = &tokenizer.imp else {
+            panic!("Qwen3.5 runs the fast engine");
+        };
+        // Of 8,090 one-character tokens outside ASCII (tests/tokenizer_engine.rs), the others
+        // are cut by a crossing token (or lie outside the BMP).
+        assert_eq!(fast.bpe.whole_characters(), 5_381);
+    }
+
+    #[test]
     fn tokenizer_is_shareable_across_threads() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<Tokenizer>();
