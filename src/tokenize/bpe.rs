@@ -129,11 +129,14 @@ impl Bpe {
             let merged = bpe
                 .token_id(&joined)
                 .ok_or_else(|| format!("merge {rank} makes no token of the vocabulary"))?;
-            // As HuggingFace: a pair listed twice keeps its first (lowest) rank.
-            bpe.merges.entry(pair_key(left, right)).or_insert(Merge {
+            // As HuggingFace (which collects the list into a map): a pair listed twice takes
+            // its last rank. The lowest rank as a half then counts a rank the pair lost, which
+            // only makes `hoistable_characters` more careful.
+            let merge = Merge {
                 rank: rank as u32,
                 merged,
-            });
+            };
+            bpe.merges.insert(pair_key(left, right), merge);
             for half in [left, right] {
                 let lowest = &mut lowest_rank_as_half[half as usize];
                 *lowest = (*lowest).min(rank as u32);
@@ -442,6 +445,9 @@ mod tests {
         spell(bpe, &out)
     }
 
+    /// A merge list as `Bpe::new` takes it.
+    type Merges = Vec<Result<(&'static [u8], &'static [u8]), String>>;
+
     /// `piece` merged from its bytes (no character starts whole), by scan or by heap.
     fn from_bytes(bpe: &Bpe, piece: &str, heap: bool) -> Vec<u32> {
         let mut work = Work::default();
@@ -555,8 +561,16 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_listed_twice_takes_its_last_rank() {
+        let tokens = vocab(&[b"ab", b"bc"]);
+        let merges: Merges = vec![Ok((b"a", b"b")), Ok((b"b", b"c")), Ok((b"a", b"b"))];
+        let bpe = Bpe::new(&tokens, merges).unwrap();
+        // b + c (rank 1) before a + b (rank 2, not 0).
+        assert_eq!(encode(&bpe, "abc"), ["a", "bc"]);
+    }
+
+    #[test]
     fn refuses_what_it_cannot_represent() {
-        type Merges = Vec<Result<(&'static [u8], &'static [u8]), String>>;
         let mut no_byte = vocab(&[b"ab"]);
         no_byte.remove(0x7f);
         assert_eq!(

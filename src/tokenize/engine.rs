@@ -751,6 +751,18 @@ mod tests {
         let text = "aaaaa abcbc aaab abab";
         assert_eq!(fast.encode(text), hf.encode(text));
         assert_ne!(fast.encode(text), original.encode(text));
+
+        // The first merge listed again at the end: HuggingFace keeps the last rank.
+        let path = tiny_file("repeated", |j| {
+            let merges = j["model"]["merges"].as_array_mut().unwrap();
+            merges.push(merges[0].clone());
+        });
+        let fast = Tokenizer::load(&path).unwrap();
+        assert_eq!(fast.engine(), Engine::Fast);
+        let hf = Tokenizer::load_with(&path, EngineChoice::Hf).unwrap();
+        let text = "abca bcab aab";
+        assert_eq!(fast.encode(text), hf.encode(text));
+        assert_ne!(fast.encode(text), original.encode(text));
     }
 
     #[test]
