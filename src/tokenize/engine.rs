@@ -23,10 +23,12 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use anyhow::Context;
-use regex_automata::{Anchored, Input};
+use regex_automata::util::pool::Pool;
+use regex_automata::{meta, Anchored, Input};
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
+use std::panic::{RefUnwindSafe, UnwindSafe};
 use tokenizers::{
     AddedToken, DecoderWrapper, NormalizedString, Normalizer, NormalizerWrapper,
     PostProcessorWrapper, PreTokenizerWrapper,
@@ -486,10 +488,14 @@ fn plainly_nfc(text: &str) -> bool {
 /// `\s+(?!\S)` on a stack that overflows on a run of about a million spaces; HuggingFace's
 /// Oniguruma handles it.) Any other regex must compile as it is.
 struct PreTokenSplit {
-    regex: regex_automata::meta::Regex,
+    regex: meta::Regex,
+    /// Search caches, one taken per text (not per search, as `meta::Regex::search` would).
+    caches: Pool<meta::Cache, CacheFn>,
     /// Whether the `\s+(?!\S)` branch is emulated.
     whitespace_tail: bool,
 }
+
+type CacheFn = Box<dyn Fn() -> meta::Cache + Send + Sync + UnwindSafe + RefUnwindSafe>;
 
 impl PreTokenSplit {
     const TAIL: &'static str = r"|\s+(?!\S)|\s+";
@@ -511,25 +517,28 @@ impl PreTokenSplit {
         if hir.properties().minimum_len() == Some(0) {
             return Err("split regex can match the empty string".to_owned());
         }
-        let regex = regex_automata::meta::Regex::builder()
+        let regex = meta::Regex::builder()
             .build_from_hir(&hir)
             .map_err(|e| format!("split regex: {e}"))?;
+        let for_caches = regex.clone();
         Ok(PreTokenSplit {
             regex,
+            caches: Pool::new(Box::new(move || for_caches.create_cache())),
             whitespace_tail,
         })
     }
 
     /// The next match at or after `start`.
-    fn find(&self, text: &str, start: usize) -> Option<(usize, usize)> {
+    fn find(&self, cache: &mut meta::Cache, text: &str, start: usize) -> Option<(usize, usize)> {
         let input = Input::new(text).range(start..).anchored(Anchored::Yes);
         self.regex
-            .search(&input)
-            .or_else(|| self.regex.search(&input.anchored(Anchored::No)))
+            .search_with(cache, &input)
+            .or_else(|| self.regex.search_with(cache, &input.anchored(Anchored::No)))
             .map(|m| (m.start(), m.end()))
     }
 
     fn pieces<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
+        let mut cache = self.caches.get();
         let mut start = 0;
         // A match found after a gap, returned after the gap.
         let mut next = None;
@@ -537,7 +546,8 @@ impl PreTokenSplit {
             if start == text.len() {
                 return None;
             }
-            let Some((m_start, m_end)) = next.take().or_else(|| self.find(text, start)) else {
+            let Some((m_start, m_end)) = next.take().or_else(|| self.find(&mut cache, text, start))
+            else {
                 let rest = &text[start..];
                 start = text.len();
                 return Some(rest);
