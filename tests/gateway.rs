@@ -25,12 +25,7 @@ async fn gateway(spec: FakeSpec) -> (TestGateway, FakeBackend) {
 #[tokio::test]
 async fn streams_meters_and_hides_the_usage_chunk_it_asked_for() {
     let (gw, backend) = gateway(FakeSpec::default()).await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("hello world", 5, true),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("hello world", 5, true)).await;
     assert_eq!(r.status, 200);
     let data = sse_data(&r.body);
     assert_eq!(
@@ -65,7 +60,7 @@ async fn streams_meters_and_hides_the_usage_chunk_it_asked_for() {
     // Asked for usage: the client gets the usage chunk.
     let mut body = chat("hello world", 3, true);
     body["stream_options"] = json!({"include_usage": true});
-    let r = post(&gw.url("/v1/chat/completions"), "sk-alice", &body).await;
+    let r = gw.chat("sk-alice", &body).await;
     let data = sse_data(&r.body);
     assert_eq!(data.len(), 5);
     let usage: Value = serde_json::from_str(&data[3]).unwrap();
@@ -75,12 +70,7 @@ async fn streams_meters_and_hides_the_usage_chunk_it_asked_for() {
 #[tokio::test]
 async fn non_streaming_answer_is_passed_and_settled() {
     let (gw, backend) = gateway(FakeSpec::default()).await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("hi there", 7, false),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("hi there", 7, false)).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["choices"][0]["message"]["content"], WORD.repeat(7));
     assert_eq!(r.json()["usage"]["completion_tokens"], 7);
@@ -144,7 +134,7 @@ async fn early_stop_refunds_exactly_the_unused_decode_tokens() {
     .await;
     let mut body = chat("tell me", 50, true);
     body.as_object_mut().unwrap().remove("ignore_eos");
-    let r = post(&gw.url("/v1/chat/completions"), "sk-alice", &body).await;
+    let r = gw.chat("sk-alice", &body).await;
     assert_eq!(r.status, 200);
     assert_eq!(sse_data(&r.body).len(), 4);
     assert_eq!(gw.bucket("alice", "decode").await, 997.0);
@@ -200,12 +190,7 @@ async fn requests_that_can_never_fit_are_400_not_429() {
     let mut cfg = config(&[backend.addr]);
     cfg.backends[0].kv_capacity_bytes = 153_944_064 + 65_536 * 128; // one block of KV
     let gw = TestGateway::start(cfg).await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("a", 200, false),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("a", 200, false)).await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
@@ -373,12 +358,7 @@ async fn backend_down_is_502_and_changes_nothing() {
         l.local_addr().unwrap()
     };
     let gw = TestGateway::start(config(&[closed])).await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("a", 10, true),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
     assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
@@ -401,12 +381,7 @@ async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
         ..FakeSpec::default()
     })
     .await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("a", 10, true),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
     assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
@@ -421,12 +396,7 @@ async fn backend_reset_mid_stream_ends_with_an_error_event_and_settles_tokens_se
         ..FakeSpec::default()
     })
     .await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("a", 10, true),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
     assert_eq!(r.status, 200);
     let data = sse_data(&r.body);
     assert_eq!(data.len(), 3, "{data:?}");
@@ -448,12 +418,7 @@ async fn backend_error_status_is_passed_through_and_refunds_the_output() {
         ..FakeSpec::default()
     })
     .await;
-    let r = post(
-        &gw.url("/v1/chat/completions"),
-        "sk-alice",
-        &chat("a", 10, false),
-    )
-    .await;
+    let r = gw.chat("sk-alice", &chat("a", 10, false)).await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["message"], "backend says no");
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);

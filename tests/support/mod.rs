@@ -383,6 +383,11 @@ impl TestGateway {
         format!("http://{}{}", self.running.addr, path)
     }
 
+    /// POST `body` to `/v1/chat/completions` with API key `key`.
+    pub async fn chat(&self, key: &str, body: &Value) -> Received {
+        post(&self.url("/v1/chat/completions"), key, body).await
+    }
+
     /// GETs an admin path as JSON.
     pub async fn admin(&self, path: &str) -> Value {
         let r = send(
