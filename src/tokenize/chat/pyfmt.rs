@@ -76,26 +76,38 @@ pub fn py_str(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => {
             let mut out = String::new();
-            write_repr(other, &mut out);
+            write_value(other, Style::Repr, &mut out);
             out
         }
     }
 }
 
-fn write_repr(v: &Value, out: &mut String) {
+/// How Python prints a value: `repr` (`str` of a container uses `repr` for its items) or
+/// `json.dumps`. Both write containers alike; they differ in the scalars.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Repr,
+    Json,
+}
+
+fn write_value(v: &Value, style: Style, out: &mut String) {
     match v {
-        Value::Null => out.push_str("None"),
-        Value::Bool(true) => out.push_str("True"),
-        Value::Bool(false) => out.push_str("False"),
+        Value::Null => out.push_str(if style == Style::Repr { "None" } else { "null" }),
+        Value::Bool(b) => out.push_str(match (style, b) {
+            (Style::Repr, true) => "True",
+            (Style::Repr, false) => "False",
+            (Style::Json, true) => "true",
+            (Style::Json, false) => "false",
+        }),
         Value::Number(n) => out.push_str(&number_str(n)),
-        Value::String(s) => write_str_repr(s, out),
+        Value::String(s) => write_string(s, style, out),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                write_repr(item, out);
+                write_value(item, style, out);
             }
             out.push(']');
         }
@@ -105,12 +117,20 @@ fn write_repr(v: &Value, out: &mut String) {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                write_str_repr(k, out);
+                write_string(k, style, out);
                 out.push_str(": ");
-                write_repr(item, out);
+                write_value(item, style, out);
             }
             out.push('}');
         }
+    }
+}
+
+fn write_string(s: &str, style: Style, out: &mut String) {
+    match style {
+        Style::Repr => write_str_repr(s, out),
+        // serde_json escapes strings as Python's json does (with `ensure_ascii=False`).
+        Style::Json => out.push_str(&serde_json::to_string(s).expect("a str always serializes")),
     }
 }
 
@@ -150,43 +170,8 @@ fn write_str_repr(s: &str, out: &mut String) {
 /// `\u00XX` for the other control characters).
 pub fn json_dumps(v: &Value) -> String {
     let mut out = String::new();
-    write_json(v, &mut out);
+    write_value(v, Style::Json, &mut out);
     out
-}
-
-fn write_json(v: &Value, out: &mut String) {
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&number_str(n)),
-        Value::String(s) => write_json_str(s, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_json(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_json_str(k, out);
-                out.push_str(": ");
-                write_json(item, out);
-            }
-            out.push('}');
-        }
-    }
-}
-
-fn write_json_str(s: &str, out: &mut String) {
-    out.push_str(&serde_json::to_string(s).expect("a str always serializes"));
 }
 
 #[cfg(test)]
