@@ -81,6 +81,20 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// MindIE's defaults on cache `kv`: batch 200, prefill budget 8,192 tokens, prefills alone
+    /// (not chunked), 65,536-token contexts.
+    pub fn mindie(kv: KvGeometry) -> Self {
+        Self {
+            kv,
+            max_batch: 200,
+            max_prefill_tokens: 8192,
+            chunked_prefill: None,
+            max_partial_prefills: 1,
+            long_prefill_threshold: None,
+            max_model_len: 65_536,
+        }
+    }
+
     /// Checks a request's lengths against `max_model_len`, as vLLM does before queueing it.
     pub fn check_lengths(&self, prompt_tokens: u64, output_tokens: u64) -> Result<(), String> {
         let total = prompt_tokens + output_tokens;
@@ -535,15 +549,7 @@ mod tests {
     }
 
     fn cfg(kv: KvGeometry) -> EngineConfig {
-        EngineConfig {
-            kv,
-            max_batch: 200,
-            max_prefill_tokens: 8192,
-            chunked_prefill: None,
-            max_partial_prefills: 1,
-            long_prefill_threshold: None,
-            max_model_len: 65_536,
-        }
+        EngineConfig::mindie(kv)
     }
 
     /// The seed's 910B3 with Qwen3.5-27B: 8e9 bytes in 128-token blocks.

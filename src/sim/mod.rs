@@ -76,13 +76,9 @@ impl SimConfig {
         Self {
             served_names: DEFAULT_SERVED_NAMES.map(String::from).to_vec(),
             engine: EngineConfig {
-                kv: KvGeometry::unlimited(),
                 max_batch: 1024,
                 max_prefill_tokens: u64::MAX,
-                chunked_prefill: None,
-                max_partial_prefills: 1,
-                long_prefill_threshold: None,
-                max_model_len: 65_536,
+                ..EngineConfig::mindie(KvGeometry::unlimited())
             },
             timing: Arc::new(Pace(pace)),
             time_scale: 1.0,
@@ -96,15 +92,7 @@ impl SimConfig {
     /// default batch (200) and prefill budget (8,192 tokens), 65,536-token contexts.
     pub fn roofline(roofline: Roofline) -> Self {
         Self {
-            engine: EngineConfig {
-                kv: roofline.kv_geometry(),
-                max_batch: 200,
-                max_prefill_tokens: 8192,
-                chunked_prefill: None,
-                max_partial_prefills: 1,
-                long_prefill_threshold: None,
-                max_model_len: 65_536,
-            },
+            engine: EngineConfig::mindie(roofline.kv_geometry()),
             timing: Arc::new(roofline),
             ..Self::pace(Duration::ZERO)
         }

@@ -211,6 +211,23 @@ fn usage(prompt: u64, completion: u64) -> Value {
     })
 }
 
+/// A `text_completion` with one choice: a stream chunk, or (with usage added) a whole answer.
+fn completion(meta: &Meta, text: &str, finish: Option<&'static str>) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{
+            "index": 0,
+            "text": text,
+            "logprobs": null,
+            "finish_reason": finish,
+            "stop_reason": null,
+        }],
+    })
+}
+
 impl Api {
     /// The SSE events carrying token number `index` (1-based) with `text`; `finish` on the last.
     pub fn token_events(
@@ -237,19 +254,7 @@ impl Api {
                 )));
                 out
             }
-            Api::Completion => vec![sse(&json!({
-                "id": meta.id,
-                "object": "text_completion",
-                "created": meta.created,
-                "model": meta.model,
-                "choices": [{
-                    "index": 0,
-                    "text": text,
-                    "logprobs": null,
-                    "finish_reason": finish.map(|f| f.0.openai()),
-                    "stop_reason": null,
-                }],
-            }))],
+            Api::Completion => vec![sse(&completion(meta, text, finish.map(|f| f.0.openai())))],
             Api::Tgi => {
                 let (generated_text, details) = match finish {
                     Some((f, full, n)) => (json!(full), tgi_details(f, n)),
@@ -312,20 +317,11 @@ impl Api {
                 }],
                 "usage": usage(job.prompt_tokens, n),
             }),
-            Api::Completion => json!({
-                "id": meta.id,
-                "object": "text_completion",
-                "created": meta.created,
-                "model": meta.model,
-                "choices": [{
-                    "index": 0,
-                    "text": text,
-                    "logprobs": null,
-                    "finish_reason": finish.openai(),
-                    "stop_reason": null,
-                }],
-                "usage": usage(job.prompt_tokens, n),
-            }),
+            Api::Completion => {
+                let mut answer = completion(meta, text, Some(finish.openai()));
+                answer["usage"] = usage(job.prompt_tokens, n);
+                answer
+            }
             Api::Tgi if job.details => {
                 json!({"generated_text": text, "details": tgi_details(finish, n)})
             }
