@@ -16,7 +16,7 @@ use std::hash::{BuildHasher, Hasher};
 use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 
-/// Pre-tokens up to this many bytes merge by scanning; longer ones through a heap.
+/// Pre-tokens of up to this many initial symbols merge by scanning; longer ones through a heap.
 const SCAN_MAX: usize = 128;
 
 /// Marks "no neighbour" in the heap path's links.

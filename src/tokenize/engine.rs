@@ -489,7 +489,7 @@ fn plainly_nfc(text: &str) -> bool {
 /// Oniguruma handles it.) Any other regex must compile as it is.
 struct PreTokenSplit {
     regex: meta::Regex,
-    /// Search caches, one taken per text (not per search, as `meta::Regex::search` would).
+    /// Search caches, one taken per segment (not per search, as `meta::Regex::search` would).
     caches: Pool<meta::Cache, CacheFn>,
     /// Whether the `\s+(?!\S)` branch is emulated.
     whitespace_tail: bool,
