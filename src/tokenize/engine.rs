@@ -176,7 +176,7 @@ impl Tokenizer {
     /// Number of ids: base vocabulary plus added tokens.
     pub fn vocab_size(&self) -> usize {
         match &self.imp {
-            Imp::Fast(fast) => fast.vocab_size,
+            Imp::Fast(fast) => fast.bpe.len() + fast.added_by_content.len(),
             Imp::Hf(hf) => hf.get_vocab_size(true),
         }
     }
@@ -203,7 +203,6 @@ struct FastEngine {
     added_bytes: HashMap<u32, Vec<u8>>,
     nfc: bool,
     split: PreTokenSplit,
-    vocab_size: usize,
 }
 
 /// The sections of `tokenizer.json` the fast engine reads: small ones with the `tokenizers`
@@ -391,7 +390,6 @@ impl FastEngine {
             split,
             added,
             added_ids,
-            vocab_size: bpe.len() + added_by_content.len(),
             bpe,
             added_by_content,
             added_bytes,
