@@ -364,6 +364,7 @@ async fn backend_down_is_502_and_changes_nothing() {
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_failure_counted_once(&gw).await;
     let r = send(
         &gw.url("/v1/models"),
         "GET",
@@ -386,6 +387,18 @@ async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_failure_counted_once(&gw).await;
+}
+
+/// After one request of alice's (10 output tokens reserved) failed with a 502: one outcome,
+/// and the whole reservation counted as refunded.
+async fn assert_failure_counted_once(gw: &TestGateway) {
+    let outcome = r#"tokengate_requests_total{tenant="alice",outcome="upstream_error"}"#;
+    assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
+    let reserved = r#"tokengate_decode_tokens_reserved_total{tenant="alice"}"#;
+    assert_eq!(gw.metric(reserved).await.as_deref(), Some("10"));
+    let refunded = r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#;
+    assert_eq!(gw.metric(refunded).await.as_deref(), Some("10"));
 }
 
 #[tokio::test]

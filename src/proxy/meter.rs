@@ -41,8 +41,8 @@ pub struct Admitted {
     token_events: u64,
     usage_tokens: Option<u64>,
     text: String,
-    outcome: &'static str,
-    cancelled: bool,
+    /// `None` once cancelled: the error response that follows records the outcome.
+    outcome: Option<&'static str>,
 }
 
 impl Admitted {
@@ -71,8 +71,7 @@ impl Admitted {
             token_events: 0,
             usage_tokens: None,
             text: String::new(),
-            outcome: "client_disconnect",
-            cancelled: false,
+            outcome: Some("client_disconnect"),
         }
     }
 
@@ -82,19 +81,19 @@ impl Admitted {
     }
 
     /// The request never reached a backend (or the backend failed before answering): give
-    /// back everything that was charged.
-    pub fn cancel(mut self, outcome: &'static str) {
+    /// back everything that was charged. The caller answers with an error, whose outcome the
+    /// server records.
+    pub fn cancel(mut self) {
         if let Some(r) = self.reservation.as_mut() {
             r.refund_all();
         }
-        self.cancelled = true;
-        self.outcome = outcome;
+        self.outcome = None;
     }
 
     /// The backend answered with an error status: no output, decode tokens all refunded.
     pub fn finish_without_output(mut self, outcome: &'static str) {
         self.usage_tokens = Some(0);
-        self.outcome = outcome;
+        self.outcome = Some(outcome);
     }
 
     /// A complete non-streamed answer.
@@ -109,7 +108,7 @@ impl Admitted {
                 sse::append_generated_text(c.get("message").unwrap_or(c), &mut self.text);
             }
         }
-        self.outcome = "ok";
+        self.outcome = Some("ok");
     }
 
     fn observe_chunk(&mut self, info: &sse::ChunkInfo) {
@@ -144,9 +143,9 @@ impl Drop for Admitted {
             outcome: self.outcome,
             counter: self.counter.clone(),
         };
-        if self.cancelled {
-            // Cancelled: nothing was produced, nothing is counted as output.
-            settle.record(0, 0);
+        if self.outcome.is_none() {
+            // Cancelled: nothing was produced, the whole reservation went back.
+            settle.record(0, reserved);
             return;
         }
         match self.usage_tokens {
@@ -194,7 +193,7 @@ struct Settle {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     token_events: u64,
-    outcome: &'static str,
+    outcome: Option<&'static str>,
     counter: OutputCounter,
 }
 
@@ -219,7 +218,9 @@ impl Settle {
                     .observe((last - first).as_secs_f64() / gaps);
             }
         }
-        m.outcome(&s.tenant.name, s.outcome);
+        if let Some(outcome) = s.outcome {
+            m.outcome(&s.tenant.name, outcome);
+        }
         m.inflight.get_or_create(&label).dec();
     }
 }
@@ -319,7 +320,7 @@ impl Body for MeteredStream {
                         rest.extend_from_slice(&tail);
                     }
                     if let Some(mut a) = this.admitted.take() {
-                        a.outcome = "upstream_error";
+                        a.outcome = Some("upstream_error");
                         drop(a);
                     }
                     let err = crate::error::ApiError::upstream(
@@ -330,7 +331,7 @@ impl Body for MeteredStream {
                 }
                 None => {
                     if let Some(mut a) = this.admitted.take() {
-                        a.outcome = "ok";
+                        a.outcome = Some("ok");
                         drop(a);
                     }
                     return Poll::Ready(this.splitter.finish().map(|b| Ok(Frame::data(b))));

@@ -341,7 +341,7 @@ impl Gateway {
         {
             Ok(r) => r,
             Err(e) => {
-                admitted.cancel(e.code);
+                admitted.cancel();
                 return Err(e);
             }
         };
@@ -360,7 +360,7 @@ impl Gateway {
             let bytes = match incoming.collect().await {
                 Ok(c) => c.to_bytes(),
                 Err(_) => {
-                    admitted.cancel("upstream_error");
+                    admitted.cancel();
                     return Err(ApiError::upstream(
                         "the backend closed the connection mid-answer",
                     ));
@@ -377,7 +377,7 @@ impl Gateway {
         let first = match incoming.frame().await {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             Some(Err(_)) => {
-                admitted.cancel("upstream_error");
+                admitted.cancel();
                 return Err(ApiError::upstream(
                     "the backend stream broke before its first token",
                 ));

@@ -432,6 +432,13 @@ impl TestGateway {
         String::from_utf8(r.body).unwrap()
     }
 
+    /// The value of the metrics series `series` (name and labels), if it is exported.
+    pub async fn metric(&self, series: &str) -> Option<String> {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ').map(str::to_owned))
+    }
+
     /// Waits until a metrics line starting with `prefix` reads `value`.
     pub async fn wait_metric(&self, prefix: &str, value: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
