@@ -83,6 +83,13 @@ async fn non_streaming_answer_is_passed_and_settled() {
     let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
     assert_eq!(r.status, 200);
     assert_eq!(backend.max_tokens_seen(), vec![7, 100]);
+
+    // A prompt of token ids is charged its length (and never waits for the tokenizer pool).
+    let prefill = gw.bucket("alice", "prefill").await;
+    let body = json!({"model": "qwen3.5-27b", "prompt": [9707, 11, 1879, 0, 42], "max_tokens": 2});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(prefill - gw.bucket("alice", "prefill").await, 5.0);
 }
 
 #[tokio::test]

@@ -77,10 +77,10 @@ pub struct ParseLimits<'a> {
 /// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
 /// non-object bodies (serde_json also bounds nesting depth at 128).
 pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    if std::str::from_utf8(bytes).is_err() {
+    let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(ApiError::invalid("the request body is not valid UTF-8"));
-    }
-    let value: Value = serde_json::from_slice(bytes)
+    };
+    let value: Value = serde_json::from_str(text)
         .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
     match value {
         Value::Object(map) => Ok(map),
@@ -344,11 +344,15 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
     }
 }
 
-/// Rewrites a validated body so the backend generates at most `reserved` tokens, is asked for
-/// the model by the name it serves (`backend_model`; clients may use an alias) and, for a
-/// stream, reports usage in its last chunk.
-pub fn rewrite_for_backend(req: &GenerationRequest, reserved: u64, backend_model: &str) -> Vec<u8> {
-    let mut body = req.body.clone();
+/// Takes the validated body out of `req` and rewrites it so the backend generates at most
+/// `reserved` tokens, is asked for the model by the name it serves (`backend_model`; clients
+/// may use an alias) and, for a stream, reports usage in its last chunk.
+pub fn rewrite_for_backend(
+    req: &mut GenerationRequest,
+    reserved: u64,
+    backend_model: &str,
+) -> Vec<u8> {
+    let mut body = std::mem::take(&mut req.body);
     body.insert("model".into(), Value::from(backend_model));
     body.insert("max_tokens".into(), Value::from(reserved));
     if body.contains_key("max_completion_tokens")
@@ -432,13 +436,13 @@ mod tests {
 
     #[test]
     fn rewrite_caps_output_and_asks_for_usage() {
-        let r = parse(
+        let mut r = parse(
             Endpoint::Chat,
             json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}],
                    "max_completion_tokens": 7, "stream": true}),
         )
         .unwrap();
-        let out: Value = serde_json::from_slice(&rewrite_for_backend(&r, 5, "served")).unwrap();
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 5, "served")).unwrap();
         assert_eq!(out["model"], "served");
         assert_eq!(out["max_tokens"], 5);
         assert_eq!(out["max_completion_tokens"], 5);

@@ -135,15 +135,17 @@ impl Gateway {
     pub async fn count_prompt(&self, prompt: Prompt) -> Result<u64, ApiError> {
         let started = Instant::now();
         let tok = self.tokenizer.clone();
-        let chat = self.chat.clone();
-        let counted = self
-            .pool
-            .run(move || match prompt {
-                Prompt::Chat(p) => chat.count(tok.as_ref(), &p).map(|n| n as u64),
-                Prompt::Text(t) => Ok(tok.count(&t) as u64),
-                Prompt::TokenIds(ids) => Ok(ids.len() as u64),
-            })
-            .await;
+        let counted = match prompt {
+            // Already tokens: nothing to run on the pool (nor to be refused by it).
+            Prompt::TokenIds(ids) => return Ok(ids.len() as u64),
+            Prompt::Chat(p) => {
+                let chat = self.chat.clone();
+                self.pool
+                    .run(move || chat.count(tok.as_ref(), &p).map(|n| n as u64))
+                    .await
+            }
+            Prompt::Text(t) => self.pool.run(move || Ok(tok.count(&t) as u64)).await,
+        };
         self.metrics
             .tokenize
             .observe(started.elapsed().as_secs_f64());
@@ -328,13 +330,13 @@ impl Gateway {
     /// Steps 10-11: send to the leased backend and meter the answer.
     async fn forward(
         &self,
-        req: GenerationRequest,
+        mut req: GenerationRequest,
         max_output: u64,
         admitted: Admitted,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
         let body =
-            openai::rewrite_for_backend(&req, max_output, &self.config.model.served_names[0]);
+            openai::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
         let resp = match upstream
             .send(Method::POST, req.endpoint.path(), Some(body))
             .await
