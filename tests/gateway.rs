@@ -397,6 +397,30 @@ async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
     assert_failure_counted_once(&gw).await;
 }
 
+#[tokio::test]
+async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing() {
+    let backend = FakeBackend::start(FakeSpec {
+        behaviour: Behaviour::StallAfterHeaders,
+        ..FakeSpec::default()
+    })
+    .await;
+    let mut cfg = config(&[backend.addr]);
+    cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
+    let gw = TestGateway::start(cfg).await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        gw.chat("sk-alice", &chat("a", 10, true)),
+    )
+    .await
+    .expect("the gateway gives up on a silent stream");
+    assert_eq!((r.status, r.code().as_str()), (504, "upstream_timeout"));
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    let outcome = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
+    assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
+}
+
 /// After one request of alice's (10 output tokens reserved) failed with a 502: one outcome,
 /// and the whole reservation counted as refunded.
 async fn assert_failure_counted_once(gw: &TestGateway) {

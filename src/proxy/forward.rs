@@ -50,6 +50,12 @@ impl Upstream {
             .expect("a path from a fixed set is a valid URI")
     }
 
+    /// How long the backend has to start answering: its headers, and for a stream its first
+    /// chunk.
+    pub fn first_byte_timeout(&self) -> Duration {
+        self.first_byte_timeout
+    }
+
     /// Sends a request and waits for the response headers (bounded by the first-byte timeout).
     pub async fn send(
         &self,

@@ -335,6 +335,7 @@ impl Gateway {
         admitted: Admitted,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
+        let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
         let body =
             openai::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
         let resp = match upstream
@@ -374,9 +375,20 @@ impl Gateway {
             return Ok(resp);
         }
         // Wait for the first bytes before answering, so a backend that fails before its
-        // first token still gets a proper 502 instead of a broken 200 stream.
+        // first token still gets a proper 502 (or 504) instead of a broken 200 stream. Engines
+        // send a stream's headers at once: the first-byte timeout bounds its first chunk too.
         let mut incoming = incoming;
-        let first = match incoming.frame().await {
+        let first = match tokio::time::timeout_at(first_byte_deadline, incoming.frame()).await {
+            Err(_) => {
+                admitted.cancel();
+                return Err(ApiError::upstream_timeout(format!(
+                    "the backend streamed nothing within {}",
+                    humantime::format_duration(upstream.first_byte_timeout())
+                )));
+            }
+            Ok(frame) => frame,
+        };
+        let first = match first {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             Some(Err(_)) => {
                 admitted.cancel();

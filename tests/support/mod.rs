@@ -50,6 +50,8 @@ pub enum Behaviour {
     Status(u16),
     /// Stream this many tokens (0: none), then break the connection.
     ResetAfter(u64),
+    /// Send a stream's headers, then nothing until the gateway hangs up.
+    StallAfterHeaders,
 }
 
 /// A fake OpenAI-compatible backend.
@@ -270,6 +272,10 @@ async fn handle(
         spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     tokio::spawn(async move {
+        if let Behaviour::StallAfterHeaders = spec.behaviour {
+            tx.closed().await;
+            return;
+        }
         for i in 0..n {
             let delta = if chat {
                 json!({"index": 0, "delta": {"content": WORD}})
