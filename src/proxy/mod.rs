@@ -357,7 +357,11 @@ impl Gateway {
                 .map(|c| c.to_bytes())
                 .unwrap_or_default();
             admitted.finish_without_output("backend_error");
-            return Ok(Response::from_parts(parts, full(bytes)));
+            // The body is what was read (empty if the read failed): its own length, not the
+            // backend's header.
+            let mut resp = Response::from_parts(parts, full(bytes));
+            resp.headers_mut().remove(header::CONTENT_LENGTH);
+            return Ok(resp);
         }
         if !req.stream {
             let bytes = match incoming.collect().await {
