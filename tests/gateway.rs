@@ -398,6 +398,22 @@ async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
 }
 
 #[tokio::test]
+async fn a_non_streamed_answer_without_usage_is_counted_from_its_text() {
+    let (gw, _backend) = gateway(FakeSpec {
+        usage: false,
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = gw.chat("sk-alice", &chat("a", 10, false)).await;
+    assert_eq!(r.status, 200);
+    let used = tokenizer().count(&WORD.repeat(10));
+    assert_eq!(used, 10);
+    gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "10")
+        .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 990.0);
+}
+
+#[tokio::test]
 async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing() {
     let backend = FakeBackend::start(FakeSpec {
         behaviour: Behaviour::StallAfterHeaders,

@@ -103,7 +103,9 @@ impl Admitted {
             .get("usage")
             .and_then(|u| u.get("completion_tokens"))
             .and_then(serde_json::Value::as_u64);
-        if let Some(choices) = v.get("choices").and_then(serde_json::Value::as_array) {
+        // The text is only counted when the backend gave no usage.
+        let choices = v.get("choices").and_then(serde_json::Value::as_array);
+        if let (None, Some(choices)) = (self.usage_tokens, choices) {
             for c in choices {
                 sse::append_generated_text(c.get("message").unwrap_or(c), &mut self.text);
             }
