@@ -10,9 +10,11 @@ pub mod pyfmt;
 mod qwen35;
 
 use crate::error::ApiError;
+use memchr::memmem;
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
+use std::sync::LazyLock;
 
 /// Counts the tokens of a text with special tokens recognized. The tokenizer implements it; the
 /// chat code needs nothing more.
@@ -129,6 +131,9 @@ enum Engine {
 /// The special token every turn starts with; rendered text is cut into spans right before it.
 const IM_START: &str = "<|im_start|>";
 
+static IM_START_FINDER: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(IM_START));
+
 impl ChatTemplate {
     /// The built-in renderer of the official Qwen3.5 / Qwen3.6 chat template.
     pub fn builtin_qwen35() -> Self {
@@ -196,12 +201,11 @@ pub fn spans(text: &str) -> impl Iterator<Item = &str> {
         if rest.is_empty() {
             return None;
         }
-        // A span starts with `<|im_start|>`; the next one starts at the following occurrence.
-        let cut = rest
-            .match_indices(IM_START)
-            .map(|(i, _)| i)
-            .find(|i| *i > 0)
-            .unwrap_or(rest.len());
+        // A span starts with `<|im_start|>`; the next one starts at the following occurrence
+        // (searched from byte 1: a match starts with the ASCII `<`, so on a char boundary).
+        let cut = IM_START_FINDER
+            .find(&rest.as_bytes()[1..])
+            .map_or(rest.len(), |i| i + 1);
         let (span, tail) = rest.split_at(cut);
         rest = tail;
         Some(span)

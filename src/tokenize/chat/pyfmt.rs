@@ -72,13 +72,16 @@ fn number_str(n: &Number) -> String {
 /// Python's `str(x)` of a value decoded from JSON (`None`, `True`, `1.0`, `['a', 1]`,
 /// `{'k': 'v'}`), which jinja2 prints for `{{ x }}` and `x | string`. Strings print raw.
 pub fn py_str(v: &Value) -> String {
+    let mut out = String::new();
+    write_py_str(v, &mut out);
+    out
+}
+
+/// [`py_str`] appended to `out`.
+pub fn write_py_str(v: &Value, out: &mut String) {
     match v {
-        Value::String(s) => s.clone(),
-        other => {
-            let mut out = String::new();
-            write_value(other, Style::Repr, &mut out);
-            out
-        }
+        Value::String(s) => out.push_str(s),
+        other => write_value(other, Style::Repr, out),
     }
 }
 
@@ -129,9 +132,48 @@ fn write_value(v: &Value, style: Style, out: &mut String) {
 fn write_string(s: &str, style: Style, out: &mut String) {
     match style {
         Style::Repr => write_str_repr(s, out),
-        // serde_json escapes strings as Python's json does (with `ensure_ascii=False`).
-        Style::Json => out.push_str(&serde_json::to_string(s).expect("a str always serializes")),
+        Style::Json => write_str_json(s, out),
     }
+}
+
+/// A JSON string literal as Python's `json.dumps(s, ensure_ascii=False)` writes it (and
+/// serde_json): the seven short escapes (`\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`),
+/// `\u00XX` for the other control characters, everything else raw. Unescaped runs are copied
+/// whole.
+fn write_str_json(s: &str, out: &mut String) {
+    out.push('"');
+    // Most strings need no escape: one branch-free pass (which the compiler vectorizes) finds
+    // that out and copies them whole.
+    let needs_escape = |b: u8| b < 0x20 || b == b'"' || b == b'\\';
+    if !s.bytes().fold(false, |any, b| any | needs_escape(b)) {
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
+    let mut run = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..0x20 => "",
+            _ => continue,
+        };
+        // Every byte matched above is ASCII, so `run..i` and `i + 1..` are on char boundaries.
+        out.push_str(&s[run..i]);
+        run = i + 1;
+        if escape.is_empty() {
+            out.push_str(&format!("\\u{b:04x}"));
+        } else {
+            out.push_str(escape);
+        }
+    }
+    out.push_str(&s[run..]);
+    out.push('"');
 }
 
 /// Python's `repr(s)`: single quotes unless the text has a `'` and no `"`; backslash escapes for
@@ -170,8 +212,13 @@ fn write_str_repr(s: &str, out: &mut String) {
 /// `\u00XX` for the other control characters).
 pub fn json_dumps(v: &Value) -> String {
     let mut out = String::new();
-    write_value(v, Style::Json, &mut out);
+    write_json(v, &mut out);
     out
+}
+
+/// [`json_dumps`] appended to `out`.
+pub fn write_json(v: &Value, out: &mut String) {
+    write_value(v, Style::Json, out);
 }
 
 #[cfg(test)]
@@ -233,6 +280,17 @@ mod tests {
             json_dumps(&v),
             r#"{"z": [1, 2.0, "é\"\n\u001f"], "a": {}, "m": [], "n": null, "b": true}"#
         );
+    }
+
+    #[test]
+    fn json_strings_escape_as_serde_json_does() {
+        let mut text: String = (0u8..0x80).map(char::from).collect();
+        text.push_str("é\u{2028}杭州😀\u{7f}\u{85}");
+        for s in [text.as_str(), "", "plain", "\"", "a\nb\u{1f}"] {
+            let mut out = String::new();
+            write_str_json(s, &mut out);
+            assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+        }
     }
 
     #[test]

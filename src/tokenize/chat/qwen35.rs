@@ -4,15 +4,22 @@
 //! `str()` and `json.dumps`, `in` on strings and lists, and the order in which the template
 //! raises its errors. `tests/chat_parity.rs` holds it to the official template.
 
-use super::pyfmt::{json_dumps, py_str, strip};
+use super::pyfmt::{strip, write_json, write_py_str};
 use super::{ChatPrompt, TemplateError};
+use memchr::memmem;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::sync::LazyLock;
 
 const IMAGE: &str = "<|vision_start|><|image_pad|><|vision_end|>";
 const VIDEO: &str = "<|vision_start|><|video_pad|><|vision_end|>";
 const TOOLS_HEADER: &str =
     "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
 const TOOLS_FOOTER: &str = "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
+
+/// Finds `</think>` in assistant content (every assistant turn of the history is searched).
+static THINK_END: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new("</think>"));
 
 /// Renders `prompt` in the Qwen3.5 format into `out`.
 pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), TemplateError> {
@@ -26,7 +33,7 @@ pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), Templa
             out.push_str(TOOLS_HEADER);
             for tool in tools {
                 out.push('\n');
-                out.push_str(&json_dumps(tool));
+                write_json(tool, out);
             }
             out.push_str(TOOLS_FOOTER);
             if first_is_system {
@@ -112,7 +119,7 @@ fn render_assistant(
 ) -> Result<(), TemplateError> {
     let (reasoning, content) = match attr(message, "reasoning_content") {
         Some(Value::String(reasoning)) => (reasoning.as_str(), content),
-        _ if content.contains("</think>") => {
+        _ if THINK_END.find(content.as_bytes()).is_some() => {
             let before = content.split("</think>").next().unwrap_or_default();
             let reasoning = before.trim_end_matches('\n');
             let reasoning = reasoning.rsplit("<think>").next().unwrap_or_default();
@@ -192,23 +199,21 @@ fn render_tool_call(
 
 fn render_arguments(arguments: &Map<String, Value>, out: &mut String) {
     for (name, value) in arguments {
-        let value = match value {
-            Value::Object(_) | Value::Array(_) => json_dumps(value),
-            other => py_str(other),
-        };
-        push_all(
-            out,
-            &["<parameter=", name, ">\n", &value, "\n</parameter>\n"],
-        );
+        push_all(out, &["<parameter=", name, ">\n"]);
+        match value {
+            Value::Object(_) | Value::Array(_) => write_json(value, out),
+            other => write_py_str(other, out),
+        }
+        out.push_str("\n</parameter>\n");
     }
 }
 
 /// The template's `render_content` macro: a string as is, a list of parts as text and vision
-/// pads, nothing for null.
-fn render_content(content: Option<&Value>, is_system: bool) -> Result<String, TemplateError> {
+/// pads, nothing for null. A string is borrowed, not copied.
+fn render_content(content: Option<&Value>, is_system: bool) -> Result<Cow<'_, str>, TemplateError> {
     match content {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s.clone()),
+        None | Some(Value::Null) => Ok(Cow::Borrowed("")),
+        Some(Value::String(s)) => Ok(Cow::Borrowed(s)),
         Some(Value::Array(items)) => {
             let mut out = String::new();
             for item in items {
@@ -228,13 +233,13 @@ fn render_content(content: Option<&Value>, is_system: bool) -> Result<String, Te
                 } else if contains(item, "text")? {
                     // `item.text`: only a mapping has the attribute; Jinja prints undefined as ''.
                     if let Some(text) = attr(item, "text") {
-                        out.push_str(&py_str(text));
+                        write_py_str(text, &mut out);
                     }
                 } else {
                     return Err(rejected("Unexpected item type in content."));
                 }
             }
-            Ok(out)
+            Ok(Cow::Owned(out))
         }
         Some(_) => Err(rejected("Unexpected content type.")),
     }
@@ -257,10 +262,20 @@ fn is_type(item: &Value, kind: &str) -> bool {
     attr(item, "type").and_then(Value::as_str) == Some(kind)
 }
 
-/// Jinja's `value.name` on JSON: a mapping's entry, undefined for everything else.
+/// Jinja's `value.name` on JSON: a mapping's entry, undefined for everything else. Messages and
+/// content parts have a handful of keys, so they are compared in order rather than hashed
+/// (serde_json's ordered map hashes with SipHash).
 fn attr<'a>(value: &'a Value, name: &str) -> Option<&'a Value> {
-    value.as_object()?.get(name)
+    let map = value.as_object()?;
+    if map.len() <= SCAN_KEYS {
+        map.iter().find(|(key, _)| *key == name).map(|(_, v)| v)
+    } else {
+        map.get(name)
+    }
 }
+
+/// Up to this many keys, [`attr`] scans a mapping instead of hashing the name.
+const SCAN_KEYS: usize = 8;
 
 fn role(message: &Value) -> Option<&str> {
     attr(message, "role")?.as_str()
