@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use tokengate::tokenize::cache::{CacheStats, ChatCounter, ENTRY_BYTES};
+use tokengate::tokenize::cache::{CacheStats, ChatCounter};
 use tokengate::tokenize::chat::{
     pyfmt, spans, ChatPrompt, ChatTemplate, CountTokens, TemplateError,
 };
@@ -216,7 +216,7 @@ fn memoized_counts_equal_full_counts_cold_and_warm() {
     assert_eq!(warm.entries, cold.entries);
 
     // A cache far smaller than the working set evicts all the time and stays exact.
-    let small_bytes = 40 * ENTRY_BYTES;
+    let small_bytes = 16 << 10;
     let small = ChatCounter::new(ChatTemplate::builtin_qwen35(), small_bytes);
     for f in ok.iter().chain(ok.iter().rev()) {
         assert_eq!(
@@ -225,8 +225,8 @@ fn memoized_counts_equal_full_counts_cold_and_warm() {
             "fixture {}",
             f.id
         );
-        let CacheStats { bytes, entries, .. } = small.stats();
-        assert!(bytes <= small_bytes && entries <= 40);
+        let CacheStats { bytes, .. } = small.stats();
+        assert!(bytes <= small_bytes, "{bytes} bytes cached");
     }
 }
 

@@ -1,103 +1,138 @@
 //! Memoized chat counting (tokenize room): multi-turn clients resend the whole history every
 //! turn, so the rendered prompt is cut into turn spans (see [`crate::tokenize::chat::spans`])
-//! and each span's token count is remembered under a hash of its text in a cache bounded in
-//! bytes. A follow-up turn tokenizes only what is new; the rest is looked up.
+//! and each span's token count is remembered with its text in a cache bounded in bytes. A
+//! follow-up turn tokenizes only what is new; the rest is looked up.
 
 use super::chat::{spans, ChatPrompt, ChatTemplate, CountTokens, TemplateError};
-use sha2::{Digest, Sha256};
-use std::collections::HashMap;
+use hashbrown::HashTable;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-/// A span's identity: the first 128 bits of the SHA-256 of its text.
+/// One cached span: its text, hash, count and recency links.
 ///
-/// Why collisions are not a concern: by the birthday bound, even 10^9 distinct spans collide
-/// with probability about 10^18 / 2^129, i.e. below 10^-20; and SHA-256 being collision
-/// resistant, a client cannot craft two texts with the same key to borrow another text's count.
-type Key = u128;
-
-/// The cache's bookkeeping for one entry: its key, count and recency links.
-#[derive(Debug, Clone, Copy)]
-struct Node {
-    key: Key,
+/// The text is kept and compared on every hit, so a count is only ever returned for the very
+/// text it was counted from: two spans with the same hash, by chance or crafted by a client,
+/// are two entries. The hash (foldhash, seeded at random per process) only finds candidates;
+/// it reads the 10 KB of a long chat's history in well under a microsecond, where a
+/// cryptographic digest that could stand in for the text took about 10 µs.
+#[derive(Debug)]
+struct Entry {
+    text: Box<str>,
+    hash: u64,
     tokens: usize,
     prev: u32,
     next: u32,
 }
 
-/// Bytes one cached span costs: its node plus its slot in the key index (the hash table's spare
-/// capacity is not counted).
-pub const ENTRY_BYTES: usize = std::mem::size_of::<Node>() + std::mem::size_of::<(Key, u32)>();
+/// Bytes a cached span costs besides its text: its entry and its slot in the index (the hash
+/// table's spare capacity is not counted).
+pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Entry>() + std::mem::size_of::<u32>();
+
+/// Bytes a cached span of `len` bytes of text costs.
+pub fn entry_bytes(len: usize) -> usize {
+    ENTRY_OVERHEAD + len
+}
 
 const NIL: u32 = u32::MAX;
 
-/// A least-recently-used map from span key to token count holding at most
-/// `max_bytes / ENTRY_BYTES` entries. Nodes live in a slab and link by index.
+/// A least-recently-used map from span text to token count holding at most `max_bytes` of
+/// [`entry_bytes`]. Entries live in a slab and link by index; evicted slots are reused.
 #[derive(Debug)]
 struct SpanCache {
-    index: HashMap<Key, u32>,
-    nodes: Vec<Node>,
+    /// Slab indices, found by their entry's hash and text.
+    index: HashTable<u32>,
+    entries: Vec<Entry>,
+    /// Slots of evicted entries, reused before the slab grows.
+    free: Vec<u32>,
     /// Most recently used.
     head: u32,
     /// Least recently used: evicted first.
     tail: u32,
-    capacity: usize,
+    bytes: usize,
+    max_bytes: usize,
 }
 
 impl SpanCache {
     fn new(max_bytes: usize) -> Self {
         Self {
-            index: HashMap::new(),
-            nodes: Vec::new(),
+            index: HashTable::new(),
+            entries: Vec::new(),
+            free: Vec::new(),
             head: NIL,
             tail: NIL,
-            capacity: (max_bytes / ENTRY_BYTES).min(NIL as usize),
+            bytes: 0,
+            max_bytes,
         }
     }
 
-    fn get(&mut self, key: Key) -> Option<usize> {
-        let i = *self.index.get(&key)?;
-        self.touch(i);
-        Some(self.nodes[i as usize].tokens)
+    fn find(&self, hash: u64, text: &str) -> Option<u32> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&i| *entries[i as usize].text == *text)
+            .copied()
     }
 
-    fn insert(&mut self, key: Key, tokens: usize) {
-        if let Some(&i) = self.index.get(&key) {
-            self.nodes[i as usize].tokens = tokens;
+    /// The count cached for `text` (whose hash is `hash`), marking it recently used.
+    fn get(&mut self, hash: u64, text: &str) -> Option<usize> {
+        let i = self.find(hash, text)?;
+        self.touch(i);
+        Some(self.entries[i as usize].tokens)
+    }
+
+    /// Caches `text`'s count, evicting the least recently used spans to make room. A span
+    /// bigger than the whole bound is not cached.
+    fn insert(&mut self, hash: u64, text: &str, tokens: usize) {
+        if let Some(i) = self.find(hash, text) {
+            self.entries[i as usize].tokens = tokens;
             self.touch(i);
             return;
         }
-        if self.capacity == 0 {
+        let cost = entry_bytes(text.len());
+        if cost > self.max_bytes {
             return;
         }
-        let i = if self.nodes.len() < self.capacity {
-            self.nodes.push(Node {
-                key,
-                tokens,
-                prev: NIL,
-                next: NIL,
-            });
-            (self.nodes.len() - 1) as u32
-        } else {
-            // Full: the least recently used entry's node is reused for the new one.
-            let i = self.tail;
-            self.unlink(i);
-            let node = &mut self.nodes[i as usize];
-            self.index.remove(&node.key);
-            node.key = key;
-            node.tokens = tokens;
-            i
+        while self.bytes + cost > self.max_bytes {
+            self.evict(self.tail);
+        }
+        let entry = Entry {
+            text: text.into(),
+            hash,
+            tokens,
+            prev: NIL,
+            next: NIL,
         };
-        self.index.insert(key, i);
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.entries[i as usize] = entry;
+                i
+            }
+            None => {
+                self.entries.push(entry);
+                (self.entries.len() - 1) as u32
+            }
+        };
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, i, |&j| entries[j as usize].hash);
+        self.bytes += cost;
         self.push_front(i);
     }
 
-    fn len(&self) -> usize {
-        self.nodes.len()
+    fn evict(&mut self, i: u32) {
+        self.unlink(i);
+        let entry = &mut self.entries[i as usize];
+        let text = std::mem::take(&mut entry.text);
+        self.index
+            .find_entry(entry.hash, |&j| j == i)
+            .expect("every linked entry is indexed")
+            .remove();
+        self.bytes -= entry_bytes(text.len());
+        self.free.push(i);
     }
 
-    fn bytes(&self) -> usize {
-        self.len() * ENTRY_BYTES
+    fn len(&self) -> usize {
+        self.index.len()
     }
 
     fn touch(&mut self, i: u32) {
@@ -108,25 +143,25 @@ impl SpanCache {
     }
 
     fn unlink(&mut self, i: u32) {
-        let Node { prev, next, .. } = self.nodes[i as usize];
+        let Entry { prev, next, .. } = self.entries[i as usize];
         match prev {
             NIL => self.head = next,
-            p => self.nodes[p as usize].next = next,
+            p => self.entries[p as usize].next = next,
         }
         match next {
             NIL => self.tail = prev,
-            n => self.nodes[n as usize].prev = prev,
+            n => self.entries[n as usize].prev = prev,
         }
     }
 
     fn push_front(&mut self, i: u32) {
         let old_head = self.head;
-        let node = &mut self.nodes[i as usize];
-        node.prev = NIL;
-        node.next = old_head;
+        let entry = &mut self.entries[i as usize];
+        entry.prev = NIL;
+        entry.next = old_head;
         match old_head {
             NIL => self.tail = i,
-            h => self.nodes[h as usize].prev = i,
+            h => self.entries[h as usize].prev = i,
         }
         self.head = i;
     }
@@ -150,6 +185,7 @@ pub struct CacheStats {
 #[derive(Debug)]
 pub struct ChatCounter {
     template: ChatTemplate,
+    hasher: foldhash::fast::RandomState,
     cache: Mutex<SpanCache>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -161,6 +197,7 @@ impl ChatCounter {
     pub fn new(template: ChatTemplate, max_bytes: usize) -> Self {
         Self {
             template,
+            hasher: foldhash::fast::RandomState::default(),
             cache: Mutex::new(SpanCache::new(max_bytes)),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -173,22 +210,22 @@ impl ChatCounter {
     }
 
     /// The prompt's token count: exactly `tok.count(&template.render(prompt))`, tokenizing only
-    /// the spans not seen recently. The lock is never held while tokenizing.
+    /// the spans not seen recently. The lock is never held while hashing or tokenizing.
     pub fn count(
         &self,
         tok: &(impl CountTokens + ?Sized),
         prompt: &ChatPrompt,
     ) -> Result<usize, TemplateError> {
         let text = self.template.render(prompt)?;
-        let spans: Vec<(Key, &str)> = spans(&text).map(|s| (span_key(s), s)).collect();
+        let spans: Vec<(u64, &str)> = spans(&text).map(|s| (self.hasher.hash_one(s), s)).collect();
         let mut total = 0;
         let mut missing = Vec::new();
         {
             let mut cache = self.lock();
-            for &(key, span) in &spans {
-                match cache.get(key) {
+            for &(hash, span) in &spans {
+                match cache.get(hash, span) {
                     Some(tokens) => total += tokens,
-                    None => missing.push((key, span)),
+                    None => missing.push((hash, span)),
                 }
             }
         }
@@ -199,14 +236,14 @@ impl ChatCounter {
         if missing.is_empty() {
             return Ok(total);
         }
-        let counted: Vec<(Key, usize)> = missing
+        let counted: Vec<(u64, &str, usize)> = missing
             .into_iter()
-            .map(|(key, span)| (key, tok.count(span)))
+            .map(|(hash, span)| (hash, span, tok.count(span)))
             .collect();
-        total += counted.iter().map(|&(_, tokens)| tokens).sum::<usize>();
+        total += counted.iter().map(|&(_, _, tokens)| tokens).sum::<usize>();
         let mut cache = self.lock();
-        for (key, tokens) in counted {
-            cache.insert(key, tokens);
+        for (hash, span, tokens) in counted {
+            cache.insert(hash, span, tokens);
         }
         Ok(total)
     }
@@ -218,7 +255,7 @@ impl ChatCounter {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             entries: cache.len(),
-            bytes: cache.bytes(),
+            bytes: cache.bytes,
         }
     }
 
@@ -227,13 +264,6 @@ impl ChatCounter {
         // cache; carrying on beats failing every later request.
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-fn span_key(span: &str) -> Key {
-    let digest = Sha256::digest(span.as_bytes());
-    let mut first = [0u8; 16];
-    first.copy_from_slice(&digest[..16]);
-    u128::from_le_bytes(first)
 }
 
 #[cfg(test)]
@@ -279,6 +309,11 @@ mod tests {
         let tok = CharCounter::default();
         let whole = |p: &ChatPrompt| counter.template().render(p).unwrap().chars().count();
 
+        let bytes = |p: &ChatPrompt| -> usize {
+            let text = counter.template().render(p).unwrap();
+            spans(&text).map(|s| entry_bytes(s.len())).sum()
+        };
+
         assert_eq!(counter.count(&tok, &turn(1)).unwrap(), whole(&turn(1)));
         // system, user 1, generation prompt
         assert_eq!(
@@ -287,7 +322,7 @@ mod tests {
                 hits: 0,
                 misses: 3,
                 entries: 3,
-                bytes: 3 * ENTRY_BYTES
+                bytes: bytes(&turn(1))
             }
         );
 
@@ -306,7 +341,7 @@ mod tests {
                 hits: 3,
                 misses: 5,
                 entries: 5,
-                bytes: 5 * ENTRY_BYTES
+                bytes: bytes(&turn(2))
             }
         );
 
@@ -408,46 +443,64 @@ mod tests {
         ]
     }
 
+    /// Span `k`'s text: 0 to 40 bytes long, so entries differ in size.
+    fn text(k: u8) -> String {
+        "x".repeat(usize::from(k) * 5 % 41) + &k.to_string()
+    }
+
+    /// A deliberately poor hash: the 24 spans share 3 values, so hits must be told apart by
+    /// their text.
+    fn hash(k: u8) -> u64 {
+        u64::from(k % 3)
+    }
+
     proptest! {
-        /// The cache never holds more bytes than its bound and behaves exactly like a plain
-        /// LRU list of `max_bytes / ENTRY_BYTES` entries.
+        /// The cache never holds more bytes than its bound, never confuses two texts with the
+        /// same hash, and behaves exactly like a plain LRU list that drops its oldest entries
+        /// until the new one fits.
         #[test]
         fn cache_stays_within_bytes_and_is_lru(
-            max_bytes in 0usize..(20 * ENTRY_BYTES),
+            max_bytes in 0usize..(8 * entry_bytes(40)),
             ops in proptest::collection::vec(op(), 0..200),
         ) {
             let mut cache = SpanCache::new(max_bytes);
-            let capacity = max_bytes / ENTRY_BYTES;
             // Most recent first.
-            let mut model: VecDeque<(Key, usize)> = VecDeque::new();
+            let mut model: VecDeque<(u8, usize)> = VecDeque::new();
+            let size = |k: u8| entry_bytes(text(k).len());
             for op in ops {
                 match op {
                     Op::Get(k) => {
-                        let key = Key::from(k);
-                        let want = model.iter().position(|e| e.0 == key).map(|i| {
+                        let want = model.iter().position(|e| e.0 == k).map(|i| {
                             let e = model.remove(i).unwrap();
                             model.push_front(e);
                             e.1
                         });
-                        prop_assert_eq!(cache.get(key), want);
+                        prop_assert_eq!(cache.get(hash(k), &text(k)), want);
                     }
                     Op::Insert(k, n) => {
-                        let key = Key::from(k);
-                        cache.insert(key, n);
-                        if let Some(i) = model.iter().position(|e| e.0 == key) {
+                        cache.insert(hash(k), &text(k), n);
+                        if let Some(i) = model.iter().position(|e| e.0 == k) {
                             model.remove(i);
-                            model.push_front((key, n));
-                        } else if capacity > 0 {
-                            if model.len() == capacity {
+                            model.push_front((k, n));
+                        } else if size(k) <= max_bytes {
+                            while model.iter().map(|e| size(e.0)).sum::<usize>() + size(k)
+                                > max_bytes
+                            {
                                 model.pop_back();
                             }
-                            model.push_front((key, n));
+                            model.push_front((k, n));
                         }
                     }
                 }
-                prop_assert!(cache.bytes() <= max_bytes);
+                let model_bytes: usize = model.iter().map(|e| size(e.0)).sum();
+                prop_assert!(cache.bytes <= max_bytes);
+                prop_assert_eq!(cache.bytes, model_bytes);
                 prop_assert_eq!(cache.len(), model.len());
-                prop_assert_eq!(cache.index.len(), model.len());
+                prop_assert_eq!(
+                    cache.entries.len() - cache.free.len(),
+                    model.len(),
+                    "evicted slots are reused"
+                );
             }
         }
     }
