@@ -284,6 +284,51 @@ fn replayed_conversations_count_exactly_and_reuse_history() {
     );
 }
 
+/// The gateway counts each chat answer ahead as the span it will have in the history of the
+/// next request. For every answer of the conversation fixtures that the template renders before
+/// a later question (string content, no tool calls, reasoning inline if any), that span is one
+/// of the spans the whole conversation really renders, so the next request finds it cached.
+#[test]
+fn answers_counted_ahead_are_spans_of_the_next_request() {
+    let tok = gateway_tokenizer();
+    let template = ChatTemplate::builtin_qwen35();
+    let mut checked = 0;
+    for f in fixtures().iter().filter(|f| f.error.is_none()) {
+        let messages = &f.prompt.messages;
+        let is_query = |m: &Value| {
+            m["role"] == "user"
+                && m["content"]
+                    .as_str()
+                    .is_some_and(|c| !c.trim().starts_with("<tool_response>"))
+        };
+        let Some(last_query) = messages.iter().rposition(is_query) else {
+            continue;
+        };
+        for message in &messages[..last_query] {
+            let (Some("assistant"), Some(content)) =
+                (message["role"].as_str(), message["content"].as_str())
+            else {
+                continue;
+            };
+            if message.get("tool_calls").is_some() || message.get("reasoning_content").is_some() {
+                continue;
+            }
+            let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+            assert!(counter.remember_reply(tok, content), "fixture {}", f.id);
+            let text = template.render(&f.prompt).unwrap();
+            assert_eq!(counter.count(tok, &f.prompt).unwrap(), tok.count(&text));
+            assert!(
+                counter.stats().hits >= 1,
+                "fixture {}: the answer {content:?} was counted as a span the conversation \
+                 does not render",
+                f.id
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 700, "only {checked} answers checked");
+}
+
 fn chat(messages: Value, add_generation_prompt: bool, enable_thinking: Option<bool>) -> ChatPrompt {
     ChatPrompt {
         messages: serde_json::from_value(messages).unwrap(),

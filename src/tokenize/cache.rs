@@ -5,6 +5,7 @@
 
 use super::chat::{spans, ChatPrompt, ChatTemplate, CountTokens, TemplateError};
 use hashbrown::HashTable;
+use serde_json::{json, Value};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -174,6 +175,9 @@ pub struct CacheStats {
     pub hits: u64,
     /// Spans that had to be tokenized (`tokengate_tokenize_cache_misses_total`).
     pub misses: u64,
+    /// Answers counted ahead for their conversation's next turn
+    /// (`tokengate_tokenize_cache_replies_total`).
+    pub replies: u64,
     /// Spans cached now.
     pub entries: usize,
     /// Bytes the cached spans hold now, at most the configured bound.
@@ -189,6 +193,7 @@ pub struct ChatCounter {
     cache: Mutex<SpanCache>,
     hits: AtomicU64,
     misses: AtomicU64,
+    replies: AtomicU64,
 }
 
 impl ChatCounter {
@@ -201,6 +206,7 @@ impl ChatCounter {
             cache: Mutex::new(SpanCache::new(max_bytes)),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            replies: AtomicU64::new(0),
         }
     }
 
@@ -248,12 +254,66 @@ impl ChatCounter {
         Ok(total)
     }
 
+    /// Counts ahead the span an assistant answer whose text is `content` will have in the
+    /// history of its conversation's next request, and caches it: that request then tokenizes
+    /// only its new user message. The gateway calls this off the request path once a chat answer
+    /// has come back whole. Returns whether the span is cached now.
+    ///
+    /// Always exact, because the cache maps a span's text to that text's count: if the client
+    /// sends the answer back changed, or the template renders it differently in the real
+    /// conversation than here, the next request simply finds no entry and counts the span.
+    pub fn remember_reply(&self, tok: &(impl CountTokens + ?Sized), content: &str) -> bool {
+        let Some(span) = self.reply_span(content) else {
+            return false;
+        };
+        let hash = self.hasher.hash_one(span.as_str());
+        if self.lock().get(hash, &span).is_none() {
+            let tokens = tok.count(&span);
+            self.lock().insert(hash, &span, tokens);
+        }
+        self.replies.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// The span of an assistant answer in the history, before a later question: what the
+    /// conversation [user, answer, user] renders and [user, user] does not. `None` when the
+    /// template does not render the answer as exactly one span of its own.
+    fn reply_span(&self, content: &str) -> Option<String> {
+        let user = json!({"role": "user", "content": "."});
+        let answer = json!({"role": "assistant", "content": content});
+        let render = |messages: Vec<Value>| {
+            self.template.render(&ChatPrompt {
+                messages,
+                tools: None,
+                add_generation_prompt: false,
+                enable_thinking: None,
+            })
+        };
+        let with = render(vec![user.clone(), answer, user.clone()]).ok()?;
+        let without = render(vec![user.clone(), user]).ok()?;
+        let with: Vec<&str> = spans(&with).collect();
+        let without: Vec<&str> = spans(&without).collect();
+        if with.len() != without.len() + 1 {
+            return None;
+        }
+        let same_start = with
+            .iter()
+            .zip(&without)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let same_end = (with.iter().rev().zip(without.iter().rev()))
+            .take_while(|(a, b)| a == b)
+            .count();
+        (same_start + same_end >= without.len()).then(|| with[same_start].to_owned())
+    }
+
     /// Hit and miss counters and the cache's current size.
     pub fn stats(&self) -> CacheStats {
         let cache = self.lock();
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            replies: self.replies.load(Ordering::Relaxed),
             entries: cache.len(),
             bytes: cache.bytes,
         }
@@ -321,6 +381,7 @@ mod tests {
             CacheStats {
                 hits: 0,
                 misses: 3,
+                replies: 0,
                 entries: 3,
                 bytes: bytes(&turn(1))
             }
@@ -340,6 +401,7 @@ mod tests {
             CacheStats {
                 hits: 3,
                 misses: 5,
+                replies: 0,
                 entries: 5,
                 bytes: bytes(&turn(2))
             }
@@ -349,6 +411,66 @@ mod tests {
         assert_eq!(counter.count(&tok, &turn(2)).unwrap(), whole(&turn(2)));
         assert!(tok.seen.borrow().is_empty());
         assert_eq!(counter.stats().hits, 8);
+    }
+
+    #[test]
+    fn an_answer_counted_ahead_leaves_only_the_new_question() {
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let tok = CharCounter::default();
+        let whole = |p: &ChatPrompt| counter.template().render(p).unwrap().chars().count();
+        counter.count(&tok, &turn(1)).unwrap();
+        tok.seen.borrow_mut().clear();
+
+        assert!(counter.remember_reply(&tok, "answer 1"));
+        assert_eq!(
+            *tok.seen.borrow(),
+            ["<|im_start|>assistant\nanswer 1<|im_end|>\n"]
+        );
+        tok.seen.borrow_mut().clear();
+        assert_eq!(counter.count(&tok, &turn(2)).unwrap(), whole(&turn(2)));
+        assert_eq!(
+            *tok.seen.borrow(),
+            ["<|im_start|>user\nquestion 2<|im_end|>\n"]
+        );
+        assert_eq!(counter.stats().replies, 1);
+
+        // An answer with its reasoning inline: the history keeps only the text after it, as
+        // the template renders an earlier turn.
+        let mut next = turn(2);
+        let thinking = "<think>\nweigh it\n</think>\n\nanswer 2";
+        next.messages
+            .push(json!({"role": "assistant", "content": thinking}));
+        next.messages
+            .push(json!({"role": "user", "content": "question 3"}));
+        assert!(counter.remember_reply(&tok, thinking));
+        tok.seen.borrow_mut().clear();
+        assert_eq!(counter.count(&tok, &next).unwrap(), whole(&next));
+        assert_eq!(
+            *tok.seen.borrow(),
+            ["<|im_start|>user\nquestion 3<|im_end|>\n"]
+        );
+        assert_eq!(counter.stats().replies, 2);
+    }
+
+    #[test]
+    fn an_answer_the_template_does_not_render_alone_is_not_remembered() {
+        let only_users = "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>user\n\
+                          {{ m.content }}<|im_end|>\n{% endif %}{% endfor %}";
+        let template = ChatTemplate::from_jinja_source(only_users.to_owned()).unwrap();
+        let counter = ChatCounter::new(template, 1 << 20);
+        let tok = CharCounter::default();
+        assert!(!counter.remember_reply(&tok, "answer 1"));
+        assert!(tok.seen.borrow().is_empty());
+        assert_eq!(
+            counter.stats(),
+            CacheStats {
+                hits: 0,
+                misses: 0,
+                replies: 0,
+                entries: 0,
+                bytes: 0
+            }
+        );
     }
 
     #[test]
@@ -372,6 +494,7 @@ mod tests {
             CacheStats {
                 hits: 0,
                 misses: 14,
+                replies: 0,
                 entries: 0,
                 bytes: 0
             }
