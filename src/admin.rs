@@ -118,6 +118,5 @@ async fn refresh_gauges(gw: &Gateway) {
                 .set(b.available);
         }
     }
-    let stats = gw.chat.stats();
-    gw.metrics.sync_cache_counters(stats.hits, stats.misses);
+    gw.metrics.sync_cache_counters(&gw.chat.stats());
 }

@@ -50,6 +50,9 @@ pub async fn load_tokenizer(path: &std::path::Path) -> anyhow::Result<Arc<Tokeni
     Ok(Arc::new(tok))
 }
 
+/// Chat answers that may wait to be counted ahead for their next turn.
+const REPLY_QUEUE_DEPTH: usize = 64;
+
 /// Builds the gateway state.
 pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
     let tokenizer = match deps.tokenizer {
@@ -66,9 +69,15 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
         config.tokenizer.cache_bytes as usize,
     ));
     let pool = Arc::new(TokenizePool::new(
+        "tokenize",
         config.tokenizer.workers,
         config.tokenizer.queue_depth,
     ));
+    // Chat answers are counted ahead for their next turn by one thread of their own, so this
+    // background work never takes a request's place in the pool above; when it falls behind,
+    // answers are skipped and the next turn counts them itself.
+    let replies = (config.tokenizer.cache_bytes > 0)
+        .then(|| Arc::new(TokenizePool::new("tokenize-replies", 1, REPLY_QUEUE_DEPTH)));
     let admission = Admission::new(
         config
             .backends
@@ -97,6 +106,7 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
         tokenizer,
         chat,
         pool,
+        replies,
         metrics: Arc::new(Metrics::new()),
         config: Arc::new(config),
     }))

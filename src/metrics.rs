@@ -2,6 +2,7 @@
 //! (no global statics), so tests can run many gateways in one process. Gauges that mirror
 //! state owned elsewhere (KV ledger, queue, buckets) are refreshed when `/metrics` is scraped.
 
+use crate::tokenize::cache::CacheStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -93,8 +94,11 @@ pub struct Metrics {
     pub tokenize_cache_hits: Counter,
     /// Chat-count memo misses.
     pub tokenize_cache_misses: Counter,
-    /// Memo totals already exported (hits, misses), so each scrape adds only what is new.
-    cache_exported: [std::sync::atomic::AtomicU64; 2],
+    /// Chat answers counted ahead for their conversation's next turn.
+    pub tokenize_cache_replies: Counter,
+    /// Memo totals already exported (hits, misses, replies), so each scrape adds only what is
+    /// new.
+    cache_exported: [std::sync::atomic::AtomicU64; 3],
 }
 
 impl std::fmt::Debug for Metrics {
@@ -132,6 +136,7 @@ impl Metrics {
             bucket_available: Family::default(),
             tokenize_cache_hits: Counter::default(),
             tokenize_cache_misses: Counter::default(),
+            tokenize_cache_replies: Counter::default(),
             cache_exported: Default::default(),
             registry: Registry::default(),
         };
@@ -226,6 +231,11 @@ impl Metrics {
             "Chat messages that had to be tokenized",
             m.tokenize_cache_misses.clone(),
         );
+        r.register(
+            "tokenize_cache_replies",
+            "Chat answers counted ahead for their conversation's next turn",
+            m.tokenize_cache_replies.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -241,11 +251,24 @@ impl Metrics {
 
     /// Brings the memo counters up to the memo's own running totals. `fetch_max` makes
     /// concurrent scrapes add each increment once.
-    pub fn sync_cache_counters(&self, hits: u64, misses: u64) {
+    pub fn sync_cache_counters(&self, stats: &CacheStats) {
         use std::sync::atomic::Ordering;
         for (total, exported, counter) in [
-            (hits, &self.cache_exported[0], &self.tokenize_cache_hits),
-            (misses, &self.cache_exported[1], &self.tokenize_cache_misses),
+            (
+                stats.hits,
+                &self.cache_exported[0],
+                &self.tokenize_cache_hits,
+            ),
+            (
+                stats.misses,
+                &self.cache_exported[1],
+                &self.tokenize_cache_misses,
+            ),
+            (
+                stats.replies,
+                &self.cache_exported[2],
+                &self.tokenize_cache_replies,
+            ),
         ] {
             let before = exported.fetch_max(total, Ordering::Relaxed);
             if total > before {
@@ -279,13 +302,21 @@ mod tests {
         let m = Metrics::new();
         m.outcome("alice", "ok");
         m.queue_depth.set(3);
-        m.sync_cache_counters(5, 2);
-        m.sync_cache_counters(5, 2);
-        m.sync_cache_counters(7, 2);
+        let stats = |hits, replies| CacheStats {
+            hits,
+            misses: 2,
+            replies,
+            entries: 0,
+            bytes: 0,
+        };
+        m.sync_cache_counters(&stats(5, 1));
+        m.sync_cache_counters(&stats(5, 1));
+        m.sync_cache_counters(&stats(7, 3));
         let text = m.encode();
         assert!(text.contains("tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"} 1"));
         assert!(text.contains("tokengate_queue_depth 3"));
         assert!(text.contains("tokengate_tokenize_cache_hits_total 7"));
         assert!(text.contains("tokengate_tokenize_cache_misses_total 2"));
+        assert!(text.contains("tokengate_tokenize_cache_replies_total 3"));
     }
 }

@@ -563,6 +563,73 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert!(backend.seen.lock().unwrap().is_empty());
 }
 
+/// A follow-up turn carries the previous answer: the gateway counted it ahead when it came
+/// back (streamed or not), so the follow-up tokenizes only its new question, and is still
+/// charged exactly the count of its whole rendered prompt.
+#[tokio::test]
+async fn answers_are_counted_ahead_for_the_next_turn() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let cache = |what: &'static str| {
+        let gw = &gw;
+        async move {
+            gw.metric(&format!("tokengate_tokenize_cache_{what}_total"))
+                .await
+                .unwrap()
+        }
+    };
+    let prefill = || gw.metric("tokengate_prefill_tokens_total{tenant=\"alice\"}");
+    let mut messages = vec![json!({"role": "user", "content": "question one"})];
+    for (turn, stream) in [(1, true), (2, false), (3, false)] {
+        let mut body = chat("", 4, stream);
+        body["messages"] = json!(messages);
+        let charged_before: u64 = prefill().await.map_or(0, |v| v.parse().unwrap());
+        let r = gw.chat("sk-alice", &body).await;
+        assert_eq!(r.status, 200);
+        let rendered = tokengate::tokenize::chat::ChatTemplate::builtin_qwen35()
+            .render(
+                &serde_json::from_value(
+                    json!({"messages": messages, "add_generation_prompt": true}),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        let charged: u64 = prefill().await.unwrap().parse().unwrap();
+        assert_eq!(
+            charged - charged_before,
+            tokenizer().count(&rendered) as u64
+        );
+        let answer = if stream {
+            sse_data(&r.body)
+                .iter()
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .filter_map(|c| {
+                    c["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .collect::<String>()
+        } else {
+            r.json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(answer, WORD.repeat(4));
+        gw.wait_metric("tokengate_tokenize_cache_replies_total", &turn.to_string())
+            .await;
+        // Turn 1 misses its question and the generation prompt; every later turn misses only
+        // its new question: the earlier answers were counted ahead.
+        assert_eq!(cache("misses").await, (turn + 1).to_string(), "turn {turn}");
+        assert_eq!(
+            cache("hits").await,
+            [0, 3, 8][turn - 1].to_string(),
+            "turn {turn}"
+        );
+        messages.push(json!({"role": "assistant", "content": answer}));
+        messages.push(json!({"role": "user", "content": format!("question {}", turn + 1)}));
+    }
+}
+
 #[tokio::test]
 async fn tokenize_answers_locally_in_vllm_shape() {
     let (gw, backend) = gateway(FakeSpec::default()).await;

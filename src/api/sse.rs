@@ -47,6 +47,10 @@ pub struct ChunkInfo {
     pub completion_tokens: Option<u64>,
     /// Generated text in this chunk (content, reasoning, completion text, tool-call arguments).
     pub text: String,
+    /// The answer part of it: the first choice's `content`.
+    pub content: String,
+    /// The first choice calls tools in this chunk.
+    pub tool_calls: bool,
 }
 
 /// Reads an event's `data:` payload.
@@ -74,10 +78,27 @@ pub fn inspect(event: &[u8]) -> ChunkInfo {
         .and_then(Value::as_u64);
     let choices = v.get("choices").and_then(Value::as_array);
     info.usage_only = info.completion_tokens.is_some() && choices.is_none_or(|c| c.is_empty());
-    for choice in choices.into_iter().flatten() {
-        append_generated_text(choice.get("delta").unwrap_or(choice), &mut info.text);
+    for (i, choice) in choices.into_iter().flatten().enumerate() {
+        let delta = choice.get("delta").unwrap_or(choice);
+        append_generated_text(delta, &mut info.text);
+        if i == 0 {
+            let (content, tool_calls) = answer(delta);
+            info.content.push_str(content);
+            info.tool_calls = tool_calls;
+        }
     }
     info
+}
+
+/// The answer text of a chat delta or message (its `content`, without reasoning), and whether
+/// it calls tools.
+pub fn answer(v: &Value) -> (&str, bool) {
+    let content = v.get("content").and_then(Value::as_str).unwrap_or_default();
+    let tool_calls = v
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(|calls| !calls.is_empty());
+    (content, tool_calls)
 }
 
 /// Appends the generated text of a chat delta/message or a completion choice.
@@ -131,5 +152,22 @@ mod tests {
         );
         assert_eq!((u.usage_only, u.completion_tokens), (true, Some(9)));
         assert!(inspect(b"data: [DONE]\n\n").done);
+    }
+
+    #[test]
+    fn separates_the_answer_from_reasoning_and_tool_calls() {
+        let c =
+            inspect(br#"data: {"choices":[{"delta":{"reasoning_content":"hm","content":"ok"}}]}"#);
+        assert_eq!(
+            (c.text.as_str(), c.content.as_str(), c.tool_calls),
+            ("hmok", "ok", false)
+        );
+        let t = inspect(
+            br#"data: {"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+        );
+        assert_eq!(
+            (t.text.as_str(), t.content.as_str(), t.tool_calls),
+            ("f{}", "", true)
+        );
     }
 }

@@ -9,6 +9,7 @@ use crate::api::sse::{self, SseSplitter};
 use crate::limiter::Reservation;
 use crate::metrics::{self, Metrics};
 use crate::tenant::Tenant;
+use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
 use bytes::{Bytes, BytesMut};
@@ -19,13 +20,38 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::time::Instant;
 
-/// What settlement needs to count output text when the backend sent no usage.
+/// What settlement needs to count output text when the backend sent no usage, and to count a
+/// chat answer ahead for its conversation's next turn.
 #[derive(Clone)]
 pub struct OutputCounter {
     /// The tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// The bounded worker pool it runs on.
     pub pool: Arc<TokenizePool>,
+    /// For a chat completion: where its answer is counted ahead.
+    pub replies: Option<ReplyMemo>,
+}
+
+/// Counts a complete chat answer ahead, in the background, as the span it will have in the
+/// history of the conversation's next request (see [`ChatCounter::remember_reply`]).
+#[derive(Clone)]
+pub struct ReplyMemo {
+    /// The chat memo the next request is counted with.
+    pub chat: Arc<ChatCounter>,
+    /// Its own bounded pool: the work is skipped, never queued without bound, when it is full.
+    pub pool: Arc<TokenizePool>,
+}
+
+impl ReplyMemo {
+    fn remember(&self, tokenizer: Arc<Tokenizer>, content: String) {
+        let chat = self.chat.clone();
+        let job = move || {
+            chat.remember_reply(tokenizer.as_ref(), &content);
+        };
+        if self.pool.spawn(job).is_err() {
+            tracing::debug!("answer not counted ahead: its queue is full");
+        }
+    }
 }
 
 /// An admitted request, from admission to settlement.
@@ -41,6 +67,8 @@ pub struct Admitted {
     token_events: u64,
     usage_tokens: Option<u64>,
     text: String,
+    /// A chat completion's answer so far; `None` when it is not one or it calls tools.
+    reply: Option<String>,
     /// `None` once cancelled: the error response that follows records the outcome.
     outcome: Option<&'static str>,
 }
@@ -59,6 +87,7 @@ impl Admitted {
             .inflight
             .get_or_create(&metrics::tenant(&tenant.name))
             .inc();
+        let reply = counter.replies.as_ref().map(|_| String::new());
         Self {
             tenant,
             reservation: Some(reservation),
@@ -71,6 +100,7 @@ impl Admitted {
             token_events: 0,
             usage_tokens: None,
             text: String::new(),
+            reply,
             outcome: Some("client_disconnect"),
         }
     }
@@ -110,6 +140,16 @@ impl Admitted {
                 sse::append_generated_text(c.get("message").unwrap_or(c), &mut self.text);
             }
         }
+        let message = choices
+            .and_then(|c| c.first())
+            .and_then(|c| c.get("message"));
+        match (message, self.reply.as_mut()) {
+            (Some(message), Some(reply)) => match sse::answer(message) {
+                (content, false) => reply.push_str(content),
+                (_, true) => self.reply = None,
+            },
+            _ => self.reply = None,
+        }
         self.outcome = Some("ok");
     }
 
@@ -124,6 +164,11 @@ impl Admitted {
             self.token_events += 1;
             self.text.push_str(&info.text);
         }
+        if info.tool_calls {
+            self.reply = None;
+        } else if let Some(reply) = self.reply.as_mut() {
+            reply.push_str(&info.content);
+        }
     }
 }
 
@@ -131,6 +176,14 @@ impl Drop for Admitted {
     fn drop(&mut self) {
         // KV first: the backend has stopped (or never started) using it.
         drop(self.lease.take());
+        // A whole chat answer is counted ahead for the next turn, which will carry it.
+        if let (Some("ok"), Some(memo), Some(reply)) =
+            (self.outcome, &self.counter.replies, self.reply.take())
+        {
+            if !reply.is_empty() {
+                memo.remember(self.counter.tokenizer.clone(), reply);
+            }
+        }
         let Some(mut reservation) = self.reservation.take() else {
             return;
         };

@@ -22,7 +22,7 @@ use forward::Upstream;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use meter::{Admitted, MeteredStream, OutputCounter};
+use meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,6 +70,8 @@ pub struct Gateway {
     pub chat: Arc<ChatCounter>,
     /// Where tokenization runs.
     pub pool: Arc<TokenizePool>,
+    /// Where chat answers are counted ahead for their next turn (`None` without a memo).
+    pub replies: Option<Arc<TokenizePool>>,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
 }
@@ -321,6 +323,13 @@ impl Gateway {
             OutputCounter {
                 tokenizer: self.tokenizer.clone(),
                 pool: self.pool.clone(),
+                replies: match (endpoint, &self.replies) {
+                    (Endpoint::Chat, Some(pool)) => Some(ReplyMemo {
+                        chat: self.chat.clone(),
+                        pool: pool.clone(),
+                    }),
+                    _ => None,
+                },
             },
             arrived,
         );

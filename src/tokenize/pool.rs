@@ -35,16 +35,17 @@ pub struct TokenizePool {
 }
 
 impl TokenizePool {
-    /// Starts `workers` threads (at least one) named `tokenize-N`; at most `queue_depth` jobs
-    /// wait for them (with 0, a job is accepted only when a worker is idle). Dropping the pool lets each worker finish its current job and exit.
-    pub fn new(workers: usize, queue_depth: usize) -> TokenizePool {
+    /// Starts `workers` threads (at least one) named `{name}-N`; at most `queue_depth` jobs
+    /// wait for them (with 0, a job is accepted only when a worker is idle). Dropping the pool
+    /// lets each worker finish its current job and exit.
+    pub fn new(name: &str, workers: usize, queue_depth: usize) -> TokenizePool {
         let workers = workers.max(1);
         let (queue, jobs) = sync_channel::<Job>(queue_depth);
         let jobs = Arc::new(Mutex::new(jobs));
         for n in 0..workers {
             let jobs = Arc::clone(&jobs);
             std::thread::Builder::new()
-                .name(format!("tokenize-{n}"))
+                .name(format!("{name}-{n}"))
                 .spawn(move || work(&jobs))
                 .expect("spawning a tokenizer worker thread");
         }
@@ -80,14 +81,24 @@ impl TokenizePool {
             // If `job` panics, `reply` is dropped while unwinding and the caller sees Panicked.
             let _ = reply.send(job());
         });
-        match self.queue.try_send(wrapped) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(PoolError::Full),
+        self.enqueue(wrapped)?;
+        result.await.map_err(|_| PoolError::Panicked)
+    }
+
+    /// Queues `job` to run on a worker, with nobody waiting for it. Fails at once with
+    /// [`PoolError::Full`] when `queue_depth` jobs are already waiting.
+    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) -> Result<(), PoolError> {
+        self.enqueue(Box::new(job))
+    }
+
+    fn enqueue(&self, job: Job) -> Result<(), PoolError> {
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(PoolError::Full),
             Err(TrySendError::Disconnected(_)) => {
                 unreachable!("workers hold the receiver for as long as the pool lives")
             }
         }
-        result.await.map_err(|_| PoolError::Panicked)
     }
 }
 
@@ -149,7 +160,7 @@ mod tests {
 
     #[tokio::test]
     async fn rejects_exactly_at_the_queue_bound_then_runs_everything_accepted() {
-        let pool = TokenizePool::new(2, 3);
+        let pool = TokenizePool::new("test", 2, 3);
         let (release, busy) = occupy_workers(&pool).await;
 
         // Both workers are busy: exactly 3 jobs may wait.
@@ -184,8 +195,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn spawned_jobs_share_the_queue_bound() {
+        let pool = TokenizePool::new("test", 1, 1);
+        let (release, busy) = occupy_workers(&pool).await;
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel::<u32>();
+        let tx = ran_tx.clone();
+        assert_eq!(pool.spawn(move || tx.send(1).unwrap()), Ok(()));
+        assert_eq!(
+            pool.spawn(move || ran_tx.send(2).unwrap()),
+            Err(PoolError::Full)
+        );
+        release.send(()).unwrap();
+        for f in busy {
+            assert_eq!(f.await, Ok(0));
+        }
+        // The accepted job runs (the rejected one's sender is gone with it, so this ends).
+        assert_eq!(ran_rx.iter().collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[tokio::test]
     async fn a_panicking_job_is_an_error_and_the_worker_survives() {
-        let pool = TokenizePool::new(1, 1);
+        let pool = TokenizePool::new("test", 1, 1);
         assert_eq!(
             pool.run(|| -> u32 { panic!("boom") }).await,
             Err(PoolError::Panicked)
@@ -195,7 +225,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_queued_job_is_not_run() {
-        let pool = TokenizePool::new(1, 2);
+        let pool = TokenizePool::new("test", 1, 2);
         let (release, busy) = occupy_workers(&pool).await;
         let (ran_tx, ran_rx) = std::sync::mpsc::channel::<&str>();
         let dropped_tx = ran_tx.clone();
