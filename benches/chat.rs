@@ -1,6 +1,7 @@
 //! Chat counting bench (tokenize room): turn 10 of a realistic conversation counted with a cold
-//! span cache versus a warm one (turns 1-9 counted before), with the plain render-and-count path
-//! as the baseline, all in one run, with the gateway's tokenizer and with HuggingFace's.
+//! span cache versus a warm one (turns 1-9 counted before; then also their answers counted
+//! ahead, as the gateway does when they come back), with the plain render-and-count path as the
+//! baseline, all in one run, with the gateway's tokenizer and with HuggingFace's.
 //!
 //! Needs `assets/qwen3.5/tokenizer.json` (scripts/fetch-tokenizer). Run:
 //!     cargo bench --bench chat
@@ -124,16 +125,20 @@ fn main() {
     assert_eq!(hf.count(&rendered), expected);
     let previous = template.render(&turn(TURNS - 1)).unwrap();
     let previous: Vec<&str> = spans(&previous).collect();
-    let new_tokens: usize = spans(&rendered)
+    let new: Vec<usize> = spans(&rendered)
         .filter(|s| !previous.contains(s))
         .map(|s| fast.count(s))
-        .sum();
+        .collect();
     println!(
-        "chat counting, turn {TURNS}: {expected} tokens, {} bytes, {} spans; {new_tokens} tokens \
-         new since turn {}; median of {REPEATS}",
+        "chat counting, turn {TURNS}: {expected} tokens, {} bytes, {} spans; {} tokens new since \
+         turn {} (answer {}: {}, question {TURNS}: {}); median of {REPEATS}",
         rendered.len(),
         spans(&rendered).count(),
-        TURNS - 1
+        new.iter().sum::<usize>(),
+        TURNS - 1,
+        TURNS - 1,
+        new[0],
+        new[1]
     );
     for (name, tok) in [
         ("fast engine (the gateway's)", &fast as &dyn CountTokens),
@@ -151,7 +156,20 @@ fn measure(tok: &dyn CountTokens, last: &ChatPrompt, expected: usize) {
     let mut full = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
+    let mut ahead = Vec::new();
     let mut repeat = Vec::new();
+    // A counter that has seen turns 1 to 9, and, with `answers`, each of their answers as the
+    // gateway counts them ahead when they come back from the backend.
+    let seen = |answers: bool| {
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), CACHE_BYTES);
+        for k in 1..TURNS {
+            counter.count(tok, &turn(k)).unwrap();
+            if answers {
+                assert!(counter.remember_reply(tok, &answer(k)));
+            }
+        }
+        counter
+    };
     for _ in 0..REPEATS {
         let t = Instant::now();
         let n = tok.count(&template.render(black_box(last)).unwrap());
@@ -164,32 +182,35 @@ fn measure(tok: &dyn CountTokens, last: &ChatPrompt, expected: usize) {
         cold.push(t.elapsed());
         assert_eq!(n, expected);
 
-        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), CACHE_BYTES);
-        for k in 1..TURNS {
-            counter.count(tok, &turn(k)).unwrap();
+        for (answers, samples, new_spans) in [(false, &mut warm, 2), (true, &mut ahead, 1)] {
+            let counter = seen(answers);
+            let before = counter.stats();
+            let t = Instant::now();
+            let n = counter.count(tok, black_box(last)).unwrap();
+            samples.push(t.elapsed());
+            assert_eq!(n, expected);
+            assert_eq!(counter.stats().misses - before.misses, new_spans);
         }
-        let before = counter.stats();
-        let t = Instant::now();
-        let n = counter.count(tok, black_box(last)).unwrap();
-        warm.push(t.elapsed());
-        assert_eq!(n, expected);
-        assert_eq!(counter.stats().misses - before.misses, 2, "two new spans");
 
         // The same request again: every span hits, so this is render + hash + lookup alone.
+        let counter = seen(false);
+        counter.count(tok, last).unwrap();
         let t = Instant::now();
         let n = counter.count(tok, black_box(last)).unwrap();
         repeat.push(t.elapsed());
         assert_eq!(n, expected);
     }
-    let (full, cold, warm, repeat) = (median(full), median(cold), median(warm), median(repeat));
-    println!("  render + count, no cache : {full:>10.2?}");
-    println!("  cold span cache          : {cold:>10.2?}");
-    println!("  warm span cache          : {warm:>10.2?}");
-    println!("  same request again       : {repeat:>10.2?}");
+    let [full, cold, warm, ahead, repeat] = [full, cold, warm, ahead, repeat].map(median);
+    println!("  render + count, no cache         : {full:>10.2?}");
+    println!("  cold span cache                  : {cold:>10.2?}");
+    println!("  warm, requests seen              : {warm:>10.2?}");
+    println!("  warm, answers also counted ahead : {ahead:>10.2?}");
+    println!("  same request again               : {repeat:>10.2?}");
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
-        "  warm speedup: {:.1}x over cold, {:.1}x over no cache",
-        cold.as_secs_f64() / warm.as_secs_f64(),
-        full.as_secs_f64() / warm.as_secs_f64()
+        "  speedup over cold: {:.1}x warm (requests seen), {:.1}x warm (answers counted ahead)",
+        ratio(cold, warm),
+        ratio(cold, ahead)
     );
 }
 
