@@ -474,6 +474,12 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn entry_overhead_is_what_the_readme_says() {
+        assert_eq!(ENTRY_OVERHEAD, 44);
+    }
+
+    #[test]
     fn counts_through_a_trait_object() {
         let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
         let tok: std::sync::Arc<dyn CountTokens + Send + Sync> =
