@@ -96,7 +96,14 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
     let upstreams = config
         .backends
         .iter()
-        .map(|b| Upstream::new(&b.url, b.connect_timeout, b.first_byte_timeout))
+        .map(|b| {
+            Upstream::new(
+                &b.url,
+                b.connect_timeout,
+                b.first_byte_timeout,
+                b.stream_idle_timeout,
+            )
+        })
         .collect();
     Ok(Arc::new(Gateway {
         tenants: TenantDirectory::from_config(&config.tenants),

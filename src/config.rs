@@ -255,6 +255,10 @@ pub struct BackendConfig {
     /// Time until the backend's response headers arrive.
     #[serde(default = "default_first_byte_timeout", with = "humantime_serde")]
     pub first_byte_timeout: Duration,
+    /// Longest silence between two chunks of a streamed answer; past it the stream ends with
+    /// an `upstream_timeout` error event and the request is settled.
+    #[serde(default = "default_stream_idle_timeout", with = "humantime_serde")]
+    pub stream_idle_timeout: Duration,
 }
 
 fn one() -> u32 {
@@ -277,6 +281,9 @@ fn default_connect_timeout() -> Duration {
 }
 fn default_first_byte_timeout() -> Duration {
     Duration::from_secs(120)
+}
+fn default_stream_idle_timeout() -> Duration {
+    Duration::from_secs(60)
 }
 
 /// A tenant: who it is and its budget.
@@ -483,6 +490,9 @@ impl Config {
             if uri.scheme_str() != Some("http") || uri.authority().is_none() {
                 bail!("{at}.url `{}` must be http://HOST:PORT", b.url);
             }
+            if b.first_byte_timeout.is_zero() || b.stream_idle_timeout.is_zero() {
+                bail!("{at}: first_byte_timeout and stream_idle_timeout must be positive");
+            }
             if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
                 bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
             }
@@ -585,4 +595,29 @@ pub fn describe(cfg: &Config) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_timeouts_default_and_must_be_positive() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/quickstart.toml"
+        ))
+        .unwrap();
+        let cfg = Config::parse(&text).unwrap();
+        assert_eq!(cfg.backends[0].stream_idle_timeout, Duration::from_secs(60));
+        let zero = text.replace(
+            "first_byte_timeout = \"60s\"",
+            "first_byte_timeout = \"60s\"\nstream_idle_timeout = \"0s\"",
+        );
+        assert_ne!(zero, text);
+        assert_eq!(
+            Config::parse(&zero).unwrap_err().to_string(),
+            "backends[0]: first_byte_timeout and stream_idle_timeout must be positive"
+        );
+    }
 }

@@ -437,6 +437,41 @@ async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing(
     assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
 }
 
+/// A backend that stalls mid-answer must not hold the KV lease and the reservation until the
+/// client gives up: past `stream_idle_timeout` of silence the stream ends with an
+/// `upstream_timeout` error event, and the tokens that did stream are all that is charged.
+#[tokio::test]
+async fn a_stream_stalled_mid_answer_ends_with_a_timeout_event_and_settles() {
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let mut cfg = config(&[backend.addr]);
+    cfg.backends[0].stream_idle_timeout = Duration::from_millis(200);
+    let gw = TestGateway::start(cfg).await;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        gw.chat("sk-alice", &chat("a", 10, true)),
+    )
+    .await
+    .expect("the gateway gives up on a stalled stream");
+    assert_eq!(r.status, 200);
+    let data = sse_data(&r.body);
+    let err: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(err["error"]["code"], "upstream_timeout", "{data:?}");
+    assert_eq!(
+        err["error"]["message"],
+        "the backend sent nothing for 200ms in the middle of its answer"
+    );
+    // One token streamed before the stall: 9 of the 10 reserved come back.
+    gw.wait_metric(
+        "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
+        "9",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 999.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    let outcome = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
+    assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
+}
+
 /// After one request of alice's (10 output tokens reserved) failed with a 502: one outcome,
 /// and the whole reservation counted as refunded.
 async fn assert_failure_counted_once(gw: &TestGateway) {

@@ -18,12 +18,18 @@ pub struct Upstream {
     pub url: String,
     base: Uri,
     first_byte_timeout: Duration,
+    stream_idle_timeout: Duration,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Upstream {
     /// A backend with its own connection pool.
-    pub fn new(url: &str, connect_timeout: Duration, first_byte_timeout: Duration) -> Self {
+    pub fn new(
+        url: &str,
+        connect_timeout: Duration,
+        first_byte_timeout: Duration,
+        stream_idle_timeout: Duration,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(connect_timeout));
         connector.set_nodelay(true);
@@ -36,6 +42,7 @@ impl Upstream {
                 .parse()
                 .expect("backend URLs are validated with the config"),
             first_byte_timeout,
+            stream_idle_timeout,
             client,
         }
     }
@@ -54,6 +61,11 @@ impl Upstream {
     /// chunk.
     pub fn first_byte_timeout(&self) -> Duration {
         self.first_byte_timeout
+    }
+
+    /// Longest silence between two chunks of a streamed answer.
+    pub fn stream_idle_timeout(&self) -> Duration {
+        self.stream_idle_timeout
     }
 
     /// Sends a request and waits for the response headers (bounded by the first-byte timeout).

@@ -15,10 +15,12 @@ use crate::tokenize::Tokenizer;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use hyper::body::Incoming;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
-use tokio::time::Instant;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 /// What settlement needs to count output text when the backend sent no usage, and to count a
 /// chat answer ahead for its conversation's next turn.
@@ -285,27 +287,38 @@ pin_project_lite::pin_project! {
     pub struct MeteredStream {
         #[pin]
         inner: Incoming,
+        // Fires after `idle_timeout` without a chunk from the backend.
+        #[pin]
+        idle: Sleep,
+        idle_timeout: Duration,
         splitter: SseSplitter,
         admitted: Option<Admitted>,
         client_wants_usage: bool,
         pending: Option<Bytes>,
+        // The stream was cut short (backend broke or stalled): nothing follows the error event.
+        ended: bool,
     }
 }
 
 impl MeteredStream {
-    /// Wraps the backend's body; `first` is the part already read before answering.
+    /// Wraps the backend's body; `first` is the part already read before answering. A silence
+    /// of `idle_timeout` between chunks ends the stream.
     pub fn new(
         inner: Incoming,
         first: Bytes,
         admitted: Admitted,
         client_wants_usage: bool,
+        idle_timeout: Duration,
     ) -> Self {
         let mut s = Self {
             inner,
+            idle: tokio::time::sleep(idle_timeout),
+            idle_timeout,
             splitter: SseSplitter::default(),
             admitted: Some(admitted),
             client_wants_usage,
             pending: None,
+            ended: false,
         };
         let out = filter(
             &mut s.splitter,
@@ -340,6 +353,26 @@ fn filter(
     out.freeze()
 }
 
+/// Cuts a stream short: settles the request with `outcome` and returns what the client gets
+/// last (any partial event, then `err` as an OpenAI error event).
+fn cut_short(
+    splitter: &mut SseSplitter,
+    admitted: &mut Option<Admitted>,
+    outcome: &'static str,
+    err: crate::error::ApiError,
+) -> Bytes {
+    let mut rest = BytesMut::new();
+    if let Some(tail) = splitter.finish() {
+        rest.extend_from_slice(&tail);
+    }
+    if let Some(mut a) = admitted.take() {
+        a.outcome = Some(outcome);
+        drop(a);
+    }
+    rest.extend_from_slice(format!("data: {}\n\n", err.body_json()).as_bytes());
+    rest.freeze()
+}
+
 impl Body for MeteredStream {
     type Data = Bytes;
     type Error = std::convert::Infallible;
@@ -352,9 +385,28 @@ impl Body for MeteredStream {
         if let Some(first) = this.pending.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
+        if *this.ended {
+            return Poll::Ready(None);
+        }
         loop {
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
+            let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
+                if this.idle.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                tracing::warn!(timeout = ?this.idle_timeout, "backend stream stalled");
+                *this.ended = true;
+                let err = crate::error::ApiError::upstream_timeout(format!(
+                    "the backend sent nothing for {} in the middle of its answer",
+                    humantime::format_duration(*this.idle_timeout)
+                ));
+                let last = cut_short(this.splitter, this.admitted, "upstream_timeout", err);
+                return Poll::Ready(Some(Ok(Frame::data(last))));
+            };
+            match frame {
                 Some(Ok(frame)) => {
+                    this.idle
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + *this.idle_timeout);
                     let Ok(data) = frame.into_data() else {
                         continue; // trailers: not part of an SSE answer
                     };
@@ -370,25 +422,19 @@ impl Body for MeteredStream {
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "backend stream broke");
-                    let mut rest = BytesMut::new();
-                    if let Some(tail) = this.splitter.finish() {
-                        rest.extend_from_slice(&tail);
-                    }
-                    if let Some(mut a) = this.admitted.take() {
-                        a.outcome = Some("upstream_error");
-                        drop(a);
-                    }
+                    *this.ended = true;
                     let err = crate::error::ApiError::upstream(
                         "the backend stream broke before it finished",
                     );
-                    rest.extend_from_slice(format!("data: {}\n\n", err.body_json()).as_bytes());
-                    return Poll::Ready(Some(Ok(Frame::data(rest.freeze()))));
+                    let last = cut_short(this.splitter, this.admitted, "upstream_error", err);
+                    return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 None => {
                     if let Some(mut a) = this.admitted.take() {
                         a.outcome = Some("ok");
                         drop(a);
                     }
+                    *this.ended = true;
                     return Poll::Ready(this.splitter.finish().map(|b| Ok(Frame::data(b))));
                 }
             }
@@ -396,6 +442,7 @@ impl Body for MeteredStream {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.pending.is_none() && self.admitted.is_none() && self.inner.is_end_stream()
+        // Not the backend body's end: the request settles only when `poll_frame` sees it.
+        self.pending.is_none() && self.ended
     }
 }

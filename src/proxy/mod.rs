@@ -411,7 +411,13 @@ impl Gateway {
             }
             None => Bytes::new(),
         };
-        let stream = MeteredStream::new(incoming, first, admitted, req.client_wants_usage);
+        let stream = MeteredStream::new(
+            incoming,
+            first,
+            admitted,
+            req.client_wants_usage,
+            upstream.stream_idle_timeout(),
+        );
         let mut resp = Response::from_parts(parts, stream.boxed_unsync());
         resp.headers_mut().remove(header::CONTENT_LENGTH);
         Ok(resp)
