@@ -3,11 +3,11 @@
 //! Every room returns its own typed failure; they all become an [`ApiError`] here.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use std::time::Duration;
 
-/// Rate-limit headers of a 429 (OpenAI's `x-ratelimit-*` set).
+/// OpenAI's `x-ratelimit-*` set: sent with a 429, and with every answer the gateway charged.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateLimitHeaders {
     /// Decode bucket capacity (tokens).
@@ -279,30 +279,40 @@ impl ApiError {
             );
         }
         if let Some(rl) = &self.rate_limit {
-            let pairs = [
-                ("x-ratelimit-limit-tokens", rl.limit_tokens.to_string()),
-                (
-                    "x-ratelimit-remaining-tokens",
-                    rl.remaining_tokens.to_string(),
-                ),
-                ("x-ratelimit-reset-tokens", format_reset(rl.reset_tokens)),
-                ("x-ratelimit-limit-requests", rl.limit_requests.to_string()),
-                (
-                    "x-ratelimit-remaining-requests",
-                    rl.remaining_requests.to_string(),
-                ),
-                (
-                    "x-ratelimit-reset-requests",
-                    format_reset(rl.reset_requests),
-                ),
-            ];
-            for (name, value) in pairs {
-                if let Ok(v) = HeaderValue::from_str(&value) {
-                    h.insert(name, v);
-                }
-            }
+            rl.apply(h);
         }
         resp
+    }
+}
+
+impl RateLimitHeaders {
+    /// Sets the six `x-ratelimit-*` headers.
+    pub fn apply(&self, h: &mut HeaderMap) {
+        let pairs = [
+            ("x-ratelimit-limit-tokens", self.limit_tokens.to_string()),
+            (
+                "x-ratelimit-remaining-tokens",
+                self.remaining_tokens.to_string(),
+            ),
+            ("x-ratelimit-reset-tokens", format_reset(self.reset_tokens)),
+            (
+                "x-ratelimit-limit-requests",
+                self.limit_requests.to_string(),
+            ),
+            (
+                "x-ratelimit-remaining-requests",
+                self.remaining_requests.to_string(),
+            ),
+            (
+                "x-ratelimit-reset-requests",
+                format_reset(self.reset_requests),
+            ),
+        ];
+        for (name, value) in pairs {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                h.insert(name, v);
+            }
+        }
     }
 }
 

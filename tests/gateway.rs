@@ -27,6 +27,7 @@ async fn streams_meters_and_hides_the_usage_chunk_it_asked_for() {
     let (gw, backend) = gateway(FakeSpec::default()).await;
     let r = gw.chat("sk-alice", &chat("hello world", 5, true)).await;
     assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "995");
     let data = sse_data(&r.body);
     assert_eq!(
         data.len(),
@@ -77,6 +78,30 @@ async fn non_streaming_answer_is_passed_and_settled() {
     assert_eq!(backend.max_tokens_seen(), vec![7]);
     assert_eq!(gw.bucket("alice", "decode").await, 993.0);
     assert!(r.headers.get("x-request-id").is_some());
+    // The tenant's limits right after the charge (7 decode tokens and 1 request reserved),
+    // as OpenAI sends them with every answer.
+    let limits: Vec<(&str, &str)> = [
+        "limit-tokens",
+        "remaining-tokens",
+        "reset-tokens",
+        "limit-requests",
+        "remaining-requests",
+        "reset-requests",
+    ]
+    .iter()
+    .map(|h| (*h, r.headers[format!("x-ratelimit-{h}")].to_str().unwrap()))
+    .collect();
+    assert_eq!(
+        limits,
+        [
+            ("limit-tokens", "1000"),
+            ("remaining-tokens", "993"),
+            ("reset-tokens", "70ms"),
+            ("limit-requests", "100"),
+            ("remaining-requests", "99"),
+            ("reset-requests", "100ms"),
+        ]
+    );
 
     // Completions endpoint, no max_tokens: the default (100) is reserved and forwarded.
     let body = json!({"model": "qwen3.5-27b", "prompt": "Once upon a time"});

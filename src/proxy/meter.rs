@@ -6,6 +6,7 @@
 
 use crate::admission::Lease;
 use crate::api::sse::{self, SseSplitter};
+use crate::error::RateLimitHeaders;
 use crate::limiter::Reservation;
 use crate::metrics::{self, Metrics};
 use crate::tenant::Tenant;
@@ -105,6 +106,12 @@ impl Admitted {
             reply,
             outcome: Some("client_disconnect"),
         }
+    }
+
+    /// The tenant's `x-ratelimit-*` headers right after this request was charged.
+    pub fn rate_limit_headers(&self) -> Option<RateLimitHeaders> {
+        let r = self.reservation.as_ref()?;
+        Some(r.remaining().rate_limit_headers())
     }
 
     /// Index of the backend the lease is on.

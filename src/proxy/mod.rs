@@ -344,6 +344,17 @@ impl Gateway {
         admitted: Admitted,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
+        let rate_limit = admitted.rate_limit_headers();
+        // What every answer from here carries: its body's own length (the backend's header no
+        // longer applies once the body is re-framed or metered) and the tenant's rate limits.
+        let answer = |parts: http::response::Parts, body: GatewayBody| {
+            let mut resp = Response::from_parts(parts, body);
+            resp.headers_mut().remove(header::CONTENT_LENGTH);
+            if let Some(rl) = &rate_limit {
+                rl.apply(resp.headers_mut());
+            }
+            resp
+        };
         let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
         let body =
             openai::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
@@ -366,11 +377,8 @@ impl Gateway {
                 .map(|c| c.to_bytes())
                 .unwrap_or_default();
             admitted.finish_without_output("backend_error");
-            // The body is what was read (empty if the read failed): its own length, not the
-            // backend's header.
-            let mut resp = Response::from_parts(parts, full(bytes));
-            resp.headers_mut().remove(header::CONTENT_LENGTH);
-            return Ok(resp);
+            // The body is what was read (empty if the read failed).
+            return Ok(answer(parts, full(bytes)));
         }
         if !req.stream {
             let bytes = match incoming.collect().await {
@@ -383,9 +391,7 @@ impl Gateway {
                 }
             };
             admitted.finish_json(&bytes);
-            let mut resp = Response::from_parts(parts, full(bytes));
-            resp.headers_mut().remove(header::CONTENT_LENGTH);
-            return Ok(resp);
+            return Ok(answer(parts, full(bytes)));
         }
         // Wait for the first bytes before answering, so a backend that fails before its
         // first token still gets a proper 502 (or 504) instead of a broken 200 stream. Engines
@@ -418,9 +424,7 @@ impl Gateway {
             req.client_wants_usage,
             upstream.stream_idle_timeout(),
         );
-        let mut resp = Response::from_parts(parts, stream.boxed_unsync());
-        resp.headers_mut().remove(header::CONTENT_LENGTH);
-        Ok(resp)
+        Ok(answer(parts, stream.boxed_unsync()))
     }
 
     /// `POST /tokenize`, answered locally in vLLM's shape.
