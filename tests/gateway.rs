@@ -545,6 +545,47 @@ async fn backend_error_status_is_passed_through_and_refunds_the_output() {
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
 
+/// Bodies over 64 KiB are parsed on the worker pool instead of the executor: same answers,
+/// same errors.
+#[tokio::test]
+async fn large_bodies_are_parsed_off_the_executor_with_the_same_outcome() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let mut cfg = config(&[backend.addr]);
+    cfg.server.max_body_bytes = 1 << 20;
+    cfg.model.max_model_len = 1 << 20;
+    cfg.tenants[0].prefill_tokens_per_second = 100_000.0;
+    let gw = TestGateway::start(cfg).await;
+    let content = ["word"; 40_000].join(" ");
+    let r = gw.chat("sk-alice", &chat(&content, 3, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let charged = gw
+        .metric(r#"tokengate_prefill_tokens_total{tenant="alice"}"#)
+        .await;
+    assert_eq!(charged, Some(chat_tokens(&content).to_string()));
+
+    let url = gw.url("/v1/chat/completions");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk-alice"),
+    ];
+    for junk in [10, 200_000] {
+        let body = format!(
+            "{{\"model\": \"qwen3.5-27b\", \"x\": \"{}\" oops}}",
+            "a".repeat(junk)
+        );
+        let r = send(&url, "POST", Some(body.into_bytes()), &headers).await;
+        assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"));
+        assert!(
+            r.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("the request body is not valid JSON"),
+            "{}",
+            r.text()
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_and_changes_nothing() {
     let (gw, backend) = gateway(FakeSpec::default()).await;

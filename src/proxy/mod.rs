@@ -76,6 +76,10 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
 }
 
+/// Request bodies up to this size are parsed where they arrive (well under a millisecond);
+/// larger ones on the tokenizer pool.
+const PARSE_INLINE_BYTES: usize = 64 << 10;
+
 /// Header names clients use for a request's id.
 pub const REQUEST_ID: &str = "x-request-id";
 
@@ -123,7 +127,14 @@ impl Gateway {
             Ok(Err(_)) => return Err(ApiError::invalid("the request body could not be read")),
             Ok(Ok(c)) => c.to_bytes(),
         };
-        openai::parse_object(&bytes)
+        if bytes.len() <= PARSE_INLINE_BYTES {
+            return openai::parse_object(&bytes);
+        }
+        // Milliseconds of parsing near the body limit: on the worker pool, not the executor.
+        match self.pool.run(move || openai::parse_object(&bytes)).await {
+            Ok(parsed) => parsed,
+            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
+        }
     }
 
     fn parse_limits(&self) -> ParseLimits<'_> {
