@@ -17,9 +17,26 @@ fn chat_tokens(content: &str) -> u64 {
 }
 
 async fn gateway(spec: FakeSpec) -> (TestGateway, FakeBackend) {
+    gateway_with(spec, |_| {}).await
+}
+
+/// A gateway in front of a fake backend, its test config changed by `tweak` first.
+async fn gateway_with(
+    spec: FakeSpec,
+    tweak: impl FnOnce(&mut tokengate::config::Config),
+) -> (TestGateway, FakeBackend) {
     let backend = FakeBackend::start(spec).await;
-    let gw = TestGateway::start(config(&[backend.addr])).await;
-    (gw, backend)
+    let mut cfg = config(&[backend.addr]);
+    tweak(&mut cfg);
+    (TestGateway::start(cfg).await, backend)
+}
+
+/// A chat request that must be answered within 10 s (the gateway's timeouts under test are
+/// far shorter).
+async fn chat_within_10s(gw: &TestGateway, body: &Value, what: &str) -> Received {
+    tokio::time::timeout(Duration::from_secs(10), gw.chat("sk-alice", body))
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
 }
 
 #[tokio::test]
@@ -218,10 +235,10 @@ async fn requests_that_can_never_fit_are_400_not_429() {
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
 
     // KV: one sequence's footprint over the whole backend capacity.
-    let backend = FakeBackend::start(FakeSpec::default()).await;
-    let mut cfg = config(&[backend.addr]);
-    cfg.backends[0].kv_capacity_bytes = 153_944_064 + 65_536 * 128; // one block of KV
-    let gw = TestGateway::start(cfg).await;
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.backends[0].kv_capacity_bytes = 153_944_064 + 65_536 * 128; // one block of KV
+    })
+    .await;
     let r = gw.chat("sk-alice", &chat("a", 200, false)).await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
@@ -235,11 +252,11 @@ async fn held_gateway(
     max_batch: u32,
     deadline: &str,
 ) -> (TestGateway, FakeBackend) {
-    let backend = FakeBackend::start(spec).await;
-    let mut cfg = config(&[backend.addr]);
-    cfg.backends[0].max_batch = max_batch;
-    cfg.admission.queue_deadline = humantime::parse_duration(deadline).unwrap();
-    (TestGateway::start(cfg).await, backend)
+    gateway_with(spec, |cfg| {
+        cfg.backends[0].max_batch = max_batch;
+        cfg.admission.queue_deadline = humantime::parse_duration(deadline).unwrap();
+    })
+    .await
 }
 
 #[tokio::test]
@@ -440,20 +457,20 @@ async fn a_non_streamed_answer_without_usage_is_counted_from_its_text() {
 
 #[tokio::test]
 async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing() {
-    let backend = FakeBackend::start(FakeSpec {
+    let spec = FakeSpec {
         behaviour: Behaviour::StallAfterHeaders,
         ..FakeSpec::default()
+    };
+    let (gw, _backend) = gateway_with(spec, |cfg| {
+        cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
     })
     .await;
-    let mut cfg = config(&[backend.addr]);
-    cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
-    let gw = TestGateway::start(cfg).await;
-    let r = tokio::time::timeout(
-        Duration::from_secs(10),
-        gw.chat("sk-alice", &chat("a", 10, true)),
+    let r = chat_within_10s(
+        &gw,
+        &chat("a", 10, true),
+        "the gateway gives up on a silent stream",
     )
-    .await
-    .expect("the gateway gives up on a silent stream");
+    .await;
     assert_eq!((r.status, r.code().as_str()), (504, "upstream_timeout"));
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
@@ -467,16 +484,16 @@ async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing(
 /// `upstream_timeout` error event, and the tokens that did stream are all that is charged.
 #[tokio::test]
 async fn a_stream_stalled_mid_answer_ends_with_a_timeout_event_and_settles() {
-    let backend = FakeBackend::start(FakeSpec::held()).await;
-    let mut cfg = config(&[backend.addr]);
-    cfg.backends[0].stream_idle_timeout = Duration::from_millis(200);
-    let gw = TestGateway::start(cfg).await;
-    let r = tokio::time::timeout(
-        Duration::from_secs(10),
-        gw.chat("sk-alice", &chat("a", 10, true)),
+    let (gw, _backend) = gateway_with(FakeSpec::held(), |cfg| {
+        cfg.backends[0].stream_idle_timeout = Duration::from_millis(200);
+    })
+    .await;
+    let r = chat_within_10s(
+        &gw,
+        &chat("a", 10, true),
+        "the gateway gives up on a stalled stream",
     )
-    .await
-    .expect("the gateway gives up on a stalled stream");
+    .await;
     assert_eq!(r.status, 200);
     let data = sse_data(&r.body);
     let err: Value = serde_json::from_str(data.last().unwrap()).unwrap();
@@ -549,12 +566,12 @@ async fn backend_error_status_is_passed_through_and_refunds_the_output() {
 /// same errors.
 #[tokio::test]
 async fn large_bodies_are_parsed_off_the_executor_with_the_same_outcome() {
-    let backend = FakeBackend::start(FakeSpec::default()).await;
-    let mut cfg = config(&[backend.addr]);
-    cfg.server.max_body_bytes = 1 << 20;
-    cfg.model.max_model_len = 1 << 20;
-    cfg.tenants[0].prefill_tokens_per_second = 100_000.0;
-    let gw = TestGateway::start(cfg).await;
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_body_bytes = 1 << 20;
+        cfg.model.max_model_len = 1 << 20;
+        cfg.tenants[0].prefill_tokens_per_second = 100_000.0;
+    })
+    .await;
     let content = ["word"; 40_000].join(" ");
     let r = gw.chat("sk-alice", &chat(&content, 3, false)).await;
     assert_eq!(r.status, 200, "{}", r.text());
