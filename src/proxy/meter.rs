@@ -109,9 +109,11 @@ impl Admitted {
     }
 
     /// The tenant's `x-ratelimit-*` headers right after this request was charged.
-    pub fn rate_limit_headers(&self) -> Option<RateLimitHeaders> {
-        let r = self.reservation.as_ref()?;
-        Some(r.remaining().rate_limit_headers())
+    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
+        let r = self.reservation.as_ref();
+        r.expect("held until settled")
+            .remaining()
+            .rate_limit_headers()
     }
 
     /// Index of the backend the lease is on.
@@ -294,22 +296,25 @@ pin_project_lite::pin_project! {
     pub struct MeteredStream {
         #[pin]
         inner: Incoming,
-        // Fires after `idle_timeout` without a chunk from the backend.
+        // Fires `idle_timeout` after the stream began waiting on the backend.
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
+        // The last poll of the backend found nothing. Time spent between polls (a client slow
+        // to read) is not the backend's silence, so `idle` is set when waiting begins.
+        waiting: bool,
         splitter: SseSplitter,
         admitted: Option<Admitted>,
         client_wants_usage: bool,
         pending: Option<Bytes>,
-        // The stream was cut short (backend broke or stalled): nothing follows the error event.
+        // The backend's answer ended, broke or stalled: nothing follows.
         ended: bool,
     }
 }
 
 impl MeteredStream {
-    /// Wraps the backend's body; `first` is the part already read before answering. A silence
-    /// of `idle_timeout` between chunks ends the stream.
+    /// Wraps the backend's body; `first` is the part already read before answering. Waiting
+    /// `idle_timeout` for the backend's next chunk ends the stream.
     pub fn new(
         inner: Incoming,
         first: Bytes,
@@ -321,6 +326,7 @@ impl MeteredStream {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
+            waiting: false,
             splitter: SseSplitter::default(),
             admitted: Some(admitted),
             client_wants_usage,
@@ -360,24 +366,19 @@ fn filter(
     out.freeze()
 }
 
-/// Cuts a stream short: settles the request with `outcome` and returns what the client gets
-/// last (any partial event, then `err` as an OpenAI error event).
+/// Cuts a stream short: settles the request with `outcome` and returns the last event the
+/// client gets, `err` as an OpenAI error event. A partial event the backend left unfinished is
+/// dropped: it can never be completed, and sent ahead of the error it would merge with it.
 fn cut_short(
-    splitter: &mut SseSplitter,
     admitted: &mut Option<Admitted>,
     outcome: &'static str,
     err: crate::error::ApiError,
 ) -> Bytes {
-    let mut rest = BytesMut::new();
-    if let Some(tail) = splitter.finish() {
-        rest.extend_from_slice(&tail);
-    }
     if let Some(mut a) = admitted.take() {
         a.outcome = Some(outcome);
         drop(a);
     }
-    rest.extend_from_slice(format!("data: {}\n\n", err.body_json()).as_bytes());
-    rest.freeze()
+    Bytes::from(format!("data: {}\n\n", err.body_json()))
 }
 
 impl Body for MeteredStream {
@@ -397,6 +398,11 @@ impl Body for MeteredStream {
         }
         loop {
             let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
+                if !*this.waiting {
+                    *this.waiting = true;
+                    let deadline = tokio::time::Instant::now() + *this.idle_timeout;
+                    this.idle.as_mut().reset(deadline);
+                }
                 if this.idle.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
@@ -406,14 +412,12 @@ impl Body for MeteredStream {
                     "the backend sent nothing for {} in the middle of its answer",
                     humantime::format_duration(*this.idle_timeout)
                 ));
-                let last = cut_short(this.splitter, this.admitted, "upstream_timeout", err);
+                let last = cut_short(this.admitted, "upstream_timeout", err);
                 return Poll::Ready(Some(Ok(Frame::data(last))));
             };
+            *this.waiting = false;
             match frame {
                 Some(Ok(frame)) => {
-                    this.idle
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + *this.idle_timeout);
                     let Ok(data) = frame.into_data() else {
                         continue; // trailers: not part of an SSE answer
                     };
@@ -433,7 +437,7 @@ impl Body for MeteredStream {
                     let err = crate::error::ApiError::upstream(
                         "the backend stream broke before it finished",
                     );
-                    let last = cut_short(this.splitter, this.admitted, "upstream_error", err);
+                    let last = cut_short(this.admitted, "upstream_error", err);
                     return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 None => {

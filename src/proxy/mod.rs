@@ -361,9 +361,7 @@ impl Gateway {
         let answer = |parts: http::response::Parts, body: GatewayBody| {
             let mut resp = Response::from_parts(parts, body);
             resp.headers_mut().remove(header::CONTENT_LENGTH);
-            if let Some(rl) = &rate_limit {
-                rl.apply(resp.headers_mut());
-            }
+            rate_limit.apply(resp.headers_mut());
             resp
         };
         let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();

@@ -48,7 +48,8 @@ pub enum Behaviour {
     Normal,
     /// Answer `status` with an OpenAI error body.
     Status(u16),
-    /// Stream this many tokens (0: none), then break the connection.
+    /// Stream this many tokens (0: none), then break the connection (after them, in the middle
+    /// of an event).
     ResetAfter(u64),
     /// Send a stream's headers, then nothing until the gateway hangs up.
     StallAfterHeaders,
@@ -199,6 +200,9 @@ async fn reset_after(mut stream: tokio::net::TcpStream, n: u64, seen: Arc<Mutex<
         let event = format!("data: {chunk}\n\n");
         out.extend_from_slice(format!("{:x}\r\n{event}\r\n", event.len()).as_bytes());
     }
+    // The connection breaks in the middle of the next event.
+    let partial = r#"data: {"id": "fake-1", "cho"#;
+    out.extend_from_slice(format!("{:x}\r\n{partial}\r\n", partial.len()).as_bytes());
     stream.write_all(&out).await.unwrap();
     stream.flush().await.unwrap();
 }
