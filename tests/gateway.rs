@@ -413,7 +413,7 @@ async fn backend_down_is_502_and_changes_nothing() {
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
-    assert_failure_counted_once(&gw).await;
+    assert_failure_counted_once(&gw, "upstream_error").await;
     let r = send(
         &gw.url("/v1/models"),
         "GET",
@@ -436,7 +436,7 @@ async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
-    assert_failure_counted_once(&gw).await;
+    assert_failure_counted_once(&gw, "upstream_error").await;
 }
 
 #[tokio::test]
@@ -475,8 +475,7 @@ async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing(
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
-    let outcome = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
-    assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
+    assert_failure_counted_once(&gw, "upstream_timeout").await;
 }
 
 /// A backend that stalls mid-answer must not hold the KV lease and the reservation until the
@@ -514,11 +513,11 @@ async fn a_stream_stalled_mid_answer_ends_with_a_timeout_event_and_settles() {
     assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
 }
 
-/// After one request of alice's (10 output tokens reserved) failed with a 502: one outcome,
-/// and the whole reservation counted as refunded.
-async fn assert_failure_counted_once(gw: &TestGateway) {
-    let outcome = r#"tokengate_requests_total{tenant="alice",outcome="upstream_error"}"#;
-    assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
+/// After one request of alice's (10 output tokens reserved) failed with error `code`
+/// before the backend answered: one outcome, and the whole reservation counted as refunded.
+async fn assert_failure_counted_once(gw: &TestGateway, code: &str) {
+    let outcome = format!(r#"tokengate_requests_total{{tenant="alice",outcome="{code}"}}"#);
+    assert_eq!(gw.metric(&outcome).await.as_deref(), Some("1"));
     let reserved = r#"tokengate_decode_tokens_reserved_total{tenant="alice"}"#;
     assert_eq!(gw.metric(reserved).await.as_deref(), Some("10"));
     let refunded = r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#;
@@ -562,10 +561,10 @@ async fn backend_error_status_is_passed_through_and_refunds_the_output() {
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
 
-/// Bodies over 64 KiB are parsed on the worker pool instead of the executor: same answers,
-/// same errors.
+/// Bodies over 64 KiB are parsed on the worker pool instead of the executor; this checks that
+/// they get the same answers and errors as small ones.
 #[tokio::test]
-async fn large_bodies_are_parsed_off_the_executor_with_the_same_outcome() {
+async fn large_bodies_get_the_answers_and_errors_small_ones_get() {
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
         cfg.server.max_body_bytes = 1 << 20;
         cfg.model.max_model_len = 1 << 20;
