@@ -228,6 +228,8 @@ fn memoized_counts_equal_full_counts_cold_and_warm() {
         let CacheStats { bytes, .. } = small.stats();
         assert!(bytes <= small_bytes, "{bytes} bytes cached");
     }
+    // Without evictions the second pass would miss nothing, as the big cache's did.
+    assert!(small.stats().misses > cold.misses, "{:?}", small.stats());
 }
 
 /// Conversations replayed turn by turn, as clients resend them: each request is the history up

@@ -82,16 +82,16 @@ impl SpanCache {
     }
 
     /// Caches `text`'s count, evicting the least recently used spans to make room. A span
-    /// bigger than the whole bound is not cached.
-    fn insert(&mut self, hash: u64, text: &str, tokens: usize) {
+    /// bigger than the whole bound is not cached. Returns whether `text` is cached now.
+    fn insert(&mut self, hash: u64, text: &str, tokens: usize) -> bool {
         if let Some(i) = self.find(hash, text) {
             self.entries[i as usize].tokens = tokens;
             self.touch(i);
-            return;
+            return true;
         }
         let cost = entry_bytes(text.len());
         if cost > self.max_bytes {
-            return;
+            return false;
         }
         while self.bytes + cost > self.max_bytes {
             self.evict(self.tail);
@@ -118,6 +118,7 @@ impl SpanCache {
             .insert_unique(hash, i, |&j| entries[j as usize].hash);
         self.bytes += cost;
         self.push_front(i);
+        true
     }
 
     fn evict(&mut self, i: u32) {
@@ -168,6 +169,22 @@ impl SpanCache {
     }
 }
 
+/// The conversation `[user, answer, user]` rendered without a generation prompt, or
+/// `[user, user]` without an answer.
+fn render_probe(template: &ChatTemplate, answer: Option<Value>) -> Result<String, TemplateError> {
+    let user = json!({"role": "user", "content": "."});
+    let messages = match answer {
+        Some(answer) => vec![user.clone(), answer, user],
+        None => vec![user.clone(), user],
+    };
+    template.render(&ChatPrompt {
+        messages,
+        tools: None,
+        add_generation_prompt: false,
+        enable_thinking: None,
+    })
+}
+
 /// Counters of a [`ChatCounter`], per rendered span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
@@ -189,6 +206,9 @@ pub struct CacheStats {
 #[derive(Debug)]
 pub struct ChatCounter {
     template: ChatTemplate,
+    /// [`render_probe`] without an answer: what [`ChatCounter::remember_reply`] compares with
+    /// (`None` if the template refuses it).
+    reply_probe: Option<String>,
     hasher: foldhash::fast::RandomState,
     cache: Mutex<SpanCache>,
     hits: AtomicU64,
@@ -201,6 +221,7 @@ impl ChatCounter {
     /// memoization).
     pub fn new(template: ChatTemplate, max_bytes: usize) -> Self {
         Self {
+            reply_probe: render_probe(&template, None).ok(),
             template,
             hasher: foldhash::fast::RandomState::default(),
             cache: Mutex::new(SpanCache::new(max_bytes)),
@@ -231,7 +252,7 @@ impl ChatCounter {
             for &(hash, span) in &spans {
                 match cache.get(hash, span) {
                     Some(tokens) => total += tokens,
-                    None => missing.push((hash, span)),
+                    None => missing.push((hash, span, 0)),
                 }
             }
         }
@@ -242,13 +263,12 @@ impl ChatCounter {
         if missing.is_empty() {
             return Ok(total);
         }
-        let counted: Vec<(u64, &str, usize)> = missing
-            .into_iter()
-            .map(|(hash, span)| (hash, span, tok.count(span)))
-            .collect();
-        total += counted.iter().map(|&(_, _, tokens)| tokens).sum::<usize>();
+        for (_, span, tokens) in &mut missing {
+            *tokens = tok.count(span);
+            total += *tokens;
+        }
         let mut cache = self.lock();
-        for (hash, span, tokens) in counted {
+        for (hash, span, tokens) in missing {
             cache.insert(hash, span, tokens);
         }
         Ok(total)
@@ -267,32 +287,25 @@ impl ChatCounter {
             return false;
         };
         let hash = self.hasher.hash_one(span.as_str());
-        if self.lock().get(hash, &span).is_none() {
+        let cached = self.lock().get(hash, &span).is_some() || {
             let tokens = tok.count(&span);
-            self.lock().insert(hash, &span, tokens);
+            self.lock().insert(hash, &span, tokens)
+        };
+        if cached {
+            self.replies.fetch_add(1, Ordering::Relaxed);
         }
-        self.replies.fetch_add(1, Ordering::Relaxed);
-        true
+        cached
     }
 
     /// The span of an assistant answer in the history, before a later question: what the
     /// conversation [user, answer, user] renders and [user, user] does not. `None` when the
     /// template does not render the answer as exactly one span of its own.
     fn reply_span(&self, content: &str) -> Option<String> {
-        let user = json!({"role": "user", "content": "."});
+        let without = self.reply_probe.as_deref()?;
         let answer = json!({"role": "assistant", "content": content});
-        let render = |messages: Vec<Value>| {
-            self.template.render(&ChatPrompt {
-                messages,
-                tools: None,
-                add_generation_prompt: false,
-                enable_thinking: None,
-            })
-        };
-        let with = render(vec![user.clone(), answer, user.clone()]).ok()?;
-        let without = render(vec![user.clone(), user]).ok()?;
+        let with = render_probe(&self.template, Some(answer)).ok()?;
         let with: Vec<&str> = spans(&with).collect();
-        let without: Vec<&str> = spans(&without).collect();
+        let without: Vec<&str> = spans(without).collect();
         if with.len() != without.len() + 1 {
             return None;
         }
@@ -450,6 +463,19 @@ mod tests {
             ["<|im_start|>user\nquestion 3<|im_end|>\n"]
         );
         assert_eq!(counter.stats().replies, 2);
+    }
+
+    #[test]
+    fn an_answer_too_big_for_the_cache_is_not_counted_as_remembered() {
+        let span = "<|im_start|>assistant\nanswer 1<|im_end|>\n";
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), entry_bytes(span.len()) - 1);
+        let tok = CharCounter::default();
+        assert!(!counter.remember_reply(&tok, "answer 1"));
+        assert_eq!(*tok.seen.borrow(), [span]);
+        assert_eq!((counter.stats().replies, counter.stats().entries), (0, 0));
+        let fits = ChatCounter::new(ChatTemplate::builtin_qwen35(), entry_bytes(span.len()));
+        assert!(fits.remember_reply(&tok, "answer 1"));
+        assert_eq!((fits.stats().replies, fits.stats().entries), (1, 1));
     }
 
     #[test]
