@@ -192,7 +192,7 @@ fn hf_encode(hf: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
 
 /// Byte-level BPE over the vocabulary and merges of a representable `tokenizer.json`.
 struct FastEngine {
-    /// The base vocabulary (ranks `0..bpe.len()`) and its merges.
+    /// The base vocabulary (ids `0..bpe.len()`) and its merges.
     bpe: Bpe,
     /// Added tokens, matched leftmost-longest on the raw text (as HuggingFace does).
     added: Option<AhoCorasick>,
@@ -330,7 +330,7 @@ impl FastEngine {
         let split = PreTokenSplit::new(&split_pattern(file.pre_tokenizer.as_ref())?)?;
         check_decoder_and_post_processor(file.decoder.as_ref(), file.post_processor.as_ref())?;
 
-        // Ranks: the byte-level vocabulary, ids dense from 0.
+        // The byte-level base vocabulary, ids dense from 0.
         let n_ranks = model.vocab.0.len();
         let mut ranks: Vec<Option<Vec<u8>>> = vec![None; n_ranks];
         for (token, id) in &model.vocab.0 {
@@ -705,7 +705,8 @@ mod tests {
             panic!("Qwen3.5 runs the fast engine");
         };
         // Of 8,090 one-character tokens outside ASCII (tests/tokenizer_engine.rs), the others
-        // are cut by a crossing token (or lie outside the BMP).
+        // are cut by a crossing token, take part in a merge ranked below those that build them,
+        // or lie outside the BMP.
         assert_eq!(fast.bpe.whole_characters(), 5_381);
     }
 

@@ -1,5 +1,5 @@
-//! Tokenizer room: the model's tokenizer (a fast exact engine over the BPE ranks, with the
-//! HuggingFace `tokenizers` crate as loader and fallback), the bounded worker pool that runs it
+//! Tokenizer room: the model's tokenizer (a fast exact engine over the vocabulary and merge
+//! list of `tokenizer.json`, with the HuggingFace `tokenizers` crate as loader and fallback), the bounded worker pool that runs it
 //! off the async executor, the tiktoken-ranks import, and the `tokenize` / `tokenizer import`
 //! CLI commands.
 

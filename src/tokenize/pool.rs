@@ -1,11 +1,12 @@
 //! Tokenizer room: [`TokenizePool`], a bounded pool of dedicated OS threads that runs CPU-bound
 //! jobs (tokenizing, template rendering) off the async executor.
 //!
-//! Each job carries its reply channel. The queue of jobs waiting for a worker holds at most
-//! `queue_depth`; past that `run` fails at once with [`PoolError::Full`] (the gateway answers
-//! 503) instead of queueing without bound. A job whose caller has gone away (its future
+//! A job started with `run` carries its reply channel; one started with `spawn` has nobody
+//! waiting for it. Both share one queue of jobs waiting for a worker, holding at most
+//! `queue_depth`; past that they fail at once with [`PoolError::Full`] (the gateway answers 503)
+//! instead of queueing without bound. A `run` job whose caller has gone away (its future
 //! dropped) is skipped when a worker reaches it; a panicking job becomes
-//! [`PoolError::Panicked`] and its worker carries on.
+//! [`PoolError::Panicked`] (or, spawned, a logged error) and its worker carries on.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
