@@ -20,6 +20,9 @@ const TOOLS_FOOTER: &str = "\n</tools>\n\nIf you choose to call a function ONLY 
 /// Finds `</think>` in assistant content (every assistant turn of the history is searched).
 static THINK_END: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new("</think>"));
+/// Finds the last `</think>`.
+static THINK_END_REV: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new("</think>"));
 
 /// Renders `prompt` in the Qwen3.5 format into `out`.
 pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), TemplateError> {
@@ -117,20 +120,24 @@ fn render_assistant(
     keep_reasoning: bool,
     out: &mut String,
 ) -> Result<(), TemplateError> {
-    let (reasoning, content) = match attr(message, "reasoning_content") {
-        Some(Value::String(reasoning)) => (reasoning.as_str(), content),
-        _ if THINK_END.find(content.as_bytes()).is_some() => {
-            let before = content.split("</think>").next().unwrap_or_default();
-            let reasoning = before.trim_end_matches('\n');
+    let (reasoning, content) =
+        if let Some(Value::String(reasoning)) = attr(message, "reasoning_content") {
+            (reasoning.as_str(), content)
+        } else if let Some(first) = THINK_END.find(content.as_bytes()) {
+            // The template's `content.split('</think>')[0]` and `content.split('</think>')[-1]`.
+            let last = THINK_END_REV
+                .rfind(content.as_bytes())
+                .expect("found searching forward");
+            let reasoning = content[..first].trim_end_matches('\n');
             let reasoning = reasoning.rsplit("<think>").next().unwrap_or_default();
-            let after = content.rsplit("</think>").next().unwrap_or_default();
+            let after = &content[last + THINK_END.needle().len()..];
             (
                 reasoning.trim_start_matches('\n'),
                 after.trim_start_matches('\n'),
             )
-        }
-        _ => ("", content),
-    };
+        } else {
+            ("", content)
+        };
     if keep_reasoning {
         let reasoning = strip(reasoning);
         push_all(
