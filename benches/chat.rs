@@ -12,19 +12,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tokengate::tokenize::cache::ChatCounter;
 use tokengate::tokenize::chat::{spans, ChatPrompt, ChatTemplate, CountTokens};
-use tokengate::tokenize::Tokenizer;
+use tokengate::tokenize::{EngineChoice, Tokenizer};
 
 const TURNS: usize = 10;
 const REPEATS: usize = 25;
 const CACHE_BYTES: usize = 8 << 20;
-
-struct HfCount(tokenizers::Tokenizer);
-
-impl CountTokens for HfCount {
-    fn count(&self, text: &str) -> usize {
-        self.0.encode(text, false).expect("encode").get_ids().len()
-    }
-}
 
 const SYSTEM: &str = "You are the operations assistant of an inference platform that serves \
 large language models on Ascend accelerators. Answer precisely and name units (GB versus GiB, \
@@ -117,7 +109,9 @@ fn main() {
     };
     // The gateway's tokenizer (the fast engine for Qwen3.5), then HuggingFace's for reference.
     let fast = Tokenizer::load(Path::new(path)).unwrap_or_else(|e| missing(&e));
-    let hf = HfCount(tokenizers::Tokenizer::from_file(path).unwrap_or_else(|e| missing(&e)));
+    // The gateway's own HuggingFace path (its fallback engine), not a plain `encode`.
+    let hf =
+        Tokenizer::load_with(Path::new(path), EngineChoice::Hf).unwrap_or_else(|e| missing(&e));
     let last = turn(TURNS);
     let template = ChatTemplate::builtin_qwen35();
     let rendered = template.render(&last).unwrap();
@@ -145,14 +139,13 @@ fn main() {
         ("HuggingFace tokenizers", &hf),
     ] {
         println!("{name}:");
-        measure(tok, &last, expected);
+        measure(tok, &template, &last, expected);
     }
     compare_renderers(&template, &last, &rendered);
 }
 
 /// Cold, warm and repeated counts of `last` with `tok`, against render + count without a cache.
-fn measure(tok: &dyn CountTokens, last: &ChatPrompt, expected: usize) {
-    let template = ChatTemplate::builtin_qwen35();
+fn measure(tok: &dyn CountTokens, template: &ChatTemplate, last: &ChatPrompt, expected: usize) {
     let mut full = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
