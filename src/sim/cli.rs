@@ -49,8 +49,9 @@ pub struct SimArgs {
     /// evenly between them (vLLM `max_num_partial_prefills`).
     #[arg(long, default_value_t = 1)]
     pub max_partial_prefills: usize,
-    /// Prompts longer than this many tokens are prefilled one at a time, and shorter ones
-    /// queued behind such a prompt are prefilled beside it (vLLM `long_prefill_token_threshold`).
+    /// With `--max-partial-prefills` of 2 or more: prompts longer than this many tokens are
+    /// prefilled one at a time, and shorter ones queued behind such a prompt are prefilled
+    /// beside it (vLLM `long_prefill_token_threshold`).
     #[arg(long)]
     pub long_prefill_threshold: Option<u64>,
     /// Longest prompt + output accepted (vLLM `max_model_len`).

@@ -81,8 +81,8 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// MindIE's defaults on cache `kv`: batch 200, prefill budget 8,192 tokens, prefills alone
-    /// (not chunked), 65,536-token contexts.
+    /// MindIE's defaults on cache `kv` (batch 200, prefill budget 8,192 tokens, prefills alone,
+    /// not chunked), with the sim's own context limit of 65,536 tokens.
     pub fn mindie(kv: KvGeometry) -> Self {
         Self {
             kv,
@@ -109,8 +109,9 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// Checks that the longest allowed sequence fits the cache alone, so that preemption always
-    /// ends with at least that sequence running.
+    /// Checks the settings: the longest allowed sequence fits the cache alone (so preemption
+    /// always ends with at least that sequence running), counts are positive, and partial
+    /// prefills have the chunks to share and are on when a long-prompt threshold is given.
     pub fn validate(&self) -> Result<(), String> {
         let longest = self.kv.footprint_bytes(self.max_model_len);
         if longest > self.kv.budget_bytes {
@@ -138,6 +139,11 @@ impl EngineConfig {
                 "max_partial_prefills > 1 needs chunked_prefill of at least that many tokens"
                     .into(),
             );
+        }
+        // One prompt prefilled at a time already keeps long ones apart and admits nothing
+        // past them: the threshold would change nothing.
+        if self.long_prefill_threshold.is_some() && self.max_partial_prefills < 2 {
+            return Err("long_prefill_threshold needs max_partial_prefills of at least 2".into());
         }
         Ok(())
     }
@@ -706,14 +712,15 @@ mod tests {
     }
 
     /// A 2,000-token prompt `L` alone, then a 200-token prompt `S` arriving during the first
-    /// pass, with 256-token chunks and `partial` prompts prefilled at once (threshold 1,000).
+    /// pass, with 256-token chunks and `partial` prompts prefilled at once (threshold 1,000
+    /// when there are several).
     fn long_then_short(partial: usize) -> (Vec<Event>, Arc<dyn StepTiming>) {
         let timing = roofline();
         let mut c = cfg(big_cache());
         c.chunked_prefill = Some(256);
         c.max_partial_prefills = partial;
-        c.long_prefill_threshold = Some(1000);
-        assert!(c.validate().is_ok());
+        c.long_prefill_threshold = (partial > 1).then_some(1000);
+        assert_eq!(c.validate(), Ok(()));
         let mut e = Engine::new(c, timing.clone());
         let mut out = Vec::new();
         arrive(&mut e, Duration::ZERO, &[req(1, 2000, 2)], &mut out);
@@ -834,15 +841,26 @@ mod tests {
 
     #[test]
     fn partial_prefills_need_chunks_to_share() {
+        let no_chunks =
+            "max_partial_prefills > 1 needs chunked_prefill of at least that many tokens";
         let mut c = cfg(big_cache());
         c.max_partial_prefills = 2;
-        assert!(c.validate().is_err());
+        assert_eq!(c.validate().unwrap_err(), no_chunks);
         c.chunked_prefill = Some(1);
-        assert!(c.validate().is_err());
+        assert_eq!(c.validate().unwrap_err(), no_chunks);
         c.chunked_prefill = Some(2);
-        assert!(c.validate().is_ok());
+        c.long_prefill_threshold = Some(100);
+        assert_eq!(c.validate(), Ok(()));
+        c.max_partial_prefills = 1;
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "long_prefill_threshold needs max_partial_prefills of at least 2"
+        );
         c.max_partial_prefills = 0;
-        assert!(c.validate().is_err());
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "max_batch, chunked_prefill, block_tokens and max_partial_prefills must be positive"
+        );
     }
 
     /// 4-token blocks of 1 byte per token, no state: footprints are easy to follow by hand.
