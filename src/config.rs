@@ -136,7 +136,7 @@ pub struct TokenizerConfig {
     /// Jobs that may wait for a worker; beyond it requests get 503 `overloaded`.
     #[serde(default = "default_queue_depth")]
     pub queue_depth: usize,
-    /// Bytes of the per-message count memo.
+    /// Bytes of the per-turn count memo (each turn's text plus a fixed overhead).
     #[serde(default = "default_cache_bytes")]
     pub cache_bytes: u64,
 }
@@ -252,7 +252,7 @@ pub struct BackendConfig {
     /// TCP connect timeout.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// Time until the backend's response headers arrive.
+    /// Time until the backend's response headers arrive, and for a stream its first chunk.
     #[serde(default = "default_first_byte_timeout", with = "humantime_serde")]
     pub first_byte_timeout: Duration,
     /// Longest silence between two chunks of a streamed answer; past it the stream ends with

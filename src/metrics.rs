@@ -223,12 +223,12 @@ impl Metrics {
         );
         r.register(
             "tokenize_cache_hits",
-            "Chat messages whose token count came from the memo",
+            "Chat turn spans whose token count came from the memo",
             m.tokenize_cache_hits.clone(),
         );
         r.register(
             "tokenize_cache_misses",
-            "Chat messages that had to be tokenized",
+            "Chat turn spans that had to be tokenized",
             m.tokenize_cache_misses.clone(),
         );
         r.register(
