@@ -561,8 +561,8 @@ async fn backend_error_status_is_passed_through_and_refunds_the_output() {
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
 
-/// Bodies over 64 KiB are parsed on the worker pool instead of the executor; this checks that
-/// they get the same answers and errors as small ones.
+/// Bodies over 64 KiB are parsed and validated on the worker pool instead of the executor; this
+/// checks that they get the same answers and errors as small ones.
 #[tokio::test]
 async fn large_bodies_get_the_answers_and_errors_small_ones_get() {
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
@@ -599,7 +599,20 @@ async fn large_bodies_get_the_answers_and_errors_small_ones_get() {
             "{}",
             r.text()
         );
+        // Valid JSON with an invalid field: refused by validation, on the pool for the large one.
+        let mut body = chat(&"a".repeat(junk), 3, false);
+        body["max_tokens"] = json!(0);
+        let r = gw.chat("sk-alice", &body).await;
+        assert_eq!(
+            (r.status, r.json()["error"]["param"].as_str()),
+            (400, Some("max_tokens"))
+        );
     }
+    // Nothing of the refused requests was charged: only the first request's prompt.
+    let charged = gw
+        .metric(r#"tokengate_prefill_tokens_total{tenant="alice"}"#)
+        .await;
+    assert_eq!(charged, Some(chat_tokens(&content).to_string()));
 }
 
 #[tokio::test]

@@ -77,7 +77,7 @@ pub struct Gateway {
 }
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
-/// larger ones on the tokenizer pool.
+/// larger ones on the tokenizer pool (see [`Gateway::read_json`]).
 const PARSE_INLINE_BYTES: usize = 64 << 10;
 
 /// Header names clients use for a request's id.
@@ -89,11 +89,16 @@ impl Gateway {
         self.tenants.authenticate(headers)
     }
 
-    /// Step 3 (body side): content type, size limit and read timeout, then a JSON object.
-    pub async fn read_json(
+    /// Step 3 (body side): content type, size limit and read timeout; then `parse` of the body
+    /// as a JSON object (step 6). Both parsing steps run where the body arrived for bodies up to
+    /// 64 KiB (well under a millisecond), on the worker pool for larger ones.
+    pub async fn read_json<T: Send + 'static>(
         &self,
         req: Request<Incoming>,
-    ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
+            + Send
+            + 'static,
+    ) -> Result<T, ApiError> {
         if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or_default();
             let mime = ct.split(';').next().unwrap_or_default().trim();
@@ -127,20 +132,15 @@ impl Gateway {
             Ok(Err(_)) => return Err(ApiError::invalid("the request body could not be read")),
             Ok(Ok(c)) => c.to_bytes(),
         };
-        if bytes.len() <= PARSE_INLINE_BYTES {
-            return openai::parse_object(&bytes);
+        let bytes_len = bytes.len();
+        let job = move || parse(openai::parse_object(&bytes)?);
+        if bytes_len <= PARSE_INLINE_BYTES {
+            return job();
         }
         // Milliseconds of parsing near the body limit: on the worker pool, not the executor.
-        match self.pool.run(move || openai::parse_object(&bytes)).await {
+        match self.pool.run(job).await {
             Ok(parsed) => parsed,
             Err(e) => Err(pool_error(e, self.pool.queue_depth())),
-        }
-    }
-
-    fn parse_limits(&self) -> ParseLimits<'_> {
-        ParseLimits {
-            served_names: &self.config.model.served_names,
-            max_model_len: self.config.model.max_model_len,
         }
     }
 
@@ -288,8 +288,16 @@ impl Gateway {
         req: Request<Incoming>,
         arrived: Instant,
     ) -> Result<Response<GatewayBody>, ApiError> {
-        let body = self.read_json(req).await?;
-        let mut parsed = openai::parse_generation(endpoint, body, &self.parse_limits())?;
+        let config = self.config.clone();
+        let mut parsed = self
+            .read_json(req, move |body| {
+                let limits = ParseLimits {
+                    served_names: &config.model.served_names,
+                    max_model_len: config.model.max_model_len,
+                };
+                openai::parse_generation(endpoint, body, &limits)
+            })
+            .await?;
         let prompt = std::mem::replace(&mut parsed.prompt, Prompt::TokenIds(Vec::new()));
         let prompt_tokens = self.count_prompt(prompt).await?;
         let max_output = self.output_budget(&parsed, prompt_tokens)?;
@@ -442,18 +450,22 @@ impl Gateway {
         req: Request<Incoming>,
     ) -> Result<Response<GatewayBody>, ApiError> {
         self.authenticate(req.headers())?;
-        let body = self.read_json(req).await?;
-        if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
-            let m = v.as_str().unwrap_or_default();
-            if !self.config.model.served_names.iter().any(|n| n == m) {
-                return Err(ApiError::model_not_found(m));
-            }
-        }
-        let prompt = if body.contains_key("messages") {
-            Prompt::Chat(openai::parse_chat_prompt(&body)?)
-        } else {
-            openai::parse_completion_prompt(&body)?
-        };
+        let config = self.config.clone();
+        let prompt = self
+            .read_json(req, move |body| {
+                if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
+                    let m = v.as_str().unwrap_or_default();
+                    if !config.model.served_names.iter().any(|n| n == m) {
+                        return Err(ApiError::model_not_found(m));
+                    }
+                }
+                if body.contains_key("messages") {
+                    Ok(Prompt::Chat(openai::parse_chat_prompt(&body)?))
+                } else {
+                    openai::parse_completion_prompt(&body)
+                }
+            })
+            .await?;
         let ids = self.encode_prompt(prompt).await?;
         Ok(json_response(
             StatusCode::OK,
