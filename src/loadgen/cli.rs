@@ -2,10 +2,11 @@
 //! request is sent at its planned instant whatever the server does, with a progress line, then
 //! the report is printed and optionally written as JSON and SVG.
 
-use super::client::{Client, Endpoint, Job, Target};
+use super::client::{Client, Job, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sample, Sla};
 use super::workload::{parse_mix, parse_rate, parse_trace, plan, Planned};
+use crate::api::openai::Endpoint;
 use crate::sim::DEFAULT_MODEL;
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::Tokenizer;

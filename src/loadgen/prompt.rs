@@ -78,12 +78,8 @@ impl PromptBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenize::Tokenizer;
+    use crate::tokenize::test_tokenizer as tokenizer;
     use rand::SeedableRng;
-
-    fn tokenizer() -> std::sync::Arc<Tokenizer> {
-        crate::tokenize::test_tokenizer()
-    }
 
     #[test]
     fn prompts_have_exactly_the_asked_token_count() {

@@ -4,19 +4,16 @@
 //! time-scale conversion would land 10x under it), and counts and outcomes exactly.
 
 use super::cli::{run_plan, ApiKeys};
-use super::client::{Client, Endpoint, Target};
+use super::client::{Client, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sla};
 use super::workload::Planned;
+use crate::api::openai::Endpoint;
 use crate::sim::{start, Faults, SimConfig, DEFAULT_MODEL};
 use crate::tokenize::chat::ChatTemplate;
-use crate::tokenize::Tokenizer;
+use crate::tokenize::test_tokenizer as tokenizer;
 use std::sync::Arc;
 use std::time::Duration;
-
-fn tokenizer() -> Arc<Tokenizer> {
-    crate::tokenize::test_tokenizer()
-}
 
 fn planned(at_ms: u64, tenant: &str, input: u64, output: u64) -> Planned {
     Planned {

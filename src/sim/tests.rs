@@ -2,15 +2,11 @@
 //! the real Qwen3.5 tokenizer, the fixed-pace engine on paused tokio time).
 
 use super::*;
-use crate::tokenize::Tokenizer;
+use crate::tokenize::test_tokenizer as tokenizer;
 use ::http::{Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
-
-fn tokenizer() -> Arc<Tokenizer> {
-    crate::tokenize::test_tokenizer()
-}
 
 async fn sim(cfg: SimConfig) -> SimHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -38,11 +38,7 @@ mod tests {
 #[cfg(test)]
 mod real_tokenizer_tests {
     use super::*;
-    use crate::tokenize::Tokenizer;
-
-    fn tokenizer() -> std::sync::Arc<Tokenizer> {
-        crate::tokenize::test_tokenizer()
-    }
+    use crate::tokenize::test_tokenizer as tokenizer;
 
     #[test]
     fn generated_text_retokenizes_to_exactly_its_token_count() {
