@@ -211,21 +211,28 @@ fn usage(prompt: u64, completion: u64) -> Value {
     })
 }
 
-/// A `text_completion` with one choice: a stream chunk, or (with usage added) a whole answer.
-fn completion(meta: &Meta, text: &str, finish: Option<&'static str>) -> Value {
+/// What every OpenAI answer and chunk starts with: its id, `object`, creation time and model,
+/// then `choices`.
+fn envelope(meta: &Meta, object: &str, choices: Value) -> Value {
     json!({
         "id": meta.id,
-        "object": "text_completion",
+        "object": object,
         "created": meta.created,
         "model": meta.model,
-        "choices": [{
-            "index": 0,
-            "text": text,
-            "logprobs": null,
-            "finish_reason": finish,
-            "stop_reason": null,
-        }],
+        "choices": choices,
     })
+}
+
+/// A `text_completion` with one choice: a stream chunk, or (with usage added) a whole answer.
+fn completion(meta: &Meta, text: &str, finish: Option<&str>) -> Value {
+    let choice = json!({
+        "index": 0,
+        "text": text,
+        "logprobs": null,
+        "finish_reason": finish,
+        "stop_reason": null,
+    });
+    envelope(meta, "text_completion", json!([choice]))
 }
 
 impl Api {
@@ -286,14 +293,9 @@ impl Api {
                     } else {
                         "text_completion"
                     };
-                    out.push(sse(&json!({
-                        "id": meta.id,
-                        "object": object,
-                        "created": meta.created,
-                        "model": meta.model,
-                        "choices": [],
-                        "usage": usage(prompt, n),
-                    })));
+                    let mut chunk = envelope(meta, object, json!([]));
+                    chunk["usage"] = usage(prompt, n);
+                    out.push(sse(&chunk));
                 }
                 out.push("data: [DONE]\n\n".to_string());
                 out
@@ -304,19 +306,17 @@ impl Api {
     /// The whole answer of a non-streamed request.
     pub fn full(self, meta: &Meta, job: &Job, text: &str, finish: Finish, n: u64) -> Value {
         match self {
-            Api::Chat => json!({
-                "id": meta.id,
-                "object": "chat.completion",
-                "created": meta.created,
-                "model": meta.model,
-                "choices": [{
+            Api::Chat => {
+                let choice = json!({
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
                     "logprobs": null,
                     "finish_reason": finish.openai(),
-                }],
-                "usage": usage(job.prompt_tokens, n),
-            }),
+                });
+                let mut answer = envelope(meta, "chat.completion", json!([choice]));
+                answer["usage"] = usage(job.prompt_tokens, n);
+                answer
+            }
             Api::Completion => {
                 let mut answer = completion(meta, text, Some(finish.openai()));
                 answer["usage"] = usage(job.prompt_tokens, n);
@@ -344,13 +344,8 @@ fn tgi_details(finish: Finish, n: u64) -> Value {
 }
 
 fn chat_chunk(meta: &Meta, delta: Value, finish: Option<&str>) -> Value {
-    json!({
-        "id": meta.id,
-        "object": "chat.completion.chunk",
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-    })
+    let choice = json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish});
+    envelope(meta, "chat.completion.chunk", json!([choice]))
 }
 
 fn sse(v: &Value) -> String {
