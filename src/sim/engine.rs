@@ -558,6 +558,14 @@ mod tests {
         EngineConfig::mindie(kv)
     }
 
+    /// The pass time of [`paced`] engines.
+    const PACE: Duration = Duration::from_millis(10);
+
+    /// An engine on `c` whose every pass takes [`PACE`], and its event log.
+    fn paced(c: EngineConfig) -> (Engine, Vec<Event>) {
+        (Engine::new(c, Arc::new(Pace(PACE))), Vec::new())
+    }
+
     /// The seed's 910B3 with Qwen3.5-27B: 8e9 bytes in 128-token blocks.
     fn big_cache() -> KvGeometry {
         let kv = Roofline::seed_910b3_qwen35_27b().kv_geometry();
@@ -763,13 +771,11 @@ mod tests {
 
     #[test]
     fn a_second_long_prompt_waits_while_short_ones_pass_it() {
-        let pace = Duration::from_millis(10);
         let mut c = cfg(KvGeometry::unlimited());
         c.chunked_prefill = Some(256);
         c.max_partial_prefills = 3;
         c.long_prefill_threshold = Some(1000);
-        let mut e = Engine::new(c, Arc::new(Pace(pace)));
-        let mut out = Vec::new();
+        let (mut e, mut out) = paced(c);
         let reqs = [req(1, 2000, 20), req(2, 1500, 2), req(3, 100, 20)];
         arrive(&mut e, Duration::ZERO, &reqs, &mut out);
         // 1 and 3 are being prefilled; 2 (long, behind the long 1) waits.
@@ -777,21 +783,19 @@ mod tests {
         assert_eq!(e.snapshot().waiting, 1);
         drain(&mut e, &mut out);
         // Pass 1: 1 gets 128 tokens and 3 its 100. Then 1 alone: 7 x 256 and 80 (pass 9).
-        assert_eq!(token_times(&out, 3)[0], pace);
-        assert_eq!(token_times(&out, 1)[0], 9 * pace);
+        assert_eq!(token_times(&out, 3)[0], PACE);
+        assert_eq!(token_times(&out, 1)[0], 9 * PACE);
         // 2 is admitted at pass 10: 5 x 256 and 220 (pass 15).
-        assert_eq!(token_times(&out, 2)[0], 15 * pace);
+        assert_eq!(token_times(&out, 2)[0], 15 * PACE);
         assert_eq!(e.snapshot().used_bytes, 0);
     }
 
     #[test]
     fn a_cancelled_partial_prefill_leaves_its_share_to_the_others() {
-        let pace = Duration::from_millis(10);
         let mut c = cfg(KvGeometry::unlimited());
         c.chunked_prefill = Some(8);
         c.max_partial_prefills = 2;
-        let mut e = Engine::new(c, Arc::new(Pace(pace)));
-        let mut out = Vec::new();
+        let (mut e, mut out) = paced(c);
         arrive(
             &mut e,
             Duration::ZERO,
@@ -802,22 +806,20 @@ mod tests {
         assert!(e.cancel(1));
         drain(&mut e, &mut out);
         assert!(token_times(&out, 1).is_empty());
-        assert_eq!(token_times(&out, 2), vec![3 * pace]);
+        assert_eq!(token_times(&out, 2), vec![3 * PACE]);
     }
 
     #[test]
     fn growth_preempts_the_newest_partial_prefill_first() {
-        let pace = Duration::from_millis(10);
         let mut c = cfg(tiny_cache(16));
         c.max_model_len = 16;
         c.chunked_prefill = Some(2);
         c.max_partial_prefills = 2;
-        let mut e = Engine::new(c, Arc::new(Pace(pace)));
-        let mut out = Vec::new();
+        let (mut e, mut out) = paced(c);
         // 1 is prefilled in two passes; 2 and 3 arrive with its first token and are admitted at
         // the next pass (30 ms): 8 + 4 + 4 bytes fill the cache, and each gets 1 token a pass.
         arrive(&mut e, Duration::ZERO, &[req(1, 4, 10)], &mut out);
-        arrive(&mut e, 2 * pace, &[req(2, 4, 1), req(3, 4, 1)], &mut out);
+        arrive(&mut e, 2 * PACE, &[req(2, 4, 1), req(3, 4, 1)], &mut out);
         drain(&mut e, &mut out);
         // At 60 ms 1 reaches 9 tokens (12 bytes): 3, the newest, is preempted after 3 of its 4
         // tokens; 2 finishes alone at 70 ms and frees the room 3 is recomputed in (2 passes).
@@ -830,11 +832,11 @@ mod tests {
             preempted,
             vec![Event::Preempted {
                 id: 3,
-                at: 6 * pace
+                at: 6 * PACE
             }]
         );
-        assert_eq!(token_times(&out, 2), vec![7 * pace]);
-        assert_eq!(token_times(&out, 3), vec![9 * pace]);
+        assert_eq!(token_times(&out, 2), vec![7 * PACE]);
+        assert_eq!(token_times(&out, 3), vec![9 * PACE]);
         assert_eq!(token_times(&out, 1).len(), 10);
         assert_eq!(e.snapshot().used_bytes, 0);
     }
@@ -875,11 +877,9 @@ mod tests {
 
     #[test]
     fn preemption_happens_exactly_when_growth_overflows_the_cache() {
-        let pace = Duration::from_millis(10);
         let mut c = cfg(tiny_cache(16));
         c.max_model_len = 16;
-        let mut e = Engine::new(c, Arc::new(Pace(pace)));
-        let mut out = Vec::new();
+        let (mut e, mut out) = paced(c);
         arrive(
             &mut e,
             Duration::ZERO,
@@ -910,7 +910,7 @@ mod tests {
         let t1 = token_times(&out, 1);
         let t2 = token_times(&out, 2);
         assert_eq!(t2.len(), 8);
-        assert_eq!(t2[5], t1[7] + pace);
+        assert_eq!(t2[5], t1[7] + PACE);
         assert_eq!(e.snapshot().used_bytes, 0);
     }
 
@@ -934,19 +934,17 @@ mod tests {
 
     #[test]
     fn admission_is_fifo_on_current_usage_and_batch_slots() {
-        let pace = Duration::from_millis(10);
         let mut c = cfg(tiny_cache(1000));
         c.max_batch = 2;
-        let mut e = Engine::new(c, Arc::new(Pace(pace)));
-        let mut out = Vec::new();
+        let (mut e, mut out) = paced(c);
         let reqs: Vec<SeqRequest> = (1..=3).map(|id| req(id, 4, 3)).collect();
         arrive(&mut e, Duration::ZERO, &reqs, &mut out);
         assert_eq!(e.snapshot().running, 2);
         assert_eq!(e.snapshot().waiting, 1);
         drain(&mut e, &mut out);
         // 1 and 2: prefill then 2 decodes; 3 is admitted when they finish.
-        assert_eq!(token_times(&out, 1), vec![pace, 2 * pace, 3 * pace]);
-        assert_eq!(token_times(&out, 3)[0], 4 * pace);
+        assert_eq!(token_times(&out, 1), vec![PACE, 2 * PACE, 3 * PACE]);
+        assert_eq!(token_times(&out, 3)[0], 4 * PACE);
     }
 
     #[test]
