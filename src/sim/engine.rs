@@ -214,15 +214,20 @@ impl Seq {
     fn context(&self) -> u64 {
         self.prompt + self.generated
     }
+
+    /// Prompt tokens a partial-prefill pass giving each sequence `share` prefills of this one.
+    fn chunk(&self, share: u64) -> u64 {
+        share.min(self.to_prefill - self.prefilled)
+    }
 }
 
 #[derive(Debug)]
 enum Pass {
     /// Whole prefills of these sequences, alone on the card.
     Prefill(Vec<Seq>),
-    /// One decode token for every running sequence, plus a chunk of tokens of each sequence
-    /// being prefilled, by id.
-    Decode { chunks: Vec<(SeqId, u64)> },
+    /// One decode token for every running sequence, plus up to `share` tokens of each sequence
+    /// being prefilled (0 without chunked prefill).
+    Decode { share: u64 },
 }
 
 #[derive(Debug)]
@@ -389,7 +394,7 @@ impl Engine {
                     (self.timing.prefill(&tokens), Pass::Prefill(batch))
                 } else if !self.running.is_empty() {
                     self.make_room(now, out);
-                    (self.decode_duration(0), Pass::Decode { chunks: Vec::new() })
+                    (self.decode_duration(0), Pass::Decode { share: 0 })
                 } else {
                     return;
                 }
@@ -399,16 +404,11 @@ impl Engine {
                 self.admit_partial_prefills();
                 // vLLM's split: each of the n prompts gets at most budget / n tokens this pass.
                 let share = chunk_tokens / self.prefilling.len().max(1) as u64;
-                let chunks: Vec<(SeqId, u64)> = self
-                    .prefilling
-                    .iter()
-                    .map(|p| (p.id, share.min(p.to_prefill - p.prefilled)))
-                    .collect();
-                let chunk: u64 = chunks.iter().map(|&(_, c)| c).sum();
+                let chunk: u64 = self.prefilling.iter().map(|p| p.chunk(share)).sum();
                 if self.running.is_empty() && chunk == 0 {
                     return;
                 }
-                (self.decode_duration(chunk), Pass::Decode { chunks })
+                (self.decode_duration(chunk), Pass::Decode { share })
             }
         };
         self.in_flight = Some(InFlight {
@@ -507,16 +507,15 @@ impl Engine {
                     self.emit_and_keep(seq, at, out);
                 }
             }
-            Pass::Decode { chunks } => {
+            Pass::Decode { share } => {
                 let running = std::mem::take(&mut self.running);
                 for seq in running {
                     self.emit_and_keep(seq, at, out);
                 }
-                // Every sequence still prefilling was given its chunk when the pass started.
+                // Sequences join the partial prefills only when a pass starts (a cancel only
+                // removes them), so each one here gets the chunk the pass was timed with.
                 for mut p in std::mem::take(&mut self.prefilling) {
-                    if let Some(&(_, chunk)) = chunks.iter().find(|&&(id, _)| id == p.id) {
-                        p.prefilled += chunk;
-                    }
+                    p.prefilled += p.chunk(share);
                     if p.prefilled == p.to_prefill {
                         self.emit_and_keep(p, at, out);
                     } else {
