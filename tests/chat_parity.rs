@@ -6,6 +6,8 @@
 //! Needs the official template at `../shared/data/` beside the clone and the tokenizer from
 //! `scripts/fetch-tokenizer` at `assets/qwen3.5/tokenizer.json`.
 
+mod common;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -73,12 +75,7 @@ impl CountTokens for HfCount {
 fn tokenizer() -> &'static HfCount {
     static TOKENIZER: OnceLock<HfCount> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = root().join("assets/qwen3.5/tokenizer.json");
-        assert!(
-            path.exists(),
-            "{} is missing: run scripts/fetch-tokenizer first",
-            path.display()
-        );
+        let path = common::tokenizer_json();
         HfCount(tokenizers::Tokenizer::from_file(&path).expect("tokenizer.json loads"))
     })
 }
@@ -87,9 +84,7 @@ fn tokenizer() -> &'static HfCount {
 fn gateway_tokenizer() -> &'static tokengate::tokenize::Tokenizer {
     static TOKENIZER: OnceLock<tokengate::tokenize::Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = root().join("assets/qwen3.5/tokenizer.json");
-        tokengate::tokenize::Tokenizer::load(&path)
-            .unwrap_or_else(|e| panic!("{e:#}: run scripts/fetch-tokenizer first"))
+        tokengate::tokenize::Tokenizer::load(&common::tokenizer_json()).expect("tokenizer loads")
     })
 }
 

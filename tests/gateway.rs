@@ -2,6 +2,7 @@
 //! limiter on a manual clock. Every test asserts exact statuses, codes, headers and ledger
 //! numbers, and waits only on observable events.
 
+mod common;
 mod support;
 
 use serde_json::{json, Value};

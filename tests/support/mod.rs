@@ -10,7 +10,6 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokengate::app::{self, Deps};
@@ -25,20 +24,9 @@ use tokio::sync::{mpsc, Semaphore};
 pub fn tokenizer() -> Arc<Tokenizer> {
     static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
     TOK.get_or_init(|| {
-        let path = tokenizer_path();
-        assert!(
-            path.exists(),
-            "{} is missing: run scripts/fetch-tokenizer (scripts/test does it)",
-            path.display()
-        );
-        Arc::new(Tokenizer::load(&path).expect("tokenizer loads"))
+        Arc::new(Tokenizer::load(&crate::common::tokenizer_json()).expect("tokenizer loads"))
     })
     .clone()
-}
-
-/// Where `scripts/fetch-tokenizer` puts the tokenizer.
-pub fn tokenizer_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3.5/tokenizer.json")
 }
 
 /// How the fake backend answers generation requests.
