@@ -7,6 +7,7 @@ use crate::capacity::{
     derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend, ProfileOverrides,
     StateDtype, Workload,
 };
+use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -34,6 +35,13 @@ pub struct Config {
     pub backends: Vec<BackendConfig>,
     /// Tenants and their budgets.
     pub tenants: Vec<TenantConfig>,
+    /// Images and video: accepted or not, and how they are counted.
+    #[serde(default)]
+    pub vision: VisionConfig,
+    /// The rules `vision` resolves to (its processor files read), set by [`Config::load`] and
+    /// [`Config::parse`].
+    #[serde(skip)]
+    pub vision_rules: VisionRules,
 }
 
 /// The declared average request used to derive batch ceilings and token rates.
@@ -326,19 +334,31 @@ impl Config {
     pub fn load(path: &Path) -> anyhow::Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
-        let mut cfg =
-            Config::parse(&text).with_context(|| format!("in config file {}", path.display()))?;
+        let in_file = || format!("in config file {}", path.display());
+        let mut cfg = Config::from_toml(&text).with_context(in_file)?;
         let base = path.parent().unwrap_or_else(|| Path::new("."));
         cfg.resolve_paths(base);
+        cfg.finish().with_context(in_file)?;
         Ok(cfg)
     }
 
-    /// Parses, sizes (capacity model) and validates config text (paths left as written).
+    /// Parses, sizes (capacity model) and validates config text (paths taken as written).
     pub fn parse(text: &str) -> anyhow::Result<Config> {
-        let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-        cfg.derive_capacity()?;
-        cfg.validate()?;
+        let mut cfg = Config::from_toml(text)?;
+        cfg.finish()?;
         Ok(cfg)
+    }
+
+    fn from_toml(text: &str) -> anyhow::Result<Config> {
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// Sizes, validates and reads the vision processor files.
+    fn finish(&mut self) -> anyhow::Result<()> {
+        self.derive_capacity()?;
+        self.validate()?;
+        self.vision_rules = self.vision.load()?;
+        Ok(())
     }
 
     /// Fills in what the capacity model derives: backends' KV capacity and batch cap from
@@ -439,8 +459,14 @@ impl Config {
             }
         };
         self.tokenizer.path = resolve(&self.tokenizer.path);
-        if let Some(t) = &self.tokenizer.chat_template {
-            self.tokenizer.chat_template = Some(resolve(t));
+        for path in [
+            &mut self.tokenizer.chat_template,
+            &mut self.vision.preprocessor_config,
+            &mut self.vision.video_preprocessor_config,
+        ] {
+            if let Some(p) = path {
+                *p = resolve(p);
+            }
         }
     }
 

@@ -23,3 +23,4 @@ pub mod server;
 pub mod sim;
 pub mod tenant;
 pub mod tokenize;
+pub mod vision;

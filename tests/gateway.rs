@@ -925,3 +925,138 @@ requests_per_second = 2
         0.25 * derived_prefill
     );
 }
+
+/// The base64 of a real 1024x1024 PNG file, from tests/fixtures/vision.jsonl (Pillow made it).
+fn png_1024_base64() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vision.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|f| {
+            f["variant"] == "png" && f["width"] == 1024 && f["height"] == 1024 && f["whole"] == true
+        })
+        .expect("a whole 1024x1024 PNG fixture")["data"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A one-message chat with a question and an image part.
+fn image_chat(url: &str, max_tokens: u64) -> Value {
+    json!({"model": "qwen3.5-27b", "max_tokens": max_tokens, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]}]})
+}
+
+/// The first row: a 1024x1024 PNG was counted as its 3 placeholder tokens; the backend
+/// runs 1,024 image tokens between the vision start and end tokens. `/tokenize`, the prefill
+/// charge and the KV footprint now all see them.
+#[tokio::test]
+async fn an_image_is_charged_the_tokens_the_backend_runs() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let url = format!("data:image/png;base64,{}", png_1024_base64());
+    let text = chat_tokens("What is this?<|vision_start|><|image_pad|><|vision_end|>");
+    let expected = text - 1 + 1024;
+
+    let r = post(&gw.url("/tokenize"), "sk-alice", &image_chat(&url, 5)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["count"], expected);
+    let ids = v["tokens"].as_array().unwrap();
+    assert_eq!(ids.len() as u64, expected);
+    let pad = u64::from(tokenizer().token_id("<|image_pad|>").unwrap());
+    assert_eq!(
+        ids.iter().filter(|id| id.as_u64() == Some(pad)).count(),
+        1024
+    );
+
+    let r = chat_within_10s(&gw, &image_chat(&url, 5), "image chat").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - expected as f64
+    );
+    gw.wait_metric(
+        "tokengate_prefill_tokens_total{tenant=\"alice\"}",
+        &expected.to_string(),
+    )
+    .await;
+    // Forwarded as sent: the backend gets the image, not the gateway's placeholder.
+    let sent = backend.seen.lock().unwrap()[0].clone();
+    assert_eq!(sent["messages"][0]["content"][1]["image_url"]["url"], url);
+
+    // The KV footprint includes them too: with room for 1,000 tokens of KV (plus the
+    // sequence state) the same chat can never fit.
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.backends[0].kv_capacity_bytes =
+            cfg.model.state_bytes_per_sequence + 1000 * cfg.model.kv_bytes_per_token;
+    })
+    .await;
+    let r = gw.chat("sk-alice", &image_chat(&url, 5)).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+}
+
+#[tokio::test]
+async fn images_that_cannot_be_counted_are_refused_and_change_nothing() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    // A remote image is charged at the most an image can cost: 16,384 tokens, past the test
+    // model's 4,096-token context.
+    let r = post(
+        &gw.url("/tokenize"),
+        "sk-alice",
+        &image_chat("https://example.com/cat.png", 5),
+    )
+    .await;
+    let text = chat_tokens("What is this?<|vision_start|><|image_pad|><|vision_end|>");
+    assert_eq!(r.json()["count"], text - 1 + 16_384);
+    let r = gw
+        .chat("sk-alice", &image_chat("https://example.com/cat.png", 5))
+        .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "context_length_exceeded")
+    );
+
+    let param = "messages[0].content[1].image_url";
+    let cases = [
+        ("data:image/png;base64,R0lGODdh", "`messages[0].content[1].image_url` is not an image the gateway can count: the GIF data ends inside its header"),
+        ("data:image/png;base64,Qk02AAAA", "`messages[0].content[1].image_url` is not an image the gateway can count: unsupported image format (the data starts with bytes 42 4d 36 00 00 00); send PNG, JPEG, WebP or GIF"),
+        ("ftp://example.com/a.png", "`messages[0].content[1].image_url` is not an image the gateway can count: the URL must be http(s) or a base64 data URL (`data:<type>;base64,<data>`)"),
+    ];
+    for (url, message) in cases {
+        let r = gw.chat("sk-alice", &image_chat(url, 5)).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (400, "invalid_request"),
+            "{url}"
+        );
+        assert_eq!(r.json()["error"]["param"], param);
+        assert_eq!(r.json()["error"]["message"], message);
+    }
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert!(backend.seen.lock().unwrap().is_empty());
+
+    // A text-only deployment refuses images and video outright.
+    let (gw, backend) =
+        gateway_with(FakeSpec::default(), |cfg| cfg.vision_rules.enabled = false).await;
+    let url = format!("data:image/png;base64,{}", png_1024_base64());
+    let r = gw.chat("sk-alice", &image_chat(&url, 5)).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"));
+    assert_eq!(
+        r.json()["error"]["message"],
+        "`messages[0].content[1].image_url` is an image, but this deployment accepts text only (vision.enabled = false)"
+    );
+    let video = json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}}]}]});
+    let r = gw.chat("sk-alice", &video).await;
+    assert_eq!(
+        r.json()["error"]["param"],
+        "messages[0].content[0].video_url"
+    );
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert!(backend.seen.lock().unwrap().is_empty());
+}

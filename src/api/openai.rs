@@ -5,6 +5,7 @@
 
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatPrompt;
+use crate::vision::{Media, Modality, VisionRules};
 use serde_json::{Map, Value};
 
 /// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
@@ -29,8 +30,14 @@ impl Endpoint {
 /// What must be tokenized to know a request's prefill cost.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    /// A chat, rendered with the chat template before counting.
-    Chat(ChatPrompt),
+    /// A chat, rendered with the chat template before counting, and what its images and videos
+    /// become in the engine's prompt (in the order the template renders them).
+    Chat {
+        /// What the template renders (media parts reduced to `{"type": "image"}` / `"video"`).
+        prompt: ChatPrompt,
+        /// Each image's and video's tokens beyond the template's placeholder.
+        media: Vec<Media>,
+    },
     /// A completion prompt given as text (special tokens recognized, as vLLM does).
     Text(String),
     /// A completion prompt given as token ids: its count is its length.
@@ -72,6 +79,8 @@ pub struct ParseLimits<'a> {
     pub served_names: &'a [String],
     /// Context length (prompt + output).
     pub max_model_len: u64,
+    /// How images and video are accepted and counted.
+    pub vision: &'a VisionRules,
 }
 
 /// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
@@ -205,7 +214,7 @@ pub fn parse_generation(
         }
     }
     let prompt = match endpoint {
-        Endpoint::Chat => Prompt::Chat(parse_chat_prompt(&body)?),
+        Endpoint::Chat => parse_chat_prompt(&body, limits.vision)?,
         Endpoint::Completions => parse_completion_prompt(&body)?,
     };
     Ok(GenerationRequest {
@@ -221,8 +230,13 @@ pub fn parse_generation(
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-/// `messages`, `tools` and the template switches of a chat body.
-pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiError> {
+/// `messages`, `tools` and the template switches of a chat body, as a [`Prompt::Chat`]: each
+/// image and video part is read (and refused with a 400 naming it if it cannot be counted) and
+/// handed to the template as the bare `{"type": "image"}` or `{"type": "video"}` vLLM renders.
+pub fn parse_chat_prompt(
+    body: &Map<String, Value>,
+    vision: &VisionRules,
+) -> Result<Prompt, ApiError> {
     let messages = match body.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) => {
@@ -239,6 +253,8 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
         }
         Some(other) => return Err(wrong_type("messages", "an array", other)),
     };
+    let mut media = Vec::new();
+    let mut rendered = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let Value::Object(m) = m else {
@@ -260,20 +276,17 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
             }
             Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", other)),
         }
-        match m.get("content") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
-            Some(Value::Array(parts)) => {
-                for (j, p) in parts.iter().enumerate() {
-                    let ok = matches!(p, Value::Object(o) if matches!(o.get("text"), Some(Value::String(_)))
-                        || o.contains_key("image_url") || o.contains_key("image") || o.contains_key("video"));
-                    if !ok {
-                        return Err(ApiError::invalid_param(
-                            &format!("{at}.content[{j}]"),
-                            format!("`{at}.content[{j}]` must be a content part such as {{\"type\": \"text\", \"text\": \"...\"}}"),
-                        ));
-                    }
-                }
-            }
+        let parts = match m.get("content") {
+            None | Some(Value::Null) | Some(Value::String(_)) => None,
+            Some(Value::Array(parts)) => Some(
+                parts
+                    .iter()
+                    .enumerate()
+                    .map(|(j, p)| {
+                        content_part(p, &format!("{at}.content[{j}]"), vision, &mut media)
+                    })
+                    .collect::<Result<Vec<Value>, ApiError>>()?,
+            ),
             Some(other) => {
                 return Err(wrong_type(
                     &format!("{at}.content"),
@@ -281,7 +294,21 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
                     other,
                 ))
             }
-        }
+        };
+        let message = match parts {
+            None => m.clone(),
+            Some(mut parts) => m
+                .iter()
+                .map(|(k, v)| {
+                    let v = match k.as_str() {
+                        "content" => Value::Array(std::mem::take(&mut parts)),
+                        _ => v.clone(),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        };
+        rendered.push(Value::Object(message));
     }
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
@@ -306,14 +333,99 @@ pub fn parse_chat_prompt(body: &Map<String, Value>) -> Result<ChatPrompt, ApiErr
     };
     let add_generation_prompt = optional_bool(body, "add_generation_prompt")?.unwrap_or(true);
     let mut prompt = ChatPrompt {
-        messages: messages.clone(),
+        messages: rendered,
         tools,
         add_generation_prompt,
         enable_thinking,
     };
     // OpenAI clients send tool-call arguments as JSON strings; the template wants mappings.
     prompt.normalize_tool_calls()?;
-    Ok(prompt)
+    Ok(Prompt::Chat { prompt, media })
+}
+
+/// One part of a message's `content` at `at`: a text part as it is, an image or video part
+/// counted into `media` and reduced to its kind. Parts are told apart the way the chat template
+/// does: image first, then video, then text.
+fn content_part(
+    part: &Value,
+    at: &str,
+    vision: &VisionRules,
+    media: &mut Vec<Media>,
+) -> Result<Value, ApiError> {
+    let not_a_part = || {
+        ApiError::invalid_param(
+            at,
+            format!("`{at}` must be a content part such as {{\"type\": \"text\", \"text\": \"...\"}} or {{\"type\": \"image_url\", \"image_url\": {{\"url\": \"...\"}}}}"),
+        )
+    };
+    let Value::Object(o) = part else {
+        return Err(not_a_part());
+    };
+    let kind = o.get("type").and_then(Value::as_str);
+    let (modality, keys) = if ["image_url", "image"].iter().any(|k| o.contains_key(*k))
+        || matches!(kind, Some("image" | "image_url"))
+    {
+        (Modality::Image, ["image_url", "image"])
+    } else if ["video_url", "video"].iter().any(|k| o.contains_key(*k))
+        || matches!(kind, Some("video" | "video_url"))
+    {
+        (Modality::Video, ["video_url", "video"])
+    } else if matches!(o.get("text"), Some(Value::String(_))) {
+        return Ok(part.clone());
+    } else {
+        return Err(not_a_part());
+    };
+    let (key, source) = keys
+        .iter()
+        .find_map(|k| o.get(*k).map(|v| (*k, v)))
+        .ok_or_else(|| {
+            ApiError::invalid_param(
+                &format!("{at}.{}", keys[0]),
+                format!("`{at}.{}` is required", keys[0]),
+            )
+        })?;
+    let param = format!("{at}.{key}");
+    let what = match modality {
+        Modality::Image => "an image",
+        Modality::Video => "a video",
+    };
+    if !vision.enabled {
+        return Err(ApiError::invalid_param(
+            &param,
+            format!("`{param}` is {what}, but this deployment accepts text only (vision.enabled = false)"),
+        ));
+    }
+    let url = match source {
+        Value::String(url) => url,
+        Value::Object(o) => match o.get("url") {
+            Some(Value::String(url)) => url,
+            _ => {
+                return Err(ApiError::invalid_param(
+                    &format!("{param}.url"),
+                    format!("`{param}.url` must be a string"),
+                ))
+            }
+        },
+        other => {
+            return Err(wrong_type(
+                &param,
+                "a URL string or an object with `url`",
+                other,
+            ))
+        }
+    };
+    let counted = Media::from_url(modality, url, vision).map_err(|e| {
+        ApiError::invalid_param(
+            &param,
+            format!("`{param}` is not {what} the gateway can count: {e}"),
+        )
+    })?;
+    media.push(counted);
+    let kind = match modality {
+        Modality::Image => "image",
+        Modality::Video => "video",
+    };
+    Ok(serde_json::json!({ "type": kind }))
 }
 
 /// The `prompt` of a completions body: a string, a one-element list of strings, or token ids.
@@ -392,6 +504,7 @@ mod tests {
             &ParseLimits {
                 served_names: &names,
                 max_model_len: len,
+                vision: &VisionRules::default(),
             },
         )
     }
@@ -411,7 +524,9 @@ mod tests {
             r.requested_max_tokens,
             Some((MaxTokensField::MaxCompletionTokens, 7))
         );
-        let Prompt::Chat(p) = &r.prompt else { panic!() };
+        let Prompt::Chat { prompt: p, .. } = &r.prompt else {
+            panic!()
+        };
         assert_eq!(p.enable_thinking, Some(false));
         assert!(p.add_generation_prompt);
     }
@@ -427,10 +542,79 @@ mod tests {
                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
         )
         .unwrap();
-        let Prompt::Chat(p) = &r.prompt else { panic!() };
+        let Prompt::Chat { prompt: p, .. } = &r.prompt else {
+            panic!()
+        };
         assert_eq!(
             p.messages[1]["tool_calls"][0]["function"]["arguments"],
             json!({"city": "Paris"})
+        );
+    }
+
+    #[test]
+    fn media_parts_are_counted_and_rendered_as_their_kind() {
+        // A 64x64 PNG header: under the pixel floor, so 256x256 after resizing, 64 tokens.
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAA=";
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": [{"role": "user", "name": "u", "content": [
+                {"type": "text", "text": "see"},
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{png}")}},
+                {"image_url": "https://example.com/x.png"},
+                {"type": "video_url", "video_url": {"url": format!("data:video/jpeg;base64,{png},{png}")}},
+            ]}]}),
+        )
+        .unwrap();
+        let Prompt::Chat { prompt, media } = &r.prompt else {
+            panic!()
+        };
+        assert_eq!(
+            prompt.messages[0],
+            json!({"role": "user", "name": "u", "content": [
+                {"type": "text", "text": "see"}, {"type": "image"}, {"type": "image"}, {"type": "video"}]})
+        );
+        assert_eq!(media.len(), 3);
+        assert_eq!(media[0], Media::Image { pads: 64 });
+        assert_eq!(media[1], Media::Image { pads: 16_384 });
+        assert!(matches!(
+            media[2],
+            Media::Video {
+                pads_per_group: 4,
+                ..
+            }
+        ));
+        // The body forwarded to the backend is untouched.
+        assert_eq!(
+            r.body["messages"][0]["content"][2]["image_url"],
+            "https://example.com/x.png"
+        );
+
+        let refused = |part: Value| {
+            let e = parse(
+                Endpoint::Chat,
+                json!({"model": "qwen", "messages": [{"role": "user", "content": [part]}]}),
+            )
+            .unwrap_err();
+            (e.param.unwrap(), e.message)
+        };
+        assert_eq!(
+            refused(json!({"type": "image_url"})),
+            (
+                "messages[0].content[0].image_url".into(),
+                "`messages[0].content[0].image_url` is required".into()
+            )
+        );
+        assert_eq!(
+            refused(json!({"type": "image_url", "image_url": {"url": 5}})).0,
+            "messages[0].content[0].image_url.url"
+        );
+        assert_eq!(
+            refused(json!({"type": "video_url", "video_url": 5})).0,
+            "messages[0].content[0].video_url"
+        );
+        assert_eq!(
+            refused(json!({"type": "input_audio"})).0,
+            "messages[0].content[0]"
         );
     }
 

@@ -17,6 +17,7 @@ use crate::tenant::{Tenant, TenantDirectory};
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::{PoolError, TokenizePool};
 use crate::tokenize::Tokenizer;
+use crate::vision;
 use bytes::Bytes;
 use forward::Upstream;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
@@ -151,10 +152,13 @@ impl Gateway {
         let counted = match prompt {
             // Already tokens: nothing to run on the pool (nor to be refused by it).
             Prompt::TokenIds(ids) => return Ok(ids.len() as u64),
-            Prompt::Chat(p) => {
+            Prompt::Chat { prompt, media } => {
                 let chat = self.chat.clone();
                 self.pool
-                    .run(move || chat.count(tok.as_ref(), &p).map(|n| n as u64))
+                    .run(move || {
+                        let text = chat.count(tok.as_ref(), &prompt);
+                        text.map(|n| n as u64 + vision::extra_tokens(&media, tok.as_ref()))
+                    })
                     .await
             }
             Prompt::Text(t) => self.pool.run(move || Ok(tok.count(&t) as u64)).await,
@@ -169,21 +173,25 @@ impl Gateway {
         }
     }
 
-    /// Renders a chat (for `/tokenize`, which returns the ids).
+    /// The ids the engine will run (for `/tokenize`): a chat rendered, encoded and its image
+    /// and video placeholders expanded, so their number is what [`Gateway::count_prompt`]
+    /// charges.
     pub async fn encode_prompt(&self, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
         let tok = self.tokenizer.clone();
         let chat = self.chat.clone();
         let encoded = self
             .pool
             .run(move || match prompt {
-                Prompt::Chat(p) => chat.template().render(&p).map(|text| tok.encode(&text)),
+                Prompt::Chat { prompt, media } => {
+                    let ids = tok.encode(&chat.template().render(&prompt)?);
+                    vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
+                }
                 Prompt::Text(t) => Ok(tok.encode(&t)),
                 Prompt::TokenIds(ids) => Ok(ids),
             })
             .await;
         match encoded {
-            Ok(Ok(ids)) => Ok(ids),
-            Ok(Err(template)) => Err(template.into()),
+            Ok(result) => result,
             Err(e) => Err(pool_error(e, self.pool.queue_depth())),
         }
     }
@@ -294,6 +302,7 @@ impl Gateway {
                 let limits = ParseLimits {
                     served_names: &config.model.served_names,
                     max_model_len: config.model.max_model_len,
+                    vision: &config.vision_rules,
                 };
                 openai::parse_generation(endpoint, body, &limits)
             })
@@ -460,7 +469,7 @@ impl Gateway {
                     }
                 }
                 if body.contains_key("messages") {
-                    Ok(Prompt::Chat(openai::parse_chat_prompt(&body)?))
+                    openai::parse_chat_prompt(&body, &config.vision_rules)
                 } else {
                     openai::parse_completion_prompt(&body)
                 }
