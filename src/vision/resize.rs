@@ -46,6 +46,12 @@ fn py_round(x: f64) -> u64 {
     x.round_ties_even() as u64
 }
 
+/// The area after rounding both sides to multiples of `factor`.
+fn rounded_area(height: u64, width: u64, factor: u64) -> u128 {
+    let side = |x: u64| u128::from(py_round(x as f64 / factor as f64) * factor);
+    side(height) * side(width)
+}
+
 fn check_ratio(height: u64, width: u64) -> Result<(), ResizeError> {
     let ratio = height.max(width) as f64 / height.min(width) as f64;
     if ratio > MAX_ASPECT_RATIO {
@@ -59,18 +65,19 @@ fn check_ratio(height: u64, width: u64) -> Result<(), ResizeError> {
 }
 
 /// Scales `(height, width)` whose rounded area `area` (with `count` frames folded in for video)
-/// is out of bounds back inside them, as `smart_resize` does.
-fn fit(height: u64, width: u64, count: u64, area: u64, rule: &ResizeRule) -> (u64, u64) {
+/// is out of bounds back inside them, as `smart_resize` does. Areas are `u128`: Python's
+/// integers do not overflow, and a video of many frames of a 2^31-pixel-wide PNG would.
+fn fit(height: u64, width: u64, count: u64, area: u128, rule: &ResizeRule) -> (u64, u64) {
     let f = rule.factor;
     let (h, w, fl) = (height as f64, width as f64, f as f64);
-    let pixels = count * height * width;
-    if area > rule.max_pixels {
+    let pixels = u128::from(count) * u128::from(height) * u128::from(width);
+    if area > u128::from(rule.max_pixels) {
         let beta = (pixels as f64 / rule.max_pixels as f64).sqrt();
         (
             f.max((h / beta / fl).floor() as u64 * f),
             f.max((w / beta / fl).floor() as u64 * f),
         )
-    } else if area < rule.min_pixels {
+    } else if area < u128::from(rule.min_pixels) {
         let beta = (rule.min_pixels as f64 / pixels as f64).sqrt();
         (
             (h * beta / fl).ceil() as u64 * f,
@@ -84,9 +91,13 @@ fn fit(height: u64, width: u64, count: u64, area: u64, rule: &ResizeRule) -> (u6
 /// The size an image of `height` x `width` (both at least 1) is resized to.
 pub fn smart_resize(height: u64, width: u64, rule: &ResizeRule) -> Result<(u64, u64), ResizeError> {
     check_ratio(height, width)?;
-    let f = rule.factor as f64;
-    let area = py_round(height as f64 / f) * rule.factor * py_round(width as f64 / f) * rule.factor;
-    Ok(fit(height, width, 1, area, rule))
+    Ok(fit(
+        height,
+        width,
+        1,
+        rounded_area(height, width, rule.factor),
+        rule,
+    ))
 }
 
 /// The size each frame of a `frames`-frame video of `height` x `width` is resized to: the
@@ -117,9 +128,8 @@ pub fn smart_resize_video(
         (height, width)
     };
     check_ratio(height, width)?;
-    let fl = f as f64;
     let t_bar = py_round(frames as f64 / temporal_patch as f64) * temporal_patch;
-    let area = t_bar * py_round(height as f64 / fl) * f * py_round(width as f64 / fl) * f;
+    let area = u128::from(t_bar) * rounded_area(height, width, f);
     Ok(fit(height, width, frames, area, rule))
 }
 
@@ -165,6 +175,12 @@ mod tests {
         let (h, w) = smart_resize_video(64, 1080, 1920, 2, &video).unwrap();
         assert!(64 * h * w <= video.max_pixels, "{h}x{w}");
         assert_eq!((h, w), (448, 832));
+        // Sizes whose pixel count overflows 64 bits are scaled like any other.
+        let huge = i32::MAX as u64;
+        assert_eq!(
+            smart_resize_video(400_000, huge, huge, 2, &video),
+            Ok((32, 32))
+        );
         // Frames under 32 px are first scaled up to 32.
         assert_eq!(smart_resize_video(4, 16, 64, 2, &video), Ok((32, 128)));
         assert_eq!(
