@@ -463,10 +463,11 @@ impl Config {
             &mut self.tokenizer.chat_template,
             &mut self.vision.preprocessor_config,
             &mut self.vision.video_preprocessor_config,
-        ] {
-            if let Some(p) = path {
-                *p = resolve(p);
-            }
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *path = resolve(path);
         }
     }
 

@@ -354,7 +354,10 @@ mod tests {
         let jpeg = jpeg_with_app1(&[50_000; 4], 1920, 1080);
         let mut text = STANDARD.encode(&jpeg).into_bytes();
         let mut at = 2;
-        let mut read = vec![0..30];
+        // Byte ranges the parser reads: the first 30 bytes, then each segment's marker and
+        // header.
+        let mut read: Vec<std::ops::Range<usize>> = Vec::new();
+        read.push(0..30);
         for _ in 0..4 {
             read.push(at..at + 2 + 7);
             at += 2 + 50_002;

@@ -614,10 +614,7 @@ mod tests {
     fn a_video_of_frames_costs_per_temporal_patch() {
         let rules = VisionRules::default();
         let frame = png(640, 480);
-        let url = format!(
-            "data:video/jpeg;base64,{}",
-            vec![frame.as_str(); 7].join(",")
-        );
+        let url = format!("data:video/jpeg;base64,{}", [frame.as_str(); 7].join(","));
         let media = Media::from_url(Modality::Video, &url, &rules).unwrap();
         // 7 frames of 640x480 are 2.2 M pixels, inside the clip bounds: 15 x 20 tokens per
         // temporal patch, 4 patches (the 7th frame repeated), timestamps at 24 fps.
