@@ -1,8 +1,9 @@
 //! The admin listener: Prometheus metrics, liveness and readiness, and JSON views of the
 //! tenants' buckets and the backends' KV ledgers.
 
-use crate::error::ApiError;
+use crate::error::{Allow, ApiError};
 use crate::metrics::{BackendLabel, BucketLabels};
+use crate::proxy::forward::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};
 use http::{header, Method, Request, Response, StatusCode};
 use serde_json::json;
@@ -11,9 +12,7 @@ use serde_json::json;
 pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError> {
     let path = req.uri().path();
     if req.method() != Method::GET {
-        return Err(ApiError::method_not_allowed(format!(
-            "{path} only answers GET"
-        )));
+        return Err(ApiError::method_not_allowed(req.method(), path, Allow::Get));
     }
     match path {
         "/metrics" => {
@@ -26,24 +25,32 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
             Ok(resp)
         }
         "/healthz" => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-        "/readyz" => {
-            for (u, b) in gw.upstreams.iter().zip(&gw.config.backends) {
-                if u.is_ready(&b.health_path).await {
-                    return Ok(json_response(
-                        StatusCode::OK,
-                        &json!({"status": "ready", "backend": u.url}),
-                    ));
-                }
-            }
-            Ok(json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "not ready", "reason": "no backend answers its health check"}),
-            ))
-        }
+        "/readyz" => Ok(readiness(gw).await),
         "/admin/tenants" => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
         "/admin/backends" => Ok(json_response(StatusCode::OK, &backends_json(gw))),
         _ => Err(ApiError::not_found(format!("no admin route {path}"))),
     }
+}
+
+/// Every backend's health path, asked at once, each bounded by its `health_timeout`: ready
+/// while at least one backend is.
+async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
+    let found = futures_util::future::join_all(gw.upstreams.iter().map(|u| u.probe())).await;
+    let ready = found.contains(&Health::Ready);
+    let backends: Vec<_> = gw
+        .upstreams
+        .iter()
+        .zip(&found)
+        .map(
+            |(u, h)| json!({"url": u.url, "state": h.state(), "detail": h.detail(u.health_path())}),
+        )
+        .collect();
+    let (status, word) = if ready {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    };
+    json_response(status, &json!({"status": word, "backends": backends}))
 }
 
 async fn tenants_json(gw: &Gateway) -> serde_json::Value {

@@ -93,18 +93,7 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
             deadline: config.admission.queue_deadline,
         },
     );
-    let upstreams = config
-        .backends
-        .iter()
-        .map(|b| {
-            Upstream::new(
-                &b.url,
-                b.connect_timeout,
-                b.first_byte_timeout,
-                b.stream_idle_timeout,
-            )
-        })
-        .collect();
+    let upstreams = config.backends.iter().map(Upstream::new).collect();
     Ok(Arc::new(Gateway {
         tenants: TenantDirectory::from_config(&config.tenants),
         limiter: Limiter::new(Arc::new(LocalStore::default()), deps.clock),

@@ -94,6 +94,10 @@ pub struct ServerConfig {
     /// On SIGTERM / ctrl-c, how long in-flight streams may run before they are cut.
     #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Client connections the main listener serves at once; at the cap it stops accepting
+    /// until one closes (they wait in the kernel's backlog).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +109,7 @@ impl Default for ServerConfig {
             header_read_timeout: default_header_timeout(),
             body_read_timeout: default_body_timeout(),
             shutdown_grace: default_shutdown_grace(),
+            max_connections: default_max_connections(),
         }
     }
 }
@@ -126,6 +131,9 @@ fn default_body_timeout() -> Duration {
 }
 fn default_shutdown_grace() -> Duration {
     Duration::from_secs(30)
+}
+fn default_max_connections() -> usize {
+    4096
 }
 
 /// Tokenizer and chat template.
@@ -267,6 +275,20 @@ pub struct BackendConfig {
     /// an `upstream_timeout` error event and the request is settled.
     #[serde(default = "default_stream_idle_timeout", with = "humantime_serde")]
     pub stream_idle_timeout: Duration,
+    /// Time for a whole non-streamed body (an answer, an error, `/v1/models`) once its
+    /// headers arrived; past it the request gets a 504.
+    #[serde(default = "default_body_read_timeout", with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// Largest non-streamed answer read from the backend; a larger one is a 502.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
+    /// Largest single event of a streamed answer; a larger one ends the stream with an
+    /// `upstream_error` event.
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: u64,
+    /// Time the health check (`/readyz`) waits for `health_path` to answer.
+    #[serde(default = "default_health_timeout", with = "humantime_serde")]
+    pub health_timeout: Duration,
 }
 
 fn one() -> u32 {
@@ -292,6 +314,23 @@ fn default_first_byte_timeout() -> Duration {
 }
 fn default_stream_idle_timeout() -> Duration {
     Duration::from_secs(60)
+}
+fn default_body_read_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+/// A 32K-token answer with `top_logprobs = 20` is about 1.5 KB of JSON per token (48 MB).
+fn default_max_response_bytes() -> u64 {
+    64 << 20
+}
+/// One token with 20 top logprobs is about 2 KB; a tool call's whole arguments in one event
+/// (engines that do not stream them) fit many times over.
+fn default_max_event_bytes() -> u64 {
+    1 << 20
+}
+/// Under Kubernetes' default probe timeout of 1 s, so `/readyz` answers before its prober
+/// gives up.
+fn default_health_timeout() -> Duration {
+    Duration::from_millis(500)
 }
 
 /// A tenant: who it is and its budget.
@@ -479,6 +518,9 @@ impl Config {
         if self.server.max_body_bytes == 0 {
             bail!("server.max_body_bytes must be at least 1");
         }
+        if self.server.max_connections == 0 {
+            bail!("server.max_connections must be at least 1");
+        }
         if self.tokenizer.workers == 0 {
             bail!("tokenizer.workers must be at least 1");
         }
@@ -517,8 +559,23 @@ impl Config {
             if uri.scheme_str() != Some("http") || uri.authority().is_none() {
                 bail!("{at}.url `{}` must be http://HOST:PORT", b.url);
             }
-            if b.first_byte_timeout.is_zero() || b.stream_idle_timeout.is_zero() {
-                bail!("{at}: first_byte_timeout and stream_idle_timeout must be positive");
+            for (field, t) in [
+                ("first_byte_timeout", b.first_byte_timeout),
+                ("stream_idle_timeout", b.stream_idle_timeout),
+                ("body_read_timeout", b.body_read_timeout),
+                ("health_timeout", b.health_timeout),
+            ] {
+                if t.is_zero() {
+                    bail!("{at}.{field} must be positive");
+                }
+            }
+            for (field, n) in [
+                ("max_response_bytes", b.max_response_bytes),
+                ("max_event_bytes", b.max_event_bytes),
+            ] {
+                if n == 0 {
+                    bail!("{at}.{field} must be at least 1");
+                }
             }
             if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
                 bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
@@ -629,22 +686,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backend_timeouts_default_and_must_be_positive() {
+    fn backend_bounds_default_and_must_be_positive() {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/config/quickstart.toml"
         ))
         .unwrap();
         let cfg = Config::parse(&text).unwrap();
-        assert_eq!(cfg.backends[0].stream_idle_timeout, Duration::from_secs(60));
-        let zero = text.replace(
-            "first_byte_timeout = \"60s\"",
-            "first_byte_timeout = \"60s\"\nstream_idle_timeout = \"0s\"",
-        );
-        assert_ne!(zero, text);
+        let b = &cfg.backends[0];
         assert_eq!(
-            Config::parse(&zero).unwrap_err().to_string(),
-            "backends[0]: first_byte_timeout and stream_idle_timeout must be positive"
+            (b.stream_idle_timeout, b.body_read_timeout, b.health_timeout),
+            (
+                Duration::from_secs(60),
+                Duration::from_secs(30),
+                Duration::from_millis(500)
+            )
+        );
+        assert_eq!(
+            (b.max_response_bytes, b.max_event_bytes),
+            (64 << 20, 1 << 20)
+        );
+        assert_eq!(cfg.server.max_connections, 4096);
+        for (line, message) in [
+            (
+                "stream_idle_timeout = \"0s\"",
+                "backends[0].stream_idle_timeout must be positive",
+            ),
+            (
+                "body_read_timeout = \"0s\"",
+                "backends[0].body_read_timeout must be positive",
+            ),
+            (
+                "health_timeout = \"0s\"",
+                "backends[0].health_timeout must be positive",
+            ),
+            (
+                "max_response_bytes = 0",
+                "backends[0].max_response_bytes must be at least 1",
+            ),
+            (
+                "max_event_bytes = 0",
+                "backends[0].max_event_bytes must be at least 1",
+            ),
+        ] {
+            let bad = text.replace(
+                "first_byte_timeout = \"60s\"",
+                &format!("first_byte_timeout = \"60s\"\n{line}"),
+            );
+            assert_ne!(bad, text);
+            assert_eq!(Config::parse(&bad).unwrap_err().to_string(), message);
+        }
+        let bad = text.replace(
+            "shutdown_grace = \"10s\"",
+            "shutdown_grace = \"10s\"\nmax_connections = 0",
+        );
+        assert_ne!(bad, text);
+        assert_eq!(
+            Config::parse(&bad).unwrap_err().to_string(),
+            "server.max_connections must be at least 1"
         );
     }
 }

@@ -42,6 +42,28 @@ pub struct ApiError {
     pub retry_after: Option<Duration>,
     /// `x-ratelimit-*` headers of a 429 (boxed: errors travel in `Result`s on every path).
     pub rate_limit: Option<Box<RateLimitHeaders>>,
+    /// `allow` of a 405: the method the path answers.
+    pub allow: Option<Allow>,
+}
+
+/// The one method a path answers, for a 405's `allow` (a byte, not a string: errors travel in
+/// `Result`s on every path and stay small).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allow {
+    /// `GET`.
+    Get,
+    /// `POST`.
+    Post,
+}
+
+impl Allow {
+    /// The method's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allow::Get => "GET",
+            Allow::Post => "POST",
+        }
+    }
 }
 
 impl ApiError {
@@ -54,6 +76,7 @@ impl ApiError {
             param: None,
             retry_after: None,
             rate_limit: None,
+            allow: None,
         }
     }
 
@@ -133,14 +156,19 @@ impl ApiError {
         .with_param("model")
     }
 
-    /// 405 `method_not_allowed`.
-    pub fn method_not_allowed(message: impl Into<String>) -> Self {
-        Self::new(
+    /// 405 `method_not_allowed`, with `allow` naming the method `path` answers.
+    pub fn method_not_allowed(method: &http::Method, path: &str, allow: Allow) -> Self {
+        let mut e = Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
             "invalid_request_error",
-            message.into(),
-        )
+            format!(
+                "{method} is not allowed on {path}; it answers {}",
+                allow.as_str()
+            ),
+        );
+        e.allow = Some(allow);
+        e
     }
 
     /// 408 `request_timeout`: the body did not arrive in time.
@@ -224,6 +252,17 @@ impl ApiError {
         )
     }
 
+    /// A backend's 4xx passed on: its status, `upstream_rejected`, the backend's message.
+    pub fn upstream_rejected(status: StatusCode, message: impl Into<String>) -> Self {
+        debug_assert!(status.is_client_error(), "only a 4xx is passed on");
+        Self::new(
+            status,
+            "upstream_rejected",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
     /// 504 `upstream_timeout`.
     pub fn upstream_timeout(message: impl Into<String>) -> Self {
         Self::new(
@@ -280,6 +319,9 @@ impl ApiError {
         }
         if let Some(rl) = &self.rate_limit {
             rl.apply(h);
+        }
+        if let Some(allow) = self.allow {
+            h.insert(header::ALLOW, HeaderValue::from_static(allow.as_str()));
         }
         resp
     }

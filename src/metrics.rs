@@ -34,6 +34,13 @@ pub struct BackendLabel {
     pub backend: String,
 }
 
+/// `{listener}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// `main` or `admin`.
+    pub listener: String,
+}
+
 /// `{tenant, bucket}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BucketLabels {
@@ -88,6 +95,8 @@ pub struct Metrics {
     pub kv_capacity_bytes: Family<BackendLabel, Gauge>,
     /// Requests waiting for KV space.
     pub queue_depth: Gauge,
+    /// Client connections open per listener.
+    pub open_connections: Family<ListenerLabel, Gauge>,
     /// Tokens available now per tenant bucket.
     pub bucket_available: Family<BucketLabels, Gauge<f64, AtomicU64>>,
     /// Chat-count memo hits (per rendered message).
@@ -133,6 +142,7 @@ impl Metrics {
             kv_reserved_bytes: Family::default(),
             kv_capacity_bytes: Family::default(),
             queue_depth: Gauge::default(),
+            open_connections: Family::default(),
             bucket_available: Family::default(),
             tokenize_cache_hits: Counter::default(),
             tokenize_cache_misses: Counter::default(),
@@ -215,6 +225,11 @@ impl Metrics {
             "queue_depth",
             "Requests waiting for KV space",
             m.queue_depth.clone(),
+        );
+        r.register(
+            "open_connections",
+            "Client connections open on a listener (main: at most server.max_connections)",
+            m.open_connections.clone(),
         );
         r.register(
             "bucket_available_tokens",

@@ -4,14 +4,16 @@
 
 use crate::admin;
 use crate::api::openai::Endpoint;
-use crate::error::ApiError;
+use crate::error::{Allow, ApiError};
+use crate::metrics::ListenerLabel;
 use crate::proxy::{error_response, Gateway, GatewayBody, REQUEST_ID};
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::gauge::Gauge;
 use std::any::Any;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{
@@ -72,25 +74,34 @@ async fn route_main(
     Ok(route(gw, req).instrument(span).await)
 }
 
+/// The method a path of the main listener answers, if it is one of its paths.
+fn allowed_method(path: &str) -> Option<Allow> {
+    match path {
+        "/v1/chat/completions" | "/v1/completions" | "/tokenize" => Some(Allow::Post),
+        "/v1/models" => Some(Allow::Get),
+        _ => None,
+    }
+}
+
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = tokio::time::Instant::now();
-    let (tenant, result) = match (method.clone(), path.as_str()) {
-        (Method::POST, "/v1/chat/completions") => gw.generate(Endpoint::Chat, req).await,
-        (Method::POST, "/v1/completions") => gw.generate(Endpoint::Completions, req).await,
-        (Method::POST, "/tokenize") => (None, gw.tokenize(req).await),
-        (Method::GET, "/v1/models") => (None, gw.models(req.headers()).await),
-        (_, "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/v1/models") => (
-            None,
-            Err(ApiError::method_not_allowed(format!(
-                "{method} is not allowed on {path}"
-            ))),
-        ),
-        _ => (
+    let (tenant, result) = match allowed_method(&path) {
+        None => (
             None,
             Err(ApiError::not_found(format!("no route {method} {path}"))),
         ),
+        Some(allow) if method.as_str() != allow.as_str() => (
+            None,
+            Err(ApiError::method_not_allowed(&method, &path, allow)),
+        ),
+        Some(_) => match path.as_str() {
+            "/v1/chat/completions" => gw.generate(Endpoint::Chat, req).await,
+            "/v1/completions" => gw.generate(Endpoint::Completions, req).await,
+            "/tokenize" => (None, gw.tokenize(req).await),
+            _ => (None, gw.models(req.headers()).await),
+        },
     };
     let resp = match result {
         Ok(r) => r,
@@ -215,6 +226,10 @@ async fn shutdown_signal() {
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }
 
+/// Connections the admin listener serves at once: enough for scrapers and probes, and a
+/// flood of them cannot take more from the process.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
 /// Binds both listeners and serves until [`Running::shutdown`].
 pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let cfg = gw.config.clone();
@@ -222,22 +237,31 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let admin = TcpListener::bind(cfg.server.admin_listen).await?;
     let (addr, admin_addr) = (main.local_addr()?, admin.local_addr()?);
     let (tx, rx) = watch::channel(false);
-    let grace = cfg.server.shutdown_grace;
-    let header_timeout = cfg.server.header_read_timeout;
+    let serving = |name: &'static str, max_connections: usize| Serving {
+        name,
+        max_connections,
+        open: gw
+            .metrics
+            .open_connections
+            .get_or_create(&ListenerLabel {
+                listener: name.to_string(),
+            })
+            .clone(),
+        grace: cfg.server.shutdown_grace,
+        header_timeout: cfg.server.header_read_timeout,
+    };
     let tasks = vec![
         tokio::spawn(accept_loop(
             main,
             TowerToHyperService::new(main_service(gw.clone())),
             rx.clone(),
-            grace,
-            header_timeout,
+            serving("main", cfg.server.max_connections),
         )),
         tokio::spawn(accept_loop(
             admin,
             TowerToHyperService::new(admin_service(gw.clone())),
             rx,
-            grace,
-            header_timeout,
+            serving("admin", ADMIN_MAX_CONNECTIONS),
         )),
     ];
     tracing::info!(%addr, %admin_addr, "tokengate listening");
@@ -250,12 +274,35 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     })
 }
 
+/// How one listener serves its connections.
+struct Serving {
+    name: &'static str,
+    /// Connections served at once; at the cap the loop stops accepting until one closes.
+    max_connections: usize,
+    /// The listener's `open_connections` gauge.
+    open: Gauge,
+    grace: Duration,
+    header_timeout: Duration,
+}
+
+/// One open client connection: its place under the cap, given back (and the gauge lowered)
+/// when it closes, however it ends.
+struct OpenConnection {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
 async fn accept_loop<S, B>(
     listener: TcpListener,
     service: S,
     mut stop: watch::Receiver<bool>,
-    grace: Duration,
-    header_timeout: Duration,
+    serving: Serving,
 ) where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -269,28 +316,204 @@ async fn accept_loop<S, B>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(serving.header_timeout);
+    let permits = Arc::new(Semaphore::new(serving.max_connections));
+    let mut backoff = AcceptBackoff::default();
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let _ = stream.set_nodelay(true);
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service.clone());
-                let conn = graceful.watch(conn.into_owned());
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
+        // At the cap, wait for a connection to close before taking another from the backlog.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
             _ = stop.changed() => break,
-        }
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff.on_accept();
+                stream
+            }
+            Err(e) => {
+                let step = backoff.on_error(e.kind(), tokio::time::Instant::now());
+                match step.log {
+                    Some(errors) => tracing::warn!(
+                        listener = serving.name,
+                        error = %e,
+                        errors,
+                        pause_ms = step.pause.as_millis() as u64,
+                        "accepting connections fails; pausing before the next try"
+                    ),
+                    None => tracing::debug!(listener = serving.name, error = %e, "accept failed"),
+                }
+                drop(permit);
+                tokio::select! {
+                    _ = tokio::time::sleep(step.pause) => continue,
+                    _ = stop.changed() => break,
+                }
+            }
+        };
+        serving.open.inc();
+        let open = OpenConnection {
+            _permit: permit,
+            open: serving.open.clone(),
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service.clone());
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(open);
+        });
     }
     drop(listener);
-    if tokio::time::timeout(grace, graceful.shutdown())
+    if tokio::time::timeout(serving.grace, graceful.shutdown())
         .await
         .is_err()
     {
         tracing::warn!("shutdown grace period over; cutting remaining connections");
+    }
+}
+
+/// The accept loop's answer to an error: how long to pause before accepting again, and
+/// whether to log it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AcceptStep {
+    pause: Duration,
+    /// `Some(errors since the last warning)` when this one is logged as a warning; `None`
+    /// for an error of one connection only, or one inside the log interval.
+    log: Option<u64>,
+}
+
+/// When accepting fails for want of a resource (EMFILE: out of file descriptors; ENFILE,
+/// ENOBUFS, ENOMEM) the next try fails the same way at once: without a pause the loop spins a
+/// core at 100%. Pauses double from [`Self::FIRST_PAUSE`] to [`Self::MAX_PAUSE`] while errors
+/// repeat and drop back after an accept; warnings are logged at most once per
+/// [`Self::LOG_INTERVAL`], counting the errors in between. An error of one connection (it
+/// was reset or aborted before it was accepted) is retried at once.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    pause: Duration,
+    errors: u64,
+    last_log: Option<tokio::time::Instant>,
+}
+
+impl AcceptBackoff {
+    const FIRST_PAUSE: Duration = Duration::from_millis(10);
+    const MAX_PAUSE: Duration = Duration::from_secs(1);
+    const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+    fn on_accept(&mut self) {
+        self.pause = Duration::ZERO;
+    }
+
+    fn on_error(&mut self, kind: std::io::ErrorKind, now: tokio::time::Instant) -> AcceptStep {
+        use std::io::ErrorKind::*;
+        if matches!(
+            kind,
+            ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock
+        ) {
+            return AcceptStep {
+                pause: Duration::ZERO,
+                log: None,
+            };
+        }
+        self.pause = (self.pause * 2).clamp(Self::FIRST_PAUSE, Self::MAX_PAUSE);
+        self.errors += 1;
+        let log = match self.last_log {
+            Some(at) if now.duration_since(at) < Self::LOG_INTERVAL => None,
+            _ => {
+                self.last_log = Some(now);
+                Some(std::mem::take(&mut self.errors))
+            }
+        };
+        AcceptStep {
+            pause: self.pause,
+            log,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    #[test]
+    fn resource_errors_back_off_doubling_to_a_ceiling_and_log_once_per_interval() {
+        let mut b = AcceptBackoff::default();
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        // EMFILE surfaces as `Uncategorized`/`Other` kinds; anything not per-connection backs off.
+        let steps: Vec<AcceptStep> = (0..9)
+            .map(|i| b.on_error(ErrorKind::Other, t0 + ms(i)))
+            .collect();
+        let pauses: Vec<u64> = steps.iter().map(|s| s.pause.as_millis() as u64).collect();
+        assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        let logs: Vec<Option<u64>> = steps.iter().map(|s| s.log).collect();
+        assert_eq!(
+            logs,
+            [Some(1), None, None, None, None, None, None, None, None]
+        );
+        // The next warning comes once the interval has passed, with the errors in between.
+        let step = b.on_error(ErrorKind::Other, t0 + ms(9_999));
+        assert_eq!(
+            step,
+            AcceptStep {
+                pause: ms(1000),
+                log: None
+            }
+        );
+        let step = b.on_error(ErrorKind::Other, t0 + ms(10_000));
+        assert_eq!(
+            step,
+            AcceptStep {
+                pause: ms(1000),
+                log: Some(10)
+            }
+        );
+        // An accept resets the pause, not the log interval.
+        b.on_accept();
+        let step = b.on_error(ErrorKind::OutOfMemory, t0 + ms(10_001));
+        assert_eq!(
+            step,
+            AcceptStep {
+                pause: ms(10),
+                log: None
+            }
+        );
+        let step = b.on_error(ErrorKind::Other, t0 + ms(20_000));
+        assert_eq!(
+            step,
+            AcceptStep {
+                pause: ms(20),
+                log: Some(2)
+            }
+        );
+    }
+
+    #[test]
+    fn an_error_of_one_connection_is_retried_at_once_and_keeps_the_backoff() {
+        let mut b = AcceptBackoff::default();
+        let t0 = tokio::time::Instant::now();
+        b.on_error(ErrorKind::Other, t0);
+        for kind in [
+            ErrorKind::ConnectionAborted,
+            ErrorKind::ConnectionReset,
+            ErrorKind::Interrupted,
+        ] {
+            let step = b.on_error(kind, t0);
+            assert_eq!(
+                step,
+                AcceptStep {
+                    pause: Duration::ZERO,
+                    log: None
+                }
+            );
+        }
+        let step = b.on_error(ErrorKind::Other, t0);
+        assert_eq!(step.pause, Duration::from_millis(20));
     }
 }

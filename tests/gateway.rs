@@ -410,10 +410,7 @@ async fn backend_down_is_502_and_changes_nothing() {
     let gw = TestGateway::start(config(&[closed])).await;
     let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
     assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
-    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
-    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
-    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_nothing_charged(&gw).await;
     assert_failure_counted_once(&gw, "upstream_error").await;
     let r = send(
         &gw.url("/v1/models"),
@@ -434,9 +431,7 @@ async fn backend_reset_before_the_first_token_is_502_and_changes_nothing() {
     .await;
     let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
     assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
-    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
-    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_nothing_charged(&gw).await;
     assert_failure_counted_once(&gw, "upstream_error").await;
 }
 
@@ -473,9 +468,7 @@ async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing(
     )
     .await;
     assert_eq!((r.status, r.code().as_str()), (504, "upstream_timeout"));
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
-    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
-    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_nothing_charged(&gw).await;
     assert_failure_counted_once(&gw, "upstream_timeout").await;
 }
 
@@ -494,15 +487,28 @@ async fn a_stream_stalled_mid_answer_ends_with_a_timeout_event_and_settles() {
         "the gateway gives up on a stalled stream",
     )
     .await;
+    let message = "the backend sent nothing for 200ms in the middle of its answer";
+    assert_cut_short_after_one_token(&gw, &r, "upstream_timeout", message).await;
+}
+
+/// Alice's stream (10 output tokens reserved) was cut short after its first token: it ends
+/// with exactly this error event, and that one token is all that is charged.
+async fn assert_cut_short_after_one_token(
+    gw: &TestGateway,
+    r: &Received,
+    code: &str,
+    message: &str,
+) {
     assert_eq!(r.status, 200);
     let data = sse_data(&r.body);
-    let err: Value = serde_json::from_str(data.last().unwrap()).unwrap();
-    assert_eq!(err["error"]["code"], "upstream_timeout", "{data:?}");
+    assert_eq!(data.len(), 2, "one token, then the error: {data:?}");
+    let token: Value = serde_json::from_str(&data[0]).unwrap();
+    assert_eq!(token["choices"][0]["delta"]["content"], WORD);
+    let err: Value = serde_json::from_str(&data[1]).unwrap();
     assert_eq!(
-        err["error"]["message"],
-        "the backend sent nothing for 200ms in the middle of its answer"
+        err,
+        json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
     );
-    // One token streamed before the stall: 9 of the 10 reserved come back.
     gw.wait_metric(
         "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
         "9",
@@ -510,8 +516,8 @@ async fn a_stream_stalled_mid_answer_ends_with_a_timeout_event_and_settles() {
     .await;
     assert_eq!(gw.bucket("alice", "decode").await, 999.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
-    let outcome = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
-    assert_eq!(gw.metric(outcome).await.as_deref(), Some("1"));
+    let outcome = format!(r#"tokengate_requests_total{{tenant="alice",outcome="{code}"}}"#);
+    assert_eq!(gw.metric(&outcome).await.as_deref(), Some("1"));
 }
 
 /// After one request of alice's (10 output tokens reserved) failed with error `code`
@@ -548,18 +554,390 @@ async fn backend_reset_mid_stream_ends_with_an_error_event_and_settles_tokens_se
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
 
+/// Alice's buckets are all full and no KV is leased: nothing of what she sent was charged.
+async fn assert_nothing_charged(gw: &TestGateway) {
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+/// A backend's 4xx is the request refused: passed on with its status in OpenAI's shape, with
+/// the backend's message (vLLM's JSON or MindIE's plain text), and nothing charged.
 #[tokio::test]
-async fn backend_error_status_is_passed_through_and_refunds_the_output() {
-    let (gw, _backend) = gateway(FakeSpec {
-        behaviour: Behaviour::Status(400),
+async fn a_backend_4xx_is_passed_on_in_openai_shape_and_charges_nothing() {
+    let vllm = r#"{"object":"error","message":"max_tokens must be at most 8, got 10","type":"BadRequestError","param":"max_tokens","code":400}"#;
+    let cases = [
+        (
+            Behaviour::Status(400, vllm),
+            json!({"error": {
+                "message": "the backend refused the request with status 400 Bad Request: max_tokens must be at most 8, got 10",
+                "type": "invalid_request_error", "param": "max_tokens", "code": "upstream_rejected"}}),
+        ),
+        (
+            Behaviour::Status(
+                422,
+                "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 8\n",
+            ),
+            json!({"error": {
+                "message": "the backend refused the request with status 422 Unprocessable Entity: Input validation error: `inputs` tokens + `max_new_tokens` must be <= 8",
+                "type": "invalid_request_error", "param": null, "code": "upstream_rejected"}}),
+        ),
+    ];
+    for (behaviour, expected) in cases {
+        let (gw, _backend) = gateway(FakeSpec {
+            behaviour,
+            ..FakeSpec::default()
+        })
+        .await;
+        let r = gw.chat("sk-alice", &chat("a", 10, false)).await;
+        let Behaviour::Status(status, _) = behaviour else {
+            unreachable!()
+        };
+        assert_eq!(r.status, status);
+        assert_eq!(r.headers["content-type"], "application/json");
+        assert_eq!(r.json(), expected);
+        assert_nothing_charged(&gw).await;
+        assert_failure_counted_once(&gw, "upstream_rejected").await;
+    }
+}
+
+/// A backend's 5xx is the backend failing: a 502 that says the status and nothing of the
+/// backend's body, streamed or not, and nothing charged.
+#[tokio::test]
+async fn a_backend_5xx_is_a_502_without_its_internals_and_charges_nothing() {
+    for (status, stream) in [(500, false), (503, true)] {
+        let (gw, _backend) = gateway(FakeSpec {
+            behaviour: Behaviour::Status(status, BACKEND_INTERNALS),
+            ..FakeSpec::default()
+        })
+        .await;
+        let r = gw.chat("sk-alice", &chat("a", 10, stream)).await;
+        assert_eq!(r.status, 502);
+        let reason = if status == 500 {
+            "500 Internal Server Error"
+        } else {
+            "503 Service Unavailable"
+        };
+        assert_eq!(
+            r.json(),
+            json!({"error": {"message": format!("the backend failed with status {reason}"),
+                "type": "server_error", "param": null, "code": "upstream_error"}})
+        );
+        assert_nothing_charged(&gw).await;
+        assert_failure_counted_once(&gw, "upstream_error").await;
+    }
+}
+
+/// A non-streamed answer whose headers and first bytes came but whose rest never does is a 504
+/// after `body_read_timeout`, not a wait until the client gives up; one that never ends is a
+/// 502 at `max_response_bytes`, the most of it the gateway holds. Nothing is charged.
+#[tokio::test]
+async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound_and_charges_nothing() {
+    type Tweak = fn(&mut tokengate::config::Config);
+    let stalled: Tweak = |cfg| cfg.backends[0].body_read_timeout = Duration::from_millis(200);
+    let endless: Tweak = |cfg| cfg.backends[0].max_response_bytes = 1 << 20;
+    let cases = [
+        (Behaviour::StallMidBody, stalled, 504, "upstream_timeout",
+            "the backend did not finish its answer within 200ms of starting it (backends[].body_read_timeout)"),
+        (Behaviour::EndlessBody, endless, 502, "upstream_error",
+            "the backend's answer is larger than the gateway's limit of 1048576 bytes (backends[].max_response_bytes)"),
+    ];
+    for (behaviour, tweak, status, code, message) in cases {
+        let spec = FakeSpec {
+            behaviour,
+            ..FakeSpec::default()
+        };
+        let (gw, _backend) = gateway_with(spec, tweak).await;
+        let r = chat_within_10s(&gw, &chat("a", 10, false), message).await;
+        assert_eq!(r.status, status);
+        assert_eq!(
+            r.json(),
+            json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
+        );
+        assert_nothing_charged(&gw).await;
+        assert_failure_counted_once(&gw, code).await;
+    }
+}
+
+/// A stream event that never ends is cut at `max_event_bytes`: the stream ends with an
+/// `upstream_error` event, and only the token that streamed before it is charged.
+#[tokio::test]
+async fn a_stream_event_over_the_bound_ends_the_stream_and_charges_what_streamed() {
+    let (gw, _backend) = gateway_with(
+        FakeSpec {
+            behaviour: Behaviour::EndlessEvent,
+            usage: false,
+            ..FakeSpec::default()
+        },
+        |cfg| cfg.backends[0].max_event_bytes = 64 << 10,
+    )
+    .await;
+    let r = chat_within_10s(
+        &gw,
+        &chat("a", 10, true),
+        "the gateway stops reading an endless event",
+    )
+    .await;
+    let message = "the backend sent a stream event larger than the gateway's limit of 65536 bytes (backends[].max_event_bytes)";
+    assert_cut_short_after_one_token(&gw, &r, "upstream_error", message).await;
+}
+
+/// Sorted `(name, value)` pairs of a header map, for exact comparisons.
+fn header_pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = h
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+/// Nothing of the client's headers reaches the backend but the request id; of the backend's
+/// answer, the hop-by-hop headers (and those `connection` names) stay behind, and the client
+/// gets the gateway's request id, not the backend's.
+#[tokio::test]
+async fn hop_by_hop_headers_stay_behind_and_the_request_id_crosses_both_ways() {
+    let (gw, backend) = gateway(FakeSpec {
+        answer_headers: &[
+            ("connection", "x-backend-hop"),
+            ("x-backend-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("trailer", "x-checksum"),
+            ("upgrade", "h2c"),
+            ("te", "trailers"),
+            ("proxy-authenticate", "Basic"),
+            ("x-request-id", "backend-7"),
+            ("x-backend-kept", "yes"),
+        ],
         ..FakeSpec::default()
     })
     .await;
-    let r = gw.chat("sk-alice", &chat("a", 10, false)).await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.json()["error"]["message"], "backend says no");
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
-    assert_eq!(gw.kv_reserved(0).await, 0);
+    let body = chat("a", 2, false).to_string().into_bytes();
+    let r = send(
+        &gw.url("/v1/chat/completions"),
+        "POST",
+        Some(body.clone()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+            ("x-request-id", "client-42"),
+            ("connection", "x-client-hop"),
+            ("x-client-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("proxy-authorization", "Basic abc"),
+            ("x-client-other", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let addr = backend.addr.to_string();
+    let len = backend.seen.lock().unwrap()[0]
+        .to_string()
+        .len()
+        .to_string();
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        header_pairs(&backend.seen_headers.lock().unwrap()[0]),
+        pairs(&[
+            ("content-length", &len),
+            ("content-type", "application/json"),
+            ("host", &addr),
+            ("x-request-id", "client-42"),
+        ])
+    );
+    let mut names: Vec<&str> = r.headers.keys().map(|k| k.as_str()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "content-length",
+            "content-type",
+            "date",
+            "x-backend-kept",
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-reset-tokens",
+            "x-request-id",
+        ]
+    );
+    assert_eq!(r.headers["x-request-id"], "client-42");
+    assert_eq!(r.headers["content-length"], r.body.len().to_string());
+
+    // Without a client id, the backend gets the one the gateway made, and so does the client.
+    let r = gw.chat("sk-alice", &chat("a", 2, true)).await;
+    assert_eq!(r.status, 200);
+    let id = r.headers["x-request-id"].to_str().unwrap();
+    assert!(id.starts_with("tg-"), "{id}");
+    assert_eq!(backend.seen_headers.lock().unwrap()[1]["x-request-id"], id);
+    for hop in [
+        "connection",
+        "keep-alive",
+        "trailer",
+        "upgrade",
+        "te",
+        "proxy-authenticate",
+        "x-backend-hop",
+    ] {
+        assert!(r.headers.get(hop).is_none(), "{hop} crossed");
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_method_is_405_with_allow() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let admin = format!("http://{}", gw.running.admin_addr);
+    for (url, method, allow) in [
+        (gw.url("/v1/chat/completions"), "GET", "POST"),
+        (gw.url("/v1/completions"), "PUT", "POST"),
+        (gw.url("/tokenize"), "GET", "POST"),
+        (gw.url("/v1/models"), "POST", "GET"),
+        (format!("{admin}/readyz"), "POST", "GET"),
+    ] {
+        let r = send(&url, method, None, &[("authorization", "Bearer sk-alice")]).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (405, "method_not_allowed"),
+            "{method} {url}"
+        );
+        assert_eq!(r.headers["allow"], allow, "{method} {url}");
+        let path = url.split_once("//").unwrap().1.split_once('/').unwrap().1;
+        assert_eq!(
+            r.json()["error"]["message"],
+            format!("{method} is not allowed on /{path}; it answers {allow}")
+        );
+    }
+    let r = send(&gw.url("/v1/nothing"), "GET", None, &[]).await;
+    assert_eq!((r.status, r.headers.get("allow")), (404, None));
+}
+
+/// `/readyz` asks every backend at once, each bounded by its `health_timeout`: a dead backend
+/// and one whose health path never answers do not hold it up for their request timeouts.
+#[tokio::test]
+async fn readyz_probes_every_backend_at_once_within_its_own_timeout() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let slow = FakeBackend::start(FakeSpec {
+        stall_health: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let healthy = FakeBackend::start(FakeSpec::default()).await;
+    let readyz = |backends: &[std::net::SocketAddr]| {
+        let mut cfg = config(backends);
+        for b in &mut cfg.backends {
+            b.first_byte_timeout = Duration::from_secs(60);
+            b.health_timeout = Duration::from_millis(100);
+        }
+        async move {
+            let gw = TestGateway::start(cfg).await;
+            let url = format!("http://{}/readyz", gw.running.admin_addr);
+            tokio::time::timeout(Duration::from_secs(10), send(&url, "GET", None, &[]))
+                .await
+                .expect("/readyz answers within its probes' timeout")
+        }
+    };
+    let state = |addr: std::net::SocketAddr, state: &str, detail: &str| json!({"url": format!("http://{addr}"), "state": state, "detail": detail});
+    let dead_state = state(
+        dead,
+        "unreachable",
+        "could not connect, or the connection broke",
+    );
+    let slow_state = state(
+        slow.addr,
+        "timeout",
+        "/health did not answer within 100ms (backends[].health_timeout)",
+    );
+    let r = readyz(&[dead, slow.addr, healthy.addr]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.json(),
+        json!({"status": "ready", "backends": [dead_state, slow_state,
+            state(healthy.addr, "ready", "/health answered")]})
+    );
+    let r = readyz(&[dead, slow.addr]).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.json(),
+        json!({"status": "not ready", "backends": [dead_state, slow_state]})
+    );
+}
+
+/// An HTTP/1.1 connection of its own to `addr`, kept open for several requests.
+async fn connection(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, task)
+}
+
+/// `GET /v1/models` on an open connection; its status.
+async fn models_on(
+    sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+) -> u16 {
+    use http_body_util::BodyExt;
+    sender.ready().await.unwrap();
+    let req = http::Request::get("/v1/models")
+        .header("host", "gateway")
+        .header("authorization", "Bearer sk-alice")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await.unwrap();
+    status
+}
+
+/// At `server.max_connections` the gateway stops accepting: a further connection waits in the
+/// backlog, unserved, while the open ones are served, and is served once one of them closes.
+#[tokio::test]
+async fn at_the_connection_cap_a_new_connection_waits_until_one_closes() {
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_connections = 2;
+    })
+    .await;
+    let addr = gw.running.addr;
+    let open = r#"tokengate_open_connections{listener="main"}"#;
+    let (mut a, a_task) = connection(addr).await;
+    let (mut b, _b_task) = connection(addr).await;
+    assert_eq!(models_on(&mut a).await, 200);
+    assert_eq!(models_on(&mut b).await, 200);
+    assert_eq!(gw.metric(open).await.as_deref(), Some("2"));
+    let (mut c, _c_task) = connection(addr).await;
+    // The task hands the connection back, to keep it open.
+    let waiting = tokio::spawn(async move { (models_on(&mut c).await, c) });
+    // The open connections are served after the third sent its request; it is not.
+    assert_eq!(models_on(&mut b).await, 200);
+    assert!(!waiting.is_finished(), "a third connection was served");
+    assert_eq!(gw.metric(open).await.as_deref(), Some("2"));
+    drop(a);
+    a_task.await.unwrap();
+    let (status, _c) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting connection is served once one closed")
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(gw.metric(open).await.as_deref(), Some("2"));
 }
 
 /// Bodies over 64 KiB are parsed and validated on the worker pool instead of the executor; this

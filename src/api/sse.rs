@@ -4,21 +4,59 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-/// Cuts a byte stream into complete SSE events (each ending in a blank line).
-#[derive(Debug, Default)]
+/// Cuts a byte stream into complete SSE events (each ending in a blank line), none longer
+/// than a bound: the buffer of an unfinished event never grows past it.
+#[derive(Debug)]
 pub struct SseSplitter {
     buf: BytesMut,
+    max_event_bytes: usize,
+    /// An event went over the bound: the split is over.
+    overflowed: bool,
+}
+
+/// What one [`SseSplitter::push`] completed.
+#[derive(Debug, Default, PartialEq)]
+pub struct Split {
+    /// The events completed, in order, each with its trailing blank line.
+    pub events: Vec<Bytes>,
+    /// An event (complete or still growing) is longer than the bound: the events before it
+    /// are in `events`, nothing after it is read.
+    pub too_large: bool,
 }
 
 impl SseSplitter {
-    /// Adds bytes; returns the events completed by them, each with its trailing blank line.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<Bytes> {
-        self.buf.extend_from_slice(bytes);
-        let mut events = Vec::new();
-        while let Some(end) = find_event_end(&self.buf) {
-            events.push(self.buf.split_to(end).freeze());
+    /// A splitter for events of at most `max_event_bytes` (blank line included).
+    pub fn new(max_event_bytes: u64) -> Self {
+        Self {
+            buf: BytesMut::new(),
+            max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
+            overflowed: false,
         }
-        events
+    }
+
+    /// Adds bytes; returns the events completed by them.
+    pub fn push(&mut self, bytes: &[u8]) -> Split {
+        let mut split = Split {
+            too_large: self.overflowed,
+            ..Split::default()
+        };
+        if self.overflowed {
+            return split;
+        }
+        self.buf.extend_from_slice(bytes);
+        while let Some(end) = find_event_end(&self.buf) {
+            if end > self.max_event_bytes {
+                break;
+            }
+            split.events.push(self.buf.split_to(end).freeze());
+        }
+        // What is left is one event: unfinished, or finished but over the bound.
+        if self.buf.len() > self.max_event_bytes {
+            self.overflowed = true;
+            self.buf = BytesMut::new();
+            split.too_large = true;
+        }
+        split
     }
 
     /// What is left when the stream ends (an event without its blank line), if anything.
@@ -127,16 +165,36 @@ mod tests {
 
     #[test]
     fn splits_events_across_pushes() {
-        let mut s = SseSplitter::default();
-        assert!(s.push(b"data: {\"a\"").is_empty());
-        let ev = s.push(b":1}\n\ndata: [DONE]\n\n");
+        let mut s = SseSplitter::new(1 << 20);
+        assert_eq!(s.push(b"data: {\"a\""), Split::default());
+        let split = s.push(b":1}\n\ndata: [DONE]\n\n");
         assert_eq!(
-            ev,
+            split.events,
             vec![
                 Bytes::from("data: {\"a\":1}\n\n"),
                 Bytes::from("data: [DONE]\n\n")
             ]
         );
+        assert!(!split.too_large);
+        assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn an_event_over_the_bound_ends_the_split_after_the_events_before_it() {
+        let split = |events: Vec<Bytes>, too_large: bool| Split { events, too_large };
+        // "data: 12345\n\n" is 13 bytes: the bound.
+        let ok = Bytes::from("data: 12345\n\n");
+        // Complete but one byte over, behind an event that fits: that one still comes out.
+        let mut s = SseSplitter::new(13);
+        let pushed = s.push(b"data: 12345\n\ndata: 123456\n\ndata: 1\n\n");
+        assert_eq!(pushed, split(vec![ok.clone()], true));
+        assert_eq!(s.push(b"data: 1\n\n"), split(vec![], true));
+        assert_eq!(s.finish(), None);
+        // Unfinished and growing past the bound, a few bytes at a time: the buffer never
+        // holds more than the bound plus one push.
+        let mut s = SseSplitter::new(13);
+        assert_eq!(s.push(b"data: 12345\n\ndata: 12"), split(vec![ok], false));
+        assert_eq!(s.push(b"345678"), split(vec![], true));
         assert_eq!(s.finish(), None);
     }
 

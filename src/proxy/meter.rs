@@ -131,12 +131,6 @@ impl Admitted {
         self.outcome = None;
     }
 
-    /// The backend answered with an error status: no output, decode tokens all refunded.
-    pub fn finish_without_output(mut self, outcome: &'static str) {
-        self.usage_tokens = Some(0);
-        self.outcome = Some(outcome);
-    }
-
     /// A complete non-streamed answer.
     pub fn finish_json(mut self, body: &[u8]) {
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
@@ -304,6 +298,7 @@ pin_project_lite::pin_project! {
         // to read) is not the backend's silence, so `idle` is set when waiting begins.
         waiting: bool,
         splitter: SseSplitter,
+        max_event_bytes: u64,
         admitted: Option<Admitted>,
         client_wants_usage: bool,
         pending: Option<Bytes>,
@@ -314,20 +309,23 @@ pin_project_lite::pin_project! {
 
 impl MeteredStream {
     /// Wraps the backend's body; `first` is the part already read before answering. Waiting
-    /// `idle_timeout` for the backend's next chunk ends the stream.
+    /// `idle_timeout` for the backend's next chunk, or an event over `max_event_bytes`, ends
+    /// the stream.
     pub fn new(
         inner: Incoming,
         first: Bytes,
         admitted: Admitted,
         client_wants_usage: bool,
         idle_timeout: Duration,
+        max_event_bytes: u64,
     ) -> Self {
         let mut s = Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
             waiting: false,
-            splitter: SseSplitter::default(),
+            splitter: SseSplitter::new(max_event_bytes),
+            max_event_bytes,
             admitted: Some(admitted),
             client_wants_usage,
             pending: None,
@@ -337,23 +335,36 @@ impl MeteredStream {
             &mut s.splitter,
             &mut s.admitted,
             s.client_wants_usage,
+            max_event_bytes,
             &first,
         );
-        s.pending = (!out.is_empty()).then_some(out);
+        s.ended = out.ended;
+        s.pending = (!out.bytes.is_empty()).then_some(out.bytes);
         s
     }
 }
 
+/// What the client gets of one piece of the backend's stream.
+struct Filtered {
+    bytes: Bytes,
+    /// The piece held an event over the bound: `bytes` ends with the error event, and the
+    /// request is settled.
+    ended: bool,
+}
+
 /// Feeds bytes through the SSE splitter, meters each complete event, and returns what the
-/// client should see (the usage-only chunk is dropped when the client did not ask for it).
+/// client should see (the usage-only chunk is dropped when the client did not ask for it). An
+/// event over `max_event_bytes` cuts the stream short after the events before it.
 fn filter(
     splitter: &mut SseSplitter,
     admitted: &mut Option<Admitted>,
     client_wants_usage: bool,
+    max_event_bytes: u64,
     bytes: &[u8],
-) -> Bytes {
+) -> Filtered {
     let mut out = BytesMut::new();
-    for event in splitter.push(bytes) {
+    let split = splitter.push(bytes);
+    for event in split.events {
         let info = sse::inspect(&event);
         if let Some(a) = admitted.as_mut() {
             a.observe_chunk(&info);
@@ -363,7 +374,17 @@ fn filter(
         }
         out.extend_from_slice(&event);
     }
-    out.freeze()
+    if split.too_large {
+        tracing::warn!(max_event_bytes, "backend stream event over max_event_bytes");
+        let err = crate::error::ApiError::upstream(format!(
+            "the backend sent a stream event larger than the gateway's limit of {max_event_bytes} bytes (backends[].max_event_bytes)"
+        ));
+        out.extend_from_slice(&cut_short(admitted, "upstream_error", err));
+    }
+    Filtered {
+        bytes: out.freeze(),
+        ended: split.too_large,
+    }
 }
 
 /// Cuts a stream short: settles the request with `outcome` and returns the last event the
@@ -425,10 +446,12 @@ impl Body for MeteredStream {
                         this.splitter,
                         this.admitted,
                         *this.client_wants_usage,
+                        *this.max_event_bytes,
                         &data,
                     );
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(Frame::data(out))));
+                    *this.ended = out.ended;
+                    if !out.bytes.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(out.bytes))));
                     }
                 }
                 Some(Err(e)) => {

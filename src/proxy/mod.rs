@@ -3,6 +3,7 @@
 //! next one what it needs or returns an [`ApiError`]; whatever was taken before a failing step
 //! is given back by the guards it lives in.
 
+pub mod bounded;
 pub mod forward;
 pub mod meter;
 
@@ -18,10 +19,11 @@ use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::{PoolError, TokenizePool};
 use crate::tokenize::Tokenizer;
 use crate::vision;
+use bounded::{read_bounded, ReadError};
 use bytes::Bytes;
 use forward::Upstream;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
 use std::convert::Infallible;
@@ -81,7 +83,8 @@ pub struct Gateway {
 /// larger ones on the tokenizer pool (see [`Gateway::read_json`]).
 const PARSE_INLINE_BYTES: usize = 64 << 10;
 
-/// Header names clients use for a request's id.
+/// The header of a request's id (the client's, or one the gateway made): sent to the backend,
+/// and the gateway's is the one in the answer.
 pub const REQUEST_ID: &str = "x-request-id";
 
 impl Gateway {
@@ -110,28 +113,19 @@ impl Gateway {
             }
         }
         let limit = self.config.server.max_body_bytes;
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return Err(ApiError::payload_too_large(limit));
-        }
-        let body = Limited::new(req.into_body(), limit as usize);
         let timeout = self.config.server.body_read_timeout;
-        let bytes = match tokio::time::timeout(timeout, body.collect()).await {
-            Err(_) => {
+        let bytes = match read_bounded(req.into_body(), limit, timeout).await {
+            Ok(bytes) => bytes,
+            Err(ReadError::TimedOut) => {
                 return Err(ApiError::request_timeout(format!(
                     "the request body did not arrive within {}",
                     humantime::format_duration(timeout)
                 )))
             }
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                return Err(ApiError::payload_too_large(limit))
+            Err(ReadError::TooLarge) => return Err(ApiError::payload_too_large(limit)),
+            Err(ReadError::Broken) => {
+                return Err(ApiError::invalid("the request body could not be read"))
             }
-            Ok(Err(_)) => return Err(ApiError::invalid("the request body could not be read")),
-            Ok(Ok(c)) => c.to_bytes(),
         };
         let bytes_len = bytes.len();
         let job = move || parse(openai::parse_object(&bytes)?);
@@ -296,6 +290,7 @@ impl Gateway {
         req: Request<Incoming>,
         arrived: Instant,
     ) -> Result<Response<GatewayBody>, ApiError> {
+        let request_id = req.headers().get(REQUEST_ID).cloned();
         let config = self.config.clone();
         let mut parsed = self
             .read_json(req, move |body| {
@@ -361,31 +356,25 @@ impl Gateway {
             },
             arrived,
         );
-        self.forward(parsed, max_output, admitted).await
+        self.forward(parsed, max_output, admitted, request_id.as_ref())
+            .await
     }
 
-    /// Steps 10-11: send to the leased backend and meter the answer.
+    /// Steps 10-11: send to the leased backend (with the request's id) and meter the answer.
+    /// Anything but a complete 2xx answer charges nothing (see `forward` for the policy).
     async fn forward(
         &self,
         mut req: GenerationRequest,
         max_output: u64,
         admitted: Admitted,
+        request_id: Option<&http::HeaderValue>,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
-        let rate_limit = admitted.rate_limit_headers();
-        // What every answer from here carries: its body's own length (the backend's header no
-        // longer applies once the body is re-framed or metered) and the tenant's rate limits.
-        let answer = |parts: http::response::Parts, body: GatewayBody| {
-            let mut resp = Response::from_parts(parts, body);
-            resp.headers_mut().remove(header::CONTENT_LENGTH);
-            rate_limit.apply(resp.headers_mut());
-            resp
-        };
         let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
         let body =
             openai::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
         let resp = match upstream
-            .send(Method::POST, req.endpoint.path(), Some(body))
+            .send(Method::POST, req.endpoint.path(), Some(body), request_id)
             .await
         {
             Ok(r) => r,
@@ -394,30 +383,26 @@ impl Gateway {
                 return Err(e);
             }
         };
-        let (parts, incoming) = resp.into_parts();
+        let (mut parts, incoming) = resp.into_parts();
         if !parts.status.is_success() {
-            // Passed through unchanged; the request produced nothing.
-            let bytes = incoming
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            admitted.finish_without_output("backend_error");
-            // The body is what was read (empty if the read failed).
-            return Ok(answer(parts, full(bytes)));
+            // The lease and the charge go back before the error body is read.
+            admitted.cancel();
+            return Err(upstream.refusal(parts.status, incoming).await);
         }
+        // What every answer from here carries: the backend's end-to-end headers and the
+        // tenant's rate limits.
+        forward::answer_headers(&mut parts.headers);
+        admitted.rate_limit_headers().apply(&mut parts.headers);
         if !req.stream {
-            let bytes = match incoming.collect().await {
-                Ok(c) => c.to_bytes(),
-                Err(_) => {
+            let bytes = match upstream.read_answer(incoming).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
                     admitted.cancel();
-                    return Err(ApiError::upstream(
-                        "the backend closed the connection mid-answer",
-                    ));
+                    return Err(e);
                 }
             };
             admitted.finish_json(&bytes);
-            return Ok(answer(parts, full(bytes)));
+            return Ok(Response::from_parts(parts, full(bytes)));
         }
         // Wait for the first bytes before answering, so a backend that fails before its
         // first token still gets a proper 502 (or 504) instead of a broken 200 stream. Engines
@@ -449,8 +434,9 @@ impl Gateway {
             admitted,
             req.client_wants_usage,
             upstream.stream_idle_timeout(),
+            upstream.max_event_bytes(),
         );
-        Ok(answer(parts, stream.boxed_unsync()))
+        Ok(Response::from_parts(parts, stream.boxed_unsync()))
     }
 
     /// `POST /tokenize`, answered locally in vLLM's shape.
@@ -486,26 +472,28 @@ impl Gateway {
         ))
     }
 
-    /// `GET /v1/models`, from the first backend that answers.
+    /// `GET /v1/models`, from the first backend that answers with a 2xx (a 4xx is passed on
+    /// in OpenAI's shape; a backend that fails is skipped).
     pub async fn models(&self, headers: &HeaderMap) -> Result<Response<GatewayBody>, ApiError> {
         self.authenticate(headers)?;
+        let request_id = headers.get(REQUEST_ID);
         let mut last = ApiError::upstream("no backend is configured");
         for upstream in &self.upstreams {
-            match upstream.send(Method::GET, "/v1/models", None).await {
-                Ok(resp) => {
-                    let (parts, body) = resp.into_parts();
-                    let bytes = body
-                        .collect()
-                        .await
-                        .map_err(|_| {
-                            ApiError::upstream("the backend closed the connection mid-answer")
-                        })?
-                        .to_bytes();
-                    let mut resp = Response::from_parts(parts, full(bytes));
-                    resp.headers_mut().remove(header::CONTENT_LENGTH);
-                    return Ok(resp);
+            let answer = async {
+                let resp = upstream
+                    .send(Method::GET, "/v1/models", None, request_id)
+                    .await?;
+                let (mut parts, body) = resp.into_parts();
+                if !parts.status.is_success() {
+                    return Err(upstream.refusal(parts.status, body).await);
                 }
-                Err(e) => last = e,
+                let bytes = upstream.read_answer(body).await?;
+                forward::answer_headers(&mut parts.headers);
+                Ok(Response::from_parts(parts, full(bytes)))
+            };
+            match answer.await {
+                Err(e) if e.status.is_server_error() => last = e,
+                done => return done,
             }
         }
         Err(last)

@@ -198,6 +198,7 @@ fn injected_status(status: u16, retry_after: Option<std::time::Duration>) -> Api
         param: None,
         retry_after,
         rate_limit: None,
+        allow: None,
     }
 }
 

@@ -34,14 +34,24 @@ pub fn tokenizer() -> Arc<Tokenizer> {
 pub enum Behaviour {
     /// Generate and finish.
     Normal,
-    /// Answer `status` with an OpenAI error body.
-    Status(u16),
+    /// Answer with this status and body (JSON when it starts with `{`, else plain text).
+    Status(u16, &'static str),
     /// Stream this many tokens (0: none), then break the connection (after them, in the middle
     /// of an event).
     ResetAfter(u64),
     /// Send a stream's headers, then nothing until the gateway hangs up.
     StallAfterHeaders,
+    /// Send a non-streamed answer's headers and its first 10 bytes, then nothing until the
+    /// gateway hangs up.
+    StallMidBody,
+    /// Send a non-streamed answer that never ends, 64 KiB at a time, until the gateway hangs up.
+    EndlessBody,
+    /// Stream one token, then an event that never ends, until the gateway hangs up.
+    EndlessEvent,
 }
+
+/// An OpenAI error body with a backend's internals in it (what must never reach a client).
+pub const BACKEND_INTERNALS: &str = r#"{"error": {"message": "Traceback: CUDA error: out of memory at /opt/vllm/worker.py:812", "type": "InternalServerError", "code": 500}}"#;
 
 /// A fake OpenAI-compatible backend.
 pub struct FakeBackend {
@@ -53,6 +63,8 @@ pub struct FakeBackend {
     pub release: Arc<Semaphore>,
     /// Requests that reached the backend and are waiting for a permit.
     pub held: Arc<tokio::sync::watch::Sender<usize>>,
+    /// The headers of every generation request it received, in order.
+    pub seen_headers: Arc<Mutex<Vec<http::HeaderMap>>>,
 }
 
 /// Fake backend settings.
@@ -66,6 +78,10 @@ pub struct FakeSpec {
     pub hold: bool,
     /// Send `usage` (a backend without it makes the gateway count the text).
     pub usage: bool,
+    /// Headers added to every generation answer.
+    pub answer_headers: &'static [(&'static str, &'static str)],
+    /// `/health` never answers.
+    pub stall_health: bool,
 }
 
 impl Default for FakeSpec {
@@ -75,6 +91,8 @@ impl Default for FakeSpec {
             natural_length: 1_000_000,
             hold: false,
             usage: true,
+            answer_headers: &[],
+            stall_health: false,
         }
     }
 }
@@ -101,21 +119,26 @@ impl FakeBackend {
         let release = Arc::new(Semaphore::new(0));
         let (held, _) = tokio::sync::watch::channel(0usize);
         let held = Arc::new(held);
-        let (s, r, h) = (seen.clone(), release.clone(), held.clone());
+        let seen_headers = Arc::new(Mutex::new(Vec::new()));
+        let fake = Fake {
+            spec,
+            seen: seen.clone(),
+            seen_headers: seen_headers.clone(),
+            release: release.clone(),
+            held: held.clone(),
+        };
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (s, r, h) = (s.clone(), r.clone(), h.clone());
                 if let Behaviour::ResetAfter(n) = spec.behaviour {
-                    tokio::spawn(reset_after(stream, n, s));
+                    tokio::spawn(reset_after(stream, n, fake.seen.clone()));
                     continue;
                 }
+                let fake = fake.clone();
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        handle(spec, s.clone(), r.clone(), h.clone(), req)
-                    });
+                    let svc = hyper::service::service_fn(move |req| handle(fake.clone(), req));
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
@@ -127,6 +150,7 @@ impl FakeBackend {
             seen,
             release,
             held,
+            seen_headers,
         }
     }
 
@@ -197,43 +221,127 @@ async fn reset_after(mut stream: tokio::net::TcpStream, n: u64, seen: Arc<Mutex<
 
 type FakeBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
-async fn handle(
+/// What every connection of a fake backend shares.
+#[derive(Clone)]
+struct Fake {
     spec: FakeSpec,
     seen: Arc<Mutex<Vec<Value>>>,
+    seen_headers: Arc<Mutex<Vec<http::HeaderMap>>>,
     release: Arc<Semaphore>,
     held: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+/// A body fed by a task through a channel (bounded: the task waits while the gateway does not
+/// read).
+fn channel_body(rx: mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>) -> FakeBody {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    BodyExt::boxed(StreamBody::new(stream))
+}
+
+/// Sends `first`, then `rest` over and over until the receiver is gone (`rest` empty: sends
+/// nothing more and waits for that).
+async fn send_forever(
+    tx: mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
+    first: Bytes,
+    rest: Bytes,
+) {
+    if tx.send(Ok(Frame::data(first))).await.is_err() {
+        return;
+    }
+    if rest.is_empty() {
+        tx.closed().await;
+        return;
+    }
+    while tx.send(Ok(Frame::data(rest.clone()))).await.is_ok() {}
+}
+
+async fn handle(
+    fake: Fake,
     req: Request<Incoming>,
 ) -> Result<Response<FakeBody>, std::convert::Infallible> {
+    let spec = fake.spec;
     let path = req.uri().path().to_string();
-    let full = |status: u16, v: Value| {
-        let mut r = Response::new(
-            Full::new(Bytes::from(v.to_string()))
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *r.status_mut() = StatusCode::from_u16(status).unwrap();
-        r.headers_mut()
-            .insert("content-type", "application/json".parse().unwrap());
-        r
-    };
     match path.as_str() {
-        "/health" => return Ok(full(200, json!({}))),
+        "/health" if spec.stall_health => std::future::pending().await,
+        "/health" => return Ok(answer_with(200, Bytes::from("{}"), "application/json")),
         "/v1/models" => {
-            return Ok(full(
+            let models =
+                json!({"object": "list", "data": [{"id": "qwen3.5-27b", "object": "model"}]});
+            return Ok(answer_with(
                 200,
-                json!({"object": "list", "data": [{"id": "qwen3.5-27b", "object": "model"}]}),
-            ))
+                Bytes::from(models.to_string()),
+                "application/json",
+            ));
         }
         _ => {}
     }
+    fake.seen_headers
+        .lock()
+        .unwrap()
+        .push(req.headers().clone());
     let body: Value =
         serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    seen.lock().unwrap().push(body.clone());
-    if let Behaviour::Status(code) = spec.behaviour {
-        return Ok(full(
-            code,
-            json!({"error": {"message": "backend says no", "type": "BadRequestError", "code": code}}),
-        ));
+    fake.seen.lock().unwrap().push(body.clone());
+    let mut answer = generate(&fake, &path, &body).await;
+    for (k, v) in spec.answer_headers {
+        answer.headers_mut().append(*k, v.parse().unwrap());
+    }
+    Ok(answer)
+}
+
+/// A whole answer.
+fn answer_with(status: u16, body: Bytes, content_type: &str) -> Response<FakeBody> {
+    let body = Full::new(body).map_err(|never| match never {}).boxed();
+    let mut r = streamed(body, content_type);
+    *r.status_mut() = StatusCode::from_u16(status).unwrap();
+    r
+}
+
+/// A 200 answer with a body sent as it comes.
+fn streamed(body: FakeBody, content_type: &str) -> Response<FakeBody> {
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert("content-type", content_type.parse().unwrap());
+    r
+}
+
+/// A generation request's answer, by the spec's behaviour.
+async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
+    let spec = fake.spec;
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+    match spec.behaviour {
+        Behaviour::Status(code, text) => {
+            let json = text.starts_with('{');
+            let content_type = if json {
+                "application/json"
+            } else {
+                "text/plain"
+            };
+            return answer_with(code, Bytes::from(text), content_type);
+        }
+        Behaviour::StallMidBody => {
+            tokio::spawn(send_forever(tx, Bytes::from(r#"{"id": "fa"#), Bytes::new()));
+            return streamed(channel_body(rx), "application/json");
+        }
+        Behaviour::EndlessBody => {
+            let rest = Bytes::from(" ".repeat(64 << 10));
+            tokio::spawn(send_forever(
+                tx,
+                Bytes::from(r#"{"id": "fake-1", "x": ""#),
+                rest,
+            ));
+            return streamed(channel_body(rx), "application/json");
+        }
+        Behaviour::EndlessEvent => {
+            let token = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": WORD}}]});
+            let first = format!("data: {token}\n\ndata: {{\"id\": \"fake-1\", \"x\": \"");
+            let rest = Bytes::from("a".repeat(16 << 10));
+            tokio::spawn(send_forever(tx, Bytes::from(first), rest));
+            return streamed(channel_body(rx), "text/event-stream");
+        }
+        Behaviour::Normal | Behaviour::ResetAfter(_) | Behaviour::StallAfterHeaders => {}
     }
     let max = body["max_tokens"].as_u64().unwrap_or(16);
     let n = if body["ignore_eos"].as_bool() == Some(true) {
@@ -243,6 +351,7 @@ async fn handle(
     };
     let chat = path == "/v1/chat/completions";
     let usage = json!({"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n});
+    let (release, held) = (fake.release.clone(), fake.held.clone());
     if body["stream"].as_bool() != Some(true) {
         if spec.hold {
             held.send_modify(|h| *h += 1);
@@ -258,11 +367,10 @@ async fn handle(
         if spec.usage {
             v["usage"] = usage;
         }
-        return Ok(full(200, v));
+        return answer_with(200, Bytes::from(v.to_string()), "application/json");
     }
     let include_usage =
         spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
     tokio::spawn(async move {
         if let Behaviour::StallAfterHeaders = spec.behaviour {
             tx.closed().await;
@@ -298,13 +406,7 @@ async fn handle(
             .send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n"))))
             .await;
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
-    r.headers_mut()
-        .insert("content-type", "text/event-stream".parse().unwrap());
-    Ok(r)
+    streamed(channel_body(rx), "text/event-stream")
 }
 
 /// A gateway config for tests: both listeners on port 0, generous limits unless changed.
