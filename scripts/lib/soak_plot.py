@@ -1,6 +1,7 @@
 """The SVG of scripts/soak: the samples over time in stacked panels sharing the time axis
-(gateway RSS with the +-5% band around the mark, requests in flight, KV reserved, bucket levels,
-open files), the RSS mark and the start of the drain marked. Python standard library only.
+(gateway RSS with the +-5% band around the mark, requests in flight, KV reserved, each tenant's
+lowest bucket level, open files), with the RSS mark and the start of the drain marked. Python
+standard library only.
 """
 
 import math
@@ -14,7 +15,6 @@ LEFT = 70
 RIGHT = 190
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
           "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"]
-DASHES = {"prefill": "", "decode": "6 3", "requests": "2 2"}
 
 
 def nice_step(v):
@@ -101,8 +101,10 @@ def svg(rows, mark_s, load_s, memory):
     p = Panel(0, "gateway RSS, MiB", x_max, max(rss) * 1.1)
     if memory:
         m = memory["mark_rss_kib"] / 1024
-        p.band(m * 0.95, m * 1.05, "mark +-5%")
-    p.line(xs, rss, "RSS", COLORS[0])
+        p.band(m * 0.95, m * 1.05, f"mark {m:.1f} +-5%")
+        p.line(xs, rss, f"RSS, {memory['end_rss_kib'] / 1024:.1f} at the end", COLORS[0])
+    else:
+        p.line(xs, rss, "RSS", COLORS[0])
     panels.append(p)
 
     keys = [("inflight", "in flight (gateway)"), ("queued", "waiting for KV"),
@@ -119,13 +121,13 @@ def svg(rows, mark_s, load_s, memory):
     p.line([0, x_max], [cap, cap], "capacity", "#444", "4 3")
     panels.append(p)
 
-    p = Panel(3, "bucket levels, % of capacity", x_max, 100)
+    # The fullest picture is in the CSV; here each tenant's lowest bucket, the one that binds.
+    p = Panel(3, "each tenant's lowest bucket, % of capacity", x_max, 100)
     series = [k for k in rows[0] if k.endswith("_pct")]
     tenants = list(dict.fromkeys(k.split("_")[0] for k in series))
-    for k in series:
-        tenant, bucket = k.split("_")[:2]
-        p.line(xs, [r.get(k) for r in rows], f"{tenant} {bucket}",
-               COLORS[tenants.index(tenant) % len(COLORS)], DASHES.get(bucket, ""))
+    for i, tenant in enumerate(tenants):
+        mine = [k for k in series if k.startswith(f"{tenant}_")]
+        p.line(xs, [min(r[k] for k in mine) for r in rows], tenant, COLORS[i % len(COLORS)])
     panels.append(p)
 
     fds = [r["fds"] for r in rows]
