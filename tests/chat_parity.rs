@@ -51,17 +51,6 @@ fn fixtures() -> &'static [Fixture] {
     })
 }
 
-fn official_template() -> ChatTemplate {
-    let path = root().join("../shared/data/qwen3_5_chat_template.jinja");
-    assert!(
-        path.exists(),
-        "the official Qwen3.5 chat template is missing at {}: these tests need the shared data \
-         directory beside the clone",
-        path.display()
-    );
-    ChatTemplate::from_jinja_file(&path).expect("official template parses")
-}
-
 /// The HF `tokenizers` crate on the imported tokenizer.json, counting with added tokens
 /// recognized and nothing added around the text (as vLLM does for chat prompts).
 struct HfCount(tokenizers::Tokenizer);
@@ -77,14 +66,6 @@ fn tokenizer() -> &'static HfCount {
     TOKENIZER.get_or_init(|| {
         let path = common::tokenizer_json();
         HfCount(tokenizers::Tokenizer::from_file(&path).expect("tokenizer.json loads"))
-    })
-}
-
-/// The gateway's own tokenizer (its fast engine when exact) on the same file.
-fn gateway_tokenizer() -> &'static tokengate::tokenize::Tokenizer {
-    static TOKENIZER: OnceLock<tokengate::tokenize::Tokenizer> = OnceLock::new();
-    TOKENIZER.get_or_init(|| {
-        tokengate::tokenize::Tokenizer::load(&common::tokenizer_json()).expect("tokenizer loads")
     })
 }
 
@@ -163,7 +144,7 @@ fn builtin_renderer_matches_official_template() {
 
 #[test]
 fn jinja_renderer_matches_official_template() {
-    assert_renders_all(&official_template());
+    assert_renders_all(&common::official_template());
 }
 
 #[test]
@@ -180,14 +161,15 @@ fn counts_equal_the_recorded_counts() {
             "span counts of fixture {} add up",
             f.id
         );
-        let gateway = gateway_tokenizer().count(&text);
+        let gateway = common::tokenizer().count(&text);
         assert_eq!(Some(gateway), f.tokens, "gateway count of fixture {}", f.id);
     }
 }
 
 #[test]
 fn memoized_counts_equal_full_counts_cold_and_warm() {
-    let tok = gateway_tokenizer();
+    let tok = common::tokenizer();
+    let tok = tok.as_ref();
     let ok: Vec<&Fixture> = fixtures().iter().filter(|f| f.error.is_none()).collect();
     let spans_total: u64 = ok
         .iter()
@@ -233,7 +215,8 @@ fn memoized_counts_equal_full_counts_cold_and_warm() {
 /// without its reasoning once a new question follows it).
 #[test]
 fn replayed_conversations_count_exactly_and_reuse_history() {
-    let tok = gateway_tokenizer();
+    let tok = common::tokenizer();
+    let tok = tok.as_ref();
     let template = ChatTemplate::builtin_qwen35();
     let mut replayed = 0;
     for f in fixtures().iter().filter(|f| f.error.is_none()) {
@@ -287,7 +270,8 @@ fn replayed_conversations_count_exactly_and_reuse_history() {
 /// of the spans the whole conversation really renders, so the next request finds it cached.
 #[test]
 fn answers_counted_ahead_are_spans_of_the_next_request() {
-    let tok = gateway_tokenizer();
+    let tok = common::tokenizer();
+    let tok = tok.as_ref();
     let template = ChatTemplate::builtin_qwen35();
     let mut checked = 0;
     for f in fixtures().iter().filter(|f| f.error.is_none()) {

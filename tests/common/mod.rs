@@ -1,7 +1,11 @@
-//! Shared helpers for the tokenizer integration tests: locating the fetched Qwen3.5 assets.
+//! Shared helpers for the integration tests: the fetched Qwen3.5 assets (tokenizer) and the
+//! official chat template from the shared data directory beside the clone.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use tokengate::tokenize::chat::ChatTemplate;
+use tokengate::tokenize::Tokenizer;
 
 /// `assets/qwen3.5/<name>`, or a panic telling how to fetch it (tests never skip silently).
 pub fn asset(name: &str) -> PathBuf {
@@ -19,4 +23,25 @@ pub fn asset(name: &str) -> PathBuf {
 /// The imported Qwen3.5 `tokenizer.json`.
 pub fn tokenizer_json() -> PathBuf {
     asset("tokenizer.json")
+}
+
+/// The gateway's Qwen3.5 tokenizer, loaded once per test binary.
+pub fn tokenizer() -> Arc<Tokenizer> {
+    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    TOK.get_or_init(|| Arc::new(Tokenizer::load(&tokenizer_json()).expect("tokenizer loads")))
+        .clone()
+}
+
+/// The official Qwen3.5 chat template (reference data, not part of the project), parsed by the
+/// gateway's Jinja engine. It lives in the shared data directory beside the clone.
+pub fn official_template() -> ChatTemplate {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/qwen3_5_chat_template.jinja");
+    assert!(
+        path.exists(),
+        "the official Qwen3.5 chat template is missing at {}: these tests need the shared data \
+         directory beside the clone",
+        path.display()
+    );
+    ChatTemplate::from_jinja_file(&path).expect("official template parses")
 }

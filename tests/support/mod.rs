@@ -10,24 +10,16 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokengate::app::{self, Deps};
 use tokengate::clock::ManualClock;
 use tokengate::config::Config;
 use tokengate::server::Running;
-use tokengate::tokenize::Tokenizer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 
-/// The Qwen3.5 tokenizer, loaded once per test binary.
-pub fn tokenizer() -> Arc<Tokenizer> {
-    static TOK: OnceLock<Arc<Tokenizer>> = OnceLock::new();
-    TOK.get_or_init(|| {
-        Arc::new(Tokenizer::load(&crate::common::tokenizer_json()).expect("tokenizer loads"))
-    })
-    .clone()
-}
+pub use crate::common::tokenizer;
 
 /// How the fake backend answers generation requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
