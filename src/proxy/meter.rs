@@ -15,7 +15,6 @@ use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
-use hyper::body::Incoming;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -286,10 +285,12 @@ impl Settle {
 }
 
 pin_project_lite::pin_project! {
-    /// A streamed (SSE) answer on its way to the client, metered chunk by chunk.
-    pub struct MeteredStream {
+    /// A streamed (SSE) answer on its way to the client, metered chunk by chunk. Generic over
+    /// the backend's body so the metering can be driven by any byte stream (the fuzz tests
+    /// split one at arbitrary points).
+    pub struct MeteredStream<B> {
         #[pin]
-        inner: Incoming,
+        inner: B,
         // Fires `idle_timeout` after the stream began waiting on the backend.
         #[pin]
         idle: Sleep,
@@ -307,12 +308,12 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl MeteredStream {
+impl<B> MeteredStream<B> {
     /// Wraps the backend's body; `first` is the part already read before answering. Waiting
     /// `idle_timeout` for the backend's next chunk, or an event over `max_event_bytes`, ends
     /// the stream.
     pub fn new(
-        inner: Incoming,
+        inner: B,
         first: Bytes,
         admitted: Admitted,
         client_wants_usage: bool,
@@ -402,7 +403,11 @@ fn cut_short(
     Bytes::from(format!("data: {}\n\n", err.body_json()))
 }
 
-impl Body for MeteredStream {
+impl<B> Body for MeteredStream<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     type Data = Bytes;
     type Error = std::convert::Infallible;
 
