@@ -633,6 +633,32 @@ mod tests {
         assert_eq!(out["stream_options"]["include_usage"], true);
     }
 
+    /// Found by fuzzing (tests/fuzz, target request): serde_json's default float parser can be
+    /// off in the last digit, so a client's number reached the backend changed. Every number
+    /// is now forwarded as the double the client's text denotes.
+    #[test]
+    fn rewrite_forwards_numbers_exactly() {
+        for text in [
+            "-7.858713916570343e-35",
+            "0.1",
+            "2.2250738585072014e-308",
+            "1e300",
+        ] {
+            let body = format!(
+                r#"{{"model": "qwen", "messages": [{{"role": "user", "content": "hi"}}], "temperature": {text}}}"#
+            );
+            let body = Value::Object(parse_object(body.as_bytes()).unwrap());
+            let mut r = parse(Endpoint::Chat, body).unwrap();
+            let out: Value =
+                serde_json::from_slice(&rewrite_for_backend(&mut r, 5, "served")).unwrap();
+            assert_eq!(
+                out["temperature"].as_f64(),
+                Some(text.parse().unwrap()),
+                "{text}"
+            );
+        }
+    }
+
     #[test]
     fn refuses_bad_fields_with_their_names() {
         let cases = [
