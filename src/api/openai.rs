@@ -442,9 +442,18 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
             let ids = items
                 .iter()
-                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| ApiError::invalid_param("prompt", "token ids must fit in 32 bits"))?;
+                .filter_map(Value::as_u64)
+                .enumerate()
+                .map(|(i, n)| {
+                    u32::try_from(n).map_err(|_| {
+                        let max = u32::MAX;
+                        ApiError::invalid_param(
+                            "prompt",
+                            format!("`prompt[{i}]` is {n}: token ids must fit in 32 bits (at most {max})"),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<u32>, ApiError>>()?;
             Ok(Prompt::TokenIds(ids))
         }
         Some(Value::Array(_)) => Err(ApiError::invalid_param(
@@ -737,6 +746,14 @@ mod tests {
             matches!(p(json!({"model": "qwen", "prompt": [1, 2, 3]})), Ok(Prompt::TokenIds(ids)) if ids == [1, 2, 3])
         );
         assert!(p(json!({"model": "qwen", "prompt": ["a", "b"]})).is_err());
+        // Found by fuzzing (tests/fuzz, target request): the message named neither the field
+        // nor the number.
+        let e = p(json!({"model": "qwen", "prompt": [1, 4294967296u64]})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+        assert_eq!(
+            e.message,
+            "`prompt[1]` is 4294967296: token ids must fit in 32 bits (at most 4294967295)"
+        );
         assert!(p(json!({"model": "qwen", "prompt": ""})).is_err());
     }
 
