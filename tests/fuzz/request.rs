@@ -1,0 +1,898 @@
+//! Target `request`: generation request bodies through `parse_object` and `parse_generation`
+//! (`/v1/chat/completions` and `/v1/completions`), then the backend rewrite and the prompt
+//! count, as the gateway runs them.
+//!
+//! Inputs are valid bodies with zero or more mutations (a field removed, of the wrong type,
+//! out of range; a message, role, content part or tool call broken) and, sometimes, an edit of
+//! the serialized bytes (truncation, a stray byte, deep nesting, number spellings JSON allows or
+//! refuses). Properties:
+//! - a body with no mutation is accepted; one with mutations is refused with a 4xx whose
+//!   `param` is a field one of the mutations broke, and whose message names that field;
+//! - every refusal is a 400 (404 for an unknown model) in OpenAI's error shape;
+//! - an accepted body survives the rewrite for the backend: parsing the rewritten body gives
+//!   the same request with `max_tokens` set to what was reserved, the backend's model name, usage
+//!   asked for in a stream, and every other field unchanged;
+//! - an accepted chat is counted exactly as its rendered text (memo included), or refused by the
+//!   template with a 400 naming `messages`: a valid body never yields a 5xx.
+
+use crate::gen::{json, json_except, key, number, text, Kind};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use proptest::prelude::*;
+use proptest::sample::{select, Index};
+use proptest::test_runner::TestCaseError;
+use serde_json::{json, Map, Value};
+use std::sync::OnceLock;
+use tokengate::api::openai::{
+    parse_generation, parse_object, rewrite_for_backend, Endpoint, GenerationRequest,
+    MaxTokensField, ParseLimits, Prompt,
+};
+use tokengate::error::ApiError;
+use tokengate::tokenize::cache::ChatCounter;
+use tokengate::tokenize::chat::ChatTemplate;
+use tokengate::vision::{self, VisionRules};
+
+/// Names clients may use; the backend serves the model under the first.
+const SERVED: [&str; 2] = ["Qwen/Qwen3.5-27B", "qwen"];
+const MAX_MODEL_LEN: u64 = 32_768;
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+fn limits() -> (Vec<String>, u64) {
+    (SERVED.map(String::from).to_vec(), MAX_MODEL_LEN)
+}
+
+fn vision_rules() -> &'static VisionRules {
+    static RULES: OnceLock<VisionRules> = OnceLock::new();
+    RULES.get_or_init(VisionRules::default)
+}
+
+fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<GenerationRequest, ApiError> {
+    let (names, max_model_len) = limits();
+    let limits = ParseLimits {
+        served_names: &names,
+        max_model_len,
+        vision: vision_rules(),
+    };
+    parse_generation(endpoint, parse_object(bytes)?, &limits)
+}
+
+// ---- valid bodies -------------------------------------------------------------------------
+
+fn url() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("https://example.com/cat.png".to_owned()),
+        "https://[a-z]{1,8}\\.example/[a-z]{0,8}\\.(png|jpg|mp4)",
+    ]
+}
+
+/// A base64 data URL of an image header the processor accepts (aspect ratio at most 200).
+fn image_data_url() -> impl Strategy<Value = String> {
+    (crate::image::format(), 1u32..=3_000)
+        .prop_flat_map(|(format, width)| {
+            let heights = width.div_ceil(200)..=(width * 200).min(3_000);
+            (Just(format), Just(width), heights)
+        })
+        .prop_map(|(format, width, height)| {
+            let header = crate::image::Header {
+                format,
+                width,
+                height,
+            };
+            format!("data:image/png;base64,{}", STANDARD.encode(header.bytes()))
+        })
+}
+
+fn content_part() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        8 => text().prop_map(|t| json!({"type": "text", "text": t})),
+        1 => url().prop_map(|u| json!({"type": "image_url", "image_url": {"url": u}})),
+        1 => url().prop_map(|u| json!({"type": "image", "image": u})),
+        1 => url().prop_map(|u| json!({"type": "video", "video": u})),
+        2 => image_data_url().prop_map(|u| json!({"type": "image_url", "image_url": {"url": u}})),
+        1 => image_data_url().prop_map(|u| json!({"type": "image", "image": u})),
+    ]
+}
+
+fn content() -> impl Strategy<Value = Option<Value>> {
+    prop_oneof![
+        1 => Just(None),
+        1 => Just(Some(Value::Null)),
+        6 => text().prop_map(|t| Some(Value::String(t))),
+        2 => prop::collection::vec(content_part(), 0..4).prop_map(|p| Some(Value::Array(p))),
+    ]
+}
+
+/// Tool-call arguments as clients send them: a JSON object, its text, or text that is not one.
+fn arguments() -> impl Strategy<Value = Option<Value>> {
+    let object = || {
+        prop::collection::vec((key(), json()), 0..4)
+            .prop_map(|kv| Value::Object(kv.into_iter().collect()))
+    };
+    prop_oneof![
+        Just(None),
+        object().prop_map(Some),
+        object().prop_map(|o| Some(Value::String(o.to_string()))),
+        text().prop_map(|t| Some(Value::String(t))),
+    ]
+}
+
+fn tool_call() -> impl Strategy<Value = Value> {
+    (text(), text(), arguments(), any::<bool>()).prop_map(|(id, name, args, typed)| {
+        let mut function = Map::new();
+        function.insert("name".into(), Value::String(name));
+        if let Some(args) = args {
+            function.insert("arguments".into(), args);
+        }
+        let mut call = Map::new();
+        call.insert("id".into(), Value::String(id));
+        if typed {
+            call.insert("type".into(), json!("function"));
+        }
+        call.insert("function".into(), Value::Object(function));
+        Value::Object(call)
+    })
+}
+
+fn message() -> impl Strategy<Value = Value> {
+    (
+        select(ROLES.to_vec()),
+        content(),
+        prop::option::of(prop::collection::vec(tool_call(), 0..3)),
+        prop::option::of(text()),
+        prop::option::of(text()),
+    )
+        .prop_map(|(role, content, calls, reasoning, name)| {
+            let mut m = Map::new();
+            m.insert("role".into(), json!(role));
+            if let Some(c) = content {
+                m.insert("content".into(), c);
+            }
+            if role == "assistant" {
+                if let Some(calls) = calls {
+                    m.insert("tool_calls".into(), Value::Array(calls));
+                }
+                if let Some(r) = reasoning {
+                    m.insert("reasoning_content".into(), Value::String(r));
+                }
+            }
+            if role == "tool" {
+                m.insert("tool_call_id".into(), json!("call_0"));
+            }
+            if let Some(n) = name {
+                m.insert("name".into(), Value::String(n));
+            }
+            Value::Object(m)
+        })
+}
+
+fn tool_definition() -> impl Strategy<Value = Value> {
+    (text(), text(), json()).prop_map(|(name, description, parameters)| {
+        json!({"type": "function", "function": {
+            "name": name, "description": description, "parameters": parameters}})
+    })
+}
+
+fn completion_prompt() -> impl Strategy<Value = Value> {
+    let non_empty = || text().prop_map(|t| if t.is_empty() { "x".to_owned() } else { t });
+    prop_oneof![
+        non_empty().prop_map(Value::String),
+        non_empty().prop_map(|t| json!([t])),
+        prop::collection::vec(any::<u32>(), 1..16).prop_map(|ids| json!(ids)),
+    ]
+}
+
+/// Fields any generation body may carry; unknown ones must reach the backend unchanged.
+fn optional_fields(endpoint: Endpoint) -> impl Strategy<Value = Vec<(String, Value)>> {
+    let stream = prop::option::of((any::<bool>(), prop::option::of(any::<bool>())));
+    let max_tokens = prop::option::of(prop_oneof![
+        Just(Value::Null),
+        (1..=MAX_MODEL_LEN).prop_map(Value::from)
+    ]);
+    let chat_only = (
+        prop::option::of(prop::collection::vec(tool_definition(), 0..3)),
+        prop::option::of(prop::option::of(any::<bool>())),
+        prop::option::of(any::<bool>()),
+    );
+    let extra = prop::collection::vec(
+        (
+            select(vec![
+                "temperature",
+                "top_p",
+                "seed",
+                "stop",
+                "user",
+                "logprobs",
+                "x-custom",
+            ]),
+            json(),
+        ),
+        0..3,
+    );
+    (
+        stream,
+        prop::option::of(prop_oneof![Just(Value::Null), Just(json!(1))]),
+        max_tokens.clone(),
+        max_tokens,
+        chat_only,
+        extra,
+    )
+        .prop_map(
+            move |(stream, n, max_tokens, max_completion, chat_only, extra)| {
+                let mut fields: Vec<(String, Value)> = Vec::new();
+                if let Some((stream, include_usage)) = stream {
+                    fields.push(("stream".into(), json!(stream)));
+                    if let (true, Some(usage)) = (stream, include_usage) {
+                        fields.push(("stream_options".into(), json!({"include_usage": usage})));
+                    }
+                }
+                let named = [
+                    ("n", n),
+                    ("max_tokens", max_tokens),
+                    ("max_completion_tokens", max_completion),
+                ];
+                fields.extend(
+                    named
+                        .into_iter()
+                        .filter_map(|(k, v)| Some((k.to_owned(), v?))),
+                );
+                if endpoint == Endpoint::Chat {
+                    let (tools, thinking, generation_prompt) = chat_only;
+                    if let Some(tools) = tools {
+                        fields.push(("tools".into(), Value::Array(tools)));
+                    }
+                    if let Some(thinking) = thinking {
+                        let kwargs = match thinking {
+                            Some(t) => json!({"enable_thinking": t, "other": 1}),
+                            None => json!({}),
+                        };
+                        fields.push(("chat_template_kwargs".into(), kwargs));
+                    }
+                    if let Some(g) = generation_prompt {
+                        fields.push(("add_generation_prompt".into(), json!(g)));
+                    }
+                }
+                // Later duplicates of a key replace earlier ones, as in any JSON object.
+                fields.extend(extra.into_iter().map(|(k, v)| (k.to_owned(), v)));
+                fields
+            },
+        )
+        .prop_shuffle()
+}
+
+fn valid_body(endpoint: Endpoint) -> impl Strategy<Value = Map<String, Value>> {
+    let prompt = match endpoint {
+        Endpoint::Chat => prop::collection::vec(message(), 1..6)
+            .prop_map(|m| ("messages".to_owned(), Value::Array(m)))
+            .boxed(),
+        Endpoint::Completions => completion_prompt()
+            .prop_map(|p| ("prompt".to_owned(), p))
+            .boxed(),
+    };
+    (select(SERVED.to_vec()), prompt, optional_fields(endpoint)).prop_map(
+        |(model, (prompt_key, prompt), fields)| {
+            let mut body = Map::new();
+            body.insert("model".into(), json!(model));
+            body.insert(prompt_key, prompt);
+            body.extend(fields);
+            body
+        },
+    )
+}
+
+// ---- mutations ----------------------------------------------------------------------------
+
+/// One thing made wrong in a valid body. Applying it returns the (status, param) it must be
+/// refused with, or `None` when it did not apply (e.g. its message was removed before).
+#[derive(Debug, Clone)]
+enum Mutation {
+    Remove(&'static str),
+    Set(&'static str, Value),
+    UnknownModel(String),
+    StreamOptionsWithoutStream,
+    IncludeUsage(Value),
+    EnableThinking(Value),
+    Message(Index, MessageMutation),
+}
+
+#[derive(Debug, Clone)]
+enum MessageMutation {
+    NotObject(Value),
+    RemoveRole,
+    Role(Value),
+    Content(Value),
+    Part(Index, Vec<Value>, Value),
+    ToolCall(Index, Value),
+}
+
+/// Values `positive_int` must refuse for a token count of at most `MAX_MODEL_LEN`.
+fn bad_token_count() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        json_except(&[Kind::Null, Kind::Number]),
+        select(vec![
+            json!(0),
+            json!(-1),
+            json!(1.0),
+            json!(1.5),
+            json!(MAX_MODEL_LEN + 1),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            json!(1e300),
+        ]),
+        (MAX_MODEL_LEN + 1..).prop_map(Value::from),
+        (i64::MIN..0).prop_map(Value::from),
+        number().prop_filter_map("not a valid count", |n| match n.as_u64() {
+            Some(1..=MAX_MODEL_LEN) => None,
+            _ => Some(n),
+        }),
+    ]
+}
+
+fn bad_n() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        json_except(&[Kind::Null, Kind::Number]),
+        number().prop_filter_map("not 1", |n| (n.as_u64() != Some(1)).then_some(n)),
+    ]
+}
+
+fn bad_prompt() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        json_except(&[Kind::Null, Kind::String, Kind::Array]),
+        select(vec![
+            json!(""),
+            json!([]),
+            json!([""]),
+            json!(["a", "b"]),
+            json!([1, "a"]),
+            json!([1, -2]),
+            json!([1, 1.5]),
+            json!([[1]]),
+            json!([u64::from(u32::MAX) + 1]),
+            json!([1, u64::MAX]),
+            Value::Null,
+        ]),
+    ]
+}
+
+fn bad_role() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        json_except(&[Kind::String]),
+        select(vec![
+            "",
+            "System",
+            "USER",
+            " user",
+            "function",
+            "bot",
+            "user\u{0}"
+        ])
+        .prop_map(Value::from),
+        "x-[a-z]{0,8}".prop_map(Value::String),
+    ]
+}
+
+/// A content part no reader understands: not an object, or one with neither string `text`
+/// nor an image or video.
+fn bad_part() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        json_except(&[Kind::Object]),
+        select(vec![
+            json!({}),
+            json!({"type": "text"}),
+            json!({"type": "text", "text": 1}),
+            json!({"type": "text", "text": null}),
+            json!({"type": "image_url"}),
+            json!({"type": "input_audio", "input_audio": {"data": ""}}),
+            json!({"type": "image_url", "image_url": 5}),
+            json!({"type": "image_url", "image_url": {"url": 5}}),
+            json!({"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}}),
+            json!({"type": "image_url", "image_url": {"url": "data:image/png,notbase64"}}),
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}),
+            json!({"type": "image", "image": "data:image/gif;base64,R0lGODlhAQDIAA=="}),
+            json!({"type": "video", "video": "data:video/jpeg;base64,!!!!"}),
+            json!({"type": "video_url", "video_url": {}}),
+        ]),
+    ]
+}
+
+/// An assistant tool call templates cannot render: not an object, not of type function, or
+/// without a function object.
+fn bad_tool_call() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        json_except(&[Kind::Object]),
+        json_except(&[Kind::Object]).prop_map(|f| json!({"id": "c", "function": f})),
+        json_except(&[Kind::String])
+            .prop_map(|t| json!({"type": t, "function": {"name": "f", "arguments": {}}})),
+        Just(json!({"type": "custom", "function": {"name": "f"}})),
+        Just(json!({"id": "c"})),
+    ]
+}
+
+fn message_mutation() -> impl Strategy<Value = MessageMutation> {
+    prop_oneof![
+        json_except(&[Kind::Object]).prop_map(MessageMutation::NotObject),
+        Just(MessageMutation::RemoveRole),
+        bad_role().prop_map(MessageMutation::Role),
+        json_except(&[Kind::Null, Kind::String, Kind::Array]).prop_map(MessageMutation::Content),
+        (
+            any::<Index>(),
+            prop::collection::vec(content_part(), 0..3),
+            bad_part()
+        )
+            .prop_map(|(at, parts, bad)| MessageMutation::Part(at, parts, bad)),
+        (any::<Index>(), bad_tool_call()).prop_map(|(at, bad)| MessageMutation::ToolCall(at, bad)),
+    ]
+}
+
+fn mutation(endpoint: Endpoint) -> BoxedStrategy<Mutation> {
+    let common = prop_oneof![
+        Just(Mutation::Remove("model")),
+        json_except(&[Kind::String]).prop_map(|v| Mutation::Set("model", v)),
+        Just(Mutation::Set("model", json!(""))),
+        "[a-z0-9.-]{1,12}-unknown".prop_map(Mutation::UnknownModel),
+        json_except(&[Kind::Null, Kind::Bool]).prop_map(|v| Mutation::Set("stream", v)),
+        json_except(&[Kind::Null, Kind::Object]).prop_map(|v| Mutation::Set("stream_options", v)),
+        Just(Mutation::StreamOptionsWithoutStream),
+        json_except(&[Kind::Null, Kind::Bool]).prop_map(Mutation::IncludeUsage),
+        bad_n().prop_map(|v| Mutation::Set("n", v)),
+        bad_token_count().prop_map(|v| Mutation::Set("max_tokens", v)),
+        bad_token_count().prop_map(|v| Mutation::Set("max_completion_tokens", v)),
+    ];
+    match endpoint {
+        Endpoint::Completions => prop_oneof![
+            3 => common,
+            1 => Just(Mutation::Remove("prompt")),
+            1 => bad_prompt().prop_map(|v| Mutation::Set("prompt", v)),
+        ]
+        .boxed(),
+        Endpoint::Chat => prop_oneof![
+            6 => common,
+            1 => Just(Mutation::Remove("messages")),
+            1 => prop_oneof![
+                json_except(&[Kind::Array]),
+                Just(json!([])),
+            ]
+            .prop_map(|v| Mutation::Set("messages", v)),
+            4 => (any::<Index>(), message_mutation()).prop_map(|(i, m)| Mutation::Message(i, m)),
+            1 => prop_oneof![
+                json_except(&[Kind::Null, Kind::Array]),
+                json_except(&[Kind::Object]).prop_map(|v| json!([{"type": "function"}, v])),
+            ]
+            .prop_map(|v| Mutation::Set("tools", v)),
+            1 => json_except(&[Kind::Null, Kind::Object])
+                .prop_map(|v| Mutation::Set("chat_template_kwargs", v)),
+            1 => json_except(&[Kind::Null, Kind::Bool]).prop_map(Mutation::EnableThinking),
+            1 => json_except(&[Kind::Null, Kind::Bool])
+                .prop_map(|v| Mutation::Set("add_generation_prompt", v)),
+        ]
+        .boxed(),
+    }
+}
+
+impl Mutation {
+    fn apply(&self, body: &mut Map<String, Value>) -> Option<(u16, String)> {
+        let refused = |param: &str| Some((400, param.to_owned()));
+        match self {
+            Mutation::Remove(field) => {
+                body.remove(*field);
+                refused(field)
+            }
+            Mutation::Set(field, v) => {
+                body.insert((*field).to_owned(), v.clone());
+                refused(field)
+            }
+            Mutation::UnknownModel(name) => {
+                body.insert("model".into(), json!(name));
+                Some((404, "model".to_owned()))
+            }
+            Mutation::StreamOptionsWithoutStream => {
+                body.insert("stream".into(), json!(false));
+                body.insert("stream_options".into(), json!({}));
+                refused("stream_options")
+            }
+            Mutation::IncludeUsage(v) => {
+                body.insert("stream".into(), json!(true));
+                body.insert("stream_options".into(), json!({ "include_usage": v }));
+                refused("stream_options.include_usage")
+            }
+            Mutation::EnableThinking(v) => {
+                body.insert(
+                    "chat_template_kwargs".into(),
+                    json!({ "enable_thinking": v }),
+                );
+                refused("chat_template_kwargs.enable_thinking")
+            }
+            Mutation::Message(at, m) => {
+                let Some(Value::Array(messages)) = body.get_mut("messages") else {
+                    return None;
+                };
+                if messages.is_empty() {
+                    return None;
+                }
+                let i = at.index(messages.len());
+                m.apply(i, &mut messages[i])
+            }
+        }
+    }
+}
+
+impl MessageMutation {
+    fn apply(&self, i: usize, message: &mut Value) -> Option<(u16, String)> {
+        let at = format!("messages[{i}]");
+        if let MessageMutation::NotObject(v) = self {
+            *message = v.clone();
+            return Some((400, at));
+        }
+        let Value::Object(m) = message else {
+            return None;
+        };
+        let param = match self {
+            MessageMutation::NotObject(_) => unreachable!("handled above"),
+            MessageMutation::RemoveRole => {
+                m.remove("role");
+                format!("{at}.role")
+            }
+            MessageMutation::Role(v) => {
+                m.insert("role".into(), v.clone());
+                format!("{at}.role")
+            }
+            MessageMutation::Content(v) => {
+                m.insert("content".into(), v.clone());
+                format!("{at}.content")
+            }
+            MessageMutation::Part(j, parts, bad) => {
+                let j = j.index(parts.len() + 1);
+                let mut parts = parts.clone();
+                parts.insert(j, bad.clone());
+                m.insert("content".into(), Value::Array(parts));
+                format!("{at}.content[{j}]")
+            }
+            MessageMutation::ToolCall(j, bad) => {
+                m.insert("role".into(), json!("assistant"));
+                let calls = match m.get_mut("tool_calls") {
+                    Some(Value::Array(calls)) => calls,
+                    _ => {
+                        m.insert("tool_calls".into(), json!([]));
+                        m["tool_calls"].as_array_mut().expect("just inserted")
+                    }
+                };
+                let j = j.index(calls.len() + 1);
+                calls.insert(j, bad.clone());
+                "messages".to_owned()
+            }
+        };
+        Some((400, param))
+    }
+}
+
+// ---- byte edits ---------------------------------------------------------------------------
+
+/// An edit of the serialized body.
+#[derive(Debug, Clone)]
+enum Edit {
+    None,
+    Pretty,
+    /// `"deep": [[...]]` nested this deep, added as the first field.
+    Nest(usize),
+    /// `max_tokens` spelled as this JSON (or not-quite-JSON) number text.
+    NumberText(&'static str),
+    Truncate(Index),
+    Insert(Index, u8),
+    Delete(Index, usize),
+    Bom,
+}
+
+/// What serde_json makes of each spelling: `Some(valid)` when it is JSON (a valid count or
+/// not), `None` when the body is not JSON.
+const NUMBER_TEXTS: &[(&str, Option<bool>)] = &[
+    ("100", Some(true)),
+    ("1e2", Some(false)),
+    ("1E2", Some(false)),
+    ("100.0", Some(false)),
+    ("-0", Some(false)),
+    ("0", Some(false)),
+    ("32768", Some(true)),
+    ("32769", Some(false)),
+    ("18446744073709551615", Some(false)),
+    ("18446744073709551616", Some(false)),
+    ("1e400", None),
+    ("-1e400", None),
+    ("01", None),
+    ("+1", None),
+    (".5", None),
+    ("0x10", None),
+    ("NaN", None),
+    ("Infinity", None),
+];
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        12 => Just(Edit::None),
+        1 => Just(Edit::Pretty),
+        1 => prop_oneof![120usize..136, 1usize..4000].prop_map(Edit::Nest),
+        1 => select(NUMBER_TEXTS).prop_map(|(t, _)| Edit::NumberText(t)),
+        1 => any::<Index>().prop_map(Edit::Truncate),
+        1 => (any::<Index>(), any::<u8>()).prop_map(|(at, b)| Edit::Insert(at, b)),
+        1 => (any::<Index>(), 1usize..16).prop_map(|(at, n)| Edit::Delete(at, n)),
+        1 => Just(Edit::Bom),
+    ]
+}
+
+/// The deepest nesting serde_json accepts (its recursion limit of 128 counts one more).
+const MAX_JSON_DEPTH: usize = 127;
+
+/// What a byte edit does to the verdict.
+enum EditVerdict {
+    /// As without the edit.
+    Same,
+    /// The body is no longer JSON: a 400 without a param.
+    NotJson,
+    /// `max_tokens` is refused.
+    BadMaxTokens,
+    /// Anything but a panic or a 5xx.
+    Unknown,
+}
+
+fn serialize(mut body: Map<String, Value>, edit: &Edit) -> (Vec<u8>, EditVerdict) {
+    match edit {
+        Edit::None => (serde_json::to_vec(&body).unwrap(), EditVerdict::Same),
+        Edit::Pretty => (serde_json::to_vec_pretty(&body).unwrap(), EditVerdict::Same),
+        Edit::Nest(depth) => {
+            let inner = serde_json::to_string(&body).unwrap();
+            let deep = format!("{{\"deep\":{}{},", "[".repeat(*depth), "]".repeat(*depth));
+            let text = if body.is_empty() {
+                format!("{}}}", deep.trim_end_matches(','))
+            } else {
+                inner.replacen('{', &deep, 1)
+            };
+            // The object itself is one level, each array one more.
+            let verdict = if depth + 1 > MAX_JSON_DEPTH {
+                EditVerdict::NotJson
+            } else {
+                EditVerdict::Same
+            };
+            (text.into_bytes(), verdict)
+        }
+        Edit::NumberText(number) => {
+            body.remove("max_tokens");
+            let inner = serde_json::to_string(&body).unwrap();
+            let text = inner.replacen('{', &format!("{{\"max_tokens\":{number},"), 1);
+            let verdict = match NUMBER_TEXTS.iter().find(|(t, _)| t == number).unwrap().1 {
+                None => EditVerdict::NotJson,
+                Some(false) => EditVerdict::BadMaxTokens,
+                Some(true) => EditVerdict::Same,
+            };
+            (text.into_bytes(), verdict)
+        }
+        Edit::Truncate(at) => {
+            let mut bytes = serde_json::to_vec(&body).unwrap();
+            bytes.truncate(at.index(bytes.len()));
+            (bytes, EditVerdict::NotJson)
+        }
+        Edit::Insert(at, byte) => {
+            let mut bytes = serde_json::to_vec(&body).unwrap();
+            bytes.insert(at.index(bytes.len() + 1), *byte);
+            (bytes, EditVerdict::Unknown)
+        }
+        Edit::Delete(at, n) => {
+            let mut bytes = serde_json::to_vec(&body).unwrap();
+            let start = at.index(bytes.len());
+            bytes.drain(start..(start + n).min(bytes.len()));
+            (bytes, EditVerdict::Unknown)
+        }
+        Edit::Bom => {
+            let mut bytes = "\u{feff}".as_bytes().to_vec();
+            bytes.extend(serde_json::to_vec(&body).unwrap());
+            (bytes, EditVerdict::NotJson)
+        }
+    }
+}
+
+// ---- the target ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Case {
+    endpoint: Endpoint,
+    body: Map<String, Value>,
+    mutations: Vec<Mutation>,
+    edit: Edit,
+    reserved: Index,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    prop_oneof![Just(Endpoint::Chat), Just(Endpoint::Completions)].prop_flat_map(|endpoint| {
+        (
+            valid_body(endpoint),
+            prop_oneof![
+                2 => Just(Vec::new()),
+                3 => prop::collection::vec(mutation(endpoint), 1..2),
+                1 => prop::collection::vec(mutation(endpoint), 2..4),
+            ],
+            edit(),
+            any::<Index>(),
+        )
+            .prop_map(move |(body, mutations, edit, reserved)| Case {
+                endpoint,
+                body,
+                mutations,
+                edit,
+                reserved,
+            })
+    })
+}
+
+fn chat_counter() -> &'static ChatCounter {
+    static COUNTER: OnceLock<ChatCounter> = OnceLock::new();
+    // Small, so entries are evicted all the time.
+    COUNTER.get_or_init(|| ChatCounter::new(ChatTemplate::builtin_qwen35(), 64 << 10))
+}
+
+fn check(case: Case) -> Result<(), TestCaseError> {
+    let mut body = case.body.clone();
+    let expected: Vec<(u16, String)> = case
+        .mutations
+        .iter()
+        .filter_map(|m| m.apply(&mut body))
+        .collect();
+    let (bytes, verdict) = serialize(body, &case.edit);
+    let got = parse(case.endpoint, &bytes);
+    if let Err(e) = &got {
+        check_error_shape(e)?;
+    }
+    let expected_refusal = |e: &ApiError, or_max_tokens: bool| {
+        let param = e.param.as_deref().unwrap_or_default();
+        // A broken part may be refused for one of its own fields (`...content[1].image_url`).
+        let names = |p: &str| param == p || param.starts_with(&format!("{p}."));
+        let listed = expected
+            .iter()
+            .any(|(status, p)| names(p) && *status == e.status.as_u16());
+        prop_assert!(
+            listed || or_max_tokens && param == "max_tokens",
+            "refused with {} {:?} ({}), expected one of {:?}",
+            e.status,
+            e.param,
+            e.message,
+            expected
+        );
+        Ok(())
+    };
+    match (verdict, got) {
+        (EditVerdict::NotJson, Ok(_)) => {
+            prop_assert!(false, "a body that is not JSON was accepted")
+        }
+        (EditVerdict::NotJson, Err(e)) => {
+            prop_assert_eq!(e.param, None);
+            prop_assert!(
+                e.message.starts_with("the request body is not valid"),
+                "{}",
+                e.message
+            );
+        }
+        (EditVerdict::BadMaxTokens, Ok(_)) => prop_assert!(false, "a bad max_tokens was accepted"),
+        (EditVerdict::BadMaxTokens, Err(e)) => expected_refusal(&e, true)?,
+        (EditVerdict::Same, Err(e)) => expected_refusal(&e, false)?,
+        (EditVerdict::Same, Ok(req)) => {
+            prop_assert!(
+                expected.is_empty(),
+                "accepted a body that should be refused with one of {:?}",
+                expected
+            );
+            check_accepted(req, &case.reserved)?;
+        }
+        (EditVerdict::Unknown, Err(_)) => {}
+        (EditVerdict::Unknown, Ok(req)) => check_accepted(req, &case.reserved)?,
+    }
+    Ok(())
+}
+
+/// 400 (404 for an unknown model) in OpenAI's shape, the message naming the param.
+fn check_error_shape(e: &ApiError) -> Result<(), TestCaseError> {
+    let status = e.status.as_u16();
+    prop_assert!(status == 400 || status == 404, "status {}", status);
+    prop_assert_eq!(status == 404, e.code == "model_not_found");
+    prop_assert_eq!(e.kind, "invalid_request_error");
+    prop_assert!(!e.message.is_empty());
+    let body = e.body_json();
+    let error = body["error"].as_object().expect("an error object");
+    prop_assert_eq!(error.len(), 4);
+    prop_assert_eq!(&error["param"], &json!(e.param));
+    if let Some(param) = &e.param {
+        // The template speaks for itself (transformers' messages); parsing names the field.
+        if !(param == "messages" && e.message.contains("render")) {
+            prop_assert!(
+                e.message.contains(param.as_str()),
+                "the message {:?} does not name {:?}",
+                e.message,
+                param
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The rewrite round trip and the prompt count of an accepted request.
+fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), TestCaseError> {
+    let reserved = 1 + reserved.index(MAX_MODEL_LEN as usize) as u64;
+    let original = req.body.clone();
+    let (endpoint, stream, prompt) = (req.endpoint, req.stream, req.prompt.clone());
+    let rewritten = rewrite_for_backend(&mut req, reserved, SERVED[0]);
+    let again = parse(endpoint, &rewritten)
+        .map_err(|e| TestCaseError::fail(format!("the rewritten body is refused: {e}")))?;
+    prop_assert_eq!(&again.model, SERVED[0]);
+    prop_assert_eq!(again.stream, stream);
+    prop_assert_eq!(again.client_wants_usage, stream);
+    let field = if original.contains_key("max_completion_tokens") {
+        MaxTokensField::MaxCompletionTokens
+    } else {
+        MaxTokensField::MaxTokens
+    };
+    prop_assert_eq!(again.requested_max_tokens, Some((field, reserved)));
+    // Every field the gateway does not own reaches the backend unchanged and in order.
+    let owned = [
+        "model",
+        "max_tokens",
+        "max_completion_tokens",
+        "stream_options",
+    ];
+    let kept = |m: &Map<String, Value>| -> Vec<(String, Value)> {
+        m.iter()
+            .filter(|(k, _)| !owned.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    prop_assert_eq!(kept(&again.body), kept(&original));
+    match (&prompt, &again.prompt) {
+        (
+            Prompt::Chat {
+                prompt: a,
+                media: x,
+            },
+            Prompt::Chat {
+                prompt: b,
+                media: y,
+            },
+        ) => {
+            prop_assert_eq!(&a.messages, &b.messages);
+            prop_assert_eq!(&a.tools, &b.tools);
+            prop_assert_eq!(a.add_generation_prompt, b.add_generation_prompt);
+            prop_assert_eq!(a.enable_thinking, b.enable_thinking);
+            prop_assert_eq!(x, y);
+        }
+        (Prompt::Text(a), Prompt::Text(b)) => prop_assert_eq!(a, b),
+        (Prompt::TokenIds(a), Prompt::TokenIds(b)) => prop_assert_eq!(a, b),
+        (a, b) => prop_assert!(false, "prompt {:?} became {:?}", a, b),
+    }
+    // Counting: exact, or the template's 400; never a 5xx. What is charged is what /tokenize
+    // returns: the rendered ids with every image and video expanded.
+    if let Prompt::Chat { prompt, media } = prompt {
+        let tok = crate::common::tokenizer();
+        let counted = chat_counter().count(tok.as_ref(), &prompt);
+        let rendered = chat_counter().template().render(&prompt);
+        match (counted, rendered) {
+            (Ok(n), Ok(text)) => {
+                prop_assert_eq!(n, tok.count(&text));
+                let charged = n as u64 + vision::extra_tokens(&media, tok.as_ref());
+                let ids = vision::expand_ids(tok.encode(&text), &media, &tok)
+                    .map_err(TestCaseError::fail)?;
+                prop_assert_eq!(ids.len() as u64, charged);
+            }
+            (Err(a), Err(b)) => {
+                prop_assert_eq!(&a, &b);
+                let e = ApiError::from(a);
+                prop_assert_eq!(e.status.as_u16(), 400);
+                prop_assert_eq!(e.param.as_deref(), Some("messages"));
+            }
+            (a, b) => prop_assert!(false, "count {:?} but render {:?}", a, b.map(|t| t.len())),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn request() {
+    crate::fuzz(
+        "request",
+        "tests/fuzz/regressions/request.txt",
+        case(),
+        check,
+    );
+}
