@@ -1,16 +1,50 @@
 //! The admin listener: Prometheus metrics, liveness and readiness, and JSON views of the
-//! tenants' buckets and the backends' KV ledgers.
+//! tenants' buckets and the backends' KV ledgers. With `server.admin_token` set, every path
+//! but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
 use crate::error::{Allow, ApiError};
 use crate::metrics::{BackendLabel, BucketLabels};
 use crate::proxy::forward::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};
+use crate::tenant::{bearer, hash_key, BearerKind};
 use http::{header, Method, Request, Response, StatusCode};
 use serde_json::json;
+use subtle::ConstantTimeEq;
+
+/// The admin listener's token.
+const ADMIN_TOKEN: BearerKind = BearerKind {
+    name: "admin token",
+    placeholder: "TOKEN",
+    refuse: ApiError::admin_unauthorized,
+};
+
+/// Paths open without the admin token, so orchestrators' probes need no secret.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz")
+}
+
+/// Checks the admin token when one is configured. The presented token is hashed and its digest
+/// compared in constant time, so the time taken says nothing about how much of it matched.
+fn authorize(gw: &Gateway, headers: &http::HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = gw.config.server.admin_token_digest() else {
+        return Ok(());
+    };
+    let token = bearer(headers, &ADMIN_TOKEN)?;
+    if bool::from(hash_key(token).ct_eq(&expected)) {
+        Ok(())
+    } else {
+        Err(ApiError::admin_unauthorized(
+            "incorrect admin token provided",
+        ))
+    }
+}
 
 /// Routes one admin request.
 pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError> {
     let path = req.uri().path();
+    if !is_probe(path) {
+        authorize(gw, req.headers())?;
+    }
     if req.method() != Method::GET {
         return Err(ApiError::method_not_allowed(req.method(), path, Allow::Get));
     }

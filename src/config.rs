@@ -98,6 +98,50 @@ pub struct ServerConfig {
     /// until one closes (they wait in the kernel's backlog).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Bearer token the admin listener requires on every path but `/healthz` and `/readyz`.
+    /// Required when `admin_listen` is not a loopback address.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// The admin token stored as lowercase sha256 hex instead (as `api_key_sha256`).
+    #[serde(default)]
+    pub admin_token_sha256: Option<String>,
+}
+
+impl ServerConfig {
+    /// The sha256 of the admin token, when one is set (the config is validated).
+    pub fn admin_token_digest(&self) -> Option<[u8; 32]> {
+        match (&self.admin_token, &self.admin_token_sha256) {
+            (Some(token), _) => Some(crate::tenant::hash_key(token)),
+            (None, Some(hex_digits)) => crate::tenant::parse_sha256_hex(hex_digits),
+            (None, None) => None,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.listen == self.admin_listen && self.listen.port() != 0 {
+            bail!("server.admin_listen must differ from server.listen");
+        }
+        if self.max_body_bytes == 0 {
+            bail!("server.max_body_bytes must be at least 1");
+        }
+        if self.max_connections == 0 {
+            bail!("server.max_connections must be at least 1");
+        }
+        match (&self.admin_token, &self.admin_token_sha256) {
+            (Some(_), Some(_)) => bail!("server: give admin_token or admin_token_sha256, not both"),
+            (Some(token), None) if token.is_empty() => {
+                bail!("server.admin_token must not be empty")
+            }
+            (None, Some(h)) if crate::tenant::parse_sha256_hex(h).is_none() => {
+                bail!("server.admin_token_sha256: `{h}` is not 64 hex digits")
+            }
+            (None, None) if !self.admin_listen.ip().is_loopback() => bail!(
+                "server.admin_listen {} is not a loopback address: set server.admin_token (or admin_token_sha256), or anyone who reaches it can read every tenant's budget and the metrics",
+                self.admin_listen
+            ),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -110,6 +154,8 @@ impl Default for ServerConfig {
             body_read_timeout: default_body_timeout(),
             shutdown_grace: default_shutdown_grace(),
             max_connections: default_max_connections(),
+            admin_token: None,
+            admin_token_sha256: None,
         }
     }
 }
@@ -512,15 +558,7 @@ impl Config {
 
     /// Checks every cross-field rule; the message names the field.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.server.listen == self.server.admin_listen && self.server.listen.port() != 0 {
-            bail!("server.admin_listen must differ from server.listen");
-        }
-        if self.server.max_body_bytes == 0 {
-            bail!("server.max_body_bytes must be at least 1");
-        }
-        if self.server.max_connections == 0 {
-            bail!("server.max_connections must be at least 1");
-        }
+        self.server.validate()?;
         if self.tokenizer.workers == 0 {
             bail!("tokenizer.workers must be at least 1");
         }
@@ -603,13 +641,10 @@ impl Config {
                 }
             }
             for h in &t.api_key_sha256 {
-                let bytes = hex::decode(h).ok().filter(|b| b.len() == 32);
-                let Some(bytes) = bytes else {
+                let Some(digest) = crate::tenant::parse_sha256_hex(h) else {
                     bail!("{at}.api_key_sha256: `{h}` is not 64 hex digits");
                 };
-                let mut arr = [0u8; 32];
-                arr.copy_from_slice(&bytes);
-                if !keys.insert(arr) {
+                if !keys.insert(digest) {
                     bail!("{at}.api_key_sha256: a key is used twice");
                 }
             }
@@ -639,9 +674,14 @@ pub fn describe(cfg: &Config) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "listen {} (admin {}); model {} (max_model_len {}, default_max_tokens {})",
+        "listen {} (admin {}{}); model {} (max_model_len {}, default_max_tokens {})",
         cfg.server.listen,
         cfg.server.admin_listen,
+        if cfg.server.admin_token_digest().is_some() {
+            ", token required"
+        } else {
+            ""
+        },
         cfg.model.served_names.join(", "),
         cfg.model.max_model_len,
         cfg.model.default_max_tokens
@@ -685,13 +725,67 @@ pub fn describe(cfg: &Config) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn backend_bounds_default_and_must_be_positive() {
-        let text = std::fs::read_to_string(concat!(
+    fn quickstart() -> String {
+        std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/config/quickstart.toml"
         ))
-        .unwrap();
+        .unwrap()
+    }
+
+    /// The quickstart config with `server` lines in place of its admin_listen line.
+    fn with_admin(lines: &str) -> anyhow::Result<Config> {
+        let text = quickstart();
+        let changed = text.replace("admin_listen = \"127.0.0.1:8081\"", lines);
+        assert_ne!(changed, text);
+        Config::parse(&changed)
+    }
+
+    #[test]
+    fn admin_listen_off_loopback_needs_a_token() {
+        assert_eq!(
+            with_admin("admin_listen = \"0.0.0.0:8081\"").unwrap_err().to_string(),
+            "server.admin_listen 0.0.0.0:8081 is not a loopback address: set server.admin_token (or admin_token_sha256), or anyone who reaches it can read every tenant's budget and the metrics"
+        );
+        let digest = hex::encode(crate::tenant::hash_key("s3cret"));
+        for lines in [
+            "admin_listen = \"0.0.0.0:8081\"\nadmin_token = \"s3cret\"".to_string(),
+            format!("admin_listen = \"[::]:8081\"\nadmin_token_sha256 = \"{digest}\""),
+        ] {
+            let cfg = with_admin(&lines).unwrap();
+            assert_eq!(
+                cfg.server.admin_token_digest(),
+                Some(crate::tenant::hash_key("s3cret"))
+            );
+        }
+        // Loopback (v4 or v6) needs none.
+        let cfg = with_admin("admin_listen = \"[::1]:8081\"").unwrap();
+        assert_eq!(cfg.server.admin_token_digest(), None);
+    }
+
+    #[test]
+    fn admin_token_forms_are_checked() {
+        let err = |lines: &str| with_admin(lines).unwrap_err().to_string();
+        assert_eq!(
+            err("admin_listen = \"127.0.0.1:8081\"\nadmin_token = \"\""),
+            "server.admin_token must not be empty"
+        );
+        assert_eq!(
+            err("admin_listen = \"127.0.0.1:8081\"\nadmin_token_sha256 = \"abc\""),
+            "server.admin_token_sha256: `abc` is not 64 hex digits"
+        );
+        let digest = hex::encode(crate::tenant::hash_key("s3cret"));
+        assert_eq!(
+            err(&format!(
+                "admin_listen = \"127.0.0.1:8081\"\nadmin_token = \"s3cret\"\nadmin_token_sha256 = \"{digest}\""
+            )),
+            "server: give admin_token or admin_token_sha256, not both"
+        );
+    }
+
+    #[test]
+    fn backend_bounds_default_and_must_be_positive() {
+        let text = quickstart();
         let cfg = Config::parse(&text).unwrap();
         let b = &cfg.backends[0];
         assert_eq!(

@@ -135,6 +135,16 @@ impl ApiError {
         )
     }
 
+    /// 401 `invalid_admin_token`: the admin listener's token is missing or wrong.
+    pub fn admin_unauthorized(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_admin_token",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(
@@ -311,6 +321,10 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 9110: a 401 names the scheme that would be accepted.
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(wait) = self.retry_after {
             h.insert(
                 header::RETRY_AFTER,

@@ -19,9 +19,63 @@ pub struct Tenant {
     pub limits: TenantLimits,
 }
 
-/// sha256 of an API key.
+/// sha256 of an API key (or of the admin token).
 pub fn hash_key(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
+}
+
+/// A sha256 digest written as 64 hex digits, as config files store keys; `None` otherwise.
+pub fn parse_sha256_hex(hex_digits: &str) -> Option<[u8; 32]> {
+    let mut digest = [0u8; 32];
+    hex::decode_to_slice(hex_digits, &mut digest).ok()?;
+    Some(digest)
+}
+
+/// What a bearer credential is called in a refusal, and which 401 refuses it.
+#[derive(Debug)]
+pub struct BearerKind {
+    /// Its name in messages (`API key`).
+    pub name: &'static str,
+    /// The placeholder in `Authorization: Bearer KEY`.
+    pub placeholder: &'static str,
+    /// Builds the 401.
+    pub refuse: fn(String) -> ApiError,
+}
+
+/// A tenant's API key.
+pub const API_KEY: BearerKind = BearerKind {
+    name: "API key",
+    placeholder: "KEY",
+    refuse: ApiError::unauthorized,
+};
+
+/// The credential in `Authorization: Bearer CREDENTIAL`, or the 401 of `kind` saying what is
+/// wrong with the header.
+pub fn bearer<'h>(headers: &'h HeaderMap, kind: &BearerKind) -> Result<&'h str, ApiError> {
+    let BearerKind {
+        name,
+        placeholder,
+        refuse,
+    } = kind;
+    let value = headers
+        .get(http::header::AUTHORIZATION)
+        .ok_or_else(|| {
+            refuse(format!(
+                "missing {name}: send it as `Authorization: Bearer {placeholder}`"
+            ))
+        })?
+        .to_str()
+        .map_err(|_| refuse("the Authorization header is not ASCII".to_string()))?;
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            refuse(format!(
+                "the Authorization header must be `Bearer {placeholder}`"
+            ))
+        })
 }
 
 /// Every tenant and the digests of its keys.
@@ -42,12 +96,12 @@ impl TenantDirectory {
                 limits: limits_of(t),
             }));
             keys.extend(t.api_keys.iter().map(|k| (hash_key(k), i)));
-            for h in &t.api_key_sha256 {
-                let mut digest = [0u8; 32];
-                if hex::decode_to_slice(h, &mut digest).is_ok() {
-                    keys.push((digest, i));
-                }
-            }
+            keys.extend(
+                t.api_key_sha256
+                    .iter()
+                    .filter_map(|h| parse_sha256_hex(h))
+                    .map(|digest| (digest, i)),
+            );
         }
         Self { tenants, keys }
     }
@@ -59,23 +113,7 @@ impl TenantDirectory {
 
     /// The tenant whose key is in `Authorization: Bearer KEY`, or 401.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or_else(|| {
-                ApiError::unauthorized(
-                    "missing API key: send it as `Authorization: Bearer KEY`".to_string(),
-                )
-            })?
-            .to_str()
-            .map_err(|_| ApiError::unauthorized("the Authorization header is not ASCII"))?;
-        let key = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| {
-                ApiError::unauthorized("the Authorization header must be `Bearer KEY`")
-            })?;
+        let key = bearer(headers, &API_KEY)?;
         let digest = hash_key(key);
         // Visit every stored digest whatever matches, so the time taken does not depend on
         // which one (if any) matched.
