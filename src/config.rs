@@ -4,8 +4,8 @@
 //! against the directory of the config file.
 
 use crate::capacity::{
-    derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend, ProfileOverrides,
-    StateDtype, Workload,
+    derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend,
+    EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
 };
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
@@ -289,9 +289,20 @@ pub struct BackendConfig {
     /// Model replicas behind this URL.
     #[serde(default = "one")]
     pub replicas: u32,
-    /// Share of peak throughput actually reached (scales throughput only, never TPOT/TTFT).
+    /// One achieved fraction of peak for every kind of work (1 = the pure roofline); default:
+    /// the fitted efficiency (docs/capacity.md).
     #[serde(default)]
     pub efficiency: Option<f64>,
+    /// Measured fraction of peak bandwidth streaming the weights (`tokengate capacity
+    /// --observed-tpot-ms` reports it).
+    #[serde(default)]
+    pub weight_efficiency: Option<f64>,
+    /// Measured fraction of peak bandwidth reading KV and state.
+    #[serde(default)]
+    pub cache_efficiency: Option<f64>,
+    /// Measured fraction of peak FLOPS.
+    #[serde(default)]
+    pub compute_efficiency: Option<f64>,
     /// TPOT target the SLA batch ceiling is computed for.
     #[serde(default)]
     pub tpot_slo_ms: Option<f64>,
@@ -466,9 +477,13 @@ impl Config {
             inputs.tp = b.tp;
             inputs.replicas = b.replicas;
             inputs.block_tokens = self.model.block_tokens;
-            if let Some(e) = b.efficiency {
-                inputs.efficiency = e;
+            inputs.efficiency = EfficiencyOverrides {
+                uniform: b.efficiency,
+                weights: b.weight_efficiency,
+                cache: b.cache_efficiency,
+                compute: b.compute_efficiency,
             }
+            .resolve();
             if let Some(ms) = b.tpot_slo_ms {
                 inputs.tpot_slo_seconds = ms / 1000.0;
             }
@@ -490,9 +505,10 @@ impl Config {
             }
             if derived.max_batch == 0 {
                 bail!(
-                    "{at}: not even one sequence of the declared workload ({} + {} tokens) fits: {}",
+                    "{at}: no batch of the declared workload ({} + {} tokens) is safe (bound: {}): {}",
                     workload.avg_input,
                     workload.avg_output,
+                    derived.per_replica.bottleneck.label(),
                     derived.explanation
                 );
             }

@@ -1,11 +1,12 @@
 //! Capacity room, command-line shell: `tokengate capacity`. Parses flags into the pure model's
-//! inputs, evaluates (roofline, seed formula, four-scenario table or calibration) and renders
-//! the result as text or JSON. Only [`run_capacity`] prints.
+//! inputs, evaluates (roofline, seed formula, four-scenario table, validation table or
+//! calibration) and renders the result as text or JSON. Only [`run_capacity`] prints.
 
-use super::profile::{ProfileOverrides, StateDtype};
-use super::roofline::{Calibration, CapacityInputs, RooflineReport};
+use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
+use super::roofline::{Calibration, CapacityInputs, EfficiencyOverrides, RooflineReport};
 use super::seed::{estimate_llm_performance_v3, py_float_repr, seed_line, SeedInputs, SeedReport};
 use super::table::{scenario_table, ScenarioRow};
+use super::validation::{validation_markdown, validation_table, ValidationRow};
 use super::GB;
 use anyhow::bail;
 use serde_json::{json, Value};
@@ -14,7 +15,7 @@ use std::fmt::Write as _;
 /// Which arithmetic to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Formula {
-    /// The correct per-replica roofline (default).
+    /// The correct per-replica roofline with achieved efficiency (default).
     Roofline,
     /// The seed article's `estimate_llm_performance_v3`, reproduced digit for digit.
     Seed,
@@ -23,7 +24,8 @@ pub enum Formula {
 /// `tokengate capacity`: what one deployment can serve, and why.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CapacityArgs {
-    /// Hardware profile (910b1, 910b2, 910b3, 910b4, atlas-300i-duo).
+    /// Hardware profile (910b1, 910b2, 910b3, 910b3-seed, 910b4, atlas-300i-duo); with
+    /// --formula seed, 910b3 is the article's 910b3-seed (320 TFLOPS, 1.9 TB/s).
     #[arg(long, default_value = "910b3")]
     pub hardware: String,
     /// Model profile (qwen3.5-27b, qwen3-32b, qwen3-8b).
@@ -68,9 +70,20 @@ pub struct CapacityArgs {
     /// Precision of the linear-attention state.
     #[arg(long, value_enum, default_value_t = StateDtype::Fp32)]
     pub state_dtype: StateDtype,
-    /// Efficiency coefficient (scales throughput only).
-    #[arg(long, default_value_t = super::DEFAULT_EFFICIENCY)]
-    pub efficiency: f64,
+    /// Achieved fraction of peak for every kind of work, attention spread over the whole card
+    /// (1 = the pure roofline). Default: the fitted weights 0.45, cache 0.61, compute 0.35.
+    /// With --formula seed: the script's efficiency_coeff (default 0.45).
+    #[arg(long)]
+    pub efficiency: Option<f64>,
+    /// Achieved fraction of peak bandwidth streaming the weights.
+    #[arg(long)]
+    pub weight_efficiency: Option<f64>,
+    /// Achieved fraction of peak bandwidth reading KV and linear-attention state.
+    #[arg(long)]
+    pub cache_efficiency: Option<f64>,
+    /// Achieved fraction of peak FLOPS (prefill, compute-bound steps).
+    #[arg(long)]
+    pub compute_efficiency: Option<f64>,
     /// TPOT target, ms.
     #[arg(long, default_value_t = super::DEFAULT_TPOT_SLO_SECONDS * 1e3)]
     pub tpot_slo_ms: f64,
@@ -86,9 +99,13 @@ pub struct CapacityArgs {
     /// roofline (correct) or seed (the article's script).
     #[arg(long, value_enum, default_value_t = Formula::Roofline)]
     pub formula: Formula,
-    /// Print the article's four scenarios: article, seed formula and roofline side by side.
-    #[arg(long, conflicts_with_all = ["observed_tpot_ms", "batch"])]
+    /// Print the article's four scenarios: article, seed formula, ideal and expected roofline
+    /// side by side.
+    #[arg(long, conflicts_with_all = ["observed_tpot_ms", "batch", "validate"])]
     pub table: bool,
+    /// Print the model against every published measurement (docs/capacity.md's table).
+    #[arg(long, conflicts_with_all = ["observed_tpot_ms", "batch"])]
+    pub validate: bool,
     /// JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -104,13 +121,26 @@ pub struct CapacityArgs {
 #[derive(Debug, Clone, PartialEq)]
 pub enum CapacityOutput {
     /// `--formula roofline` (default).
-    Roofline(RooflineReport),
+    Roofline(Box<RooflineReport>),
     /// `--formula seed`.
     Seed(SeedReport),
     /// `--table`.
     Table(Vec<ScenarioRow>),
-    /// `--observed-tpot-ms` with `--observed-batch`, and the roofline it was set against.
-    Calibration(Calibration, RooflineReport),
+    /// `--validate`.
+    Validation(Vec<ValidationRow>),
+    /// `--observed-tpot-ms` with `--observed-batch`.
+    Calibration(Box<CalibrationOutput>),
+}
+
+/// A calibration and the two rooflines around it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalibrationOutput {
+    /// The comparison.
+    pub calibration: Calibration,
+    /// The roofline it was set against, at the observed batch.
+    pub roofline: RooflineReport,
+    /// The roofline with the calibrated efficiency, at its safe batch.
+    pub calibrated: RooflineReport,
 }
 
 impl CapacityArgs {
@@ -133,7 +163,13 @@ impl CapacityArgs {
         inputs.tp = self.tp;
         inputs.block_tokens = self.block;
         inputs.reserve_bytes = super::gb_to_bytes(self.reserve_gb);
-        inputs.efficiency = self.efficiency;
+        inputs.efficiency = EfficiencyOverrides {
+            uniform: self.efficiency,
+            weights: self.weight_efficiency,
+            cache: self.cache_efficiency,
+            compute: self.compute_efficiency,
+        }
+        .resolve();
         inputs.tpot_slo_seconds = self.tpot_slo_ms / 1e3;
         inputs.engine_max_batch = self.engine_max_batch;
         inputs.validate()?;
@@ -141,30 +177,37 @@ impl CapacityArgs {
     }
 
     /// The seed script's arguments for these flags: the typed figures as given (so the article's
-    /// inputs reach it unchanged), else the profiles' figures in the script's units.
-    pub fn seed_inputs(&self, inputs: &CapacityInputs) -> SeedInputs {
-        SeedInputs {
-            accel_tflops: self.tflops.unwrap_or(inputs.hardware.peak_flops / 1e12),
+    /// inputs reach it unchanged), else the profiles' figures in the script's units (the
+    /// article's own 910B3 for `910b3`).
+    pub fn seed_inputs(&self) -> anyhow::Result<SeedInputs> {
+        let hardware = HardwareProfile::lookup_for_seed(&self.hardware)?;
+        let model = ModelProfile::lookup(&self.model, self.state_dtype)?;
+        let defaults = SeedInputs::default();
+        Ok(SeedInputs {
+            accel_tflops: self.tflops.unwrap_or(hardware.peak_flops / 1e12),
             accel_bw_gbs: self
                 .bandwidth_gbs
-                .unwrap_or(inputs.hardware.bandwidth_bytes_per_s / GB),
-            model_params_b: self.params_b.unwrap_or(inputs.model.params / 1e9),
-            hbm_capacity_gb: self.hbm_gb.unwrap_or(inputs.hardware.hbm_bytes as f64 / GB),
+                .unwrap_or(hardware.bandwidth_bytes_per_s / GB),
+            model_params_b: self.params_b.unwrap_or(model.params / 1e9),
+            hbm_capacity_gb: self.hbm_gb.unwrap_or(hardware.hbm_bytes as f64 / GB),
             avg_input_len: self.input,
             avg_output_len: self.output,
-            batch_size: self.batch.unwrap_or(SeedInputs::default().batch_size),
-            efficiency_coeff: self.efficiency,
-        }
+            batch_size: self.batch.unwrap_or(defaults.batch_size),
+            efficiency_coeff: self.efficiency.unwrap_or(defaults.efficiency_coeff),
+        })
     }
 
     /// Runs what the flags ask for.
     pub fn evaluate(&self) -> anyhow::Result<CapacityOutput> {
+        if self.validate {
+            return Ok(CapacityOutput::Validation(validation_table()?));
+        }
         let inputs = self.capacity_inputs()?;
         let ttft_slo = self.ttft_slo_ms.map(|ms| ms / 1e3);
         if self.table {
             return Ok(CapacityOutput::Table(scenario_table(
                 &inputs,
-                &self.seed_inputs(&inputs),
+                &self.seed_inputs()?,
             )?));
         }
         if let (Some(tpot_ms), Some(batch)) = (self.observed_tpot_ms, self.observed_batch) {
@@ -176,17 +219,24 @@ impl CapacityArgs {
             }
             let calibration = inputs.calibrate(tpot_ms / 1e3, batch, self.input, self.output);
             let report = inputs.report(self.input, self.output, Some(batch), ttft_slo);
-            return Ok(CapacityOutput::Calibration(calibration, report));
+            let calibrated = inputs
+                .with_efficiency(calibration.calibrated_efficiency)
+                .report(self.input, self.output, None, ttft_slo);
+            return Ok(CapacityOutput::Calibration(Box::new(CalibrationOutput {
+                calibration,
+                roofline: report,
+                calibrated,
+            })));
         }
         Ok(match self.formula {
-            Formula::Roofline => CapacityOutput::Roofline(inputs.report(
+            Formula::Roofline => CapacityOutput::Roofline(Box::new(inputs.report(
                 self.input,
                 self.output,
                 self.batch,
                 ttft_slo,
-            )),
+            ))),
             Formula::Seed => {
-                CapacityOutput::Seed(estimate_llm_performance_v3(&self.seed_inputs(&inputs))?)
+                CapacityOutput::Seed(estimate_llm_performance_v3(&self.seed_inputs()?)?)
             }
         })
     }
@@ -194,7 +244,8 @@ impl CapacityArgs {
 
 impl CapacityOutput {
     /// The JSON form: the report's own keys (the article's for seed mode), `{"scenarios": [..]}`
-    /// for the table, `{"calibration": .., "roofline": ..}` for a calibration.
+    /// for the table, `{"validation": [..]}` for the validation table, `{"calibration": ..,
+    /// "roofline": .., "calibrated": ..}` for a calibration.
     pub fn to_json(&self) -> Value {
         let value = match self {
             CapacityOutput::Roofline(r) => serde_json::to_value(r),
@@ -202,9 +253,18 @@ impl CapacityOutput {
             CapacityOutput::Table(rows) => {
                 serde_json::to_value(rows).map(|v| json!({ "scenarios": v }))
             }
-            CapacityOutput::Calibration(c, r) => serde_json::to_value(c).and_then(|c| {
-                Ok(json!({ "calibration": c, "roofline": serde_json::to_value(r)? }))
-            }),
+            CapacityOutput::Validation(rows) => {
+                serde_json::to_value(rows).map(|v| json!({ "validation": v }))
+            }
+            CapacityOutput::Calibration(out) => {
+                serde_json::to_value(&out.calibration).and_then(|c| {
+                    Ok(json!({
+                        "calibration": c,
+                        "roofline": serde_json::to_value(&out.roofline)?,
+                        "calibrated": serde_json::to_value(&out.calibrated)?,
+                    }))
+                })
+            }
         };
         value.expect("capacity reports hold only finite numbers and strings")
     }
@@ -215,7 +275,8 @@ impl CapacityOutput {
             CapacityOutput::Roofline(r) => roofline_text(r),
             CapacityOutput::Seed(s) => seed_text(s),
             CapacityOutput::Table(rows) => table_text(rows),
-            CapacityOutput::Calibration(c, r) => calibration_text(c, r),
+            CapacityOutput::Validation(rows) => validation_markdown(rows),
+            CapacityOutput::Calibration(out) => calibration_text(out),
         }
     }
 }
@@ -250,13 +311,7 @@ fn roofline_text(r: &RooflineReport) -> String {
     let _ = writeln!(
         s,
         "roofline: {} x{} (TP), {}, {} in / {} out, {}-token blocks, efficiency {}",
-        r.hardware,
-        r.tp,
-        r.model,
-        r.input_tokens,
-        r.output_tokens,
-        r.block_tokens,
-        py_float_repr(r.efficiency)
+        r.hardware, r.tp, r.model, r.input_tokens, r.output_tokens, r.block_tokens, r.efficiency
     );
     let _ = writeln!(
         s,
@@ -288,10 +343,13 @@ fn roofline_text(r: &RooflineReport) -> String {
     );
     let _ = writeln!(
         s,
-        "  at batch {}: step = TPOT {:.2} ms ({}), TTFT {:.1} ms (prefill, no queueing)",
+        "  at batch {}: step = TPOT {:.2} ms ({}; weights {:.2} + cache {:.2} ms; ideal {:.2} ms), TTFT {:.1} ms (prefill, no queueing)",
         r.batch,
         r.tpot_ms,
         r.step_bound.label(),
+        r.weight_read_ms,
+        r.cache_read_ms,
+        r.ideal_tpot_ms,
         r.ttft_ms
     );
     if r.batch > r.max_batch_memory {
@@ -312,7 +370,7 @@ fn roofline_text(r: &RooflineReport) -> String {
     }
     let _ = writeln!(
         s,
-        "  throughput decode {:.1} tok/s (batch / step x eff), prefill {:.1} tok/s (x eff)",
+        "  throughput decode {:.1} tok/s (batch / step), prefill {:.1} tok/s",
         r.decode_tps, r.prefill_tps
     );
     let _ = writeln!(
@@ -337,33 +395,42 @@ fn table_text(rows: &[ScenarioRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<8} {:>9} | {:>24} | {:>30} | {:>9} | roofline bound",
-        "scenario", "in/out", "safe BS: article/seed/roof", "QPS: article/seed/roofline", "TPOT ms"
+        "{:<8} {:>9} | {:>32} | {:>38} | {:>15} | bound: ideal -> expected",
+        "scenario",
+        "in/out",
+        "safe BS: article/seed/ideal/exp.",
+        "QPS: article/seed/ideal/expected",
+        "TPOT ms: id/exp"
     );
     for r in rows {
         let sc = &r.scenario;
         let _ = writeln!(
             s,
-            "{:<8} {:>9} | {:>8} {:>7} {:>7} | {:>8} {:>12} {:>8.3} | {:>9.2} | {}",
+            "{:<8} {:>9} | {:>8} {:>7} {:>7} {:>7} | {:>8} {:>12} {:>7.3} {:>7.3} | {:>7.2} {:>7.2} | {} -> {}",
             sc.name,
             format!("{}/{}", sc.input, sc.output),
             sc.article_safe_batch,
             r.seed_safe_batch,
-            r.roofline_safe_batch,
+            r.ideal.safe_batch,
+            r.expected.safe_batch,
             format!("~{}", py_float_repr(sc.article_qps).trim_end_matches(".0")),
             py_float_repr(r.seed_qps),
-            r.roofline_qps,
-            r.roofline_tpot_ms,
-            r.roofline_bottleneck.label()
+            r.ideal.qps,
+            r.expected.qps,
+            r.ideal.tpot_ms,
+            r.expected.tpot_ms,
+            r.ideal.bottleneck.label(),
+            r.expected.bottleneck.label()
         );
         let _ = writeln!(s, "         why: {}", r.why);
     }
     s
 }
 
-fn calibration_text(c: &Calibration, r: &RooflineReport) -> String {
-    format!(
-        "calibration at batch {batch} ({input} in / {output} out):\n  observed TPOT {obs:.2} ms, modelled {pred:.2} ms ({bound}): observed/modelled {ratio:.3} ({gap:+.1}%)\n  implies {bw:.1}% of peak HBM bandwidth ({bw_abs:.0} GB/s) and {fl:.1}% of peak FLOPS\n  efficiency coefficient {e} left unchanged: locate the gap with profiling, do not fit the black box to it\n",
+fn calibration_text(out: &CalibrationOutput) -> String {
+    let (c, r, calibrated) = (&out.calibration, &out.roofline, &out.calibrated);
+    let mut s = format!(
+        "calibration at batch {batch} ({input} in / {output} out):\n  observed TPOT {obs:.2} ms, modelled {pred:.2} ms ({bound}): observed/modelled {ratio:.3} ({gap:+.1}%)\n  implies {bw:.1}% of peak HBM bandwidth ({bw_abs:.0} GB/s) and {fl:.1}% of peak FLOPS\n  efficiency that predicts it: {new} (was {old})\n",
         batch = c.batch,
         input = r.input_tokens,
         output = r.output_tokens,
@@ -375,8 +442,29 @@ fn calibration_text(c: &Calibration, r: &RooflineReport) -> String {
         bw = c.implied_bandwidth_efficiency * 100.0,
         bw_abs = c.implied_bandwidth_bytes_per_s / GB,
         fl = c.implied_compute_efficiency * 100.0,
-        e = py_float_repr(c.efficiency_coefficient),
-    )
+        new = c.calibrated_efficiency,
+        old = c.efficiency,
+    );
+    if c.faster_than_peak {
+        s.push_str("  warning    faster than the model allows at efficiency 1: the card's peak figures (--bandwidth-gbs, --tflops) are higher than the profile's\n");
+    }
+    let e = &c.calibrated_efficiency;
+    let _ = write!(
+        s,
+        "  with it    SLA ceiling {} -> {}, safe batch {} -> {} ({}), {:.3} req/s = {:.1} prefill + {:.1} decode tok/s\n  config     weight_efficiency = {:.3}, cache_efficiency = {:.3}, compute_efficiency = {:.3} (in the backend's [[backends]] entry)\n",
+        r.max_batch_sla,
+        calibrated.max_batch_sla,
+        r.safe_batch,
+        calibrated.safe_batch,
+        calibrated.bottleneck.label(),
+        calibrated.qps,
+        calibrated.sustained_prefill_tps,
+        calibrated.sustained_decode_tps,
+        e.weights,
+        e.cache,
+        e.compute,
+    );
+    s
 }
 
 #[cfg(test)]
@@ -474,23 +562,71 @@ mod tests {
             "safe_batch",
             "step_ms",
             "tpot_ms",
+            "ideal_tpot_ms",
             "ttft_ms",
             "decode_tps",
             "prefill_tps",
             "qps",
             "bottleneck",
+            "efficiency",
         ] {
             assert!(v.get(key).is_some(), "missing {key}");
         }
+        // one 910B3: 19 RAG sequences fit, but the weights alone take 75 ms a step
         assert_eq!(v["kv_budget_bytes"], 8_000_000_000u64);
         assert_eq!(v["footprint_bytes_per_sequence"], 405_602_304u64);
         assert_eq!(v["max_batch_memory"], 19);
-        assert_eq!(v["max_batch_sla"], 108);
-        assert_eq!(v["safe_batch"], 19);
-        assert_eq!(v["bottleneck"], "memory_capacity");
-        assert_eq!(v["step_bound"], "bandwidth");
-        assert_eq!(v["ttft_ms"], 506.25);
+        assert_eq!(v["max_batch_sla"], 0);
+        assert_eq!(v["safe_batch"], 0);
+        assert_eq!(v["bottleneck"], "bandwidth");
+        assert_eq!(v["weight_read_ms"], 75.0);
         assert_eq!(v["ttft_slo_ms"], Value::Null);
+        let v = json(&["--tp", "2", "--input", "3000", "--output", "800"]);
+        assert_eq!(
+            (v["max_batch_sla"].as_u64(), v["safe_batch"].as_u64()),
+            (Some(45), Some(45))
+        );
+        assert_eq!(v["step_bound"], "bandwidth");
+        assert_eq!(format!("{:.2}", v["tpot_ms"].as_f64().unwrap()), "49.73");
+        assert_eq!(
+            format!("{:.2}", v["ideal_tpot_ms"].as_f64().unwrap()),
+            "24.34"
+        );
+        assert_eq!(format!("{:.2}", v["ttft_ms"].as_f64().unwrap()), "739.39");
+    }
+
+    #[test]
+    fn tpot_ms_is_the_predicted_tpot_and_efficiency_one_is_the_roofline() {
+        let tpot = |hardware: &str, flags: &[&str]| -> String {
+            let mut all = vec![
+                "--hardware",
+                hardware,
+                "--model",
+                "qwen3-32b",
+                "--tp",
+                "4",
+                "--input",
+                "16384",
+                "--output",
+                "2048",
+                "--batch",
+                "8",
+                "--json",
+            ];
+            all.extend_from_slice(flags);
+            format!("{:.2}", json(&all)["tpot_ms"].as_f64().unwrap())
+        };
+        // vLLM-ascend PR 11266 measured 34.05 ms
+        assert_eq!(tpot("910b3", &[]), "34.47");
+        assert_eq!(tpot("910b3", &["--efficiency", "1"]), "15.95");
+        assert_eq!(tpot("910b3-seed", &["--efficiency", "1"]), "13.44");
+        assert_eq!(tpot("910b3", &["--efficiency", "0.45"]), "35.45");
+        assert_eq!(tpot("910b3", &["--cache-efficiency", "0.305"]), "46.16");
+        let v = json(&["--weight-efficiency", "0.4", "--compute-efficiency", "0.5"]);
+        assert_eq!(
+            v["efficiency"],
+            json!({"weights": 0.4, "cache": 0.61, "compute": 0.5, "head_parallel_attention": true})
+        );
     }
 
     #[test]
@@ -514,8 +650,10 @@ mod tests {
             "800",
         ]);
         assert_eq!(v["kv_budget_bytes"], 58_400_000_000u64);
-        assert_eq!(v["safe_batch"], 58);
+        assert_eq!(v["safe_batch"], 9);
         let v = json(&[
+            "--tp",
+            "2",
             "--batch",
             "8",
             "--engine-max-batch",
@@ -527,9 +665,21 @@ mod tests {
         assert_eq!(v["safe_batch"], 4);
         assert_eq!(v["bottleneck"], "engine_max_batch");
         assert_eq!(v["ttft_within_slo"], false);
-        assert_eq!(v["max_input_ttft_slo"], 296);
-        let v = json(&["--tpot-slo-ms", "30", "--input", "200", "--output", "150"]);
-        assert_eq!(v["safe_batch"], 17);
+        // 50 ms / (2 x 27e9 / (2 x 313e12 x 0.35)) = 202.9 tokens
+        assert_eq!(v["max_input_ttft_slo"], 202);
+        let v = json(&[
+            "--hardware",
+            "910b3-seed",
+            "--efficiency",
+            "1",
+            "--tpot-slo-ms",
+            "30",
+            "--input",
+            "200",
+            "--output",
+            "150",
+        ]);
+        assert_eq!(v["safe_batch"], 9);
         assert_eq!(v["bottleneck"], "bandwidth");
     }
 
@@ -537,72 +687,120 @@ mod tests {
     fn table_json_and_text() {
         let v = json(&["--table"]);
         let rows = v["scenarios"].as_array().unwrap();
-        let safe: Vec<(u64, u64, u64)> = rows
+        let safe: Vec<(u64, u64, u64, u64)> = rows
             .iter()
             .map(|r| {
                 (
                     r["scenario"]["article_safe_batch"].as_u64().unwrap(),
                     r["seed_safe_batch"].as_u64().unwrap(),
-                    r["roofline_safe_batch"].as_u64().unwrap(),
+                    r["ideal"]["safe_batch"].as_u64().unwrap(),
+                    r["expected"]["safe_batch"].as_u64().unwrap(),
                 )
             })
             .collect();
         assert_eq!(
             safe,
-            vec![(48, 813, 44), (6, 152, 19), (18, 406, 28), (4, 101, 12)]
+            vec![
+                (48, 813, 44, 0),
+                (6, 152, 19, 0),
+                (18, 406, 28, 0),
+                (4, 101, 12, 0)
+            ]
         );
+        assert_eq!(rows[0]["ideal"]["bottleneck"], "memory_capacity");
+        assert_eq!(rows[0]["expected"]["bottleneck"], "bandwidth");
         let v = json(&["--table", "--block", "1"]);
         let mem: Vec<u64> = v["scenarios"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|r| r["roofline_max_batch_memory"].as_u64().unwrap())
+            .map(|r| r["ideal"]["max_batch_memory"].as_u64().unwrap())
             .collect();
         assert_eq!(mem, vec![45, 19, 29, 12]);
+        // two cards: the expected answer is bound by the TPOT SLO, not by memory
+        let v = json(&["--table", "--tp", "2"]);
+        let expected: Vec<(u64, &str)> = v["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["expected"]["safe_batch"].as_u64().unwrap(),
+                    r["expected"]["bottleneck"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            expected,
+            vec![
+                (74, "bandwidth"),
+                (45, "bandwidth"),
+                (58, "bandwidth"),
+                (32, "bandwidth")
+            ]
+        );
         let text = args(&["--table"]).evaluate().unwrap().to_text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 9);
         assert_eq!(
             lines[1],
-            "chat       200/150 |       48     813      44 |      ~38     69700.18    3.120 |     32.40 | memory capacity (KV + state)"
+            "chat       200/150 |       48     813      44       0 |      ~38     69700.18   5.552   0.000 |   42.71   75.41 | memory capacity (KV + state) -> HBM bandwidth (TPOT SLO)"
         );
         assert!(lines[2].starts_with("         why: seed counts only 150 output tokens"));
     }
 
     #[test]
-    fn calibration_reports_without_refitting() {
-        let v = json(&[
+    fn validation_table_is_the_docs_table() {
+        let out = args(&["--validate"]).evaluate().unwrap();
+        let text = out.to_text();
+        assert!(text.starts_with("| source | setup | TP |"));
+        assert_eq!(text.lines().count(), 2 + super::super::PUBLISHED.len());
+        let v = out.to_json();
+        assert_eq!(v["validation"][0]["published"]["measured_tpot_ms"], 34.05);
+        assert_eq!(
+            format!(
+                "{:.2}",
+                v["validation"][0]["predicted_tpot_ms"].as_f64().unwrap()
+            ),
+            "34.47"
+        );
+    }
+
+    #[test]
+    fn calibration_reports_the_implied_efficiency_and_what_it_changes() {
+        let flags = [
+            "--tp",
+            "2",
             "--input",
             "3000",
             "--output",
             "800",
             "--observed-tpot-ms",
-            "40",
+            "60",
             "--observed-batch",
-            "19",
-        ]);
-        assert_eq!(v["calibration"]["batch"], 19);
-        assert_eq!(v["calibration"]["observed_tpot_ms"], 40.0);
+            "45",
+        ];
+        let v = json(&flags);
+        assert_eq!(v["calibration"]["batch"], 45);
+        assert_eq!(v["calibration"]["observed_tpot_ms"], 60.0);
         assert_eq!(v["calibration"]["predicted_bound"], "bandwidth");
-        assert_eq!(v["calibration"]["efficiency_coefficient"], 0.45);
-        assert_eq!(v["roofline"]["efficiency"], 0.45);
-        assert_eq!(v["roofline"]["batch"], 19);
-        let text = args(&[
-            "--input",
-            "3000",
-            "--output",
-            "800",
-            "--observed-tpot-ms",
-            "40",
-            "--observed-batch",
-            "19",
-        ])
-        .evaluate()
-        .unwrap()
-        .to_text();
+        assert_eq!(v["calibration"]["efficiency"]["weights"], 0.45);
+        assert_eq!(
+            format!(
+                "{:.3}",
+                v["calibration"]["calibrated_efficiency"]["weights"]
+                    .as_f64()
+                    .unwrap()
+            ),
+            "0.373"
+        );
+        assert_eq!(v["roofline"]["batch"], 45);
+        assert_eq!(v["roofline"]["safe_batch"], 45);
+        assert_eq!(v["calibrated"]["safe_batch"], 14);
+        let text = args(&flags).evaluate().unwrap().to_text();
         assert_eq!(
             text,
-            "calibration at batch 19 (3000 in / 800 out):\n  observed TPOT 40.00 ms, modelled 32.19 ms (bandwidth-bound): observed/modelled 1.243 (+24.3%)\n  implies 80.5% of peak HBM bandwidth (1529 GB/s) and 8.0% of peak FLOPS\n  efficiency coefficient 0.45 left unchanged: locate the gap with profiling, do not fit the black box to it\n"
+            "calibration at batch 45 (3000 in / 800 out):\n  observed TPOT 60.00 ms, modelled 49.73 ms (bandwidth-bound): observed/modelled 1.206 (+20.6%)\n  implies 40.6% of peak HBM bandwidth (649 GB/s) and 6.5% of peak FLOPS\n  efficiency that predicts it: weights 0.373, cache 0.506, compute 0.35 (was weights 0.45, cache 0.61, compute 0.35)\n  with it    SLA ceiling 45 -> 14, safe batch 45 -> 14 (HBM bandwidth (TPOT SLO)), 0.279 req/s = 836.4 prefill + 223.0 decode tok/s\n  config     weight_efficiency = 0.373, cache_efficiency = 0.506, compute_efficiency = 0.350 (in the backend's [[backends]] entry)\n"
         );
     }
 
@@ -612,7 +810,7 @@ mod tests {
         assert_eq!(err(&["--tp", "0"]), "invalid tp: must be >= 1");
         assert_eq!(
             err(&["--hardware", "h100"]),
-            "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b4, atlas-300i-duo)"
+            "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b3-seed, 910b4, atlas-300i-duo)"
         );
         assert_eq!(
             err(&["--formula", "seed", "--output", "0"]),
@@ -655,6 +853,8 @@ mod tests {
             "seed formula (the article's estimate_llm_performance_v3, reproduced; wrong, see docs/capacity.md):\n  TPS=443.3, TTFT=506.2ms, 安全BS上限=152, 瓶颈=Prefill(算力)\n  QPS=0.55, TPOT=4.7ms, BS=6, 效率系数=0.35\n"
         );
         let text = args(&[
+            "--tp",
+            "2",
             "--input",
             "3000",
             "--output",
@@ -667,15 +867,15 @@ mod tests {
         .to_text();
         assert_eq!(
             text,
-            "roofline: 910b3 x1 (TP), qwen3.5-27b, 3000 in / 800 out, 128-token blocks, efficiency 0.45
-  cache      65,536 B/token KV + 153,944,064 B/sequence state; budget 8,000,000,000 B
-  footprint  405,602,304 B/sequence -> memory ceiling 19
-  TPOT SLO   50.0 ms -> SLA ceiling 108 (weights alone take 28.42 ms/step)
-  safe batch 19 (bound: memory capacity (KV + state))
-  at batch 19: step = TPOT 32.19 ms (bandwidth-bound), TTFT 506.2 ms (prefill, no queueing)
-  TTFT SLO   1000.0 ms: prefill meets it; longest prompt that fits 5925
-  throughput decode 265.6 tok/s (batch / step x eff), prefill 2666.7 tok/s (x eff)
-  sustained  0.242 req/s = 725.2 prefill + 193.4 decode tok/s (prefill and decode share the cards)
+            "roofline: 910b3 x2 (TP), qwen3.5-27b, 3000 in / 800 out, 128-token blocks, efficiency weights 0.45, cache 0.61, compute 0.35
+  cache      65,536 B/token KV + 153,944,064 B/sequence state; budget 70,000,000,000 B
+  footprint  405,602,304 B/sequence -> memory ceiling 172
+  TPOT SLO   50.0 ms -> SLA ceiling 45 (weights alone take 37.50 ms/step)
+  safe batch 45 (bound: HBM bandwidth (TPOT SLO))
+  at batch 45: step = TPOT 49.73 ms (bandwidth-bound; weights 37.50 + cache 12.23 ms; ideal 24.34 ms), TTFT 739.4 ms (prefill, no queueing)
+  TTFT SLO   1000.0 ms: prefill meets it; longest prompt that fits 4057
+  throughput decode 904.8 tok/s (batch / step), prefill 4057.4 tok/s
+  sustained  0.616 req/s = 1847.8 prefill + 492.7 decode tok/s (prefill and decode share the cards)
 "
         );
     }

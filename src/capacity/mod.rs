@@ -1,6 +1,7 @@
-//! Capacity room: the roofline model of one accelerator deployment (how many sequences fit in
-//! the KV cache, decode step time and TPOT at a batch, prefill time, the safe batch and what
-//! binds it), the named hardware and model profiles it runs on, the seed article's calibrator
+//! Capacity room: the roofline model of one accelerator deployment with the efficiency real
+//! engines reach (how many sequences fit in the KV cache, decode step time and TPOT at a batch,
+//! prefill time, the safe batch and what binds it), the named hardware and model profiles it
+//! runs on, its validation against published measurements, the seed article's calibrator
 //! reproduced for comparison, and the derivation of a backend's KV capacity, batch cap and
 //! sustainable token rates that sizes the gateway. Pure: no I/O, no clock; `cli` prints.
 
@@ -9,20 +10,23 @@ mod profile;
 mod roofline;
 pub mod seed;
 mod table;
+mod validation;
 
 pub mod cli;
 
 pub use derive::{derive_backend, derived_table, tenant_rates, DerivedBackend, Workload};
 pub use profile::{
     gb_to_bytes, HardwareProfile, ModelArch, ModelProfile, ProfileOverrides, StateDtype, GB,
+    SEED_HARDWARE,
 };
 pub use roofline::{
     mean_context_tokens, sequence_footprint_bytes, Bottleneck, Calibration, CapacityInputs,
-    RooflineReport, SafeBatch, StepBound, StepTerms, DEFAULT_BLOCK_TOKENS, DEFAULT_EFFICIENCY,
-    DEFAULT_RESERVE_BYTES, DEFAULT_TPOT_SLO_SECONDS,
+    Efficiency, EfficiencyOverrides, RooflineReport, SafeBatch, StepBound, StepTerms,
+    DEFAULT_BLOCK_TOKENS, DEFAULT_RESERVE_BYTES, DEFAULT_TPOT_SLO_SECONDS,
 };
 pub use seed::{estimate_llm_performance_v3, SeedInputs, SeedReport};
-pub use table::{scenario_table, Scenario, ScenarioRow, SCENARIOS};
+pub use table::{scenario_table, Scenario, ScenarioFigures, ScenarioRow, SCENARIOS};
+pub use validation::{validation_markdown, validation_table, Published, ValidationRow, PUBLISHED};
 
 /// Why capacity inputs were refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

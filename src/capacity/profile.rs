@@ -19,24 +19,81 @@ pub struct HardwareProfile {
     pub hbm_bytes: u64,
     /// HBM bandwidth, bytes/s.
     pub bandwidth_bytes_per_s: f64,
+    /// AI cores per card: how many (sequence, KV head) pairs a decode attention kernel reads
+    /// at once (see `Efficiency::head_parallel_attention`).
+    pub ai_cores: u32,
 }
 
-/// (canonical name, aliases, TFLOPS, HBM GB, bandwidth GB/s). Figures other than the 910B3's
-/// HBM are unverified vendor-sheet values (DOMAIN.md section 4); the 910B3 row carries the seed
-/// article's inputs (320 TFLOPS, 1.9 TB/s) so its readers get its numbers.
-const HARDWARE: &[(&str, &[&str], f64, u64, f64)] = &[
-    ("910b1", &[], 400.0, 64, 1600.0),
-    ("910b2", &[], 353.0, 64, 1600.0),
-    ("910b3", &[], 320.0, 64, 1900.0),
-    ("910b4", &[], 280.0, 32, 800.0),
-    (
-        "atlas-300i-duo",
-        &["300i-duo", "atlas300i-duo", "300iduo"],
-        140.0,
-        96,
-        408.0,
-    ),
+/// One built-in card, in the units its sources give.
+struct Card {
+    name: &'static str,
+    aliases: &'static [&'static str],
+    tflops: f64,
+    hbm_gb: u64,
+    bandwidth_gbs: f64,
+    ai_cores: u32,
+}
+
+/// The built-in cards. Where each figure comes from (DOMAIN.md sections 4 and 6): the 910B3's
+/// HBM is verified; its ~313 TFLOPS is the figure vLLM-ascend's maintainers give their "Atlas
+/// A2 313T 64GB" box, and ~1.6 TB/s is the best bandwidth figure found (no measurement supports
+/// the seed article's 1.9). `910b3-seed` is the seed article's 910B3 (320 TFLOPS, 1.9 TB/s),
+/// its `--formula seed` default and a named override. The other cards' figures are unverified
+/// vendor-sheet values; the Atlas 300I Duo's HBM and bandwidth are verified. AI cores: 20 on
+/// the 910B3 and 910B4, 24 on the 910B1/B2, 2 x 8 on the 300I Duo (unverified).
+const HARDWARE: &[Card] = &[
+    Card {
+        name: "910b1",
+        aliases: &[],
+        tflops: 400.0,
+        hbm_gb: 64,
+        bandwidth_gbs: 1600.0,
+        ai_cores: 24,
+    },
+    Card {
+        name: "910b2",
+        aliases: &[],
+        tflops: 353.0,
+        hbm_gb: 64,
+        bandwidth_gbs: 1600.0,
+        ai_cores: 24,
+    },
+    Card {
+        name: "910b3",
+        aliases: &[],
+        tflops: 313.0,
+        hbm_gb: 64,
+        bandwidth_gbs: 1600.0,
+        ai_cores: 20,
+    },
+    Card {
+        name: "910b3-seed",
+        aliases: &["seed"],
+        tflops: 320.0,
+        hbm_gb: 64,
+        bandwidth_gbs: 1900.0,
+        ai_cores: 20,
+    },
+    Card {
+        name: "910b4",
+        aliases: &[],
+        tflops: 280.0,
+        hbm_gb: 32,
+        bandwidth_gbs: 800.0,
+        ai_cores: 20,
+    },
+    Card {
+        name: "atlas-300i-duo",
+        aliases: &["300i-duo", "atlas300i-duo", "300iduo"],
+        tflops: 140.0,
+        hbm_gb: 96,
+        bandwidth_gbs: 408.0,
+        ai_cores: 16,
+    },
 ];
+
+/// The profile `--formula seed` uses for the default `910b3`: the article's own inputs.
+pub const SEED_HARDWARE: &str = "910b3-seed";
 
 impl HardwareProfile {
     /// The built-in profile called `name` (case-insensitive; `Ascend ` prefix, spaces and `_`
@@ -46,12 +103,13 @@ impl HardwareProfile {
         let key = key.strip_prefix("ascend-").unwrap_or(&key);
         HARDWARE
             .iter()
-            .find(|(canonical, aliases, ..)| *canonical == key || aliases.contains(&key))
-            .map(|&(canonical, _, tflops, hbm_gb, bw_gbs)| Self {
-                name: canonical.to_string(),
-                peak_flops: tflops * 1e12,
-                hbm_bytes: hbm_gb * 1_000_000_000,
-                bandwidth_bytes_per_s: bw_gbs * GB,
+            .find(|card| card.name == key || card.aliases.contains(&key))
+            .map(|card| Self {
+                name: card.name.to_string(),
+                peak_flops: card.tflops * 1e12,
+                hbm_bytes: card.hbm_gb * 1_000_000_000,
+                bandwidth_bytes_per_s: card.bandwidth_gbs * GB,
+                ai_cores: card.ai_cores,
             })
             .ok_or_else(|| CapacityError::UnknownHardware {
                 name: name.to_string(),
@@ -59,9 +117,20 @@ impl HardwareProfile {
             })
     }
 
+    /// The profile `--formula seed` runs on: `name`'s, except that the 910B3 is the article's
+    /// own ([`SEED_HARDWARE`]), so the script's numbers come out as printed there.
+    pub fn lookup_for_seed(name: &str) -> Result<Self, CapacityError> {
+        let hardware = Self::lookup(name)?;
+        if hardware.name == "910b3" {
+            Self::lookup(SEED_HARDWARE)
+        } else {
+            Ok(hardware)
+        }
+    }
+
     /// Canonical names of the built-in hardware profiles.
     pub fn names() -> Vec<&'static str> {
-        HARDWARE.iter().map(|(name, ..)| *name).collect()
+        HARDWARE.iter().map(|card| card.name).collect()
     }
 }
 
@@ -236,6 +305,11 @@ impl ModelProfile {
     pub fn names() -> Vec<&'static str> {
         MODELS.iter().map(|(name, ..)| *name).collect()
     }
+
+    /// KV heads of a full-attention layer, when the layout is known.
+    pub fn kv_heads(&self) -> Option<u64> {
+        self.arch.map(|a| a.kv_heads)
+    }
 }
 
 /// Overrides of profile figures, in the units users type (the seed script's names where it has
@@ -351,11 +425,19 @@ mod tests {
     }
 
     #[test]
-    fn the_910b3_default_is_the_seed_hardware() {
+    fn the_910b3_is_the_measured_card_and_the_seed_card_is_named() {
         let hw = HardwareProfile::lookup("910b3").unwrap();
-        assert_eq!(hw.peak_flops, 320e12);
-        assert_eq!(hw.bandwidth_bytes_per_s, 1.9e12);
+        assert_eq!(hw.peak_flops, 313e12);
+        assert_eq!(hw.bandwidth_bytes_per_s, 1.6e12);
         assert_eq!(hw.hbm_bytes, 64_000_000_000);
+        assert_eq!(hw.ai_cores, 20);
+        for name in [SEED_HARDWARE, "seed", "Ascend 910B3-seed"] {
+            let seed = HardwareProfile::lookup(name).unwrap();
+            assert_eq!(seed.name, SEED_HARDWARE, "{name}");
+            assert_eq!(seed.peak_flops, 320e12);
+            assert_eq!(seed.bandwidth_bytes_per_s, 1.9e12);
+            assert_eq!(seed.hbm_bytes, 64_000_000_000);
+        }
     }
 
     #[test]
@@ -363,7 +445,7 @@ mod tests {
         let err = HardwareProfile::lookup("h100").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b4, atlas-300i-duo)"
+            "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b3-seed, 910b4, atlas-300i-duo)"
         );
         let err = ModelProfile::lookup("llama", StateDtype::Fp32).unwrap_err();
         assert_eq!(

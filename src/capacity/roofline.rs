@@ -1,12 +1,15 @@
-//! Capacity room: the per-replica roofline (DOMAIN.md section 1, done right). How many sequences
-//! fit in the cache, how long one decode step takes at a batch, what TPOT SLO allows, and which
-//! term binds. Pure arithmetic: bytes and seconds in, bytes, seconds and counts out.
+//! Capacity room: the per-replica roofline (DOMAIN.md section 1, done right) with the
+//! efficiency real engines reach (section 6). How many sequences fit in the cache, how long one
+//! decode step and one prefill take, what TPOT SLO allows, and which term binds. Pure
+//! arithmetic: bytes and seconds in, bytes, seconds and counts out.
 //!
 //! A *replica* is one engine instance: `tp` cards holding one copy of the weights, each card
 //! holding `1/tp` of the weights, of every sequence's KV and of its linear-attention state.
 //! Byte figures (budget, footprint) are therefore summed over the replica's cards, and times
-//! divide the per-replica work by `tp` cards working in parallel (collective communication is
-//! not modelled).
+//! divide the per-replica work by `tp` cards working in parallel. A step's time is its ideal
+//! divided by an achieved fraction of peak ([`Efficiency`]), per kind of work: weight reads,
+//! cache (KV and state) reads, arithmetic. Collectives and per-layer work are not modelled
+//! apart: the published rows cannot separate them from the weight reads (docs/capacity.md).
 
 use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
 use super::CapacityError;
@@ -18,8 +21,136 @@ pub const DEFAULT_RESERVE_BYTES: u64 = 2_000_000_000;
 pub const DEFAULT_BLOCK_TOKENS: u64 = 128;
 /// The seed's TPOT target: P95 < 50 ms (about 20 tokens/s per user).
 pub const DEFAULT_TPOT_SLO_SECONDS: f64 = 0.050;
-/// The seed's default efficiency coefficient; it scales throughputs only.
-pub const DEFAULT_EFFICIENCY: f64 = 0.45;
+
+/// Achieved fractions of peak, by kind of work. The ideal roofline is [`Efficiency::IDEAL`];
+/// the default, [`Efficiency::FITTED`], is fitted to published Qwen3-32B measurements on
+/// 910B cards (docs/capacity.md, validation table).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Efficiency {
+    /// Fraction of peak HBM bandwidth a step reaches streaming the weights, everything else a
+    /// layer does besides attention folded in (its collectives, norms, small kernels).
+    pub weights: f64,
+    /// Fraction of peak HBM bandwidth reached reading KV and linear-attention state.
+    pub cache: f64,
+    /// Fraction of peak FLOPS reached (prefill, compute-bound passes).
+    pub compute: f64,
+    /// Decode attention parallelises over (sequence, KV head) pairs only: one card core reads
+    /// one pair, at its share (1 / AI cores) of the card's cache rate, so a few long sequences
+    /// cannot use the whole card.
+    pub head_parallel_attention: bool,
+}
+
+impl Efficiency {
+    /// The fitted default. Sources (docs/capacity.md): `weights` 0.45 from vLLM-ascend PR 11266
+    /// (Qwen3-32B TP4: a 34.05 ms step of which 64 x 171.4 us is attention, leaving 23.1 ms
+    /// for 16.4 GB of weights per card) and issue 4167 (20-27 ms at batch 1); `cache` 0.61
+    /// from the same PR's attention profile (8 x 16,384 tokens x 1,024 B per layer and card in
+    /// 171.4 us on 16 of 20 cores); `compute` 0.35 from PR 1811 (131,072 prompt tokens
+    /// prefilled at TP4 in 21.2 s with decodes mixed in: a lower bound).
+    pub const FITTED: Efficiency = Efficiency {
+        weights: 0.45,
+        cache: 0.61,
+        compute: 0.35,
+        head_parallel_attention: true,
+    };
+
+    /// The pure roofline: every byte at peak bandwidth, every FLOP at peak.
+    pub const IDEAL: Efficiency = Efficiency::uniform(1.0);
+
+    /// One black-box fraction for every kind of work, attention spread over the whole card.
+    pub const fn uniform(e: f64) -> Self {
+        Efficiency {
+            weights: e,
+            cache: e,
+            compute: e,
+            head_parallel_attention: false,
+        }
+    }
+
+    /// Both bandwidth fractions multiplied by `scale` (what a calibration implies).
+    pub fn with_bandwidth_scaled(self, scale: f64) -> Self {
+        Efficiency {
+            weights: self.weights * scale,
+            cache: self.cache * scale,
+            ..self
+        }
+    }
+
+    /// Rejects a fraction outside (0, 1], naming it.
+    pub fn validate(&self) -> Result<(), CapacityError> {
+        for (field, e) in [
+            ("weight_efficiency", self.weights),
+            ("cache_efficiency", self.cache),
+            ("compute_efficiency", self.compute),
+        ] {
+            if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+                return Err(CapacityError::invalid(
+                    field,
+                    format!("must be in (0, 1], got {e}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Efficiency {
+    fn default() -> Self {
+        Self::FITTED
+    }
+}
+
+impl std::fmt::Display for Efficiency {
+    /// `weights 0.45, cache 0.61, compute 0.35`; `0.5 (uniform)`; `1 (pure roofline)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // three decimals, trailing zeros dropped: 0.45, 0.373, 1
+        let short = |x: f64| {
+            let s = format!("{x:.3}");
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        };
+        if *self == Self::IDEAL {
+            write!(f, "1 (pure roofline)")
+        } else if *self == Self::uniform(self.weights) {
+            write!(f, "{} (uniform)", short(self.weights))
+        } else {
+            write!(
+                f,
+                "weights {}, cache {}, compute {}",
+                short(self.weights),
+                short(self.cache),
+                short(self.compute)
+            )
+        }
+    }
+}
+
+/// Efficiency as users give it (CLI flags, a backend's config): nothing means the fitted
+/// default; `uniform` replaces it with one black-box fraction (1 = the pure roofline); each
+/// kind of work can then be set on its own (what a calibration reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EfficiencyOverrides {
+    /// One fraction for every kind of work, attention spread over the whole card.
+    pub uniform: Option<f64>,
+    /// Weight-streaming fraction.
+    pub weights: Option<f64>,
+    /// Cache-reading fraction.
+    pub cache: Option<f64>,
+    /// Arithmetic fraction.
+    pub compute: Option<f64>,
+}
+
+impl EfficiencyOverrides {
+    /// The efficiency these settings describe (not yet validated).
+    pub fn resolve(&self) -> Efficiency {
+        let base = self.uniform.map_or(Efficiency::FITTED, Efficiency::uniform);
+        Efficiency {
+            weights: self.weights.unwrap_or(base.weights),
+            cache: self.cache.unwrap_or(base.cache),
+            compute: self.compute.unwrap_or(base.compute),
+            ..base
+        }
+    }
+}
 /// Largest batch any search considers (far beyond any engine's `maxBatchSize`).
 const BATCH_SEARCH_CAP: u64 = u32::MAX as u64;
 
@@ -59,8 +190,8 @@ pub struct CapacityInputs {
     pub block_tokens: u64,
     /// HBM kept back per card, bytes.
     pub reserve_bytes: u64,
-    /// Black-box coefficient applied to throughputs (never to TPOT or TTFT).
-    pub efficiency: f64,
+    /// Achieved fractions of peak: every time (step, prefill) is the ideal divided by them.
+    pub efficiency: Efficiency,
     /// TPOT target, seconds.
     pub tpot_slo_seconds: f64,
     /// The engine's configured `maxBatchSize`, if any.
@@ -135,24 +266,32 @@ pub struct SafeBatch {
     pub bottleneck: Bottleneck,
 }
 
-/// The two roofline terms of one decode step.
+/// The roofline terms of one engine pass, efficiency included.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct StepTerms {
-    /// Time to read weights plus resident KV and state from HBM, seconds.
-    pub memory_seconds: f64,
-    /// Time to do 2 x params FLOPs per sequence, seconds.
+    /// Time to stream the weights from HBM, seconds.
+    pub weights_seconds: f64,
+    /// Time to read the resident KV and read and write back the linear-attention state,
+    /// seconds.
+    pub cache_seconds: f64,
+    /// Time to do 2 x params FLOPs per token computed, seconds.
     pub compute_seconds: f64,
 }
 
 impl StepTerms {
-    /// The step time: the slower of the two terms.
+    /// Time spent on HBM traffic: weights, then cache.
+    pub fn memory_seconds(&self) -> f64 {
+        self.weights_seconds + self.cache_seconds
+    }
+
+    /// The pass time: the slower of HBM traffic and arithmetic.
     pub fn seconds(&self) -> f64 {
-        self.memory_seconds.max(self.compute_seconds)
+        self.memory_seconds().max(self.compute_seconds)
     }
 
     /// Which of the two binds (bandwidth on a tie).
     pub fn bound(&self) -> StepBound {
-        if self.memory_seconds >= self.compute_seconds {
+        if self.memory_seconds() >= self.compute_seconds {
             StepBound::Bandwidth
         } else {
             StepBound::Compute
@@ -162,7 +301,7 @@ impl StepTerms {
 
 impl CapacityInputs {
     /// `hardware` and `model` with every other input at its default (TP 1, one replica, 128-token
-    /// blocks, 2 GB reserve, efficiency 0.45, TPOT target 50 ms, no engine cap).
+    /// blocks, 2 GB reserve, the fitted efficiency, TPOT target 50 ms, no engine cap).
     pub fn new(hardware: HardwareProfile, model: ModelProfile) -> Self {
         Self {
             hardware,
@@ -171,7 +310,7 @@ impl CapacityInputs {
             replicas: 1,
             block_tokens: DEFAULT_BLOCK_TOKENS,
             reserve_bytes: DEFAULT_RESERVE_BYTES,
-            efficiency: DEFAULT_EFFICIENCY,
+            efficiency: Efficiency::FITTED,
             tpot_slo_seconds: DEFAULT_TPOT_SLO_SECONDS,
             engine_max_batch: None,
         }
@@ -207,12 +346,7 @@ impl CapacityInputs {
         positive("bandwidth_bytes_per_s", self.hardware.bandwidth_bytes_per_s)?;
         positive("params", self.model.params)?;
         positive("tpot_slo_seconds", self.tpot_slo_seconds)?;
-        if !(self.efficiency.is_finite() && self.efficiency > 0.0 && self.efficiency <= 1.0) {
-            return Err(CapacityError::invalid(
-                "efficiency",
-                format!("must be in (0, 1], got {}", self.efficiency),
-            ));
-        }
+        self.efficiency.validate()?;
         if self.tp == 0 {
             return Err(CapacityError::invalid("tp", "must be >= 1".into()));
         }
@@ -254,71 +388,70 @@ impl CapacityInputs {
             .unwrap_or(0)
     }
 
-    /// Both roofline terms of a pass computing `tokens` tokens while reading the weights and
-    /// `resident_kv_bytes` of cache (KV plus state) in the replica.
-    fn step_terms(&self, tokens: u64, resident_kv_bytes: f64) -> StepTerms {
+    /// The terms of one engine pass: `decoding` sequences holding `resident_kv_tokens` cached
+    /// tokens in all (a step reads the tokens actually cached, not whole blocks), the longest
+    /// `longest_context` of them, plus `prefill_tokens` prompt tokens computed in the same pass
+    /// (chunked prefill). The weights are streamed once; the cache term reads every resident
+    /// KV byte and reads and writes back each sequence's state (the recurrence updates it in
+    /// place); the arithmetic covers every token in the pass.
+    pub fn pass_terms(
+        &self,
+        decoding: u64,
+        resident_kv_tokens: f64,
+        longest_context: f64,
+        prefill_tokens: u64,
+    ) -> StepTerms {
         let tp = f64::from(self.tp);
-        let bytes = self.model.weight_bytes as f64 + resident_kv_bytes;
+        let card_bw = self.hardware.bandwidth_bytes_per_s;
+        let e = &self.efficiency;
+        let kv = self.model.kv_bytes_per_token as f64;
+        let cache_rate = tp * card_bw * e.cache;
+        let mut kv_seconds = resident_kv_tokens * kv / cache_rate;
+        if let (true, Some(heads)) = (e.head_parallel_attention, self.model.kv_heads()) {
+            // one core reads one sequence's KV head, at its share of the card's cache rate
+            let core_rate = card_bw * e.cache / f64::from(self.hardware.ai_cores.max(1));
+            let head_bytes = longest_context * kv / heads.max(1) as f64;
+            kv_seconds = kv_seconds.max(head_bytes / core_rate);
+        }
+        let state_traffic = 2.0 * decoding as f64 * self.model.state_bytes_per_sequence as f64;
+        let tokens = decoding.saturating_add(prefill_tokens) as f64;
         StepTerms {
-            memory_seconds: bytes / (tp * self.hardware.bandwidth_bytes_per_s),
-            compute_seconds: 2.0 * self.model.params * tokens as f64
-                / (tp * self.hardware.peak_flops),
+            weights_seconds: self.model.weight_bytes as f64 / (tp * card_bw * e.weights),
+            cache_seconds: kv_seconds + state_traffic / cache_rate,
+            compute_seconds: 2.0 * self.model.params * tokens
+                / (tp * self.hardware.peak_flops * e.compute),
         }
     }
 
-    /// Roofline terms of a step of `batch` sequences of `ctx_tokens_per_seq` cached tokens each.
+    /// Terms of a decode step of `batch` sequences of `ctx_tokens_per_seq` cached tokens each.
     pub fn decode_step_terms(&self, batch: u64, ctx_tokens_per_seq: f64) -> StepTerms {
-        let per_seq = ctx_tokens_per_seq * self.model.kv_bytes_per_token as f64
-            + self.model.state_bytes_per_sequence as f64;
-        self.step_terms(batch, batch as f64 * per_seq)
+        let longest = if batch == 0 { 0.0 } else { ctx_tokens_per_seq };
+        self.pass_terms(batch, batch as f64 * ctx_tokens_per_seq, longest, 0)
     }
 
     /// Decode step time (= TPOT of every running sequence) at `batch` sequences of
-    /// `ctx_tokens_per_seq` cached tokens each:
-    /// max((W + B x (ctx x kv + state)) / (tp x BW), 2 x P x B / (tp x F)).
+    /// `ctx_tokens_per_seq` cached tokens each (see [`Self::pass_terms`]).
     pub fn decode_step_seconds(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
         self.decode_step_terms(batch, ctx_tokens_per_seq).seconds()
     }
 
-    /// Decode step time of a heterogeneous batch: `batch` sequences holding
-    /// `resident_kv_tokens` cached tokens in total (a step reads the tokens actually cached,
-    /// not whole blocks): max((W + tokens x kv + B x state) / (tp x BW), 2 x P x B / (tp x F)).
-    pub fn decode_step_seconds_resident(&self, batch: u64, resident_kv_tokens: u64) -> f64 {
-        self.mixed_pass_seconds(batch, resident_kv_tokens, 0)
-    }
-
-    /// One engine pass that decodes `batch` sequences (holding `resident_kv_tokens` cached
-    /// tokens in total) and prefills a chunk of `prefill_tokens` in the same pass (chunked
-    /// prefill): the weights are read once and every token in the pass is computed,
-    /// max((W + tokens x kv + B x state) / (tp x BW), 2 x P x (B + chunk) / (tp x F)).
-    pub fn mixed_pass_seconds(
-        &self,
-        batch: u64,
-        resident_kv_tokens: u64,
-        prefill_tokens: u64,
-    ) -> f64 {
-        let resident = resident_kv_tokens as f64 * self.model.kv_bytes_per_token as f64
-            + batch as f64 * self.model.state_bytes_per_sequence as f64;
-        self.step_terms(batch.saturating_add(prefill_tokens), resident)
-            .seconds()
-    }
-
-    /// Prefill time of `tokens` prompt tokens (TTFT excluding queueing): 2 x P x L / (tp x F).
+    /// Prefill time of `tokens` prompt tokens (TTFT excluding queueing):
+    /// 2 x P x L / (tp x F x compute efficiency).
     pub fn prefill_seconds(&self, tokens: u64) -> f64 {
-        2.0 * self.model.params * tokens as f64 / (f64::from(self.tp) * self.hardware.peak_flops)
+        self.pass_terms(0, 0.0, 0.0, tokens).compute_seconds
     }
 
-    /// Prefill throughput, tokens/s, with the efficiency coefficient applied.
+    /// Prefill throughput, tokens/s: tp x F x compute efficiency / (2 x P).
     pub fn prefill_tps(&self) -> f64 {
-        f64::from(self.tp) * self.hardware.peak_flops / (2.0 * self.model.params) * self.efficiency
+        1.0 / self.prefill_seconds(1)
     }
 
-    /// Decode throughput at `batch`, tokens/s: B / step x efficiency.
+    /// Decode throughput at `batch`, tokens/s: B / step.
     pub fn decode_tps(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
         if batch == 0 {
             return 0.0;
         }
-        batch as f64 / self.decode_step_seconds(batch, ctx_tokens_per_seq) * self.efficiency
+        batch as f64 / self.decode_step_seconds(batch, ctx_tokens_per_seq)
     }
 
     /// SLA ceiling: the largest batch whose step time meets the TPOT target (0 if even one
@@ -365,14 +498,22 @@ impl CapacityInputs {
 
     /// Requests/s one replica sustains at `batch` for `input`/`output` requests when prefill and
     /// decode share the cards: each request costs its prefill time plus `output` steps shared
-    /// with `batch - 1` others, and the efficiency coefficient scales the result.
+    /// with `batch - 1` others.
     pub fn sustained_qps(&self, input: u64, output: u64, batch: u64) -> f64 {
         if batch == 0 {
             return 0.0;
         }
         let step = self.decode_step_seconds(batch, mean_context_tokens(input, output));
         let per_request = self.prefill_seconds(input) + output as f64 * step / batch as f64;
-        self.efficiency / per_request
+        1.0 / per_request
+    }
+
+    /// These inputs with another efficiency.
+    pub fn with_efficiency(&self, efficiency: Efficiency) -> Self {
+        Self {
+            efficiency,
+            ..self.clone()
+        }
     }
 
     /// The full report for `input`/`output` requests, evaluated at `batch` (default: the safe
@@ -389,6 +530,9 @@ impl CapacityInputs {
         let at = batch.unwrap_or(safe.batch);
         let terms = self.decode_step_terms(at, ctx);
         let step = terms.seconds();
+        let ideal_step = self
+            .with_efficiency(Efficiency::IDEAL)
+            .decode_step_seconds(at, ctx);
         let ttft = self.prefill_seconds(input);
         let qps = self.sustained_qps(input, output, at);
         RooflineReport {
@@ -410,9 +554,12 @@ impl CapacityInputs {
             bottleneck: safe.bottleneck,
             batch: at,
             step_bound: terms.bound(),
-            weight_read_ms: self.step_terms(0, 0.0).memory_seconds * 1e3,
+            weight_read_ms: terms.weights_seconds * 1e3,
+            cache_read_ms: terms.cache_seconds * 1e3,
+            compute_ms: terms.compute_seconds * 1e3,
             step_ms: step * 1e3,
             tpot_ms: step * 1e3,
+            ideal_tpot_ms: ideal_step * 1e3,
             tpot_slo_ms: self.tpot_slo_seconds * 1e3,
             ttft_ms: ttft * 1e3,
             ttft_slo_ms: ttft_slo_seconds.map(|s| s * 1e3),
@@ -426,10 +573,10 @@ impl CapacityInputs {
         }
     }
 
-    /// Compares an observed TPOT at `batch` with the model, for `input`/`output` requests.
-    /// Reports the gap and the fraction of peak bandwidth (and compute) the observation implies;
-    /// it never changes the efficiency coefficient (the seed's warning: do not fit the black box
-    /// to hide a gap, profile instead).
+    /// Sets an observed TPOT at `batch` against the model, for `input`/`output` requests: the
+    /// gap, the fractions of peak the observation implies, and the efficiency that would have
+    /// predicted it (the binding term's fractions scaled by predicted / observed; the split
+    /// between weights and cache kept, each capped at 1).
     pub fn calibrate(
         &self,
         observed_tpot_seconds: f64,
@@ -437,22 +584,44 @@ impl CapacityInputs {
         input: u64,
         output: u64,
     ) -> Calibration {
-        let terms = self.decode_step_terms(batch, mean_context_tokens(input, output));
+        let ctx = mean_context_tokens(input, output);
+        let terms = self.decode_step_terms(batch, ctx);
+        let ideal = self
+            .with_efficiency(Efficiency::IDEAL)
+            .decode_step_terms(batch, ctx);
         let predicted = terms.seconds();
         let ratio = observed_tpot_seconds / predicted;
+        let bound = terms.bound();
+        let scaled = match bound {
+            StepBound::Bandwidth => self
+                .efficiency
+                .with_bandwidth_scaled(terms.memory_seconds() / observed_tpot_seconds),
+            StepBound::Compute => Efficiency {
+                compute: self.efficiency.compute * terms.compute_seconds / observed_tpot_seconds,
+                ..self.efficiency
+            },
+        };
+        let capped = Efficiency {
+            weights: scaled.weights.min(1.0),
+            cache: scaled.cache.min(1.0),
+            compute: scaled.compute.min(1.0),
+            ..scaled
+        };
         Calibration {
             batch,
             observed_tpot_ms: observed_tpot_seconds * 1e3,
             predicted_tpot_ms: predicted * 1e3,
             observed_over_predicted: ratio,
             gap_percent: (ratio - 1.0) * 100.0,
-            predicted_bound: terms.bound(),
-            implied_bandwidth_efficiency: terms.memory_seconds / observed_tpot_seconds,
+            predicted_bound: bound,
+            implied_bandwidth_efficiency: ideal.memory_seconds() / observed_tpot_seconds,
             implied_bandwidth_bytes_per_s: self.hardware.bandwidth_bytes_per_s
-                * terms.memory_seconds
+                * ideal.memory_seconds()
                 / observed_tpot_seconds,
-            implied_compute_efficiency: terms.compute_seconds / observed_tpot_seconds,
-            efficiency_coefficient: self.efficiency,
+            implied_compute_efficiency: ideal.compute_seconds / observed_tpot_seconds,
+            efficiency: self.efficiency,
+            calibrated_efficiency: capped,
+            faster_than_peak: capped != scaled,
         }
     }
 }
@@ -498,8 +667,8 @@ pub struct RooflineReport {
     pub output_tokens: u64,
     /// KV block size, tokens.
     pub block_tokens: u64,
-    /// Efficiency coefficient applied to the throughputs.
-    pub efficiency: f64,
+    /// Achieved fractions of peak the times below include.
+    pub efficiency: Efficiency,
     /// KV bytes per cached token.
     pub kv_bytes_per_token: u64,
     /// Fixed state bytes per running sequence.
@@ -522,12 +691,18 @@ pub struct RooflineReport {
     pub batch: u64,
     /// Which roofline term binds the step at `batch`.
     pub step_bound: StepBound,
-    /// Time to read the weights once (the floor of every step), ms.
+    /// Time to stream the weights once (the floor of every step), ms.
     pub weight_read_ms: f64,
+    /// Time to read the resident KV and read and write the state at `batch`, ms.
+    pub cache_read_ms: f64,
+    /// Time of the step's arithmetic at `batch`, ms.
+    pub compute_ms: f64,
     /// Decode step time at `batch`, ms.
     pub step_ms: f64,
-    /// TPOT at `batch` (= step time), ms.
+    /// Predicted TPOT at `batch` (= step time, efficiency included), ms.
     pub tpot_ms: f64,
+    /// TPOT of the pure roofline (efficiency 1) at `batch`, ms.
+    pub ideal_tpot_ms: f64,
     /// TPOT target, ms.
     pub tpot_slo_ms: f64,
     /// Prefill time of one prompt (TTFT without queueing), ms.
@@ -538,9 +713,9 @@ pub struct RooflineReport {
     pub ttft_within_slo: Option<bool>,
     /// Longest prompt whose prefill meets the TTFT target.
     pub max_input_ttft_slo: Option<u64>,
-    /// Decode-only throughput at `batch` x efficiency, tokens/s.
+    /// Decode-only throughput at `batch`, tokens/s.
     pub decode_tps: f64,
-    /// Prefill-only throughput x efficiency, tokens/s.
+    /// Prefill-only throughput, tokens/s.
     pub prefill_tps: f64,
     /// Requests/s sustained with prefill and decode sharing the cards, at `batch`.
     pub qps: f64,
@@ -565,12 +740,18 @@ pub struct Calibration {
     pub gap_percent: f64,
     /// Which term the model says binds at that batch.
     pub predicted_bound: StepBound,
-    /// Fraction of peak bandwidth the observation implies (the step's bytes / observed time).
+    /// Fraction of peak bandwidth the observation implies (the step's bytes at peak / observed
+    /// time).
     pub implied_bandwidth_efficiency: f64,
     /// Bandwidth the observation implies, bytes/s.
     pub implied_bandwidth_bytes_per_s: f64,
     /// Fraction of peak FLOPS the observation implies.
     pub implied_compute_efficiency: f64,
-    /// The efficiency coefficient in use, reported and left unchanged.
-    pub efficiency_coefficient: f64,
+    /// The efficiency the prediction used.
+    pub efficiency: Efficiency,
+    /// The efficiency that predicts the observation (binding term scaled, capped at 1).
+    pub calibrated_efficiency: Efficiency,
+    /// The observation beats the model even at efficiency 1: the profile's peak figures are
+    /// too low for this card.
+    pub faster_than_peak: bool,
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// `tokengate sim`: a simulated MindIE / vLLM backend serving Qwen3.5-27B on a 910B3.
+/// `tokengate sim`: a simulated MindIE / vLLM backend serving Qwen3.5-27B on 910B3 cards.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
     /// Address to listen on.
@@ -32,6 +32,9 @@ pub struct SimArgs {
     /// Precision of the model's linear-attention state (its share of the cache).
     #[arg(long, value_enum, default_value_t = StateDtype::Fp32)]
     pub state_dtype: StateDtype,
+    /// Cards the model is split over (tensor parallelism): their HBM and bandwidth add up.
+    #[arg(long, default_value_t = 1)]
+    pub tp: u32,
     /// Fixed-pace mode: every pass (a prefill, or one token for every running request) takes
     /// this many milliseconds, and the KV cache never fills. Without it, the capacity model
     /// times every pass.
@@ -80,6 +83,7 @@ impl SimArgs {
                 &self.hardware,
                 &self.model,
                 self.state_dtype,
+                self.tp,
             )?),
         };
         cfg.served_names.clone_from(&self.served_model_name);

@@ -547,10 +547,11 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::StateDtype;
     use crate::sim::timing::{Pace, Roofline};
 
     fn roofline() -> Arc<dyn StepTiming> {
-        Arc::new(Roofline::seed_910b3_qwen35_27b())
+        Arc::new(Roofline::qwen35_27b_on_910b3())
     }
 
     fn cfg(kv: KvGeometry) -> EngineConfig {
@@ -565,9 +566,9 @@ mod tests {
         (Engine::new(c, Arc::new(Pace(PACE))), Vec::new())
     }
 
-    /// The seed's 910B3 with Qwen3.5-27B: 8e9 bytes in 128-token blocks.
+    /// One 910B3 with Qwen3.5-27B: 8e9 bytes in 128-token blocks.
     fn big_cache() -> KvGeometry {
-        let kv = Roofline::seed_910b3_qwen35_27b().kv_geometry();
+        let kv = Roofline::qwen35_27b_on_910b3().kv_geometry();
         assert_eq!(kv.budget_bytes, 8_000_000_000);
         kv
     }
@@ -619,9 +620,10 @@ mod tests {
         drain(&mut e, &mut out);
         let times = token_times(&out, 1);
         assert_eq!(times[0], timing.prefill(&[3000]));
+        // 2 P L / (F x compute efficiency) on the 910B3
         assert_eq!(
             times[0],
-            Duration::from_secs_f64(2.0 * 27e9 * 3000.0 / 320e12)
+            Duration::from_secs_f64(2.0 * 27e9 * 3000.0 / (313e12 * 0.35))
         );
         // Then one decode step per token, at the sequence's growing context.
         assert_eq!(
@@ -650,11 +652,38 @@ mod tests {
             assert_eq!(times[0], prefill);
             assert_eq!(gaps(&times), expected);
         }
-        // The step at B = 16 is the weight read plus 16 sequences' KV and DeltaNet state
-        // (the seed's 910B3 and Qwen3.5-27B: memory-bound).
-        let at_b = (54e9 + 16.0 * (201.0 * 65_536.0 + 153_944_064.0)) / 1.9e12;
-        assert_eq!(expected[0], Duration::from_secs_f64(at_b));
-        assert_eq!(expected[0].as_micros(), 29_828);
+        // The step at B = 16 streams the weights at 0.45 of 1.6 TB/s, then reads 16 sequences'
+        // KV and reads and writes back their DeltaNet state at 0.61 of it (memory-bound).
+        let weights = 54e9 / (1.6e12 * 0.45);
+        let cache = 16.0 * (201.0 * 65_536.0 + 2.0 * 153_944_064.0) / (1.6e12 * 0.61);
+        assert_eq!(expected[0], Duration::from_secs_f64(weights + cache));
+        assert_eq!(expected[0].as_micros(), 80_263);
+    }
+
+    #[test]
+    fn a_long_sequence_slows_every_step_it_shares() {
+        // Two 910B3s: each card reads a 25,000-token sequence's two KV heads on two of its 20
+        // cores, so the step waits for them whatever the rest of the batch is.
+        let tp2 = Roofline::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32, 2).unwrap();
+        let mut c = cfg(tp2.kv_geometry());
+        c.max_prefill_tokens = 32_768;
+        let timing: Arc<dyn StepTiming> = Arc::new(tp2);
+        let mut e = Engine::new(c, timing.clone());
+        let mut out = Vec::new();
+        arrive(
+            &mut e,
+            Duration::ZERO,
+            &[req(1, 200, 4), req(2, 25_000, 4)],
+            &mut out,
+        );
+        drain(&mut e, &mut out);
+        // one prefill pass for both, then decode steps over both
+        let g = gaps(&token_times(&out, 1));
+        assert_eq!(g[0], timing.step(&[201, 25_001], 0));
+        // 37.5 ms of weights + 25,001 x 16,384 B at 1.6e12 x 0.61 / 20 + both states read and
+        // written, against 37.9 ms beside another chat
+        assert_eq!(g[0].as_micros(), 46_209);
+        assert_eq!(timing.step(&[201, 201], 0).as_micros(), 37_882);
     }
 
     #[test]
@@ -751,8 +780,8 @@ mod tests {
         // alone and its last 208 tokens.
         let l_first = t5 + 3 * full + timing.step(&[], 208);
         assert_eq!(token_times(&out, 1)[0], l_first);
-        // 2 x 43.2 ms (2 P x 256 / F) + 33.75 ms.
-        assert_eq!(t3.as_micros(), 120_150);
+        // 2 x 126.2 ms (2 P x 256 / (F x 0.35)) + 98.6 ms.
+        assert_eq!(t3.as_micros(), 350_963);
     }
 
     #[test]
@@ -764,8 +793,8 @@ mod tests {
         assert_eq!(token_times(&out, 1)[0], l_first);
         let s_first = l_first + timing.step(&[2001], 200);
         assert_eq!(token_times(&out, 2)[0], s_first);
-        // 7 x 43.2 ms + 35.1 ms + 33.9 ms, against 120.2 ms beside it.
-        assert_eq!(s_first.as_micros(), 371_418);
+        // 7 x 126.2 ms + 102.5 ms + 99.1 ms, against 351.0 ms beside it.
+        assert_eq!(s_first.as_micros(), 1_084_929);
     }
 
     #[test]

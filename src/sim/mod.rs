@@ -98,9 +98,9 @@ impl SimConfig {
         }
     }
 
-    /// The physics engine on the seed's 910B3 running Qwen3.5-27B (8e9 bytes of cache).
+    /// The physics engine on one 910B3 running Qwen3.5-27B (8e9 bytes of cache).
     pub fn roofline_910b3() -> Self {
-        Self::roofline(Roofline::seed_910b3_qwen35_27b())
+        Self::roofline(Roofline::qwen35_27b_on_910b3())
     }
 }
 

@@ -384,7 +384,7 @@ async fn roofline_engine_reports_simulated_times_at_any_time_scale() {
     .await;
     assert_eq!(a.json()["usage"]["prompt_tokens"], 3000);
     let metrics = call(s.addr(), "GET", "/metrics", None).await.body;
-    let ttft = timing::Roofline::seed_910b3_qwen35_27b().prefill(&[3000]);
+    let ttft = timing::Roofline::qwen35_27b_on_910b3().prefill(&[3000]);
     let line = format!(
         "vllm:time_to_first_token_seconds_sum {}",
         ttft.as_secs_f64()

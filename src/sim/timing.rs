@@ -33,29 +33,33 @@ impl StepTiming for Pace {
     }
 }
 
-/// The roofline timing of one model replica: the capacity room's formulas for a deployment
-/// (prefill `2 P L / F`, a pass `max((W + KV read) / BW, 2 P tokens / F)`), at peak rates (the
-/// efficiency coefficient scales throughputs, never TTFT or TPOT).
+/// The roofline timing of one model replica: the capacity room's formulas for a deployment,
+/// efficiency included (prefill `2 P L / (F e)`, a pass `max(weights / (BW e_w) + cache /
+/// (BW e_c), 2 P tokens / (F e))`), so the simulated card runs at the speed the model predicts
+/// for a real one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Roofline(pub CapacityInputs);
 
 impl Roofline {
-    /// The named hardware and model profiles with every other capacity input at its default.
+    /// The named hardware and model profiles on `tp` cards, every other capacity input at its
+    /// default (the fitted efficiency included).
     pub fn from_names(
         hardware: &str,
         model: &str,
         state_dtype: StateDtype,
+        tp: u32,
     ) -> Result<Self, CapacityError> {
-        let inputs =
+        let mut inputs =
             CapacityInputs::from_names(hardware, model, state_dtype, &ProfileOverrides::default())?;
+        inputs.tp = tp;
         inputs.validate()?;
         Ok(Self(inputs))
     }
 
-    /// The seed's 910B3 (320 TFLOPS, 1.9 TB/s, 64 GB) running Qwen3.5-27B with fp32 DeltaNet
-    /// state.
-    pub fn seed_910b3_qwen35_27b() -> Self {
-        Self::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32)
+    /// One 910B3 (313 TFLOPS, 1.6 TB/s, 64 GB) running Qwen3.5-27B with fp32 DeltaNet state,
+    /// at the fitted efficiency.
+    pub fn qwen35_27b_on_910b3() -> Self {
+        Self::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32, 1)
             .expect("built-in profiles are valid")
     }
 
@@ -77,9 +81,16 @@ impl StepTiming for Roofline {
 
     fn step(&self, contexts: &[u64], chunk: u64) -> Duration {
         let resident: u64 = contexts.iter().sum();
+        let longest = contexts.iter().copied().max().unwrap_or(0);
         Duration::from_secs_f64(
             self.0
-                .mixed_pass_seconds(contexts.len() as u64, resident, chunk),
+                .pass_terms(
+                    contexts.len() as u64,
+                    resident as f64,
+                    longest as f64,
+                    chunk,
+                )
+                .seconds(),
         )
     }
 }
