@@ -741,6 +741,77 @@ pub fn describe(cfg: &Config) -> String {
 mod tests {
     use super::*;
 
+    /// A backend sized by the capacity model on `tp` 910B3s, with `extra` lines in its entry.
+    fn sized_backend(tp: u32, extra: &str) -> anyhow::Result<Config> {
+        Config::parse(&format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[tokenizer]
+path = "unused"
+[model]
+served_names = ["qwen3.5-27b"]
+max_model_len = 32768
+default_max_tokens = 800
+[[backends]]
+url = "http://127.0.0.1:9"
+hardware = "910b3"
+model = "qwen3.5-27b"
+tp = {tp}
+{extra}
+[[tenants]]
+name = "alice"
+api_keys = ["sk-alice"]
+share = 0.5
+requests_per_second = 1
+"#
+        ))
+    }
+
+    #[test]
+    fn a_backend_carries_its_measured_efficiency() {
+        let fitted = sized_backend(2, "").unwrap();
+        assert_eq!(fitted.backends[0].max_batch, 45);
+        // what `tokengate capacity --observed-tpot-ms 60 --observed-batch 45` reports
+        let measured =
+            sized_backend(2, "weight_efficiency = 0.373\ncache_efficiency = 0.506").unwrap();
+        let derived = measured.backends[0].derived.as_ref().unwrap();
+        assert_eq!(
+            derived.per_replica.efficiency,
+            crate::capacity::Efficiency {
+                weights: 0.373,
+                cache: 0.506,
+                ..crate::capacity::Efficiency::FITTED
+            }
+        );
+        assert_eq!(measured.backends[0].max_batch, 14);
+        assert!(
+            measured.tenants[0].decode_tokens_per_second
+                < fitted.tenants[0].decode_tokens_per_second
+        );
+        assert_eq!(
+            sized_backend(2, "weight_efficiency = 1.5")
+                .unwrap_err()
+                .to_string(),
+            "backends[0]: invalid weight_efficiency: must be in (0, 1], got 1.5"
+        );
+        // one card cannot hold 50 ms with bf16 weights: refused, naming the bound
+        let err = sized_backend(1, "").unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "backends[0]: no batch of the declared workload (3000 + 800 tokens) is safe \
+                 (bound: HBM bandwidth (TPOT SLO)): 910b3 x1 (TP) per replica"
+            ),
+            "{err}"
+        );
+        // the pure roofline fits 19 RAG sequences in its 8 GB
+        assert_eq!(
+            sized_backend(1, "efficiency = 1").unwrap().backends[0].max_batch,
+            19
+        );
+    }
+
     fn quickstart() -> String {
         std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
