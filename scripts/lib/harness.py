@@ -99,17 +99,26 @@ class Procs:
         self.procs.append(p)
         return p
 
+    def stop(self, p):
+        """Stops one of them."""
+        self._stop([p])
+        self.procs.remove(p)
+
     def stop_all(self):
-        for p in self.procs:
+        self._stop(self.procs)
+        self.procs = []
+
+    @staticmethod
+    def _stop(procs):
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.procs:
+        for p in procs:
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        self.procs = []
 
 
 def render_config(config, text, scale, sim_port, port, admin_port, out):
