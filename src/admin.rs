@@ -128,11 +128,17 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
 }
 
 async fn refresh_gauges(gw: &Gateway) {
+    // Asked at once, each within its health_timeout, so a scrape waits at most the longest.
+    let health = futures_util::future::join_all(gw.upstreams.iter().map(|u| u.probe())).await;
     let snap = gw.admission.snapshot();
-    for (b, u) in snap.backends.iter().zip(&gw.upstreams) {
+    for ((b, u), h) in snap.backends.iter().zip(&gw.upstreams).zip(&health) {
         let label = BackendLabel {
             backend: u.url.clone(),
         };
+        gw.metrics
+            .backend_up
+            .get_or_create(&label)
+            .set(i64::from(*h == Health::Ready));
         gw.metrics
             .kv_reserved_bytes
             .get_or_create(&label)
@@ -150,13 +156,18 @@ async fn refresh_gauges(gw: &Gateway) {
             ("decode", &s.decode),
             ("requests", &s.requests),
         ] {
+            let labels = BucketLabels {
+                tenant: t.name.clone(),
+                bucket: bucket.to_string(),
+            };
             gw.metrics
                 .bucket_available
-                .get_or_create(&BucketLabels {
-                    tenant: t.name.clone(),
-                    bucket: bucket.to_string(),
-                })
+                .get_or_create(&labels)
                 .set(b.available);
+            gw.metrics
+                .bucket_capacity
+                .get_or_create(&labels)
+                .set(b.capacity);
         }
     }
     gw.metrics.sync_cache_counters(&gw.chat.stats());

@@ -39,6 +39,8 @@ enum Command {
     Capacity(crate::capacity::cli::CapacityArgs),
     /// Run the simulated backend (OpenAI + MindIE APIs on a 910B3 capacity model).
     Sim(crate::sim::cli::SimArgs),
+    /// Ask a health URL (the admin `/healthz` by default); exit 0 on a 2xx, 1 otherwise.
+    Healthcheck(crate::healthcheck::HealthcheckArgs),
     /// Open-loop load generator: Poisson or trace arrivals, TTFT/TPOT percentiles, SLA, plots.
     Loadgen(crate::loadgen::LoadgenArgs),
 }
@@ -102,6 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(args) => crate::tokenize::cli::run_tokenize(args),
         Command::Capacity(args) => crate::capacity::cli::run_capacity(args),
         Command::Sim(args) => crate::sim::cli::run_sim(args),
+        Command::Healthcheck(args) => crate::healthcheck::run_healthcheck(args),
         Command::Loadgen(args) => crate::loadgen::run_loadgen(args),
     }
 }

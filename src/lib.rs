@@ -15,6 +15,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod healthcheck;
 pub mod limiter;
 pub mod loadgen;
 pub mod metrics;

@@ -93,12 +93,16 @@ pub struct Metrics {
     pub kv_reserved_bytes: Family<BackendLabel, Gauge>,
     /// KV bytes per backend.
     pub kv_capacity_bytes: Family<BackendLabel, Gauge>,
+    /// 1 while a backend answers its health path (asked at each scrape), else 0.
+    pub backend_up: Family<BackendLabel, Gauge>,
     /// Requests waiting for KV space.
     pub queue_depth: Gauge,
     /// Client connections open per listener.
     pub open_connections: Family<ListenerLabel, Gauge>,
     /// Tokens available now per tenant bucket.
     pub bucket_available: Family<BucketLabels, Gauge<f64, AtomicU64>>,
+    /// Capacity per tenant bucket (rate x burst), so levels can be shown as a fraction.
+    pub bucket_capacity: Family<BucketLabels, Gauge<f64, AtomicU64>>,
     /// Chat-count memo hits (per rendered message).
     pub tokenize_cache_hits: Counter,
     /// Chat-count memo misses.
@@ -141,9 +145,11 @@ impl Metrics {
             inflight: Family::default(),
             kv_reserved_bytes: Family::default(),
             kv_capacity_bytes: Family::default(),
+            backend_up: Family::default(),
             queue_depth: Gauge::default(),
             open_connections: Family::default(),
             bucket_available: Family::default(),
+            bucket_capacity: Family::default(),
             tokenize_cache_hits: Counter::default(),
             tokenize_cache_misses: Counter::default(),
             tokenize_cache_replies: Counter::default(),
@@ -222,6 +228,11 @@ impl Metrics {
             m.kv_capacity_bytes.clone(),
         );
         r.register(
+            "backend_up",
+            "1 while the backend answers its health path within its health_timeout (asked at each scrape)",
+            m.backend_up.clone(),
+        );
+        r.register(
             "queue_depth",
             "Requests waiting for KV space",
             m.queue_depth.clone(),
@@ -235,6 +246,11 @@ impl Metrics {
             "bucket_available_tokens",
             "Tokens available now in a tenant's bucket",
             m.bucket_available.clone(),
+        );
+        r.register(
+            "bucket_capacity_tokens",
+            "Capacity of a tenant's bucket (rate x burst_seconds)",
+            m.bucket_capacity.clone(),
         );
         r.register(
             "tokenize_cache_hits",
