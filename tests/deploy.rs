@@ -1,13 +1,22 @@
 //! What an operator deploys: the admin listener's token (probes stay open, everything else
-//! needs it, a non-loopback admin address without one is refused), and the deploy/ files
-//! checked against the gateway that runs them.
+//! needs it, a non-loopback admin address without one is refused), `tokengate healthcheck`, and
+//! the deploy/ files checked against the gateway that runs them: every metric the dashboard and
+//! the alert rules use is exported, the manifests parse and agree with the configs they carry,
+//! and promtool, systemd-analyze, hadolint and kustomize pass them when installed.
 
 mod common;
 mod support;
 
+use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
 use support::*;
+use tokengate::config::{Config, ServerConfig};
+use tokengate::error::ApiError;
+use tokengate::tenant::hash_key;
 
 const TOKEN: &str = "admin-s3cret";
 
@@ -168,5 +177,592 @@ fn serve_and_check_config_refuse_an_open_admin_listener() {
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         assert_eq!(String::from_utf8_lossy(&out.stderr), expected, "{args:?}");
         assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+/// An address nothing listens on.
+fn dead_address() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// `tokengate healthcheck --url URL`: its exit code and what it printed (stdout, then stderr).
+async fn healthcheck(url: &str) -> (Option<i32>, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["healthcheck", "--url", url, "--timeout", "5s"])
+        .env("RUST_LOG", "off")
+        .output()
+        .await
+        .unwrap();
+    let printed = [out.stdout, out.stderr].concat();
+    (out.status.code(), String::from_utf8(printed).unwrap())
+}
+
+#[tokio::test]
+async fn healthcheck_succeeds_on_a_2xx_only() {
+    // The backend is not there: the gateway is alive but not ready.
+    let dead = dead_address();
+    let gw = TestGateway::start(config(&[dead])).await;
+    let admin = gw.running.admin_addr;
+    for (url, code, printed) in [
+        (
+            format!("http://{admin}/healthz"),
+            0,
+            "{url} answered 200 OK\n",
+        ),
+        (
+            format!("http://{admin}/readyz"),
+            1,
+            "error: {url} answered 503 Service Unavailable\n",
+        ),
+        (
+            "https://127.0.0.1:1/healthz".to_string(),
+            1,
+            "error: --url `{url}` must be http://HOST:PORT/PATH\n",
+        ),
+    ] {
+        let expected = printed.replace("{url}", &url);
+        assert_eq!(healthcheck(&url).await, (Some(code), expected));
+    }
+    // Nothing listening: the connection error is named after the URL.
+    let url = format!("http://{dead}/healthz");
+    let (code, printed) = healthcheck(&url).await;
+    assert_eq!(code, Some(1));
+    assert!(printed.starts_with(&format!("error: {url}: ")), "{printed}");
+}
+
+/// Every document of YAML text (it may hold several, `---`-separated); `what` names it.
+fn yaml_text_docs(text: &str, what: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{what}: {e}")))
+        .collect()
+}
+
+/// Every document of a YAML file.
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    yaml_text_docs(&text, &path.display().to_string())
+}
+
+fn yaml(path: &str) -> Value {
+    let mut docs = yaml_docs(&repo(path));
+    assert_eq!(docs.len(), 1, "{path}");
+    docs.remove(0)
+}
+
+/// Every string under `key` anywhere in `v`.
+fn strings_under(v: &Value, key: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(map) => {
+            for (k, x) in map {
+                match x {
+                    Value::String(s) if k == key => out.push(s.clone()),
+                    _ => strings_under(x, key, out),
+                }
+            }
+        }
+        Value::Array(xs) => xs.iter().for_each(|x| strings_under(x, key, out)),
+        _ => {}
+    }
+}
+
+/// The PromQL of the dashboard (panel targets and template variables) and of the alert rules.
+fn queries() -> (Vec<String>, Vec<String>) {
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("deploy/grafana/tokengate.json")).unwrap(),
+    )
+    .unwrap();
+    let mut panels = Vec::new();
+    strings_under(&dashboard, "expr", &mut panels);
+    strings_under(&dashboard["templating"], "definition", &mut panels);
+    let mut alerts = Vec::new();
+    strings_under(&yaml("deploy/prometheus/alerts.yml"), "expr", &mut alerts);
+    (panels, alerts)
+}
+
+/// The `tokengate_*` names in a query.
+fn metric_names(query: &str) -> Vec<String> {
+    query
+        .match_indices("tokengate_")
+        .filter(|(at, _)| {
+            !query[..*at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+        .map(|(at, _)| {
+            query[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        })
+        .collect()
+}
+
+/// The values a query compares the `outcome` label with.
+fn outcome_values(query: &str) -> Vec<String> {
+    query
+        .split("outcome")
+        .skip(1)
+        .filter_map(|rest| {
+            let rest = rest.trim_start_matches(['=', '!', '~']);
+            rest.strip_prefix('"')?
+                .split('"')
+                .next()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
+    let (panels, alerts) = queries();
+    assert!(
+        panels.len() >= 30 && alerts.len() >= 7,
+        "{panels:?} {alerts:?}"
+    );
+    let used: BTreeSet<String> = panels
+        .iter()
+        .chain(&alerts)
+        .flat_map(|q| metric_names(q))
+        .collect();
+    // The dashboard's subjects are all there.
+    for name in [
+        "tokengate_ttft_seconds_bucket",
+        "tokengate_tpot_seconds_bucket",
+        "tokengate_prefill_tokens_total",
+        "tokengate_decode_tokens_total",
+        "tokengate_bucket_available_tokens",
+        "tokengate_kv_reserved_bytes",
+        "tokengate_kv_capacity_bytes",
+        "tokengate_queue_depth",
+        "tokengate_queue_wait_seconds_bucket",
+        "tokengate_requests_total",
+        "tokengate_tokenize_seconds_bucket",
+        "tokengate_tokenize_cache_hits_total",
+        "tokengate_prompt_tokens_bucket",
+        "tokengate_output_tokens_bucket",
+        "tokengate_backend_up",
+    ] {
+        assert!(used.contains(name), "nothing uses {name}");
+    }
+    // Outcomes compared with are ones the gateway records.
+    let codes = [
+        "ok",
+        ApiError::capacity_exhausted("", Duration::ZERO).code,
+        ApiError::overloaded("", Duration::ZERO).code,
+    ];
+    for q in panels.iter().chain(&alerts) {
+        for v in outcome_values(q) {
+            assert!(codes.contains(&v.as_str()), "outcome {v:?} in {q}");
+        }
+    }
+
+    // Some traffic, so every labelled series exists: a streamed chat (TTFT, TPOT) and a plain one.
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let gw = TestGateway::start(config(&[backend.addr])).await;
+    for stream in [true, false] {
+        let r = gw.chat("sk-alice", &chat("hello there", 4, stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    gw.wait_metric("tokengate_tpot_seconds_count{tenant=\"alice\"}", "1")
+        .await;
+    gw.wait_metric("tokengate_output_tokens_count{tenant=\"alice\"}", "2")
+        .await;
+    let text = gw.metrics().await;
+    let exported: BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<&String> = used
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}\n{text}");
+    assert!(
+        text.contains(&format!(
+            "tokengate_backend_up{{backend=\"http://{}\"}} 1",
+            backend.addr
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("tokengate_bucket_capacity_tokens{tenant=\"bob\",bucket=\"decode\"} 1000.0"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn backend_up_is_zero_for_a_backend_that_does_not_answer() {
+    let dead = dead_address();
+    let gw = TestGateway::start(config(&[dead])).await;
+    assert_eq!(
+        gw.metric(&format!(
+            "tokengate_backend_up{{backend=\"http://{dead}\"}}"
+        ))
+        .await,
+        Some("0".to_string())
+    );
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap()
+}
+
+fn str_at<'v>(v: &'v Value, pointer: &str) -> &'v str {
+    v.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no string at {pointer} in {v}"))
+}
+
+/// The port of the URL or `host:port` `s`.
+fn port_of(s: &str) -> u16 {
+    s.rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {s}"))
+}
+
+#[test]
+fn every_yaml_file_under_deploy_parses() {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "yml" || e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&repo("deploy"), &mut files);
+    assert!(files.len() >= 12, "{files:?}");
+    for f in files {
+        let docs = yaml_docs(&f);
+        assert!(
+            !docs.is_empty() && docs.iter().all(Value::is_object),
+            "{}",
+            f.display()
+        );
+    }
+}
+
+#[test]
+fn kubernetes_manifests_agree_with_their_config() {
+    let doc = |file: &str| yaml(&format!("deploy/k8s/base/{file}"));
+    let (deployment, configmap, secret) = (
+        doc("deployment.yaml"),
+        doc("configmap.yaml"),
+        doc("secret.yaml"),
+    );
+    // What the init container writes: the ConfigMap's file, then the Secret's tenants.
+    let text = format!(
+        "{}{}",
+        str_at(&configmap, "/data/tokengate.toml"),
+        str_at(&secret, "/stringData/tenants.toml")
+    );
+    let cfg = Config::parse(&text).unwrap();
+    let init = &deployment["spec"]["template"]["spec"]["initContainers"][0];
+    assert_eq!(
+        init["command"][2],
+        "cat /config/tokengate.toml /secrets/tenants.toml > /run/tokengate/tokengate.toml"
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["args"],
+        json!(["serve", "--config", "/run/tokengate/tokengate.toml"])
+    );
+    assert_eq!(
+        pod["terminationGracePeriodSeconds"],
+        cfg.server.shutdown_grace.as_secs() + 5
+    );
+    let port = |name: &str| {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["containerPort"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(port("http"), u64::from(cfg.server.listen.port()));
+    assert_eq!(port("admin"), u64::from(cfg.server.admin_listen.port()));
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "admin"})
+    );
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "admin"})
+    );
+    // The readiness probe's timeout outlasts every backend's health_timeout.
+    let probe_timeout =
+        Duration::from_secs(c["readinessProbe"]["timeoutSeconds"].as_u64().unwrap());
+    assert!(cfg
+        .backends
+        .iter()
+        .all(|b| b.health_timeout < probe_timeout));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    for container in [c, init] {
+        assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(
+            container["securityContext"]["allowPrivilegeEscalation"],
+            false
+        );
+        assert!(container["resources"]["limits"]["memory"].is_string());
+    }
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    // The scraper's token is the one the config holds the digest of.
+    assert_eq!(
+        cfg.server.admin_token_digest(),
+        Some(hash_key(str_at(&secret, "/stringData/admin-token")))
+    );
+    assert_eq!(cfg.tokenizer.path, Path::new(IMAGE_TOKENIZER));
+    let monitor = yaml("deploy/k8s/prometheus-operator/servicemonitor.yaml");
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["authorization"]["credentials"],
+        json!({"name": str_at(&secret, "/metadata/name"), "key": "admin-token"})
+    );
+    let service = doc("service.yaml");
+    assert_eq!(str_at(&monitor, "/spec/endpoints/0/port"), "admin");
+    assert!(service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == "admin" && p["port"] == port("admin")));
+}
+
+/// Where the image puts the tokenizer it makes.
+const IMAGE_TOKENIZER: &str = "/usr/share/tokengate/qwen3.5/tokenizer.json";
+
+#[test]
+fn compose_and_image_agree_with_their_config() {
+    let cfg = Config::load(&repo("deploy/compose/tokengate.toml")).unwrap();
+    let token = read("deploy/compose/admin-token");
+    // Prometheus trims the credentials file.
+    assert_eq!(
+        cfg.server.admin_token_digest(),
+        Some(hash_key(token.trim()))
+    );
+    assert_eq!(cfg.tokenizer.path, Path::new(IMAGE_TOKENIZER));
+    assert_eq!(cfg.backends[0].url, "http://sim:9000");
+
+    let compose = yaml("deploy/compose.yaml");
+    let services = &compose["services"];
+    let sim = &services["sim"];
+    assert_eq!(
+        port_of(str_at(sim, "/command/2")),
+        port_of(&cfg.backends[0].url)
+    );
+    let gateway = &services["gateway"];
+    assert_eq!(
+        gateway["ports"],
+        json!([
+            format!("127.0.0.1:{0}:{0}", cfg.server.listen.port()),
+            format!("127.0.0.1:{0}:{0}", cfg.server.admin_listen.port())
+        ])
+    );
+    let stop = humantime::parse_duration(str_at(gateway, "/stop_grace_period")).unwrap();
+    assert_eq!(stop, cfg.server.shutdown_grace + Duration::from_secs(5));
+    for (name, service) in services.as_object().unwrap() {
+        if let Some(ports) = service["ports"].as_array() {
+            assert!(
+                ports
+                    .iter()
+                    .all(|p| p.as_str().unwrap().starts_with("127.0.0.1:")),
+                "{name}"
+            );
+        }
+    }
+    let prometheus = yaml("deploy/compose/prometheus.yml");
+    let job = &prometheus["scrape_configs"][0];
+    assert_eq!(
+        job["static_configs"][0]["targets"],
+        json!([format!("gateway:{}", cfg.server.admin_listen.port())])
+    );
+    assert_eq!(str_at(job, "/job_name"), "tokengate");
+
+    // The image's health check asks the default admin port's liveness path.
+    let dockerfile = read("deploy/Dockerfile");
+    let cmd = dockerfile
+        .split("HEALTHCHECK")
+        .nth(1)
+        .and_then(|rest| rest.split("CMD ").nth(1))
+        .and_then(|rest| rest.lines().next())
+        .unwrap();
+    let cmd: Vec<String> = serde_json::from_str(cmd).unwrap();
+    let default_admin = ServerConfig::default().admin_listen;
+    assert_eq!(
+        cmd,
+        [
+            "/usr/local/bin/tokengate",
+            "healthcheck",
+            "--url",
+            &format!("http://{default_admin}/healthz")
+        ]
+    );
+    assert!(dockerfile.contains(&format!(
+        "assets/qwen3.5/tokenizer.json /out{IMAGE_TOKENIZER}"
+    )));
+
+    // systemd stops after shutdown_grace (the default) and a little more.
+    let unit = read("deploy/systemd/tokengate.service");
+    let stop: u64 = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(stop, ServerConfig::default().shutdown_grace.as_secs() + 5);
+    assert!(
+        !unit.lines().any(|l| l.starts_with("ExecReload")),
+        "reload does not exist yet"
+    );
+}
+
+/// Runs an external checker, or says it is not installed (`None`).
+fn run_tool(tool: &str, args: &[&str]) -> Option<Output> {
+    match Command::new(tool).args(args).output() {
+        Ok(out) => Some(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!("skipped: {tool} is not installed");
+            None
+        }
+        Err(e) => panic!("{tool}: {e}"),
+    }
+}
+
+fn assert_passed(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
+    let alerts = repo("deploy/prometheus/alerts.yml");
+    let Some(out) = run_tool("promtool", &["check", "rules", alerts.to_str().unwrap()]) else {
+        return;
+    };
+    assert_passed("promtool check rules", &out);
+    let tests = repo("deploy/prometheus/alerts.test.yml");
+    assert_passed(
+        "promtool test rules",
+        &run_tool("promtool", &["test", "rules", tests.to_str().unwrap()]).unwrap(),
+    );
+
+    // The dashboard's queries, with Grafana's variables filled in, as recording rules: promtool
+    // parses each.
+    let dir = TempDir::new("promtool");
+    let (panels, _) = queries();
+    let rules: Vec<Value> = panels
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let q = q.replace("$__rate_interval", "1m").replace("$tenant", ".*");
+            let q = q.strip_prefix("label_values(").map_or(q.clone(), |rest| {
+                rest.split(',').next().unwrap().to_string()
+            });
+            json!({"record": format!("dashboard:query_{i}"), "expr": q})
+        })
+        .collect();
+    let file = dir.0.join("dashboard.rules.yml");
+    std::fs::write(
+        &file,
+        serde_json::to_string(&json!({"groups": [{"name": "dashboard", "rules": rules}]})).unwrap(),
+    )
+    .unwrap();
+    assert_passed(
+        "promtool check rules (dashboard queries)",
+        &run_tool("promtool", &["check", "rules", file.to_str().unwrap()]).unwrap(),
+    );
+
+    // The compose demo's Prometheus config, its mounted files where the repository has them.
+    let config = read("deploy/compose/prometheus.yml")
+        .replace("/etc/prometheus/rules/*.yml", alerts.to_str().unwrap())
+        .replace(
+            "/etc/prometheus/tokengate-admin-token",
+            repo("deploy/compose/admin-token").to_str().unwrap(),
+        );
+    let file = dir.0.join("prometheus.yml");
+    std::fs::write(&file, config).unwrap();
+    assert_passed(
+        "promtool check config",
+        &run_tool("promtool", &["check", "config", file.to_str().unwrap()]).unwrap(),
+    );
+}
+
+#[test]
+fn systemd_analyze_verifies_the_unit() {
+    // verify wants the ExecStart binary to exist: point the unit at the one just built.
+    let dir = TempDir::new("systemd");
+    let unit = read("deploy/systemd/tokengate.service")
+        .replace("/usr/local/bin/tokengate", env!("CARGO_BIN_EXE_tokengate"));
+    let file = dir.0.join("tokengate.service");
+    std::fs::write(&file, unit).unwrap();
+    let Some(out) = run_tool("systemd-analyze", &["verify", file.to_str().unwrap()]) else {
+        return;
+    };
+    assert_passed("systemd-analyze verify", &out);
+    // Unknown or misspelt settings are only warnings to verify: none may be printed.
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+#[test]
+fn hadolint_passes_the_dockerfile() {
+    let dockerfile = repo("deploy/Dockerfile");
+    if let Some(out) = run_tool("hadolint", &[dockerfile.to_str().unwrap()]) {
+        assert_passed("hadolint", &out);
+    }
+}
+
+#[test]
+fn kustomize_builds_both_folders() {
+    let base = [
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+    ];
+    let monitored = [&base[..], &["ServiceMonitor"]].concat();
+    for (dir, kinds) in [
+        ("deploy/k8s/base", base.to_vec()),
+        ("deploy/k8s/prometheus-operator", monitored),
+    ] {
+        let Some(out) = run_tool("kubectl", &["kustomize", repo(dir).to_str().unwrap()]) else {
+            return;
+        };
+        assert_passed("kubectl kustomize", &out);
+        let text = String::from_utf8(out.stdout).unwrap();
+        let docs = yaml_text_docs(&text, dir);
+        let found: Vec<&str> = docs.iter().map(|d| str_at(d, "/kind")).collect();
+        assert_eq!(found, kinds, "{dir}");
+        for d in &docs {
+            assert_eq!(str_at(d, "/metadata/namespace"), "tokengate");
+            assert_eq!(
+                str_at(d, "/metadata/labels/app.kubernetes.io~1name"),
+                "tokengate"
+            );
+        }
+        // The selectors kustomize adds pick the Deployment's pods.
+        let pdb = docs
+            .iter()
+            .find(|d| d["kind"] == "PodDisruptionBudget")
+            .unwrap();
+        assert_eq!(
+            pdb["spec"]["selector"]["matchLabels"],
+            json!({"app.kubernetes.io/name": "tokengate"})
+        );
     }
 }
