@@ -54,15 +54,16 @@ def wait_http(url, seconds, proc):
 
 
 def tokengate(build=True):
-    """The release `tokengate` binary (fetching the tokenizer first if missing), built unless
-    `build` is false."""
-    if not TOKENIZER.exists():
-        subprocess.run([ROOT / "scripts" / "fetch-tokenizer"], check=True)
+    """The release `tokengate` binary, built unless `build` is false; the tokenizer is fetched
+    with it if missing."""
     if build:
         subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "tokengate"],
                        cwd=ROOT, check=True)
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    return str((ROOT / target / "release" / "tokengate").resolve())
+    binary = str((ROOT / target / "release" / "tokengate").resolve())
+    if not TOKENIZER.exists():
+        subprocess.run([ROOT / "scripts" / "fetch-tokenizer", binary], check=True)
+    return binary
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
