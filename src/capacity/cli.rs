@@ -70,20 +70,9 @@ pub struct CapacityArgs {
     /// Precision of the linear-attention state.
     #[arg(long, value_enum, default_value_t = StateDtype::Fp32)]
     pub state_dtype: StateDtype,
-    /// Achieved fraction of peak for every kind of work, attention spread over the whole card
-    /// (1 = the pure roofline). Default: the fitted weights 0.45, cache 0.61, compute 0.35.
-    /// With --formula seed: the script's efficiency_coeff (default 0.45).
-    #[arg(long)]
-    pub efficiency: Option<f64>,
-    /// Achieved fraction of peak bandwidth streaming the weights.
-    #[arg(long)]
-    pub weight_efficiency: Option<f64>,
-    /// Achieved fraction of peak bandwidth reading KV and linear-attention state.
-    #[arg(long)]
-    pub cache_efficiency: Option<f64>,
-    /// Achieved fraction of peak FLOPS (prefill, compute-bound steps).
-    #[arg(long)]
-    pub compute_efficiency: Option<f64>,
+    /// Achieved efficiency.
+    #[command(flatten)]
+    pub efficiency: EfficiencyArgs,
     /// TPOT target, ms.
     #[arg(long, default_value_t = super::DEFAULT_TPOT_SLO_SECONDS * 1e3)]
     pub tpot_slo_ms: f64,
@@ -115,6 +104,37 @@ pub struct CapacityArgs {
     /// Batch the TPOT was observed at.
     #[arg(long, requires = "observed_tpot_ms")]
     pub observed_batch: Option<u64>,
+}
+
+/// The achieved-efficiency flags, shared by `tokengate capacity` and `tokengate sim`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EfficiencyArgs {
+    /// Achieved fraction of peak for every kind of work, attention spread over the whole card
+    /// (1 = the pure roofline). Default: the fitted weights 0.45, cache 0.61, compute 0.35.
+    /// With `tokengate capacity --formula seed`: the script's efficiency_coeff (default 0.45).
+    #[arg(long)]
+    pub efficiency: Option<f64>,
+    /// Achieved fraction of peak bandwidth streaming the weights.
+    #[arg(long)]
+    pub weight_efficiency: Option<f64>,
+    /// Achieved fraction of peak bandwidth reading KV and linear-attention state.
+    #[arg(long)]
+    pub cache_efficiency: Option<f64>,
+    /// Achieved fraction of peak FLOPS (prefill, compute-bound steps).
+    #[arg(long)]
+    pub compute_efficiency: Option<f64>,
+}
+
+impl EfficiencyArgs {
+    /// The settings these flags give.
+    pub fn overrides(&self) -> EfficiencyOverrides {
+        EfficiencyOverrides {
+            uniform: self.efficiency,
+            weights: self.weight_efficiency,
+            cache: self.cache_efficiency,
+            compute: self.compute_efficiency,
+        }
+    }
 }
 
 /// What `tokengate capacity` computed.
@@ -163,13 +183,7 @@ impl CapacityArgs {
         inputs.tp = self.tp;
         inputs.block_tokens = self.block;
         inputs.reserve_bytes = super::gb_to_bytes(self.reserve_gb);
-        inputs.efficiency = EfficiencyOverrides {
-            uniform: self.efficiency,
-            weights: self.weight_efficiency,
-            cache: self.cache_efficiency,
-            compute: self.compute_efficiency,
-        }
-        .resolve();
+        inputs.efficiency = self.efficiency.overrides().resolve();
         inputs.tpot_slo_seconds = self.tpot_slo_ms / 1e3;
         inputs.engine_max_batch = self.engine_max_batch;
         inputs.validate()?;
@@ -193,7 +207,10 @@ impl CapacityArgs {
             avg_input_len: self.input,
             avg_output_len: self.output,
             batch_size: self.batch.unwrap_or(defaults.batch_size),
-            efficiency_coeff: self.efficiency.unwrap_or(defaults.efficiency_coeff),
+            efficiency_coeff: self
+                .efficiency
+                .efficiency
+                .unwrap_or(defaults.efficiency_coeff),
         })
     }
 

@@ -2,6 +2,7 @@
 
 use super::timing::Roofline;
 use super::{start, SimConfig, DEFAULT_SERVED_NAMES};
+use crate::capacity::cli::EfficiencyArgs;
 use crate::capacity::StateDtype;
 use crate::tokenize::Tokenizer;
 use anyhow::Context;
@@ -35,6 +36,9 @@ pub struct SimArgs {
     /// Cards the model is split over (tensor parallelism): their HBM and bandwidth add up.
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
+    /// The engine's achieved efficiency (default: the fitted one, as `tokengate capacity`).
+    #[command(flatten)]
+    pub efficiency: EfficiencyArgs,
     /// Fixed-pace mode: every pass (a prefill, or one token for every running request) takes
     /// this many milliseconds, and the KV cache never fills. Without it, the capacity model
     /// times every pass.
@@ -79,11 +83,12 @@ impl SimArgs {
     pub fn config(&self) -> anyhow::Result<SimConfig> {
         let mut cfg = match self.pace_ms {
             Some(ms) => SimConfig::pace(Duration::from_millis(ms)),
-            None => SimConfig::roofline(Roofline::from_names(
+            None => SimConfig::roofline(Roofline::with_efficiency(
                 &self.hardware,
                 &self.model,
                 self.state_dtype,
                 self.tp,
+                self.efficiency.overrides(),
             )?),
         };
         cfg.served_names.clone_from(&self.served_model_name);
@@ -131,4 +136,48 @@ pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
         handle.shutdown().await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SimArgs,
+    }
+
+    fn config(flags: &[&str]) -> SimConfig {
+        Cli::try_parse_from(std::iter::once("sim").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+            .config()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_card_split_and_efficiency_reach_the_engine() {
+        // one 910B3 at the fitted efficiency: 54e9 B / (1.6e12 B/s x 0.45) of weights a step
+        let one = config(&[]);
+        assert_eq!(one.engine.kv.budget_bytes, 8_000_000_000);
+        assert_eq!(one.timing.step(&[], 0).as_micros(), 75_000);
+        // two cards at a measured efficiency: / (2 x 1.6e12 x 0.373)
+        let two = config(&["--tp", "2", "--weight-efficiency", "0.373"]);
+        assert_eq!(two.engine.kv.budget_bytes, 70_000_000_000);
+        assert_eq!(two.timing.step(&[], 0).as_micros(), 45_241);
+        // the pure roofline
+        let ideal = config(&["--efficiency", "1"]);
+        assert_eq!(ideal.timing.step(&[], 0).as_micros(), 33_750);
+        let err = Cli::try_parse_from(["sim", "--cache-efficiency", "1.5"])
+            .unwrap()
+            .args
+            .config()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid cache_efficiency: must be in (0, 1], got 1.5"
+        );
+    }
 }

@@ -3,7 +3,9 @@
 //! scheduler runs on the capacity model ([`Roofline`]) or at a fixed pace ([`Pace`]).
 
 use super::engine::KvGeometry;
-use crate::capacity::{CapacityError, CapacityInputs, ProfileOverrides, StateDtype};
+use crate::capacity::{
+    CapacityError, CapacityInputs, EfficiencyOverrides, ProfileOverrides, StateDtype,
+};
 use std::fmt;
 use std::time::Duration;
 
@@ -49,9 +51,28 @@ impl Roofline {
         state_dtype: StateDtype,
         tp: u32,
     ) -> Result<Self, CapacityError> {
+        Self::with_efficiency(
+            hardware,
+            model,
+            state_dtype,
+            tp,
+            EfficiencyOverrides::default(),
+        )
+    }
+
+    /// [`Self::from_names`] at a measured efficiency (`tokengate capacity --observed-tpot-ms`
+    /// reports it).
+    pub fn with_efficiency(
+        hardware: &str,
+        model: &str,
+        state_dtype: StateDtype,
+        tp: u32,
+        efficiency: EfficiencyOverrides,
+    ) -> Result<Self, CapacityError> {
         let mut inputs =
             CapacityInputs::from_names(hardware, model, state_dtype, &ProfileOverrides::default())?;
         inputs.tp = tp;
+        inputs.efficiency = efficiency.resolve();
         inputs.validate()?;
         Ok(Self(inputs))
     }
