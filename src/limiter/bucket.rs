@@ -363,11 +363,41 @@ impl TenantState {
         now: Instant,
     ) -> Result<TenantSnapshot, Denial> {
         let units = BucketKind::ALL.map(|k| limits.spec(k).resolve());
-        let verdicts =
-            BucketKind::ALL.map(|k| judge(self.bucket(k), units[k as usize], cost.of(k), now));
+        let levels_after = self.judge(limits, &units, cost, now)?;
+        for (kind, level_after) in BucketKind::ALL.into_iter().zip(levels_after) {
+            self.bucket_mut(kind).set(level_after, now);
+        }
+        Ok(self.snapshot_in(limits, &units, now))
+    }
+
+    /// What [`TenantState::charge`] would decide for `cost` at `now`, without charging: the
+    /// same denial, or the buckets as they are (not as they would be after the charge).
+    #[allow(clippy::result_large_err)]
+    pub fn check(
+        &self,
+        limits: &TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> Result<TenantSnapshot, Denial> {
+        let units = BucketKind::ALL.map(|k| limits.spec(k).resolve());
+        self.judge(limits, &units, cost, now)?;
+        Ok(self.snapshot_in(limits, &units, now))
+    }
+
+    /// The decision shared by `charge` and `check`: each bucket's level after the charge, or
+    /// the denial.
+    #[allow(clippy::result_large_err)]
+    fn judge(
+        &self,
+        limits: &TenantLimits,
+        units: &[Resolved; 3],
+        cost: Cost,
+        now: Instant,
+    ) -> Result<[u128; 3], Denial> {
+        let mut levels_after = [0; 3];
         let mut longest: Option<(BucketKind, u128, Duration)> = None;
-        for (kind, verdict) in BucketKind::ALL.into_iter().zip(&verdicts) {
-            match *verdict {
+        for kind in BucketKind::ALL {
+            match judge(self.bucket(kind), units[kind as usize], cost.of(kind), now) {
                 Verdict::Never => {
                     return Err(Denial::Never {
                         bucket: kind,
@@ -380,24 +410,19 @@ impl TenantState {
                         longest = Some((kind, level, wait));
                     }
                 }
-                Verdict::Fits { .. } => {}
+                Verdict::Fits { level_after } => levels_after[kind as usize] = level_after,
             }
         }
-        if let Some((bucket, level, retry_after)) = longest {
-            return Err(Denial::NotYet {
+        match longest {
+            Some((bucket, level, retry_after)) => Err(Denial::NotYet {
                 bucket,
                 needed: cost.of(bucket),
                 available: units_to_tokens(level),
                 retry_after,
-                snapshot: self.snapshot_in(limits, &units, now),
-            });
+                snapshot: self.snapshot_in(limits, units, now),
+            }),
+            None => Ok(levels_after),
         }
-        for (kind, verdict) in BucketKind::ALL.into_iter().zip(verdicts) {
-            if let Verdict::Fits { level_after } = verdict {
-                self.bucket_mut(kind).set(level_after, now);
-            }
-        }
-        Ok(self.snapshot_in(limits, &units, now))
     }
 
     /// Gives `cost` back (a negative hit), each bucket capped at its capacity.
@@ -803,6 +828,51 @@ mod tests {
                             "{kind}: {sum} admitted in {window} ns"
                         );
                     }
+                }
+            }
+        }
+
+        /// `check` decides exactly as `charge` would, changes nothing, and is monotone: a cost
+        /// at least as large in every bucket is never admitted sooner, so a wait computed for
+        /// a lower bound of the cost is a lower bound of the real wait.
+        #[test]
+        fn check_agrees_with_charge_and_bounds_larger_costs(
+            limits in random_limits(),
+            steps in steps(),
+            extra in (0u64..300, 0u64..40, 0u64..2),
+        ) {
+            let t0 = Instant::now();
+            let mut state = TenantState::full(&limits, t0);
+            let mut now = t0;
+            for (advance_ns, cost) in steps {
+                now += Duration::from_nanos(advance_ns);
+                let before = state;
+                let checked = state.check(&limits, cost, now);
+                prop_assert_eq!(state, before);
+                let larger = Cost {
+                    prefill: cost.prefill + extra.0,
+                    decode: cost.decode + extra.1,
+                    requests: cost.requests + extra.2,
+                };
+                match (&checked, state.check(&limits, larger, now)) {
+                    (Err(Denial::Never { .. }), larger) => {
+                        let never = matches!(larger, Err(Denial::Never { .. }));
+                        prop_assert!(never, "a larger cost is not never: {larger:?}");
+                    }
+                    (Err(Denial::NotYet { retry_after, .. }), larger) => match larger {
+                        Err(Denial::NotYet { retry_after: longer, .. }) => {
+                            prop_assert!(longer >= *retry_after);
+                        }
+                        Err(Denial::Never { .. }) => {}
+                        Ok(_) => prop_assert!(false, "a larger cost fits where {cost:?} did not"),
+                    },
+                    (Ok(_), _) => {}
+                }
+                let charged = state.charge(&limits, cost, now);
+                match (checked, charged) {
+                    (Ok(seen), Ok(_)) => prop_assert_eq!(seen, before.snapshot(&limits, now)),
+                    (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                    (a, b) => prop_assert!(false, "check {a:?} but charge {b:?}"),
                 }
             }
         }

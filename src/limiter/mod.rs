@@ -77,6 +77,19 @@ impl Limiter {
         })
     }
 
+    /// What [`Limiter::reserve`] would decide for `cost` now, charging nothing: the denial, or
+    /// the tenant's buckets as they are. A peek, not a promise: the charge decides again.
+    pub async fn check(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        cost: Cost,
+    ) -> Result<TenantSnapshot, Denial> {
+        self.store
+            .check(tenant, limits, cost, self.clock.now())
+            .await
+    }
+
     /// The tenant's buckets now.
     pub async fn snapshot(&self, tenant: &str, limits: &TenantLimits) -> TenantSnapshot {
         self.store.snapshot(tenant, limits, self.clock.now()).await
@@ -223,39 +236,67 @@ fn unit(bucket: BucketKind) -> &'static str {
 impl From<Denial> for ApiError {
     /// `NotYet` is a 429 with the exact wait; `Never` a 400 naming the bucket and its capacity.
     fn from(denial: Denial) -> Self {
-        match denial {
-            Denial::NotYet {
-                bucket,
-                needed,
-                available,
-                retry_after,
-                snapshot,
-            } => ApiError::rate_limited(
-                format!(
-                    "rate limit reached for {bucket}: request needs {needed} {}, {} available; \
-                     retry after {:.3} s",
-                    unit(bucket),
-                    available.floor(),
-                    retry_after.as_secs_f64()
-                ),
-                retry_after,
-                snapshot.rate_limit_headers(),
+        denial_error(denial, [true; 3])
+    }
+}
+
+/// A [`Denial`] of a cost known only in part, before the prompt was counted or once its count
+/// passed a ceiling: the amounts of the buckets not marked `exact` (indexed by
+/// `BucketKind as usize`) are lower bounds. The message says "at least" before each such
+/// amount and before the wait of a 429, which is then a lower bound of the wait the request
+/// needs: a cost at least as large is never admitted sooner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LowerBound {
+    /// The denial of the cost checked.
+    pub denial: Denial,
+    /// Which buckets' amounts in that cost are exact.
+    pub exact: [bool; 3],
+}
+
+impl From<LowerBound> for ApiError {
+    fn from(bound: LowerBound) -> Self {
+        denial_error(bound.denial, bound.exact)
+    }
+}
+
+/// The error of `denial` for a cost whose amounts are exact where `exact` says so.
+fn denial_error(denial: Denial, exact: [bool; 3]) -> ApiError {
+    let least = |exact: bool| if exact { "" } else { "at least " };
+    match denial {
+        Denial::NotYet {
+            bucket,
+            needed,
+            available,
+            retry_after,
+            snapshot,
+        } => ApiError::rate_limited(
+            format!(
+                "rate limit reached for {bucket}: request needs {}{needed} {}, {} available; \
+                 retry after {}{:.3} s",
+                least(exact[bucket as usize]),
+                unit(bucket),
+                available.floor(),
+                least(exact.iter().all(|&e| e)),
+                retry_after.as_secs_f64()
             ),
-            Denial::Never {
-                bucket,
-                needed,
-                capacity,
-            } => {
-                let e = ApiError::exceeds_burst(format!(
-                    "request needs {needed} {bucket} {}; the tenant's {bucket} burst is {}",
-                    unit(bucket),
-                    capacity.floor()
-                ));
-                if bucket == BucketKind::Decode {
-                    e.with_param("max_tokens")
-                } else {
-                    e
-                }
+            retry_after,
+            snapshot.rate_limit_headers(),
+        ),
+        Denial::Never {
+            bucket,
+            needed,
+            capacity,
+        } => {
+            let e = ApiError::exceeds_burst(format!(
+                "request needs {}{needed} {bucket} {}; the tenant's {bucket} burst is {}",
+                least(exact[bucket as usize]),
+                unit(bucket),
+                capacity.floor()
+            ));
+            if bucket == BucketKind::Decode {
+                e.with_param("max_tokens")
+            } else {
+                e
             }
         }
     }
@@ -473,6 +514,52 @@ mod tests {
                 remaining_requests: 4,
                 reset_requests: Duration::from_millis(750),
             })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_check_charges_nothing_and_a_lower_bound_says_at_least() {
+        let (limiter, _clock, settled) = limiter();
+        let mut drain = limiter
+            .reserve("a", &limits(), cost(0, 100))
+            .await
+            .expect("full");
+        drain.record_output(100);
+        drop(drain);
+        let before = limiter.snapshot("a", &limits()).await;
+        let least = cost(1, 30);
+        let denial = limiter
+            .check("a", &limits(), least)
+            .await
+            .expect_err("decode is empty");
+        assert_eq!(limiter.snapshot("a", &limits()).await, before);
+        let e = ApiError::from(LowerBound {
+            denial,
+            exact: [false, true, true],
+        });
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            e.message,
+            "rate limit reached for decode: request needs 30 tokens, 0 available; retry after \
+             at least 3.000 s"
+        );
+        assert_eq!(e.retry_after, Some(Duration::from_secs(3)));
+        // What fits is a snapshot of the buckets as they are.
+        assert_eq!(limiter.check("a", &limits(), cost(1, 0)).await, Ok(before));
+        assert_eq!(settled.lock().expect("sink").len(), 1);
+
+        let e = ApiError::from(LowerBound {
+            denial: Denial::Never {
+                bucket: BucketKind::Prefill,
+                needed: 1001,
+                capacity: 1000.0,
+            },
+            exact: [false, true, true],
+        });
+        assert_eq!(e.code, "exceeds_tenant_burst");
+        assert_eq!(
+            e.message,
+            "request needs at least 1001 prefill tokens; the tenant's prefill burst is 1000"
         );
     }
 

@@ -20,6 +20,16 @@ pub trait BucketStore: Send + Sync + 'static {
         now: Instant,
     ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>>;
 
+    /// What `charge` would decide for `cost` at `now`, charging nothing: the denial, or the
+    /// buckets as they are.
+    fn check<'a>(
+        &'a self,
+        tenant: &'a str,
+        limits: &'a TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>>;
+
     /// Gives `cost` back, capped at capacity. Synchronous and non-blocking so that a `Drop` can
     /// call it (a remote store spawns the write).
     fn refund(&self, tenant: &str, limits: &TenantLimits, cost: Cost, now: Instant);
@@ -80,6 +90,21 @@ impl LocalStore {
         }
     }
 
+    /// The synchronous check behind [`BucketStore::check`].
+    #[allow(clippy::result_large_err)]
+    pub fn check_now(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> Result<TenantSnapshot, Denial> {
+        match self.tenants().get(tenant) {
+            Some(state) => state.check(limits, cost, now),
+            None => TenantState::full(limits, now).check(limits, cost, now),
+        }
+    }
+
     /// The synchronous snapshot behind [`BucketStore::snapshot`].
     pub fn snapshot_now(
         &self,
@@ -103,6 +128,16 @@ impl BucketStore for LocalStore {
         now: Instant,
     ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>> {
         Box::pin(future::ready(self.charge_now(tenant, limits, cost, now)))
+    }
+
+    fn check<'a>(
+        &'a self,
+        tenant: &'a str,
+        limits: &'a TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>> {
+        Box::pin(future::ready(self.check_now(tenant, limits, cost, now)))
     }
 
     fn refund(&self, tenant: &str, limits: &TenantLimits, cost: Cost, now: Instant) {
