@@ -240,3 +240,36 @@ fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
         "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n{\"count\":14}\n{\"count\":16}\n"
     );
 }
+
+#[test]
+fn counting_with_a_ceiling_is_exact_below_it_and_stops_just_past_it() {
+    use tokengate::tokenize::TokenCount;
+    let long = SAMPLES.join(" ").repeat(20);
+    for text in SAMPLES.iter().copied().chain([long.as_str()]) {
+        let n = fast().count(text);
+        for ceiling in (0..n + 2).step_by(1 + n / 64) {
+            let counted = fast().count_up_to(text, ceiling);
+            // Both engines stop after the same pre-token.
+            assert_eq!(
+                hf().count_up_to(text, ceiling),
+                counted,
+                "{text:?} to {ceiling}"
+            );
+            match counted {
+                TokenCount::Exact(m) => assert!(m == n && n <= ceiling, "{text:?}: {m}"),
+                TokenCount::AtLeast(m) => assert!(ceiling < m && m <= n, "{text:?}: {m}"),
+            }
+        }
+    }
+    // Pre-tokens of one token each (an added token, words, a newline): it stops at the first
+    // token past the ceiling, and never reads the rest.
+    let text = format!("<|im_start|>user\nhello{}", " hello".repeat(100_000));
+    assert_eq!(fast().count(&text), 100_004);
+    for t in [fast(), hf()] {
+        assert_eq!(t.count_up_to(&text, 0), TokenCount::AtLeast(1));
+        assert_eq!(t.count_up_to(&text, 4_096), TokenCount::AtLeast(4_097));
+        assert_eq!(t.count_up_to(&text, 100_003), TokenCount::AtLeast(100_004));
+        assert_eq!(t.count_up_to(&text, 100_004), TokenCount::Exact(100_004));
+        assert_eq!(t.count_up_to("", 0), TokenCount::Exact(0));
+    }
+}

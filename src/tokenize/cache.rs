@@ -4,6 +4,7 @@
 //! follow-up turn tokenizes only what is new; the rest is looked up.
 
 use super::chat::{spans, ChatPrompt, ChatTemplate, CountTokens, TemplateError};
+use super::TokenCount;
 use hashbrown::HashTable;
 use serde_json::{json, Value};
 use std::hash::BuildHasher;
@@ -243,6 +244,19 @@ impl ChatCounter {
         tok: &(impl CountTokens + ?Sized),
         prompt: &ChatPrompt,
     ) -> Result<usize, TemplateError> {
+        Ok(self.count_up_to(tok, prompt, usize::MAX)?.tokens())
+    }
+
+    /// [`ChatCounter::count`] against `ceiling`: the cached spans are added up first, then the
+    /// others are tokenized in order, each only up to what is left of the ceiling, and counting
+    /// stops as soon as the total passes it. The spans counted to their end are cached; the
+    /// one cut short and those after it are not.
+    pub fn count_up_to(
+        &self,
+        tok: &(impl CountTokens + ?Sized),
+        prompt: &ChatPrompt,
+        ceiling: usize,
+    ) -> Result<TokenCount, TemplateError> {
         let text = self.template.render(prompt)?;
         let spans: Vec<(u64, &str)> = spans(&text).map(|s| (self.hasher.hash_one(s), s)).collect();
         let mut total = 0;
@@ -258,20 +272,30 @@ impl ChatCounter {
         }
         self.hits
             .fetch_add((spans.len() - missing.len()) as u64, Ordering::Relaxed);
-        self.misses
-            .fetch_add(missing.len() as u64, Ordering::Relaxed);
-        if missing.is_empty() {
-            return Ok(total);
-        }
+        // Missing spans handed to the tokenizer, and those of them counted to their end.
+        let (mut tokenized, mut counted) = (0u64, 0usize);
         for (_, span, tokens) in &mut missing {
-            *tokens = tok.count(span);
-            total += *tokens;
+            if total > ceiling {
+                break;
+            }
+            tokenized += 1;
+            match tok.count_up_to(span, ceiling - total) {
+                TokenCount::Exact(n) => {
+                    *tokens = n;
+                    counted += 1;
+                    total += n;
+                }
+                TokenCount::AtLeast(n) => total += n,
+            }
         }
-        let mut cache = self.lock();
-        for (hash, span, tokens) in missing {
-            cache.insert(hash, span, tokens);
+        self.misses.fetch_add(tokenized, Ordering::Relaxed);
+        if counted > 0 {
+            let mut cache = self.lock();
+            for &(hash, span, tokens) in &missing[..counted] {
+                cache.insert(hash, span, tokens);
+            }
         }
-        Ok(total)
+        Ok(TokenCount::of(total, ceiling))
     }
 
     /// Counts ahead the span an assistant answer whose text is `content` will have in the
@@ -358,6 +382,13 @@ mod tests {
             self.seen.borrow_mut().push(text.to_owned());
             text.chars().count()
         }
+
+        /// Reads no more characters than the ceiling needs, as the tokenizer does.
+        fn count_up_to(&self, text: &str, ceiling: usize) -> TokenCount {
+            self.seen.borrow_mut().push(text.to_owned());
+            let read = text.chars().take(ceiling.saturating_add(1)).count();
+            TokenCount::of(read, ceiling)
+        }
     }
 
     fn turn(n: usize) -> ChatPrompt {
@@ -424,6 +455,46 @@ mod tests {
         assert_eq!(counter.count(&tok, &turn(2)).unwrap(), whole(&turn(2)));
         assert!(tok.seen.borrow().is_empty());
         assert_eq!(counter.stats().hits, 8);
+    }
+
+    #[test]
+    fn counting_with_a_ceiling_stops_in_the_span_that_passes_it_and_caches_the_whole_ones() {
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let tok = CharCounter::default();
+        let spans_of = |p: &ChatPrompt| counter.template().render_spans(p).unwrap();
+        let chars = |s: &str| s.chars().count();
+        // system, question 1 and the generation prompt are cached.
+        let first = counter.count(&tok, &turn(1)).unwrap();
+        let second = spans_of(&turn(2));
+        let [_, _, answer, question, _] = &second[..] else {
+            panic!("turn 2 has five spans: {second:?}");
+        };
+        let whole = chars(&second.concat());
+        assert_eq!(
+            counter.count_up_to(&tok, &turn(1), first),
+            Ok(TokenCount::Exact(first))
+        );
+        tok.seen.borrow_mut().clear();
+
+        // Room for the cached spans, the answer and 2 characters of the question.
+        let ceiling = first + chars(answer) + 2;
+        assert_eq!(
+            counter.count_up_to(&tok, &turn(2), ceiling),
+            Ok(TokenCount::AtLeast(ceiling + 1))
+        );
+        assert_eq!(*tok.seen.borrow(), [answer.clone(), question.clone()]);
+        // The answer, counted to its end, is cached; the question cut short is not.
+        tok.seen.borrow_mut().clear();
+        assert_eq!(counter.count(&tok, &turn(2)).unwrap(), whole);
+        assert_eq!(*tok.seen.borrow(), [question.clone()]);
+
+        // The cached spans alone pass the ceiling: nothing is tokenized.
+        tok.seen.borrow_mut().clear();
+        assert_eq!(
+            counter.count_up_to(&tok, &turn(2), 10),
+            Ok(TokenCount::AtLeast(whole))
+        );
+        assert!(tok.seen.borrow().is_empty());
     }
 
     #[test]

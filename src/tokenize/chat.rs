@@ -9,6 +9,7 @@ mod jinja;
 pub mod pyfmt;
 mod qwen35;
 
+use super::TokenCount;
 use crate::error::ApiError;
 use memchr::memmem;
 use serde::Deserialize;
@@ -21,6 +22,12 @@ use std::sync::LazyLock;
 pub trait CountTokens {
     /// The number of tokens of `text`, added tokens such as `<|im_start|>` counted as one each.
     fn count(&self, text: &str) -> usize;
+
+    /// The count of `text` against `ceiling`; a tokenizer stops counting once past it (this
+    /// default counts the whole text).
+    fn count_up_to(&self, text: &str, ceiling: usize) -> TokenCount {
+        TokenCount::of(self.count(text), ceiling)
+    }
 }
 
 /// The input of a chat template: what transformers' `apply_chat_template` receives.

@@ -19,6 +19,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::ControlFlow;
 use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
@@ -30,13 +31,14 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use tokenizers::{
-    AddedToken, DecoderWrapper, NormalizedString, Normalizer, NormalizerWrapper,
-    PostProcessorWrapper, PreTokenizerWrapper,
+    AddedToken, DecoderWrapper, Model, NormalizedString, Normalizer, NormalizerWrapper,
+    OffsetReferential, OffsetType, PostProcessorWrapper, PreTokenizer, PreTokenizerWrapper,
 };
 use unicode_normalization::{is_nfc_quick, IsNormalized};
 
 use super::bpe::{Bpe, Work};
 use super::byte_level::string_to_bytes;
+use super::TokenCount;
 
 /// Which engine [`Tokenizer::load_with`] should build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,9 +104,7 @@ impl Tokenizer {
                 imp: Imp::Fast(Box::new(fast)),
             },
             Err(reason) => Tokenizer {
-                imp: Imp::Hf(Box::new(tokenizers::Tokenizer::from_file(path).map_err(
-                    |e| anyhow::anyhow!("loading tokenizer {}: {e}", path.display()),
-                )?)),
+                imp: Imp::Hf(Box::new(load_hf(path)?)),
                 engine: Engine::HfFallback { reason },
             },
         };
@@ -131,13 +131,29 @@ impl Tokenizer {
 
     /// Number of tokens in `text`.
     pub fn count(&self, text: &str) -> usize {
-        match &self.imp {
-            Imp::Fast(fast) => {
-                let mut count = 0;
-                fast.encode_with(text, |ids| count += ids.len());
-                count
+        self.count_up_to(text, usize::MAX).tokens()
+    }
+
+    /// Number of tokens in `text` if it is at most `ceiling`; otherwise counting stops as soon
+    /// as it passes the ceiling, so the work is bounded by the ceiling, not by the text: the
+    /// text is split into pre-tokens lazily and the count adds them up one by one.
+    pub fn count_up_to(&self, text: &str, ceiling: usize) -> TokenCount {
+        let mut count = 0usize;
+        let mut add = |n: usize| {
+            count += n;
+            if count > ceiling {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
             }
-            Imp::Hf(hf) => hf_encode(hf, text).len(),
+        };
+        let flow = match &self.imp {
+            Imp::Fast(fast) => fast.encode_with(text, |ids| add(ids.len())),
+            Imp::Hf(hf) => hf_count_with(hf, text, add),
+        };
+        match flow {
+            ControlFlow::Continue(()) => TokenCount::Exact(count),
+            ControlFlow::Break(()) => TokenCount::AtLeast(count),
         }
     }
 
@@ -146,7 +162,10 @@ impl Tokenizer {
         match &self.imp {
             Imp::Fast(fast) => {
                 let mut out = Vec::new();
-                fast.encode_with(text, |ids| out.extend_from_slice(ids));
+                let _ = fast.encode_with(text, |ids| {
+                    out.extend_from_slice(ids);
+                    ControlFlow::Continue(())
+                });
                 out
             }
             Imp::Hf(hf) => hf_encode(hf, text),
@@ -180,6 +199,52 @@ impl Tokenizer {
             Imp::Hf(hf) => hf.get_vocab_size(true),
         }
     }
+}
+
+/// The `tokenizers` object of `path`, with the truncation and padding the file may set cleared,
+/// as transformers clears them for every call that does not ask for them (so vLLM never
+/// truncates nor pads a prompt by the file's settings).
+fn load_hf(path: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
+    let mut hf = tokenizers::Tokenizer::from_file(path)
+        .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", path.display()))?;
+    hf.with_truncation(None)
+        .map_err(|e| anyhow::anyhow!("loading tokenizer {}: {e}", path.display()))?;
+    hf.with_padding(None);
+    Ok(hf)
+}
+
+/// HuggingFace's encoding pipeline (added tokens, normalizer, pre-tokenizer, model) with the
+/// model run one pre-token at a time, handing each one's token count to `add` until it breaks.
+/// The same counts as `encode_fast(text, false)`: with special tokens off a post-processor
+/// adds none, and truncation and padding are cleared at load.
+fn hf_count_with(
+    hf: &tokenizers::Tokenizer,
+    text: &str,
+    mut add: impl FnMut(usize) -> ControlFlow<()>,
+) -> ControlFlow<()> {
+    let mut pre_tokenized = hf
+        .get_added_vocabulary()
+        .extract_and_normalize(hf.get_normalizer(), text);
+    if let Some(pre) = hf.get_pre_tokenizer() {
+        if let Err(e) = pre.pre_tokenize(&mut pre_tokenized) {
+            unreachable!("tokenizers pre-tokenizer failed after a successful load: {e}");
+        }
+    }
+    let model = hf.get_model();
+    for (piece, _, tokens) in
+        pre_tokenized.get_splits(OffsetReferential::Original, OffsetType::None)
+    {
+        let n = match tokens {
+            // An added token, already matched.
+            Some(tokens) => tokens.len(),
+            None => match model.tokenize(piece) {
+                Ok(tokens) => tokens.len(),
+                Err(e) => unreachable!("tokenizers model failed after a successful load: {e}"),
+            },
+        };
+        add(n)?;
+    }
+    ControlFlow::Continue(())
 }
 
 fn hf_encode(hf: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
@@ -397,23 +462,33 @@ impl FastEngine {
         })
     }
 
-    /// Encodes `text`, handing each run of ids to `sink` (no allocation for counting).
-    fn encode_with(&self, text: &str, mut sink: impl FnMut(&[u32])) {
+    /// Encodes `text`, handing each run of ids to `sink` (no allocation for counting), until
+    /// the end or until `sink` breaks; the text after that is never split nor merged.
+    fn encode_with(
+        &self,
+        text: &str,
+        mut sink: impl FnMut(&[u32]) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         let mut work = Work::default();
         let mut start = 0;
         if let Some(added) = &self.added {
             for m in added.find_iter(text) {
-                self.encode_segment(&text[start..m.start()], &mut work, &mut sink);
-                sink(&[self.added_ids[m.pattern().as_usize()]]);
+                self.encode_segment(&text[start..m.start()], &mut work, &mut sink)?;
+                sink(&[self.added_ids[m.pattern().as_usize()]])?;
                 start = m.end();
             }
         }
-        self.encode_segment(&text[start..], &mut work, &mut sink);
+        self.encode_segment(&text[start..], &mut work, &mut sink)
     }
 
-    fn encode_segment(&self, segment: &str, work: &mut Work, sink: &mut impl FnMut(&[u32])) {
+    fn encode_segment(
+        &self,
+        segment: &str,
+        work: &mut Work,
+        sink: &mut impl FnMut(&[u32]) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         if segment.is_empty() {
-            return;
+            return ControlFlow::Continue(());
         }
         if self.nfc && !plainly_nfc(segment) && is_nfc_quick(segment.chars()) != IsNormalized::Yes {
             // HuggingFace's own NFC (its Unicode tables), so results match it exactly.
@@ -421,16 +496,25 @@ impl FastEngine {
             tokenizers::normalizers::unicode::NFC
                 .normalize(&mut normalized)
                 .expect("NFC normalization is infallible");
-            self.encode_normalized(normalized.get(), work, sink);
+            self.encode_normalized(normalized.get(), work, sink)
         } else {
-            self.encode_normalized(segment, work, sink);
+            self.encode_normalized(segment, work, sink)
         }
     }
 
-    fn encode_normalized(&self, text: &str, work: &mut Work, sink: &mut impl FnMut(&[u32])) {
+    fn encode_normalized(
+        &self,
+        text: &str,
+        work: &mut Work,
+        sink: &mut impl FnMut(&[u32]) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         for piece in self.split.pieces(text) {
-            self.bpe.encode_piece(piece, work, sink);
+            let mut flow = ControlFlow::Continue(());
+            self.bpe
+                .encode_piece(piece, work, &mut |ids| flow = sink(ids));
+            flow?;
         }
+        ControlFlow::Continue(())
     }
 
     fn decode(&self, ids: &[u32]) -> String {
