@@ -195,7 +195,8 @@ pub struct TokenizerConfig {
     /// Blocking worker threads that tokenize.
     #[serde(default = "default_workers")]
     pub workers: usize,
-    /// Jobs that may wait for a worker; beyond it requests get 503 `overloaded`.
+    /// Jobs that may wait for a worker, all tenants together; beyond it, and beyond a tenant's
+    /// share of it while others wait, requests get 503 `overloaded`.
     #[serde(default = "default_queue_depth")]
     pub queue_depth: usize,
     /// Bytes of the per-turn count memo (each turn's text plus a fixed overhead).

@@ -154,9 +154,12 @@ async fn drained_decode_bucket_gives_exact_retry_after_then_admits_after_refill(
     assert_eq!(r.headers["x-ratelimit-reset-tokens"], "6s");
     assert_eq!(r.headers["x-ratelimit-remaining-requests"], "99");
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    // Refused before the prompt was counted: the wait is exact for the decode bucket and a
+    // lower bound for the whole request (whose prefill is not known yet).
     assert_eq!(
         msg,
-        "rate limit reached for decode: request needs 600 tokens, 400 available; retry after 2.000 s"
+        "rate limit reached for decode: request needs 600 tokens, 400 available; retry after at \
+         least 2.000 s"
     );
     // Nothing was charged by the refusal.
     assert_eq!(gw.bucket("alice", "decode").await, 400.0);
@@ -225,15 +228,34 @@ async fn requests_that_can_never_fit_are_400_not_429() {
     let url = gw.url("/v1/chat/completions");
     let r = post(&url, "sk-alice", &chat("a", 1001, false)).await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_tenant_burst"));
+    assert_eq!(
+        r.json()["error"]["message"],
+        "request needs 1001 decode tokens; the tenant's decode burst is 1000"
+    );
     assert!(r.headers.get("retry-after").is_none());
+    // Over the decode burst and the context at once: the burst, checked before counting, decides.
     let r = post(&url, "sk-alice", &chat("a", 4090, false)).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_tenant_burst"));
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+
+    // Within a larger decode burst, the context decides: 4,090 tokens of output leave 6 for the
+    // prompt, so counting stops at its 7th token, and the message says so.
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.tenants[0].decode_tokens_per_second = 1000.0;
+    })
+    .await;
+    let r = gw.chat("sk-alice", &chat("a", 4090, false)).await;
     assert_eq!(
         (r.status, r.code().as_str()),
         (400, "context_length_exceeded")
     );
-    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
-    assert!(msg.contains("4096") && msg.contains("4090"), "{msg}");
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(
+        r.json()["error"]["message"],
+        "this model's maximum context length is 4096 tokens; the prompt is at least 7 tokens \
+         and 4090 output tokens were requested (at least 4097 in all)"
+    );
+    assert_eq!(chat_tokens("a"), 11);
+    assert_eq!(gw.bucket("alice", "decode").await, 10000.0);
 
     // KV: one sequence's footprint over the whole backend capacity.
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
@@ -992,6 +1014,128 @@ async fn large_bodies_get_the_answers_and_errors_small_ones_get() {
         .metric(r#"tokengate_prefill_tokens_total{tenant="alice"}"#)
         .await;
     assert_eq!(charged, Some(chat_tokens(&content).to_string()));
+}
+
+/// How many prompts were tokenized: the count of the `tokengate_tokenize_seconds` histogram.
+async fn prompts_tokenized(gw: &TestGateway) -> String {
+    gw.metric("tokengate_tokenize_seconds_count")
+        .await
+        .expect("the tokenize histogram is exported")
+}
+
+/// A body of about 3.9 MB, as in the flood that starved other tenants: a chat of one message of
+/// 650,000 times [`WORD`] (one token each) and 10 tokens of output, or such text not even JSON.
+fn flood_body(json: bool) -> Vec<u8> {
+    let content = WORD.repeat(650_000);
+    if json {
+        chat(&content, 10, false).to_string().into_bytes()
+    } else {
+        format!("{{\"model\": \"qwen3.5-27b\", \"x\": \"{content}\" oops}}").into_bytes()
+    }
+}
+
+#[tokio::test]
+async fn an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized() {
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_body_bytes = 4 << 20;
+        // One request per 10 s: a single request empties the bucket.
+        cfg.tenants[0].requests_per_second = 0.1;
+    })
+    .await;
+    assert_eq!(
+        gw.chat("sk-alice", &chat("hi", 10, false)).await.status,
+        200
+    );
+    assert_eq!(prompts_tokenized(&gw).await, "1");
+    let url = gw.url("/v1/chat/completions");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk-alice"),
+    ];
+    for json in [true, false] {
+        let r = send(&url, "POST", Some(flood_body(json)), &headers).await;
+        assert_eq!((r.status, r.code().as_str()), (429, "rate_limit_exceeded"));
+        assert_eq!(
+            r.json()["error"]["message"],
+            "rate limit reached for requests: request needs 1 requests, 0 available; retry \
+             after at least 10.000 s"
+        );
+        assert_eq!(r.headers["retry-after"], "10");
+        assert_eq!(r.headers["x-ratelimit-remaining-requests"], "0");
+        assert_eq!(r.headers["x-ratelimit-reset-requests"], "10s");
+        assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "990");
+    }
+    // Neither body was tokenized, nor even parsed (the second one is not JSON).
+    assert_eq!(prompts_tokenized(&gw).await, "1");
+    assert_eq!(gw.bucket("alice", "requests").await, 0.0);
+    assert_eq!(backend.seen.lock().unwrap().len(), 1);
+
+    // Once the bucket holds a request again, the same bodies are read and judged.
+    gw.clock.advance(Duration::from_secs(10));
+    let r = send(&url, "POST", Some(flood_body(false)), &headers).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"));
+    assert_eq!(prompts_tokenized(&gw).await, "1");
+    let r = send(&url, "POST", Some(flood_body(true)), &headers).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "context_length_exceeded")
+    );
+    assert_eq!(prompts_tokenized(&gw).await, "2");
+    assert_eq!(gw.bucket("alice", "requests").await, 1.0);
+}
+
+#[tokio::test]
+async fn a_prompt_over_the_context_is_counted_only_up_to_the_ceiling() {
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_body_bytes = 4 << 20;
+    })
+    .await;
+    // 650,000 tokens of prompt; the context leaves room for 4,086 beside 10 of output.
+    let r = send(
+        &gw.url("/v1/chat/completions"),
+        "POST",
+        Some(flood_body(true)),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "context_length_exceeded")
+    );
+    // Counting stopped at the first token past the ceiling: 4,087 of the 650,000.
+    assert_eq!(
+        r.json()["error"]["message"],
+        "this model's maximum context length is 4096 tokens; the prompt is at least 4087 \
+         tokens and 10 output tokens were requested (at least 4097 in all)"
+    );
+    assert_eq!(r.json()["error"]["param"], "max_tokens");
+    assert_eq!(gw.bucket("alice", "prefill").await, 10000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+
+    // Within the context but past the prefill burst (10,000): counting stops at 10,001.
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_body_bytes = 4 << 20;
+        cfg.model.max_model_len = 1 << 20;
+    })
+    .await;
+    let mut body = chat(&WORD.repeat(20_000), 10, false);
+    body.as_object_mut().unwrap().remove("max_tokens");
+    let r = gw.chat("sk-alice", &body).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_tenant_burst"));
+    assert_eq!(
+        r.json()["error"]["message"],
+        "request needs at least 10001 prefill tokens; the tenant's prefill burst is 10000"
+    );
+    assert_eq!(gw.bucket("alice", "prefill").await, 10000.0);
+    // Exactly the burst is admitted, counted exactly.
+    let fits = WORD.repeat(20_000 - (chat_tokens(&WORD.repeat(20_000)) as usize - 10_000));
+    assert_eq!(chat_tokens(&fits), 10_000);
+    let r = gw.chat("sk-alice", &chat(&fits, 10, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.bucket("alice", "prefill").await, 0.0);
 }
 
 #[tokio::test]

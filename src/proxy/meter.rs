@@ -45,12 +45,12 @@ pub struct ReplyMemo {
 }
 
 impl ReplyMemo {
-    fn remember(&self, tokenizer: Arc<Tokenizer>, content: String) {
+    fn remember(&self, tenant: &str, tokenizer: Arc<Tokenizer>, content: String) {
         let chat = self.chat.clone();
         let job = move || {
             chat.remember_reply(tokenizer.as_ref(), &content);
         };
-        if self.pool.spawn(job).is_err() {
+        if self.pool.spawn(tenant, job).is_err() {
             tracing::debug!("answer not counted ahead: its queue is full");
         }
     }
@@ -185,7 +185,7 @@ impl Drop for Admitted {
             (self.outcome, &self.counter.replies, self.reply.take())
         {
             if !reply.is_empty() {
-                memo.remember(self.counter.tokenizer.clone(), reply);
+                memo.remember(&self.tenant.name, self.counter.tokenizer.clone(), reply);
             }
         }
         let Some(mut reservation) = self.reservation.take() else {
@@ -227,7 +227,12 @@ impl Drop for Admitted {
                 };
                 rt.spawn(async move {
                     let tok = settle.counter.tokenizer.clone();
-                    let n = match settle.counter.pool.run(move || tok.count(&text)).await {
+                    let counted = settle
+                        .counter
+                        .pool
+                        .run(&settle.tenant.name, move || tok.count(&text))
+                        .await;
+                    let n = match counted {
                         Ok(n) => n as u64,
                         Err(e) => {
                             tracing::warn!(error = %e, "could not count streamed output; using the chunk count");

@@ -12,18 +12,18 @@ use crate::api::openai::{self, Endpoint, GenerationRequest, ParseLimits, Prompt}
 use crate::capacity::sequence_footprint_bytes;
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::limiter::{Cost, Limiter, Reservation};
+use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound, Reservation};
 use crate::metrics::{self, Metrics};
 use crate::tenant::{Tenant, TenantDirectory};
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::{PoolError, TokenizePool};
-use crate::tokenize::Tokenizer;
+use crate::tokenize::{TokenCount, Tokenizer};
 use crate::vision;
 use bounded::{read_bounded, ReadError};
 use bytes::Bytes;
 use forward::Upstream;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
 use std::convert::Infallible;
@@ -93,17 +93,9 @@ impl Gateway {
         self.tenants.authenticate(headers)
     }
 
-    /// Step 3 (body side): content type, size limit and read timeout; then `parse` of the body
-    /// as a JSON object (step 6). Both parsing steps run where the body arrived for bodies up to
-    /// 64 KiB (well under a millisecond), on the worker pool for larger ones.
-    pub async fn read_json<T: Send + 'static>(
-        &self,
-        req: Request<Incoming>,
-        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
-            + Send
-            + 'static,
-    ) -> Result<T, ApiError> {
-        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+    /// Step 3 (body side): the content type, checked before the body is read.
+    pub fn check_content_type(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or_default();
             let mime = ct.split(';').next().unwrap_or_default().trim();
             if !mime.eq_ignore_ascii_case("application/json") {
@@ -112,9 +104,37 @@ impl Gateway {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Step 3 (body side) and step 6: [`Gateway::check_content_type`], then
+    /// [`Gateway::read_body_json`].
+    pub async fn read_json<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        req: Request<Incoming>,
+        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
+            + Send
+            + 'static,
+    ) -> Result<T, ApiError> {
+        self.check_content_type(req.headers())?;
+        self.read_body_json(tenant, req.into_body(), parse).await
+    }
+
+    /// The body, within the size limit and read timeout, then `parse` of it as a JSON object.
+    /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a
+    /// millisecond), on the tenant's share of the worker pool for larger ones.
+    pub async fn read_body_json<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        body: Incoming,
+        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
+            + Send
+            + 'static,
+    ) -> Result<T, ApiError> {
         let limit = self.config.server.max_body_bytes;
         let timeout = self.config.server.body_read_timeout;
-        let bytes = match read_bounded(req.into_body(), limit, timeout).await {
+        let bytes = match read_bounded(body, limit, timeout).await {
             Ok(bytes) => bytes,
             Err(ReadError::TimedOut) => {
                 return Err(ApiError::request_timeout(format!(
@@ -133,29 +153,99 @@ impl Gateway {
             return job();
         }
         // Milliseconds of parsing near the body limit: on the worker pool, not the executor.
-        match self.pool.run(job).await {
+        match self.pool.run(tenant, job).await {
             Ok(parsed) => parsed,
-            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
+            Err(e) => Err(pool_error(e)),
         }
     }
 
-    /// Step 7: prompt tokens, counted on the worker pool, never on the executor.
-    pub async fn count_prompt(&self, prompt: Prompt) -> Result<u64, ApiError> {
+    /// Reads and drops, in the background, the body of a request refused before its body was
+    /// read, within the body limit and read timeout. The connection then stays usable, and the
+    /// client reads its answer: a server that closes a connection with unread data resets
+    /// it, and the client's stack may drop the answer unread. A client waiting for
+    /// `100 Continue` has sent nothing, so there is nothing to read; a body declared over the
+    /// limit is not read either (the connection closes).
+    fn discard_body(&self, req: Request<Incoming>) {
+        let expects_continue = req
+            .headers()
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if expects_continue {
+            return;
+        }
+        let limit = self.config.server.max_body_bytes;
+        let timeout = self.config.server.body_read_timeout;
+        let body = Limited::new(
+            req.into_body(),
+            usize::try_from(limit).unwrap_or(usize::MAX),
+        );
+        if http_body::Body::size_hint(&body).lower() > limit {
+            return;
+        }
+        tokio::spawn(async move {
+            let mut body = std::pin::pin!(body);
+            let drained = async {
+                // Frames are dropped as they come: nothing is kept.
+                while let Some(Ok(_)) = body.frame().await {}
+            };
+            let _ = tokio::time::timeout(timeout, drained).await;
+        });
+    }
+
+    /// A refusal of what the tenant's buckets cannot admit now even at the least the request
+    /// can cost (`cost`, exact where `exact` says so), before its prompt is counted. Charges
+    /// nothing (the charge after counting decides again).
+    async fn check_at_least(
+        &self,
+        tenant: &Tenant,
+        cost: Cost,
+        exact: [bool; 3],
+    ) -> Result<(), ApiError> {
+        match self.limiter.check(&tenant.name, &tenant.limits, cost).await {
+            Ok(_) => Ok(()),
+            Err(denial) => Err(LowerBound { denial, exact }.into()),
+        }
+    }
+
+    /// Step 7: prompt tokens, counted on the tenant's share of the worker pool, never on the
+    /// executor, and only up to `ceiling`: past it, the count is a lower bound and the rest
+    /// of the prompt is never tokenized.
+    pub async fn count_prompt(
+        &self,
+        tenant: &str,
+        prompt: Prompt,
+        ceiling: u64,
+    ) -> Result<TokenCount, ApiError> {
+        let ceiling = usize::try_from(ceiling).unwrap_or(usize::MAX);
         let started = Instant::now();
         let tok = self.tokenizer.clone();
         let counted = match prompt {
             // Already tokens: nothing to run on the pool (nor to be refused by it).
-            Prompt::TokenIds(ids) => return Ok(ids.len() as u64),
+            Prompt::TokenIds(ids) => return Ok(TokenCount::of(ids.len(), ceiling)),
             Prompt::Chat { prompt, media } => {
                 let chat = self.chat.clone();
                 self.pool
-                    .run(move || {
-                        let text = chat.count(tok.as_ref(), &prompt);
-                        text.map(|n| n as u64 + vision::extra_tokens(&media, tok.as_ref()))
+                    .run(tenant, move || {
+                        // Images and video are counted from their headers: the text gets what
+                        // is left of the ceiling.
+                        let media = vision::extra_tokens(&media, tok.as_ref());
+                        let media = usize::try_from(media).unwrap_or(usize::MAX);
+                        let left = ceiling.saturating_sub(media);
+                        let text = chat.count_up_to(tok.as_ref(), &prompt, left)?;
+                        Ok::<_, crate::tokenize::chat::TemplateError>(match text {
+                            TokenCount::Exact(n) => {
+                                TokenCount::of(n.saturating_add(media), ceiling)
+                            }
+                            TokenCount::AtLeast(n) => TokenCount::AtLeast(n.saturating_add(media)),
+                        })
                     })
                     .await
             }
-            Prompt::Text(t) => self.pool.run(move || Ok(tok.count(&t) as u64)).await,
+            Prompt::Text(t) => {
+                self.pool
+                    .run(tenant, move || Ok(tok.count_up_to(&t, ceiling)))
+                    .await
+            }
         };
         self.metrics
             .tokenize
@@ -163,19 +253,19 @@ impl Gateway {
         match counted {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(template)) => Err(template.into()),
-            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
+            Err(e) => Err(pool_error(e)),
         }
     }
 
     /// The ids the engine will run (for `/tokenize`): a chat rendered, encoded and its image
     /// and video placeholders expanded, so their number is what [`Gateway::count_prompt`]
     /// charges.
-    pub async fn encode_prompt(&self, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    pub async fn encode_prompt(&self, tenant: &str, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
         let tok = self.tokenizer.clone();
         let chat = self.chat.clone();
         let encoded = self
             .pool
-            .run(move || match prompt {
+            .run(tenant, move || match prompt {
                 Prompt::Chat { prompt, media } => {
                     let ids = tok.encode(&chat.template().render(&prompt)?);
                     vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
@@ -186,27 +276,44 @@ impl Gateway {
             .await;
         match encoded {
             Ok(result) => result,
-            Err(e) => Err(pool_error(e, self.pool.queue_depth())),
+            Err(e) => Err(pool_error(e)),
         }
     }
 
+    /// The longest prompt `req` may have: the context minus the output asked for (the prompt
+    /// alone must leave room for one output token), and no more than the tenant's prefill
+    /// burst. Counting stops past it: a longer prompt is refused whatever its exact count.
+    fn prompt_ceiling(&self, tenant: &Tenant, req: &GenerationRequest) -> u64 {
+        let max_len = self.config.model.max_model_len;
+        let context = match req.requested_max_tokens {
+            Some((_, asked)) => max_len.saturating_sub(asked),
+            None => max_len - 1,
+        };
+        context.min(tenant.limits.prefill.capacity().floor() as u64)
+    }
+
     /// Output tokens to reserve: what the client asked for, or the default clamped to the
-    /// context; more than the context allows is a 400 naming both numbers.
+    /// context; more than the context allows is a 400 naming both numbers (the prompt's "at
+    /// least" when its count stopped at the ceiling).
     pub fn output_budget(
         &self,
         req: &GenerationRequest,
-        prompt_tokens: u64,
+        prompt: TokenCount,
     ) -> Result<u64, ApiError> {
         let max_len = self.config.model.max_model_len;
+        let (prompt_tokens, least) = match prompt {
+            TokenCount::Exact(n) => (n as u64, ""),
+            TokenCount::AtLeast(n) => (n as u64, "at least "),
+        };
         match req.requested_max_tokens {
             Some((_, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
-                "this model's maximum context length is {max_len} tokens; the prompt is {prompt_tokens} tokens and {asked} output tokens were requested ({} in all)",
+                "this model's maximum context length is {max_len} tokens; the prompt is {least}{prompt_tokens} tokens and {asked} output tokens were requested ({least}{} in all)",
                 prompt_tokens + asked
             ))
             .with_param("max_tokens")),
             Some((_, asked)) => Ok(asked),
             None if prompt_tokens >= max_len => Err(ApiError::context_length(format!(
-                "this model's maximum context length is {max_len} tokens; the prompt alone is {prompt_tokens} tokens"
+                "this model's maximum context length is {max_len} tokens; the prompt alone is {least}{prompt_tokens} tokens"
             ))
             .with_param("messages")),
             None => Ok(self.config.model.default_max_tokens.min(max_len - prompt_tokens)),
@@ -291,9 +398,24 @@ impl Gateway {
         arrived: Instant,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let request_id = req.headers().get(REQUEST_ID).cloned();
+        self.check_content_type(req.headers())?;
+        // Every request costs at least one prefill token, one decode token and one request:
+        // what the buckets cannot give even that now is refused before its body is read.
+        let least = Cost {
+            prefill: 1,
+            decode: 1,
+            requests: 1,
+        };
+        if let Err(e) = self
+            .check_at_least(&tenant, least, [false, false, true])
+            .await
+        {
+            self.discard_body(req);
+            return Err(e);
+        }
         let config = self.config.clone();
         let mut parsed = self
-            .read_json(req, move |body| {
+            .read_body_json(&tenant.name, req.into_body(), move |body| {
                 let limits = ParseLimits {
                     served_names: &config.model.served_names,
                     max_model_len: config.model.max_model_len,
@@ -302,9 +424,35 @@ impl Gateway {
                 openai::parse_generation(endpoint, body, &limits)
             })
             .await?;
+        // With max_tokens known, the decode bucket is checked before counting too.
+        if let Some((_, asked)) = parsed.requested_max_tokens {
+            let least = Cost {
+                decode: asked,
+                ..least
+            };
+            self.check_at_least(&tenant, least, [false, true, true])
+                .await?;
+        }
         let prompt = std::mem::replace(&mut parsed.prompt, Prompt::TokenIds(Vec::new()));
-        let prompt_tokens = self.count_prompt(prompt).await?;
-        let max_output = self.output_budget(&parsed, prompt_tokens)?;
+        let ceiling = self.prompt_ceiling(&tenant, &parsed);
+        let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
+        let max_output = self.output_budget(&parsed, counted)?;
+        let prompt_tokens = match counted {
+            TokenCount::Exact(n) => n as u64,
+            // Within the context, so past the prefill burst: it can never be admitted.
+            TokenCount::AtLeast(n) => {
+                let denial = Denial::Never {
+                    bucket: BucketKind::Prefill,
+                    needed: n as u64,
+                    capacity: tenant.limits.prefill.capacity(),
+                };
+                return Err(LowerBound {
+                    denial,
+                    exact: [false, true, true],
+                }
+                .into());
+            }
+        };
         let cost = Cost {
             prefill: prompt_tokens,
             decode: max_output,
@@ -444,10 +592,10 @@ impl Gateway {
         &self,
         req: Request<Incoming>,
     ) -> Result<Response<GatewayBody>, ApiError> {
-        self.authenticate(req.headers())?;
+        let tenant = self.authenticate(req.headers())?;
         let config = self.config.clone();
         let prompt = self
-            .read_json(req, move |body| {
+            .read_json(&tenant.name, req, move |body| {
                 if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
                     let m = v.as_str().unwrap_or_default();
                     if !config.model.served_names.iter().any(|n| n == m) {
@@ -461,7 +609,7 @@ impl Gateway {
                 }
             })
             .await?;
-        let ids = self.encode_prompt(prompt).await?;
+        let ids = self.encode_prompt(&tenant.name, prompt).await?;
         Ok(json_response(
             StatusCode::OK,
             &serde_json::json!({
@@ -517,10 +665,14 @@ impl Drop for Queued<'_> {
     }
 }
 
-fn pool_error(e: PoolError, queue_depth: usize) -> ApiError {
+fn pool_error(e: PoolError) -> ApiError {
     match e {
-        PoolError::Full => ApiError::overloaded(
-            format!("all tokenizer workers are busy and {queue_depth} jobs already wait (tokenizer.queue_depth); retry shortly"),
+        PoolError::Full { waiting, share } => ApiError::overloaded(
+            format!("all tokenizer workers are busy and the queue is full (tokenizer.queue_depth); this tenant already has {waiting} jobs waiting, its share of the queue while others wait is {share}; retry shortly"),
+            Duration::from_secs(1),
+        ),
+        PoolError::PushedOut { waiting, share } => ApiError::overloaded(
+            format!("this request waited for a tokenizer worker and gave its place to another tenant's: this tenant had {waiting} jobs waiting in the full queue, more than its share of {share}; retry shortly"),
             Duration::from_secs(1),
         ),
         PoolError::Panicked => ApiError::internal(),

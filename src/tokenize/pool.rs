@@ -1,57 +1,235 @@
 //! Tokenizer room: [`TokenizePool`], a bounded pool of dedicated OS threads that runs CPU-bound
-//! jobs (tokenizing, template rendering) off the async executor.
+//! jobs (tokenizing, template rendering, parsing large bodies) off the async executor, shared
+//! fairly between tenants.
+//!
+//! Every job belongs to a tenant. Jobs wait in one queue per tenant and the workers take them
+//! round-robin, one job per tenant per turn, so however many jobs one tenant has waiting,
+//! another tenant's job waits for at most one of them per tenant ahead of it in the round.
+//!
+//! At most `queue_depth` jobs wait in all (a job handed straight to an idle worker does not
+//! wait). When that many wait, a tenant's new job still gets in while the tenant holds fewer
+//! than its share, the bound divided among the tenants with jobs waiting (itself included):
+//! the newest job of the tenant holding the most is pushed out for it
+//! ([`PoolError::PushedOut`]). A tenant at its share is refused at once ([`PoolError::Full`]).
+//! So one tenant may use the whole queue while it is alone, and never more than its share
+//! while others wait: the gateway answers the job it refuses or pushes out with a 503.
 //!
 //! A job started with `run` carries its reply channel; one started with `spawn` has nobody
-//! waiting for it. Both share one queue of jobs waiting for a worker, holding at most
-//! `queue_depth`; past that they fail at once with [`PoolError::Full`] (the gateway answers 503)
-//! instead of queueing without bound. A `run` job whose caller has gone away (its future
-//! dropped) is skipped when a worker reaches it; a panicking job becomes
-//! [`PoolError::Panicked`] (or, spawned, a logged error) and its worker carries on.
+//! waiting for it. A `run` job whose caller has gone away (its future dropped) is skipped when
+//! a worker reaches it; a panicking job becomes [`PoolError::Panicked`] (or, spawned, a logged
+//! error) and its worker carries on.
 
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
 /// Why a job did not produce a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
-    /// `queue_depth` jobs were already waiting for a worker.
-    #[error("tokenizer pool is full: every worker is busy and the queue is at its bound")]
-    Full,
+    /// Refused at once: the queue was at its bound and the tenant already had `waiting` jobs
+    /// in it, its whole `share`.
+    #[error("tokenizer pool is full: every worker is busy and the queue is at its bound; this tenant has {waiting} jobs waiting, its share is {share}")]
+    Full {
+        /// The tenant's jobs waiting.
+        waiting: usize,
+        /// The tenant's share of the queue.
+        share: usize,
+    },
+    /// The job waited, then was pushed out for another tenant's: its tenant had `waiting`
+    /// jobs in the full queue, more than its `share`.
+    #[error("tokenizer job pushed out of the full queue for another tenant's: this tenant had {waiting} jobs waiting, its share is {share}")]
+    PushedOut {
+        /// The tenant's jobs waiting, this one included.
+        waiting: usize,
+        /// The tenant's share of the queue.
+        share: usize,
+    },
     /// The job panicked.
     #[error("tokenizer job panicked")]
     Panicked,
 }
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// A queued job: run it, or tell whoever waits for it why it will not run.
+trait Task: Send {
+    fn run(self: Box<Self>);
+    fn reject(self: Box<Self>, why: PoolError);
+}
 
-/// A fixed set of worker threads fed by a bounded queue.
-#[derive(Debug)]
+/// A `run` job and its reply channel.
+struct Reply<F, T> {
+    job: F,
+    reply: oneshot::Sender<Result<T, PoolError>>,
+}
+
+impl<F: FnOnce() -> T + Send, T: Send> Task for Reply<F, T> {
+    fn run(self: Box<Self>) {
+        let Reply { job, reply } = *self;
+        // The caller dropped its future: nobody needs this result.
+        if reply.is_closed() {
+            return;
+        }
+        let result = catch_unwind(AssertUnwindSafe(job)).map_err(|_| PoolError::Panicked);
+        let _ = reply.send(result);
+    }
+
+    fn reject(self: Box<Self>, why: PoolError) {
+        let _ = self.reply.send(Err(why));
+    }
+}
+
+/// A `spawn` job: nobody waits for it.
+struct Detached<F>(F);
+
+impl<F: FnOnce() + Send> Task for Detached<F> {
+    fn run(self: Box<Self>) {
+        if catch_unwind(AssertUnwindSafe(self.0)).is_err() {
+            tracing::error!("tokenizer job panicked");
+        }
+    }
+
+    fn reject(self: Box<Self>, why: PoolError) {
+        tracing::debug!(%why, "background tokenizer job dropped");
+    }
+}
+
+type Job = Box<dyn Task>;
+
+/// The waiting jobs, by tenant, and whose turn is next.
+#[derive(Default)]
+struct Queues {
+    /// Each tenant's waiting jobs, oldest first; only tenants with jobs are present.
+    jobs: HashMap<Arc<str>, VecDeque<Job>>,
+    /// The tenants with jobs waiting, the next one to be served first.
+    turns: VecDeque<Arc<str>>,
+    /// Jobs waiting, in all.
+    waiting: usize,
+    /// Workers waiting for a job.
+    idle: usize,
+    /// The pool was dropped: workers exit.
+    closed: bool,
+}
+
+impl Queues {
+    fn waiting_of(&self, tenant: &str) -> usize {
+        self.jobs.get(tenant).map_or(0, VecDeque::len)
+    }
+
+    /// Queues `job` for `tenant` if the bound allows it, pushing out another tenant's newest
+    /// job if that is what makes room (returned with why, to be rejected outside the lock).
+    fn admit(
+        &mut self,
+        tenant: &str,
+        job: Job,
+        queue_depth: usize,
+    ) -> Result<Option<(Job, PoolError)>, (Job, PoolError)> {
+        // Jobs that idle workers are about to take do not wait.
+        let bound = queue_depth + self.idle;
+        let mut pushed_out = None;
+        if self.waiting >= bound {
+            let mine = self.waiting_of(tenant);
+            let tenants = self.turns.len() + usize::from(mine == 0);
+            let share = bound / tenants;
+            if mine >= share {
+                let why = PoolError::Full {
+                    waiting: mine,
+                    share,
+                };
+                return Err((job, why));
+            }
+            // Someone holds more than its share (the others average more than `share`, since
+            // this tenant holds less): its newest job makes room. Ties: the last in the round.
+            let most = self
+                .turns
+                .iter()
+                .max_by_key(|t| self.waiting_of(t))
+                .cloned()
+                .expect("a full queue has a tenant waiting");
+            let theirs = self.jobs.get_mut(&most).expect("tenants in turn have jobs");
+            let waiting = theirs.len();
+            let job = theirs.pop_back().expect("it holds more than its share");
+            self.waiting -= 1;
+            pushed_out = Some((job, PoolError::PushedOut { waiting, share }));
+        }
+        match self.jobs.get_mut(tenant) {
+            Some(jobs) => jobs.push_back(job),
+            None => {
+                let tenant: Arc<str> = Arc::from(tenant);
+                self.turns.push_back(tenant.clone());
+                self.jobs.insert(tenant, VecDeque::from([job]));
+            }
+        }
+        self.waiting += 1;
+        Ok(pushed_out)
+    }
+
+    /// The next job in the round, if any.
+    fn next(&mut self) -> Option<Job> {
+        let tenant = self.turns.pop_front()?;
+        let jobs = self
+            .jobs
+            .get_mut(&tenant)
+            .expect("tenants in turn have jobs");
+        let job = jobs.pop_front().expect("tenants in turn have jobs");
+        if jobs.is_empty() {
+            self.jobs.remove(&tenant);
+        } else {
+            self.turns.push_back(tenant);
+        }
+        self.waiting -= 1;
+        Some(job)
+    }
+}
+
+/// What the pool and its workers share.
+#[derive(Default)]
+struct Shared {
+    queues: Mutex<Queues>,
+    /// Signalled when a job is queued or the pool closes.
+    ready: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queues> {
+        // Jobs run outside the lock and the queue operations do not panic midway, so a
+        // poisoned lock still guards consistent queues.
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A fixed set of worker threads fed by bounded per-tenant queues served round-robin.
 pub struct TokenizePool {
-    queue: SyncSender<Job>,
+    shared: Arc<Shared>,
     queue_depth: usize,
     workers: usize,
+}
+
+impl std::fmt::Debug for TokenizePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenizePool")
+            .field("workers", &self.workers)
+            .field("queue_depth", &self.queue_depth)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TokenizePool {
     /// Starts `workers` threads (at least one) named `{name}-N`; at most `queue_depth` jobs
     /// wait for them (with 0, a job is accepted only when a worker is idle). Dropping the pool
-    /// lets each worker finish its current job and exit.
+    /// lets each worker finish its current job and exit; jobs still waiting are dropped.
     pub fn new(name: &str, workers: usize, queue_depth: usize) -> TokenizePool {
         let workers = workers.max(1);
-        let (queue, jobs) = sync_channel::<Job>(queue_depth);
-        let jobs = Arc::new(Mutex::new(jobs));
+        let shared = Arc::new(Shared::default());
         for n in 0..workers {
-            let jobs = Arc::clone(&jobs);
+            let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("{name}-{n}"))
-                .spawn(move || work(&jobs))
+                .spawn(move || work(&shared))
                 .expect("spawning a tokenizer worker thread");
         }
         TokenizePool {
-            queue,
+            shared,
             queue_depth,
             workers,
         }
@@ -67,54 +245,75 @@ impl TokenizePool {
         self.queue_depth
     }
 
-    /// Runs `job` on a worker and waits for its result without blocking the executor.
-    /// Fails at once with [`PoolError::Full`] when `queue_depth` jobs are already waiting.
+    /// Runs `tenant`'s `job` on a worker and waits for its result without blocking the
+    /// executor. Fails at once with [`PoolError::Full`], or later with
+    /// [`PoolError::PushedOut`], as the module explains.
     pub async fn run<T: Send + 'static>(
         &self,
+        tenant: &str,
         job: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, PoolError> {
         let (reply, result) = oneshot::channel();
-        let wrapped: Job = Box::new(move || {
-            // The caller dropped its future: nobody needs this result.
-            if reply.is_closed() {
-                return;
-            }
-            // If `job` panics, `reply` is dropped while unwinding and the caller sees Panicked.
-            let _ = reply.send(job());
-        });
-        self.enqueue(wrapped)?;
-        result.await.map_err(|_| PoolError::Panicked)
+        self.enqueue(tenant, Box::new(Reply { job, reply }))?;
+        // A dropped reply without an answer: the job panicked past its own catch (it cannot)
+        // or the pool was dropped with the job queued.
+        result.await.unwrap_or(Err(PoolError::Panicked))
     }
 
-    /// Queues `job` to run on a worker, with nobody waiting for it. Fails at once with
-    /// [`PoolError::Full`] when `queue_depth` jobs are already waiting.
-    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) -> Result<(), PoolError> {
-        self.enqueue(Box::new(job))
+    /// Queues `tenant`'s `job` to run on a worker, with nobody waiting for it. Fails at once
+    /// with [`PoolError::Full`]; pushed out later, it is dropped.
+    pub fn spawn(
+        &self,
+        tenant: &str,
+        job: impl FnOnce() + Send + 'static,
+    ) -> Result<(), PoolError> {
+        self.enqueue(tenant, Box::new(Detached(job)))
     }
 
-    fn enqueue(&self, job: Job) -> Result<(), PoolError> {
-        match self.queue.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(PoolError::Full),
-            Err(TrySendError::Disconnected(_)) => {
-                unreachable!("workers hold the receiver for as long as the pool lives")
+    fn enqueue(&self, tenant: &str, job: Job) -> Result<(), PoolError> {
+        let admitted = self.shared.lock().admit(tenant, job, self.queue_depth);
+        match admitted {
+            Ok(pushed_out) => {
+                self.shared.ready.notify_one();
+                if let Some((job, why)) = pushed_out {
+                    job.reject(why);
+                }
+                Ok(())
             }
+            // Dropped here, outside the lock: a job's captures may be large.
+            Err((_job, why)) => Err(why),
         }
     }
 }
 
-fn work(jobs: &Mutex<Receiver<Job>>) {
+impl Drop for TokenizePool {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.ready.notify_all();
+    }
+}
+
+fn work(shared: &Shared) {
+    let mut queues = shared.lock();
     loop {
-        // The lock is held only while waiting for the next job, never while running it.
-        let next = match jobs.lock() {
-            Ok(receiver) => receiver.recv(),
-            Err(poisoned) => poisoned.into_inner().recv(),
-        };
-        let Ok(job) = next else {
-            return; // pool dropped
-        };
-        if catch_unwind(AssertUnwindSafe(job)).is_err() {
-            tracing::error!("tokenizer job panicked");
+        if queues.closed {
+            return;
+        }
+        match queues.next() {
+            Some(job) => {
+                // The lock is never held while a job runs.
+                drop(queues);
+                job.run();
+                queues = shared.lock();
+            }
+            None => {
+                queues.idle += 1;
+                queues = shared
+                    .ready
+                    .wait(queues)
+                    .unwrap_or_else(PoisonError::into_inner);
+                queues.idle -= 1;
+            }
         }
     }
 }
@@ -133,6 +332,17 @@ mod tests {
         f.as_mut().poll(&mut Context::from_waker(Waker::noop()))
     }
 
+    /// Starts `tenant`'s `job` (enqueued by the first poll) and checks that it waits.
+    fn start<'a, T: Send + 'static>(
+        pool: &'a TokenizePool,
+        tenant: &'a str,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Pending<'a, T> {
+        let mut f: Pending<'a, T> = Box::pin(pool.run(tenant, job));
+        assert!(poll_once(&mut f).is_pending(), "{tenant}'s job was refused");
+        f
+    }
+
     /// Occupies every worker with a job that blocks until `release` is sent to; returns once
     /// each of those jobs has started (so none of them is still in the queue).
     async fn occupy_workers(
@@ -145,18 +355,26 @@ mod tests {
         for i in 0..pool.workers() {
             let started_tx = started_tx.clone();
             let release_rx = Arc::clone(&release_rx);
-            let mut f: Pending<'_, usize> = Box::pin(pool.run(move || {
+            busy.push(start(pool, "busy", move || {
                 started_tx.send(()).unwrap();
                 release_rx.lock().unwrap().recv().unwrap();
                 i
             }));
-            assert!(poll_once(&mut f).is_pending());
-            busy.push(f);
         }
         for _ in 0..pool.workers() {
             started_rx.recv().await.unwrap();
         }
         (release_tx, busy)
+    }
+
+    /// Lets the blocking jobs of [`occupy_workers`] finish.
+    async fn release_workers(release: std::sync::mpsc::Sender<()>, busy: Vec<Pending<'_, usize>>) {
+        for _ in 0..busy.len() {
+            release.send(()).unwrap();
+        }
+        for (i, f) in busy.into_iter().enumerate() {
+            assert_eq!(f.await, Ok(i));
+        }
     }
 
     #[tokio::test]
@@ -165,34 +383,28 @@ mod tests {
         let (release, busy) = occupy_workers(&pool).await;
 
         // Both workers are busy: exactly 3 jobs may wait.
-        let mut queued: Vec<Pending<'_, i32>> = Vec::new();
-        for i in 0..3 {
-            let mut f: Pending<'_, i32> = Box::pin(pool.run(move || 100 + i));
-            assert!(poll_once(&mut f).is_pending());
-            queued.push(f);
-        }
-        let mut rejected: Pending<'_, i32> = Box::pin(pool.run(|| 0));
-        assert_eq!(poll_once(&mut rejected), Poll::Ready(Err(PoolError::Full)));
+        let queued: Vec<Pending<'_, i32>> =
+            (0..3).map(|i| start(&pool, "a", move || 100 + i)).collect();
+        let mut rejected: Pending<'_, i32> = Box::pin(pool.run("a", || 0));
+        let full = PoolError::Full {
+            waiting: 3,
+            share: 3,
+        };
+        assert_eq!(poll_once(&mut rejected), Poll::Ready(Err(full)));
         assert_eq!(
-            PoolError::Full.to_string(),
-            "tokenizer pool is full: every worker is busy and the queue is at its bound"
+            full.to_string(),
+            "tokenizer pool is full: every worker is busy and the queue is at its bound; this \
+             tenant has 3 jobs waiting, its share is 3"
         );
 
-        for _ in 0..2 {
-            release.send(()).unwrap();
-        }
-        let mut busy_results = Vec::new();
-        for f in busy {
-            busy_results.push(f.await);
-        }
-        assert_eq!(busy_results, vec![Ok(0), Ok(1)]);
+        release_workers(release, busy).await;
         let mut queued_results = Vec::new();
         for f in queued {
             queued_results.push(f.await);
         }
         assert_eq!(queued_results, vec![Ok(100), Ok(101), Ok(102)]);
         // The queue has drained: a new job is accepted again.
-        assert_eq!(pool.run(|| 7).await, Ok(7));
+        assert_eq!(pool.run("a", || 7).await, Ok(7));
     }
 
     #[tokio::test]
@@ -201,15 +413,15 @@ mod tests {
         let (release, busy) = occupy_workers(&pool).await;
         let (ran_tx, ran_rx) = std::sync::mpsc::channel::<u32>();
         let tx = ran_tx.clone();
-        assert_eq!(pool.spawn(move || tx.send(1).unwrap()), Ok(()));
+        assert_eq!(pool.spawn("a", move || tx.send(1).unwrap()), Ok(()));
         assert_eq!(
-            pool.spawn(move || ran_tx.send(2).unwrap()),
-            Err(PoolError::Full)
+            pool.spawn("a", move || ran_tx.send(2).unwrap()),
+            Err(PoolError::Full {
+                waiting: 1,
+                share: 1
+            })
         );
-        release.send(()).unwrap();
-        for f in busy {
-            assert_eq!(f.await, Ok(0));
-        }
+        release_workers(release, busy).await;
         // The accepted job runs (the rejected one's sender is gone with it, so this ends).
         assert_eq!(ran_rx.iter().collect::<Vec<_>>(), vec![1]);
     }
@@ -218,10 +430,10 @@ mod tests {
     async fn a_panicking_job_is_an_error_and_the_worker_survives() {
         let pool = TokenizePool::new("test", 1, 1);
         assert_eq!(
-            pool.run(|| -> u32 { panic!("boom") }).await,
+            pool.run("a", || -> u32 { panic!("boom") }).await,
             Err(PoolError::Panicked)
         );
-        assert_eq!(pool.run(|| 5).await, Ok(5));
+        assert_eq!(pool.run("a", || 5).await, Ok(5));
     }
 
     #[tokio::test]
@@ -230,19 +442,131 @@ mod tests {
         let (release, busy) = occupy_workers(&pool).await;
         let (ran_tx, ran_rx) = std::sync::mpsc::channel::<&str>();
         let dropped_tx = ran_tx.clone();
-        let mut dropped: Pending<'_, ()> =
-            Box::pin(pool.run(move || dropped_tx.send("dropped job").unwrap()));
-        assert!(poll_once(&mut dropped).is_pending());
-        let mut next: Pending<'_, ()> =
-            Box::pin(pool.run(move || ran_tx.send("next job").unwrap()));
-        assert!(poll_once(&mut next).is_pending());
+        let dropped = start(&pool, "a", move || dropped_tx.send("dropped job").unwrap());
+        let next = start(&pool, "a", move || ran_tx.send("next job").unwrap());
         drop(dropped); // the caller goes away while its job waits in the queue
-        release.send(()).unwrap();
-        for f in busy {
-            assert_eq!(f.await, Ok(0));
-        }
-        // One worker, FIFO: when the next job is done, the dropped one was reached before it.
+        release_workers(release, busy).await;
+        // One worker, one tenant, FIFO: when the next job is done, the dropped one was
+        // reached before it.
         assert_eq!(next.await, Ok(()));
         assert_eq!(ran_rx.try_iter().collect::<Vec<_>>(), vec!["next job"]);
+    }
+
+    #[tokio::test]
+    async fn workers_serve_the_tenants_in_turn() {
+        let pool = TokenizePool::new("test", 1, 8);
+        let (release, busy) = occupy_workers(&pool).await;
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel::<&str>();
+        let mut jobs = Vec::new();
+        for (tenant, name) in [
+            ("a", "a1"),
+            ("a", "a2"),
+            ("a", "a3"),
+            ("b", "b1"),
+            ("c", "c1"),
+            ("b", "b2"),
+        ] {
+            let ran_tx = ran_tx.clone();
+            jobs.push(start(&pool, tenant, move || ran_tx.send(name).unwrap()));
+        }
+        release_workers(release, busy).await;
+        for f in jobs {
+            assert_eq!(f.await, Ok(()));
+        }
+        assert_eq!(
+            ran_rx.try_iter().collect::<Vec<_>>(),
+            ["a1", "b1", "c1", "a2", "b2", "a3"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tenant_over_its_share_gives_way_to_the_others() {
+        let pool = TokenizePool::new("test", 1, 4);
+        let (release, busy) = occupy_workers(&pool).await;
+        // Alone, a tenant may fill the whole queue.
+        let mut a: Vec<Pending<'_, &str>> = ["a1", "a2", "a3", "a4"]
+            .into_iter()
+            .map(|name| start(&pool, "a", move || name))
+            .collect();
+        let mut refused: Pending<'_, &str> = Box::pin(pool.run("a", || "a5"));
+        let full = |waiting, share| Poll::Ready(Err(PoolError::Full { waiting, share }));
+        assert_eq!(poll_once(&mut refused), full(4, 4));
+
+        // b's first job gets in: the queue is shared by two now, and a's newest makes room.
+        let b1 = start(&pool, "b", || "b1");
+        let mut a4 = a.pop().unwrap();
+        let pushed_out = |waiting, share| Poll::Ready(Err(PoolError::PushedOut { waiting, share }));
+        assert_eq!(poll_once(&mut a4), pushed_out(4, 2));
+        assert_eq!(
+            PoolError::PushedOut {
+                waiting: 4,
+                share: 2
+            }
+            .to_string(),
+            "tokenizer job pushed out of the full queue for another tenant's: this tenant had 4 \
+             jobs waiting, its share is 2"
+        );
+        // b's second as well, pushing out a3; then both hold their share and are refused.
+        let b2 = start(&pool, "b", || "b2");
+        let mut a3 = a.pop().unwrap();
+        assert_eq!(poll_once(&mut a3), pushed_out(3, 2));
+        let mut b3: Pending<'_, &str> = Box::pin(pool.run("b", || "b3"));
+        assert_eq!(poll_once(&mut b3), full(2, 2));
+        let mut a5: Pending<'_, &str> = Box::pin(pool.run("a", || "a5"));
+        assert_eq!(poll_once(&mut a5), full(2, 2));
+
+        release_workers(release, busy).await;
+        let mut served = Vec::new();
+        for f in a.into_iter().chain([b1, b2]) {
+            served.push(f.await);
+        }
+        assert_eq!(served, [Ok("a1"), Ok("a2"), Ok("b1"), Ok("b2")]);
+    }
+
+    #[tokio::test]
+    async fn a_spawned_job_pushed_out_is_dropped_unrun() {
+        let pool = TokenizePool::new("test", 1, 2);
+        let (release, busy) = occupy_workers(&pool).await;
+        let (ran_tx, ran_rx) = std::sync::mpsc::channel::<&str>();
+        for name in ["a1", "a2"] {
+            let ran_tx = ran_tx.clone();
+            assert_eq!(pool.spawn("a", move || ran_tx.send(name).unwrap()), Ok(()));
+        }
+        let b = start(&pool, "b", move || ran_tx.send("b1").unwrap());
+        release_workers(release, busy).await;
+        assert_eq!(b.await, Ok(()));
+        // a2 was pushed out for b1 and dropped with its sender, so the channel ends.
+        assert_eq!(ran_rx.iter().collect::<Vec<_>>(), ["a1", "b1"]);
+    }
+
+    /// Waits (bounded) until `n` workers wait for a job.
+    fn wait_idle(pool: &TokenizePool, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pool.shared.lock().idle != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "workers never went idle"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[tokio::test]
+    async fn with_no_queue_a_job_is_accepted_only_by_an_idle_worker() {
+        let pool = TokenizePool::new("test", 1, 0);
+        wait_idle(&pool, 1);
+        let (release, busy) = occupy_workers(&pool).await;
+        let mut refused: Pending<'_, u32> = Box::pin(pool.run("a", || 1));
+        assert_eq!(
+            poll_once(&mut refused),
+            Poll::Ready(Err(PoolError::Full {
+                waiting: 0,
+                share: 0
+            }))
+        );
+        release_workers(release, busy).await;
+        // The busy job has finished; its worker goes idle just after.
+        wait_idle(&pool, 1);
+        assert_eq!(pool.run("a", || 2).await, Ok(2));
     }
 }
