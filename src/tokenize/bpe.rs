@@ -151,6 +151,15 @@ impl Bpe {
         self.starts.len() - 1
     }
 
+    /// Bytes of the longest token.
+    pub(super) fn longest_token(&self) -> usize {
+        self.starts
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Bytes of token `id` (which must be below [`Bpe::len`]).
     pub(super) fn token_bytes(&self, id: u32) -> &[u8] {
         let id = id as usize;

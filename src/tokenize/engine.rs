@@ -15,6 +15,12 @@
 //! HuggingFace's order of operations: added tokens are matched on the raw text first, each
 //! segment between them is NFC-normalized (by HuggingFace's own NFC, only when a quick check
 //! says it may not be already), then split by the regex and BPE-encoded.
+//!
+//! Counting with a ceiling reads only what it needs: no token is longer than the longest in
+//! the vocabulary, so once a segment (or one pre-token) is that many bytes times the tokens
+//! left before the ceiling, plus one, the count is past the ceiling without normalizing,
+//! splitting or merging the rest; short of that, pre-tokens are counted one by one and the
+//! count stops at the first that passes.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -31,10 +37,11 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::panic::{RefUnwindSafe, UnwindSafe};
 use tokenizers::{
-    AddedToken, DecoderWrapper, Model, NormalizedString, Normalizer, NormalizerWrapper,
-    OffsetReferential, OffsetType, PostProcessorWrapper, PreTokenizer, PreTokenizerWrapper,
+    AddedToken, DecoderWrapper, Model, NormalizerWrapper, OffsetReferential, OffsetType,
+    PostProcessorWrapper, PreTokenizer, PreTokenizerWrapper,
 };
-use unicode_normalization::{is_nfc_quick, IsNormalized};
+use unicode_normalization_alignments::{char::canonical_combining_class, is_nfc_quick};
+use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization};
 
 use super::bpe::{Bpe, Work};
 use super::byte_level::string_to_bytes;
@@ -138,22 +145,14 @@ impl Tokenizer {
     /// as it passes the ceiling, so the work is bounded by the ceiling, not by the text: the
     /// text is split into pre-tokens lazily and the count adds them up one by one.
     pub fn count_up_to(&self, text: &str, ceiling: usize) -> TokenCount {
-        let mut count = 0usize;
-        let mut add = |n: usize| {
-            count += n;
-            if count > ceiling {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        };
+        let mut counter = Counter { count: 0, ceiling };
         let flow = match &self.imp {
-            Imp::Fast(fast) => fast.encode_with(text, |ids| add(ids.len())),
-            Imp::Hf(hf) => hf_count_with(hf, text, add),
+            Imp::Fast(fast) => fast.encode_with(text, &mut Sink::Count(&mut counter)),
+            Imp::Hf(hf) => hf_count_with(hf, text, |n| counter.add(n)),
         };
         match flow {
-            ControlFlow::Continue(()) => TokenCount::Exact(count),
-            ControlFlow::Break(()) => TokenCount::AtLeast(count),
+            ControlFlow::Continue(()) => TokenCount::Exact(counter.count),
+            ControlFlow::Break(()) => TokenCount::AtLeast(counter.count),
         }
     }
 
@@ -162,10 +161,7 @@ impl Tokenizer {
         match &self.imp {
             Imp::Fast(fast) => {
                 let mut out = Vec::new();
-                let _ = fast.encode_with(text, |ids| {
-                    out.extend_from_slice(ids);
-                    ControlFlow::Continue(())
-                });
+                let _ = fast.encode_with(text, &mut Sink::Ids(&mut out));
                 out
             }
             Imp::Hf(hf) => hf_encode(hf, text),
@@ -268,6 +264,8 @@ struct FastEngine {
     added_bytes: HashMap<u32, Vec<u8>>,
     nfc: bool,
     split: PreTokenSplit,
+    /// Bytes of the longest vocabulary token: no token covers more of the text.
+    longest: usize,
 }
 
 /// The sections of `tokenizer.json` the fast engine reads: small ones with the `tokenizers`
@@ -452,6 +450,7 @@ impl FastEngine {
         };
 
         Ok(FastEngine {
+            longest: bpe.longest_token().max(1),
             split,
             added,
             added_ids,
@@ -462,56 +461,113 @@ impl FastEngine {
         })
     }
 
-    /// Encodes `text`, handing each run of ids to `sink` (no allocation for counting), until
-    /// the end or until `sink` breaks; the text after that is never split nor merged.
-    fn encode_with(
-        &self,
-        text: &str,
-        mut sink: impl FnMut(&[u32]) -> ControlFlow<()>,
-    ) -> ControlFlow<()> {
+    /// Encodes `text` into `sink` (no allocation for counting) until the end or until `sink`
+    /// breaks; the text after that is never normalized, split nor merged.
+    fn encode_with(&self, text: &str, sink: &mut Sink<'_>) -> ControlFlow<()> {
         let mut work = Work::default();
         let mut start = 0;
         if let Some(added) = &self.added {
             for m in added.find_iter(text) {
-                self.encode_segment(&text[start..m.start()], &mut work, &mut sink)?;
-                sink(&[self.added_ids[m.pattern().as_usize()]])?;
+                self.encode_segment(&text[start..m.start()], &mut work, sink)?;
+                sink.take(&[self.added_ids[m.pattern().as_usize()]])?;
                 start = m.end();
             }
         }
-        self.encode_segment(&text[start..], &mut work, &mut sink)
+        self.encode_segment(&text[start..], &mut work, sink)
     }
 
+    /// Encodes the text between two added tokens: NFC-normalized (HuggingFace's NFC), split
+    /// into pre-tokens, each merged by BPE. Every token is at most `longest` bytes, so text of
+    /// `(room + 1) x longest` bytes has more tokens than `sink` has room for: a count stops
+    /// there, having normalized and scanned no more than that, and merged nothing of it.
     fn encode_segment(
         &self,
         segment: &str,
         work: &mut Work,
-        sink: &mut impl FnMut(&[u32]) -> ControlFlow<()>,
+        sink: &mut Sink<'_>,
     ) -> ControlFlow<()> {
         if segment.is_empty() {
             return ControlFlow::Continue(());
         }
-        if self.nfc && !plainly_nfc(segment) && is_nfc_quick(segment.chars()) != IsNormalized::Yes {
-            // HuggingFace's own NFC (its Unicode tables), so results match it exactly.
-            let mut normalized = NormalizedString::from(segment);
-            tokenizers::normalizers::unicode::NFC
-                .normalize(&mut normalized)
-                .expect("NFC normalization is infallible");
-            self.encode_normalized(normalized.get(), work, sink)
-        } else {
-            self.encode_normalized(segment, work, sink)
+        let enough = sink.room().saturating_add(1).saturating_mul(self.longest);
+        match self.normalize_within(segment, enough) {
+            Ok(text) => self.encode_normalized(&text, work, sink),
+            Err(bytes) => sink.pass(bytes.div_ceil(self.longest)),
         }
+    }
+
+    /// The segment in NFC if that is shorter than `enough` bytes, else `Err` with a number of
+    /// bytes, at least `enough`, that its NFC form has. Reads and normalizes at most about
+    /// `enough` bytes either way (a run of combining marks, which NFC reorders as a whole,
+    /// aside).
+    ///
+    /// NFC can cut a text before any char that is in NFC next to anything (quick check yes,
+    /// combining class 0, by HuggingFace's Unicode 9 tables): such a char neither composes
+    /// with what precedes it nor lets a mark move across it. So the text is copied as it is up
+    /// to each char that is not one, and normalized from the last cut before it to the next
+    /// cut after it.
+    fn normalize_within<'s>(&self, segment: &'s str, enough: usize) -> Result<Cow<'s, str>, usize> {
+        if !self.nfc {
+            return if segment.len() < enough {
+                Ok(Cow::Borrowed(segment))
+            } else {
+                Err(segment.len())
+            };
+        }
+        // The NFC form is `out` followed by `segment[copied..]` up to the last cut found.
+        let mut out = String::new();
+        let mut copied = 0;
+        let mut last_cut = 0;
+        let mut chars = segment.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if cuts_nfc(c) {
+                last_cut = i;
+                let known = out.len() + (i - copied);
+                if known >= enough {
+                    return Err(known);
+                }
+                continue;
+            }
+            // Normalize from the last cut up to the next one (or the end).
+            let mut next_cut = segment.len();
+            while let Some(&(j, c)) = chars.peek() {
+                if cuts_nfc(c) {
+                    next_cut = j;
+                    break;
+                }
+                chars.next();
+            }
+            out.push_str(&segment[copied..last_cut]);
+            out.extend(segment[last_cut..next_cut].nfc().map(|(c, _)| c));
+            copied = next_cut;
+            last_cut = next_cut;
+        }
+        let known = out.len() + (segment.len() - copied);
+        if known >= enough {
+            return Err(known);
+        }
+        if copied == 0 {
+            return Ok(Cow::Borrowed(segment));
+        }
+        out.push_str(&segment[copied..]);
+        Ok(Cow::Owned(out))
     }
 
     fn encode_normalized(
         &self,
         text: &str,
         work: &mut Work,
-        sink: &mut impl FnMut(&[u32]) -> ControlFlow<()>,
+        sink: &mut Sink<'_>,
     ) -> ControlFlow<()> {
         for piece in self.split.pieces(text) {
+            // A pre-token too long for the room left is not merged (that is the costly step).
+            let enough = sink.room().saturating_add(1).saturating_mul(self.longest);
+            if piece.len() >= enough {
+                return sink.pass(piece.len().div_ceil(self.longest));
+            }
             let mut flow = ControlFlow::Continue(());
             self.bpe
-                .encode_piece(piece, work, &mut |ids| flow = sink(ids));
+                .encode_piece(piece, work, &mut |ids| flow = sink.take(ids));
             flow?;
         }
         ControlFlow::Continue(())
@@ -550,11 +606,70 @@ const PLAINLY_NFC: &[(char, char)] = &[
     ('\u{ff01}', '\u{ff60}'),
 ];
 
-/// Whether `text` is in NFC for certain, by a check cheaper than `is_nfc_quick` (which the
-/// text goes through when this says no).
-fn plainly_nfc(text: &str) -> bool {
-    text.chars()
-        .all(|c| c < '\u{300}' || PLAINLY_NFC.iter().any(|&(lo, hi)| (lo..=hi).contains(&c)))
+/// Whether `c` is in NFC next to anything (see [`PLAINLY_NFC`]).
+fn plainly_nfc_char(c: char) -> bool {
+    c < '\u{300}' || PLAINLY_NFC.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+/// Whether NFC can cut a text right before `c`, by HuggingFace's (Unicode 9) tables: `c` is in
+/// NFC next to anything. The plainly NFC ranges first, which need no table.
+fn cuts_nfc(c: char) -> bool {
+    plainly_nfc_char(c)
+        || (is_nfc_quick(std::iter::once(c)) == IsNormalized::Yes
+            && canonical_combining_class(c) == 0)
+}
+
+/// Where encoding puts what it finds: every id, or a count with a ceiling.
+enum Sink<'a> {
+    Ids(&'a mut Vec<u32>),
+    Count(&'a mut Counter),
+}
+
+/// A count that breaks once it passes its ceiling.
+struct Counter {
+    count: usize,
+    ceiling: usize,
+}
+
+impl Counter {
+    fn add(&mut self, tokens: usize) -> ControlFlow<()> {
+        self.count += tokens;
+        if self.count > self.ceiling {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+}
+
+impl Sink<'_> {
+    /// Takes the ids of one pre-token or added token; breaks once the answer is known.
+    fn take(&mut self, ids: &[u32]) -> ControlFlow<()> {
+        match self {
+            Sink::Ids(out) => {
+                out.extend_from_slice(ids);
+                ControlFlow::Continue(())
+            }
+            Sink::Count(counter) => counter.add(ids.len()),
+        }
+    }
+
+    /// Tokens it takes before it breaks (no bound for ids).
+    fn room(&self) -> usize {
+        match self {
+            Sink::Ids(_) => usize::MAX,
+            Sink::Count(counter) => counter.ceiling.saturating_sub(counter.count),
+        }
+    }
+
+    /// Takes `tokens`, a lower bound of text left unencoded because it is more than
+    /// [`Sink::room`]: a count breaks.
+    fn pass(&mut self, tokens: usize) -> ControlFlow<()> {
+        match self {
+            Sink::Ids(_) => unreachable!("ids have room for any text"),
+            Sink::Count(counter) => counter.add(tokens),
+        }
+    }
 }
 
 /// The pre-tokenizer split (HuggingFace's `Split` with `Isolated`: each match is a pre-token,
@@ -767,7 +882,7 @@ mod tests {
 
     #[test]
     fn plainly_nfc_code_points_are_nfc_next_to_anything() {
-        use unicode_normalization::char::canonical_combining_class;
+        // By HuggingFace's (Unicode 9) tables, which decide where NFC may cut.
         let mut checked = 0;
         for &(lo, hi) in PLAINLY_NFC {
             for c in lo..=hi {
@@ -777,9 +892,43 @@ mod tests {
             }
         }
         assert_eq!(checked, 768 + 24 + 42 + 20_992 + 96);
-        assert!(plainly_nfc("Tokens, 令牌。“quoted” — ＡＢ"));
-        assert!(!plainly_nfc("e\u{301}"));
-        assert!(!plainly_nfc("\u{2000}"));
+        assert!("Tokens, 令牌。“quoted” — ＡＢ"
+            .chars()
+            .all(plainly_nfc_char));
+        assert!(!plainly_nfc_char('\u{301}'));
+        assert!(!plainly_nfc_char('\u{2000}'));
+    }
+
+    #[test]
+    fn nfc_by_regions_is_nfc_of_the_whole() {
+        let tokenizer = crate::tokenize::test_tokenizer();
+        let Imp::Fast(fast) = &tokenizer.imp else {
+            panic!("Qwen3.5 runs the fast engine");
+        };
+        let texts = [
+            "plain ascii and 汉字 only",
+            "e\u{301}cole cafe\u{301}",
+            "\u{1100}\u{1161}\u{11a8} 한국어 \u{1100}\u{1161}",
+            "=\u{338} <\u{338}",
+            "a\u{323}\u{302} a\u{302}\u{323} q\u{307}\u{323}",
+            "\u{301}starts with a mark",
+            "ends with a base e",
+            "\u{5d0}\u{5b8}\u{5bc} \u{627}\u{644}\u{639}\u{631}\u{628}\u{64a}\u{629}",
+            "\u{212b} \u{2126} \u{f900}",
+            "x\u{301}\u{301}\u{301}\u{316}\u{316} \u{1e0b}\u{323}",
+        ];
+        for text in texts {
+            let whole: String = text.nfc().map(|(c, _)| c).collect();
+            let within = |enough| fast.normalize_within(text, enough).map(Cow::into_owned);
+            assert_eq!(within(usize::MAX), Ok(whole.clone()), "{text:?}");
+            assert_eq!(within(whole.len() + 1), Ok(whole.clone()), "{text:?}");
+            assert_eq!(within(whole.len()), Err(whole.len()), "{text:?}");
+        }
+        // Text in NFC is not copied.
+        assert!(matches!(
+            fast.normalize_within("é 汉字", usize::MAX),
+            Ok(Cow::Borrowed(_))
+        ));
     }
 
     #[test]
