@@ -435,15 +435,19 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn exact_retry_after_with_manual_clock() {
-        let (limiter, clock, _) = limiter();
+    /// Empties tenant `a`'s decode bucket: 100 tokens reserved and produced.
+    async fn drain_decode(limiter: &Limiter) {
         let mut drain = limiter
             .reserve("a", &limits(), cost(0, 100))
             .await
             .expect("full");
         drain.record_output(100);
-        drop(drain);
+    }
+
+    #[tokio::test]
+    async fn exact_retry_after_with_manual_clock() {
+        let (limiter, clock, _) = limiter();
+        drain_decode(&limiter).await;
         let denial = limiter
             .reserve("a", &limits(), cost(0, 30))
             .await
@@ -520,12 +524,7 @@ mod tests {
     #[tokio::test]
     async fn a_check_charges_nothing_and_a_lower_bound_says_at_least() {
         let (limiter, _clock, settled) = limiter();
-        let mut drain = limiter
-            .reserve("a", &limits(), cost(0, 100))
-            .await
-            .expect("full");
-        drain.record_output(100);
-        drop(drain);
+        drain_decode(&limiter).await;
         let before = limiter.snapshot("a", &limits()).await;
         let least = cost(1, 30);
         let denial = limiter

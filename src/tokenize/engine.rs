@@ -489,11 +489,15 @@ impl FastEngine {
         if segment.is_empty() {
             return ControlFlow::Continue(());
         }
-        let enough = sink.room().saturating_add(1).saturating_mul(self.longest);
-        match self.normalize_within(segment, enough) {
+        match self.normalize_within(segment, self.past_room(sink)) {
             Ok(text) => self.encode_normalized(&text, work, sink),
             Err(bytes) => sink.pass(bytes.div_ceil(self.longest)),
         }
+    }
+
+    /// Bytes of text that hold more tokens than `sink` has room for: `(room + 1) x longest`.
+    fn past_room(&self, sink: &Sink<'_>) -> usize {
+        sink.room().saturating_add(1).saturating_mul(self.longest)
     }
 
     /// The segment in NFC if that is shorter than `enough` bytes, else `Err` with a number of
@@ -561,8 +565,7 @@ impl FastEngine {
     ) -> ControlFlow<()> {
         for piece in self.split.pieces(text) {
             // A pre-token too long for the room left is not merged (that is the costly step).
-            let enough = sink.room().saturating_add(1).saturating_mul(self.longest);
-            if piece.len() >= enough {
+            if piece.len() >= self.past_room(sink) {
                 return sink.pass(piece.len().div_ceil(self.longest));
             }
             let mut flow = ControlFlow::Continue(());
