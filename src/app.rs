@@ -6,6 +6,7 @@ use crate::clock::{SharedClock, SystemClock};
 use crate::config::Config;
 use crate::limiter::{Limiter, LocalStore};
 use crate::metrics::Metrics;
+use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
 use crate::proxy::forward::Upstream;
 use crate::proxy::Gateway;
 use crate::server::{self, Running};
@@ -104,6 +105,7 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
         pool,
         replies,
         metrics: Arc::new(Metrics::new()),
+        discarder: Arc::new(Discarder::new(DISCARD_BYTES_PER_SECOND)),
         config: Arc::new(config),
     }))
 }

@@ -4,6 +4,7 @@
 //! is given back by the guards it lives in.
 
 pub mod bounded;
+pub mod discard;
 pub mod forward;
 pub mod meter;
 
@@ -23,7 +24,7 @@ use bounded::{read_bounded, ReadError};
 use bytes::Bytes;
 use forward::Upstream;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
-use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, Limited};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
 use std::convert::Infallible;
@@ -77,6 +78,8 @@ pub struct Gateway {
     pub replies: Option<Arc<TokenizePool>>,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
+    /// Where the bodies of requests refused unread are read and dropped.
+    pub discarder: Arc<discard::Discarder>,
 }
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
@@ -159,37 +162,22 @@ impl Gateway {
         }
     }
 
-    /// Reads and drops, in the background, the body of a request refused before its body was
-    /// read, within the body limit and read timeout. The connection then stays usable, and the
-    /// client reads its answer: a server that closes a connection with unread data resets
-    /// it, and the client's stack may drop the answer unread. A client waiting for
-    /// `100 Continue` has sent nothing, so there is nothing to read; a body declared over the
-    /// limit is not read either (the connection closes).
+    /// Reads and drops the body of a request refused before its body was read, at the pace of
+    /// [`discard`], so the client reads its answer and the connection stays usable. A client
+    /// waiting for `100 Continue` has sent nothing: there is nothing to read.
     fn discard_body(&self, req: Request<Incoming>) {
         let expects_continue = req
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if expects_continue {
-            return;
+        if !expects_continue {
+            let server = &self.config.server;
+            self.discarder.discard(
+                req.into_body(),
+                server.max_body_bytes,
+                server.body_read_timeout,
+            );
         }
-        let limit = self.config.server.max_body_bytes;
-        let timeout = self.config.server.body_read_timeout;
-        let body = Limited::new(
-            req.into_body(),
-            usize::try_from(limit).unwrap_or(usize::MAX),
-        );
-        if http_body::Body::size_hint(&body).lower() > limit {
-            return;
-        }
-        tokio::spawn(async move {
-            let mut body = std::pin::pin!(body);
-            let drained = async {
-                // Frames are dropped as they come: nothing is kept.
-                while let Some(Ok(_)) = body.frame().await {}
-            };
-            let _ = tokio::time::timeout(timeout, drained).await;
-        });
     }
 
     /// A refusal of what the tenant's buckets cannot admit now even at the least the request
