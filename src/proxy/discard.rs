@@ -97,7 +97,7 @@ mod tests {
         let later = t0 + Duration::from_secs(10);
         assert_eq!(
             pace.pay(1 << 10, later),
-            later + Duration::from_micros(976_562)
+            later + Duration::from_nanos(976_562)
         );
     }
 
