@@ -676,8 +676,15 @@ impl Config {
                 }
             }
             if t.requests_per_second * t.burst_seconds < 1.0 {
+                let derived = match t.share {
+                    Some(share) => format!(", derived from share {share}"),
+                    None => String::new(),
+                };
                 bail!(
-                    "{at}: requests_per_second x burst_seconds must be at least 1 (else no request ever fits)"
+                    "{at}: requests_per_second ({}{derived}) x burst_seconds ({}) = {} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second",
+                    t.requests_per_second,
+                    t.burst_seconds,
+                    t.requests_per_second * t.burst_seconds
                 );
             }
         }
@@ -744,7 +751,12 @@ mod tests {
 
     /// A backend sized by the capacity model on `tp` 910B3s, with `extra` lines in its entry.
     fn sized_backend(tp: u32, extra: &str) -> anyhow::Result<Config> {
-        Config::parse(&format!(
+        Config::parse(&sized_text(tp, extra))
+    }
+
+    /// The text of [`sized_backend`]'s config.
+    fn sized_text(tp: u32, extra: &str) -> String {
+        format!(
             r#"
 [server]
 listen = "127.0.0.1:0"
@@ -767,7 +779,7 @@ api_keys = ["sk-alice"]
 share = 0.5
 requests_per_second = 1
 "#
-        ))
+        )
     }
 
     #[test]
@@ -926,6 +938,26 @@ requests_per_second = 1
         assert_eq!(
             Config::parse(&bad).unwrap_err().to_string(),
             "server.max_connections must be at least 1"
+        );
+    }
+
+    #[test]
+    fn a_share_too_small_for_one_request_names_the_derived_rate() {
+        // Found by the config fuzz target: the refusal named a field the file did not set, and
+        // no numbers.
+        let text = |burst: &str| {
+            sized_text(2, "").replace(
+                "share = 0.5\nrequests_per_second = 1",
+                &format!("share = 0.001\nburst_seconds = {burst}"),
+            )
+        };
+        let rps = Config::parse(&text("1000000")).unwrap().tenants[0].requests_per_second;
+        assert!(rps > 0.0 && rps < 1.0, "{rps}");
+        assert_eq!(
+            Config::parse(&text("1")).unwrap_err().to_string(),
+            format!(
+                "tenants[0] (alice): requests_per_second ({rps}, derived from share 0.001) x burst_seconds (1) = {rps} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second"
+            )
         );
     }
 }

@@ -1,6 +1,6 @@
 //! Fuzz targets on stable Rust: structure-aware property tests (proptest) of what the gateway
 //! reads from outside: request bodies, chat conversations, backends' SSE byte streams, image
-//! headers and media URLs. Each target asserts properties (round trips, split invariance,
+//! headers and media URLs, configuration files. Each target asserts properties (round trips, split invariance,
 //! exact error shapes, renderer parity, exact sizes and charges), not only the absence of
 //! panics.
 //!
@@ -14,6 +14,7 @@
 mod common;
 
 mod chat;
+mod config;
 mod gen;
 mod image;
 mod request;

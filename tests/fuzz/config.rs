@@ -1,0 +1,690 @@
+//! Target `config`: configuration files through `Config::parse` (TOML, capacity-model sizing,
+//! validation) and what the gateway builds from an accepted one (its tenant directory).
+//!
+//! Valid configs are generated as TOML tables (hand-sized and capacity-model backends, tenants
+//! with rates or a `share`), then mutated: a required key removed, an unknown key added, a value
+//! of the wrong type, a value validation refuses, profile figures of any float (zero, negative,
+//! NaN, infinite, huge), and some byte edits of the text. Properties: a config is refused only
+//! for something a mutation broke, and the message names it; an accepted config keeps every
+//! figure given by hand, has positive capacities and finite positive rates, and each API key
+//! authenticates its own tenant; nothing panics.
+
+use proptest::prelude::*;
+use proptest::sample::{select, Index};
+use tokengate::capacity::HardwareProfile;
+use tokengate::config::{describe, Config};
+use tokengate::tenant::TenantDirectory;
+use toml::{Table, Value};
+
+// ---- valid configs ------------------------------------------------------------------------
+
+fn duration() -> impl Strategy<Value = Value> {
+    select(vec!["1s", "250ms", "30s", "2m", "1h 5m", "10ms", "3days"]).prop_map(Value::from)
+}
+
+fn int(range: std::ops::RangeInclusive<i64>) -> impl Strategy<Value = Value> {
+    range.prop_map(Value::Integer)
+}
+
+/// A table of some of `fields` (each present or not).
+fn some_of(fields: Vec<(&'static str, BoxedStrategy<Value>)>) -> impl Strategy<Value = Table> {
+    let parts: Vec<_> = fields
+        .into_iter()
+        .map(|(k, s)| proptest::option::of(s).prop_map(move |v| v.map(|v| (k.to_owned(), v))))
+        .collect();
+    parts.prop_map(|kv| kv.into_iter().flatten().collect())
+}
+
+fn server() -> impl Strategy<Value = Table> {
+    some_of(vec![
+        ("listen", Just(Value::from("127.0.0.1:8080")).boxed()),
+        ("admin_listen", Just(Value::from("[::1]:9090")).boxed()),
+        ("max_body_bytes", int(1..=1 << 30).boxed()),
+        ("header_read_timeout", duration().boxed()),
+        ("body_read_timeout", duration().boxed()),
+        ("shutdown_grace", duration().boxed()),
+        ("max_connections", int(1..=100_000).boxed()),
+        (
+            "admin_token",
+            "[a-z0-9]{1,16}".prop_map(Value::from).boxed(),
+        ),
+    ])
+}
+
+fn tokenizer() -> impl Strategy<Value = Table> {
+    some_of(vec![
+        ("workers", int(1..=16).boxed()),
+        ("queue_depth", int(1..=1024).boxed()),
+        ("cache_bytes", int(0..=1 << 30).boxed()),
+    ])
+    .prop_map(|mut t| {
+        t.insert("path".into(), "tokenizer.json".into());
+        t
+    })
+}
+
+fn model() -> impl Strategy<Value = Table> {
+    let names = prop::collection::vec(
+        select(vec!["qwen3.5-27b", "Qwen/Qwen3.5-27B", "gpt-4o", "q"]),
+        1..=3,
+    );
+    (names, 2i64..=262_144)
+        .prop_flat_map(|(names, len)| (Just(names), Just(len), 1..len))
+        .prop_map(|(names, len, default)| {
+            let mut t = Table::new();
+            t.insert("served_names".into(), names.into());
+            t.insert("max_model_len".into(), len.into());
+            t.insert("default_max_tokens".into(), default.into());
+            t
+        })
+}
+
+fn admission() -> impl Strategy<Value = Table> {
+    some_of(vec![
+        ("queue_max_waiting", int(0..=1024).boxed()),
+        ("queue_deadline", duration().boxed()),
+    ])
+}
+
+fn workload() -> impl Strategy<Value = Table> {
+    some_of(vec![
+        ("avg_input_tokens", int(1..=32_768).boxed()),
+        ("avg_output_tokens", int(1..=8_192).boxed()),
+    ])
+}
+
+/// Options every backend may carry.
+fn backend_common() -> impl Strategy<Value = Table> {
+    (
+        1u16..=65_535,
+        some_of(vec![
+            ("connect_timeout", duration().boxed()),
+            ("first_byte_timeout", duration().boxed()),
+            ("stream_idle_timeout", duration().boxed()),
+            ("body_read_timeout", duration().boxed()),
+            ("health_timeout", duration().boxed()),
+            ("max_response_bytes", int(1..=1 << 40).boxed()),
+            ("max_event_bytes", int(1..=1 << 30).boxed()),
+            ("health_path", Just(Value::from("/v2/health/ready")).boxed()),
+        ]),
+    )
+        .prop_map(|(port, mut t)| {
+            t.insert("url".into(), format!("http://127.0.0.1:{port}").into());
+            t
+        })
+}
+
+/// A backend sized by hand.
+fn manual_backend() -> impl Strategy<Value = Table> {
+    (backend_common(), 1..=i64::MAX, 1..=i64::from(u32::MAX)).prop_map(|(mut t, kv, batch)| {
+        t.insert("kv_capacity_bytes".into(), kv.into());
+        t.insert("max_batch".into(), batch.into());
+        t
+    })
+}
+
+/// A backend sized by the capacity model (the model's cache figures agree with `[model]`'s
+/// defaults).
+fn sized_backend() -> impl Strategy<Value = Table> {
+    (
+        backend_common(),
+        select(HardwareProfile::names()),
+        some_of(vec![
+            ("tp", int(1..=8).boxed()),
+            ("replicas", int(1..=4).boxed()),
+            ("efficiency", (0.05f64..=1.0).prop_map(Value::Float).boxed()),
+            (
+                "tpot_slo_ms",
+                (20.0f64..=500.0).prop_map(Value::Float).boxed(),
+            ),
+            ("engine_max_batch", int(1..=512).boxed()),
+        ]),
+    )
+        .prop_map(|(mut t, hardware, options)| {
+            t.insert("hardware".into(), hardware.into());
+            t.insert("model".into(), "qwen3.5-27b".into());
+            t.extend(options);
+            t
+        })
+}
+
+/// A tenant with token rates, or (when every backend is sized) a share of their capacity.
+fn tenant(i: usize, may_share: bool) -> impl Strategy<Value = Table> {
+    let rates = (
+        0.001f64..=1e7,
+        0.001f64..=1e6,
+        0.01f64..=1e4,
+        100.0f64..=3600.0,
+    )
+        .prop_map(|(prefill, decode, requests, burst)| {
+            let mut t = Table::new();
+            t.insert("prefill_tokens_per_second".into(), prefill.into());
+            t.insert("decode_tokens_per_second".into(), decode.into());
+            // requests x burst >= 1 (0.01 x 100), or no request ever fits.
+            t.insert("requests_per_second".into(), requests.into());
+            t.insert("burst_seconds".into(), burst.into());
+            t
+        });
+    let share = (0.001f64..=1.0).prop_map(|share| {
+        let mut t = Table::new();
+        t.insert("share".into(), share.into());
+        t
+    });
+    let budget = if may_share {
+        prop_oneof![rates, share].boxed()
+    } else {
+        rates.boxed()
+    };
+    (budget, any::<bool>()).prop_map(move |(mut t, hashed)| {
+        t.insert("name".into(), format!("tenant-{i}").into());
+        let key = format!("sk-{i}");
+        if hashed {
+            let digest = tokengate::tenant::hash_key(&key);
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            t.insert("api_key_sha256".into(), vec![hex].into());
+        } else {
+            t.insert("api_keys".into(), vec![key].into());
+        }
+        t
+    })
+}
+
+/// A valid config, as a table.
+fn valid_config() -> impl Strategy<Value = Table> {
+    let backends = prop::collection::vec(
+        prop_oneof![
+            manual_backend().prop_map(|t| (t, false)),
+            sized_backend().prop_map(|t| (t, true))
+        ],
+        1..=3,
+    );
+    (
+        server(),
+        tokenizer(),
+        model(),
+        admission(),
+        workload(),
+        backends,
+        1usize..=4,
+    )
+        .prop_flat_map(
+            |(server, tokenizer, model, admission, workload, backends, n)| {
+                let all_sized = backends.iter().all(|(_, sized)| *sized);
+                let tenants: Vec<_> = (0..n).map(|i| tenant(i, all_sized)).collect();
+                let backends: Vec<Table> = backends.into_iter().map(|(t, _)| t).collect();
+                (
+                    Just((server, tokenizer, model, admission, workload, backends)),
+                    tenants,
+                )
+            },
+        )
+        .prop_map(
+            |((server, tokenizer, model, admission, workload, backends), tenants)| {
+                let mut t = Table::new();
+                for (key, table) in [
+                    ("server", server),
+                    ("admission", admission),
+                    ("workload", workload),
+                ] {
+                    if !table.is_empty() {
+                        t.insert(key.into(), table.into());
+                    }
+                }
+                t.insert("tokenizer".into(), tokenizer.into());
+                t.insert("model".into(), model.into());
+                t.insert("backends".into(), backends.into());
+                t.insert("tenants".into(), tenants.into());
+                t
+            },
+        )
+}
+
+// ---- mutations ----------------------------------------------------------------------------
+
+/// One step of a path into the config table.
+#[derive(Debug, Clone)]
+enum Seg {
+    Key(&'static str),
+    /// The n-th entry (modulo their number) of an array of tables.
+    Nth(&'static str, Index),
+}
+
+type Path = Vec<Seg>;
+
+/// The table at `path`, and the path as validation messages spell it (`tenants[1]`).
+fn table_at<'a>(mut t: &'a mut Table, path: &[Seg]) -> Option<(&'a mut Table, String)> {
+    let mut name = String::new();
+    for seg in path {
+        let dot = if name.is_empty() { "" } else { "." };
+        t = match seg {
+            Seg::Key(k) => {
+                name = format!("{name}{dot}{k}");
+                t.get_mut(*k)?.as_table_mut()?
+            }
+            Seg::Nth(k, i) => {
+                let array = t.get_mut(*k)?.as_array_mut()?;
+                if array.is_empty() {
+                    return None;
+                }
+                let i = i.index(array.len());
+                name = format!("{name}{dot}{k}[{i}]");
+                array[i].as_table_mut()?
+            }
+        };
+    }
+    Some((t, name))
+}
+
+/// What a mutation does to the table at its path.
+#[derive(Debug, Clone)]
+enum Mutation {
+    /// Removes a key the file must have.
+    Remove(Path, &'static str),
+    /// Adds a key no table has.
+    Unknown(Path),
+    /// Replaces a present value by one of another TOML type.
+    WrongType(Path, Index),
+    /// Sets a present key to a value validation refuses; the message names `field`.
+    Invalid(Path, &'static str, Value),
+    /// Sets profile figures of a sized backend to any floats: accepted or refused naming the
+    /// backend, never a panic.
+    Wild(Index, Table),
+}
+
+/// What the refusal of a mutated config must mention (any one of them), and whether the
+/// mutation may also leave the config valid.
+#[derive(Debug)]
+struct Expect {
+    text: String,
+    may_pass: bool,
+}
+
+impl Mutation {
+    fn apply(&self, config: &mut Table) -> Option<Expect> {
+        let must = |text: String| {
+            Some(Expect {
+                text,
+                may_pass: false,
+            })
+        };
+        match self {
+            Mutation::Remove(path, key) => {
+                let (t, _) = table_at(config, path)?;
+                t.remove(*key)?;
+                must(format!("missing field `{key}`"))
+            }
+            Mutation::Unknown(path) => {
+                let (t, _) = table_at(config, path)?;
+                t.insert("colour_scheme".into(), Value::Integer(1));
+                must("unknown field `colour_scheme`".into())
+            }
+            Mutation::WrongType(path, which) => {
+                let (t, _) = table_at(config, path)?;
+                if t.is_empty() {
+                    return None;
+                }
+                let key = t.keys().nth(which.index(t.len()))?.clone();
+                // No field is a boolean, and no chain of these leads back to a field's type
+                // (a key may be retyped twice).
+                let wrong = match &t[&key] {
+                    Value::String(_) => Value::Integer(7),
+                    Value::Array(_) => Value::from("x"),
+                    _ => Value::Boolean(true),
+                };
+                t.insert(key.clone(), wrong);
+                // The message quotes the line of the value, which starts with its key (an
+                // array of tables is quoted from its header, `[[key]]`).
+                must(key)
+            }
+            Mutation::Invalid(path, field, value) => {
+                let (t, at) = table_at(config, path)?;
+                t.get(*field)?;
+                t.insert((*field).into(), value.clone());
+                must(at)
+            }
+            Mutation::Wild(i, figures) => {
+                let backends = config.get_mut("backends")?.as_array_mut()?;
+                let i = i.index(backends.len());
+                let b = backends[i].as_table_mut()?;
+                b.get("hardware")?;
+                b.insert("overrides".into(), figures.clone().into());
+                Some(Expect {
+                    text: format!("backends[{i}]"),
+                    may_pass: true,
+                })
+            }
+        }
+    }
+}
+
+fn required() -> impl Strategy<Value = Mutation> {
+    (0..10, any::<Index>()).prop_map(|(which, i)| {
+        let (path, key) = match which {
+            0 => (vec![], "tokenizer"),
+            1 => (vec![], "model"),
+            2 => (vec![], "backends"),
+            3 => (vec![], "tenants"),
+            4 => (vec![Seg::Key("tokenizer")], "path"),
+            5 => (vec![Seg::Key("model")], "served_names"),
+            6 => (vec![Seg::Key("model")], "max_model_len"),
+            7 => (vec![Seg::Key("model")], "default_max_tokens"),
+            8 => (vec![Seg::Nth("backends", i)], "url"),
+            _ => (vec![Seg::Nth("tenants", i)], "name"),
+        };
+        Mutation::Remove(path, key)
+    })
+}
+
+fn any_table() -> impl Strategy<Value = Path> {
+    any::<Index>().prop_flat_map(|i| {
+        select(vec![
+            vec![],
+            vec![Seg::Key("server")],
+            vec![Seg::Key("tokenizer")],
+            vec![Seg::Key("model")],
+            vec![Seg::Key("admission")],
+            vec![Seg::Key("workload")],
+            vec![Seg::Nth("backends", i)],
+            vec![Seg::Nth("tenants", i)],
+            vec![Seg::Nth("backends", i), Seg::Key("overrides")],
+        ])
+    })
+}
+
+fn invalid() -> impl Strategy<Value = Mutation> {
+    let bad_rate = select(vec![0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY]);
+    let rate_field = select(vec![
+        "prefill_tokens_per_second",
+        "decode_tokens_per_second",
+        "requests_per_second",
+        "burst_seconds",
+    ]);
+    let in_backend = |i: Index| vec![Seg::Nth("backends", i)];
+    let in_tenant = |i: Index| vec![Seg::Nth("tenants", i)];
+    prop_oneof![
+        Just(Mutation::Invalid(
+            vec![Seg::Key("tokenizer")],
+            "workers",
+            Value::Integer(0)
+        )),
+        Just(Mutation::Invalid(
+            vec![Seg::Key("model")],
+            "served_names",
+            Value::Array(vec![])
+        )),
+        Just(Mutation::Invalid(
+            vec![Seg::Key("model")],
+            "default_max_tokens",
+            Value::Integer(0)
+        )),
+        Just(Mutation::Invalid(
+            vec![Seg::Key("model")],
+            "max_model_len",
+            Value::Integer(0)
+        )),
+        Just(Mutation::Invalid(
+            vec![Seg::Key("admission")],
+            "queue_deadline",
+            "0s".into()
+        )),
+        Just(Mutation::Invalid(
+            vec![Seg::Key("server")],
+            "max_connections",
+            Value::Integer(0)
+        )),
+        Just(Mutation::Invalid(
+            vec![Seg::Key("server")],
+            "admin_token",
+            "".into()
+        )),
+        (
+            any::<Index>(),
+            select(vec!["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""])
+        )
+            .prop_map(move |(i, url)| Mutation::Invalid(in_backend(i), "url", url.into())),
+        (
+            any::<Index>(),
+            select(vec![
+                "first_byte_timeout",
+                "stream_idle_timeout",
+                "body_read_timeout",
+                "health_timeout"
+            ])
+        )
+            .prop_map(move |(i, f)| Mutation::Invalid(in_backend(i), f, "0s".into())),
+        (
+            any::<Index>(),
+            select(vec!["max_response_bytes", "max_event_bytes", "max_batch"])
+        )
+            .prop_map(move |(i, f)| Mutation::Invalid(in_backend(i), f, Value::Integer(0))),
+        (any::<Index>(), rate_field, bad_rate.clone())
+            .prop_map(move |(i, f, v)| Mutation::Invalid(in_tenant(i), f, v.into())),
+        (any::<Index>(), prop_oneof![bad_rate, Just(1.5)])
+            .prop_map(move |(i, v)| Mutation::Invalid(in_tenant(i), "share", v.into())),
+        any::<Index>().prop_map(move |i| Mutation::Invalid(in_tenant(i), "name", "".into())),
+        any::<Index>().prop_map(move |i| Mutation::Invalid(
+            in_tenant(i),
+            "api_keys",
+            Value::Array(vec!["".into()])
+        )),
+        any::<Index>().prop_map(move |i| Mutation::Invalid(
+            in_tenant(i),
+            "api_key_sha256",
+            Value::Array(vec!["abc".into()])
+        )),
+    ]
+}
+
+/// Any float, the edges most of all.
+fn wild_float() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        select(vec![
+            0.0,
+            -0.0,
+            -1.0,
+            f64::MIN_POSITIVE,
+            1e-300,
+            1e300,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ]),
+        any::<f64>(),
+        0.001f64..1e6,
+    ]
+}
+
+fn wild() -> impl Strategy<Value = Mutation> {
+    let figure = |k: &'static str| (k, wild_float().prop_map(Value::Float).boxed());
+    (
+        any::<Index>(),
+        some_of(vec![
+            figure("tflops"),
+            figure("bandwidth_gbs"),
+            figure("hbm_gb"),
+            figure("params_b"),
+            figure("weights_gb"),
+        ]),
+    )
+        .prop_map(|(i, t)| Mutation::Wild(i, t))
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        2 => required(),
+        1 => any_table().prop_map(Mutation::Unknown),
+        2 => (any_table(), any::<Index>()).prop_map(|(p, i)| Mutation::WrongType(p, i)),
+        4 => invalid(),
+        2 => wild(),
+    ]
+}
+
+/// A byte edit of the text: its outcome is unknown, but nothing may panic.
+#[derive(Debug, Clone)]
+enum Edit {
+    None,
+    Truncate(Index),
+    Insert(Index, u8),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        8 => Just(Edit::None),
+        1 => any::<Index>().prop_map(Edit::Truncate),
+        1 => (any::<Index>(), select(b"\"[]{}=\n#'.,0\\\x00\xff".to_vec()))
+            .prop_map(|(i, b)| Edit::Insert(i, b)),
+    ]
+}
+
+// ---- the target ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Case {
+    config: Table,
+    mutations: Vec<Mutation>,
+    edit: Edit,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        valid_config(),
+        prop_oneof![
+            2 => Just(Vec::new()),
+            3 => prop::collection::vec(mutation(), 1..2),
+            1 => prop::collection::vec(mutation(), 2..4),
+        ],
+        edit(),
+    )
+        .prop_map(|(config, mutations, edit)| Case {
+            config,
+            mutations,
+            edit,
+        })
+}
+
+/// What holds for every accepted config, whatever its text.
+fn check_accepted(cfg: &Config) -> Result<(), TestCaseError> {
+    prop_assert!(cfg.validate().is_ok(), "{:?}", cfg.validate());
+    for b in &cfg.backends {
+        prop_assert!(b.kv_capacity_bytes > 0 && b.max_batch > 0, "{b:?}");
+    }
+    for t in &cfg.tenants {
+        for rate in [
+            t.prefill_tokens_per_second,
+            t.decode_tokens_per_second,
+            t.requests_per_second,
+        ] {
+            prop_assert!(rate.is_finite() && rate > 0.0, "{t:?}");
+        }
+    }
+    prop_assert!(!describe(cfg).is_empty());
+    Ok(())
+}
+
+/// What holds for an accepted config generated as `table`: figures given by hand are kept and
+/// every key authenticates its tenant.
+fn check_as_given(cfg: &Config, table: &Table) -> Result<(), TestCaseError> {
+    let backends = table["backends"].as_array().unwrap();
+    prop_assert_eq!(cfg.backends.len(), backends.len());
+    for (b, t) in cfg.backends.iter().zip(backends) {
+        prop_assert_eq!(&b.url, t["url"].as_str().unwrap());
+        if let Some(kv) = t.get("kv_capacity_bytes").and_then(Value::as_integer) {
+            prop_assert_eq!(b.kv_capacity_bytes, kv as u64);
+        }
+        if let Some(batch) = t.get("max_batch").and_then(Value::as_integer) {
+            prop_assert_eq!(u64::from(b.max_batch), batch as u64);
+        }
+        prop_assert_eq!(b.derived.is_some(), t.get("hardware").is_some());
+    }
+    let tenants = table["tenants"].as_array().unwrap();
+    prop_assert_eq!(cfg.tenants.len(), tenants.len());
+    let directory = TenantDirectory::from_config(&cfg.tenants);
+    for (i, (c, t)) in cfg.tenants.iter().zip(tenants).enumerate() {
+        prop_assert_eq!(&c.name, t["name"].as_str().unwrap());
+        if let Some(rate) = t.get("prefill_tokens_per_second") {
+            prop_assert_eq!(c.prefill_tokens_per_second, rate.as_float().unwrap());
+        }
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::AUTHORIZATION,
+            format!("Bearer sk-{i}").parse().unwrap(),
+        );
+        let who = directory
+            .authenticate(&headers)
+            .map_err(|e| TestCaseError::fail(format!("sk-{i} refused: {}", e.message)))?;
+        prop_assert_eq!(&who.name, &c.name);
+    }
+    Ok(())
+}
+
+fn check(case: Case) -> Result<(), TestCaseError> {
+    let base_text = toml::to_string(&case.config).unwrap();
+    let base = match Config::parse(&base_text) {
+        Ok(cfg) => cfg,
+        // The refusals a generated config may get, both the capacity model's answer: a sized
+        // backend with no safe batch for the declared workload, or a share of it too small for
+        // one request in the tenant's burst.
+        Err(e) => {
+            let message = format!("{e:#}");
+            prop_assert!(
+                message.contains("no batch of the declared workload")
+                    || message.contains("derived from share"),
+                "a valid config was refused: {message}\n{base_text}"
+            );
+            return Ok(());
+        }
+    };
+    check_accepted(&base)?;
+    check_as_given(&base, &case.config)?;
+
+    let mut table = case.config.clone();
+    let expected: Vec<Expect> = case
+        .mutations
+        .iter()
+        .filter_map(|m| m.apply(&mut table))
+        .collect();
+    let mut text = toml::to_string(&table).unwrap();
+    let edited = match case.edit {
+        Edit::None => false,
+        Edit::Truncate(at) => {
+            let cut = at.index(text.len() + 1);
+            text = String::from_utf8_lossy(&text.as_bytes()[..cut]).into_owned();
+            true
+        }
+        Edit::Insert(at, byte) => {
+            let mut bytes = text.into_bytes();
+            bytes.insert(at.index(bytes.len() + 1), byte);
+            text = String::from_utf8_lossy(&bytes).into_owned();
+            true
+        }
+    };
+    match Config::parse(&text) {
+        Ok(cfg) => {
+            check_accepted(&cfg)?;
+            if !edited {
+                prop_assert!(
+                    expected.iter().all(|e| e.may_pass),
+                    "accepted a config that should be refused for one of {:?}\n{text}",
+                    expected
+                );
+                check_as_given(&cfg, &table)?;
+            }
+        }
+        Err(e) if !edited => {
+            let message = format!("{e:#}");
+            prop_assert!(
+                expected.iter().any(|x| message.contains(&x.text)),
+                "refused with `{message}`, expected a mention of one of {:?}\n{text}",
+                expected
+            );
+        }
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+#[test]
+fn config() {
+    crate::fuzz("config", "tests/fuzz/regressions/config.txt", case(), check);
+}
