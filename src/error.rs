@@ -1,7 +1,9 @@
 //! The one error type of the request path and its one mapping to an HTTP response:
-//! status, headers and OpenAI's `{"error": {"message", "type", "param", "code"}}` body.
+//! status, headers and OpenAI's `{"error": {"message", "type", "param", "code"}}` body (TGI's
+//! `{"error", "error_type"}` on MindIE's native routes).
 //! Every room returns its own typed failure; they all become an [`ApiError`] here.
 
+use crate::api::Wire;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
@@ -301,19 +303,37 @@ impl ApiError {
 
     /// The OpenAI error body.
     pub fn body_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+        self.body_in(Wire::OpenAi)
     }
 
-    /// The full HTTP response: status, headers and body.
+    /// The error body in `wire`'s shape: OpenAI's, or TGI's `{"error", "error_type"}` (what
+    /// MindIE's native clients read), whose `error_type` is the OpenAI `code`.
+    pub fn body_in(&self, wire: Wire) -> serde_json::Value {
+        match wire {
+            Wire::OpenAi => serde_json::json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.kind,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }),
+            Wire::Tgi => serde_json::json!({
+                "error": self.message,
+                "error_type": self.code,
+            }),
+        }
+    }
+
+    /// The full HTTP response with OpenAI's body: status, headers and body.
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
-        let body = Bytes::from(self.body_json().to_string());
+        self.to_response_in(Wire::OpenAi)
+    }
+
+    /// The full HTTP response with the body in `wire`'s shape; the status and headers
+    /// (`retry-after`, `x-ratelimit-*`, `allow`, `www-authenticate`) are the same in both.
+    pub fn to_response_in<B: From<Bytes>>(&self, wire: Wire) -> Response<B> {
+        let body = Bytes::from(self.body_in(wire).to_string());
         let mut resp = Response::new(B::from(body));
         *resp.status_mut() = self.status;
         let h = resp.headers_mut();
@@ -432,6 +452,10 @@ mod tests {
             e.body_json(),
             serde_json::json!({"error": {"message": "max_tokens must be at least 1",
                 "type": "invalid_request_error", "param": "max_tokens", "code": "invalid_request"}})
+        );
+        assert_eq!(
+            e.body_in(Wire::Tgi),
+            serde_json::json!({"error": "max_tokens must be at least 1", "error_type": "invalid_request"})
         );
     }
 }

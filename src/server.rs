@@ -3,10 +3,10 @@
 //! handlers run auth, parse, count, charge, admit, forward and meter (see `proxy`).
 
 use crate::admin;
-use crate::api::openai::Endpoint;
+use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
 use crate::metrics::ListenerLabel;
-use crate::proxy::{error_response, Gateway, GatewayBody, REQUEST_ID};
+use crate::proxy::{error_response, error_response_in, Gateway, GatewayBody, REQUEST_ID};
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -77,7 +77,12 @@ async fn route_main(
 /// The method a path of the main listener answers, if it is one of its paths.
 fn allowed_method(path: &str) -> Option<Allow> {
     match path {
-        "/v1/chat/completions" | "/v1/completions" | "/tokenize" => Some(Allow::Post),
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/tokenize"
+        | "/infer"
+        | "/generate"
+        | "/generate_stream" => Some(Allow::Post),
         "/v1/models" => Some(Allow::Get),
         _ => None,
     }
@@ -87,6 +92,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = tokio::time::Instant::now();
+    let route = Route::from_path(&path);
     let (tenant, result) = match allowed_method(&path) {
         None => (
             None,
@@ -96,11 +102,10 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody
             None,
             Err(ApiError::method_not_allowed(&method, &path, allow)),
         ),
-        Some(_) => match path.as_str() {
-            "/v1/chat/completions" => gw.generate(Endpoint::Chat, req).await,
-            "/v1/completions" => gw.generate(Endpoint::Completions, req).await,
-            "/tokenize" => (None, gw.tokenize(req).await),
-            _ => (None, gw.models(req.headers()).await),
+        Some(_) => match (route, path.as_str()) {
+            (Some(route), _) => gw.generate(route, req).await,
+            (None, "/tokenize") => (None, gw.tokenize(req).await),
+            (None, _) => (None, gw.models(req.headers()).await),
         },
     };
     let resp = match result {
@@ -110,7 +115,9 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody
                 gw.metrics.outcome(tenant, e.code);
             }
             tracing::info!(status = e.status.as_u16(), code = e.code, message = %e.message, "refused");
-            error_response(&e)
+            // MindIE's native clients read TGI's error shape; everyone else OpenAI's.
+            let wire = route.map_or(Wire::OpenAi, Route::wire);
+            error_response_in(&e, wire)
         }
     };
     tracing::debug!(

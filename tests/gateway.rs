@@ -1582,3 +1582,6 @@ async fn images_that_cannot_be_counted_are_refused_and_change_nothing() {
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
     assert!(backend.seen.lock().unwrap().is_empty());
 }
+
+#[path = "gateway/mindie.rs"]
+mod mindie;

@@ -3,6 +3,7 @@
 //! generate at what was reserved. Validation happens before anything is charged: a bad request
 //! changes nothing.
 
+use super::Route;
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatPrompt;
 use crate::vision::{Media, Modality, VisionRules};
@@ -51,13 +52,26 @@ pub enum MaxTokensField {
     MaxTokens,
     /// `max_completion_tokens` (newer OpenAI name).
     MaxCompletionTokens,
+    /// MindIE's (TGI's) `parameters.max_new_tokens`.
+    MaxNewTokens,
+}
+
+impl MaxTokensField {
+    /// The field as errors name it.
+    pub fn param(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+            MaxTokensField::MaxNewTokens => "parameters.max_new_tokens",
+        }
+    }
 }
 
 /// A validated generation request.
 #[derive(Debug, Clone)]
 pub struct GenerationRequest {
-    /// The endpoint it came to.
-    pub endpoint: Endpoint,
+    /// The route it came to.
+    pub endpoint: Route,
     /// The model the client named.
     pub model: String,
     /// Whether the answer is streamed (SSE).
@@ -111,14 +125,17 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
+pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
     ApiError::invalid_param(
         param,
         format!("`{param}` must be {expected}, got {}", type_name(got)),
     )
 }
 
-fn optional_bool(body: &Map<String, Value>, param: &str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn optional_bool(
+    body: &Map<String, Value>,
+    param: &str,
+) -> Result<Option<bool>, ApiError> {
     match body.get(param) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -127,7 +144,7 @@ fn optional_bool(body: &Map<String, Value>, param: &str) -> Result<Option<bool>,
 }
 
 /// A positive whole number no larger than `max`; floats like `10.5` and negatives are refused.
-fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiError> {
+pub(crate) fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiError> {
     let n = v.as_u64().ok_or_else(|| match v {
         Value::Number(_) => ApiError::invalid_param(
             param,
@@ -199,10 +216,11 @@ pub fn parse_generation(
         }
     }
     let mut requested = None;
-    for (field, param) in [
-        (MaxTokensField::MaxCompletionTokens, "max_completion_tokens"),
-        (MaxTokensField::MaxTokens, "max_tokens"),
+    for field in [
+        MaxTokensField::MaxCompletionTokens,
+        MaxTokensField::MaxTokens,
     ] {
+        let param = field.param();
         match body.get(param) {
             None | Some(Value::Null) => {}
             Some(v) => {
@@ -218,7 +236,7 @@ pub fn parse_generation(
         Endpoint::Completions => parse_completion_prompt(&body)?,
     };
     Ok(GenerationRequest {
-        endpoint,
+        endpoint: Route::OpenAi(endpoint),
         model,
         stream,
         client_wants_usage,

@@ -1,5 +1,5 @@
-//! Server-sent events as OpenAI-compatible backends stream them: splitting a byte stream into
-//! events, and reading what the gateway meters from each `data:` chunk.
+//! Server-sent events as backends stream them: splitting a byte stream into events, and reading
+//! what the gateway meters from each OpenAI `data:` chunk (MindIE's events: `api::mindie`).
 
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
@@ -91,18 +91,29 @@ pub struct ChunkInfo {
     pub tool_calls: bool,
 }
 
-/// Reads an event's `data:` payload.
+/// An event's `data:` payload (its `data:` lines joined), if the event is UTF-8.
+fn event_data(event: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(event).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// An event's `data:` payload as JSON, if it is JSON.
+pub fn event_json(event: &[u8]) -> Option<Value> {
+    serde_json::from_str(&event_data(event)?).ok()
+}
+
+/// Reads an OpenAI chunk's `data:` payload.
 pub fn inspect(event: &[u8]) -> ChunkInfo {
     let mut info = ChunkInfo::default();
-    let Ok(text) = std::str::from_utf8(event) else {
+    let Some(data) = event_data(event) else {
         return info;
     };
-    let data: String = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect::<Vec<_>>()
-        .join("\n");
     if data.trim() == "[DONE]" {
         info.done = true;
         return info;

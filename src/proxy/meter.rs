@@ -6,6 +6,7 @@
 
 use crate::admission::Lease;
 use crate::api::sse::{self, SseSplitter};
+use crate::api::{mindie, Wire};
 use crate::error::RateLimitHeaders;
 use crate::limiter::Reservation;
 use crate::metrics::{self, Metrics};
@@ -22,10 +23,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-/// What settlement needs to count output text when the backend sent no usage, and to count a
-/// chat answer ahead for its conversation's next turn.
+/// What settlement needs to read the output count from the answer's format, count output text
+/// when the backend sent no count, and count a chat answer ahead for its conversation's next
+/// turn.
 #[derive(Clone)]
 pub struct OutputCounter {
+    /// The answer's format.
+    pub wire: Wire,
     /// The tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// The bounded worker pool it runs on.
@@ -133,6 +137,15 @@ impl Admitted {
     /// A complete non-streamed answer.
     pub fn finish_json(mut self, body: &[u8]) {
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        if self.counter.wire == Wire::Tgi {
+            self.usage_tokens = mindie::generated_tokens(&v);
+            // The text is only counted when the answer has no `details`.
+            if let (None, Some(text)) = (self.usage_tokens, v.get("generated_text")) {
+                self.text.push_str(text.as_str().unwrap_or_default());
+            }
+            self.outcome = Some("ok");
+            return;
+        }
         self.usage_tokens = v
             .get("usage")
             .and_then(|u| u.get("completion_tokens"))
@@ -306,6 +319,8 @@ pin_project_lite::pin_project! {
         splitter: SseSplitter,
         max_event_bytes: u64,
         admitted: Option<Admitted>,
+        // The stream's format (read from `admitted`, which goes at settlement).
+        wire: Wire,
         client_wants_usage: bool,
         pending: Option<Bytes>,
         // The backend's answer ended, broke or stalled: nothing follows.
@@ -325,6 +340,7 @@ impl<B> MeteredStream<B> {
         idle_timeout: Duration,
         max_event_bytes: u64,
     ) -> Self {
+        let wire = admitted.counter.wire;
         let mut s = Self {
             inner,
             idle: tokio::time::sleep(idle_timeout),
@@ -333,6 +349,7 @@ impl<B> MeteredStream<B> {
             splitter: SseSplitter::new(max_event_bytes),
             max_event_bytes,
             admitted: Some(admitted),
+            wire,
             client_wants_usage,
             pending: None,
             ended: false,
@@ -340,6 +357,7 @@ impl<B> MeteredStream<B> {
         let out = filter(
             &mut s.splitter,
             &mut s.admitted,
+            wire,
             s.client_wants_usage,
             max_event_bytes,
             &first,
@@ -364,6 +382,7 @@ struct Filtered {
 fn filter(
     splitter: &mut SseSplitter,
     admitted: &mut Option<Admitted>,
+    wire: Wire,
     client_wants_usage: bool,
     max_event_bytes: u64,
     bytes: &[u8],
@@ -371,7 +390,7 @@ fn filter(
     let mut out = BytesMut::new();
     let split = splitter.push(bytes);
     for event in split.events {
-        let info = sse::inspect(&event);
+        let info = wire.inspect(&event);
         if let Some(a) = admitted.as_mut() {
             a.observe_chunk(&info);
         }
@@ -385,7 +404,7 @@ fn filter(
         let err = crate::error::ApiError::upstream(format!(
             "the backend sent a stream event larger than the gateway's limit of {max_event_bytes} bytes (backends[].max_event_bytes)"
         ));
-        out.extend_from_slice(&cut_short(admitted, "upstream_error", err));
+        out.extend_from_slice(&cut_short(admitted, wire, "upstream_error", err));
     }
     Filtered {
         bytes: out.freeze(),
@@ -394,10 +413,12 @@ fn filter(
 }
 
 /// Cuts a stream short: settles the request with `outcome` and returns the last event the
-/// client gets, `err` as an OpenAI error event. A partial event the backend left unfinished is
-/// dropped: it can never be completed, and sent ahead of the error it would merge with it.
+/// client gets, `err` as an error event in `wire`'s shape. A partial event the backend left
+/// unfinished is dropped: it can never be completed, and sent ahead of the error it would
+/// merge with it.
 fn cut_short(
     admitted: &mut Option<Admitted>,
+    wire: Wire,
     outcome: &'static str,
     err: crate::error::ApiError,
 ) -> Bytes {
@@ -405,7 +426,7 @@ fn cut_short(
         a.outcome = Some(outcome);
         drop(a);
     }
-    Bytes::from(format!("data: {}\n\n", err.body_json()))
+    Bytes::from(format!("data: {}\n\n", err.body_in(wire)))
 }
 
 impl<B> Body for MeteredStream<B>
@@ -443,7 +464,7 @@ where
                     "the backend sent nothing for {} in the middle of its answer",
                     humantime::format_duration(*this.idle_timeout)
                 ));
-                let last = cut_short(this.admitted, "upstream_timeout", err);
+                let last = cut_short(this.admitted, *this.wire, "upstream_timeout", err);
                 return Poll::Ready(Some(Ok(Frame::data(last))));
             };
             *this.waiting = false;
@@ -455,6 +476,7 @@ where
                     let out = filter(
                         this.splitter,
                         this.admitted,
+                        *this.wire,
                         *this.client_wants_usage,
                         *this.max_event_bytes,
                         &data,
@@ -470,7 +492,7 @@ where
                     let err = crate::error::ApiError::upstream(
                         "the backend stream broke before it finished",
                     );
-                    let last = cut_short(this.admitted, "upstream_error", err);
+                    let last = cut_short(this.admitted, *this.wire, "upstream_error", err);
                     return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 None => {

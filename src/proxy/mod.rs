@@ -10,6 +10,7 @@ pub mod meter;
 
 use crate::admission::{Admission, AdmitError};
 use crate::api::openai::{self, Endpoint, GenerationRequest, ParseLimits, Prompt};
+use crate::api::{self, Route, Wire};
 use crate::capacity::sequence_footprint_bytes;
 use crate::config::Config;
 use crate::error::ApiError;
@@ -51,9 +52,15 @@ pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<
     resp
 }
 
-/// An error as a response.
+/// An error as a response, in OpenAI's shape.
 pub fn error_response(e: &ApiError) -> Response<GatewayBody> {
-    e.to_response::<Full<Bytes>>().map(|b| b.boxed_unsync())
+    error_response_in(e, Wire::OpenAi)
+}
+
+/// An error as a response, in `wire`'s shape.
+pub fn error_response_in(e: &ApiError, wire: Wire) -> Response<GatewayBody> {
+    e.to_response_in::<Full<Bytes>>(wire)
+        .map(|b| b.boxed_unsync())
 }
 
 /// Everything the request path needs, built once from a validated [`Config`].
@@ -294,16 +301,16 @@ impl Gateway {
             TokenCount::AtLeast(n) => (n as u64, "at least "),
         };
         match req.requested_max_tokens {
-            Some((_, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
+            Some((field, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
                 "this model's maximum context length is {max_len} tokens; the prompt is {least}{prompt_tokens} tokens and {asked} output tokens were requested ({least}{} in all)",
                 prompt_tokens + asked
             ))
-            .with_param("max_tokens")),
+            .with_param(field.param())),
             Some((_, asked)) => Ok(asked),
             None if prompt_tokens >= max_len => Err(ApiError::context_length(format!(
                 "this model's maximum context length is {max_len} tokens; the prompt alone is {least}{prompt_tokens} tokens"
             ))
-            .with_param("messages")),
+            .with_param(req.endpoint.prompt_param())),
             None => Ok(self.config.model.default_max_tokens.min(max_len - prompt_tokens)),
         }
     }
@@ -359,11 +366,11 @@ impl Gateway {
         }
     }
 
-    /// Steps 5-11 for `/v1/chat/completions` and `/v1/completions`; also returns the tenant
-    /// (`unknown` when authentication failed) so the outcome can be counted.
+    /// Steps 5-11 for a generation route (OpenAI's or MindIE's native ones); also returns the
+    /// tenant (`unknown` when authentication failed) so the outcome can be counted.
     pub async fn generate(
         &self,
-        endpoint: Endpoint,
+        route: Route,
         req: Request<Incoming>,
     ) -> (Option<String>, Result<Response<GatewayBody>, ApiError>) {
         let arrived = Instant::now();
@@ -374,14 +381,14 @@ impl Gateway {
         let name = tenant.name.clone();
         (
             Some(name),
-            self.generate_for(tenant, endpoint, req, arrived).await,
+            self.generate_for(tenant, route, req, arrived).await,
         )
     }
 
     async fn generate_for(
         &self,
         tenant: Arc<Tenant>,
-        endpoint: Endpoint,
+        route: Route,
         req: Request<Incoming>,
         arrived: Instant,
     ) -> Result<Response<GatewayBody>, ApiError> {
@@ -409,7 +416,7 @@ impl Gateway {
                     max_model_len: config.model.max_model_len,
                     vision: &config.vision_rules,
                 };
-                openai::parse_generation(endpoint, body, &limits)
+                api::parse_generation(route, body, &limits)
             })
             .await?;
         // With max_tokens known, the decode bucket is checked before counting too.
@@ -480,10 +487,11 @@ impl Gateway {
             lease,
             self.metrics.clone(),
             OutputCounter {
+                wire: route.wire(),
                 tokenizer: self.tokenizer.clone(),
                 pool: self.pool.clone(),
-                replies: match (endpoint, &self.replies) {
-                    (Endpoint::Chat, Some(pool)) => Some(ReplyMemo {
+                replies: match (route, &self.replies) {
+                    (Route::OpenAi(Endpoint::Chat), Some(pool)) => Some(ReplyMemo {
                         chat: self.chat.clone(),
                         pool: pool.clone(),
                     }),
@@ -508,7 +516,7 @@ impl Gateway {
         let upstream = &self.upstreams[admitted.backend()];
         let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
         let body =
-            openai::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
+            api::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
         let resp = match upstream
             .send(Method::POST, req.endpoint.path(), Some(body), request_id)
             .await

@@ -27,6 +27,7 @@ use tokengate::api::openai::{
     parse_generation, parse_object, rewrite_for_backend, Endpoint, GenerationRequest,
     MaxTokensField, ParseLimits, Prompt,
 };
+use tokengate::api::Route;
 use tokengate::error::ApiError;
 use tokengate::tokenize::cache::ChatCounter;
 use tokengate::tokenize::chat::ChatTemplate;
@@ -828,7 +829,12 @@ fn check_error_shape(e: &ApiError) -> Result<(), TestCaseError> {
 fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), TestCaseError> {
     let reserved = 1 + reserved.index(MAX_MODEL_LEN as usize) as u64;
     let original = req.body.clone();
-    let (endpoint, stream, prompt) = (req.endpoint, req.stream, req.prompt.clone());
+    let Route::OpenAi(endpoint) = req.endpoint else {
+        return Err(TestCaseError::fail(
+            "an OpenAI body parsed as another route",
+        ));
+    };
+    let (stream, prompt) = (req.stream, req.prompt.clone());
     let rewritten = rewrite_for_backend(&mut req, reserved, SERVED[0]);
     let again = parse(endpoint, &rewritten)
         .map_err(|e| TestCaseError::fail(format!("the rewritten body is refused: {e}")))?;

@@ -31,6 +31,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokengate::admission::{Admission, BackendSpec, QueueSpec};
+use tokengate::api::Wire;
 use tokengate::clock::SystemClock;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, Settlement, TenantLimits};
 use tokengate::metrics::Metrics;
@@ -420,6 +421,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
             lease,
             h.metrics.clone(),
             OutputCounter {
+                wire: Wire::OpenAi,
                 tokenizer: crate::common::tokenizer(),
                 pool: h.pool.clone(),
                 replies: None,

@@ -1,0 +1,373 @@
+//! MindIE's native (TGI-style) API: strict parsing and validation of `/infer`, `/generate` and
+//! `/generate_stream` bodies, the rewrite that caps `parameters.max_new_tokens` at what was
+//! reserved, and where its answers and stream events say how many tokens were generated. The
+//! prompt (`inputs`) is raw text: the engine runs no chat template over it, nor does the
+//! gateway's count.
+
+use super::openai::{
+    optional_bool, positive_int, wrong_type, GenerationRequest, MaxTokensField, ParseLimits, Prompt,
+};
+use super::sse::{self, ChunkInfo};
+use super::Route;
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+
+/// A native route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Native {
+    /// `POST /infer`: streamed when the body's `stream` is true.
+    Infer,
+    /// `POST /generate`: one whole answer.
+    Generate,
+    /// `POST /generate_stream`: always streamed.
+    GenerateStream,
+}
+
+impl Native {
+    /// The native route at `path`, if it is one.
+    pub fn from_path(path: &str) -> Option<Native> {
+        match path {
+            "/infer" => Some(Native::Infer),
+            "/generate" => Some(Native::Generate),
+            "/generate_stream" => Some(Native::GenerateStream),
+            _ => None,
+        }
+    }
+
+    /// Its path (the backend's too).
+    pub fn path(self) -> &'static str {
+        match self {
+            Native::Infer => "/infer",
+            Native::Generate => "/generate",
+            Native::GenerateStream => "/generate_stream",
+        }
+    }
+
+    /// Whether the route itself streams (`None`: the body's `stream` says).
+    fn streams(self) -> Option<bool> {
+        match self {
+            Native::Infer => None,
+            Native::Generate => Some(false),
+            Native::GenerateStream => Some(true),
+        }
+    }
+}
+
+/// Validates a native body for `native`: `inputs` a non-empty string, `stream` a boolean
+/// (on `/generate` and `/generate_stream` only the route's own mode, so the answer's shape
+/// is never in doubt), `parameters` an object whose `max_new_tokens` is a whole number in
+/// 1..=max_model_len, `details` a boolean, and `n` / `best_of` 1 (one sequence per request: a
+/// reservation covers one). Other parameters reach the backend as sent.
+pub fn parse_generation(
+    native: Native,
+    body: Map<String, Value>,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let inputs = match body.get("inputs") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid_param(
+                "inputs",
+                "`inputs` must not be empty",
+            ))
+        }
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_param(
+                "inputs",
+                "`inputs` is a list (a multimodal request): the gateway counts text prompts on this route; send images to /v1/chat/completions",
+            ))
+        }
+        None | Some(Value::Null) => {
+            let hint = if body.contains_key("prompt") {
+                " (`prompt` is the field of the OpenAI and vLLM APIs)"
+            } else {
+                ""
+            };
+            return Err(ApiError::invalid_param(
+                "inputs",
+                format!("`inputs` is required{hint}"),
+            ));
+        }
+        Some(other) => return Err(wrong_type("inputs", "a string", other)),
+    };
+    let asked = optional_bool(&body, "stream")?;
+    let stream = match (native.streams(), asked) {
+        (None, asked) => asked.unwrap_or(false),
+        (Some(mode), Some(asked)) if asked != mode => {
+            let (path, other) = (
+                native.path(),
+                if mode {
+                    "/generate"
+                } else {
+                    "/generate_stream"
+                },
+            );
+            return Err(ApiError::invalid_param(
+                "stream",
+                format!("`stream` is {asked}, but {path} always answers with stream = {mode}; use {other} or /infer"),
+            ));
+        }
+        (Some(mode), _) => mode,
+    };
+    let parameters = match body.get("parameters") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(p)) => Some(p),
+        Some(other) => return Err(wrong_type("parameters", "an object", other)),
+    };
+    let parameter = |name: &str| {
+        parameters
+            .and_then(|p| p.get(name))
+            .filter(|v| !v.is_null())
+    };
+    let field = MaxTokensField::MaxNewTokens;
+    let requested_max_tokens = match parameter("max_new_tokens") {
+        None => None,
+        Some(v) => Some((field, positive_int(field.param(), v, limits.max_model_len)?)),
+    };
+    for name in ["n", "best_of"] {
+        match parameter(name) {
+            None => {}
+            Some(v) if v.as_u64() == Some(1) => {}
+            Some(v) => {
+                let param = format!("parameters.{name}");
+                return Err(ApiError::invalid_param(
+                    &param,
+                    format!("`{param}` must be 1 (one sequence per request), got {v}"),
+                ));
+            }
+        }
+    }
+    if let Some(v) = parameter("details").filter(|v| !v.is_boolean()) {
+        return Err(wrong_type("parameters.details", "a boolean", v));
+    }
+    Ok(GenerationRequest {
+        endpoint: Route::MindIe(native),
+        model: limits.served_names[0].clone(),
+        stream,
+        client_wants_usage: false,
+        requested_max_tokens,
+        prompt: Prompt::Text(inputs),
+        body,
+    })
+}
+
+/// Takes the validated body out of `req` and sets `parameters.max_new_tokens` to `reserved`,
+/// so the backend generates at most what was reserved; everything else is sent as it came.
+pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Vec<u8> {
+    let mut body = std::mem::take(&mut req.body);
+    let parameters = body
+        .entry("parameters")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !parameters.is_object() {
+        // Only `null` gets here: anything else was refused by `parse_generation`.
+        *parameters = Value::Object(Map::new());
+    }
+    if let Value::Object(p) = parameters {
+        p.insert("max_new_tokens".into(), Value::from(reserved));
+    }
+    serde_json::to_vec(&Value::Object(body)).expect("a JSON map always serializes")
+}
+
+/// `details.generated_tokens` of a whole answer or of a stream's last event.
+pub fn generated_tokens(v: &Value) -> Option<u64> {
+    v.get("details")?.get("generated_tokens")?.as_u64()
+}
+
+/// What one stream event says: the text of its token (one token per event), and in the last
+/// event `details.generated_tokens`.
+pub fn inspect(event: &[u8]) -> ChunkInfo {
+    let mut info = ChunkInfo::default();
+    let Some(v) = sse::event_json(event) else {
+        return info;
+    };
+    info.completion_tokens = generated_tokens(&v);
+    if let Some(text) = v
+        .get("token")
+        .and_then(|t| t.get("text"))
+        .and_then(Value::as_str)
+    {
+        info.text.push_str(text);
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vision::VisionRules;
+    use serde_json::json;
+
+    fn parse(native: Native, v: Value) -> Result<GenerationRequest, ApiError> {
+        let names = vec!["qwen".to_string()];
+        let Value::Object(map) = v else { panic!() };
+        parse_generation(
+            native,
+            map,
+            &ParseLimits {
+                served_names: &names,
+                max_model_len: 1000,
+                vision: &VisionRules::default(),
+            },
+        )
+    }
+
+    #[test]
+    fn reads_the_prompt_the_stream_mode_and_max_new_tokens() {
+        let r = parse(
+            Native::Infer,
+            json!({"inputs": "hi", "stream": true, "parameters": {"max_new_tokens": 7, "details": true, "n": 1}}),
+        )
+        .unwrap();
+        assert!(r.stream);
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxNewTokens, 7))
+        );
+        assert!(matches!(r.prompt, Prompt::Text(ref t) if t == "hi"));
+        assert_eq!(r.endpoint, Route::MindIe(Native::Infer));
+        assert!(
+            !parse(Native::Infer, json!({"inputs": "hi"}))
+                .unwrap()
+                .stream
+        );
+        assert!(
+            parse(Native::GenerateStream, json!({"inputs": "hi"}))
+                .unwrap()
+                .stream
+        );
+        let r = parse(
+            Native::Generate,
+            json!({"inputs": "hi", "parameters": null}),
+        )
+        .unwrap();
+        assert!(!r.stream);
+        assert_eq!(r.requested_max_tokens, None);
+    }
+
+    #[test]
+    fn refuses_bad_fields_with_their_names() {
+        let cases = [
+            (Native::Generate, json!({}), "inputs", "`inputs` is required"),
+            (
+                Native::Generate,
+                json!({"prompt": "hi"}),
+                "inputs",
+                "`inputs` is required (`prompt` is the field of the OpenAI and vLLM APIs)",
+            ),
+            (Native::Generate, json!({"inputs": ""}), "inputs", "`inputs` must not be empty"),
+            (Native::Generate, json!({"inputs": 3}), "inputs", "`inputs` must be a string, got a number"),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "stream": "yes"}),
+                "stream",
+                "`stream` must be a boolean, got a string",
+            ),
+            (
+                Native::Generate,
+                json!({"inputs": "hi", "stream": true}),
+                "stream",
+                "`stream` is true, but /generate always answers with stream = false; use /generate_stream or /infer",
+            ),
+            (
+                Native::GenerateStream,
+                json!({"inputs": "hi", "stream": false}),
+                "stream",
+                "`stream` is false, but /generate_stream always answers with stream = true; use /generate or /infer",
+            ),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "parameters": [1]}),
+                "parameters",
+                "`parameters` must be an object, got an array",
+            ),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "parameters": {"max_new_tokens": 0}}),
+                "parameters.max_new_tokens",
+                "`parameters.max_new_tokens` must be at least 1, got 0",
+            ),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "parameters": {"max_new_tokens": 1001}}),
+                "parameters.max_new_tokens",
+                "`parameters.max_new_tokens` is 1001, more than the model's context length of 1000 tokens",
+            ),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "parameters": {"max_new_tokens": 2.5}}),
+                "parameters.max_new_tokens",
+                "`parameters.max_new_tokens` must be a whole number of at least 1, got 2.5",
+            ),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "parameters": {"best_of": 2}}),
+                "parameters.best_of",
+                "`parameters.best_of` must be 1 (one sequence per request), got 2",
+            ),
+            (
+                Native::Infer,
+                json!({"inputs": "hi", "parameters": {"details": 1}}),
+                "parameters.details",
+                "`parameters.details` must be a boolean, got a number",
+            ),
+        ];
+        for (native, body, param, message) in cases {
+            let e = parse(native, body.clone()).unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert_eq!(e.message, message, "{body}");
+        }
+        let list = parse(
+            Native::Infer,
+            json!({"inputs": [{"type": "text", "text": "hi"}]}),
+        );
+        assert_eq!(list.unwrap_err().param.as_deref(), Some("inputs"));
+    }
+
+    #[test]
+    fn rewrite_caps_max_new_tokens_and_keeps_the_rest_in_order() {
+        let mut r = parse(
+            Native::Infer,
+            json!({"inputs": "hi", "parameters": {"temperature": 0.1, "max_new_tokens": 900, "top_k": 3}, "stream": true}),
+        )
+        .unwrap();
+        let out = String::from_utf8(rewrite_for_backend(&mut r, 5)).unwrap();
+        assert_eq!(
+            out,
+            r#"{"inputs":"hi","parameters":{"temperature":0.1,"max_new_tokens":5,"top_k":3},"stream":true}"#
+        );
+        for body in [
+            json!({"inputs": "hi"}),
+            json!({"inputs": "hi", "parameters": null}),
+        ] {
+            let mut r = parse(Native::Generate, body).unwrap();
+            let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 9)).unwrap();
+            assert_eq!(
+                out,
+                json!({"inputs": "hi", "parameters": {"max_new_tokens": 9}})
+            );
+        }
+    }
+
+    #[test]
+    fn reads_tokens_from_events_and_answers() {
+        let e = inspect(
+            br#"data:{"index":2,"token":{"id":0,"text":" fox","logprob":0.0,"special":false},"generated_text":null,"details":null}"#,
+        );
+        assert_eq!((e.text.as_str(), e.completion_tokens), (" fox", None));
+        let last = inspect(
+            b"data: {\"token\":{\"text\":\" dog\"},\"generated_text\":\"a dog\",\"details\":{\"finish_reason\":\"length\",\"generated_tokens\":2}}\n\n",
+        );
+        assert_eq!(
+            (last.text.as_str(), last.completion_tokens),
+            (" dog", Some(2))
+        );
+        assert!(!last.usage_only);
+        assert_eq!(inspect(b"data: not json\n\n"), ChunkInfo::default());
+        assert_eq!(
+            generated_tokens(&json!({"generated_text": "x", "details": {"generated_tokens": 4}})),
+            Some(4)
+        );
+        assert_eq!(generated_tokens(&json!({"generated_text": "x"})), None);
+    }
+}

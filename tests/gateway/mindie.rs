@@ -1,0 +1,357 @@
+//! MindIE's native routes (`/infer`, `/generate`, `/generate_stream`) through the gateway to
+//! the simulated backend on real sockets: the raw prompt charged, `max_new_tokens` reserved
+//! and forwarded, what was not generated refunded, refusals in TGI's shape, a client that
+//! goes away mid-stream settled.
+
+use super::*;
+use tokengate::sim::{self, Faults, SimConfig, SimHandle};
+
+/// What clients send in these tests.
+const INPUTS: &str = "What is the capital of France?";
+
+/// A gateway in front of the simulated backend, every engine pass taking `pace`. Answers
+/// without `ignore_eos` have 4 tokens on average (seeded, so the same every run).
+async fn sim_gateway(pace: Duration) -> (TestGateway, SimHandle) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = SimConfig {
+        mean_output_tokens: 4.0,
+        ..SimConfig::pace(pace)
+    };
+    let counter: sim::text::SharedCounter = tokenizer();
+    let sim = sim::start(cfg, counter, listener).await.unwrap();
+    let gw = TestGateway::start(config(&[sim.addr()])).await;
+    (gw, sim)
+}
+
+/// Alice's (prefill, decode, requests) buckets.
+async fn buckets(gw: &TestGateway) -> (f64, f64, f64) {
+    (
+        gw.bucket("alice", "prefill").await,
+        gw.bucket("alice", "decode").await,
+        gw.bucket("alice", "requests").await,
+    )
+}
+
+/// The JSON payloads of a TGI event stream (`data:` with or without its space).
+fn events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data:"))
+        .map(|d| serde_json::from_str(d.trim()).unwrap())
+        .collect()
+}
+
+/// Tokens an answer says were generated: its events (one token each, the last one's
+/// `details.generated_tokens` agreeing), or its `details`, or its text counted.
+fn generated(r: &Received, streamed: bool) -> u64 {
+    if streamed {
+        let events = events(&r.body);
+        let last = events.last().expect("at least one token");
+        assert_eq!(
+            last["details"]["generated_tokens"].as_u64(),
+            Some(events.len() as u64)
+        );
+        let text: String = events
+            .iter()
+            .map(|e| e["token"]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(last["generated_text"].as_str(), Some(text.as_str()));
+        return events.len() as u64;
+    }
+    let v = r.json();
+    let text = v["generated_text"].as_str().unwrap();
+    match v["details"]["generated_tokens"].as_u64() {
+        Some(n) => n,
+        None => tokenizer().count(text) as u64,
+    }
+}
+
+#[tokio::test]
+async fn mindie_routes_charge_the_raw_prompt_and_refund_what_was_not_generated() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    // The prompt as text, without a chat template: what MindIE runs.
+    let prompt = tokenizer().count(INPUTS) as u64;
+    assert!(prompt < chat_tokens(INPUTS));
+    let with = |extra: Value| {
+        let mut body = json!({"inputs": INPUTS});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let max40 = || json!({"max_new_tokens": 40});
+    // (path, body, streamed, reserved)
+    let cases = [
+        (
+            "/generate",
+            with(json!({"parameters": {"max_new_tokens": 40, "details": true}})),
+            false,
+            40,
+        ),
+        // Without `details` the answer's text is counted.
+        ("/generate", with(json!({"parameters": max40()})), false, 40),
+        (
+            "/generate_stream",
+            with(json!({"parameters": max40()})),
+            true,
+            40,
+        ),
+        (
+            "/infer",
+            with(json!({"stream": true, "parameters": max40()})),
+            true,
+            40,
+        ),
+        (
+            "/infer",
+            with(json!({"stream": false, "parameters": {"max_new_tokens": 40, "details": true}})),
+            false,
+            40,
+        ),
+        ("/infer", with(json!({})), false, 100),
+        // No max_new_tokens: the default (100) is reserved, and forwarded.
+        (
+            "/generate_stream",
+            with(json!({"parameters": null})),
+            true,
+            100,
+        ),
+    ];
+    let (mut decoded, mut refunded) = (0, 0);
+    for (i, (path, body, streamed, reserved)) in cases.iter().enumerate() {
+        let (prefill, decode, requests) = buckets(&gw).await;
+        let r = post(&gw.url(path), "sk-alice", body).await;
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+        let what = format!("{path} {body}");
+        let expected_type = if *streamed {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        assert_eq!(r.headers["content-type"], expected_type, "{what}");
+        // Charged its reservation: the tenant's headers say so.
+        assert_eq!(
+            r.headers["x-ratelimit-remaining-tokens"],
+            (decode - *reserved as f64).to_string().as_str(),
+            "{what}"
+        );
+        let n = generated(&r, *streamed);
+        assert!((1..*reserved).contains(&n), "{what}: {n} tokens");
+        decoded += n;
+        refunded += reserved - n;
+        gw.wait_metric(
+            "tokengate_decode_tokens_total{tenant=\"alice\"}",
+            &decoded.to_string(),
+        )
+        .await;
+        // Settled: the prompt stays charged, the decode reservation shrank to what was
+        // generated, the KV lease is gone.
+        assert_eq!(
+            buckets(&gw).await,
+            (prefill - prompt as f64, decode - n as f64, requests - 1.0),
+            "{what}"
+        );
+        assert_eq!(gw.kv_reserved(0).await, 0, "{what}");
+        assert_eq!(sim.stats().requests, i as u64 + 1);
+    }
+    let stats = sim.stats();
+    // The backend was asked for exactly what was reserved, and counted the same prompt.
+    let forwarded: Vec<Option<u64>> = cases.iter().map(|c| Some(c.3)).collect();
+    assert_eq!(stats.max_tokens, forwarded);
+    assert_eq!(stats.prompt_tokens, prompt * cases.len() as u64);
+    assert_eq!(stats.generated_tokens, decoded);
+    let count = cases.len().to_string();
+    gw.wait_metric(
+        "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
+        &refunded.to_string(),
+    )
+    .await;
+    gw.wait_metric(
+        "tokengate_prefill_tokens_total{tenant=\"alice\"}",
+        &(prompt * cases.len() as u64).to_string(),
+    )
+    .await;
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        &count,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mindie_refusals_are_tgi_shaped_and_change_nothing() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    let refused = |r: &Received| -> (u16, String, String) {
+        let v = r.json();
+        assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+        (
+            r.status,
+            v["error_type"].as_str().unwrap().to_string(),
+            v["error"].as_str().unwrap().to_string(),
+        )
+    };
+    let tgi =
+        |status: u16, code: &str, message: &str| (status, code.to_string(), message.to_string());
+    let cases = [
+        ("/generate", json!({"parameters": {"max_new_tokens": 5}}), tgi(400, "invalid_request", "`inputs` is required")),
+        ("/infer", json!({"inputs": ""}), tgi(400, "invalid_request", "`inputs` must not be empty")),
+        ("/generate_stream", json!({"inputs": "hi", "stream": false}), tgi(400, "invalid_request", "`stream` is false, but /generate_stream always answers with stream = true; use /generate or /infer")),
+        ("/infer", json!({"inputs": "hi", "parameters": {"max_new_tokens": 0}}), tgi(400, "invalid_request", "`parameters.max_new_tokens` must be at least 1, got 0")),
+        ("/infer", json!({"inputs": "hi", "parameters": {"best_of": 3}}), tgi(400, "invalid_request", "`parameters.best_of` must be 1 (one sequence per request), got 3")),
+    ];
+    for (path, body, expected) in cases {
+        let r = post(&gw.url(path), "sk-alice", &body).await;
+        assert_eq!(refused(&r), expected, "{path} {body}");
+    }
+    // Over the context (prompt at least 3,097 tokens with 1,000 asked for): counting stopped
+    // at the longest prompt that fits.
+    let long = json!({"inputs": " hello".repeat(3200), "parameters": {"max_new_tokens": 1000}});
+    let r = post(&gw.url("/generate"), "sk-alice", &long).await;
+    let (status, code, message) = refused(&r);
+    assert_eq!((status, code.as_str()), (400, "context_length_exceeded"));
+    let expected = "this model's maximum context length is 4096 tokens; the prompt is at least ";
+    assert!(message.starts_with(expected), "{message}");
+    assert!(
+        message.contains("and 1000 output tokens were requested"),
+        "{message}"
+    );
+    let r = post(&gw.url("/infer"), "sk-nobody", &json!({"inputs": "hi"})).await;
+    assert_eq!(refused(&r).0, 401);
+    assert_eq!(refused(&r).1, "invalid_api_key");
+    assert_eq!(r.headers["www-authenticate"], "Bearer");
+    let r = send(&gw.url("/generate"), "GET", None, &[]).await;
+    assert_eq!(
+        refused(&r),
+        tgi(
+            405,
+            "method_not_allowed",
+            "GET is not allowed on /generate; it answers POST"
+        )
+    );
+    assert_eq!(r.headers["allow"], "POST");
+    // Nothing was charged and nothing reached the backend.
+    assert_nothing_charged(&gw).await;
+    assert_eq!(sim.stats().requests, 0);
+
+    // The backend failing is a 502 without its internals, and charges nothing.
+    sim.set_faults(Faults {
+        status: Some(500),
+        ..Faults::default()
+    });
+    let r = post(&gw.url("/generate"), "sk-alice", &json!({"inputs": "hi"})).await;
+    assert_eq!(
+        refused(&r),
+        tgi(
+            502,
+            "upstream_error",
+            "the backend failed with status 500 Internal Server Error"
+        )
+    );
+    assert_nothing_charged(&gw).await;
+    sim.set_faults(Faults::default());
+
+    // A drained decode bucket: 429 with the OpenAI route's numbers and headers.
+    let big = json!({"inputs": "a", "parameters": {"max_new_tokens": 600, "ignore_eos": true}});
+    assert_eq!(
+        post(&gw.url("/generate"), "sk-alice", &big).await.status,
+        200
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 400.0);
+    let r = post(&gw.url("/generate_stream"), "sk-alice", &big).await;
+    assert_eq!(
+        refused(&r),
+        tgi(
+            429,
+            "rate_limit_exceeded",
+            "rate limit reached for decode: request needs 600 tokens, 400 available; retry after at least 2.000 s"
+        )
+    );
+    assert_eq!(r.headers["retry-after"], "2");
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "400");
+    assert_eq!(r.headers["x-ratelimit-remaining-requests"], "99");
+    assert_eq!(gw.bucket("alice", "decode").await, 400.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 99.0);
+    // The one that failed and the one answered.
+    assert_eq!(sim.stats().requests, 2);
+}
+
+#[tokio::test]
+async fn mindie_stream_broken_by_the_backend_ends_with_a_tgi_error_event_and_charges_what_streamed()
+{
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    sim.set_faults(Faults {
+        fail_after_tokens: Some(3),
+        ..Faults::default()
+    });
+    let body = json!({"inputs": "a", "parameters": {"max_new_tokens": 20, "ignore_eos": true}});
+    let r = post(&gw.url("/generate_stream"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    // How many of the 3 tokens sent before the break cross it depends on where the cut
+    // lands in the connection's buffers; each one that reached the client is charged.
+    let mut events = events(&r.body);
+    let last = events.pop().unwrap();
+    assert_eq!(
+        last,
+        json!({"error": "the backend stream broke before it finished", "error_type": "upstream_error"})
+    );
+    let streamed = events.len() as u64;
+    assert!((1..=3).contains(&streamed), "{}", r.text());
+    assert!(events.iter().all(|e| e["token"]["text"].is_string()));
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"upstream_error\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(
+        gw.metric("tokengate_decode_tokens_refunded_total{tenant=\"alice\"}")
+            .await
+            .as_deref(),
+        Some((20 - streamed).to_string().as_str())
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - streamed as f64);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn mindie_client_disconnect_mid_stream_frees_kv_and_refunds_the_rest() {
+    // Slow passes: the client hangs up after the first token, long before the last.
+    let (gw, _sim) = sim_gateway(Duration::from_millis(200)).await;
+    let body = json!({"inputs": "a", "stream": true, "parameters": {"max_new_tokens": 50, "ignore_eos": true}});
+    let resp = start_request(
+        &gw.url("/infer"),
+        "POST",
+        Some(body.to_string().into_bytes()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    use http_body_util::BodyExt;
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(events(&first)[0]["token"]["text"], " the");
+    drop(body); // the connection closes mid-stream
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"client_disconnect\"}",
+        "1",
+    )
+    .await;
+    // What the gateway saw stream is charged, the rest of the 50 comes back.
+    let seen: u64 = gw
+        .metric("tokengate_decode_tokens_total{tenant=\"alice\"}")
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..50).contains(&seen), "{seen}");
+    assert_eq!(
+        gw.metric("tokengate_decode_tokens_refunded_total{tenant=\"alice\"}")
+            .await
+            .as_deref(),
+        Some((50 - seen).to_string().as_str())
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - seen as f64);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
