@@ -319,8 +319,8 @@ pub struct BackendConfig {
     /// How `kv_capacity_bytes` and `max_batch` were derived, when they were.
     #[serde(skip)]
     pub derived: Option<DerivedBackend>,
-    /// Path answered by a ready backend (`/health` for vLLM and the sim, `/v2/health/ready`
-    /// for MindIE).
+    /// Path answered by a ready backend on its `url` (`/health` for vLLM and the sim,
+    /// `/v1/models` for MindIE, whose own health paths are on its management port).
     #[serde(default = "default_health_path")]
     pub health_path: String,
     /// TCP connect timeout.

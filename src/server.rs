@@ -77,12 +77,8 @@ async fn route_main(
 /// The method a path of the main listener answers, if it is one of its paths.
 fn allowed_method(path: &str) -> Option<Allow> {
     match path {
-        "/v1/chat/completions"
-        | "/v1/completions"
-        | "/tokenize"
-        | "/infer"
-        | "/generate"
-        | "/generate_stream" => Some(Allow::Post),
+        _ if Route::from_path(path).is_some() => Some(Allow::Post),
+        "/tokenize" => Some(Allow::Post),
         "/v1/models" => Some(Allow::Get),
         _ => None,
     }

@@ -355,3 +355,50 @@ async fn mindie_client_disconnect_mid_stream_frees_kv_and_refunds_the_rest() {
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - seen as f64);
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
+
+#[tokio::test]
+async fn mindie_example_config_serves_mindie_as_its_docs_lay_it_out() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/mindie.toml");
+    let mut cfg = tokengate::config::Config::load(&path).unwrap();
+    // MindIE's business plane as documented: plain HTTP at ipAddress:port, 127.0.0.1:1025.
+    assert_eq!(cfg.backends[0].url, "http://127.0.0.1:1025");
+    // A stand-in speaking MindIE's business-plane API under the config's model name, on a port
+    // of its own (1025 may be taken here); the gateway's listeners on free ports; a test key.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stand_in = SimConfig {
+        served_names: cfg.model.served_names.clone(),
+        ..SimConfig::default()
+    };
+    let counter: sim::text::SharedCounter = tokenizer();
+    let sim = sim::start(stand_in, counter, listener).await.unwrap();
+    cfg.backends[0].url = sim.url();
+    cfg.server.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.server.admin_listen = "127.0.0.1:0".parse().unwrap();
+    cfg.tenants[0].api_keys = vec!["sk-team-a".to_string()];
+    let gw = TestGateway::start(cfg).await;
+    // Ready: its health path is answered on the business port.
+    let ready = gw.admin("/readyz").await;
+    assert_eq!(ready["backends"][0]["state"], "ready", "{ready}");
+    let model = sim::DEFAULT_MODEL;
+    let cases = [
+        (
+            "/generate",
+            json!({"inputs": "hi", "parameters": {"max_new_tokens": 3}}),
+        ),
+        ("/generate_stream", json!({"inputs": "hi"})),
+        ("/infer", json!({"inputs": "hi", "stream": true})),
+        (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": model, "prompt": "hi", "max_tokens": 3}),
+        ),
+    ];
+    for (path, body) in cases {
+        let r = post(&gw.url(path), "sk-team-a", &body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    assert_eq!(sim.stats().requests, 5);
+}
