@@ -1,13 +1,13 @@
-//! The admin listener: Prometheus metrics, liveness and readiness, and JSON views of the
-//! tenants' buckets and the backends' KV ledgers. With `server.admin_token` set, every path
-//! but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
+//! The admin listener: Prometheus metrics, liveness and readiness, JSON views of the tenants'
+//! buckets and the backends' KV ledgers, and `POST /admin/reload`. With `server.admin_token`
+//! set, every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
 use crate::error::{Allow, ApiError};
 use crate::metrics::{BackendLabel, BucketLabels};
 use crate::proxy::forward::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};
 use crate::tenant::{bearer, hash_key, BearerKind};
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, Request, Response, StatusCode};
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
@@ -45,8 +45,13 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
     if !is_probe(path) {
         authorize(gw, req.headers())?;
     }
-    if req.method() != Method::GET {
-        return Err(ApiError::method_not_allowed(req.method(), path, Allow::Get));
+    let allow = if path == "/admin/reload" {
+        Allow::Post
+    } else {
+        Allow::Get
+    };
+    if req.method().as_str() != allow.as_str() {
+        return Err(ApiError::method_not_allowed(req.method(), path, allow));
     }
     match path {
         "/metrics" => {
@@ -62,6 +67,11 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
         "/readyz" => Ok(readiness(gw).await),
         "/admin/tenants" => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
         "/admin/backends" => Ok(json_response(StatusCode::OK, &backends_json(gw))),
+        "/admin/reload" => {
+            let reloaded = gw.reload().await?;
+            let body = json!({"status": "reloaded", "changes": reloaded});
+            Ok(json_response(StatusCode::OK, &body))
+        }
         _ => Err(ApiError::not_found(format!("no admin route {path}"))),
     }
 }
@@ -89,7 +99,7 @@ async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
 
 async fn tenants_json(gw: &Gateway) -> serde_json::Value {
     let mut out = Vec::new();
-    for t in gw.tenants.tenants() {
+    for t in gw.live.current().tenants.tenants() {
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
         out.push(json!({
             "name": t.name,
@@ -106,11 +116,12 @@ async fn tenants_json(gw: &Gateway) -> serde_json::Value {
 
 fn backends_json(gw: &Gateway) -> serde_json::Value {
     let snap = gw.admission.snapshot();
+    let live = gw.live.current();
     let backends: Vec<_> = snap
         .backends
         .iter()
         .zip(&gw.upstreams)
-        .zip(&gw.config.backends)
+        .zip(&live.config.backends)
         .map(|((b, u), cfg)| {
             json!({
                 "url": u.url,
@@ -149,7 +160,7 @@ async fn refresh_gauges(gw: &Gateway) {
             .set(b.kv_capacity_bytes as i64);
     }
     gw.metrics.queue_depth.set(snap.queued as i64);
-    for t in gw.tenants.tenants() {
+    for t in gw.live.current().tenants.tenants() {
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
         for (bucket, b) in [
             ("prefill", &s.prefill),

@@ -9,8 +9,8 @@ use crate::metrics::Metrics;
 use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
 use crate::proxy::forward::Upstream;
 use crate::proxy::Gateway;
+use crate::reload::LiveConfig;
 use crate::server::{self, Running};
-use crate::tenant::TenantDirectory;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::pool::TokenizePool;
@@ -95,8 +95,11 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
         },
     );
     let upstreams = config.backends.iter().map(Upstream::new).collect();
+    let metrics = Arc::new(Metrics::new());
+    metrics.config_loaded();
+    let config = Arc::new(config);
     Ok(Arc::new(Gateway {
-        tenants: TenantDirectory::from_config(&config.tenants),
+        live: LiveConfig::new(config.clone()),
         limiter: Limiter::new(Arc::new(LocalStore::default()), deps.clock),
         admission,
         upstreams,
@@ -104,9 +107,9 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
         chat,
         pool,
         replies,
-        metrics: Arc::new(Metrics::new()),
+        metrics,
         discarder: Arc::new(Discarder::new(DISCARD_BYTES_PER_SECOND)),
-        config: Arc::new(config),
+        config,
     }))
 }
 

@@ -42,6 +42,10 @@ pub struct Config {
     /// [`Config::parse`].
     #[serde(skip)]
     pub vision_rules: VisionRules,
+    /// The file it was read from ([`Config::load`]; `None` for text given to
+    /// [`Config::parse`]): a reload reads it again.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
 }
 
 /// The declared average request used to derive batch ceilings and token rates.
@@ -436,6 +440,7 @@ impl Config {
         let base = path.parent().unwrap_or_else(|| Path::new("."));
         cfg.resolve_paths(base);
         cfg.finish().with_context(in_file)?;
+        cfg.file = Some(path.to_path_buf());
         Ok(cfg)
     }
 
@@ -692,6 +697,128 @@ impl Config {
     }
 }
 
+/// Pushes `PREFIX.field` onto `$out` for every restart-only field of a section that differs
+/// between `$old` and `$new`. The pattern names every field of the struct, the reloadable ones
+/// after `reloadable`, so a field added later does not compile until it is sorted into one
+/// list or the other.
+macro_rules! restart_only {
+    ($out:expr, $prefix:expr, $ty:ident, $old:expr, $new:expr,
+     [$($field:ident),* $(,)?] $(, reloadable [$($live:ident),* $(,)?])?) => {{
+        let $ty { $($field: _,)* $($($live: _,)*)? } = $old;
+        $(
+            if $old.$field != $new.$field {
+                $out.push(format!("{}.{}", $prefix, stringify!($field)));
+            }
+        )*
+    }};
+}
+
+impl Config {
+    /// The settings that differ between this (running) config and `new` and that only a
+    /// restart applies, named as in the file (`server.listen`, `backends[0].url`). A reload
+    /// applies tenants, `workload` and the backends' sizing (`kv_capacity_bytes`, `max_batch`
+    /// and the capacity-model inputs); everything else is read once at startup.
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<String> {
+        let mut out = Vec::new();
+        let Config {
+            server,
+            tokenizer,
+            model,
+            admission,
+            workload: _,
+            backends,
+            tenants: _,
+            vision,
+            vision_rules,
+            file: _,
+        } = self;
+        restart_only!(
+            out,
+            "server",
+            ServerConfig,
+            server,
+            &new.server,
+            [
+                listen,
+                admin_listen,
+                max_body_bytes,
+                header_read_timeout,
+                body_read_timeout,
+                shutdown_grace,
+                max_connections,
+                admin_token,
+                admin_token_sha256,
+            ]
+        );
+        restart_only!(
+            out,
+            "tokenizer",
+            TokenizerConfig,
+            tokenizer,
+            &new.tokenizer,
+            [path, chat_template, workers, queue_depth, cache_bytes,]
+        );
+        restart_only!(
+            out,
+            "model",
+            ModelConfig,
+            model,
+            &new.model,
+            [
+                served_names,
+                max_model_len,
+                default_max_tokens,
+                block_tokens,
+                kv_bytes_per_token,
+                state_bytes_per_sequence,
+            ]
+        );
+        restart_only!(
+            out,
+            "admission",
+            AdmissionConfig,
+            admission,
+            &new.admission,
+            [queue_max_waiting, queue_deadline,]
+        );
+        restart_only!(
+            out,
+            "vision",
+            VisionConfig,
+            vision,
+            &new.vision,
+            [
+                enabled,
+                preprocessor_config,
+                video_preprocessor_config,
+                remote_image_tokens,
+                video_tokens,
+            ]
+        );
+        if vision == &new.vision && vision_rules != &new.vision_rules {
+            out.push("vision (the processor files' contents)".to_string());
+        }
+        if backends.len() != new.backends.len() {
+            out.push(format!(
+                "backends (their number: {} then {})",
+                backends.len(),
+                new.backends.len()
+            ));
+        }
+        for (i, (old, new)) in backends.iter().zip(&new.backends).enumerate() {
+            restart_only!(out, format!("backends[{i}]"), BackendConfig, old, new, [
+                url, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
+                body_read_timeout, max_response_bytes, max_event_bytes, health_timeout,
+            ], reloadable [
+                kv_capacity_bytes, max_batch, hardware, model, tp, replicas, efficiency,
+                weight_efficiency, cache_efficiency, compute_efficiency, tpot_slo_ms,
+                state_dtype, engine_max_batch, overrides, derived,
+            ]);
+        }
+        out
+    }
+}
+
 /// A human summary of what a config sets up (printed by `check-config` and at startup).
 pub fn describe(cfg: &Config) -> String {
     use std::fmt::Write;
@@ -880,6 +1007,71 @@ requests_per_second = 1
                 "admin_listen = \"127.0.0.1:8081\"\nadmin_token = \"s3cret\"\nadmin_token_sha256 = \"{digest}\""
             )),
             "server: give admin_token or admin_token_sha256, not both"
+        );
+    }
+
+    #[test]
+    fn a_reload_names_each_setting_only_a_restart_applies() {
+        let text = quickstart();
+        let running = Config::parse(&text).unwrap();
+        let edit = |pairs: &[(&str, &str)]| {
+            let mut t = text.clone();
+            for (from, to) in pairs {
+                assert!(t.contains(from), "{from}");
+                t = t.replace(from, to);
+            }
+            Config::parse(&t).unwrap()
+        };
+        // Tenants and the backends' sizing reload.
+        let reloadable = edit(&[
+            (
+                "decode_tokens_per_second = 20",
+                "decode_tokens_per_second = 40",
+            ),
+            ("api_keys = [\"sk-alice\"]", "api_keys = [\"sk-alice-2\"]"),
+            ("max_batch = 32", "max_batch = 16"),
+            (
+                "kv_capacity_bytes = 8000000000",
+                "kv_capacity_bytes = 4000000000",
+            ),
+        ]);
+        assert_eq!(
+            running.restart_only_changes(&reloadable),
+            Vec::<String>::new()
+        );
+        let fixed = edit(&[
+            ("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8090\""),
+            ("workers = 2", "workers = 3"),
+            ("max_model_len = 32768", "max_model_len = 16384"),
+            ("queue_deadline = \"10s\"", "queue_deadline = \"5s\""),
+            (
+                "url = \"http://127.0.0.1:9000\"",
+                "url = \"http://127.0.0.1:9001\"",
+            ),
+            (
+                "first_byte_timeout = \"60s\"",
+                "first_byte_timeout = \"30s\"",
+            ),
+            ("max_batch = 32", "max_batch = 16"),
+        ]);
+        assert_eq!(
+            running.restart_only_changes(&fixed),
+            [
+                "server.listen",
+                "tokenizer.workers",
+                "model.max_model_len",
+                "admission.queue_deadline",
+                "backends[0].url",
+                "backends[0].first_byte_timeout",
+            ]
+        );
+        let two = edit(&[(
+            "[[tenants]]\nname = \"alice\"",
+            "[[backends]]\nurl = \"http://127.0.0.1:9001\"\nkv_capacity_bytes = 1\nmax_batch = 1\n\n[[tenants]]\nname = \"alice\"",
+        )]);
+        assert_eq!(
+            running.restart_only_changes(&two),
+            ["backends (their number: 1 then 2)"]
         );
     }
 

@@ -193,6 +193,28 @@ impl ApiError {
         )
     }
 
+    /// 409 `restart_required` (admin reload): the config file changes settings only a restart
+    /// applies, or the gateway was not started from a file; the running config is kept.
+    pub fn restart_required(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "restart_required",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
+    /// 422 `invalid_config` (admin reload): the config file cannot be read, parsed or
+    /// validated; the running config is kept.
+    pub fn invalid_config(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_config",
+            "invalid_request_error",
+            message.into(),
+        )
+    }
+
     /// 413 `payload_too_large`.
     pub fn payload_too_large(limit_bytes: u64) -> Self {
         Self::new(

@@ -20,6 +20,7 @@ pub mod limiter;
 pub mod loadgen;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod sim;
 pub mod tenant;

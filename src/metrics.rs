@@ -50,6 +50,13 @@ pub struct BucketLabels {
     pub bucket: String,
 }
 
+/// `{result}` of a config reload.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabel {
+    /// `ok` or `error`.
+    pub result: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -109,6 +116,12 @@ pub struct Metrics {
     pub tokenize_cache_misses: Counter,
     /// Chat answers counted ahead for their conversation's next turn.
     pub tokenize_cache_replies: Counter,
+    /// Config reloads (SIGHUP, `POST /admin/reload`) by result.
+    pub config_reloads: Family<ReloadLabel, Counter>,
+    /// 1 when the last load of the config file (at start or a reload) succeeded, else 0.
+    pub config_last_reload_successful: Gauge,
+    /// Unix time of the last successful load of the config file (at start or a reload).
+    pub config_last_reload_success: Gauge<f64, AtomicU64>,
     /// Memo totals already exported (hits, misses, replies), so each scrape adds only what is
     /// new.
     cache_exported: [std::sync::atomic::AtomicU64; 3],
@@ -153,6 +166,9 @@ impl Metrics {
             tokenize_cache_hits: Counter::default(),
             tokenize_cache_misses: Counter::default(),
             tokenize_cache_replies: Counter::default(),
+            config_reloads: Family::default(),
+            config_last_reload_successful: Gauge::default(),
+            config_last_reload_success: Gauge::default(),
             cache_exported: Default::default(),
             registry: Registry::default(),
         };
@@ -267,7 +283,62 @@ impl Metrics {
             "Chat answers counted ahead for their conversation's next turn",
             m.tokenize_cache_replies.clone(),
         );
+        r.register(
+            "config_reloads",
+            "Config reloads (SIGHUP, POST /admin/reload) by result",
+            m.config_reloads.clone(),
+        );
+        r.register(
+            "config_last_reload_successful",
+            "1 when the last load of the config file (at start or a reload) succeeded, else 0",
+            m.config_last_reload_successful.clone(),
+        );
+        r.register(
+            "config_last_reload_success_timestamp_seconds",
+            "Unix time of the last successful load of the config file (at start or a reload)",
+            m.config_last_reload_success.clone(),
+        );
+        // Both results exported from the start, so a rate over them is defined before the first
+        // reload.
+        for result in ["ok", "error"] {
+            drop(m.config_reloads.get_or_create(&ReloadLabel {
+                result: result.to_string(),
+            }));
+        }
         Self { registry, ..m }
+    }
+
+    /// The config was loaded at startup: the last load succeeded, now.
+    pub fn config_loaded(&self) {
+        self.config_last_reload_successful.set(1);
+        self.config_last_reload_success.set(unix_now());
+    }
+
+    /// Counts a reload and its result.
+    pub fn config_reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.config_reloads
+            .get_or_create(&ReloadLabel {
+                result: result.to_string(),
+            })
+            .inc();
+        if ok {
+            self.config_loaded();
+        } else {
+            self.config_last_reload_successful.set(0);
+        }
+    }
+
+    /// A removed tenant's bucket gauges are dropped, so the dashboard stops showing them.
+    pub fn forget_tenant_buckets(&self, tenant: &str) {
+        for bucket in ["prefill", "decode", "requests"] {
+            let labels = BucketLabels {
+                tenant: tenant.to_string(),
+                bucket: bucket.to_string(),
+            };
+            self.bucket_available.remove(&labels);
+            self.bucket_capacity.remove(&labels);
+        }
     }
 
     /// Counts a finished request.
@@ -317,6 +388,13 @@ impl Metrics {
     }
 }
 
+/// Wall-clock seconds since the Unix epoch (a timestamp for dashboards, never a decision).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Label helper.
 pub fn tenant(name: &str) -> TenantLabel {
     TenantLabel {
@@ -349,5 +427,25 @@ mod tests {
         assert!(text.contains("tokengate_tokenize_cache_hits_total 7"));
         assert!(text.contains("tokengate_tokenize_cache_misses_total 2"));
         assert!(text.contains("tokengate_tokenize_cache_replies_total 3"));
+        assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 0"));
+        assert!(text.contains("tokengate_config_reloads_total{result=\"error\"} 0"));
+        assert!(text.contains("tokengate_config_last_reload_successful 0"));
+    }
+
+    #[test]
+    fn reloads_are_counted_and_the_last_result_kept() {
+        let m = Metrics::new();
+        m.config_loaded();
+        m.config_reloaded(false);
+        let text = m.encode();
+        assert!(text.contains("tokengate_config_reloads_total{result=\"error\"} 1"));
+        assert!(text.contains("tokengate_config_last_reload_successful 0"));
+        let at_start = m.config_last_reload_success.get();
+        assert!(at_start > 1.7e9, "{at_start}");
+        m.config_reloaded(true);
+        let text = m.encode();
+        assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 1"));
+        assert!(text.contains("tokengate_config_last_reload_successful 1"));
+        assert!(m.config_last_reload_success.get() >= at_start);
     }
 }

@@ -203,12 +203,55 @@ impl Running {
         }
     }
 
-    /// Waits until SIGTERM or ctrl-c, then shuts down gracefully.
+    /// Waits until SIGTERM or ctrl-c, then shuts down gracefully. Meanwhile each SIGHUP
+    /// reloads the config file (see [`crate::reload`]); the outcome is logged and counted.
     pub async fn run_until_signal(self) {
-        shutdown_signal().await;
+        // Listening for SIGHUP starts before the line below is logged: from then on a SIGHUP
+        // reloads instead of ending the process (its default).
+        let hangups = hangups();
+        tracing::info!("SIGHUP reloads the config file; SIGTERM or ctrl-c stops");
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = reload_on(hangups, self.gateway.clone()) => {}
+        }
         tracing::info!("shutting down: no new connections, in-flight streams may finish");
         self.shutdown().await;
     }
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<std::convert::Infallible>;
+
+/// SIGHUP, listened to from now on (`None` where there is none or it cannot be).
+fn hangups() -> Hangups {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        signal(SignalKind::hangup())
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload by POST /admin/reload")
+            })
+            .ok()
+    }
+    #[cfg(not(unix))]
+    None
+}
+
+/// Reloads the config on every SIGHUP, one after the other; never returns.
+async fn reload_on(hangups: Hangups, gw: Arc<Gateway>) {
+    #[cfg(unix)]
+    if let Some(mut hangups) = hangups {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the config file");
+            // Logged and counted by `reload` itself.
+            let _ = gw.reload().await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (hangups, gw);
+    std::future::pending::<()>().await
 }
 
 async fn shutdown_signal() {

@@ -41,9 +41,17 @@ impl KvLedger {
         self.live
     }
 
-    /// KV bytes not reserved.
+    /// KV bytes not reserved (none while a shrunk capacity is below what live leases hold).
     pub fn free_bytes(&self) -> u64 {
-        self.kv_capacity_bytes - self.reserved_bytes
+        self.kv_capacity_bytes.saturating_sub(self.reserved_bytes)
+    }
+
+    /// A reload changed the backend's capacity or batch cap. Live leases keep what they hold
+    /// and give back exactly that; while they hold more than the new capacity (or more
+    /// sequences than the new cap), nothing more fits until releases bring them under it.
+    pub fn resize(&mut self, kv_capacity_bytes: u64, max_batch: u32) {
+        self.kv_capacity_bytes = kv_capacity_bytes;
+        self.max_batch = max_batch;
     }
 
     /// Whether a request of `bytes` could ever run here (alone, on an idle backend).
@@ -117,6 +125,24 @@ mod tests {
         );
         l.release(400);
         assert_eq!(l, KvLedger::new(1000, 2));
+    }
+
+    #[test]
+    fn shrunk_below_what_is_reserved_admits_nothing_until_releases_bring_it_under() {
+        let mut l = KvLedger::new(1000, 4);
+        assert!(l.reserve(600));
+        assert!(l.reserve(300));
+        l.resize(500, 1);
+        assert_eq!((l.free_bytes(), l.reserved_bytes(), l.live()), (0, 900, 2));
+        assert!(!l.fits(0));
+        assert!(l.could_ever_fit(500));
+        l.release(600);
+        // 300 reserved of 500, but the one live lease fills the new batch cap of 1.
+        assert_eq!((l.free_bytes(), l.live()), (200, 1));
+        assert!(!l.fits(200));
+        l.release(300);
+        assert_eq!(l, KvLedger::new(500, 1));
+        assert!(l.reserve(500));
     }
 
     #[test]

@@ -245,6 +245,25 @@ impl Admission {
         }
     }
 
+    /// A reload changed the backends' KV capacity or batch cap (`capacities`: `(kv bytes,
+    /// max_batch)` of every backend, in the order given to [`Admission::new`]). Live leases
+    /// keep what they hold and release exactly that; a backend whose leases hold more than its
+    /// new capacity admits nothing until releases bring them under it. Waiters that fit now
+    /// (capacity raised) are granted at once.
+    pub fn resize(&self, capacities: &[(u64, u32)]) {
+        let orphans = {
+            let mut state = self.shared.state();
+            debug_assert_eq!(capacities.len(), state.ledgers.len(), "backends are fixed");
+            for (ledger, &(kv_capacity_bytes, max_batch)) in
+                state.ledgers.iter_mut().zip(capacities)
+            {
+                ledger.resize(kv_capacity_bytes, max_batch);
+            }
+            grant_waiters(&self.shared, &mut state)
+        };
+        drop(orphans);
+    }
+
     /// Backends and queue now.
     pub fn snapshot(&self) -> AdmissionSnapshot {
         let state = self.shared.state();
@@ -470,6 +489,42 @@ mod tests {
         );
         assert_eq!(adm.snapshot().queued, 0);
         assert_eq!(usage(&adm), [(10, 1)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resize_below_the_leases_held_waits_for_their_release_and_a_raise_grants() {
+        let adm = admission(vec![backend("npu0", 1000, 4)], 8);
+        let first = adm.admit("a", 600).await.expect("room");
+        let second = adm.admit("a", 300).await.expect("room");
+        adm.resize(&[(500, 4)]);
+        let (tx, mut granted) = mpsc::unbounded_channel();
+        spawn_admit(&adm, "b", 200, &tx);
+        until_queued(&adm, 1).await;
+        // 900 reserved of 500: the 600 going back leaves 300, and 200 more fit.
+        drop(first);
+        let (tenant, lease) = next_grant(&mut granted).await;
+        assert_eq!((tenant, lease.bytes()), ("b", 200));
+        assert_eq!(usage(&adm), [(500, 2)]);
+        drop((second, lease));
+        assert_eq!(usage(&adm), [(0, 0)]);
+        // Raising the capacity grants a waiter that did not fit at once.
+        let held = adm.admit("a", 500).await.expect("room");
+        spawn_admit(&adm, "b", 400, &tx);
+        until_queued(&adm, 1).await;
+        adm.resize(&[(900, 4)]);
+        let (tenant, lease) = next_grant(&mut granted).await;
+        assert_eq!((tenant, lease.bytes()), ("b", 400));
+        assert_eq!(usage(&adm), [(900, 2)]);
+        drop((held, lease));
+        assert_eq!(usage(&adm), [(0, 0)]);
+        let snap = adm.snapshot();
+        assert_eq!(
+            (
+                snap.backends[0].kv_capacity_bytes,
+                snap.backends[0].max_batch
+            ),
+            (900, 4)
+        );
     }
 
     #[tokio::test(start_paused = true)]

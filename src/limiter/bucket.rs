@@ -425,16 +425,26 @@ impl TenantState {
         }
     }
 
-    /// Gives `cost` back (a negative hit), each bucket capped at its capacity.
-    pub fn refund(&mut self, limits: &TenantLimits, cost: Cost, now: Instant) {
+    /// Gives `cost` back (a negative hit). The levels are raised as of their last update and
+    /// capped when next read, at the capacity in force then: for a refund `r >= 0`,
+    /// `min(c, level + r) = min(c, min(c, level) + r)`, so this is the same as refilling and
+    /// capping now, and needs no limits. A reservation settling after a reload changed its
+    /// tenant's limits is therefore refunded exactly under the new ones.
+    pub fn refund(&mut self, cost: Cost) {
+        for kind in BucketKind::ALL {
+            let bucket = self.bucket_mut(kind);
+            let back = u128::from(cost.of(kind)) * UNITS_PER_TOKEN;
+            bucket.level = bucket.level.saturating_add(back);
+        }
+    }
+
+    /// Brings every bucket up to `now` under `limits` (refilled and capped), so that limits
+    /// that replace these (a reload) apply from `now` on and not to the time before it.
+    pub fn rebase(&mut self, limits: &TenantLimits, now: Instant) {
         for kind in BucketKind::ALL {
             let units = limits.spec(kind).resolve();
             let bucket = self.bucket_mut(kind);
-            let back = u128::from(cost.of(kind)) * UNITS_PER_TOKEN;
-            let level = bucket
-                .level_at(units, now)
-                .saturating_add(back)
-                .min(units.capacity);
+            let level = bucket.level_at(units, now);
             bucket.set(level, now);
         }
     }
@@ -697,10 +707,10 @@ mod tests {
         let t0 = Instant::now();
         let mut state = TenantState::full(&limits(), t0);
         state.charge(&limits(), decode(80), t0).expect("full");
-        state.refund(&limits(), decode(30), t0);
+        state.refund(decode(30));
         assert_eq!(state.snapshot(&limits(), t0).decode.available, 50.0);
         // 2 s later the bucket refilled 20 to 70; a refund of 50 stops at 100.
-        state.refund(&limits(), decode(50), t0 + Duration::from_secs(2));
+        state.refund(decode(50));
         assert_eq!(
             state
                 .snapshot(&limits(), t0 + Duration::from_secs(2))
@@ -717,6 +727,41 @@ mod tests {
         let mut smaller = limits();
         smaller.decode = spec(10.0, 2.0);
         assert_eq!(state.snapshot(&smaller, t0).decode.available, 20.0);
+    }
+
+    #[test]
+    fn a_reload_keeps_the_level_and_applies_new_limits_from_its_instant() {
+        let t0 = Instant::now();
+        let secs = |s: u64| t0 + Duration::from_secs(s);
+        let mut state = TenantState::full(&limits(), t0);
+        state.charge(&limits(), decode(100), t0).expect("full");
+        // Decode 10/s x 10 s; 5 s later it holds 50. A reload to 100/s x 20 s at that instant
+        // keeps the 50 (refilled at the old rate until then), and refills at 100/s after it.
+        let raised = TenantLimits {
+            decode: spec(100.0, 20.0),
+            ..limits()
+        };
+        state.rebase(&limits(), secs(5));
+        assert_eq!(state.snapshot(&raised, secs(5)).decode.available, 50.0);
+        assert_eq!(state.snapshot(&raised, secs(6)).decode.available, 150.0);
+        // A reservation taken before the reload settles after it: its refund lands under the
+        // new limits (capped at the new 2,000, not the old 100).
+        state.refund(decode(100));
+        assert_eq!(state.snapshot(&raised, secs(6)).decode.available, 250.0);
+        assert_eq!(state.snapshot(&raised, secs(30)).decode.available, 2000.0);
+        // Lowered to 1/s x 20 s: the level is capped at the new capacity, then refills at 1/s.
+        state.charge(&raised, decode(1990), secs(30)).expect("full");
+        let lowered = TenantLimits {
+            decode: spec(1.0, 20.0),
+            ..limits()
+        };
+        state.rebase(&raised, secs(30));
+        state.refund(decode(100));
+        assert_eq!(state.snapshot(&lowered, secs(30)).decode.available, 20.0);
+        state
+            .charge(&lowered, decode(20), secs(30))
+            .expect("capped level");
+        assert_eq!(state.snapshot(&lowered, secs(33)).decode.available, 3.0);
     }
 
     #[test]

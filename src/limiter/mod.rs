@@ -69,7 +69,6 @@ impl Limiter {
         Ok(Reservation {
             limiter: self.clone(),
             tenant: tenant.to_string(),
-            limits: limits.clone(),
             cost,
             remaining,
             actual_decode: 0,
@@ -88,6 +87,18 @@ impl Limiter {
         self.store
             .check(tenant, limits, cost, self.clock.now())
             .await
+    }
+
+    /// A reload changes the tenant's limits: its buckets are brought up to now under `old`
+    /// (see [`BucketStore::rebase`]) before the new limits are used.
+    pub fn rebase(&self, tenant: &str, old: &TenantLimits) {
+        self.store.rebase(tenant, old, self.clock.now());
+    }
+
+    /// A reload removed the tenant: its buckets are dropped (reservations still in flight
+    /// settle into nothing; should it come back, it starts full).
+    pub fn forget(&self, tenant: &str) {
+        self.store.forget(tenant);
     }
 
     /// The tenant's buckets now.
@@ -112,7 +123,6 @@ pub struct Settlement {
 pub struct Reservation {
     limiter: Limiter,
     tenant: String,
-    limits: TenantLimits,
     cost: Cost,
     remaining: TenantSnapshot,
     actual_decode: u64,
@@ -194,10 +204,7 @@ impl Reservation {
         };
         self.settled = Some(settlement);
         if refund != Cost::default() {
-            let limiter = &self.limiter;
-            limiter
-                .store
-                .refund(&self.tenant, &self.limits, refund, limiter.clock.now());
+            self.limiter.store.refund(&self.tenant, refund);
         }
         if let Some(hook) = &self.limiter.on_settle {
             hook(&self.tenant, &settlement);

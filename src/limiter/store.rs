@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 /// Storage of tenants' buckets. Limits are passed on every call, so a config reload applies at
-/// once; a tenant never seen before starts with full buckets.
+/// once (after [`BucketStore::rebase`]); a tenant never seen before starts with full buckets.
 pub trait BucketStore: Send + Sync + 'static {
     /// Charges `cost` to the tenant's three buckets, all or nothing.
     fn charge<'a>(
@@ -30,9 +30,19 @@ pub trait BucketStore: Send + Sync + 'static {
         now: Instant,
     ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>>;
 
-    /// Gives `cost` back, capped at capacity. Synchronous and non-blocking so that a `Drop` can
-    /// call it (a remote store spawns the write).
-    fn refund(&self, tenant: &str, limits: &TenantLimits, cost: Cost, now: Instant);
+    /// Gives `cost` back, capped at the capacity in force when the buckets are next read (see
+    /// [`TenantState::refund`]), so it needs no limits and is right across a reload.
+    /// Synchronous and non-blocking so that a `Drop` can call it (a remote store spawns the
+    /// write). A tenant not stored (never charged, or forgotten) gets nothing back.
+    fn refund(&self, tenant: &str, cost: Cost);
+
+    /// Brings the tenant's buckets up to `now` under `limits`, the limits in force until now:
+    /// a reload that changes them calls this first, so that the level reached so far is kept
+    /// and the new rates and capacities apply from `now` on.
+    fn rebase(&self, tenant: &str, limits: &TenantLimits, now: Instant);
+
+    /// Drops the tenant's buckets (a reload removed it): should it come back, it starts full.
+    fn forget(&self, tenant: &str);
 
     /// The tenant's buckets at `now` (full for a tenant never charged).
     fn snapshot<'a>(
@@ -140,11 +150,21 @@ impl BucketStore for LocalStore {
         Box::pin(future::ready(self.check_now(tenant, limits, cost, now)))
     }
 
-    fn refund(&self, tenant: &str, limits: &TenantLimits, cost: Cost, now: Instant) {
+    fn refund(&self, tenant: &str, cost: Cost) {
         // An unknown tenant is full already: a refund to it would be capped away.
         if let Some(state) = self.tenants().get_mut(tenant) {
-            state.refund(limits, cost, now);
+            state.refund(cost);
         }
+    }
+
+    fn rebase(&self, tenant: &str, limits: &TenantLimits, now: Instant) {
+        if let Some(state) = self.tenants().get_mut(tenant) {
+            state.rebase(limits, now);
+        }
+    }
+
+    fn forget(&self, tenant: &str) {
+        self.tenants().remove(tenant);
     }
 
     fn snapshot<'a>(
@@ -197,10 +217,26 @@ mod tests {
         store
             .charge_now("a", &limits(), decode(100), t0)
             .expect("full");
-        store.refund("a", &limits(), decode(25), t0 + Duration::from_secs(1));
+        store.refund("a", decode(25));
         let snap = store.snapshot_now("a", &limits(), t0 + Duration::from_secs(1));
         assert_eq!(snap.decode.available, 35.0);
-        store.refund("ghost", &limits(), decode(25), t0);
+        store.refund("ghost", decode(25));
         assert_eq!(store.tenants().len(), 1);
+    }
+
+    #[test]
+    fn a_forgotten_tenant_starts_full_and_gets_no_refund() {
+        let store = LocalStore::new();
+        let t0 = Instant::now();
+        store
+            .charge_now("a", &limits(), decode(100), t0)
+            .expect("full");
+        store.forget("a");
+        store.refund("a", decode(40));
+        assert!(store.tenants().is_empty());
+        assert_eq!(
+            store.snapshot_now("a", &limits(), t0).decode.available,
+            100.0
+        );
     }
 }

@@ -16,7 +16,8 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound, Reservation};
 use crate::metrics::{self, Metrics};
-use crate::tenant::{Tenant, TenantDirectory};
+use crate::reload::LiveConfig;
+use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::{PoolError, TokenizePool};
 use crate::tokenize::{TokenCount, Tokenizer};
@@ -65,10 +66,11 @@ pub fn error_response_in(e: &ApiError, wire: Wire) -> Response<GatewayBody> {
 
 /// Everything the request path needs, built once from a validated [`Config`].
 pub struct Gateway {
-    /// The configuration it was built from.
+    /// The configuration it was started with. Its restart-only settings (all but the tenants
+    /// and the backends' sizing) stay in force; a reload never changes them.
     pub config: Arc<Config>,
-    /// API keys -> tenants.
-    pub tenants: TenantDirectory,
+    /// The tenants and the backends' sizing in force, swapped whole by a reload.
+    pub live: LiveConfig,
     /// Per-tenant buckets.
     pub limiter: Limiter,
     /// KV ledgers and the fair queue.
@@ -100,7 +102,7 @@ pub const REQUEST_ID: &str = "x-request-id";
 impl Gateway {
     /// Step 5: the tenant behind the request's API key.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
-        self.tenants.authenticate(headers)
+        self.live.current().tenants.authenticate(headers)
     }
 
     /// Step 3 (body side): the content type, checked before the body is read.

@@ -38,7 +38,7 @@ const FRAMES_FPS: f64 = 24.0;
 const TIMESTAMP_TOKENS: u64 = 10;
 
 /// The `[vision]` section of the config.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VisionConfig {
     /// Whether chats may carry images and video; `false` refuses them with a 400 (text-only

@@ -1,0 +1,209 @@
+//! Hot reload (SIGHUP, `POST /admin/reload`): the config file the gateway was started from is
+//! read and validated again and applied without dropping a connection. A reload applies all or
+//! nothing: a file that does not load, or that changes a setting only a restart applies
+//! ([`Config::restart_only_changes`]), is refused and the running config kept.
+//!
+//! What it applies, at one instant:
+//! - tenants added (full buckets), removed (their keys stop working at once, their buckets are
+//!   dropped) and changed (keys, rates, bursts): a changed tenant's buckets are first brought
+//!   up to now under the old limits, so the level reached is kept (capped by the new capacity)
+//!   and the new rates apply from the reload on;
+//! - backends' KV capacity and batch cap (given, or derived from the capacity model and
+//!   `workload`): live leases keep what they hold and give back exactly that.
+//!
+//! Requests already past authentication finish under the tenant they authenticated as; their
+//! reservations settle into the buckets as they are when they end (see
+//! [`crate::limiter::BucketStore::refund`]).
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::proxy::Gateway;
+use crate::tenant::TenantDirectory;
+use serde::Serialize;
+use std::sync::{Arc, PoisonError, RwLock};
+
+/// The config in force and the tenant directory built from it, replaced whole by a reload.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The config in force (tenants, backends' sizing; its other settings are the ones the
+    /// gateway started with).
+    pub config: Arc<Config>,
+    /// API keys -> tenants.
+    pub tenants: TenantDirectory,
+}
+
+impl Snapshot {
+    fn of(config: Arc<Config>) -> Self {
+        let tenants = TenantDirectory::from_config(&config.tenants);
+        Self { config, tenants }
+    }
+}
+
+/// The gateway's swappable [`Snapshot`], and the lock that runs one reload at a time.
+#[derive(Debug)]
+pub struct LiveConfig {
+    current: RwLock<Arc<Snapshot>>,
+    reloading: tokio::sync::Mutex<()>,
+}
+
+impl LiveConfig {
+    /// The snapshot of the config the gateway starts with.
+    pub fn new(config: Arc<Config>) -> Self {
+        Self {
+            current: RwLock::new(Arc::new(Snapshot::of(config))),
+            reloading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The snapshot in force now (a request keeps the one it started with).
+    pub fn current(&self) -> Arc<Snapshot> {
+        // The lock only guards an `Arc` swap, which cannot be left half done.
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn replace(&self, snapshot: Snapshot) {
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+    }
+}
+
+/// What a reload changed (names in config order).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reloaded {
+    /// Tenants new in the file: they start with full buckets.
+    pub tenants_added: Vec<String>,
+    /// Tenants gone from the file: their keys no longer authenticate.
+    pub tenants_removed: Vec<String>,
+    /// Tenants whose rates or bursts changed: levels kept, capped by the new capacities.
+    pub limits_changed: Vec<String>,
+    /// Tenants whose API keys changed.
+    pub keys_changed: Vec<String>,
+    /// Backends whose KV capacity or batch cap changed.
+    pub backends_resized: Vec<String>,
+}
+
+/// Why a reload was refused; the running config is kept in every case.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The gateway was built from config text, not a file.
+    #[error("this gateway was started from a config in memory, not a file: only a restart changes its config")]
+    NoFile,
+    /// The file cannot be read, parsed or validated.
+    #[error("the config file was not applied: {0:#}")]
+    Invalid(anyhow::Error),
+    /// The file changes settings only a restart applies.
+    #[error("the config file was not applied: {} changed, which only a restart applies (a reload applies tenants, workload and the backends' kv_capacity_bytes, max_batch and capacity-model inputs)", .0.join(", "))]
+    NeedsRestart(Vec<String>),
+}
+
+impl From<ReloadError> for ApiError {
+    fn from(e: ReloadError) -> Self {
+        match e {
+            ReloadError::Invalid(_) => ApiError::invalid_config(e.to_string()),
+            ReloadError::NoFile | ReloadError::NeedsRestart(_) => {
+                ApiError::restart_required(e.to_string())
+            }
+        }
+    }
+}
+
+impl Gateway {
+    /// Reads the config file again and applies it (see the module docs); logs and counts the
+    /// result either way.
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let result = self.try_reload().await;
+        self.metrics.config_reloaded(result.is_ok());
+        match &result {
+            Ok(r) => tracing::info!(
+                tenants_added = ?r.tenants_added,
+                tenants_removed = ?r.tenants_removed,
+                limits_changed = ?r.limits_changed,
+                keys_changed = ?r.keys_changed,
+                backends_resized = ?r.backends_resized,
+                "config reloaded"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "config reload refused; the running config is kept")
+            }
+        }
+        result
+    }
+
+    async fn try_reload(&self) -> Result<Reloaded, ReloadError> {
+        let _one_at_a_time = self.live.reloading.lock().await;
+        let old = self.live.current();
+        let path = old.config.file.clone().ok_or(ReloadError::NoFile)?;
+        // Reading the file and the vision processor files it names is blocking I/O.
+        let new = tokio::task::spawn_blocking(move || Config::load(&path))
+            .await
+            .map_err(|e| ReloadError::Invalid(e.into()))?
+            .map_err(ReloadError::Invalid)?;
+        let restart = old.config.restart_only_changes(&new);
+        if !restart.is_empty() {
+            return Err(ReloadError::NeedsRestart(restart));
+        }
+        let new = Snapshot::of(Arc::new(new));
+        let changes = diff(&old, &new);
+        for tenant in old.tenants.tenants() {
+            if changes.limits_changed.contains(&tenant.name) {
+                self.limiter.rebase(&tenant.name, &tenant.limits);
+            }
+        }
+        let capacities: Vec<(u64, u32)> = new
+            .config
+            .backends
+            .iter()
+            .map(|b| (b.kv_capacity_bytes, b.max_batch))
+            .collect();
+        self.admission.resize(&capacities);
+        self.live.replace(new);
+        for name in &changes.tenants_removed {
+            self.limiter.forget(name);
+            self.metrics.forget_tenant_buckets(name);
+        }
+        Ok(changes)
+    }
+}
+
+/// What differs between two snapshots.
+fn diff(old: &Snapshot, new: &Snapshot) -> Reloaded {
+    let config_of = |s: &Snapshot, name: &str| {
+        s.config
+            .tenants
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| (t.api_keys.clone(), t.api_key_sha256.clone()))
+    };
+    let mut out = Reloaded::default();
+    for t in new.tenants.tenants() {
+        match old.tenants.tenants().iter().find(|o| o.name == t.name) {
+            None => out.tenants_added.push(t.name.clone()),
+            Some(o) => {
+                if o.limits != t.limits {
+                    out.limits_changed.push(t.name.clone());
+                }
+                if config_of(old, &t.name) != config_of(new, &t.name) {
+                    out.keys_changed.push(t.name.clone());
+                }
+            }
+        }
+    }
+    out.tenants_removed = old
+        .tenants
+        .tenants()
+        .iter()
+        .filter(|o| !new.tenants.tenants().iter().any(|t| t.name == o.name))
+        .map(|o| o.name.clone())
+        .collect();
+    out.backends_resized = old
+        .config
+        .backends
+        .iter()
+        .zip(&new.config.backends)
+        .filter(|(o, n)| (o.kv_capacity_bytes, o.max_batch) != (n.kv_capacity_bytes, n.max_batch))
+        .map(|(o, _)| o.url.clone())
+        .collect();
+    out
+}
