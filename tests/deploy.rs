@@ -132,24 +132,6 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// A fresh folder of its own under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("tokengate-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn serve_and_check_config_refuse_an_open_admin_listener() {
     let dir = TempDir::new("open-admin");
@@ -345,6 +327,7 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         "tokengate_prompt_tokens_bucket",
         "tokengate_output_tokens_bucket",
         "tokengate_backend_up",
+        "tokengate_config_last_reload_successful",
     ] {
         assert!(used.contains(name), "nothing uses {name}");
     }
@@ -621,10 +604,12 @@ fn compose_and_image_agree_with_their_config() {
         .parse()
         .unwrap();
     assert_eq!(stop, ServerConfig::default().shutdown_grace.as_secs() + 5);
-    assert!(
-        !unit.lines().any(|l| l.starts_with("ExecReload")),
-        "reload does not exist yet"
-    );
+    // `systemctl reload` sends SIGHUP, which reloads the config file.
+    let reload: Vec<&str> = unit
+        .lines()
+        .filter(|l| l.starts_with("ExecReload="))
+        .collect();
+    assert_eq!(reload, ["ExecReload=/bin/kill -HUP $MAINPID"]);
 }
 
 /// Runs an external checker, or says it is not installed (`None`).

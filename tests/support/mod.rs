@@ -10,6 +10,7 @@ use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokengate::app::{self, Deps};
@@ -403,6 +404,11 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
 
 /// A gateway config for tests: both listeners on port 0, generous limits unless changed.
 pub fn config(backends: &[SocketAddr]) -> Config {
+    Config::parse(&config_text(backends)).unwrap()
+}
+
+/// The text of [`config`] (for tests that write it to a file and edit it).
+pub fn config_text(backends: &[SocketAddr]) -> String {
     let backends: String = backends
         .iter()
         .map(|a| {
@@ -411,7 +417,7 @@ pub fn config(backends: &[SocketAddr]) -> Config {
             )
         })
         .collect();
-    let text = format!(
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -442,8 +448,26 @@ decode_tokens_per_second = 100
 requests_per_second = 10
 burst_seconds = 10
 "#
-    );
-    Config::parse(&text).unwrap()
+    )
+}
+
+/// A fresh folder of its own under the system temp dir, removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// `tokengate-NAME-PID` under the temp dir, empty.
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("tokengate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A gateway under test with a manual clock.

@@ -1,0 +1,544 @@
+//! Hot reload end to end: a gateway started from a config file on 127.0.0.1:0 in front of a
+//! fake backend, the file edited and reloaded by `POST /admin/reload` (and by SIGHUP to a
+//! spawned `tokengate serve`). Every test asserts exact statuses, bodies, bucket levels and
+//! ledger numbers, and waits only on observable events.
+
+mod common;
+mod support;
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+use support::*;
+use tokengate::config::Config;
+
+/// A gateway started from a config file that the test edits.
+struct FromFile {
+    gw: TestGateway,
+    file: PathBuf,
+    text: String,
+    _dir: TempDir,
+}
+
+impl FromFile {
+    /// The test config for `backend` written to a file of its own (`name`), and a gateway
+    /// started from that file.
+    async fn start(name: &str, backend: &FakeBackend, text: Option<String>) -> FromFile {
+        let dir = TempDir::new(name);
+        let file = dir.0.join("tokengate.toml");
+        let text = text.unwrap_or_else(|| config_text(&[backend.addr]));
+        std::fs::write(&file, &text).unwrap();
+        let gw = TestGateway::start(Config::load(&file).unwrap()).await;
+        FromFile {
+            gw,
+            file,
+            text,
+            _dir: dir,
+        }
+    }
+
+    /// Writes the file with each `from` (which must be there) replaced by its `to`.
+    fn edit(&mut self, pairs: &[(&str, &str)]) {
+        for (from, to) in pairs {
+            assert!(self.text.contains(from), "{from} not in:\n{}", self.text);
+            self.text = self.text.replacen(from, to, 1);
+        }
+        std::fs::write(&self.file, &self.text).unwrap();
+    }
+
+    /// `POST /admin/reload`.
+    async fn reload(&self) -> Received {
+        admin_post(&self.gw, "/admin/reload", None).await
+    }
+}
+
+async fn admin_post(gw: &TestGateway, path: &str, auth: Option<&str>) -> Received {
+    let url = format!("http://{}{path}", gw.running.admin_addr);
+    let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
+    send(&url, "POST", None, &headers).await
+}
+
+fn reloaded(changes: Value) -> Value {
+    let mut all = json!({
+        "tenants_added": [],
+        "tenants_removed": [],
+        "limits_changed": [],
+        "keys_changed": [],
+        "backends_resized": [],
+    });
+    for (k, v) in changes.as_object().unwrap() {
+        all[k] = v.clone();
+    }
+    json!({"status": "reloaded", "changes": all})
+}
+
+/// A tenant's block in the test config, with its decode rate and burst.
+fn tenant_block(name: &str, key: &str, decode_per_s: u64, burst_s: u64) -> String {
+    format!(
+        "[[tenants]]\nname = \"{name}\"\napi_keys = [\"{key}\"]\nprefill_tokens_per_second = 1000\n\
+         decode_tokens_per_second = {decode_per_s}\nrequests_per_second = 10\nburst_seconds = {burst_s}\n"
+    )
+}
+
+async fn tenant_names(gw: &TestGateway) -> Vec<String> {
+    gw.admin("/admin/tenants").await["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn tenants_are_added_removed_and_keys_rotated_while_a_removed_tenants_stream_finishes() {
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let mut f = FromFile::start("tenants", &backend, None).await;
+    let url = f.gw.url("/v1/chat/completions");
+    let bobs = spawn_post(&url, "sk-bob", chat("b", 4, true));
+    backend.wait_held(1).await;
+    let reserved = f.gw.kv_reserved(0).await;
+    assert!(reserved > 0);
+
+    // alice's key rotated, bob removed, carol added.
+    let bob_at = f.text.find("[[tenants]]\nname = \"bob\"").unwrap();
+    let bob = f.text[bob_at..].to_string();
+    f.edit(&[
+        ("api_keys = [\"sk-alice\"]", "api_keys = [\"sk-alice-2\"]"),
+        (&bob, &tenant_block("carol", "sk-carol", 50, 10)),
+    ]);
+    let r = f.reload().await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            reloaded(json!({
+                "tenants_added": ["carol"],
+                "tenants_removed": ["bob"],
+                "keys_changed": ["alice"],
+            }))
+        )
+    );
+    assert_eq!(tenant_names(&f.gw).await, ["alice", "carol"]);
+    // New tenant: full buckets (50/s x 10 s).
+    assert_eq!(f.gw.bucket("carol", "decode").await, 500.0);
+    // The removed tenant's and the old key stop working at once.
+    for key in ["sk-bob", "sk-alice"] {
+        let r = f.gw.chat(key, &chat("x", 4, false)).await;
+        assert_eq!(
+            (r.status, r.json()["error"]["message"].clone()),
+            (401, json!("incorrect API key provided")),
+            "{key}"
+        );
+    }
+    // bob's stream, admitted before the reload, finishes and frees its lease.
+    backend.release.add_permits(1);
+    let r = bobs.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(sse_data(&r.body).len(), 5);
+    assert_eq!(f.gw.kv_reserved(0).await, 0);
+
+    backend.release.add_permits(2);
+    for (key, tenant) in [("sk-alice-2", "alice"), ("sk-carol", "carol")] {
+        let r = f.gw.chat(key, &chat("y", 4, false)).await;
+        assert_eq!(r.status, 200, "{key}: {}", r.text());
+        assert_eq!(
+            r.headers["x-ratelimit-remaining-tokens"],
+            if tenant == "alice" { "996" } else { "496" }
+        );
+    }
+    let text = f.gw.metrics().await;
+    assert!(!text.contains("tenant=\"bob\",bucket="), "{text}");
+    assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 1"));
+    assert!(text.contains("tokengate_config_last_reload_successful 1"));
+}
+
+#[tokio::test]
+async fn a_limit_raised_then_lowered_keeps_the_level_capped_by_the_new_capacity() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let mut f = FromFile::start("limits", &backend, None).await;
+    let r = f.gw.chat("sk-alice", &chat("a", 600, false)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(f.gw.bucket("alice", "decode").await, 400.0);
+    f.gw.clock.advance(Duration::from_secs(1));
+
+    // 100/s x 10 s -> 200/s x 10 s: the 500 reached at the old rate stay, and refill at the
+    // new rate from the reload on.
+    let alice = tenant_block("alice", "sk-alice", 100, 10);
+    assert!(f.text.contains(&alice));
+    f.edit(&[(&alice, &tenant_block("alice", "sk-alice", 200, 10))]);
+    let r = f.reload().await;
+    assert_eq!(
+        (r.status, r.json()),
+        (200, reloaded(json!({"limits_changed": ["alice"]})))
+    );
+    assert_eq!(f.gw.bucket("alice", "decode").await, 500.0);
+    f.gw.clock.advance(Duration::from_secs(1));
+    assert_eq!(f.gw.bucket("alice", "decode").await, 700.0);
+
+    // -> 10/s x 10 s: capped at the new capacity of 100.
+    f.edit(&[(
+        &tenant_block("alice", "sk-alice", 200, 10),
+        &tenant_block("alice", "sk-alice", 10, 10),
+    )]);
+    assert_eq!(f.reload().await.status, 200);
+    let tenants = f.gw.admin("/admin/tenants").await;
+    assert_eq!(
+        tenants["tenants"][0]["buckets"]["decode"],
+        json!({"rate_per_second": 10.0, "capacity": 100.0, "available": 100.0})
+    );
+    // bob was not touched.
+    assert_eq!(f.gw.bucket("bob", "decode").await, 1000.0);
+    let r = f.gw.chat("sk-alice", &chat("a", 100, false)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-ratelimit-limit-tokens"], "100");
+    // Empty now, and refilling at the new 10/s: 1 s later 10 are there, and 50 are 4 s away.
+    f.gw.clock.advance(Duration::from_secs(1));
+    let r = f.gw.chat("sk-alice", &chat("a", 50, false)).await;
+    assert_eq!(
+        (r.status, r.headers["retry-after"].to_str().unwrap()),
+        (429, "4")
+    );
+    f.gw.clock.advance(Duration::from_secs(4));
+    assert_eq!(
+        f.gw.chat("sk-alice", &chat("a", 50, false)).await.status,
+        200
+    );
+}
+
+/// Polls the admin API until backend 0 holds `bytes` of KV.
+async fn wait_kv(gw: &TestGateway, bytes: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while gw.kv_reserved(0).await != bytes {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "KV reserved never became {bytes}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn a_backend_shrunk_below_its_leases_admits_again_once_they_are_released() {
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let mut f = FromFile::start("capacity", &backend, None).await;
+    let url = f.gw.url("/v1/chat/completions");
+    let first = [
+        spawn_post(&url, "sk-alice", chat("a", 4, true)),
+        spawn_post(&url, "sk-alice", chat("a", 4, true)),
+    ];
+    backend.wait_held(2).await;
+    let two = f.gw.kv_reserved(0).await;
+    let one = two / 2;
+    // Room for one sequence only (a 1-block prompt + output and the DeltaNet state): less
+    // than the two leases hold.
+    assert_eq!(one, 128 * 65_536 + 153_944_064);
+    let shrunk = one + one / 2;
+    f.edit(&[(
+        "kv_capacity_bytes = 8000000000",
+        &format!("kv_capacity_bytes = {shrunk}"),
+    )]);
+    let r = f.reload().await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            reloaded(json!({"backends_resized": [format!("http://{}", backend.addr)]}))
+        )
+    );
+    let b = &f.gw.admin("/admin/backends").await["backends"][0];
+    assert_eq!(
+        (
+            &b["kv_capacity_bytes"],
+            &b["kv_reserved_bytes"],
+            &b["inflight"]
+        ),
+        (&json!(shrunk), &json!(two), &json!(2))
+    );
+    // Over capacity: a new request waits.
+    let third = spawn_post(&url, "sk-bob", chat("b", 4, true));
+    f.gw.wait_queued(1).await;
+    // One lease back: one sequence's bytes remain, and another does not fit beside it.
+    backend.release.add_permits(1);
+    wait_kv(&f.gw, one).await;
+    assert_eq!(f.gw.admin("/admin/backends").await["queued"], 1);
+    // The other back: the waiter is admitted on the shrunk backend.
+    backend.release.add_permits(1);
+    backend.wait_held(3).await;
+    f.gw.wait_queued(0).await;
+    assert_eq!(f.gw.kv_reserved(0).await, one);
+    backend.release.add_permits(1);
+    for t in first {
+        assert_eq!(t.await.unwrap().status, 200);
+    }
+    assert_eq!(third.await.unwrap().status, 200);
+    let b = &f.gw.admin("/admin/backends").await["backends"][0];
+    assert_eq!(
+        (&b["kv_reserved_bytes"], &b["inflight"]),
+        (&json!(0), &json!(0))
+    );
+}
+
+fn refused(status: u16, code: &str, r: &Received) -> String {
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (status, code),
+        "{}",
+        r.text()
+    );
+    let e = &r.json()["error"];
+    assert_eq!(
+        (&e["type"], &e["param"]),
+        (&json!("invalid_request_error"), &Value::Null)
+    );
+    e["message"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn an_invalid_file_is_refused_with_its_error_and_the_running_config_kept() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let mut f = FromFile::start("invalid", &backend, None).await;
+    let good = f.text.clone();
+    let path = f.file.display().to_string();
+    let not_applied = "the config file was not applied";
+
+    // A validation error.
+    f.edit(&[(
+        "decode_tokens_per_second = 100",
+        "decode_tokens_per_second = 0",
+    )]);
+    let message = refused(422, "invalid_config", &f.reload().await);
+    assert_eq!(
+        message,
+        format!("{not_applied}: in config file {path}: tenants[0] (alice).decode_tokens_per_second must be a positive number, got 0")
+    );
+    // A parse error.
+    f.edit(&[("[[tenants]]", "[[tenants]")]);
+    let message = refused(422, "invalid_config", &f.reload().await);
+    assert!(
+        message.starts_with(&format!(
+            "{not_applied}: in config file {path}: TOML parse error at line "
+        )),
+        "{message}"
+    );
+    // No file.
+    std::fs::remove_file(&f.file).unwrap();
+    let message = refused(422, "invalid_config", &f.reload().await);
+    assert_eq!(
+        message,
+        format!(
+            "{not_applied}: reading config file {path}: No such file or directory (os error 2)"
+        )
+    );
+    // Settings only a restart applies.
+    f.text = good.clone();
+    f.edit(&[
+        ("max_body_bytes = 65536", "max_body_bytes = 1024"),
+        ("queue_deadline = \"5s\"", "queue_deadline = \"1s\""),
+        (
+            "decode_tokens_per_second = 100",
+            "decode_tokens_per_second = 5",
+        ),
+    ]);
+    let message = refused(409, "restart_required", &f.reload().await);
+    assert_eq!(
+        message,
+        format!("{not_applied}: server.max_body_bytes, admission.queue_deadline changed, which only a restart applies (a reload applies tenants, workload and the backends' kv_capacity_bytes, max_batch and capacity-model inputs)")
+    );
+
+    // The running config still serves, with alice's limits as they were.
+    let r = f.gw.chat("sk-alice", &chat("a", 10, false)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-ratelimit-limit-tokens"], "1000");
+    let text = f.gw.metrics().await;
+    assert!(
+        text.contains("tokengate_config_reloads_total{result=\"error\"} 4"),
+        "{text}"
+    );
+    assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 0"));
+    assert!(text.contains("tokengate_config_last_reload_successful 0"));
+
+    // The file fixed: reloaded, nothing changed.
+    f.text = good;
+    f.edit(&[]);
+    let r = f.reload().await;
+    assert_eq!((r.status, r.json()), (200, reloaded(json!({}))));
+    let text = f.gw.metrics().await;
+    assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 1"));
+    assert!(text.contains("tokengate_config_last_reload_successful 1"));
+}
+
+#[tokio::test]
+async fn reload_is_a_post_behind_the_admin_token_and_needs_a_file() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let text = config_text(&[backend.addr]).replace(
+        "max_body_bytes = 65536",
+        "max_body_bytes = 65536\nadmin_token = \"s3cret\"",
+    );
+    let f = FromFile::start("token", &backend, Some(text)).await;
+    let r = admin_post(&f.gw, "/admin/reload", None).await;
+    assert_eq!((r.status, r.code().as_str()), (401, "invalid_admin_token"));
+    let r = admin_post(&f.gw, "/admin/reload", Some("Bearer wrong")).await;
+    assert_eq!((r.status, r.code().as_str()), (401, "invalid_admin_token"));
+    let r = admin_post(&f.gw, "/admin/reload", Some("Bearer s3cret")).await;
+    assert_eq!((r.status, r.json()), (200, reloaded(json!({}))));
+    let url = format!("http://{}/admin/reload", f.gw.running.admin_addr);
+    let r = send(&url, "GET", None, &[("authorization", "Bearer s3cret")]).await;
+    assert_eq!((r.status, r.code().as_str()), (405, "method_not_allowed"));
+    assert_eq!(r.headers["allow"], "POST");
+
+    // A gateway built from config text has no file to read again.
+    let gw = TestGateway::start(config(&[backend.addr])).await;
+    let message = refused(
+        409,
+        "restart_required",
+        &admin_post(&gw, "/admin/reload", None).await,
+    );
+    assert_eq!(
+        message,
+        "this gateway was started from a config in memory, not a file: only a restart changes its config"
+    );
+}
+
+/// The log lines of a spawned gateway, as they come.
+struct Logs(tokio::sync::mpsc::UnboundedReceiver<String>);
+
+impl Logs {
+    /// Waits (60 s at most: a debug build loads the tokenizer first) for a line containing
+    /// `needle`, and returns it without colour codes.
+    async fn wait_for(&mut self, needle: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = self.0.recv().await {
+                let line = strip_ansi(&line);
+                if line.contains(needle) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!("the gateway exited before logging {needle:?}"),
+            Err(_) => panic!("no log line {needle:?} within 60 s"),
+        }
+    }
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters letter
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The address logged after `key=`.
+fn logged_addr(line: &str, key: &str) -> String {
+    let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
+    line[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect()
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+#[tokio::test]
+async fn sighup_reloads_a_running_serve_and_a_bad_file_keeps_it_serving() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let dir = TempDir::new("sighup");
+    let file = dir.0.join("tokengate.toml");
+    let tokenizer = common::tokenizer_json();
+    let text = config_text(&[backend.addr]).replace(
+        "path = \"unused: tests pass the tokenizer in\"",
+        &format!("path = {:?}", tokenizer.display().to_string()),
+    );
+    std::fs::write(&file, &text).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let stderr = child.stderr.take().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut logs = Logs(rx);
+    let listening = logs.wait_for("tokengate listening").await;
+    let (main, admin) = (
+        logged_addr(&listening, "addr="),
+        logged_addr(&listening, "admin_addr="),
+    );
+    logs.wait_for("SIGHUP reloads the config file").await;
+    let chat_as = |key: &'static str| {
+        let url = format!("http://{main}/v1/chat/completions");
+        async move { post(&url, key, &chat("hi", 3, false)).await.status }
+    };
+    let metrics = || {
+        let url = format!("http://{admin}/metrics");
+        async move { send(&url, "GET", None, &[]).await.text() }
+    };
+    assert_eq!(chat_as("sk-carol").await, 401);
+
+    // carol added: SIGHUP, and the reload's log line is the event to wait on.
+    std::fs::write(
+        &file,
+        text.clone() + &tenant_block("carol", "sk-carol", 100, 10),
+    )
+    .unwrap();
+    signal(pid, "HUP");
+    logs.wait_for("config reloaded").await;
+    assert_eq!(chat_as("sk-carol").await, 200);
+    let text_now = metrics().await;
+    assert!(
+        text_now.contains("tokengate_config_reloads_total{result=\"ok\"} 1"),
+        "{text_now}"
+    );
+
+    // A bad file: logged with its error, counted, and the process keeps serving carol.
+    std::fs::write(&file, "[[tenants]").unwrap();
+    signal(pid, "HUP");
+    let line = logs.wait_for("config reload refused").await;
+    assert!(
+        line.contains("the config file was not applied: in config file"),
+        "{line}"
+    );
+    assert_eq!(chat_as("sk-carol").await, 200);
+    let text_now = metrics().await;
+    assert!(text_now.contains("tokengate_config_reloads_total{result=\"error\"} 1"));
+    assert!(text_now.contains("tokengate_config_last_reload_successful 0"));
+
+    signal(pid, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("the gateway stops within its shutdown grace")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
