@@ -60,7 +60,7 @@ fn limiter_core(limits: &TenantLimits) -> f64 {
                 decode: 50,
                 ..Cost::default()
             };
-            state.refund(limits, black_box(unused), now);
+            state.refund(black_box(unused));
         }
     })
 }
