@@ -1,5 +1,6 @@
 //! Room `sim`: the HTTP face of the simulated backend: routing, request validation like vLLM,
-//! streamed and whole answers, fault injection, `/metrics`, `/health`, `/v1/models`.
+//! streamed and whole answers, fault injection, `/metrics`, `/health`, `/v1/models`. Errors
+//! come in OpenAI's shape, and in TGI's on MindIE's native routes.
 
 use super::engine::{EngineConfig, SeqRequest};
 use super::metrics::SimMetrics;
@@ -7,6 +8,7 @@ use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
 use super::wire::{parse_openai, parse_tgi, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
+use crate::api::{Route, Wire};
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatTemplate;
 use bytes::Bytes;
@@ -109,16 +111,18 @@ fn json_response(status: StatusCode, v: &serde_json::Value) -> Response<Body> {
     resp
 }
 
-fn error_response(e: &ApiError) -> Response<Body> {
-    e.to_response::<Full<Bytes>>()
+fn error_response(e: &ApiError, wire: Wire) -> Response<Body> {
+    e.to_response_in::<Full<Bytes>>(wire)
         .map(|b| b.map_err(|never: Infallible| match never {}).boxed())
 }
 
-/// Answers one request.
+/// Answers one request; errors in the shape of the API it came in on (TGI's on MindIE's
+/// native routes, OpenAI's elsewhere).
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let wire = Route::from_path(req.uri().path()).map_or(Wire::OpenAi, Route::wire);
     match route(&shared, req).await {
         Ok(resp) => resp,
-        Err(e) => error_response(&e),
+        Err(e) => error_response(&e, wire),
     }
 }
 

@@ -314,6 +314,13 @@ async fn injected_reset_cuts_the_stream_after_n_tokens_and_status_answers() {
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(a.retry_after.as_deref(), Some("2"));
     assert_eq!(a.json()["error"]["code"], "injected_failure");
+    // MindIE's native routes answer in TGI's shape.
+    let g = post(s.addr(), "/generate", json!({"inputs": HELLO})).await;
+    assert_eq!(g.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        g.json(),
+        json!({"error": "the simulated backend was told to answer 503", "error_type": "injected_failure"})
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -9,16 +9,25 @@ use tokengate::sim::{self, Faults, SimConfig, SimHandle};
 /// What clients send in these tests.
 const INPUTS: &str = "What is the capital of France?";
 
-/// A gateway in front of the simulated backend, every engine pass taking `pace`. Answers
-/// without `ignore_eos` have 4 tokens on average (seeded, so the same every run).
-async fn sim_gateway(pace: Duration) -> (TestGateway, SimHandle) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cfg = SimConfig {
+/// The simulated backend, every engine pass taking `pace`; answers without `ignore_eos` have
+/// 4 tokens on average (seeded, so the same every run).
+fn sim_config(pace: Duration) -> SimConfig {
+    SimConfig {
         mean_output_tokens: 4.0,
         ..SimConfig::pace(pace)
-    };
+    }
+}
+
+/// The simulated backend on a free port.
+async fn start_sim(cfg: SimConfig) -> SimHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let counter: sim::text::SharedCounter = tokenizer();
-    let sim = sim::start(cfg, counter, listener).await.unwrap();
+    sim::start(cfg, counter, listener).await.unwrap()
+}
+
+/// A gateway (the tests' config) in front of the simulated backend of [`sim_config`].
+async fn sim_gateway(pace: Duration) -> (TestGateway, SimHandle) {
+    let sim = start_sim(sim_config(pace)).await;
     let gw = TestGateway::start(config(&[sim.addr()])).await;
     (gw, sim)
 }
@@ -276,6 +285,32 @@ async fn mindie_refusals_are_tgi_shaped_and_change_nothing() {
 }
 
 #[tokio::test]
+async fn mindie_backend_refusal_is_passed_on_in_tgi_shape_and_charges_nothing() {
+    // A backend with a shorter context than the gateway's: it refuses what the gateway admits,
+    // in TGI's shape, as MindIE does on these routes.
+    let mut cfg = sim_config(Duration::from_millis(1));
+    cfg.engine.max_model_len = 64;
+    let sim = start_sim(cfg).await;
+    let gw = TestGateway::start(config(&[sim.addr()])).await;
+    let body = json!({"inputs": INPUTS, "parameters": {"max_new_tokens": 100}});
+    let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+    let prompt = tokenizer().count(INPUTS);
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({
+            "error": format!(
+                "the backend refused the request with status 400 Bad Request: This model's maximum context length is 64 tokens. However, you requested {} tokens ({prompt} in the messages, 100 in the completion). Please reduce the length of the messages or completion.",
+                prompt + 100
+            ),
+            "error_type": "upstream_rejected",
+        })
+    );
+    assert_nothing_charged(&gw).await;
+    assert_eq!(sim.stats().requests, 1);
+}
+
+#[tokio::test]
 async fn mindie_stream_broken_by_the_backend_ends_with_a_tgi_error_event_and_charges_what_streamed()
 {
     let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
@@ -364,13 +399,11 @@ async fn mindie_example_config_serves_mindie_as_its_docs_lay_it_out() {
     assert_eq!(cfg.backends[0].url, "http://127.0.0.1:1025");
     // A stand-in speaking MindIE's business-plane API under the config's model name, on a port
     // of its own (1025 may be taken here); the gateway's listeners on free ports; a test key.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let stand_in = SimConfig {
+    let sim = start_sim(SimConfig {
         served_names: cfg.model.served_names.clone(),
         ..SimConfig::default()
-    };
-    let counter: sim::text::SharedCounter = tokenizer();
-    let sim = sim::start(stand_in, counter, listener).await.unwrap();
+    })
+    .await;
     cfg.backends[0].url = sim.url();
     cfg.server.listen = "127.0.0.1:0".parse().unwrap();
     cfg.server.admin_listen = "127.0.0.1:0".parse().unwrap();
