@@ -152,7 +152,10 @@ pub fn parse_generation(
 }
 
 /// Takes the validated body out of `req` and sets `parameters.max_new_tokens` to `reserved`,
-/// so the backend generates at most what was reserved; everything else is sent as it came.
+/// so the backend generates at most what was reserved, and for a stream `parameters.details`
+/// to true, so its last event says how many tokens were generated (MindIE sends `details`
+/// only when asked; a whole answer's text is counted instead, since its `details` would list
+/// every token). Everything else is sent as it came.
 pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Vec<u8> {
     let mut body = std::mem::take(&mut req.body);
     let parameters = body
@@ -164,6 +167,9 @@ pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Vec<u8
     }
     if let Value::Object(p) = parameters {
         p.insert("max_new_tokens".into(), Value::from(reserved));
+        if req.stream {
+            p.insert("details".into(), Value::Bool(true));
+        }
     }
     serde_json::to_vec(&Value::Object(body)).expect("a JSON map always serializes")
 }
@@ -334,7 +340,7 @@ mod tests {
         let out = String::from_utf8(rewrite_for_backend(&mut r, 5)).unwrap();
         assert_eq!(
             out,
-            r#"{"inputs":"hi","parameters":{"temperature":0.1,"max_new_tokens":5,"top_k":3},"stream":true}"#
+            r#"{"inputs":"hi","parameters":{"temperature":0.1,"max_new_tokens":5,"top_k":3,"details":true},"stream":true}"#
         );
         for body in [
             json!({"inputs": "hi"}),
@@ -347,6 +353,14 @@ mod tests {
                 json!({"inputs": "hi", "parameters": {"max_new_tokens": 9}})
             );
         }
+        // A stream is asked for its count even when the client said no.
+        let body = json!({"inputs": "hi", "parameters": {"details": false}});
+        let mut r = parse(Native::GenerateStream, body).unwrap();
+        let out = String::from_utf8(rewrite_for_backend(&mut r, 9)).unwrap();
+        assert_eq!(
+            out,
+            r#"{"inputs":"hi","parameters":{"details":true,"max_new_tokens":9}}"#
+        );
     }
 
     #[test]
