@@ -4,6 +4,7 @@
 //! goes away mid-stream settled.
 
 use super::*;
+use hyper::body::Incoming;
 use tokengate::sim::{self, Faults, SimConfig, SimHandle};
 
 /// What clients send in these tests.
@@ -73,6 +74,23 @@ fn generated(r: &Received, streamed: bool) -> u64 {
         Some(n) => n,
         None => tokenizer().count(text) as u64,
     }
+}
+
+/// Alice's stream to `path`, once its headers (a 200) have arrived.
+async fn start_stream(gw: &TestGateway, path: &str, body: &Value) -> http::Response<Incoming> {
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk-alice"),
+    ];
+    let resp = start_request(
+        &gw.url(path),
+        "POST",
+        Some(body.to_string().into_bytes()),
+        &headers,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    resp
 }
 
 #[tokio::test]
@@ -352,17 +370,7 @@ async fn mindie_client_disconnect_mid_stream_frees_kv_and_refunds_the_rest() {
     // Slow passes: the client hangs up after the first token, long before the last.
     let (gw, _sim) = sim_gateway(Duration::from_millis(200)).await;
     let body = json!({"inputs": "a", "stream": true, "parameters": {"max_new_tokens": 50, "ignore_eos": true}});
-    let resp = start_request(
-        &gw.url("/infer"),
-        "POST",
-        Some(body.to_string().into_bytes()),
-        &[
-            ("content-type", "application/json"),
-            ("authorization", "Bearer sk-alice"),
-        ],
-    )
-    .await;
-    assert_eq!(resp.status(), 200);
+    let resp = start_stream(&gw, "/infer", &body).await;
     let mut body = resp.into_body();
     use http_body_util::BodyExt;
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
@@ -434,4 +442,37 @@ async fn mindie_example_config_serves_mindie_as_its_docs_lay_it_out() {
         assert_eq!(r.status, 200, "{path}: {}", r.text());
     }
     assert_eq!(sim.stats().requests, 5);
+}
+
+#[tokio::test]
+async fn mindie_kv_queue_deadline_is_a_tgi_shaped_503_with_retry_after_and_refunds() {
+    // Room for one sequence; the first streams slowly and holds it.
+    let sim = start_sim(sim_config(Duration::from_millis(200))).await;
+    let mut cfg = config(&[sim.addr()]);
+    cfg.backends[0].max_batch = 1;
+    cfg.admission.queue_deadline = Duration::from_millis(100);
+    let gw = TestGateway::start(cfg).await;
+    let body = json!({"inputs": "a", "parameters": {"max_new_tokens": 50, "ignore_eos": true}});
+    let resp = start_stream(&gw, "/generate_stream", &body).await;
+    let r = post(&gw.url("/generate"), "sk-bob", &json!({"inputs": "b"})).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["retry-after"], "1");
+    let v = r.json();
+    assert_eq!(v["error_type"], "capacity_exhausted");
+    let message = v["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("no KV-cache space freed up within the queue deadline of 100ms"),
+        "{message}"
+    );
+    // The waiter got everything back.
+    assert_eq!(gw.bucket("bob", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("bob", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("bob", "requests").await, 100.0);
+    drop(resp);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"client_disconnect\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(gw.kv_reserved(0).await, 0);
 }
