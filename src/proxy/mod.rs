@@ -223,13 +223,18 @@ impl Gateway {
                 let chat = self.chat.clone();
                 self.pool
                     .run(tenant, move || {
+                        if !media.is_empty() {
+                            let rendered = chat.template().render(&prompt)?;
+                            vision::check_placeholders(&rendered, &media)
+                                .map_err(|m| ApiError::invalid_param("messages", m))?;
+                        }
                         // Images and video are counted from their headers: the text gets what
                         // is left of the ceiling.
                         let media = vision::extra_tokens(&media, tok.as_ref());
                         let media = usize::try_from(media).unwrap_or(usize::MAX);
                         let left = ceiling.saturating_sub(media);
                         let text = chat.count_up_to(tok.as_ref(), &prompt, left)?;
-                        Ok::<_, crate::tokenize::chat::TemplateError>(match text {
+                        Ok::<_, ApiError>(match text {
                             TokenCount::Exact(n) => {
                                 TokenCount::of(n.saturating_add(media), ceiling)
                             }
@@ -240,7 +245,9 @@ impl Gateway {
             }
             Prompt::Text(t) => {
                 self.pool
-                    .run(tenant, move || Ok(tok.count_up_to(&t, ceiling)))
+                    .run(tenant, move || {
+                        Ok::<_, ApiError>(tok.count_up_to(&t, ceiling))
+                    })
                     .await
             }
         };
@@ -249,7 +256,7 @@ impl Gateway {
             .observe(started.elapsed().as_secs_f64());
         match counted {
             Ok(Ok(n)) => Ok(n),
-            Ok(Err(template)) => Err(template.into()),
+            Ok(Err(e)) => Err(e),
             Err(e) => Err(pool_error(e)),
         }
     }
@@ -264,7 +271,10 @@ impl Gateway {
             .pool
             .run(tenant, move || match prompt {
                 Prompt::Chat { prompt, media } => {
-                    let ids = tok.encode(&chat.template().render(&prompt)?);
+                    let rendered = chat.template().render(&prompt)?;
+                    vision::check_placeholders(&rendered, &media)
+                        .map_err(|m| ApiError::invalid_param("messages", m))?;
+                    let ids = tok.encode(&rendered);
                     vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
                 }
                 Prompt::Text(t) => Ok(tok.encode(&t)),

@@ -418,6 +418,35 @@ pub fn extra_tokens(media: &[Media], tok: &(impl CountTokens + ?Sized)) -> u64 {
     media.iter().map(|m| m.extra_tokens(tok)).sum()
 }
 
+/// Refuses a rendered chat whose placeholders are not one per image and video sent: the engine
+/// pairs them in order and refuses a prompt where they differ. A template drops an image it
+/// does not render (Qwen3.5's drops an earlier assistant turn's reasoning, before `</think>`,
+/// with any image in it), and text may carry placeholder tokens of its own. A chat without
+/// images or video is not checked: the engine has nothing to pair.
+pub fn check_placeholders(rendered: &str, media: &[Media]) -> Result<(), String> {
+    if media.is_empty() {
+        return Ok(());
+    }
+    let images = media
+        .iter()
+        .filter(|m| matches!(m, Media::Image { .. }))
+        .count();
+    let videos = media.len() - images;
+    let found = (
+        rendered.matches("<|image_pad|>").count(),
+        rendered
+            .matches("<|vision_start|><|video_pad|><|vision_end|>")
+            .count(),
+    );
+    if found == (images, videos) {
+        return Ok(());
+    }
+    Err(format!(
+        "the chat template renders {} image and {} video placeholders for the {images} images and {videos} videos sent, and the backend refuses a prompt whose placeholders and media differ: an image in an earlier assistant turn's reasoning (before `</think>`) is dropped with it, and text may carry placeholder tokens of its own",
+        found.0, found.1
+    ))
+}
+
 /// The ids the engine runs: `ids` (the rendered prompt's) with each image pad and each video
 /// placeholder expanded by its media, in order. Its length is `ids.len()` plus
 /// [`extra_tokens`].
@@ -487,6 +516,30 @@ mod tests {
         b.extend(h.to_be_bytes());
         b.extend([8, 2, 0, 0, 0]);
         STANDARD.encode(b)
+    }
+
+    #[test]
+    fn placeholders_must_pair_with_the_media_sent() {
+        let image = Media::Image { pads: 4 };
+        let video = Media::UnseenVideo { tokens: 10 };
+        let shown = "<|vision_start|><|image_pad|><|vision_end|>";
+        let clip = "<|vision_start|><|video_pad|><|vision_end|>";
+        let two = [image.clone(), video.clone()];
+        assert_eq!(
+            check_placeholders(&format!("a{shown}b{clip}"), &two),
+            Ok(())
+        );
+        // Found by the request fuzz target: an image in an earlier assistant turn's reasoning
+        // is dropped by the template, and was charged all the same.
+        assert_eq!(
+            check_placeholders("<|im_start|>assistant\nhi<|im_end|>", &[image.clone()]),
+            Err("the chat template renders 0 image and 0 video placeholders for the 1 images and 0 videos sent, and the backend refuses a prompt whose placeholders and media differ: an image in an earlier assistant turn's reasoning (before `</think>`) is dropped with it, and text may carry placeholder tokens of its own".into())
+        );
+        // A placeholder typed in the text pairs with nothing.
+        assert!(check_placeholders(&format!("{shown}{shown}"), &[image]).is_err());
+        assert!(check_placeholders(shown, &[video]).is_err());
+        // Without media the engine pairs nothing.
+        assert_eq!(check_placeholders(shown, &[]), Ok(()));
     }
 
     #[test]
