@@ -11,8 +11,9 @@
 //! - backends' KV capacity and batch cap (given, or derived from the capacity model and
 //!   `workload`): live leases keep what they hold and give back exactly that.
 //!
-//! Requests already past authentication finish under the tenant they authenticated as; their
-//! reservations settle into the buckets as they are when they end (see
+//! A request authenticated before the reload is charged under the limits in force when it is
+//! charged (refused with 401 if its tenant was removed meanwhile); one admitted before it
+//! finishes, and its reservation settles into the buckets as they are when it ends (see
 //! [`crate::limiter::BucketStore::refund`]).
 
 use crate::config::Config;
@@ -178,7 +179,7 @@ fn diff(old: &Snapshot, new: &Snapshot) -> Reloaded {
     };
     let mut out = Reloaded::default();
     for t in new.tenants.tenants() {
-        match old.tenants.tenants().iter().find(|o| o.name == t.name) {
+        match old.tenants.named(&t.name) {
             None => out.tenants_added.push(t.name.clone()),
             Some(o) => {
                 if o.limits != t.limits {
@@ -194,7 +195,7 @@ fn diff(old: &Snapshot, new: &Snapshot) -> Reloaded {
         .tenants
         .tenants()
         .iter()
-        .filter(|o| !new.tenants.tenants().iter().any(|t| t.name == o.name))
+        .filter(|o| new.tenants.named(&o.name).is_none())
         .map(|o| o.name.clone())
         .collect();
     out.backends_resized = old

@@ -111,6 +111,11 @@ impl TenantDirectory {
         &self.tenants
     }
 
+    /// The tenant called `name`, if there is one.
+    pub fn named(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+
     /// The tenant whose key is in `Authorization: Bearer KEY`, or 401.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
         let key = bearer(headers, &API_KEY)?;

@@ -205,6 +205,119 @@ async fn a_limit_raised_then_lowered_keeps_the_level_capped_by_the_new_capacity(
     );
 }
 
+/// A chat request sent by hand with `expect: 100-continue`, its body held back until the
+/// gateway asks for it: the `100 Continue` tells that the request was authenticated and
+/// checked, and is being read.
+struct Parked {
+    stream: tokio::net::TcpStream,
+    body: Vec<u8>,
+}
+
+impl Parked {
+    async fn start(gw: &TestGateway, key: &str, body: &Value) -> Parked {
+        use tokio::io::AsyncWriteExt;
+        let body = body.to_string().into_bytes();
+        let mut stream = tokio::net::TcpStream::connect(gw.running.addr)
+            .await
+            .unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+             authorization: Bearer {key}\r\ncontent-length: {}\r\nexpect: 100-continue\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let interim = read_head(&mut stream).await;
+        assert!(interim.starts_with("HTTP/1.1 100 Continue"), "{interim}");
+        Parked { stream, body }
+    }
+
+    /// Sends the body and reads the answer: its status and JSON.
+    async fn finish(mut self) -> (u16, Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.stream.write_all(&self.body).await.unwrap();
+        let head = read_head(&mut self.stream).await;
+        let status: u16 = head[9..12].parse().unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap();
+        let mut body = vec![0; len];
+        self.stream.read_exact(&mut body).await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+}
+
+/// Reads a response head (through its blank line), byte by byte so nothing after it is taken.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let byte = tokio::time::timeout(Duration::from_secs(10), stream.read_u8())
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        head.push(byte);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+#[tokio::test]
+async fn a_request_read_across_a_reload_is_charged_under_the_new_limits() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let mut f = FromFile::start("across", &backend, None).await;
+    let alices = Parked::start(&f.gw, "sk-alice", &chat("a", 600, false)).await;
+    let bobs = Parked::start(&f.gw, "sk-bob", &chat("b", 10, false)).await;
+    // alice's decode burst 1000 -> 50, bob removed.
+    let bob_at = f.text.find("[[tenants]]\nname = \"bob\"").unwrap();
+    let bob = f.text[bob_at..].to_string();
+    f.edit(&[
+        (
+            &tenant_block("alice", "sk-alice", 100, 10),
+            &tenant_block("alice", "sk-alice", 5, 10),
+        ),
+        (&bob, ""),
+    ]);
+    let r = f.reload().await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            reloaded(json!({"tenants_removed": ["bob"], "limits_changed": ["alice"]}))
+        )
+    );
+    let (status, body) = alices.finish().await;
+    assert_eq!(
+        (
+            status,
+            body["error"]["code"].clone(),
+            body["error"]["message"].clone()
+        ),
+        (
+            400,
+            json!("exceeds_tenant_burst"),
+            json!("request needs 600 decode tokens; the tenant's decode burst is 50")
+        )
+    );
+    let (status, body) = bobs.finish().await;
+    assert_eq!(
+        (status, body["error"]["code"].clone(), body["error"]["message"].clone()),
+        (
+            401,
+            json!("invalid_api_key"),
+            json!("tenant bob was removed by a config reload while this request was read; its API keys no longer work")
+        )
+    );
+    // Nothing was charged, and nothing reached the backend.
+    assert_eq!(f.gw.bucket("alice", "decode").await, 50.0);
+    assert_eq!(f.gw.bucket("alice", "requests").await, 100.0);
+    assert!(backend.seen.lock().unwrap().is_empty());
+    assert!(!f.gw.metrics().await.contains("tenant=\"bob\",bucket="));
+}
+
 /// Polls the admin API until backend 0 holds `bytes` of KV.
 async fn wait_kv(gw: &TestGateway, bytes: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

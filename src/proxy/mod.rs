@@ -327,10 +327,19 @@ impl Gateway {
         }
     }
 
-    /// Step 8: charge the tenant's buckets, all or nothing.
+    /// Step 8: charge the tenant's buckets, all or nothing, under the limits in force now: a
+    /// reload while the request was read or counted may have changed them, or removed the
+    /// tenant (whose key then no longer works).
     pub async fn charge(&self, tenant: &Tenant, cost: Cost) -> Result<Reservation, ApiError> {
+        let live = self.live.current();
+        let current = live.tenants.named(&tenant.name).ok_or_else(|| {
+            ApiError::unauthorized(format!(
+                "tenant {} was removed by a config reload while this request was read; its API keys no longer work",
+                tenant.name
+            ))
+        })?;
         self.limiter
-            .reserve(&tenant.name, &tenant.limits, cost)
+            .reserve(&current.name, &current.limits, cost)
             .await
             .map_err(ApiError::from)
     }
