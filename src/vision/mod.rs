@@ -532,7 +532,7 @@ mod tests {
         // Found by the request fuzz target: an image in an earlier assistant turn's reasoning
         // is dropped by the template, and was charged all the same.
         assert_eq!(
-            check_placeholders("<|im_start|>assistant\nhi<|im_end|>", &[image.clone()]),
+            check_placeholders("<|im_start|>assistant\nhi<|im_end|>", std::slice::from_ref(&image)),
             Err("the chat template renders 0 image and 0 video placeholders for the 1 images and 0 videos sent, and the backend refuses a prompt whose placeholders and media differ: an image in an earlier assistant turn's reasoning (before `</think>`) is dropped with it, and text may carry placeholder tokens of its own".into())
         );
         // A placeholder typed in the text pairs with nothing.
