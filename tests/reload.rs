@@ -318,6 +318,81 @@ async fn a_request_read_across_a_reload_is_charged_under_the_new_limits() {
     assert!(!f.gw.metrics().await.contains("tenant=\"bob\",bucket="));
 }
 
+#[tokio::test]
+async fn a_measured_efficiency_resizes_a_derived_backend_and_the_shares_it_sets() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[tokenizer]
+path = "unused"
+[model]
+served_names = ["qwen3.5-27b"]
+max_model_len = 32768
+default_max_tokens = 800
+[[backends]]
+url = "http://{}"
+hardware = "910b3"
+model = "qwen3.5-27b"
+tp = 2
+[[tenants]]
+name = "alice"
+api_keys = ["sk-alice"]
+share = 0.25
+requests_per_second = 2
+"#,
+        backend.addr
+    );
+    let mut f = FromFile::start("efficiency", &backend, Some(text)).await;
+    let sizing = |v: &Value| {
+        let b = &v["backends"][0];
+        (
+            b["max_batch"].clone(),
+            b["derived"]["decode_tps"].as_f64().unwrap(),
+        )
+    };
+    let decode = |v: &Value| v["tenants"][0]["buckets"]["decode"].clone();
+    let (batch, fitted_tps) = sizing(&f.gw.admin("/admin/backends").await);
+    assert_eq!(batch, 45);
+    // What `tokengate capacity --observed-tpot-ms 60 --observed-batch 45` reports.
+    f.edit(&[(
+        "tp = 2",
+        "tp = 2\nweight_efficiency = 0.373\ncache_efficiency = 0.506",
+    )]);
+    let r = f.reload().await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            200,
+            reloaded(json!({
+                "limits_changed": ["alice"],
+                "backends_resized": [format!("http://{}", backend.addr)],
+            }))
+        )
+    );
+    let backends = f.gw.admin("/admin/backends").await;
+    let (batch, measured_tps) = sizing(&backends);
+    assert_eq!(batch, 14);
+    assert_eq!(
+        backends["backends"][0]["derived"]["per_replica"]["efficiency"]["weights"],
+        0.373
+    );
+    assert!(measured_tps < fitted_tps, "{measured_tps} {fitted_tps}");
+    // alice's share follows the new derivation; she was full, so she is full at its capacity.
+    let d = decode(&f.gw.admin("/admin/tenants").await);
+    let rate = d["rate_per_second"].as_f64().unwrap();
+    assert_eq!(format!("{rate:.6}"), format!("{:.6}", 0.25 * measured_tps));
+    let (available, capacity) = (
+        d["available"].as_f64().unwrap(),
+        d["capacity"].as_f64().unwrap(),
+    );
+    assert_eq!(capacity, rate * 10.0);
+    // The level is kept in 10^-12 token units: equal to a millionth of a token.
+    assert_eq!(format!("{available:.6}"), format!("{capacity:.6}"));
+}
+
 /// Polls the admin API until backend 0 holds `bytes` of KV.
 async fn wait_kv(gw: &TestGateway, bytes: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
