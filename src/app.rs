@@ -94,7 +94,11 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
             deadline: config.admission.queue_deadline,
         },
     );
-    let upstreams = config.backends.iter().map(Upstream::new).collect();
+    let upstreams = config
+        .backends
+        .iter()
+        .map(Upstream::new)
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());
     metrics.config_loaded();
     let config = Arc::new(config);

@@ -272,8 +272,12 @@ fn default_queue_deadline() -> Duration {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
-    /// Base URL, e.g. `http://127.0.0.1:9000` (http only; TLS terminates elsewhere).
+    /// Base URL, e.g. `http://127.0.0.1:9000`, or `https://...` with `tls`.
     pub url: String,
+    /// TLS for an `https` URL: the CA that signed the backend's certificate, and the
+    /// gateway's own certificate for backends that verify their clients (MindIE does).
+    #[serde(default)]
+    pub tls: Option<BackendTls>,
     /// Bytes of KV cache the backend has for sequences (KV plus per-sequence state). Derived
     /// from `hardware` + `model` when left out.
     #[serde(default)]
@@ -351,6 +355,23 @@ pub struct BackendConfig {
     /// Time the health check (`/readyz`) waits for `health_path` to answer.
     #[serde(default = "default_health_timeout", with = "humantime_serde")]
     pub health_timeout: Duration,
+}
+
+/// How the gateway speaks TLS to one backend (PEM files; relative paths are relative to the
+/// config file).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTls {
+    /// The CA certificate(s) the backend's certificate must chain to (MindIE: its `tlsCaFile`'s
+    /// issuer, i.e. the CA of `tlsCert`).
+    pub ca_file: PathBuf,
+    /// The certificate (chain) the gateway presents, signed by a CA the backend trusts (MindIE:
+    /// one in its `tlsCaFile`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
 }
 
 fn one() -> u32 {
@@ -576,6 +597,15 @@ impl Config {
         {
             *path = resolve(path);
         }
+        for tls in self.backends.iter_mut().filter_map(|b| b.tls.as_mut()) {
+            tls.ca_file = resolve(&tls.ca_file);
+            for path in [&mut tls.cert_file, &mut tls.key_file]
+                .into_iter()
+                .flatten()
+            {
+                *path = resolve(path);
+            }
+        }
     }
 
     /// Checks every cross-field rule; the message names the field.
@@ -616,8 +646,32 @@ impl Config {
                 .url
                 .parse()
                 .with_context(|| format!("{at}.url `{}` is not a URL", b.url))?;
-            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-                bail!("{at}.url `{}` must be http://HOST:PORT", b.url);
+            match (uri.scheme_str(), &b.tls) {
+                _ if uri.authority().is_none() => {
+                    bail!(
+                        "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",
+                        b.url
+                    )
+                }
+                (Some("http"), None) => {}
+                (Some("http"), Some(_)) => {
+                    bail!(
+                        "{at}.tls is set, but {at}.url `{}` is http: make it https",
+                        b.url
+                    )
+                }
+                (Some("https"), None) => bail!(
+                    "{at}.url `{}` is https: {at}.tls must name at least its ca_file",
+                    b.url
+                ),
+                (Some("https"), Some(tls)) => {
+                    crate::proxy::tls::client_config(Some(tls))
+                        .with_context(|| format!("{at}.tls"))?;
+                }
+                _ => bail!(
+                    "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",
+                    b.url
+                ),
             }
             for (field, t) in [
                 ("first_byte_timeout", b.first_byte_timeout),
@@ -807,7 +861,7 @@ impl Config {
         }
         for (i, (old, new)) in backends.iter().zip(&new.backends).enumerate() {
             restart_only!(out, format!("backends[{i}]"), BackendConfig, old, new, [
-                url, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
+                url, tls, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
                 body_read_timeout, max_response_bytes, max_event_bytes, health_timeout,
             ], reloadable [
                 kv_capacity_bytes, max_batch, hardware, model, tp, replicas, efficiency,

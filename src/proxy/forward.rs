@@ -1,4 +1,4 @@
-//! The backend side: a pooled keep-alive HTTP client, the mapping of transport failures to
+//! The backend side: a pooled keep-alive HTTP client (TLS for `https` backends: see `tls`), the mapping of transport failures to
 //! 502 / 504, every read from a backend bounded in size and time, the backend error policy,
 //! and what headers cross the gateway.
 //!
@@ -22,6 +22,7 @@ use http::{
 };
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -36,7 +37,7 @@ const ERROR_MESSAGE_CHARS: usize = 1_000;
 /// One backend as the forwarder sees it.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// Base URL (`http://host:port`), as configured.
+    /// Base URL (`http://host:port` or `https://host:port`), as configured.
     pub url: String,
     base: Uri,
     first_byte_timeout: Duration,
@@ -46,7 +47,7 @@ pub struct Upstream {
     max_event_bytes: u64,
     health_path: String,
     health_timeout: Duration,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 /// Why a request to a backend got no response headers.
@@ -95,15 +96,23 @@ impl Health {
 }
 
 impl Upstream {
-    /// A backend with its own connection pool.
-    pub fn new(cfg: &BackendConfig) -> Self {
+    /// A backend with its own connection pool, speaking TLS when its URL is `https` (fails
+    /// only when its `tls` files cannot be read).
+    pub fn new(cfg: &BackendConfig) -> anyhow::Result<Self> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let tls = super::tls::client_config(cfg.tls.as_ref())?;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        Self {
+        Ok(Self {
             url: cfg.url.trim_end_matches('/').to_string(),
             base: cfg
                 .url
@@ -117,13 +126,14 @@ impl Upstream {
             health_path: cfg.health_path.clone(),
             health_timeout: cfg.health_timeout,
             client,
-        }
+        })
     }
 
     fn uri(&self, path: &str) -> Uri {
         let authority = self.base.authority().expect("validated").clone();
+        let scheme = self.base.scheme().expect("validated").clone();
         Uri::builder()
-            .scheme("http")
+            .scheme(scheme)
             .authority(authority)
             .path_and_query(path)
             .build()

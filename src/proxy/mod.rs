@@ -7,6 +7,7 @@ pub mod bounded;
 pub mod discard;
 pub mod forward;
 pub mod meter;
+pub mod tls;
 
 use crate::admission::{Admission, AdmitError};
 use crate::api::openai::{self, Endpoint, GenerationRequest, ParseLimits, Prompt};

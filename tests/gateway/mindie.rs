@@ -476,3 +476,141 @@ async fn mindie_kv_queue_deadline_is_a_tgi_shaped_503_with_retry_after_and_refun
     .await;
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
+
+/// A file of the test PKI in tests/fixtures/tls: a CA, the backend's certificate for 127.0.0.1
+/// and a client certificate, valid for a century, made with openssl for these tests only.
+fn tls_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tls")
+        .join(name)
+}
+
+/// A TLS front for `backend` as MindIE serves with `httpsEnabled`: the backend's certificate,
+/// and a client certificate signed by the test CA required of every client.
+async fn tls_front(backend: std::net::SocketAddr) -> std::net::SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::sync::Arc;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(tls_fixture("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let chain = CertificateDer::pem_file_iter(tls_fixture("backend.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(tls_fixture("backend.key")).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                // A client without a certificate the CA signed is turned away here.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut plain = tokio::net::TcpStream::connect(backend).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn mindie_over_https_with_two_way_tls_as_its_default_config_serves() {
+    let sim = start_sim(sim_config(Duration::from_millis(1))).await;
+    let front = tls_front(sim.addr()).await;
+    let mut cfg = config(&[sim.addr()]);
+    cfg.backends[0].url = format!("https://{front}");
+    cfg.backends[0].tls = Some(tokengate::config::BackendTls {
+        ca_file: tls_fixture("ca.pem"),
+        cert_file: Some(tls_fixture("client.pem")),
+        key_file: Some(tls_fixture("client.key")),
+    });
+    cfg.validate().unwrap();
+    let gw = TestGateway::start(cfg.clone()).await;
+    let ready = gw.admin("/readyz").await;
+    assert_eq!(ready["backends"][0]["state"], "ready", "{ready}");
+    let body = json!({"inputs": "hi", "parameters": {"max_new_tokens": 5, "ignore_eos": true, "details": true}});
+    let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["details"]["generated_tokens"], 5);
+    let r = post(&gw.url("/generate_stream"), "sk-alice", &body).await;
+    assert_eq!(events(&r.body).len(), 5);
+    assert_eq!(gw.bucket("alice", "decode").await, 990.0);
+
+    // Without its certificate the gateway is turned away: a 502 that charges nothing.
+    let tls = cfg.backends[0].tls.as_mut().unwrap();
+    (tls.cert_file, tls.key_file) = (None, None);
+    let gw = TestGateway::start(cfg).await;
+    let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error_type"], "upstream_error");
+    assert_nothing_charged(&gw).await;
+    assert_eq!(
+        gw.admin("/readyz").await["backends"][0]["state"],
+        "unreachable"
+    );
+}
+
+#[tokio::test]
+async fn mindie_tls_settings_are_checked_with_the_field_named() {
+    let tls = |ca: &str, cert: Option<&str>, key: Option<&str>| tokengate::config::BackendTls {
+        ca_file: tls_fixture(ca),
+        cert_file: cert.map(tls_fixture),
+        key_file: key.map(tls_fixture),
+    };
+    let refused = |url: &str, tls: Option<tokengate::config::BackendTls>| {
+        let mut cfg = config(&["127.0.0.1:1".parse().unwrap()]);
+        cfg.backends[0].url = url.to_string();
+        cfg.backends[0].tls = tls;
+        format!("{:#}", cfg.validate().unwrap_err())
+    };
+    assert_eq!(
+        refused("https://127.0.0.1:1025", None),
+        "backends[0].url `https://127.0.0.1:1025` is https: backends[0].tls must name at least its ca_file"
+    );
+    assert_eq!(
+        refused("http://127.0.0.1:1025", Some(tls("ca.pem", None, None))),
+        "backends[0].tls is set, but backends[0].url `http://127.0.0.1:1025` is http: make it https"
+    );
+    let missing = refused(
+        "https://127.0.0.1:1025",
+        Some(tls("nothing.pem", None, None)),
+    );
+    assert!(
+        missing.starts_with("backends[0].tls: ca_file "),
+        "{missing}"
+    );
+    assert!(
+        missing.contains("nothing.pem: not a readable PEM file"),
+        "{missing}"
+    );
+    assert_eq!(
+        refused(
+            "https://127.0.0.1:1025",
+            Some(tls("ca.pem", Some("client.pem"), None))
+        ),
+        "backends[0].tls: cert_file and key_file go together: give both or neither"
+    );
+    assert_eq!(
+        refused("ftp://127.0.0.1:1025", None),
+        "backends[0].url `ftp://127.0.0.1:1025` must be http://HOST:PORT or https://HOST:PORT"
+    );
+}
