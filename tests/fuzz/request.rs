@@ -659,8 +659,12 @@ fn serialize(mut body: Map<String, Value>, edit: &Edit) -> (Vec<u8>, EditVerdict
         }
         Edit::NumberText(number) => {
             body.remove("max_tokens");
-            let inner = serde_json::to_string(&body).unwrap();
-            let text = inner.replacen('{', &format!("{{\"max_tokens\":{number},"), 1);
+            let text = if body.is_empty() {
+                format!("{{\"max_tokens\":{number}}}")
+            } else {
+                let inner = serde_json::to_string(&body).unwrap();
+                inner.replacen('{', &format!("{{\"max_tokens\":{number},"), 1)
+            };
             let verdict = match NUMBER_TEXTS.iter().find(|(t, _)| t == number).unwrap().1 {
                 None => EditVerdict::NotJson,
                 Some(false) => EditVerdict::BadMaxTokens,
