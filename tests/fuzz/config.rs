@@ -347,6 +347,10 @@ impl Mutation {
                 let i = i.index(backends.len());
                 let b = backends[i].as_table_mut()?;
                 b.get("hardware")?;
+                // Once: a second table would undo what a mutation did to the first.
+                if b.contains_key("overrides") {
+                    return None;
+                }
                 b.insert("overrides".into(), figures.clone().into());
                 Some(Expect {
                     text: format!("backends[{i}]"),
