@@ -7,10 +7,12 @@
 use super::openai::{
     optional_bool, positive_int, wrong_type, GenerationRequest, MaxTokensField, ParseLimits, Prompt,
 };
-use super::sse::{self, ChunkInfo};
+use super::sse::{self, Loose};
 use super::Route;
 use crate::error::ApiError;
+use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 
 /// A native route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,27 +176,55 @@ pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Vec<u8
     serde_json::to_vec(&Value::Object(body)).expect("a JSON map always serializes")
 }
 
-/// `details.generated_tokens` of a whole answer or of a stream's last event.
-pub fn generated_tokens(v: &Value) -> Option<u64> {
-    v.get("details")?.get("generated_tokens")?.as_u64()
+/// A whole answer or one stream event, as far as metering reads it: a stream event's token
+/// (one per event), a whole answer's `generated_text`, and `details.generated_tokens` (in a
+/// whole answer and a stream's last event). Read like an OpenAI chunk ([`sse::Chunk`]): borrowed,
+/// a field of an unexpected type ignored as if absent, anything not a JSON object empty.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Chunk<'a> {
+    #[serde(borrow)]
+    token: Loose<Token<'a>>,
+    #[serde(borrow)]
+    generated_text: Loose<Cow<'a, str>>,
+    details: Loose<Details>,
 }
 
-/// What one stream event says: the text of its token (one token per event), and in the last
-/// event `details.generated_tokens`.
-pub fn inspect(event: &[u8]) -> ChunkInfo {
-    let mut info = ChunkInfo::default();
-    let Some(v) = sse::event_json(event) else {
-        return info;
-    };
-    info.completion_tokens = generated_tokens(&v);
-    if let Some(text) = v
-        .get("token")
-        .and_then(|t| t.get("text"))
-        .and_then(Value::as_str)
-    {
-        info.text.push_str(text);
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Token<'a> {
+    #[serde(borrow)]
+    text: Loose<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Details {
+    generated_tokens: Loose<u64>,
+}
+
+sse::object_shape!(Chunk<'a>, Token<'a>; Details);
+
+impl<'a> Chunk<'a> {
+    /// Reads `json` (an event's [`sse::data`] or a whole answer), borrowing its strings.
+    pub fn parse(json: &'a [u8]) -> Self {
+        sse::read_object(json)
     }
-    info
+
+    /// `details.generated_tokens`.
+    pub fn generated_tokens(&self) -> Option<u64> {
+        self.details.get()?.generated_tokens.get().copied()
+    }
+
+    /// The text generated: a stream event's token when it has one (the last event's
+    /// `generated_text` repeats the whole answer), else a whole answer's `generated_text`.
+    pub fn generated(&self) -> Option<&str> {
+        let text = match &self.token {
+            Loose::Absent => self.generated_text.get(),
+            token => token.get()?.text.get(),
+        };
+        text.map(Cow::as_ref)
+    }
 }
 
 #[cfg(test)]
@@ -365,23 +395,30 @@ mod tests {
 
     #[test]
     fn reads_tokens_from_events_and_answers() {
-        let e = inspect(
-            br#"data:{"index":2,"token":{"id":0,"text":" fox","logprob":0.0,"special":false},"generated_text":null,"details":null}"#,
-        );
-        assert_eq!((e.text.as_str(), e.completion_tokens), (" fox", None));
-        let last = inspect(
-            b"data: {\"token\":{\"text\":\" dog\"},\"generated_text\":\"a dog\",\"details\":{\"finish_reason\":\"length\",\"generated_tokens\":2}}\n\n",
-        );
-        assert_eq!(
-            (last.text.as_str(), last.completion_tokens),
-            (" dog", Some(2))
-        );
-        assert!(!last.usage_only);
-        assert_eq!(inspect(b"data: not json\n\n"), ChunkInfo::default());
-        assert_eq!(
-            generated_tokens(&json!({"generated_text": "x", "details": {"generated_tokens": 4}})),
-            Some(4)
-        );
-        assert_eq!(generated_tokens(&json!({"generated_text": "x"})), None);
+        let read = |json: &[u8]| {
+            let c = Chunk::parse(json);
+            (c.generated().map(str::to_owned), c.generated_tokens())
+        };
+        let e = br#"{"index":2,"token":{"id":0,"text":" fox","logprob":0.0,"special":false},"generated_text":null,"details":null}"#;
+        assert_eq!(read(e), (Some(" fox".into()), None));
+        // The last event: its token, not the whole answer it repeats.
+        let last = br#"{"token":{"text":" dog"},"generated_text":"a dog","details":{"finish_reason":"length","generated_tokens":2}}"#;
+        assert_eq!(read(last), (Some(" dog".into()), Some(2)));
+        let escaped = br#"{"token":{"text":"\u00e9\n"}}"#;
+        assert_eq!(read(escaped), (Some("\u{e9}\n".into()), None));
+        assert_eq!(read(b"not json"), (None, None));
+        assert_eq!(read(br#"{"error":"x","error_type":"y"}"#), (None, None));
+        let whole = br#"{"generated_text":"x","details":{"generated_tokens":4}}"#;
+        assert_eq!(read(whole), (Some("x".into()), Some(4)));
+        assert_eq!(read(br#"{"generated_text":"x"}"#), (Some("x".into()), None));
+        // Odd types read as absent, and lose nothing else.
+        let odd =
+            br#"{"token":{"text":5},"generated_text":"a","details":{"generated_tokens":"2"}}"#;
+        assert_eq!(read(odd), (None, None));
+        let odd =
+            br#"{"token":null,"generated_text":"a","details":{"generated_tokens":3,"x":[{}]}}"#;
+        assert_eq!(read(odd), (None, Some(3)));
+        let odd = br#"{"generated_text":[1],"details":{"generated_tokens":1.5}}"#;
+        assert_eq!(read(odd), (None, None));
     }
 }

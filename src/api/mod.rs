@@ -29,11 +29,59 @@ pub enum Wire {
 }
 
 impl Wire {
-    /// What one stream event of this format says, as far as metering cares.
-    pub fn inspect(self, event: &[u8]) -> sse::ChunkInfo {
+    /// Reads `json`, a whole answer or a stream event's [`sse::data`], in this format, as far as
+    /// metering needs.
+    pub fn chunk(self, json: &[u8]) -> Chunk<'_> {
         match self {
-            Wire::OpenAi => sse::inspect(event),
-            Wire::Tgi => mindie::inspect(event),
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
+            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
+        }
+    }
+}
+
+/// A whole answer or one stream event in its wire's format, as metering reads it.
+#[derive(Debug)]
+pub enum Chunk<'a> {
+    /// An OpenAI chunk or answer.
+    OpenAi(sse::Chunk<'a>),
+    /// A TGI event or answer.
+    Tgi(mindie::Chunk<'a>),
+}
+
+impl Chunk<'_> {
+    /// The backend's count of the tokens generated: OpenAI's `usage.completion_tokens`, TGI's
+    /// `details.generated_tokens`.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        match self {
+            Chunk::OpenAi(c) => c.completion_tokens(),
+            Chunk::Tgi(c) => c.generated_tokens(),
+        }
+    }
+
+    /// An OpenAI chunk with usage and no choices (vLLM's `include_usage` chunk), which only a
+    /// client that asked for usage gets.
+    pub fn usage_only(&self) -> bool {
+        match self {
+            Chunk::OpenAi(c) => c.usage_only(),
+            Chunk::Tgi(_) => false,
+        }
+    }
+
+    /// The generated text, piece by piece.
+    pub fn generated(&self) -> impl Iterator<Item = &str> {
+        let (openai, tgi) = match self {
+            Chunk::OpenAi(c) => (Some(c.generated()), None),
+            Chunk::Tgi(c) => (None, c.generated()),
+        };
+        openai.into_iter().flatten().chain(tgi)
+    }
+
+    /// The first choice's chat answer (reasoning left out) and whether it calls tools; `None`
+    /// when there is no choice, as in every TGI answer.
+    pub fn answer(&self) -> Option<(&str, bool)> {
+        match self {
+            Chunk::OpenAi(c) => c.answer(),
+            Chunk::Tgi(_) => None,
         }
     }
 }

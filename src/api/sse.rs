@@ -1,14 +1,27 @@
 //! Server-sent events as backends stream them: splitting a byte stream into events, and reading
-//! what the gateway meters from each OpenAI `data:` chunk (MindIE's events: `api::mindie`).
+//! what the gateway meters from each OpenAI `data:` chunk (and from a whole non-streamed answer,
+//! which has the same shape). MindIE's events and answers are read in `api::mindie`, with the
+//! same [`Loose`] reading.
+//!
+//! Both are linear in the bytes. The splitter resumes its search for an event's end where the
+//! last search stopped, so an event that arrives in many reads is scanned once. A chunk is read
+//! into borrowed structs holding only the fields metering needs: the JSON parser skips the rest
+//! without building it, and a string is copied only when it has escapes.
 
 use bytes::{Bytes, BytesMut};
-use serde_json::Value;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
 
 /// Cuts a byte stream into complete SSE events (each ending in a blank line), none longer
 /// than a bound: the buffer of an unfinished event never grows past it.
 #[derive(Debug)]
 pub struct SseSplitter {
     buf: BytesMut,
+    /// How much of `buf` has been searched: no event ends within it.
+    searched: usize,
     max_event_bytes: usize,
     /// An event went over the bound: the split is over.
     overflowed: bool,
@@ -29,6 +42,7 @@ impl SseSplitter {
     pub fn new(max_event_bytes: u64) -> Self {
         Self {
             buf: BytesMut::new(),
+            searched: 0,
             max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
             overflowed: false,
         }
@@ -44,11 +58,12 @@ impl SseSplitter {
             return split;
         }
         self.buf.extend_from_slice(bytes);
-        while let Some(end) = find_event_end(&self.buf) {
+        while let Some(end) = self.event_end() {
             if end > self.max_event_bytes {
                 break;
             }
             split.events.push(self.buf.split_to(end).freeze());
+            self.searched = 0;
         }
         // What is left is one event: unfinished, or finished but over the bound.
         if self.buf.len() > self.max_event_bytes {
@@ -61,118 +76,338 @@ impl SseSplitter {
 
     /// What is left when the stream ends (an event without its blank line), if anything.
     pub fn finish(&mut self) -> Option<Bytes> {
+        self.searched = 0;
         (!self.buf.is_empty()).then(|| self.buf.split().freeze())
     }
-}
 
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| p + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-/// What one event says, as far as metering cares.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ChunkInfo {
-    /// The event is `data: [DONE]`.
-    pub done: bool,
-    /// The chunk has no choices and carries `usage` (vLLM's `include_usage` chunk).
-    pub usage_only: bool,
-    /// `usage.completion_tokens`, wherever it appears.
-    pub completion_tokens: Option<u64>,
-    /// Generated text in this chunk (content, reasoning, completion text, tool-call arguments).
-    pub text: String,
-    /// The answer part of it: the first choice's `content`.
-    pub content: String,
-    /// The first choice calls tools in this chunk.
-    pub tool_calls: bool,
-}
-
-/// An event's `data:` payload (its `data:` lines joined), if the event is UTF-8.
-fn event_data(event: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(event).ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .map(|d| d.strip_prefix(' ').unwrap_or(d))
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
-}
-
-/// An event's `data:` payload as JSON, if it is JSON.
-pub fn event_json(event: &[u8]) -> Option<Value> {
-    serde_json::from_str(&event_data(event)?).ok()
-}
-
-/// Reads an OpenAI chunk's `data:` payload.
-pub fn inspect(event: &[u8]) -> ChunkInfo {
-    let mut info = ChunkInfo::default();
-    let Some(data) = event_data(event) else {
-        return info;
-    };
-    if data.trim() == "[DONE]" {
-        info.done = true;
-        return info;
-    }
-    let Ok(v) = serde_json::from_str::<Value>(&data) else {
-        return info;
-    };
-    info.completion_tokens = v
-        .get("usage")
-        .and_then(|u| u.get("completion_tokens"))
-        .and_then(Value::as_u64);
-    let choices = v.get("choices").and_then(Value::as_array);
-    info.usage_only = info.completion_tokens.is_some() && choices.is_none_or(|c| c.is_empty());
-    for (i, choice) in choices.into_iter().flatten().enumerate() {
-        let delta = choice.get("delta").unwrap_or(choice);
-        append_generated_text(delta, &mut info.text);
-        if i == 0 {
-            let (content, tool_calls) = answer(delta);
-            info.content.push_str(content);
-            info.tool_calls = tool_calls;
-        }
-    }
-    info
-}
-
-/// The answer text of a chat delta or message (its `content`, without reasoning), and whether
-/// it calls tools.
-pub fn answer(v: &Value) -> (&str, bool) {
-    let content = v.get("content").and_then(Value::as_str).unwrap_or_default();
-    let tool_calls = v
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .is_some_and(|calls| !calls.is_empty());
-    (content, tool_calls)
-}
-
-/// Appends the generated text of a chat delta/message or a completion choice.
-pub fn append_generated_text(v: &Value, out: &mut String) {
-    for key in ["reasoning_content", "content", "text"] {
-        if let Some(s) = v.get(key).and_then(Value::as_str) {
-            out.push_str(s);
-        }
-    }
-    if let Some(calls) = v.get("tool_calls").and_then(Value::as_array) {
-        for call in calls {
-            if let Some(f) = call.get("function") {
-                for key in ["name", "arguments"] {
-                    if let Some(s) = f.get(key).and_then(Value::as_str) {
-                        out.push_str(s);
-                    }
-                }
+    /// Where the first event in the buffer ends: after its first `\n\n` or `\r\n\r\n`, that
+    /// is after the first `\n` that follows `\n` or `\r\n\r`. Only the part not searched yet is
+    /// read; what precedes a `\n` is already in the buffer, so no `\n` needs a second look.
+    fn event_end(&mut self) -> Option<usize> {
+        let from = self.searched;
+        for at in memchr::memchr_iter(b'\n', &self.buf[from..]).map(|i| from + i) {
+            let before = &self.buf[..at];
+            if before.ends_with(b"\n") || before.ends_with(b"\r\n\r") {
+                return Some(at + 1);
             }
         }
+        self.searched = self.buf.len();
+        None
+    }
+}
+
+/// The `data:` payload of an event: its `data:` lines, each without one leading space, joined
+/// with newlines. Borrowed from the event when it has one such line; empty when it has none or
+/// is not UTF-8.
+pub fn data(event: &[u8]) -> Cow<'_, str> {
+    let Ok(text) = std::str::from_utf8(event) else {
+        return Cow::Borrowed("");
+    };
+    let mut lines = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d));
+    let Some(first) = lines.next() else {
+        return Cow::Borrowed("");
+    };
+    let mut rest = lines.peekable();
+    if rest.peek().is_none() {
+        return Cow::Borrowed(first);
+    }
+    let mut joined = first.to_string();
+    for line in rest {
+        joined.push('\n');
+        joined.push_str(line);
+    }
+    Cow::Owned(joined)
+}
+
+/// An OpenAI completion or chat completion, whole or one chunk of a stream, as far as metering
+/// reads it. A field of an unexpected type is ignored, as if absent; anything that is not a
+/// JSON object (a stream's `[DONE]` included) reads as an empty chunk.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Chunk<'a> {
+    #[serde(borrow)]
+    choices: Loose<Vec<Loose<Choice<'a>>>>,
+    usage: Loose<Usage>,
+}
+
+/// A choice, or the `delta` (streamed) or `message` (whole) inside it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Choice<'a> {
+    #[serde(borrow)]
+    delta: Loose<Box<Choice<'a>>>,
+    #[serde(borrow)]
+    message: Loose<Box<Choice<'a>>>,
+    #[serde(borrow)]
+    reasoning_content: Loose<Cow<'a, str>>,
+    #[serde(borrow)]
+    content: Loose<Cow<'a, str>>,
+    /// A completion choice's text.
+    #[serde(borrow)]
+    text: Loose<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Loose<Vec<Loose<ToolCall<'a>>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ToolCall<'a> {
+    #[serde(borrow)]
+    function: Loose<Function<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Function<'a> {
+    #[serde(borrow)]
+    name: Loose<Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Loose<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Usage {
+    completion_tokens: Loose<u64>,
+}
+
+impl<'a> Chunk<'a> {
+    /// Reads `json` (an event's [`data`] or a whole answer), borrowing its strings.
+    pub fn parse(json: &'a [u8]) -> Self {
+        read_object(json)
+    }
+
+    /// `usage.completion_tokens`.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        self.usage.get()?.completion_tokens.get().copied()
+    }
+
+    /// The chunk has no choices and carries usage (vLLM's `include_usage` chunk).
+    pub fn usage_only(&self) -> bool {
+        self.completion_tokens().is_some() && self.choices.get().is_none_or(Vec::is_empty)
+    }
+
+    /// The generated text of every choice, piece by piece: its reasoning, content, completion
+    /// text, and the name and arguments of each tool it calls.
+    pub fn generated(&self) -> impl Iterator<Item = &str> {
+        self.choices
+            .get()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get()?.generated())
+            .flat_map(|part| {
+                let calls = part.tool_calls.get().into_iter().flatten();
+                let functions = calls.filter_map(|c| c.get()?.function.get());
+                let texts = [&part.reasoning_content, &part.content, &part.text];
+                texts
+                    .into_iter()
+                    .chain(functions.flat_map(|f| [&f.name, &f.arguments]))
+            })
+            .filter_map(|s| s.get().map(Cow::as_ref))
+    }
+
+    /// The first choice's answer: its content (reasoning left out) and whether it calls tools;
+    /// `None` when there is no choice.
+    pub fn answer(&self) -> Option<(&str, bool)> {
+        let first = self.choices.get()?.first()?;
+        let Some(part) = first.get().and_then(Choice::generated) else {
+            return Some(("", false));
+        };
+        let content = part.content.get().map_or("", Cow::as_ref);
+        let calls_tools = part.tool_calls.get().is_some_and(|c| !c.is_empty());
+        Some((content, calls_tools))
+    }
+}
+
+impl Choice<'_> {
+    /// Where the choice's generated fields are: its `delta` or `message` when it has one, else
+    /// itself (a completion choice). `None` when that `delta` or `message` is not an object.
+    fn generated(&self) -> Option<&Self> {
+        match (&self.delta, &self.message) {
+            (Loose::Absent, Loose::Absent) => Some(self),
+            (Loose::Absent, nested) | (nested, _) => nested.get().map(Box::as_ref),
+        }
+    }
+}
+
+/// Reads `json` as a `T` read from a JSON object (see [`object_shape`]), borrowing its strings;
+/// anything that is not a JSON object reads as `T::default()`.
+pub(crate) fn read_object<'a, T: Shape<'a> + Default>(json: &'a [u8]) -> T {
+    match serde_json::from_slice::<Loose<T>>(json) {
+        Ok(Loose::Is(v)) => v,
+        _ => T::default(),
+    }
+}
+
+/// A JSON value read as `T` when it has `T`'s shape and skipped otherwise, so that one odd
+/// field does not lose the whole chunk (its usage included).
+#[derive(Debug, Default)]
+pub(crate) enum Loose<T> {
+    #[default]
+    Absent,
+    /// Present with another shape (`null` included).
+    Other,
+    /// Present with `T`'s shape.
+    Is(T),
+}
+
+impl<T> Loose<T> {
+    /// The value, when it has `T`'s shape.
+    pub(crate) fn get(&self) -> Option<&T> {
+        match self {
+            Loose::Is(v) => Some(v),
+            Loose::Absent | Loose::Other => None,
+        }
+    }
+}
+
+/// The JSON shape a [`Loose`] value is read as. Each method takes one shape; the defaults skip
+/// it.
+pub(crate) trait Shape<'de>: Sized {
+    fn from_borrowed_str(s: &'de str) -> Option<Self> {
+        Self::from_str(s)
+    }
+
+    fn from_str(_: &str) -> Option<Self> {
+        None
+    }
+
+    fn from_u64(_: u64) -> Option<Self> {
+        None
+    }
+
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
+        IgnoredAny.visit_map(map).map(|_| None)
+    }
+
+    fn from_seq<A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
+        IgnoredAny.visit_seq(seq).map(|_| None)
+    }
+}
+
+impl<'de: 'a, 'a> Shape<'de> for Cow<'a, str> {
+    fn from_borrowed_str(s: &'de str) -> Option<Self> {
+        Some(Cow::Borrowed(s))
+    }
+
+    fn from_str(s: &str) -> Option<Self> {
+        Some(Cow::Owned(s.to_owned()))
+    }
+}
+
+impl Shape<'_> for u64 {
+    fn from_u64(n: u64) -> Option<Self> {
+        Some(n)
+    }
+}
+
+impl<'de, T: Shape<'de>> Shape<'de> for Box<T> {
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
+        Ok(T::from_map(map)?.map(Box::new))
+    }
+}
+
+impl<'de, T: Shape<'de>> Shape<'de> for Vec<Loose<T>> {
+    fn from_seq<A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Some(items))
+    }
+}
+
+/// The structs named (serde-derived, with and without a borrowed lifetime) are read from JSON
+/// objects: the structs above, and MindIE's in `api::mindie`.
+macro_rules! object_shape {
+    ($($t:ident<$a:lifetime>),* ; $($plain:ident),*) => {
+        $(impl<'de: $a, $a> $crate::api::sse::Shape<'de> for $t<$a> {
+            fn from_map<A: ::serde::de::MapAccess<'de>>(
+                map: A,
+            ) -> Result<Option<Self>, A::Error> {
+                let map = ::serde::de::value::MapAccessDeserializer::new(map);
+                <Self as ::serde::Deserialize>::deserialize(map).map(Some)
+            }
+        })*
+        $(impl<'de> $crate::api::sse::Shape<'de> for $plain {
+            fn from_map<A: ::serde::de::MapAccess<'de>>(
+                map: A,
+            ) -> Result<Option<Self>, A::Error> {
+                let map = ::serde::de::value::MapAccessDeserializer::new(map);
+                <Self as ::serde::Deserialize>::deserialize(map).map(Some)
+            }
+        })*
+    };
+}
+pub(crate) use object_shape;
+
+object_shape!(Chunk<'a>, Choice<'a>, ToolCall<'a>, Function<'a>; Usage);
+
+impl<'de, T: Shape<'de>> Deserialize<'de> for Loose<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(LooseVisitor(PhantomData))
+    }
+}
+
+struct LooseVisitor<T>(PhantomData<T>);
+
+impl<T> LooseVisitor<T> {
+    fn read(value: Option<T>) -> Loose<T> {
+        value.map_or(Loose::Other, Loose::Is)
+    }
+}
+
+impl<'de, T: Shape<'de>> Visitor<'de> for LooseVisitor<T> {
+    type Value = Loose<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(Loose::Other)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(Loose::Other)
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(Self::read(T::from_u64(n)))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(Loose::Other)
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(Self::read(T::from_borrowed_str(s)))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(Self::read(T::from_str(s)))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Loose::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        Ok(Self::read(T::from_seq(seq)?))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Ok(Self::read(T::from_map(map)?))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn splits_events_across_pushes() {
@@ -188,6 +423,24 @@ mod tests {
         );
         assert!(!split.too_large);
         assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn an_end_split_across_pushes_is_found_and_nothing_is_searched_twice() {
+        let mut s = SseSplitter::new(1 << 20);
+        assert_eq!(s.push(b"data: a\r\n\r"), Split::default());
+        assert_eq!(s.searched, 10, "the whole unfinished event was searched");
+        let split = s.push(b"\ndata: b\n");
+        assert_eq!(split.events, vec![Bytes::from("data: a\r\n\r\n")]);
+        assert_eq!(s.searched, 8, "the next event, searched once");
+        let split = s.push(b"\ndata: c\r\n\n");
+        // "\r\n\n" ends with "\n\n": an end too.
+        assert_eq!(
+            split.events,
+            vec![Bytes::from("data: b\n\n"), Bytes::from("data: c\r\n\n")]
+        );
+        assert_eq!(s.push(b"data: d\r\n"), Split::default());
+        assert_eq!(s.finish(), Some(Bytes::from("data: d\r\n")));
     }
 
     #[test]
@@ -209,34 +462,136 @@ mod tests {
         assert_eq!(s.finish(), None);
     }
 
+    /// The events of `bytes` by the definition: each ends at the earliest `\n\n` or
+    /// `\r\n\r\n` from its start, searched afresh.
+    fn events_by_definition(mut bytes: &[u8]) -> (Vec<Bytes>, Option<Bytes>) {
+        let find = |b: &[u8], pat: &[u8]| b.windows(pat.len()).position(|w| w == pat);
+        let mut events = Vec::new();
+        loop {
+            let lf = find(bytes, b"\n\n").map(|p| p + 2);
+            let crlf = find(bytes, b"\r\n\r\n").map(|p| p + 4);
+            let Some(end) = [lf, crlf].into_iter().flatten().min() else {
+                let rest = (!bytes.is_empty()).then(|| Bytes::copy_from_slice(bytes));
+                return (events, rest);
+            };
+            events.push(Bytes::copy_from_slice(&bytes[..end]));
+            bytes = &bytes[end..];
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn splits_as_the_definition_however_the_stream_is_cut(
+            parts in prop::collection::vec(
+                prop::sample::select(vec!["\n", "\r", "\r\n", "data: x", ": c", "\n\n", "é"]),
+                0..40,
+            ),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let bytes = parts.concat().into_bytes();
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.sort_unstable();
+            let mut s = SseSplitter::new(1 << 20);
+            let (mut events, mut start) = (Vec::new(), 0);
+            for end in at.into_iter().chain([bytes.len()]) {
+                let split = s.push(&bytes[start..end]);
+                prop_assert!(!split.too_large);
+                events.extend(split.events);
+                start = end;
+            }
+            prop_assert_eq!((events, s.finish()), events_by_definition(&bytes));
+        }
+    }
+
+    #[test]
+    fn data_joins_the_data_lines_and_borrows_a_single_one() {
+        let one = data(b"event: x\r\ndata: {\"a\":1}\r\n\r\n");
+        assert!(matches!(one, Cow::Borrowed("{\"a\":1}")), "{one:?}");
+        assert_eq!(data(b": hi\ndata:{\"a\":\ndata:  1}\n\n"), "{\"a\":\n 1}");
+        assert_eq!(data(b"data: [DONE]\n\n"), "[DONE]");
+        assert_eq!(data(b": only a comment\n\n"), "");
+        assert_eq!(data(b"data: \xff\n\n"), "");
+    }
+
     #[test]
     fn reads_usage_and_text() {
-        let c = inspect(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n");
-        assert_eq!(
-            (c.text.as_str(), c.usage_only, c.done),
-            ("hi", false, false)
-        );
-        let u = inspect(
-            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9}}\n\n",
-        );
-        assert_eq!((u.usage_only, u.completion_tokens), (true, Some(9)));
-        assert!(inspect(b"data: [DONE]\n\n").done);
+        let c = Chunk::parse(br#"{"choices":[{"delta":{"content":"hi"}}]}"#);
+        let text: Vec<&str> = c.generated().collect();
+        assert_eq!((text, c.usage_only()), (vec!["hi"], false));
+        let u =
+            Chunk::parse(br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9}}"#);
+        assert_eq!((u.usage_only(), u.completion_tokens()), (true, Some(9)));
+        let done = Chunk::parse(b"[DONE]");
+        assert_eq!((done.completion_tokens(), done.answer()), (None, None));
     }
 
     #[test]
     fn separates_the_answer_from_reasoning_and_tool_calls() {
         let c =
-            inspect(br#"data: {"choices":[{"delta":{"reasoning_content":"hm","content":"ok"}}]}"#);
+            Chunk::parse(br#"{"choices":[{"delta":{"reasoning_content":"hm","content":"ok"}}]}"#);
+        assert_eq!(c.generated().collect::<String>(), "hmok");
+        assert_eq!(c.answer(), Some(("ok", false)));
+        let t = Chunk::parse(
+            br#"{"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+        );
+        assert_eq!(t.generated().collect::<String>(), "f{}");
+        assert_eq!(t.answer(), Some(("", true)));
+    }
+
+    #[test]
+    fn reads_every_choice_of_whole_answers_and_completions() {
+        let chat = Chunk::parse(
+            br#"{"choices":[{"message":{"content":"a"}},{"message":{"content":"b"}}],"usage":{"completion_tokens":2}}"#,
+        );
+        assert_eq!(chat.generated().collect::<String>(), "ab");
         assert_eq!(
-            (c.text.as_str(), c.content.as_str(), c.tool_calls),
-            ("hmok", "ok", false)
+            (chat.answer(), chat.usage_only()),
+            (Some(("a", false)), false)
         );
-        let t = inspect(
-            br#"data: {"choices":[{"delta":{"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#,
+        let completion = Chunk::parse(br#"{"choices":[{"index":0,"text":"once"}]}"#);
+        assert_eq!(completion.generated().collect::<String>(), "once");
+    }
+
+    #[test]
+    fn unescapes_strings_and_borrows_the_rest() {
+        let c = Chunk::parse(
+            br#"{"choices":[{"delta":{"reasoning_content":"plain","content":"a\"b\u00e9\n"}}]}"#,
         );
+        let pieces: Vec<&str> = c.generated().collect();
+        assert_eq!(pieces, vec!["plain", "a\"b\u{e9}\n"]);
+    }
+
+    #[test]
+    fn a_field_of_another_type_is_skipped_not_the_chunk() {
+        // Odd types next to the usage: the usage still counts, the odd fields read as absent.
+        let c = Chunk::parse(
+            br#"{"choices":[7,{"delta":{"content":5,"tool_calls":null}}],"usage":{"completion_tokens":9,"x":[1,{"a":null}]}}"#,
+        );
+        assert_eq!(c.completion_tokens(), Some(9));
+        assert_eq!(c.generated().count(), 0);
         assert_eq!(
-            (t.text.as_str(), t.content.as_str(), t.tool_calls),
-            ("f{}", "", true)
+            c.answer(),
+            Some(("", false)),
+            "the first choice is not an object"
         );
+        // A `delta` that is not an object: nothing is read from the choice around it.
+        let d = Chunk::parse(br#"{"choices":[{"delta":null,"text":"t"}]}"#);
+        assert_eq!((d.generated().count(), d.answer()), (0, Some(("", false))));
+        // No choices array: usage alone.
+        let u = Chunk::parse(br#"{"choices":null,"usage":{"completion_tokens":1}}"#);
+        assert!(u.usage_only());
+        // Counts that are not whole numbers of u64 are not counts.
+        for bad in [r#"-1"#, r#"1.5"#, r#""3""#, r#"18446744073709551616"#] {
+            let json = format!(r#"{{"usage":{{"completion_tokens":{bad}}}}}"#);
+            assert_eq!(
+                Chunk::parse(json.as_bytes()).completion_tokens(),
+                None,
+                "{bad}"
+            );
+        }
+        for not_a_chunk in [&b"5"[..], b"\"x\"", b"[1]", b"{\"usage\":", b""] {
+            let c = Chunk::parse(not_a_chunk);
+            assert_eq!((c.completion_tokens(), c.answer()), (None, None));
+        }
     }
 }

@@ -6,7 +6,7 @@
 
 use crate::admission::Lease;
 use crate::api::sse::{self, SseSplitter};
-use crate::api::{mindie, Wire};
+use crate::api::{Chunk, Wire};
 use crate::error::RateLimitHeaders;
 use crate::limiter::Reservation;
 use crate::metrics::{self, Metrics};
@@ -71,7 +71,11 @@ pub struct Admitted {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     token_events: u64,
+    /// The backend's count (`usage.completion_tokens`, `details.generated_tokens`), once it has
+    /// sent it.
     usage_tokens: Option<u64>,
+    /// The generated text so far, to count when the backend sends no usage; kept only until it
+    /// does.
     text: String,
     /// A chat completion's answer so far; `None` when it is not one or it calls tools.
     reply: Option<String>,
@@ -136,56 +140,49 @@ impl Admitted {
 
     /// A complete non-streamed answer.
     pub fn finish_json(mut self, body: &[u8]) {
-        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-        if self.counter.wire == Wire::Tgi {
-            self.usage_tokens = mindie::generated_tokens(&v);
-            // The text is only counted when the answer has no `details`.
-            if let (None, Some(text)) = (self.usage_tokens, v.get("generated_text")) {
-                self.text.push_str(text.as_str().unwrap_or_default());
-            }
-            self.outcome = Some("ok");
-            return;
-        }
-        self.usage_tokens = v
-            .get("usage")
-            .and_then(|u| u.get("completion_tokens"))
-            .and_then(serde_json::Value::as_u64);
-        // The text is only counted when the backend gave no usage.
-        let choices = v.get("choices").and_then(serde_json::Value::as_array);
-        if let (None, Some(choices)) = (self.usage_tokens, choices) {
-            for c in choices {
-                sse::append_generated_text(c.get("message").unwrap_or(c), &mut self.text);
-            }
-        }
-        let message = choices
-            .and_then(|c| c.first())
-            .and_then(|c| c.get("message"));
-        match (message, self.reply.as_mut()) {
-            (Some(message), Some(reply)) => match sse::answer(message) {
-                (content, false) => reply.push_str(content),
-                (_, true) => self.reply = None,
-            },
-            _ => self.reply = None,
+        let answer = self.counter.wire.chunk(body);
+        self.observe(&answer);
+        if answer.answer().is_none() {
+            self.reply = None;
         }
         self.outcome = Some("ok");
     }
 
-    fn observe_chunk(&mut self, info: &sse::ChunkInfo) {
-        if let Some(n) = info.completion_tokens {
-            self.usage_tokens = Some(n);
-        }
-        if !info.text.is_empty() {
+    /// One event of a streamed answer.
+    fn observe_event(&mut self, chunk: &Chunk) {
+        if self.observe(chunk) {
             let now = Instant::now();
             self.first_token.get_or_insert(now);
             self.last_token = Some(now);
             self.token_events += 1;
-            self.text.push_str(&info.text);
         }
-        if info.tool_calls {
-            self.reply = None;
-        } else if let Some(reply) = self.reply.as_mut() {
-            reply.push_str(&info.content);
+    }
+
+    /// Takes in what an answer or chunk says: the backend's count, else the text to count,
+    /// and the chat answer's next piece. Returns whether it generated any text.
+    fn observe(&mut self, chunk: &Chunk) -> bool {
+        if let Some(n) = chunk.completion_tokens() {
+            self.usage_tokens = Some(n);
+            // The backend's count settles the request: the text kept to count is not needed.
+            self.text = String::new();
         }
+        let mut generated = false;
+        for piece in chunk.generated().filter(|p| !p.is_empty()) {
+            generated = true;
+            if self.usage_tokens.is_none() {
+                self.text.push_str(piece);
+            }
+        }
+        match chunk.answer() {
+            Some((_, true)) => self.reply = None,
+            Some((content, false)) => {
+                if let Some(reply) = self.reply.as_mut() {
+                    reply.push_str(content);
+                }
+            }
+            None => {}
+        }
+        generated
     }
 }
 
@@ -390,11 +387,12 @@ fn filter(
     let mut out = BytesMut::new();
     let split = splitter.push(bytes);
     for event in split.events {
-        let info = wire.inspect(&event);
+        let data = sse::data(&event);
+        let chunk = wire.chunk(data.as_bytes());
         if let Some(a) = admitted.as_mut() {
-            a.observe_chunk(&info);
+            a.observe_event(&chunk);
         }
-        if info.usage_only && !client_wants_usage {
+        if chunk.usage_only() && !client_wants_usage {
             continue;
         }
         out.extend_from_slice(&event);
