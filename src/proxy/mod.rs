@@ -20,6 +20,7 @@ use crate::metrics::{self, Metrics};
 use crate::reload::LiveConfig;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
+use crate::tokenize::chat::ChatPrompt;
 use crate::tokenize::pool::{PoolError, TokenizePool};
 use crate::tokenize::{TokenCount, Tokenizer};
 use crate::vision;
@@ -225,9 +226,7 @@ impl Gateway {
                 self.pool
                     .run(tenant, move || {
                         if !media.is_empty() {
-                            let rendered = chat.template().render(&prompt)?;
-                            vision::check_placeholders(&rendered, &media)
-                                .map_err(|m| ApiError::invalid_param("messages", m))?;
+                            render_paired(&chat, &prompt, &media)?;
                         }
                         // Images and video are counted from their headers: the text gets what
                         // is left of the ceiling.
@@ -272,10 +271,7 @@ impl Gateway {
             .pool
             .run(tenant, move || match prompt {
                 Prompt::Chat { prompt, media } => {
-                    let rendered = chat.template().render(&prompt)?;
-                    vision::check_placeholders(&rendered, &media)
-                        .map_err(|m| ApiError::invalid_param("messages", m))?;
-                    let ids = tok.encode(&rendered);
+                    let ids = tok.encode(&render_paired(&chat, &prompt, &media)?);
                     vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
                 }
                 Prompt::Text(t) => Ok(tok.encode(&t)),
@@ -681,6 +677,19 @@ impl Drop for Queued<'_> {
             self.metrics.outcome(self.tenant, "client_disconnect");
         }
     }
+}
+
+/// The chat rendered, refused with a 400 naming `messages` when its placeholders do not pair
+/// with the images and videos sent ([`vision::check_placeholders`]).
+fn render_paired(
+    chat: &ChatCounter,
+    prompt: &ChatPrompt,
+    media: &[vision::Media],
+) -> Result<String, ApiError> {
+    let rendered = chat.template().render(prompt)?;
+    vision::check_placeholders(&rendered, media)
+        .map_err(|m| ApiError::invalid_param("messages", m))?;
+    Ok(rendered)
 }
 
 fn pool_error(e: PoolError) -> ApiError {
