@@ -320,6 +320,14 @@ impl<'de, T: Shape<'de>> Shape<'de> for Vec<Loose<T>> {
     }
 }
 
+/// A serde-derived struct read from a JSON object: the `Shape::from_map` of every struct
+/// [`object_shape!`] names.
+pub(crate) fn object_from_map<'de, T: Deserialize<'de>, A: MapAccess<'de>>(
+    map: A,
+) -> Result<Option<T>, A::Error> {
+    T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+}
+
 /// The structs named (serde-derived, with and without a borrowed lifetime) are read from JSON
 /// objects: the structs above, and MindIE's in `api::mindie`.
 macro_rules! object_shape {
@@ -328,16 +336,14 @@ macro_rules! object_shape {
             fn from_map<A: ::serde::de::MapAccess<'de>>(
                 map: A,
             ) -> Result<Option<Self>, A::Error> {
-                let map = ::serde::de::value::MapAccessDeserializer::new(map);
-                <Self as ::serde::Deserialize>::deserialize(map).map(Some)
+                $crate::api::sse::object_from_map(map)
             }
         })*
         $(impl<'de> $crate::api::sse::Shape<'de> for $plain {
             fn from_map<A: ::serde::de::MapAccess<'de>>(
                 map: A,
             ) -> Result<Option<Self>, A::Error> {
-                let map = ::serde::de::value::MapAccessDeserializer::new(map);
-                <Self as ::serde::Deserialize>::deserialize(map).map(Some)
+                $crate::api::sse::object_from_map(map)
             }
         })*
     };
