@@ -398,87 +398,58 @@ fn any_table() -> impl Strategy<Value = Path> {
 }
 
 fn invalid() -> impl Strategy<Value = Mutation> {
-    let bad_rate = select(vec![0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY]);
-    let rate_field = select(vec![
-        "prefill_tokens_per_second",
-        "decode_tokens_per_second",
-        "requests_per_second",
-        "burst_seconds",
-    ]);
-    let in_backend = |i: Index| vec![Seg::Nth("backends", i)];
-    let in_tenant = |i: Index| vec![Seg::Nth("tenants", i)];
-    prop_oneof![
-        Just(Mutation::Invalid(
-            vec![Seg::Key("tokenizer")],
-            "workers",
-            Value::Integer(0)
-        )),
-        Just(Mutation::Invalid(
-            vec![Seg::Key("model")],
-            "served_names",
-            Value::Array(vec![])
-        )),
-        Just(Mutation::Invalid(
-            vec![Seg::Key("model")],
-            "default_max_tokens",
-            Value::Integer(0)
-        )),
-        Just(Mutation::Invalid(
-            vec![Seg::Key("model")],
-            "max_model_len",
-            Value::Integer(0)
-        )),
-        Just(Mutation::Invalid(
-            vec![Seg::Key("admission")],
-            "queue_deadline",
-            "0s".into()
-        )),
-        Just(Mutation::Invalid(
-            vec![Seg::Key("server")],
-            "max_connections",
-            Value::Integer(0)
-        )),
-        Just(Mutation::Invalid(
-            vec![Seg::Key("server")],
-            "admin_token",
-            "".into()
-        )),
+    let zero = || Value::Integer(0);
+    let no_time = || Value::from("0s");
+    // (table, field, a value validation refuses); `backends` and `tenants` are any entry.
+    let mut cases: Vec<(&'static str, &'static str, Value)> = vec![
+        ("tokenizer", "workers", zero()),
+        ("model", "served_names", Value::Array(vec![])),
+        ("model", "default_max_tokens", zero()),
+        ("model", "max_model_len", zero()),
+        ("admission", "queue_deadline", no_time()),
+        ("server", "max_connections", zero()),
+        ("server", "admin_token", "".into()),
+        ("tenants", "name", "".into()),
+        ("tenants", "api_keys", Value::Array(vec!["".into()])),
         (
-            any::<Index>(),
-            select(vec!["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""])
-        )
-            .prop_map(move |(i, url)| Mutation::Invalid(in_backend(i), "url", url.into())),
-        (
-            any::<Index>(),
-            select(vec![
-                "first_byte_timeout",
-                "stream_idle_timeout",
-                "body_read_timeout",
-                "health_timeout"
-            ])
-        )
-            .prop_map(move |(i, f)| Mutation::Invalid(in_backend(i), f, "0s".into())),
-        (
-            any::<Index>(),
-            select(vec!["max_response_bytes", "max_event_bytes", "max_batch"])
-        )
-            .prop_map(move |(i, f)| Mutation::Invalid(in_backend(i), f, Value::Integer(0))),
-        (any::<Index>(), rate_field, bad_rate.clone())
-            .prop_map(move |(i, f, v)| Mutation::Invalid(in_tenant(i), f, v.into())),
-        (any::<Index>(), prop_oneof![bad_rate, Just(1.5)])
-            .prop_map(move |(i, v)| Mutation::Invalid(in_tenant(i), "share", v.into())),
-        any::<Index>().prop_map(move |i| Mutation::Invalid(in_tenant(i), "name", "".into())),
-        any::<Index>().prop_map(move |i| Mutation::Invalid(
-            in_tenant(i),
-            "api_keys",
-            Value::Array(vec!["".into()])
-        )),
-        any::<Index>().prop_map(move |i| Mutation::Invalid(
-            in_tenant(i),
+            "tenants",
             "api_key_sha256",
-            Value::Array(vec!["abc".into()])
-        )),
-    ]
+            Value::Array(vec!["abc".into()]),
+        ),
+        ("tenants", "share", 1.5.into()),
+    ];
+    for url in ["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""] {
+        cases.push(("backends", "url", url.into()));
+    }
+    for field in [
+        "first_byte_timeout",
+        "stream_idle_timeout",
+        "body_read_timeout",
+        "health_timeout",
+    ] {
+        cases.push(("backends", field, no_time()));
+    }
+    for field in ["max_response_bytes", "max_event_bytes", "max_batch"] {
+        cases.push(("backends", field, zero()));
+    }
+    for rate in [0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        for field in [
+            "prefill_tokens_per_second",
+            "decode_tokens_per_second",
+            "requests_per_second",
+            "burst_seconds",
+            "share",
+        ] {
+            cases.push(("tenants", field, rate.into()));
+        }
+    }
+    (select(cases), any::<Index>()).prop_map(|((table, field, value), i)| {
+        let path = match table {
+            "backends" | "tenants" => vec![Seg::Nth(table, i)],
+            _ => vec![Seg::Key(table)],
+        };
+        Mutation::Invalid(path, field, value)
+    })
 }
 
 /// Any float, the edges most of all.
