@@ -1,9 +1,15 @@
 //! The one error type of the request path and its one mapping to an HTTP response:
 //! status, headers and OpenAI's `{"error": {"message", "type", "param", "code"}}` body (TGI's
 //! `{"error", "error_type"}` on MindIE's native routes).
-//! Every room returns its own typed failure; they all become an [`ApiError`] here.
+//! Every room returns its own typed failure ([`Denial`], [`LowerBound`], [`AdmitError`],
+//! [`PoolError`], [`BodyError`], [`UpstreamFailure`]); they all become an [`ApiError`] here, and
+//! nowhere else.
 
+use crate::admission::AdmitError;
 use crate::api::Wire;
+use crate::limiter::{BucketKind, Denial, LowerBound};
+use crate::proxy::bounded::ReadError;
+use crate::tokenize::pool::PoolError;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
@@ -235,8 +241,10 @@ impl ApiError {
         )
     }
 
-    /// 429 `rate_limit_exceeded`.
+    /// 429 `rate_limit_exceeded`, whose `type` says which kind of bucket refused, as OpenAI's
+    /// does: `tokens` (prefill or decode) or `requests`.
     pub fn rate_limited(
+        bucket: BucketKind,
         message: impl Into<String>,
         retry_after: Duration,
         headers: RateLimitHeaders,
@@ -244,7 +252,7 @@ impl ApiError {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_exceeded",
-            "requests",
+            unit(bucket),
             message.into(),
         );
         e.retry_after = Some(retry_after);
@@ -414,6 +422,240 @@ impl RateLimitHeaders {
     }
 }
 
+/// What a bucket counts, in OpenAI's words: `tokens` or `requests` (a 429's `type`).
+fn unit(bucket: BucketKind) -> &'static str {
+    match bucket {
+        BucketKind::Prefill | BucketKind::Decode => "tokens",
+        BucketKind::Requests => "requests",
+    }
+}
+
+impl From<Denial> for ApiError {
+    /// `NotYet` is a 429 with the exact wait; `Never` a 400 naming the bucket and its capacity.
+    fn from(denial: Denial) -> Self {
+        denial_error(denial, [true; 3])
+    }
+}
+
+impl From<LowerBound> for ApiError {
+    /// As a [`Denial`], with "at least" before each amount that is a lower bound (and before
+    /// the wait, when any is).
+    fn from(bound: LowerBound) -> Self {
+        denial_error(bound.denial, bound.exact)
+    }
+}
+
+/// The error of `denial` for a cost whose amounts are exact where `exact` says so.
+fn denial_error(denial: Denial, exact: [bool; 3]) -> ApiError {
+    let least = |exact: bool| if exact { "" } else { "at least " };
+    match denial {
+        Denial::NotYet {
+            bucket,
+            needed,
+            available,
+            retry_after,
+            snapshot,
+        } => ApiError::rate_limited(
+            bucket,
+            format!(
+                "rate limit reached for {bucket}: request needs {}{needed} {}, {} available; \
+                 retry after {}{:.3} s",
+                least(exact[bucket as usize]),
+                unit(bucket),
+                available.floor(),
+                least(exact.iter().all(|&e| e)),
+                retry_after.as_secs_f64()
+            ),
+            retry_after,
+            snapshot.rate_limit_headers(),
+        ),
+        Denial::Never {
+            bucket,
+            needed,
+            capacity,
+        } => {
+            let e = ApiError::exceeds_burst(format!(
+                "request needs {}{needed} {bucket} {}; the tenant's {bucket} burst is {}",
+                least(exact[bucket as usize]),
+                unit(bucket),
+                capacity.floor()
+            ));
+            if bucket == BucketKind::Decode {
+                e.with_param("max_tokens")
+            } else {
+                e
+            }
+        }
+    }
+}
+
+/// A refusal of the KV admission (step 9), with what its message names: the request's
+/// tokens (prompt + max output) and the queue deadline a 503 asks to wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotAdmitted {
+    /// Why.
+    pub error: AdmitError,
+    /// The request's prompt + max output tokens.
+    pub tokens: u64,
+    /// `admission.queue_deadline`: the `retry-after` of a 503.
+    pub queue_deadline: Duration,
+}
+
+impl From<NotAdmitted> for ApiError {
+    /// Never fits: 400 `exceeds_kv_capacity`; queue full or deadline passed: 503
+    /// `capacity_exhausted` with `retry-after` = the queue deadline.
+    fn from(refusal: NotAdmitted) -> Self {
+        let NotAdmitted {
+            error,
+            tokens,
+            queue_deadline,
+        } = refusal;
+        match error {
+            AdmitError::NeverFits { bytes, largest_capacity } => ApiError::exceeds_kv(format!(
+                "the request's KV footprint ({tokens} tokens of prompt + max output = {bytes} bytes) is larger than the KV capacity of every backend (largest: {largest_capacity} bytes); lower max_tokens or shorten the prompt"
+            )),
+            AdmitError::QueueFull { waiting, max_waiting } => ApiError::capacity_exhausted(
+                format!("the KV cache is full and {waiting} requests already wait for it (queue limit {max_waiting}); retry later"),
+                queue_deadline,
+            ),
+            AdmitError::DeadlineExceeded { waited, deadline } => ApiError::capacity_exhausted(
+                format!(
+                    "no KV-cache space freed up within the queue deadline of {} (waited {}); retry later",
+                    humantime::format_duration(deadline),
+                    humantime::format_duration(Duration::from_millis(waited.as_millis() as u64))
+                ),
+                queue_deadline,
+            ),
+        }
+    }
+}
+
+impl From<PoolError> for ApiError {
+    /// A full tokenizer queue is a 503 `overloaded` (retry in a second); a panicked job a 500.
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Full { waiting, share } => ApiError::overloaded(
+                format!("all tokenizer workers are busy and the queue is full (tokenizer.queue_depth); this tenant already has {waiting} jobs waiting, its share of the queue while others wait is {share}; retry shortly"),
+                Duration::from_secs(1),
+            ),
+            PoolError::PushedOut { waiting, share } => ApiError::overloaded(
+                format!("this request waited for a tokenizer worker and gave its place to another tenant's: this tenant had {waiting} jobs waiting in the full queue, more than its share of {share}; retry shortly"),
+                Duration::from_secs(1),
+            ),
+            PoolError::Panicked => ApiError::internal(),
+        }
+    }
+}
+
+/// A client's request body that could not be read within `server.max_body_bytes` and
+/// `server.body_read_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyError {
+    /// Why the read stopped.
+    pub error: ReadError,
+    /// The size bound.
+    pub max_bytes: u64,
+    /// The time bound.
+    pub timeout: Duration,
+}
+
+impl From<BodyError> for ApiError {
+    /// 413 over the size bound, 408 past the time bound, 400 for a broken body.
+    fn from(e: BodyError) -> Self {
+        match e.error {
+            ReadError::TimedOut => ApiError::request_timeout(format!(
+                "the request body did not arrive within {}",
+                humantime::format_duration(e.timeout)
+            )),
+            ReadError::TooLarge => ApiError::payload_too_large(e.max_bytes),
+            ReadError::Broken => ApiError::invalid("the request body could not be read"),
+        }
+    }
+}
+
+/// How a backend failed a request: every one is a 502 or a 504 whose message says what the
+/// gateway saw and nothing of the backend's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// No connection could be made.
+    Unreachable,
+    /// The connection closed before the response headers.
+    Closed,
+    /// No response headers within the first-byte timeout.
+    NoAnswer(Duration),
+    /// A stream's first chunk did not come within the first-byte timeout.
+    NoFirstChunk(Duration),
+    /// A stream broke before its first chunk.
+    BrokeBeforeFirstChunk,
+    /// A status neither 2xx nor 4xx.
+    Status(StatusCode),
+    /// A whole answer over `max_response_bytes`.
+    AnswerTooLarge(u64),
+    /// A whole answer not complete within `body_read_timeout` of its headers.
+    AnswerTimedOut(Duration),
+    /// The connection closed in the middle of a whole answer.
+    AnswerBroken,
+    /// A stream event over `max_event_bytes`.
+    EventTooLarge(u64),
+    /// A stream silent for `stream_idle_timeout` after its first chunk.
+    Stalled(Duration),
+    /// A stream that broke after its first chunk.
+    StreamBroke,
+}
+
+impl From<UpstreamFailure> for ApiError {
+    fn from(f: UpstreamFailure) -> Self {
+        let t = humantime::format_duration;
+        match f {
+            UpstreamFailure::Unreachable => {
+                ApiError::upstream("the backend refused the connection or could not be reached")
+            }
+            UpstreamFailure::Closed => {
+                ApiError::upstream("the backend closed the connection before answering")
+            }
+            UpstreamFailure::NoAnswer(d) => {
+                ApiError::upstream_timeout(format!("the backend did not answer within {}", t(d)))
+            }
+            UpstreamFailure::NoFirstChunk(d) => {
+                ApiError::upstream_timeout(format!("the backend streamed nothing within {}", t(d)))
+            }
+            UpstreamFailure::BrokeBeforeFirstChunk => {
+                ApiError::upstream("the backend stream broke before its first token")
+            }
+            UpstreamFailure::Status(status) => {
+                ApiError::upstream(format!("the backend failed with status {status}"))
+            }
+            UpstreamFailure::AnswerTooLarge(max) => ApiError::upstream(format!(
+                "the backend's answer is larger than the gateway's limit of {max} bytes (backends[].max_response_bytes)"
+            )),
+            UpstreamFailure::AnswerTimedOut(d) => ApiError::upstream_timeout(format!(
+                "the backend did not finish its answer within {} of starting it (backends[].body_read_timeout)",
+                t(d)
+            )),
+            UpstreamFailure::AnswerBroken => {
+                ApiError::upstream("the backend closed the connection mid-answer")
+            }
+            UpstreamFailure::EventTooLarge(max) => ApiError::upstream(format!(
+                "the backend sent a stream event larger than the gateway's limit of {max} bytes (backends[].max_event_bytes)"
+            )),
+            UpstreamFailure::Stalled(d) => ApiError::upstream_timeout(format!(
+                "the backend sent nothing for {} in the middle of its answer",
+                t(d)
+            )),
+            UpstreamFailure::StreamBroke => {
+                ApiError::upstream("the backend stream broke before it finished")
+            }
+        }
+    }
+}
+
+impl From<std::convert::Infallible> for ApiError {
+    /// For services that cannot fail, under layers whose error is an `ApiError`.
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}
+
 /// `retry-after` in whole seconds, rounded up, never 0 for a positive wait.
 pub fn retry_after_secs(wait: Duration) -> u64 {
     let whole = wait.as_secs();
@@ -465,6 +707,121 @@ mod tests {
         assert_eq!(format_reset(Duration::from_secs(1)), "1s");
         assert_eq!(format_reset(Duration::from_millis(1500)), "1.5s");
         assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+    }
+
+    fn not_yet(bucket: BucketKind) -> Denial {
+        let full = crate::limiter::BucketSnapshot {
+            rate_per_second: 1.0,
+            available: 0.0,
+            capacity: 10.0,
+            time_to_full: Duration::from_secs(10),
+        };
+        Denial::NotYet {
+            bucket,
+            needed: 2,
+            available: 0.0,
+            retry_after: Duration::from_secs(2),
+            snapshot: crate::limiter::TenantSnapshot {
+                prefill: full,
+                decode: full,
+                requests: full,
+            },
+        }
+    }
+
+    #[test]
+    fn a_429_says_which_kind_of_bucket_refused_as_openai_does() {
+        let kind = |bucket| ApiError::from(not_yet(bucket)).body_json()["error"]["type"].clone();
+        assert_eq!(kind(BucketKind::Prefill), "tokens");
+        assert_eq!(kind(BucketKind::Decode), "tokens");
+        assert_eq!(kind(BucketKind::Requests), "requests");
+        let e = ApiError::from(LowerBound {
+            denial: not_yet(BucketKind::Requests),
+            exact: [false, false, true],
+        });
+        assert_eq!(
+            (e.status, e.code, e.kind),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "requests"
+            )
+        );
+        assert_eq!(
+            e.message,
+            "rate limit reached for requests: request needs 2 requests, 0 available; retry after at least 2.000 s"
+        );
+    }
+
+    #[test]
+    fn kv_refusals_name_the_tokens_and_wait_the_queue_deadline() {
+        let deadline = Duration::from_secs(10);
+        let refusal = |error| {
+            ApiError::from(NotAdmitted {
+                error,
+                tokens: 300,
+                queue_deadline: deadline,
+            })
+        };
+        let e = refusal(AdmitError::NeverFits {
+            bytes: 900,
+            largest_capacity: 800,
+        });
+        assert_eq!(
+            (e.status, e.code, e.retry_after),
+            (StatusCode::BAD_REQUEST, "exceeds_kv_capacity", None)
+        );
+        assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
+        let e = refusal(AdmitError::DeadlineExceeded {
+            waited: Duration::from_millis(10_000_400),
+            deadline: Duration::from_secs(10),
+        });
+        assert_eq!(
+            (e.status, e.code, e.retry_after),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capacity_exhausted",
+                Some(deadline)
+            )
+        );
+        assert_eq!(e.message, "no KV-cache space freed up within the queue deadline of 10s (waited 2h 46m 40s 400ms); retry later");
+    }
+
+    #[test]
+    fn body_and_upstream_failures_map_to_their_status() {
+        let body = |error| {
+            ApiError::from(BodyError {
+                error,
+                max_bytes: 5,
+                timeout: Duration::from_secs(3),
+            })
+        };
+        assert_eq!(
+            body(ReadError::TooLarge).status,
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(
+            body(ReadError::TimedOut).message,
+            "the request body did not arrive within 3s"
+        );
+        assert_eq!(body(ReadError::Broken).code, "invalid_request");
+        let up = |f| ApiError::from(f);
+        assert_eq!(
+            up(UpstreamFailure::NoAnswer(Duration::from_secs(2))).status,
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(
+            up(UpstreamFailure::Stalled(Duration::from_secs(2))).code,
+            "upstream_timeout"
+        );
+        assert_eq!(
+            up(UpstreamFailure::Status(StatusCode::SERVICE_UNAVAILABLE)).message,
+            "the backend failed with status 503 Service Unavailable"
+        );
+        assert_eq!(
+            up(UpstreamFailure::StreamBroke).status,
+            StatusCode::BAD_GATEWAY
+        );
     }
 
     #[test]

@@ -27,6 +27,30 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// How a request ended: the `outcome` label of `tokengate_requests_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A complete answer (`ok`).
+    Ok,
+    /// The client went away while the request was charged and not yet settled
+    /// (`client_disconnect`).
+    ClientDisconnect,
+    /// Refused, or cut short by the backend, with this error code (`rate_limit_exceeded`,
+    /// `upstream_error`, ...).
+    Failed(&'static str),
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ClientDisconnect => "client_disconnect",
+            Outcome::Failed(code) => code,
+        }
+    }
+}
+
 /// `{backend}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabel {
@@ -342,11 +366,11 @@ impl Metrics {
     }
 
     /// Counts a finished request.
-    pub fn outcome(&self, tenant: &str, outcome: &str) {
+    pub fn outcome(&self, tenant: &str, outcome: Outcome) {
         self.requests
             .get_or_create(&OutcomeLabels {
                 tenant: tenant.to_string(),
-                outcome: outcome.to_string(),
+                outcome: outcome.as_str().to_string(),
             })
             .inc();
     }
@@ -409,7 +433,7 @@ mod tests {
     #[test]
     fn names_carry_prefix_and_total_suffix() {
         let m = Metrics::new();
-        m.outcome("alice", "ok");
+        m.outcome("alice", Outcome::Ok);
         m.queue_depth.set(3);
         let stats = |hits, replies| CacheStats {
             hits,

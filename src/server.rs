@@ -5,7 +5,7 @@
 use crate::admin;
 use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
-use crate::metrics::ListenerLabel;
+use crate::metrics::{ListenerLabel, Outcome};
 use crate::proxy::{error_response, error_response_in, Gateway, GatewayBody, REQUEST_ID};
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
@@ -108,7 +108,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody
         Ok(r) => r,
         Err(e) => {
             if let Some(tenant) = &tenant {
-                gw.metrics.outcome(tenant, e.code);
+                gw.metrics.outcome(tenant, Outcome::Failed(e.code));
             }
             tracing::info!(status = e.status.as_u16(), code = e.code, message = %e.message, "refused");
             // MindIE's native clients read TGI's error shape; everyone else OpenAI's.

@@ -147,6 +147,8 @@ async fn drained_decode_bucket_gives_exact_retry_after_then_admits_after_refill(
     let r = post(&url, "sk-alice", &chat("a", 600, false)).await;
     assert_eq!(r.status, 429);
     assert_eq!(r.code(), "rate_limit_exceeded");
+    // The decode bucket refused: a token bucket, as OpenAI's `type` says.
+    assert_eq!(r.json()["error"]["type"], "tokens");
     // 200 tokens short at 100 tokens/s: exactly 2 s.
     assert_eq!(r.headers["retry-after"], "2");
     assert_eq!(r.headers["x-ratelimit-limit-tokens"], "1000");
@@ -1055,6 +1057,7 @@ async fn an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized() {
     for json in [true, false] {
         let r = send(&url, "POST", Some(flood_body(json)), &headers).await;
         assert_eq!((r.status, r.code().as_str()), (429, "rate_limit_exceeded"));
+        assert_eq!(r.json()["error"]["type"], "requests");
         assert_eq!(
             r.json()["error"]["message"],
             "rate limit reached for requests: request needs 1 requests, 0 available; retry \

@@ -15,7 +15,7 @@ pub use bucket::{
 pub use store::{BucketStore, LocalStore};
 
 use crate::clock::SharedClock;
-use crate::error::{ApiError, RateLimitHeaders};
+use crate::error::RateLimitHeaders;
 use std::fmt;
 use std::sync::Arc;
 
@@ -233,20 +233,6 @@ impl TenantSnapshot {
     }
 }
 
-fn unit(bucket: BucketKind) -> &'static str {
-    match bucket {
-        BucketKind::Prefill | BucketKind::Decode => "tokens",
-        BucketKind::Requests => "requests",
-    }
-}
-
-impl From<Denial> for ApiError {
-    /// `NotYet` is a 429 with the exact wait; `Never` a 400 naming the bucket and its capacity.
-    fn from(denial: Denial) -> Self {
-        denial_error(denial, [true; 3])
-    }
-}
-
 /// A [`Denial`] of a cost known only in part, before the prompt was counted or once its count
 /// passed a ceiling: the amounts of the buckets not marked `exact` (indexed by
 /// `BucketKind as usize`) are lower bounds. The message says "at least" before each such
@@ -260,59 +246,11 @@ pub struct LowerBound {
     pub exact: [bool; 3],
 }
 
-impl From<LowerBound> for ApiError {
-    fn from(bound: LowerBound) -> Self {
-        denial_error(bound.denial, bound.exact)
-    }
-}
-
-/// The error of `denial` for a cost whose amounts are exact where `exact` says so.
-fn denial_error(denial: Denial, exact: [bool; 3]) -> ApiError {
-    let least = |exact: bool| if exact { "" } else { "at least " };
-    match denial {
-        Denial::NotYet {
-            bucket,
-            needed,
-            available,
-            retry_after,
-            snapshot,
-        } => ApiError::rate_limited(
-            format!(
-                "rate limit reached for {bucket}: request needs {}{needed} {}, {} available; \
-                 retry after {}{:.3} s",
-                least(exact[bucket as usize]),
-                unit(bucket),
-                available.floor(),
-                least(exact.iter().all(|&e| e)),
-                retry_after.as_secs_f64()
-            ),
-            retry_after,
-            snapshot.rate_limit_headers(),
-        ),
-        Denial::Never {
-            bucket,
-            needed,
-            capacity,
-        } => {
-            let e = ApiError::exceeds_burst(format!(
-                "request needs {}{needed} {bucket} {}; the tenant's {bucket} burst is {}",
-                least(exact[bucket as usize]),
-                unit(bucket),
-                capacity.floor()
-            ));
-            if bucket == BucketKind::Decode {
-                e.with_param("max_tokens")
-            } else {
-                e
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::error::ApiError;
     use http::StatusCode;
     use std::sync::Mutex;
     use std::time::Duration;
@@ -509,6 +447,8 @@ mod tests {
             .expect_err("7.5 available");
         let e = ApiError::from(denial);
         assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        // A token bucket refused: OpenAI's `type` says `tokens`.
+        assert_eq!(e.kind, "tokens");
         assert_eq!(
             e.message,
             "rate limit reached for decode: request needs 30 tokens, 7 available; \

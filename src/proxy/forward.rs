@@ -15,7 +15,7 @@
 use super::bounded::{read_bounded, ReadError};
 use super::REQUEST_ID;
 use crate::config::BackendConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, UpstreamFailure};
 use bytes::Bytes;
 use http::{
     header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
@@ -198,39 +198,30 @@ impl Upstream {
         request_id: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, ApiError> {
         let timeout = self.first_byte_timeout;
-        match self.request(method, path, body, request_id, timeout).await {
-            Ok(resp) => Ok(resp),
-            Err(SendError::TimedOut) => Err(ApiError::upstream_timeout(format!(
-                "the backend did not answer within {}",
-                humantime::format_duration(timeout)
-            ))),
-            Err(SendError::Unreachable) => Err(ApiError::upstream(
-                "the backend refused the connection or could not be reached",
-            )),
-            Err(SendError::Closed) => Err(ApiError::upstream(
-                "the backend closed the connection before answering",
-            )),
-        }
+        self.request(method, path, body, request_id, timeout)
+            .await
+            .map_err(|e| {
+                ApiError::from(match e {
+                    SendError::TimedOut => UpstreamFailure::NoAnswer(timeout),
+                    SendError::Unreachable => UpstreamFailure::Unreachable,
+                    SendError::Closed => UpstreamFailure::Closed,
+                })
+            })
     }
 
     /// Reads a whole (non-streamed) answer: at most `max_response_bytes`, all of it within
     /// `body_read_timeout` of its headers.
     pub async fn read_answer(&self, body: Incoming) -> Result<Bytes, ApiError> {
         let (max, timeout) = (self.max_response_bytes, self.body_read_timeout);
-        read_bounded(body, max, timeout).await.map_err(|e| match e {
-            ReadError::TooLarge => {
-                tracing::warn!(backend = %self.url, max_bytes = max, "backend answer over max_response_bytes");
-                ApiError::upstream(format!(
-                    "the backend's answer is larger than the gateway's limit of {max} bytes (backends[].max_response_bytes)"
-                ))
-            }
-            ReadError::TimedOut => ApiError::upstream_timeout(format!(
-                "the backend did not finish its answer within {} of starting it (backends[].body_read_timeout)",
-                humantime::format_duration(timeout)
-            )),
-            ReadError::Broken => {
-                ApiError::upstream("the backend closed the connection mid-answer")
-            }
+        read_bounded(body, max, timeout).await.map_err(|e| {
+            ApiError::from(match e {
+                ReadError::TooLarge => {
+                    tracing::warn!(backend = %self.url, max_bytes = max, "backend answer over max_response_bytes");
+                    UpstreamFailure::AnswerTooLarge(max)
+                }
+                ReadError::TimedOut => UpstreamFailure::AnswerTimedOut(timeout),
+                ReadError::Broken => UpstreamFailure::AnswerBroken,
+            })
         })
     }
 
@@ -238,7 +229,7 @@ impl Upstream {
     pub async fn refusal(&self, status: StatusCode, body: Incoming) -> ApiError {
         if !status.is_client_error() {
             tracing::warn!(backend = %self.url, status = status.as_u16(), "backend failed");
-            return ApiError::upstream(format!("the backend failed with status {status}"));
+            return UpstreamFailure::Status(status).into();
         }
         let max = ERROR_BODY_BYTES.min(self.max_response_bytes);
         let message = match read_bounded(body, max, self.body_read_timeout).await {

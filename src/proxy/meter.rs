@@ -8,8 +8,9 @@ use crate::admission::Lease;
 use crate::api::sse::{self, SseSplitter};
 use crate::api::{Chunk, Wire};
 use crate::error::RateLimitHeaders;
+use crate::error::{ApiError, UpstreamFailure};
 use crate::limiter::Reservation;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, Metrics, Outcome};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
@@ -80,7 +81,7 @@ pub struct Admitted {
     /// A chat completion's answer so far; `None` when it is not one or it calls tools.
     reply: Option<String>,
     /// `None` once cancelled: the error response that follows records the outcome.
-    outcome: Option<&'static str>,
+    outcome: Option<Outcome>,
 }
 
 impl Admitted {
@@ -111,7 +112,7 @@ impl Admitted {
             usage_tokens: None,
             text: String::new(),
             reply,
-            outcome: Some("client_disconnect"),
+            outcome: Some(Outcome::ClientDisconnect),
         }
     }
 
@@ -145,7 +146,7 @@ impl Admitted {
         if answer.answer().is_none() {
             self.reply = None;
         }
-        self.outcome = Some("ok");
+        self.outcome = Some(Outcome::Ok);
     }
 
     /// One event of a streamed answer.
@@ -191,7 +192,7 @@ impl Drop for Admitted {
         // KV first: the backend has stopped (or never started) using it.
         drop(self.lease.take());
         // A whole chat answer is counted ahead for the next turn, which will carry it.
-        if let (Some("ok"), Some(memo), Some(reply)) =
+        if let (Some(Outcome::Ok), Some(memo), Some(reply)) =
             (self.outcome, &self.counter.replies, self.reply.take())
         {
             if !reply.is_empty() {
@@ -267,7 +268,7 @@ struct Settle {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     token_events: u64,
-    outcome: Option<&'static str>,
+    outcome: Option<Outcome>,
     counter: OutputCounter,
 }
 
@@ -399,10 +400,8 @@ fn filter(
     }
     if split.too_large {
         tracing::warn!(max_event_bytes, "backend stream event over max_event_bytes");
-        let err = crate::error::ApiError::upstream(format!(
-            "the backend sent a stream event larger than the gateway's limit of {max_event_bytes} bytes (backends[].max_event_bytes)"
-        ));
-        out.extend_from_slice(&cut_short(admitted, wire, "upstream_error", err));
+        let err = UpstreamFailure::EventTooLarge(max_event_bytes).into();
+        out.extend_from_slice(&cut_short(admitted, wire, err));
     }
     Filtered {
         bytes: out.freeze(),
@@ -410,18 +409,13 @@ fn filter(
     }
 }
 
-/// Cuts a stream short: settles the request with `outcome` and returns the last event the
-/// client gets, `err` as an error event in `wire`'s shape. A partial event the backend left
+/// Cuts a stream short: settles the request with `err`'s code as its outcome and returns the
+/// last event the client gets, `err` as an error event in `wire`'s shape. A partial event the backend left
 /// unfinished is dropped: it can never be completed, and sent ahead of the error it would
 /// merge with it.
-fn cut_short(
-    admitted: &mut Option<Admitted>,
-    wire: Wire,
-    outcome: &'static str,
-    err: crate::error::ApiError,
-) -> Bytes {
+fn cut_short(admitted: &mut Option<Admitted>, wire: Wire, err: ApiError) -> Bytes {
     if let Some(mut a) = admitted.take() {
-        a.outcome = Some(outcome);
+        a.outcome = Some(Outcome::Failed(err.code));
         drop(a);
     }
     Bytes::from(format!("data: {}\n\n", err.body_in(wire)))
@@ -458,11 +452,8 @@ where
                 }
                 tracing::warn!(timeout = ?this.idle_timeout, "backend stream stalled");
                 *this.ended = true;
-                let err = crate::error::ApiError::upstream_timeout(format!(
-                    "the backend sent nothing for {} in the middle of its answer",
-                    humantime::format_duration(*this.idle_timeout)
-                ));
-                let last = cut_short(this.admitted, *this.wire, "upstream_timeout", err);
+                let err = UpstreamFailure::Stalled(*this.idle_timeout).into();
+                let last = cut_short(this.admitted, *this.wire, err);
                 return Poll::Ready(Some(Ok(Frame::data(last))));
             };
             *this.waiting = false;
@@ -487,15 +478,16 @@ where
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "backend stream broke");
                     *this.ended = true;
-                    let err = crate::error::ApiError::upstream(
-                        "the backend stream broke before it finished",
+                    let last = cut_short(
+                        this.admitted,
+                        *this.wire,
+                        UpstreamFailure::StreamBroke.into(),
                     );
-                    let last = cut_short(this.admitted, *this.wire, "upstream_error", err);
                     return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 None => {
                     if let Some(mut a) = this.admitted.take() {
-                        a.outcome = Some("ok");
+                        a.outcome = Some(Outcome::Ok);
                         drop(a);
                     }
                     *this.ended = true;

@@ -9,22 +9,22 @@ pub mod forward;
 pub mod meter;
 pub mod tls;
 
-use crate::admission::{Admission, AdmitError};
+use crate::admission::Admission;
 use crate::api::openai::{self, Endpoint, GenerationRequest, ParseLimits, Prompt};
 use crate::api::{self, Route, Wire};
 use crate::capacity::sequence_footprint_bytes;
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::error::{ApiError, BodyError, NotAdmitted, UpstreamFailure};
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound, Reservation};
 use crate::metrics::{self, Metrics};
 use crate::reload::LiveConfig;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::chat::ChatPrompt;
-use crate::tokenize::pool::{PoolError, TokenizePool};
+use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::{TokenCount, Tokenizer};
 use crate::vision;
-use bounded::{read_bounded, ReadError};
+use bounded::read_bounded;
 use bytes::Bytes;
 use forward::Upstream;
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
@@ -33,7 +33,6 @@ use hyper::body::Incoming;
 use meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// The body of every response the gateway sends.
@@ -148,29 +147,20 @@ impl Gateway {
     ) -> Result<T, ApiError> {
         let limit = self.config.server.max_body_bytes;
         let timeout = self.config.server.body_read_timeout;
-        let bytes = match read_bounded(body, limit, timeout).await {
-            Ok(bytes) => bytes,
-            Err(ReadError::TimedOut) => {
-                return Err(ApiError::request_timeout(format!(
-                    "the request body did not arrive within {}",
-                    humantime::format_duration(timeout)
-                )))
-            }
-            Err(ReadError::TooLarge) => return Err(ApiError::payload_too_large(limit)),
-            Err(ReadError::Broken) => {
-                return Err(ApiError::invalid("the request body could not be read"))
-            }
-        };
+        let bytes = read_bounded(body, limit, timeout)
+            .await
+            .map_err(|error| BodyError {
+                error,
+                max_bytes: limit,
+                timeout,
+            })?;
         let bytes_len = bytes.len();
         let job = move || parse(openai::parse_object(&bytes)?);
         if bytes_len <= PARSE_INLINE_BYTES {
             return job();
         }
         // Milliseconds of parsing near the body limit: on the worker pool, not the executor.
-        match self.pool.run(tenant, job).await {
-            Ok(parsed) => parsed,
-            Err(e) => Err(pool_error(e)),
-        }
+        self.pool.run(tenant, job).await?
     }
 
     /// Reads and drops the body of a request refused before its body was read, at the pace of
@@ -257,7 +247,7 @@ impl Gateway {
         match counted {
             Ok(Ok(n)) => Ok(n),
             Ok(Err(e)) => Err(e),
-            Err(e) => Err(pool_error(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -278,10 +268,7 @@ impl Gateway {
                 Prompt::TokenIds(ids) => Ok(ids),
             })
             .await;
-        match encoded {
-            Ok(result) => result,
-            Err(e) => Err(pool_error(e)),
-        }
+        encoded?
     }
 
     /// The longest prompt `req` may have: the context minus the output asked for (the prompt
@@ -360,28 +347,13 @@ impl Gateway {
             .queue_wait
             .get_or_create(&metrics::tenant(&tenant.name))
             .observe(started.elapsed().as_secs_f64());
-        result.map_err(|e| self.admit_error(tokens, e))
-    }
-
-    fn admit_error(&self, tokens: u64, e: AdmitError) -> ApiError {
-        let deadline = self.config.admission.queue_deadline;
-        match e {
-            AdmitError::NeverFits { bytes, largest_capacity } => ApiError::exceeds_kv(format!(
-                "the request's KV footprint ({tokens} tokens of prompt + max output = {bytes} bytes) is larger than the KV capacity of every backend (largest: {largest_capacity} bytes); lower max_tokens or shorten the prompt"
-            )),
-            AdmitError::QueueFull { waiting, max_waiting } => ApiError::capacity_exhausted(
-                format!("the KV cache is full and {waiting} requests already wait for it (queue limit {max_waiting}); retry later"),
-                deadline,
-            ),
-            AdmitError::DeadlineExceeded { waited, deadline } => ApiError::capacity_exhausted(
-                format!(
-                    "no KV-cache space freed up within the queue deadline of {} (waited {}); retry later",
-                    humantime::format_duration(deadline),
-                    humantime::format_duration(Duration::from_millis(waited.as_millis() as u64))
-                ),
-                deadline,
-            ),
-        }
+        result.map_err(|error| {
+            ApiError::from(NotAdmitted {
+                error,
+                tokens,
+                queue_deadline: self.config.admission.queue_deadline,
+            })
+        })
     }
 
     /// Steps 5-11 for a generation route (OpenAI's or MindIE's native ones); also returns the
@@ -573,10 +545,7 @@ impl Gateway {
         let first = match tokio::time::timeout_at(first_byte_deadline, incoming.frame()).await {
             Err(_) => {
                 admitted.cancel();
-                return Err(ApiError::upstream_timeout(format!(
-                    "the backend streamed nothing within {}",
-                    humantime::format_duration(upstream.first_byte_timeout())
-                )));
+                return Err(UpstreamFailure::NoFirstChunk(upstream.first_byte_timeout()).into());
             }
             Ok(frame) => frame,
         };
@@ -584,9 +553,7 @@ impl Gateway {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             Some(Err(_)) => {
                 admitted.cancel();
-                return Err(ApiError::upstream(
-                    "the backend stream broke before its first token",
-                ));
+                return Err(UpstreamFailure::BrokeBeforeFirstChunk.into());
             }
             None => Bytes::new(),
         };
@@ -674,7 +641,8 @@ impl Drop for Queued<'_> {
     fn drop(&mut self) {
         if let Some(mut r) = self.reservation.take() {
             r.refund_all();
-            self.metrics.outcome(self.tenant, "client_disconnect");
+            self.metrics
+                .outcome(self.tenant, metrics::Outcome::ClientDisconnect);
         }
     }
 }
@@ -690,18 +658,4 @@ fn render_paired(
     vision::check_placeholders(&rendered, media)
         .map_err(|m| ApiError::invalid_param("messages", m))?;
     Ok(rendered)
-}
-
-fn pool_error(e: PoolError) -> ApiError {
-    match e {
-        PoolError::Full { waiting, share } => ApiError::overloaded(
-            format!("all tokenizer workers are busy and the queue is full (tokenizer.queue_depth); this tenant already has {waiting} jobs waiting, its share of the queue while others wait is {share}; retry shortly"),
-            Duration::from_secs(1),
-        ),
-        PoolError::PushedOut { waiting, share } => ApiError::overloaded(
-            format!("this request waited for a tokenizer worker and gave its place to another tenant's: this tenant had {waiting} jobs waiting in the full queue, more than its share of {share}; retry shortly"),
-            Duration::from_secs(1),
-        ),
-        PoolError::Panicked => ApiError::internal(),
-    }
 }
