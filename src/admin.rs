@@ -4,7 +4,7 @@
 
 use crate::error::{Allow, ApiError};
 use crate::metrics::{BackendLabel, BucketLabels};
-use crate::proxy::forward::Health;
+use crate::proxy::upstream::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};
 use crate::tenant::{bearer, hash_key, BearerKind};
 use http::{header, Request, Response, StatusCode};

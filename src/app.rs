@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::limiter::{Limiter, LocalStore};
 use crate::metrics::Metrics;
 use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
-use crate::proxy::forward::Upstream;
+use crate::proxy::upstream::Upstream;
 use crate::proxy::Gateway;
 use crate::reload::LiveConfig;
 use crate::server::{self, Running};

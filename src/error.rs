@@ -325,6 +325,16 @@ impl ApiError {
         )
     }
 
+    /// 500 `internal_error`: a layer did not find what the layers before it add to a request's
+    /// extensions (a stack composed in the wrong order); logged with the type's name.
+    pub fn missing_extension(what: &str) -> Self {
+        tracing::error!(
+            missing = what,
+            "a request reached a layer without what an earlier layer adds"
+        );
+        Self::internal()
+    }
+
     /// Names the offending parameter.
     pub fn with_param(mut self, param: &str) -> Self {
         self.param = Some(param.to_string());

@@ -16,6 +16,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod healthcheck;
+pub mod layers;
 pub mod limiter;
 pub mod loadgen;
 pub mod metrics;

@@ -1,12 +1,16 @@
-//! Listeners, the tower stack and graceful shutdown. The middleware order of DESIGN.md is
-//! written once, in [`main_service`]: request id, panic -> 500, then the router, whose
-//! handlers run auth, parse, count, charge, admit, forward and meter (see `proxy`).
+//! Listeners, the tower stacks and graceful shutdown. The request path of DESIGN.md is written
+//! once, here: [`main_service`] (steps 1-4: request id, panic -> 500, route) and
+//! [`generation_service`] (steps 5-11, one layer each: authenticate, count, charge, admit, then
+//! the leaf that forwards and meters; see [`crate::layers`] for what each leaves in the
+//! request's extensions).
 
 use crate::admin;
 use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
-use crate::metrics::{ListenerLabel, Outcome};
-use crate::proxy::{error_response, error_response_in, Gateway, GatewayBody, REQUEST_ID};
+use crate::layers::{AdmitLayer, AuthenticateLayer, ChargeLayer, CountLayer, KvGeometry};
+use crate::metrics::ListenerLabel;
+use crate::proxy::forward::Forward;
+use crate::proxy::{error_response, error_response_in, local, Gateway, GatewayBody, REQUEST_ID};
 use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -22,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
-use tower::ServiceBuilder;
+use tower::{ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
@@ -59,19 +63,93 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
     Response::from_parts(parts, e.body_json().to_string())
 }
 
-async fn route_main(
+/// Steps 5-11 of a generation route (OpenAI's or MindIE's native ones), one layer per step in
+/// DESIGN.md's order; the [`Route`] is in the request's extensions.
+pub fn generation_service<B>(
     gw: Arc<Gateway>,
-    req: Request<Incoming>,
-) -> Result<Response<GatewayBody>, std::convert::Infallible> {
-    let rid = req
-        .headers()
-        .get(REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let span =
-        tracing::info_span!("request", id = %rid, method = %req.method(), path = %req.uri().path());
-    Ok(route(gw, req).instrument(span).await)
+) -> impl tower::Service<
+    Request<B>,
+    Response = Response<GatewayBody>,
+    Error = ApiError,
+    Future = impl Future + Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let m = &gw.config.model;
+    let geometry = KvGeometry {
+        block_tokens: m.block_tokens,
+        kv_bytes_per_token: m.kv_bytes_per_token,
+        state_bytes_per_sequence: m.state_bytes_per_sequence,
+    };
+    let metrics = Some(gw.metrics.clone());
+    ServiceBuilder::new()
+        // 5. API key -> `Arc<Tenant>`; counts every refusal from here on under the tenant
+        .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+        // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
+        //      buckets cannot give even the least a request costs)
+        .layer(CountLayer::new(gw.clone()))
+        // 8. charge the buckets (under the limits in force now): the request's `Ticket`
+        .layer(ChargeLayer::new(
+            gw.limiter.clone(),
+            gw.clone(),
+            metrics.clone(),
+        ))
+        // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
+        .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
+        // 10-11. forward to the leased backend; the metered answer owns the ticket
+        .service(Forward::new(gw))
+}
+
+/// What answers one of the main listener's routes.
+trait Handler:
+    tower::Service<
+        Request<Incoming>,
+        Response = Response<GatewayBody>,
+        Error = ApiError,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Handler for S where
+    S: tower::Service<
+            Request<Incoming>,
+            Response = Response<GatewayBody>,
+            Error = ApiError,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// The main listener's routes: generation through [`generation_service`]; `/tokenize` and
+/// `/v1/models` after authentication alone.
+#[derive(Clone)]
+struct Routes<G, T, M> {
+    generate: G,
+    tokenize: T,
+    models: M,
+}
+
+fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler, impl Handler> {
+    let (tokenize_gw, models_gw) = (gw.clone(), gw.clone());
+    Routes {
+        generate: generation_service(gw.clone()),
+        tokenize: ServiceBuilder::new()
+            .layer(AuthenticateLayer::new(gw.clone()))
+            .service_fn(move |req| local::tokenize(tokenize_gw.clone(), req)),
+        models: ServiceBuilder::new()
+            .layer(AuthenticateLayer::new(gw))
+            .service_fn(move |req| local::models(models_gw.clone(), req)),
+    }
 }
 
 /// The method a path of the main listener answers, if it is one of its paths.
@@ -84,32 +162,32 @@ fn allowed_method(path: &str) -> Option<Allow> {
     }
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<GatewayBody> {
+/// Step 4: the route, and every refusal as a response in the route's shape.
+async fn route<G: Handler, T: Handler, M: Handler>(
+    routes: Routes<G, T, M>,
+    mut req: Request<Incoming>,
+) -> Response<GatewayBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = tokio::time::Instant::now();
     let route = Route::from_path(&path);
-    let (tenant, result) = match allowed_method(&path) {
-        None => (
-            None,
-            Err(ApiError::not_found(format!("no route {method} {path}"))),
-        ),
-        Some(allow) if method.as_str() != allow.as_str() => (
-            None,
-            Err(ApiError::method_not_allowed(&method, &path, allow)),
-        ),
+    let result = match allowed_method(&path) {
+        None => Err(ApiError::not_found(format!("no route {method} {path}"))),
+        Some(allow) if method.as_str() != allow.as_str() => {
+            Err(ApiError::method_not_allowed(&method, &path, allow))
+        }
         Some(_) => match (route, path.as_str()) {
-            (Some(route), _) => gw.generate(route, req).await,
-            (None, "/tokenize") => (None, gw.tokenize(req).await),
-            (None, _) => (None, gw.models(req.headers()).await),
+            (Some(route), _) => {
+                req.extensions_mut().insert(route);
+                routes.generate.oneshot(req).await
+            }
+            (None, "/tokenize") => routes.tokenize.oneshot(req).await,
+            (None, _) => routes.models.oneshot(req).await,
         },
     };
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
-            if let Some(tenant) = &tenant {
-                gw.metrics.outcome(tenant, Outcome::Failed(e.code));
-            }
             tracing::info!(status = e.status.as_u16(), code = e.code, message = %e.message, "refused");
             // MindIE's native clients read TGI's error shape; everyone else OpenAI's.
             let wire = route.map_or(Wire::OpenAi, Route::wire);
@@ -145,6 +223,7 @@ fn main_service(
         prefix: rand::random(),
         next: Arc::new(AtomicU64::new(1)),
     };
+    let routes = routes(gw);
     ServiceBuilder::new()
         // 1. every request gets an id (kept if the client sent one), echoed in the response
         .layer(SetRequestIdLayer::new(
@@ -156,9 +235,19 @@ fn main_service(
         )))
         // 2. a panic becomes a 500 in OpenAI's shape; guards dropped while unwinding settle
         .layer(CatchPanicLayer::custom(panic_response))
-        // 3-11. body limit and timeouts, route, auth, parse, count, charge, admit, forward,
-        //       meter: see `proxy::Gateway::generate`
-        .service_fn(move |req| route_main(gw.clone(), req))
+        // 3-4. body limit and timeouts (in the layers that read bodies), route: the routes run
+        //      steps 5-11 (see `generation_service`)
+        .service_fn(move |req: Request<Incoming>| {
+            let routes = routes.clone();
+            let rid = req
+                .headers()
+                .get(REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let span = tracing::info_span!("request", id = %rid, method = %req.method(), path = %req.uri().path());
+            async move { Ok::<_, std::convert::Infallible>(route(routes, req).instrument(span).await) }
+        })
 }
 
 fn admin_service(

@@ -196,6 +196,11 @@ impl Admission {
         }
     }
 
+    /// How long a request may wait for KV space (the `retry-after` of a 503 that refuses one).
+    pub fn queue_deadline(&self) -> Duration {
+        self.shared.queue.deadline
+    }
+
     /// Admits a request of `bytes` KV from `tenant`: at once if it fits (and its tenant has no
     /// earlier waiter), otherwise after waiting in the fair queue, up to the queue deadline.
     /// Dropping the returned future while it waits leaves the queue at once.

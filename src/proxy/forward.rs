@@ -1,423 +1,160 @@
-//! The backend side: a pooled keep-alive HTTP client (TLS for `https` backends: see `tls`), the mapping of transport failures to
-//! 502 / 504, every read from a backend bounded in size and time, the backend error policy,
-//! and what headers cross the gateway.
+//! Steps 10-11, forward + meter: the leaf service under the layers. It sends the parsed
+//! request to the backend its lease is on (`max_tokens` rewritten to what was reserved, usage
+//! asked for, the request's id) and answers with the backend's answer, metered: a whole answer
+//! read and settled at once, a stream passed on event by event by [`MeteredStream`], which owns
+//! the request's [`Ticket`] (through [`Admitted`]) until it ends, breaks or the client goes.
 //!
-//! Error policy: a backend 4xx is the client's request refused; it is passed on with its status
-//! in OpenAI's shape (`upstream_rejected`, the backend's message bounded). Any other status that
-//! is not a 2xx is the backend failing: a 502 `upstream_error` that says only the status, never
-//! the backend's body. Either way the caller charges nothing.
-//!
-//! Headers: a backend request is built from scratch (content type, the request id), so nothing
-//! of the client's headers (its API key, its hop-by-hop headers) reaches the backend. Of a
-//! backend's answer, the hop-by-hop headers and those the gateway sets itself are dropped (see
-//! [`answer_headers`]).
+//! Anything but a 2xx answer (and, for a stream, its first chunk) leaves the ticket in its first
+//! phase: dropped, it gives back everything charged. The backend's error policy is
+//! [`super::upstream`]'s.
 
-use super::bounded::{read_bounded, ReadError};
-use super::REQUEST_ID;
-use crate::config::BackendConfig;
+use super::meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
+use super::{full, Gateway, GatewayBody, REQUEST_ID};
+use crate::api::openai::{Endpoint, GenerationRequest};
+use crate::api::{self, Route};
 use crate::error::{ApiError, UpstreamFailure};
+use crate::layers::{needs, Arrived, TicketSlot};
+use crate::limiter::Cost;
+use crate::tenant::Tenant;
 use bytes::Bytes;
-use http::{
-    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
-};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use std::time::Duration;
+use futures_util::future::BoxFuture;
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-/// The most of a backend's 4xx error body that is read for its message.
-const ERROR_BODY_BYTES: u64 = 64 << 10;
-
-/// The most characters of a backend's error message passed on to the client.
-const ERROR_MESSAGE_CHARS: usize = 1_000;
-
-/// One backend as the forwarder sees it.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    /// Base URL (`http://host:port` or `https://host:port`), as configured.
-    pub url: String,
-    base: Uri,
-    first_byte_timeout: Duration,
-    stream_idle_timeout: Duration,
-    body_read_timeout: Duration,
-    max_response_bytes: u64,
-    max_event_bytes: u64,
-    health_path: String,
-    health_timeout: Duration,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+/// The leaf service: needs everything the layers add (`Arc<Tenant>`, [`Arrived`], [`Route`],
+/// [`GenerationRequest`], [`Cost`], [`TicketSlot`]); answers with the metered answer.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    gw: Arc<Gateway>,
 }
 
-/// Why a request to a backend got no response headers.
-enum SendError {
-    TimedOut,
-    Unreachable,
-    Closed,
-}
-
-/// What a backend's health check found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Health {
-    /// Its health path answered with a 2xx.
-    Ready,
-    /// Its health path answered with this other status.
-    Unhealthy(StatusCode),
-    /// No connection could be made, or it broke before an answer.
-    Unreachable,
-    /// No answer within `health_timeout`.
-    TimedOut(Duration),
-}
-
-impl Health {
-    /// `ready`, `unhealthy`, `unreachable` or `timeout`.
-    pub fn state(&self) -> &'static str {
-        match self {
-            Health::Ready => "ready",
-            Health::Unhealthy(_) => "unhealthy",
-            Health::Unreachable => "unreachable",
-            Health::TimedOut(_) => "timeout",
-        }
-    }
-
-    /// What was seen, for a person reading `/readyz`.
-    pub fn detail(&self, health_path: &str) -> String {
-        match self {
-            Health::Ready => format!("{health_path} answered"),
-            Health::Unhealthy(s) => format!("{health_path} answered {s}"),
-            Health::Unreachable => "could not connect, or the connection broke".to_string(),
-            Health::TimedOut(t) => format!(
-                "{health_path} did not answer within {} (backends[].health_timeout)",
-                humantime::format_duration(*t)
-            ),
-        }
+impl Forward {
+    /// Forwards to `gw`'s backends.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self { gw }
     }
 }
 
-impl Upstream {
-    /// A backend with its own connection pool, speaking TLS when its URL is `https` (fails
-    /// only when its `tls` files cannot be read).
-    pub fn new(cfg: &BackendConfig) -> anyhow::Result<Self> {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(cfg.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let tls = super::tls::client_config(cfg.tls.as_ref())?;
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
-        Ok(Self {
-            url: cfg.url.trim_end_matches('/').to_string(),
-            base: cfg
-                .url
-                .parse()
-                .expect("backend URLs are validated with the config"),
-            first_byte_timeout: cfg.first_byte_timeout,
-            stream_idle_timeout: cfg.stream_idle_timeout,
-            body_read_timeout: cfg.body_read_timeout,
-            max_response_bytes: cfg.max_response_bytes,
-            max_event_bytes: cfg.max_event_bytes,
-            health_path: cfg.health_path.clone(),
-            health_timeout: cfg.health_timeout,
-            client,
+impl<B> tower::Service<Request<B>> for Forward {
+    type Response = Response<GatewayBody>;
+    type Error = ApiError;
+    type Future = BoxFuture<'static, Result<Response<GatewayBody>, ApiError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let gw = self.gw.clone();
+        // Everything is taken out here, so the future does not hold the body type.
+        let taken = (|| {
+            let tenant = needs::<Arc<Tenant>>(req.extensions())?.clone();
+            let Arrived(arrived) = *needs::<Arrived>(req.extensions())?;
+            let route = *needs::<Route>(req.extensions())?;
+            let max_output = needs::<Cost>(req.extensions())?.decode;
+            let request_id = req.headers().get(REQUEST_ID).cloned();
+            let ticket = needs::<TicketSlot>(req.extensions())?
+                .take()
+                .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
+            let (mut parts, _) = req.into_parts();
+            let parsed = parts
+                .extensions
+                .remove::<GenerationRequest>()
+                .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
+            let admitted = Admitted::new(
+                tenant,
+                ticket,
+                gw.metrics.clone(),
+                OutputCounter {
+                    wire: route.wire(),
+                    tokenizer: gw.tokenizer.clone(),
+                    pool: gw.pool.clone(),
+                    replies: match (route, &gw.replies) {
+                        (Route::OpenAi(Endpoint::Chat), Some(pool)) => Some(ReplyMemo {
+                            chat: gw.chat.clone(),
+                            pool: pool.clone(),
+                        }),
+                        _ => None,
+                    },
+                },
+                arrived,
+            );
+            Ok::<_, ApiError>((parsed, max_output, admitted, request_id))
+        })();
+        Box::pin(async move {
+            let (parsed, max_output, admitted, request_id) = taken?;
+            gw.forward(parsed, max_output, admitted, request_id.as_ref())
+                .await
         })
     }
+}
 
-    fn uri(&self, path: &str) -> Uri {
-        let authority = self.base.authority().expect("validated").clone();
-        let scheme = self.base.scheme().expect("validated").clone();
-        Uri::builder()
-            .scheme(scheme)
-            .authority(authority)
-            .path_and_query(path)
-            .build()
-            .expect("a path from a fixed set is a valid URI")
-    }
-
-    /// How long the backend has to start answering: its headers, and for a stream its first
-    /// chunk.
-    pub fn first_byte_timeout(&self) -> Duration {
-        self.first_byte_timeout
-    }
-
-    /// Longest silence between two chunks of a streamed answer.
-    pub fn stream_idle_timeout(&self) -> Duration {
-        self.stream_idle_timeout
-    }
-
-    /// Largest event of a streamed answer.
-    pub fn max_event_bytes(&self) -> u64 {
-        self.max_event_bytes
-    }
-
-    async fn request(
+impl Gateway {
+    /// Steps 10-11: send to the leased backend (with the request's id) and meter the answer.
+    async fn forward(
         &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-        request_id: Option<&HeaderValue>,
-        timeout: Duration,
-    ) -> Result<Response<Incoming>, SendError> {
-        let mut req = Request::builder().method(method).uri(self.uri(path));
-        if body.is_some() {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-        }
-        if let Some(id) = request_id {
-            req = req.header(REQUEST_ID, id);
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .expect("a request from validated parts builds");
-        match tokio::time::timeout(timeout, self.client.request(req)).await {
-            Err(_) => Err(SendError::TimedOut),
-            Ok(Err(e)) => {
-                tracing::warn!(backend = %self.url, error = %e, "backend request failed");
-                Err(if e.is_connect() {
-                    SendError::Unreachable
-                } else {
-                    SendError::Closed
-                })
-            }
-            Ok(Ok(resp)) => Ok(resp),
-        }
-    }
-
-    /// Sends a request (with the client request's id) and waits for the response headers,
-    /// bounded by the first-byte timeout.
-    pub async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Vec<u8>>,
-        request_id: Option<&HeaderValue>,
-    ) -> Result<Response<Incoming>, ApiError> {
-        let timeout = self.first_byte_timeout;
-        self.request(method, path, body, request_id, timeout)
-            .await
-            .map_err(|e| {
-                ApiError::from(match e {
-                    SendError::TimedOut => UpstreamFailure::NoAnswer(timeout),
-                    SendError::Unreachable => UpstreamFailure::Unreachable,
-                    SendError::Closed => UpstreamFailure::Closed,
-                })
-            })
-    }
-
-    /// Reads a whole (non-streamed) answer: at most `max_response_bytes`, all of it within
-    /// `body_read_timeout` of its headers.
-    pub async fn read_answer(&self, body: Incoming) -> Result<Bytes, ApiError> {
-        let (max, timeout) = (self.max_response_bytes, self.body_read_timeout);
-        read_bounded(body, max, timeout).await.map_err(|e| {
-            ApiError::from(match e {
-                ReadError::TooLarge => {
-                    tracing::warn!(backend = %self.url, max_bytes = max, "backend answer over max_response_bytes");
-                    UpstreamFailure::AnswerTooLarge(max)
-                }
-                ReadError::TimedOut => UpstreamFailure::AnswerTimedOut(timeout),
-                ReadError::Broken => UpstreamFailure::AnswerBroken,
-            })
-        })
-    }
-
-    /// The error for a backend answer whose status is not a 2xx (see the module's policy).
-    pub async fn refusal(&self, status: StatusCode, body: Incoming) -> ApiError {
-        if !status.is_client_error() {
-            tracing::warn!(backend = %self.url, status = status.as_u16(), "backend failed");
-            return UpstreamFailure::Status(status).into();
-        }
-        let max = ERROR_BODY_BYTES.min(self.max_response_bytes);
-        let message = match read_bounded(body, max, self.body_read_timeout).await {
-            Ok(bytes) => backend_message(&bytes),
-            Err(e) => {
-                tracing::warn!(backend = %self.url, status = status.as_u16(), error = ?e, "backend error body unreadable");
-                BackendMessage::default()
-            }
-        };
-        let text = match message.text.as_deref() {
-            Some(m) => format!("the backend refused the request with status {status}: {m}"),
-            None => format!("the backend refused the request with status {status}"),
-        };
-        let e = ApiError::upstream_rejected(status, text);
-        match &message.param {
-            Some(p) => e.with_param(p),
-            None => e,
-        }
-    }
-
-    /// Asks the backend's health path, bounded by `health_timeout` (far below the request
-    /// timeouts: `/readyz` must answer before its prober gives up).
-    pub async fn probe(&self) -> Health {
-        let timeout = self.health_timeout;
-        match self
-            .request(Method::GET, &self.health_path, None, None, timeout)
+        mut req: GenerationRequest,
+        max_output: u64,
+        admitted: Admitted,
+        request_id: Option<&http::HeaderValue>,
+    ) -> Result<Response<GatewayBody>, ApiError> {
+        let upstream = &self.upstreams[admitted.backend()];
+        let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
+        let body =
+            api::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
+        let resp = match upstream
+            .send(Method::POST, req.endpoint.path(), Some(body), request_id)
             .await
         {
-            Ok(r) if r.status().is_success() => Health::Ready,
-            Ok(r) => Health::Unhealthy(r.status()),
-            Err(SendError::TimedOut) => Health::TimedOut(timeout),
-            Err(SendError::Unreachable | SendError::Closed) => Health::Unreachable,
-        }
-    }
-
-    /// The configured health path.
-    pub fn health_path(&self) -> &str {
-        &self.health_path
-    }
-}
-
-/// What a backend's error body says, as far as the client is told.
-#[derive(Debug, Default, PartialEq)]
-struct BackendMessage {
-    text: Option<String>,
-    param: Option<String>,
-}
-
-/// Reads the message of a backend's error body: OpenAI's `{"error": {"message", "param"}}`,
-/// vLLM's `{"object": "error", "message", "param"}`, TGI's `{"error": "..."}`, FastAPI's
-/// `{"detail": "..."}`, or plain text (MindIE); cut to [`ERROR_MESSAGE_CHARS`].
-fn backend_message(body: &[u8]) -> BackendMessage {
-    let text = String::from_utf8_lossy(body);
-    let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
-    let (message, param) = match &json {
-        Some(v @ serde_json::Value::Object(_)) => {
-            let inner = v.get("error").filter(|e| e.is_object()).unwrap_or(v);
-            let message = inner
-                .get("message")
-                .or_else(|| v.get("error"))
-                .or_else(|| v.get("detail"))
-                .and_then(serde_json::Value::as_str);
-            let param = inner.get("param").and_then(serde_json::Value::as_str);
-            (message.map(str::to_owned), param.map(str::to_owned))
-        }
-        // Some other JSON (or none): the text itself is the message.
-        _ => (Some(text.trim().to_owned()), None),
-    };
-    let cut = |s: String| match s.char_indices().nth(ERROR_MESSAGE_CHARS) {
-        Some((at, _)) => format!("{}...", &s[..at]),
-        None => s,
-    };
-    BackendMessage {
-        text: message.filter(|m| !m.is_empty()).map(cut),
-        param: param.filter(|p| !p.is_empty()).map(cut),
-    }
-}
-
-/// Drops from a backend answer's headers what must not cross a proxy (RFC 9110 section 7.6.1:
-/// `connection` and every header it names, `keep-alive`, `transfer-encoding`, `te`, `trailer`,
-/// `upgrade`, `proxy-*`) and what the gateway sets itself: `content-length` (the body is
-/// re-framed or metered) and `x-request-id` (the client gets the gateway's id).
-pub fn answer_headers(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    let proxy: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| name.as_str().starts_with("proxy-"))
-        .cloned()
-        .collect();
-    let fixed = [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        header::TRANSFER_ENCODING,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-        header::CONTENT_LENGTH,
-        HeaderName::from_static(REQUEST_ID),
-    ];
-    for name in named.into_iter().chain(proxy).chain(fixed) {
-        headers.remove(name);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backend_messages_are_read_from_every_known_shape() {
-        let msg = |body: &str| backend_message(body.as_bytes());
-        let expect = |text: &str, param: Option<&str>| BackendMessage {
-            text: Some(text.to_string()),
-            param: param.map(str::to_string),
+            Ok(r) => r,
+            Err(e) => return Err(admitted.refuse(e)),
         };
-        assert_eq!(
-            msg(
-                r#"{"object":"error","message":"max_tokens must be at least 1","type":"BadRequestError","param":"max_tokens","code":400}"#
-            ),
-            expect("max_tokens must be at least 1", Some("max_tokens"))
-        );
-        assert_eq!(
-            msg(
-                r#"{"error":{"message":"no such model","type":"NotFoundError","param":null,"code":404}}"#
-            ),
-            expect("no such model", None)
-        );
-        assert_eq!(
-            msg(
-                r#"{"error":"Input validation error: inputs must not be empty","error_type":"validation"}"#
-            ),
-            expect("Input validation error: inputs must not be empty", None)
-        );
-        assert_eq!(
-            msg("  Input length exceeds the limit\n"),
-            expect("Input length exceeds the limit", None)
-        );
-        assert_eq!(msg(r#"{"detail":"Not Found"}"#), expect("Not Found", None));
-        assert_eq!(
-            msg(r#"{"detail":[{"msg":"x"}]}"#),
-            BackendMessage::default()
-        );
-        assert_eq!(msg(""), BackendMessage::default());
-        let long = "é".repeat(ERROR_MESSAGE_CHARS + 5);
-        let cut = msg(&long).text.unwrap();
-        assert_eq!(cut, format!("{}...", "é".repeat(ERROR_MESSAGE_CHARS)));
-    }
-
-    #[test]
-    fn hop_by_hop_and_gateway_headers_are_dropped_from_answers() {
-        let mut h = HeaderMap::new();
-        for (k, v) in [
-            ("connection", "keep-alive, x-hop"),
-            ("connection", "x-hop-2"),
-            ("keep-alive", "timeout=5"),
-            ("transfer-encoding", "chunked"),
-            ("te", "trailers"),
-            ("trailer", "x-checksum"),
-            ("upgrade", "h2c"),
-            ("proxy-authenticate", "Basic"),
-            ("proxy-connection", "keep-alive"),
-            ("x-hop", "1"),
-            ("x-hop-2", "2"),
-            ("content-length", "10"),
-            ("x-request-id", "backend-7"),
-            ("content-type", "application/json"),
-            ("x-backend-kept", "yes"),
-        ] {
-            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        let (mut parts, incoming) = resp.into_parts();
+        if !parts.status.is_success() {
+            // The lease and the charge go back before the error body is read.
+            admitted.refused();
+            return Err(upstream.refusal(parts.status, incoming).await);
         }
-        answer_headers(&mut h);
-        let mut left: Vec<(&str, &str)> = h
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
-            .collect();
-        left.sort();
-        assert_eq!(
-            left,
-            [
-                ("content-type", "application/json"),
-                ("x-backend-kept", "yes")
-            ]
+        // What every answer from here carries: the backend's end-to-end headers and the
+        // tenant's rate limits.
+        super::upstream::answer_headers(&mut parts.headers);
+        admitted.rate_limit_headers().apply(&mut parts.headers);
+        if !req.stream {
+            let bytes = match upstream.read_answer(incoming).await {
+                Ok(bytes) => bytes,
+                Err(e) => return Err(admitted.refuse(e)),
+            };
+            admitted.finish_json(&bytes);
+            return Ok(Response::from_parts(parts, full(bytes)));
+        }
+        // Wait for the first bytes before answering, so a backend that fails before its
+        // first token still gets a proper 502 (or 504) instead of a broken 200 stream. Engines
+        // send a stream's headers at once: the first-byte timeout bounds its first chunk too.
+        let mut incoming = incoming;
+        let first = match tokio::time::timeout_at(first_byte_deadline, incoming.frame()).await {
+            Err(_) => {
+                let e = UpstreamFailure::NoFirstChunk(upstream.first_byte_timeout());
+                return Err(admitted.refuse(e.into()));
+            }
+            Ok(frame) => frame,
+        };
+        let first = match first {
+            Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
+            Some(Err(_)) => {
+                return Err(admitted.refuse(UpstreamFailure::BrokeBeforeFirstChunk.into()))
+            }
+            None => Bytes::new(),
+        };
+        let stream = MeteredStream::new(
+            incoming,
+            first,
+            admitted,
+            req.client_wants_usage,
+            upstream.stream_idle_timeout(),
+            upstream.max_event_bytes(),
         );
+        Ok(Response::from_parts(parts, stream.boxed_unsync()))
     }
 }

@@ -1,15 +1,14 @@
-//! Metering and settlement. An [`Admitted`] request owns its bucket [`Reservation`] and its KV
-//! [`Lease`]; the response body owns the `Admitted` until the stream ends, errors or is dropped
-//! (client disconnect), and its `Drop` settles: the lease is freed at once, unused decode
-//! tokens are refunded once the output is known, and the metrics are recorded. No path can
-//! skip it, a panic included, because it is a `Drop`.
+//! Metering and settlement. An [`Admitted`] request owns its [`Ticket`] (the bucket charge and
+//! the KV lease); the response body owns the `Admitted` until the stream ends, errors or is
+//! dropped (client disconnect), and its `Drop` settles: the lease is freed at once, unused
+//! decode tokens are refunded once the output is known, and the metrics are recorded. No path
+//! can skip it, a panic included, because it is a `Drop`.
 
-use crate::admission::Lease;
 use crate::api::sse::{self, SseSplitter};
 use crate::api::{Chunk, Wire};
 use crate::error::RateLimitHeaders;
 use crate::error::{ApiError, UpstreamFailure};
-use crate::limiter::Reservation;
+use crate::layers::Ticket;
 use crate::metrics::{self, Metrics, Outcome};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
@@ -64,8 +63,8 @@ impl ReplyMemo {
 /// An admitted request, from admission to settlement.
 pub struct Admitted {
     tenant: Arc<Tenant>,
-    reservation: Option<Reservation>,
-    lease: Option<Lease>,
+    /// `None` only inside `drop`.
+    ticket: Option<Ticket>,
     metrics: Arc<Metrics>,
     counter: OutputCounter,
     arrived: Instant,
@@ -80,16 +79,13 @@ pub struct Admitted {
     text: String,
     /// A chat completion's answer so far; `None` when it is not one or it calls tools.
     reply: Option<String>,
-    /// `None` once cancelled: the error response that follows records the outcome.
-    outcome: Option<Outcome>,
 }
 
 impl Admitted {
     /// Takes ownership of what was charged and leased.
     pub fn new(
         tenant: Arc<Tenant>,
-        reservation: Reservation,
-        lease: Lease,
+        ticket: Ticket,
         metrics: Arc<Metrics>,
         counter: OutputCounter,
         arrived: Instant,
@@ -101,8 +97,7 @@ impl Admitted {
         let reply = counter.replies.as_ref().map(|_| String::new());
         Self {
             tenant,
-            reservation: Some(reservation),
-            lease: Some(lease),
+            ticket: Some(ticket),
             metrics,
             counter,
             arrived,
@@ -112,31 +107,51 @@ impl Admitted {
             usage_tokens: None,
             text: String::new(),
             reply,
-            outcome: Some(Outcome::ClientDisconnect),
         }
+    }
+
+    fn ticket(&self) -> &Ticket {
+        self.ticket.as_ref().expect("taken only by drop")
+    }
+
+    fn ticket_mut(&mut self) -> &mut Ticket {
+        self.ticket.as_mut().expect("taken only by drop")
     }
 
     /// The tenant's `x-ratelimit-*` headers right after this request was charged.
     pub fn rate_limit_headers(&self) -> RateLimitHeaders {
-        let r = self.reservation.as_ref();
-        r.expect("held until settled")
-            .remaining()
-            .rate_limit_headers()
+        self.ticket().rate_limit_headers()
     }
 
     /// Index of the backend the lease is on.
     pub fn backend(&self) -> usize {
-        self.lease.as_ref().map_or(0, |l| l.backend())
+        self.ticket().lease().map_or(0, |l| l.backend())
     }
 
-    /// The request never reached a backend (or the backend failed before answering): give
-    /// back everything that was charged. The caller answers with an error, whose outcome the
-    /// server records.
-    pub fn cancel(mut self) {
-        if let Some(r) = self.reservation.as_mut() {
-            r.refund_all();
+    /// The request is answered with an error instead (whose outcome the server counts): it
+    /// goes before the backend answered, so its ticket gives everything back.
+    pub fn refused(mut self) {
+        if let Some(ticket) = self.ticket.as_mut() {
+            ticket.refused();
         }
-        self.outcome = None;
+    }
+
+    /// [`Admitted::refused`], answered with `e`.
+    pub fn refuse(self, e: ApiError) -> ApiError {
+        self.refused();
+        e
+    }
+
+    /// The backend has answered (a 2xx, and a stream's first bytes): the ticket's second
+    /// phase, where only the decode tokens not produced go back.
+    pub fn answered(&mut self) {
+        self.ticket_mut().answered();
+    }
+
+    /// How the request ended, once the backend answered: the outcome its settlement counts.
+    fn settle_as(&mut self, outcome: Outcome) {
+        self.answered();
+        self.ticket_mut().settle_as(outcome);
     }
 
     /// A complete non-streamed answer.
@@ -146,7 +161,7 @@ impl Admitted {
         if answer.answer().is_none() {
             self.reply = None;
         }
-        self.outcome = Some(Outcome::Ok);
+        self.settle_as(Outcome::Ok);
     }
 
     /// One event of a streamed answer.
@@ -189,20 +204,20 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
+        let Some(mut ticket) = self.ticket.take() else {
+            return;
+        };
         // KV first: the backend has stopped (or never started) using it.
-        drop(self.lease.take());
+        ticket.release_lease();
         // A whole chat answer is counted ahead for the next turn, which will carry it.
         if let (Some(Outcome::Ok), Some(memo), Some(reply)) =
-            (self.outcome, &self.counter.replies, self.reply.take())
+            (ticket.outcome(), &self.counter.replies, self.reply.take())
         {
             if !reply.is_empty() {
                 memo.remember(&self.tenant.name, self.counter.tokenizer.clone(), reply);
             }
         }
-        let Some(mut reservation) = self.reservation.take() else {
-            return;
-        };
-        let reserved = reservation.cost().decode;
+        let reserved = ticket.cost().decode;
         let settle = Settle {
             tenant: self.tenant.clone(),
             metrics: self.metrics.clone(),
@@ -210,21 +225,21 @@ impl Drop for Admitted {
             first_token: self.first_token,
             last_token: self.last_token,
             token_events: self.token_events,
-            outcome: self.outcome,
             counter: self.counter.clone(),
         };
-        if self.outcome.is_none() {
-            // Cancelled: nothing was produced, the whole reservation went back.
+        // The ticket goes last: it counts the outcome once everything else is recorded.
+        if !ticket.is_answered() {
+            // Nothing was produced: the ticket's first phase gives everything back.
             settle.record(0, reserved);
             return;
         }
         match self.usage_tokens {
             Some(n) => {
-                reservation.record_output(n);
+                ticket.record_output(n);
                 settle.record(n.min(reserved), reserved);
             }
             None if self.text.is_empty() => {
-                reservation.record_output(0);
+                ticket.record_output(0);
                 settle.record(0, reserved);
             }
             None => {
@@ -232,7 +247,7 @@ impl Drop for Admitted {
                 let text = std::mem::take(&mut self.text);
                 let fallback = self.token_events;
                 let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                    reservation.record_output(fallback);
+                    ticket.record_output(fallback);
                     settle.record(fallback.min(reserved), reserved);
                     return;
                 };
@@ -250,9 +265,9 @@ impl Drop for Admitted {
                             fallback
                         }
                     };
-                    reservation.record_output(n);
-                    drop(reservation);
+                    ticket.record_output(n);
                     settle.record(n.min(reserved), reserved);
+                    drop(ticket);
                 });
             }
         }
@@ -268,7 +283,6 @@ struct Settle {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     token_events: u64,
-    outcome: Option<Outcome>,
     counter: OutputCounter,
 }
 
@@ -292,9 +306,6 @@ impl Settle {
                     .get_or_create(&label)
                     .observe((last - first).as_secs_f64() / gaps);
             }
-        }
-        if let Some(outcome) = s.outcome {
-            m.outcome(&s.tenant.name, outcome);
         }
         m.inflight.get_or_create(&label).dec();
     }
@@ -333,11 +344,12 @@ impl<B> MeteredStream<B> {
     pub fn new(
         inner: B,
         first: Bytes,
-        admitted: Admitted,
+        mut admitted: Admitted,
         client_wants_usage: bool,
         idle_timeout: Duration,
         max_event_bytes: u64,
     ) -> Self {
+        admitted.answered();
         let wire = admitted.counter.wire;
         let mut s = Self {
             inner,
@@ -415,7 +427,7 @@ fn filter(
 /// merge with it.
 fn cut_short(admitted: &mut Option<Admitted>, wire: Wire, err: ApiError) -> Bytes {
     if let Some(mut a) = admitted.take() {
-        a.outcome = Some(Outcome::Failed(err.code));
+        a.settle_as(Outcome::Failed(err.code));
         drop(a);
     }
     Bytes::from(format!("data: {}\n\n", err.body_in(wire)))
@@ -487,7 +499,7 @@ where
                 }
                 None => {
                     if let Some(mut a) = this.admitted.take() {
-                        a.outcome = Some(Outcome::Ok);
+                        a.settle_as(Outcome::Ok);
                         drop(a);
                     }
                     *this.ended = true;

@@ -33,6 +33,7 @@ use std::time::Duration;
 use tokengate::admission::{Admission, BackendSpec, QueueSpec};
 use tokengate::api::Wire;
 use tokengate::clock::SystemClock;
+use tokengate::layers::Ticket;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, Settlement, TenantLimits};
 use tokengate::metrics::Metrics;
 use tokengate::proxy::meter::{Admitted, MeteredStream, OutputCounter};
@@ -415,10 +416,11 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
             .admit(&h.tenant.name, 1)
             .await
             .expect("KV is ample");
+        let mut ticket = Ticket::new(reservation, None);
+        ticket.admit(lease);
         let admitted = Admitted::new(
             h.tenant.clone(),
-            reservation,
-            lease,
+            ticket,
             h.metrics.clone(),
             OutputCounter {
                 wire: Wire::OpenAi,

@@ -1,0 +1,98 @@
+//! Step 5, authenticate: the request's API key names its tenant, in the directory in force now
+//! (a reload swaps it whole); the tenant goes on as `Arc<Tenant>` in the request's extensions,
+//! with the instant the request [`Arrived`]. A missing or unknown key is a 401.
+//!
+//! With outcomes counted ([`AuthenticateLayer::counting_outcomes`]), every refusal from here on
+//! is counted in `tokengate_requests_total` under its tenant (`unknown` when the key named
+//! none) and its error code; the answers themselves are counted by the ticket they settle.
+
+use super::Arrived;
+use crate::error::ApiError;
+use crate::metrics::Outcome;
+use crate::proxy::Gateway;
+use futures_util::future::BoxFuture;
+use http::Request;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+/// Step 5 as a layer: adds `Arc<Tenant>` and [`Arrived`].
+#[derive(Clone, Debug)]
+pub struct AuthenticateLayer {
+    gw: Arc<Gateway>,
+    count_outcomes: bool,
+}
+
+impl AuthenticateLayer {
+    /// Authenticates against `gw`'s tenants in force.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self {
+            gw,
+            count_outcomes: false,
+        }
+    }
+
+    /// Also counts every refusal of the request, here or in the layers after this one.
+    pub fn counting_outcomes(mut self) -> Self {
+        self.count_outcomes = true;
+        self
+    }
+}
+
+impl<S> Layer<S> for AuthenticateLayer {
+    type Service = Authenticate<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Authenticate {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`AuthenticateLayer`].
+#[derive(Clone, Debug)]
+pub struct Authenticate<S> {
+    inner: S,
+    layer: AuthenticateLayer,
+}
+
+impl<S, B> Service<Request<B>> for Authenticate<S>
+where
+    S: Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<ApiError>,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = ApiError;
+    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let arrived = Arrived(Instant::now());
+        let mut inner = self.inner.clone();
+        std::mem::swap(&mut self.inner, &mut inner);
+        let AuthenticateLayer { gw, count_outcomes } = self.layer.clone();
+        let authenticated = gw.live.current().tenants.authenticate(req.headers());
+        Box::pin(async move {
+            let count = |tenant: &str, e: &ApiError| {
+                if count_outcomes {
+                    gw.metrics.outcome(tenant, Outcome::Failed(e.code));
+                }
+            };
+            let tenant = authenticated.inspect_err(|e| count("unknown", e))?;
+            req.extensions_mut().insert(tenant.clone());
+            req.extensions_mut().insert(arrived);
+            inner
+                .call(req)
+                .await
+                .map_err(Into::into)
+                .inspect_err(|e| count(&tenant.name, e))
+        })
+    }
+}

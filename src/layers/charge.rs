@@ -1,0 +1,306 @@
+//! Step 8, charge: the tenant's buckets are charged the request's [`Cost`] (all or nothing) and
+//! the request goes on carrying the [`Ticket`] that holds the charge, in a [`TicketSlot`] in its
+//! extensions. The cost is whatever [`Cost`] the request's extensions hold: our counting layer
+//! puts it there, or the user's own code does, so this layer works without our parser.
+//!
+//! The ticket is the request's one guard, in two phases. Until the backend has answered
+//! ([`Ticket::answered`]) dropping it gives back everything charged: the client went away while
+//! queued, admission refused it, the backend failed. From then on dropping it settles: only the
+//! decode tokens reserved and not produced ([`Ticket::record_output`]) go back. The KV lease the
+//! admission layer adds goes with it, freed first.
+
+use crate::admission::Lease;
+use crate::error::{ApiError, RateLimitHeaders};
+use crate::limiter::{Cost, Limiter, Reservation, TenantSnapshot};
+use crate::metrics::{Metrics, Outcome};
+use crate::proxy::Gateway;
+use crate::tenant::Tenant;
+use futures_util::future::BoxFuture;
+use http::Request;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use tower::{Layer, Service};
+
+/// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
+pub struct Ticket {
+    /// `None` only inside `drop`.
+    reservation: Option<Reservation>,
+    lease: Option<Lease>,
+    answered: bool,
+    /// Recorded when the ticket goes; `None` when the request is answered with an error, which
+    /// is counted with the error.
+    outcome: Option<Outcome>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("reservation", &self.reservation)
+            .field("lease", &self.lease)
+            .field("answered", &self.answered)
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// Holds `reservation` in the first phase: everything goes back unless the backend answers.
+    /// With `metrics`, the outcome is counted when the ticket goes (`client_disconnect` unless
+    /// told otherwise).
+    pub fn new(reservation: Reservation, metrics: Option<Arc<Metrics>>) -> Self {
+        Self {
+            reservation: Some(reservation),
+            lease: None,
+            answered: false,
+            outcome: Some(Outcome::ClientDisconnect),
+            metrics,
+        }
+    }
+
+    fn reservation(&self) -> &Reservation {
+        self.reservation.as_ref().expect("taken only by drop")
+    }
+
+    fn reservation_mut(&mut self) -> &mut Reservation {
+        self.reservation.as_mut().expect("taken only by drop")
+    }
+
+    /// The tenant charged.
+    pub fn tenant(&self) -> &str {
+        self.reservation().tenant()
+    }
+
+    /// What was charged.
+    pub fn cost(&self) -> Cost {
+        self.reservation().cost()
+    }
+
+    /// The tenant's buckets right after the charge.
+    pub fn remaining(&self) -> &TenantSnapshot {
+        self.reservation().remaining()
+    }
+
+    /// The tenant's `x-ratelimit-*` headers right after the charge.
+    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
+        self.remaining().rate_limit_headers()
+    }
+
+    /// Adds the KV lease the request was admitted with; it is freed when the ticket goes.
+    pub fn admit(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    /// The KV lease, once admitted.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// Frees the KV lease now (the backend has stopped using it); the charge stays held.
+    pub fn release_lease(&mut self) {
+        drop(self.lease.take());
+    }
+
+    /// The second phase: the backend has answered (a 2xx and its first bytes). From now on
+    /// only the decode tokens not produced go back.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+
+    /// Whether the backend has answered.
+    pub fn is_answered(&self) -> bool {
+        self.answered
+    }
+
+    /// The decode tokens produced so far (a running total, saturating at the reservation).
+    pub fn record_output(&mut self, tokens: u64) {
+        self.reservation_mut().record_output(tokens);
+    }
+
+    /// How the request ended, counted when the ticket goes.
+    pub fn settle_as(&mut self, outcome: Outcome) {
+        self.outcome = Some(outcome);
+    }
+
+    /// The outcome the ticket will count (`None` once refused).
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.outcome
+    }
+
+    /// The request is answered with an error, whose outcome is counted with the error
+    /// response: the ticket counts none when it goes.
+    pub fn refused(&mut self) {
+        self.outcome = None;
+    }
+
+    /// [`Ticket::refused`], and the ticket goes now (giving back what its phase says), for an
+    /// answer with `e`.
+    pub fn refuse(mut self, e: ApiError) -> ApiError {
+        self.refused();
+        e
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // KV first: the backend has stopped (or never started) using it.
+        drop(self.lease.take());
+        let Some(mut reservation) = self.reservation.take() else {
+            return;
+        };
+        if !self.answered {
+            reservation.refund_all();
+        }
+        let tenant = reservation.tenant().to_owned();
+        drop(reservation);
+        if let (Some(metrics), Some(outcome)) = (&self.metrics, self.outcome) {
+            metrics.outcome(&tenant, outcome);
+        }
+    }
+}
+
+/// Where a request's [`Ticket`] travels in its extensions (which hold only `Clone` values): the
+/// layer after the charge adds its lease to it, the service at the end takes it out to own it
+/// until the answer is complete.
+#[derive(Clone, Debug)]
+pub struct TicketSlot(Arc<Mutex<Option<Ticket>>>);
+
+impl TicketSlot {
+    /// A slot holding `ticket`.
+    pub fn new(ticket: Ticket) -> Self {
+        Self(Arc::new(Mutex::new(Some(ticket))))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Ticket>> {
+        // Only moves of the ticket happen under the lock: nothing is left half done.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the ticket out (`None` when it was already taken).
+    pub fn take(&self) -> Option<Ticket> {
+        self.lock().take()
+    }
+
+    /// Runs `f` on the ticket while it is in the slot.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Ticket) -> R) -> Option<R> {
+        self.lock().as_mut().map(f)
+    }
+}
+
+/// The limits a tenant is charged under: its own, as the request's `Arc<Tenant>` carries them
+/// ([`AsAuthenticated`]), or the ones in force at the charge (the gateway's: a reload may have
+/// changed them, or removed the tenant, while the request was read and counted).
+pub trait LimitsInForce: Clone + Send + Sync + 'static {
+    /// The tenant to charge, or the error that refuses the request.
+    fn in_force(&self, tenant: &Arc<Tenant>) -> Result<Arc<Tenant>, ApiError>;
+}
+
+/// Charges the tenant under the limits its `Arc<Tenant>` carries.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AsAuthenticated;
+
+impl LimitsInForce for AsAuthenticated {
+    fn in_force(&self, tenant: &Arc<Tenant>) -> Result<Arc<Tenant>, ApiError> {
+        Ok(tenant.clone())
+    }
+}
+
+impl LimitsInForce for Arc<Gateway> {
+    fn in_force(&self, tenant: &Arc<Tenant>) -> Result<Arc<Tenant>, ApiError> {
+        let live = self.live.current();
+        live.tenants.named(&tenant.name).cloned().ok_or_else(|| {
+            ApiError::unauthorized(format!(
+                "tenant {} was removed by a config reload while this request was read; its API keys no longer work",
+                tenant.name
+            ))
+        })
+    }
+}
+
+/// Step 8 as a layer: needs `Arc<Tenant>` and [`Cost`] in the request's extensions, adds a
+/// [`TicketSlot`].
+#[derive(Clone, Debug)]
+pub struct ChargeLayer<L = AsAuthenticated> {
+    shared: Arc<Shared<L>>,
+}
+
+#[derive(Debug)]
+struct Shared<L> {
+    limiter: Limiter,
+    limits: L,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl<L: LimitsInForce> ChargeLayer<L> {
+    /// Charges `limiter`'s buckets under the tenants' limits `limits` finds. With `metrics`,
+    /// each ticket counts its outcome when it goes.
+    pub fn new(limiter: Limiter, limits: L, metrics: Option<Arc<Metrics>>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                limiter,
+                limits,
+                metrics,
+            }),
+        }
+    }
+}
+
+impl<S, L> Layer<S> for ChargeLayer<L> {
+    type Service = Charge<S, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Charge {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service of [`ChargeLayer`].
+#[derive(Clone, Debug)]
+pub struct Charge<S, L = AsAuthenticated> {
+    inner: S,
+    shared: Arc<Shared<L>>,
+}
+
+impl<S, L, B> Service<Request<B>> for Charge<S, L>
+where
+    S: Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<ApiError>,
+    L: LimitsInForce,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = ApiError;
+    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        // The clone that was made ready goes with this request.
+        let mut inner = self.inner.clone();
+        std::mem::swap(&mut self.inner, &mut inner);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
+            let cost = *super::needs::<Cost>(req.extensions())?;
+            let current = shared.limits.in_force(&tenant)?;
+            let reservation = shared
+                .limiter
+                .reserve(&current.name, &current.limits, cost)
+                .await?;
+            let slot = TicketSlot::new(Ticket::new(reservation, shared.metrics.clone()));
+            req.extensions_mut().insert(slot.clone());
+            let answered = inner.call(req).await.map_err(Into::into);
+            // A refusal after the charge (admission, or a service that left the ticket) gives
+            // everything back; its outcome is the error's.
+            answered.map_err(|e| match slot.take() {
+                Some(ticket) => ticket.refuse(e),
+                None => e,
+            })
+        })
+    }
+}

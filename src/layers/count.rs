@@ -1,0 +1,288 @@
+//! Steps 6-7, parse + count: the body is read (bounded in size and time), validated into a
+//! [`GenerationRequest`] and its prompt counted exactly (chat template + tokenizer, images and
+//! video from their headers), only up to the longest prompt that could be admitted; what it
+//! costs goes on as a [`Cost`] (prompt tokens, the output reserved, one request) in the
+//! request's extensions, with the parsed request. The body is then spent: the request goes on
+//! with an empty one.
+//!
+//! Refusing costs little: before the body is read, a tenant whose buckets cannot give even one
+//! request, one prefill and one decode token is refused (the body read and dropped at a shared
+//! pace, never parsed), and once `max_tokens` is parsed the decode bucket is checked the same
+//! way, before counting. These checks only peek; the charge layer charges.
+
+use crate::api::openai::{GenerationRequest, ParseLimits, Prompt};
+use crate::api::{self, Route};
+use crate::error::ApiError;
+use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
+use crate::proxy::Gateway;
+use crate::tenant::Tenant;
+use crate::tokenize::cache::ChatCounter;
+use crate::tokenize::chat::ChatPrompt;
+use crate::tokenize::TokenCount;
+use crate::vision;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::Request;
+use http_body_util::Empty;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+use tower::{Layer, Service};
+
+/// Steps 6-7 as a layer: needs `Arc<Tenant>` and [`Route`] in the request's extensions, adds
+/// [`GenerationRequest`] (its prompt taken out) and [`Cost`].
+#[derive(Clone, Debug)]
+pub struct CountLayer {
+    gw: Arc<Gateway>,
+}
+
+impl CountLayer {
+    /// Parses and counts with `gw`'s config, tokenizer and worker pool.
+    pub fn new(gw: Arc<Gateway>) -> Self {
+        Self { gw }
+    }
+}
+
+impl<S> Layer<S> for CountLayer {
+    type Service = Count<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Count {
+            inner,
+            gw: self.gw.clone(),
+        }
+    }
+}
+
+/// The service of [`CountLayer`].
+#[derive(Clone, Debug)]
+pub struct Count<S> {
+    inner: S,
+    gw: Arc<Gateway>,
+}
+
+impl<S, B> Service<Request<B>> for Count<S>
+where
+    S: Service<Request<Empty<Bytes>>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<ApiError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = S::Response;
+    type Error = ApiError;
+    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let mut inner = self.inner.clone();
+        std::mem::swap(&mut self.inner, &mut inner);
+        let gw = self.gw.clone();
+        Box::pin(async move {
+            let req = gw.count(req).await?;
+            inner.call(req).await.map_err(Into::into)
+        })
+    }
+}
+
+/// Every request costs at least one prefill token, one decode token and one request.
+const LEAST: Cost = Cost {
+    prefill: 1,
+    decode: 1,
+    requests: 1,
+};
+
+impl Gateway {
+    /// Steps 6-7 on one request: its parsed form and [`Cost`] in its extensions, its body
+    /// spent.
+    async fn count<B>(&self, req: Request<B>) -> Result<Request<Empty<Bytes>>, ApiError>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
+        let route = *super::needs::<Route>(req.extensions())?;
+        self.check_content_type(req.headers())?;
+        // What the buckets cannot give even the least a request costs is refused before its
+        // body is read.
+        if let Err(e) = self
+            .check_at_least(&tenant, LEAST, [false, false, true])
+            .await
+        {
+            self.discard_body(req);
+            return Err(e);
+        }
+        let (mut parts, body) = req.into_parts();
+        let config = self.config.clone();
+        let mut parsed = self
+            .read_body_json(&tenant.name, body, move |body| {
+                let limits = ParseLimits {
+                    served_names: &config.model.served_names,
+                    max_model_len: config.model.max_model_len,
+                    vision: &config.vision_rules,
+                };
+                api::parse_generation(route, body, &limits)
+            })
+            .await?;
+        // With max_tokens known, the decode bucket is checked before counting too.
+        if let Some((_, asked)) = parsed.requested_max_tokens {
+            let least = Cost {
+                decode: asked,
+                ..LEAST
+            };
+            self.check_at_least(&tenant, least, [false, true, true])
+                .await?;
+        }
+        let prompt = std::mem::replace(&mut parsed.prompt, Prompt::TokenIds(Vec::new()));
+        let ceiling = self.prompt_ceiling(&tenant, &parsed);
+        let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
+        let max_output = self.output_budget(&parsed, counted)?;
+        let prompt_tokens = match counted {
+            TokenCount::Exact(n) => n as u64,
+            // Within the context, so past the prefill burst: it can never be admitted.
+            TokenCount::AtLeast(n) => {
+                let denial = Denial::Never {
+                    bucket: BucketKind::Prefill,
+                    needed: n as u64,
+                    capacity: tenant.limits.prefill.capacity(),
+                };
+                return Err(LowerBound {
+                    denial,
+                    exact: [false, true, true],
+                }
+                .into());
+            }
+        };
+        parts.extensions.insert(parsed);
+        parts.extensions.insert(Cost {
+            prefill: prompt_tokens,
+            decode: max_output,
+            requests: 1,
+        });
+        Ok(Request::from_parts(parts, Empty::new()))
+    }
+
+    /// A refusal of what the tenant's buckets cannot admit now even at the least the request
+    /// can cost (`cost`, exact where `exact` says so), before its prompt is counted. Charges
+    /// nothing (the charge after counting decides again).
+    async fn check_at_least(
+        &self,
+        tenant: &Tenant,
+        cost: Cost,
+        exact: [bool; 3],
+    ) -> Result<(), ApiError> {
+        match self.limiter.check(&tenant.name, &tenant.limits, cost).await {
+            Ok(_) => Ok(()),
+            Err(denial) => Err(LowerBound { denial, exact }.into()),
+        }
+    }
+
+    /// Step 7: prompt tokens, counted on the tenant's share of the worker pool, never on the
+    /// executor, and only up to `ceiling`: past it, the count is a lower bound and the rest
+    /// of the prompt is never tokenized.
+    pub async fn count_prompt(
+        &self,
+        tenant: &str,
+        prompt: Prompt,
+        ceiling: u64,
+    ) -> Result<TokenCount, ApiError> {
+        let ceiling = usize::try_from(ceiling).unwrap_or(usize::MAX);
+        let started = Instant::now();
+        let tok = self.tokenizer.clone();
+        let counted = match prompt {
+            // Already tokens: nothing to run on the pool (nor to be refused by it).
+            Prompt::TokenIds(ids) => return Ok(TokenCount::of(ids.len(), ceiling)),
+            Prompt::Chat { prompt, media } => {
+                let chat = self.chat.clone();
+                self.pool
+                    .run(tenant, move || {
+                        if !media.is_empty() {
+                            render_paired(&chat, &prompt, &media)?;
+                        }
+                        // Images and video are counted from their headers: the text gets what
+                        // is left of the ceiling.
+                        let media = vision::extra_tokens(&media, tok.as_ref());
+                        let media = usize::try_from(media).unwrap_or(usize::MAX);
+                        let left = ceiling.saturating_sub(media);
+                        let text = chat.count_up_to(tok.as_ref(), &prompt, left)?;
+                        Ok::<_, ApiError>(match text {
+                            TokenCount::Exact(n) => {
+                                TokenCount::of(n.saturating_add(media), ceiling)
+                            }
+                            TokenCount::AtLeast(n) => TokenCount::AtLeast(n.saturating_add(media)),
+                        })
+                    })
+                    .await
+            }
+            Prompt::Text(t) => {
+                self.pool
+                    .run(tenant, move || {
+                        Ok::<_, ApiError>(tok.count_up_to(&t, ceiling))
+                    })
+                    .await
+            }
+        };
+        self.metrics
+            .tokenize
+            .observe(started.elapsed().as_secs_f64());
+        counted?
+    }
+
+    /// The longest prompt `req` may have: the context minus the output asked for (the prompt
+    /// alone must leave room for one output token), and no more than the tenant's prefill
+    /// burst. Counting stops past it: a longer prompt is refused whatever its exact count.
+    fn prompt_ceiling(&self, tenant: &Tenant, req: &GenerationRequest) -> u64 {
+        let max_len = self.config.model.max_model_len;
+        let context = match req.requested_max_tokens {
+            Some((_, asked)) => max_len.saturating_sub(asked),
+            None => max_len - 1,
+        };
+        context.min(tenant.limits.prefill.capacity().floor() as u64)
+    }
+
+    /// Output tokens to reserve: what the client asked for, or the default clamped to the
+    /// context; more than the context allows is a 400 naming both numbers (the prompt's "at
+    /// least" when its count stopped at the ceiling).
+    pub fn output_budget(
+        &self,
+        req: &GenerationRequest,
+        prompt: TokenCount,
+    ) -> Result<u64, ApiError> {
+        let max_len = self.config.model.max_model_len;
+        let (prompt_tokens, least) = match prompt {
+            TokenCount::Exact(n) => (n as u64, ""),
+            TokenCount::AtLeast(n) => (n as u64, "at least "),
+        };
+        match req.requested_max_tokens {
+            Some((field, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
+                "this model's maximum context length is {max_len} tokens; the prompt is {least}{prompt_tokens} tokens and {asked} output tokens were requested ({least}{} in all)",
+                prompt_tokens + asked
+            ))
+            .with_param(field.param())),
+            Some((_, asked)) => Ok(asked),
+            None if prompt_tokens >= max_len => Err(ApiError::context_length(format!(
+                "this model's maximum context length is {max_len} tokens; the prompt alone is {least}{prompt_tokens} tokens"
+            ))
+            .with_param(req.endpoint.prompt_param())),
+            None => Ok(self.config.model.default_max_tokens.min(max_len - prompt_tokens)),
+        }
+    }
+}
+
+/// The chat rendered, refused with a 400 naming `messages` when its placeholders do not pair
+/// with the images and videos sent ([`vision::check_placeholders`]).
+pub(crate) fn render_paired(
+    chat: &ChatCounter,
+    prompt: &ChatPrompt,
+    media: &[vision::Media],
+) -> Result<String, ApiError> {
+    let rendered = chat.template().render(prompt)?;
+    vision::check_placeholders(&rendered, media)
+        .map_err(|m| ApiError::invalid_param("messages", m))?;
+    Ok(rendered)
+}
