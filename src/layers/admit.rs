@@ -144,3 +144,134 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::{BackendSpec, QueueSpec};
+    use crate::layers::charge::{AsAuthenticated, ChargeLayer};
+    use crate::layers::testing::{available, cost, limiter, request};
+    use crate::metrics::Outcome;
+    use bytes::Bytes;
+    use http::{Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use std::time::Duration;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    /// One token, one byte: a request's footprint is its prompt + max output.
+    const BYTES: KvGeometry = KvGeometry {
+        block_tokens: 1,
+        kv_bytes_per_token: 1,
+        state_bytes_per_sequence: 0,
+    };
+
+    /// One backend of 1,000 bytes and 4 sequences; nobody waits.
+    fn admission() -> Admission {
+        Admission::new(
+            vec![BackendSpec {
+                name: "b".to_string(),
+                kv_capacity_bytes: 1000,
+                max_batch: 4,
+            }],
+            QueueSpec {
+                max_waiting: 0,
+                deadline: Duration::from_secs(7),
+            },
+        )
+    }
+
+    fn reserved(admission: &Admission) -> u64 {
+        admission.snapshot().backends[0].kv_reserved_bytes
+    }
+
+    /// Takes the ticket, reports the bytes its lease holds, and lets the ticket go answered.
+    async fn leased(req: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, ApiError> {
+        let slot = req.extensions().get::<TicketSlot>().expect("charged");
+        let mut ticket = slot.take().expect("in its slot");
+        let bytes = ticket.lease().expect("admitted").bytes();
+        ticket.answered();
+        ticket.settle_as(Outcome::Ok);
+        Ok(Response::new(Full::new(Bytes::from(bytes.to_string()))))
+    }
+
+    #[tokio::test]
+    async fn leases_the_footprint_of_the_cost_into_the_ticket_which_frees_it() {
+        let (limiter, admission) = (limiter(), admission());
+        let metrics = Arc::new(Metrics::new());
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter, AsAuthenticated, None))
+            .layer(AdmitLayer::new(
+                admission.clone(),
+                BYTES,
+                Some(metrics.clone()),
+            ))
+            .service_fn(leased);
+        let resp = svc.oneshot(request(cost(200, 100))).await.expect("fits");
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .expect("in memory")
+            .to_bytes();
+        assert_eq!(body, "300");
+        assert_eq!(reserved(&admission), 0);
+        let label = metrics::tenant("a");
+        assert_eq!(metrics.prefill_tokens.get_or_create(&label).get(), 200);
+        assert_eq!(
+            metrics.decode_tokens_reserved.get_or_create(&label).get(),
+            100
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_gives_back_the_charge_never_fits_is_400_a_full_queue_503() {
+        let (limiter, admission) = (limiter(), admission());
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .layer(AdmitLayer::new(admission.clone(), BYTES, None))
+            .service_fn(leased);
+        let e = svc
+            .clone()
+            .oneshot(request(cost(990, 11)))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, "exceeds_kv_capacity")
+        );
+        assert_eq!(
+            e.message,
+            "the request's KV footprint (1001 tokens of prompt + max output = 1001 bytes) is larger than the KV capacity of every backend (largest: 1000 bytes); lower max_tokens or shorten the prompt"
+        );
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        let held = admission.admit("other", 800).await.expect("fits");
+        let e = svc
+            .clone()
+            .oneshot(request(cost(200, 1)))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.code, e.retry_after),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capacity_exhausted",
+                Some(Duration::from_secs(7))
+            )
+        );
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        assert_eq!(reserved(&admission), 800);
+        drop(held);
+        svc.oneshot(request(cost(200, 1))).await.expect("fits now");
+    }
+
+    #[tokio::test]
+    async fn without_the_charge_layer_before_it_the_stack_is_built_wrong() {
+        let admission = admission();
+        let svc = ServiceBuilder::new()
+            .layer(AdmitLayer::new(admission.clone(), BYTES, None))
+            .service_fn(leased);
+        let e = svc.oneshot(request(cost(1, 1))).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(reserved(&admission), 0);
+    }
+}

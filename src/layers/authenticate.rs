@@ -96,3 +96,70 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::testing::{gateway, outcomes_of};
+    use crate::tenant::Tenant;
+    use bytes::Bytes;
+    use http::{Response, StatusCode};
+    use http_body_util::Full;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    fn with_key(key: &str) -> Request<Full<Bytes>> {
+        Request::builder()
+            .header("authorization", format!("Bearer {key}"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .expect("valid")
+    }
+
+    /// Answers with the name of the tenant it was handed, or `e` when given one.
+    async fn names_tenant(
+        req: Request<Full<Bytes>>,
+        e: Option<ApiError>,
+    ) -> Result<Response<String>, ApiError> {
+        let tenant = req
+            .extensions()
+            .get::<Arc<Tenant>>()
+            .expect("authenticated");
+        assert!(req.extensions().get::<Arrived>().is_some());
+        match e {
+            Some(e) => Err(e),
+            None => Ok(Response::new(tenant.name.clone())),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_key_names_the_tenant_and_refusals_are_counted_under_it() {
+        let gw = gateway(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+            .service_fn(|req| names_tenant(req, None));
+        let resp = svc
+            .clone()
+            .oneshot(with_key("sk-alice"))
+            .await
+            .expect("known");
+        assert_eq!(resp.into_body(), "alice");
+        let e = svc.oneshot(with_key("sk-mallory")).await.unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::UNAUTHORIZED, "invalid_api_key")
+        );
+        assert_eq!(outcomes_of(&gw.metrics, "unknown", "invalid_api_key"), 1);
+
+        let refusing = ServiceBuilder::new()
+            .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+            .service_fn(|req| names_tenant(req, Some(ApiError::invalid("no"))));
+        let e = refusing.oneshot(with_key("sk-alice")).await.unwrap_err();
+        assert_eq!(e.code, "invalid_request");
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "invalid_request"), 1);
+        // Not counting: the same refusal leaves the counter as it was.
+        let quiet = ServiceBuilder::new()
+            .layer(AuthenticateLayer::new(gw.clone()))
+            .service_fn(|req| names_tenant(req, Some(ApiError::invalid("no"))));
+        quiet.oneshot(with_key("sk-alice")).await.unwrap_err();
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "invalid_request"), 1);
+    }
+}

@@ -304,3 +304,158 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::testing::{available, cost, limiter, outcomes, request};
+    use bytes::Bytes;
+    use http::{Response, StatusCode};
+    use http_body_util::Full;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+    type Answer = Result<Response<Full<Bytes>>, ApiError>;
+
+    /// A service that takes the ticket, has the backend answer and produce `produced` decode
+    /// tokens, and answers with the ticket's rate-limit headers; the ticket goes with the
+    /// answer.
+    async fn answers(req: Request<Full<Bytes>>, produced: u64) -> Answer {
+        let slot = req.extensions().get::<TicketSlot>().expect("charged");
+        let mut ticket = slot.take().expect("the ticket is in its slot");
+        ticket.answered();
+        ticket.record_output(produced);
+        ticket.settle_as(Outcome::Ok);
+        let mut resp = Response::new(Full::new(Bytes::from_static(b"done")));
+        ticket.rate_limit_headers().apply(resp.headers_mut());
+        Ok(resp)
+    }
+
+    #[tokio::test]
+    async fn charges_the_cost_in_the_extensions_and_refunds_only_unused_decode_once_answered() {
+        let limiter = limiter();
+        let metrics = Arc::new(Metrics::new());
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(
+                limiter.clone(),
+                AsAuthenticated,
+                Some(metrics.clone()),
+            ))
+            .service_fn(|req| answers(req, 30));
+        let resp = svc.oneshot(request(cost(200, 80))).await.expect("charged");
+        // The headers right after the charge: 80 of the 100 decode tokens counted as used.
+        assert_eq!(resp.headers()["x-ratelimit-remaining-tokens"], "20");
+        // Settled: 200 prefill and the request stay charged, 50 unused decode tokens back.
+        assert_eq!(available(&limiter).await, (800.0, 70.0, 4.0));
+        assert_eq!(outcomes(&metrics, "ok"), 1);
+    }
+
+    #[tokio::test]
+    async fn an_error_after_the_charge_gives_everything_back_and_counts_no_outcome_of_its_own() {
+        let limiter = limiter();
+        let metrics = Arc::new(Metrics::new());
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(
+                limiter.clone(),
+                AsAuthenticated,
+                Some(metrics.clone()),
+            ))
+            .service_fn(|_: Request<Full<Bytes>>| async {
+                Err::<Response<Full<Bytes>>, _>(ApiError::upstream("the backend is gone"))
+            });
+        let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
+        assert_eq!(e.code, "upstream_error");
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        // The error's outcome is counted with the error response, not by the ticket.
+        assert_eq!(outcomes(&metrics, "client_disconnect"), 0);
+        assert_eq!(outcomes(&metrics, "upstream_error"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_before_the_answer_gets_everything_back_and_is_counted() {
+        let limiter = limiter();
+        let metrics = Arc::new(Metrics::new());
+        let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(
+                limiter.clone(),
+                AsAuthenticated,
+                Some(metrics.clone()),
+            ))
+            .service_fn(move |_: Request<Full<Bytes>>| {
+                let reached = reached.clone();
+                async move {
+                    reached.send(()).await.expect("the test listens");
+                    std::future::pending::<Answer>().await
+                }
+            });
+        let call = tokio::spawn(svc.oneshot(request(cost(200, 80))));
+        reached_rx.recv().await.expect("the service was called");
+        assert_eq!(available(&limiter).await, (800.0, 20.0, 4.0));
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        assert_eq!(outcomes(&metrics, "client_disconnect"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_denial_is_the_error_and_charges_nothing() {
+        let limiter = limiter();
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .service_fn(|req| answers(req, 100));
+        let e = svc
+            .clone()
+            .oneshot(request(cost(0, 101)))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, "exceeds_tenant_burst")
+        );
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        // The decode bucket drained by a request that used it all: the next is not yet.
+        svc.clone()
+            .oneshot(request(cost(0, 100)))
+            .await
+            .expect("full");
+        let e = svc.oneshot(request(cost(0, 1))).await.unwrap_err();
+        assert_eq!(
+            (e.status, e.code, e.kind),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "tokens"
+            )
+        );
+        assert_eq!(e.retry_after, Some(std::time::Duration::from_millis(100)));
+        assert_eq!(available(&limiter).await, (1000.0, 0.0, 4.0));
+    }
+
+    #[tokio::test]
+    async fn the_limits_in_force_decide_and_a_missing_cost_is_a_stack_built_wrong() {
+        #[derive(Clone)]
+        struct Removed;
+        impl LimitsInForce for Removed {
+            fn in_force(&self, tenant: &Arc<Tenant>) -> Result<Arc<Tenant>, ApiError> {
+                Err(ApiError::unauthorized(format!("{} is gone", tenant.name)))
+            }
+        }
+        let limiter = limiter();
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), Removed, None))
+            .service_fn(|req| answers(req, 0));
+        let e = svc.oneshot(request(cost(1, 1))).await.unwrap_err();
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (StatusCode::UNAUTHORIZED, "a is gone")
+        );
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .service(service_fn(|req| answers(req, 0)));
+        let mut req = request(cost(1, 1));
+        req.extensions_mut().remove::<Cost>();
+        let e = svc.oneshot(req).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+    }
+}

@@ -286,3 +286,176 @@ pub(crate) fn render_paired(
         .map_err(|m| ApiError::invalid_param("messages", m))?;
     Ok(rendered)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::openai::Endpoint;
+    use crate::layers::testing::gateway;
+    use http::{Response, StatusCode};
+    use http_body_util::Full;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    /// A completion request from alice with `body`.
+    async fn completion(gw: &Arc<Gateway>, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(body.into()));
+        let alice = gw
+            .live
+            .current()
+            .tenants
+            .named("alice")
+            .expect("configured")
+            .clone();
+        req.extensions_mut().insert(alice);
+        req.extensions_mut()
+            .insert(Route::OpenAi(Endpoint::Completions));
+        req
+    }
+
+    /// Answers with the cost and the model of the parsed request it was handed.
+    async fn costed(req: Request<Empty<Bytes>>) -> Result<Response<(Cost, String)>, ApiError> {
+        let cost = *req.extensions().get::<Cost>().expect("counted");
+        let parsed = req.extensions().get::<GenerationRequest>().expect("parsed");
+        Ok(Response::new((cost, parsed.model.clone())))
+    }
+
+    #[tokio::test]
+    async fn the_parsed_request_and_its_exact_cost_go_on_in_the_extensions() {
+        let gw = gateway(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.clone()))
+            .service_fn(costed);
+        let req = completion(
+            &gw,
+            r#"{"model": "qwen3.5-27b", "prompt": [1, 2, 3], "max_tokens": 7}"#,
+        )
+        .await;
+        let resp = svc.clone().oneshot(req).await.expect("valid");
+        assert_eq!(
+            resp.into_body(),
+            (
+                Cost {
+                    prefill: 3,
+                    decode: 7,
+                    requests: 1
+                },
+                "qwen3.5-27b".to_string()
+            )
+        );
+        let text = "Once upon a time";
+        let req = completion(
+            &gw,
+            r#"{"model": "qwen3.5-27b", "prompt": "Once upon a time"}"#,
+        )
+        .await;
+        let (cost, _) = svc.oneshot(req).await.expect("valid").into_body();
+        assert_eq!(cost.prefill, gw.tokenizer.count(text) as u64);
+        assert_eq!(cost.decode, 100, "the default output");
+    }
+
+    #[tokio::test]
+    async fn bad_input_is_a_400_naming_the_numbers() {
+        let gw = gateway(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.clone()))
+            .service_fn(costed);
+        let ids = vec!["7"; 3200].join(", ");
+        let body = format!(r#"{{"model": "qwen3.5-27b", "prompt": [{ids}], "max_tokens": 900}}"#);
+        let e = svc
+            .clone()
+            .oneshot(completion(&gw, body).await)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::BAD_REQUEST, "context_length_exceeded")
+        );
+        // Counting stopped at the ceiling (4,096 - 900): the prompt's count is a lower bound.
+        assert_eq!(e.message, "this model's maximum context length is 4096 tokens; the prompt is at least 3200 tokens and 900 output tokens were requested (at least 4100 in all)");
+        let req = completion(
+            &gw,
+            r#"{"model": "qwen3.5-27b", "prompt": [1], "max_tokens": 1001}"#,
+        )
+        .await;
+        let e = svc.clone().oneshot(req).await.unwrap_err();
+        assert_eq!(
+            (e.code, e.param.as_deref()),
+            ("exceeds_tenant_burst", Some("max_tokens"))
+        );
+        assert_eq!(
+            e.message,
+            "request needs 1001 decode tokens; the tenant's decode burst is 1000"
+        );
+        let e = svc
+            .oneshot(completion(&gw, "not json").await)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "invalid_request");
+        // Nothing was charged.
+        let alice = gw
+            .live
+            .current()
+            .tenants
+            .named("alice")
+            .expect("configured")
+            .clone();
+        let left = gw.limiter.snapshot("alice", &alice.limits).await;
+        assert_eq!(left.requests.available, 100.0);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_out_of_requests_is_refused_before_its_body_is_read() {
+        // A request bucket of 1 (0.1/s x 10 s), spent by the first request.
+        let gw = gateway(0.1).await;
+        let alice = gw
+            .live
+            .current()
+            .tenants
+            .named("alice")
+            .expect("configured")
+            .clone();
+        let spent = gw
+            .limiter
+            .reserve(
+                "alice",
+                &alice.limits,
+                Cost {
+                    prefill: 0,
+                    decode: 0,
+                    requests: 1,
+                },
+            )
+            .await
+            .expect("full");
+        // Settled with nothing produced: the request stays charged.
+        drop(spent);
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.clone()))
+            .service_fn(costed);
+        // Not JSON: read, it would be a 400; unread, the 429 comes first.
+        let e = svc
+            .oneshot(completion(&gw, "not json").await)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.kind),
+            (StatusCode::TOO_MANY_REQUESTS, "requests")
+        );
+        assert_eq!(
+            e.message,
+            "rate limit reached for requests: request needs 1 requests, 0 available; retry after at least 10.000 s"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_route_the_stack_is_built_wrong() {
+        let gw = gateway(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.clone()))
+            .service_fn(costed);
+        let mut req = completion(&gw, "{}").await;
+        req.extensions_mut().remove::<Route>();
+        let e = svc.oneshot(req).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}

@@ -41,3 +41,111 @@ pub(crate) fn needs<T: Send + Sync + 'static>(extensions: &Extensions) -> Result
         .get::<T>()
         .ok_or_else(|| ApiError::missing_extension(std::any::type_name::<T>()))
 }
+
+/// What the layers' tests share: a limiter on a manual clock, one tenant, requests carrying a
+/// [`Cost`](crate::limiter::Cost) on an in-memory body.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::clock::ManualClock;
+    use crate::limiter::bucket::fixtures::limits;
+    use crate::limiter::{Cost, Limiter, LocalStore};
+    use crate::metrics::{Metrics, OutcomeLabels};
+    use crate::tenant::Tenant;
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::Full;
+    use std::sync::Arc;
+
+    /// A limiter whose time stands still.
+    pub fn limiter() -> Limiter {
+        Limiter::new(Arc::new(LocalStore::new()), Arc::new(ManualClock::new()))
+    }
+
+    /// Tenant `a`: prefill 1,000, decode 100 and 5 requests of burst.
+    pub fn tenant() -> Arc<Tenant> {
+        Arc::new(Tenant {
+            name: "a".to_string(),
+            limits: limits(),
+        })
+    }
+
+    /// `prefill` prompt tokens, `decode` output tokens, one request.
+    pub fn cost(prefill: u64, decode: u64) -> Cost {
+        Cost {
+            prefill,
+            decode,
+            requests: 1,
+        }
+    }
+
+    /// A request from [`tenant`] with `cost` in its extensions and a small JSON body.
+    pub fn request(cost: Cost) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
+        req.extensions_mut().insert(tenant());
+        req.extensions_mut().insert(cost);
+        req
+    }
+
+    /// Tenant `a`'s buckets now: (prefill, decode, requests) available.
+    pub async fn available(limiter: &Limiter) -> (f64, f64, f64) {
+        let s = limiter.snapshot("a", &limits()).await;
+        (
+            s.prefill.available,
+            s.decode.available,
+            s.requests.available,
+        )
+    }
+
+    /// How many of `tenant`'s requests ended with `outcome`.
+    pub fn outcomes_of(metrics: &Metrics, tenant: &str, outcome: &str) -> u64 {
+        metrics
+            .requests
+            .get_or_create(&OutcomeLabels {
+                tenant: tenant.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .get()
+    }
+
+    /// How many of tenant `a`'s requests ended with `outcome`.
+    pub fn outcomes(metrics: &Metrics, outcome: &str) -> u64 {
+        outcomes_of(metrics, "a", outcome)
+    }
+
+    /// A whole gateway (its backend never asked) with tenant `alice` (`sk-alice`: prefill
+    /// 10,000, decode 1,000 and 100 requests of burst; `requests_per_second` as given), a
+    /// 4,096-token context and 100 output tokens by default.
+    pub async fn gateway(requests_per_second: f64) -> Arc<crate::proxy::Gateway> {
+        let config = crate::config::Config::parse(&format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_body_bytes = 65536
+[tokenizer]
+path = "unused: the tests' tokenizer is passed in"
+[model]
+served_names = ["qwen3.5-27b"]
+max_model_len = 4096
+default_max_tokens = 100
+[[backends]]
+url = "http://127.0.0.1:9"
+kv_capacity_bytes = 8000000000
+max_batch = 32
+[[tenants]]
+name = "alice"
+api_keys = ["sk-alice"]
+prefill_tokens_per_second = 1000
+decode_tokens_per_second = 100
+requests_per_second = {requests_per_second}
+burst_seconds = 10
+"#
+        ))
+        .expect("a valid config");
+        let deps = crate::app::Deps {
+            clock: Arc::new(ManualClock::new()),
+            tokenizer: Some(crate::tokenize::test_tokenizer()),
+        };
+        crate::app::build(config, deps).await.expect("builds")
+    }
+}
