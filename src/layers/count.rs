@@ -182,8 +182,9 @@ impl Gateway {
         }
     }
 
-    /// Step 7: prompt tokens, counted on the tenant's share of the worker pool, never on the
-    /// executor, and only up to `ceiling`: past it, the count is a lower bound and the rest
+    /// Step 7: prompt tokens, counted on the tenant's share of the worker pool, or right here
+    /// when at most [`crate::tokenize::pool::INLINE_BYTES`] of text are not in the span cache
+    /// (less time than the hop to a worker), and only up to `ceiling`: past it, the count is a lower bound and the rest
     /// of the prompt is never tokenized.
     pub async fn count_prompt(
         &self,
@@ -199,8 +200,13 @@ impl Gateway {
             Prompt::TokenIds(ids) => return Ok(TokenCount::of(ids.len(), ceiling)),
             Prompt::Chat { prompt, media } => {
                 let chat = self.chat.clone();
+                let uncached = if media.is_empty() {
+                    chat.uncached_bytes(&prompt)
+                } else {
+                    usize::MAX
+                };
                 self.pool
-                    .run(tenant, move || {
+                    .run_maybe_inline(tenant, uncached, move || {
                         if !media.is_empty() {
                             render_paired(&chat, &prompt, &media)?;
                         }
@@ -221,7 +227,7 @@ impl Gateway {
             }
             Prompt::Text(t) => {
                 self.pool
-                    .run(tenant, move || {
+                    .run_maybe_inline(tenant, t.len(), move || {
                         Ok::<_, ApiError>(tok.count_up_to(&t, ceiling))
                     })
                     .await

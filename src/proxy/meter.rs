@@ -51,10 +51,11 @@ pub struct ReplyMemo {
 impl ReplyMemo {
     fn remember(&self, tenant: &str, tokenizer: Arc<Tokenizer>, content: String) {
         let chat = self.chat.clone();
+        let bytes = content.len();
         let job = move || {
             chat.remember_reply(tokenizer.as_ref(), &content);
         };
-        if self.pool.spawn(tenant, job).is_err() {
+        if self.pool.spawn_maybe_inline(tenant, bytes, job).is_err() {
             tracing::debug!("answer not counted ahead: its queue is full");
         }
     }

@@ -2,14 +2,20 @@
 //! turn, so the rendered prompt is cut into turn spans (see [`crate::tokenize::chat::spans`])
 //! and each span's token count is remembered with its text in a cache bounded in bytes. A
 //! follow-up turn tokenizes only what is new; the rest is looked up.
+//!
+//! The cache is cut into shards by span hash, each with its own lock and an equal part of the
+//! byte bound, so the threads counting at once (tokenizer workers, and executor threads counting
+//! small prompts inline) seldom wait for each other. Each shard evicts its own least recently
+//! used spans.
 
 use super::chat::{spans, ChatPrompt, ChatTemplate, CountTokens, TemplateError};
+use super::pool::INLINE_BYTES;
 use super::TokenCount;
 use hashbrown::HashTable;
 use serde_json::{json, Value};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// One cached span: its text, hash, count and recency links.
 ///
@@ -170,6 +176,48 @@ impl SpanCache {
     }
 }
 
+/// Most shards a cache is cut into.
+const MAX_SHARDS: usize = 16;
+
+/// Fewest bytes a shard holds: a smaller cache has fewer shards (one below twice this), so a
+/// span up to this size always fits in its shard.
+pub const MIN_SHARD_BYTES: usize = 4 << 20;
+
+/// How many shards a cache of `max_bytes` is cut into: a power of two, at most
+/// [`MAX_SHARDS`], each of at least [`MIN_SHARD_BYTES`] (one for smaller caches).
+fn shard_count(max_bytes: usize) -> usize {
+    let n = (max_bytes / MIN_SHARD_BYTES).clamp(1, MAX_SHARDS);
+    1 << n.ilog2()
+}
+
+/// Rendering a prompt to see what of it is cached is cheap up to this much text with the
+/// built-in renderer (about 15 us), and up to [`INLINE_BYTES`] with a Jinja template.
+const LOOK_UP_TEXT_BYTES: usize = 64 << 10;
+
+/// Bytes of text in JSON values (strings and keys), or `None` once past `limit`.
+fn text_bytes<'a>(values: impl IntoIterator<Item = &'a Value>, limit: usize) -> Option<usize> {
+    let mut total = 0usize;
+    let mut stack: Vec<&Value> = values.into_iter().collect();
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => total += s.len(),
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                for (k, v) in map {
+                    total += k.len();
+                    stack.push(v);
+                }
+            }
+            // Numbers, booleans and null render in a few bytes.
+            _ => total += 8,
+        }
+        if total > limit {
+            return None;
+        }
+    }
+    Some(total)
+}
+
 /// The conversation `[user, answer, user]` rendered without a generation prompt, or
 /// `[user, user]` without an answer.
 fn render_probe(template: &ChatTemplate, answer: Option<Value>) -> Result<String, TemplateError> {
@@ -211,7 +259,8 @@ pub struct ChatCounter {
     /// (`None` if the template refuses it).
     reply_probe: Option<String>,
     hasher: foldhash::fast::RandomState,
-    cache: Mutex<SpanCache>,
+    /// The shards, a power of two of them; a span lives in the one its hash picks.
+    shards: Box<[Mutex<SpanCache>]>,
     hits: AtomicU64,
     misses: AtomicU64,
     replies: AtomicU64,
@@ -219,13 +268,16 @@ pub struct ChatCounter {
 
 impl ChatCounter {
     /// A counter rendering with `template` whose cache holds at most `max_bytes` (0 disables
-    /// memoization).
+    /// memoization), in shards of at least [`MIN_SHARD_BYTES`].
     pub fn new(template: ChatTemplate, max_bytes: usize) -> Self {
+        let shards = shard_count(max_bytes);
         Self {
             reply_probe: render_probe(&template, None).ok(),
             template,
             hasher: foldhash::fast::RandomState::default(),
-            cache: Mutex::new(SpanCache::new(max_bytes)),
+            shards: (0..shards)
+                .map(|_| Mutex::new(SpanCache::new(max_bytes / shards)))
+                .collect(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             replies: AtomicU64::new(0),
@@ -261,13 +313,10 @@ impl ChatCounter {
         let spans: Vec<(u64, &str)> = spans(&text).map(|s| (self.hasher.hash_one(s), s)).collect();
         let mut total = 0;
         let mut missing = Vec::new();
-        {
-            let mut cache = self.lock();
-            for &(hash, span) in &spans {
-                match cache.get(hash, span) {
-                    Some(tokens) => total += tokens,
-                    None => missing.push((hash, span, 0)),
-                }
+        for &(hash, span) in &spans {
+            match self.shard(hash).get(hash, span) {
+                Some(tokens) => total += tokens,
+                None => missing.push((hash, span, 0)),
             }
         }
         self.hits
@@ -289,13 +338,37 @@ impl ChatCounter {
             }
         }
         self.misses.fetch_add(tokenized, Ordering::Relaxed);
-        if counted > 0 {
-            let mut cache = self.lock();
-            for &(hash, span, tokens) in &missing[..counted] {
-                cache.insert(hash, span, tokens);
-            }
+        for &(hash, span, tokens) in &missing[..counted] {
+            self.shard(hash).insert(hash, span, tokens);
         }
         Ok(TokenCount::of(total, ceiling))
+    }
+
+    /// Bytes of the prompt's rendering that [`ChatCounter::count_up_to`] would tokenize now
+    /// (its spans not cached), to decide where to count it; `usize::MAX` for a prompt of more
+    /// text than is cheap to render for this (64 KiB with the built-in renderer,
+    /// [`INLINE_BYTES`] with a Jinja template). A prompt the template refuses is 0: counting
+    /// it fails at once. Touches neither recency nor the counters.
+    pub fn uncached_bytes(&self, prompt: &ChatPrompt) -> usize {
+        let limit = if self.template.is_builtin() {
+            LOOK_UP_TEXT_BYTES
+        } else {
+            INLINE_BYTES
+        };
+        let values = prompt.messages.iter().chain(prompt.tools.iter().flatten());
+        if text_bytes(values, limit).is_none() {
+            return usize::MAX;
+        }
+        let Ok(text) = self.template.render(prompt) else {
+            return 0;
+        };
+        spans(&text)
+            .filter(|span| {
+                let hash = self.hasher.hash_one(span);
+                self.shard(hash).find(hash, span).is_none()
+            })
+            .map(str::len)
+            .sum()
     }
 
     /// Counts ahead the span an assistant answer whose text is `content` will have in the
@@ -311,9 +384,9 @@ impl ChatCounter {
             return false;
         };
         let hash = self.hasher.hash_one(span.as_str());
-        let cached = self.lock().get(hash, &span).is_some() || {
+        let cached = self.shard(hash).get(hash, &span).is_some() || {
             let tokens = tok.count(&span);
-            self.lock().insert(hash, &span, tokens)
+            self.shard(hash).insert(hash, &span, tokens)
         };
         if cached {
             self.replies.fetch_add(1, Ordering::Relaxed);
@@ -344,23 +417,34 @@ impl ChatCounter {
         (same_start + same_end >= without.len()).then(|| with[same_start].to_owned())
     }
 
-    /// Hit and miss counters and the cache's current size.
+    /// Hit and miss counters and the cache's current size (all shards).
     pub fn stats(&self) -> CacheStats {
-        let cache = self.lock();
+        let (mut entries, mut bytes) = (0, 0);
+        for shard in &self.shards {
+            let shard = lock(shard);
+            entries += shard.len();
+            bytes += shard.bytes;
+        }
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             replies: self.replies.load(Ordering::Relaxed),
-            entries: cache.len(),
-            bytes: cache.bytes,
+            entries,
+            bytes,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, SpanCache> {
-        // The cache's methods do not panic midway, so a poisoned lock still guards a consistent
-        // cache; carrying on beats failing every later request.
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The locked shard a span of hash `hash` lives in. Bits 32 and up pick it: the hash
+    /// table inside uses the low bits for its buckets and the top 7 as tags.
+    fn shard(&self, hash: u64) -> MutexGuard<'_, SpanCache> {
+        lock(&self.shards[(hash >> 32) as usize & (self.shards.len() - 1)])
     }
+}
+
+fn lock(shard: &Mutex<SpanCache>) -> MutexGuard<'_, SpanCache> {
+    // The cache's methods do not panic midway, so a poisoned lock still guards a consistent
+    // cache; carrying on beats failing every later request.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -568,6 +652,63 @@ mod tests {
                 bytes: 0
             }
         );
+    }
+
+    #[test]
+    fn shards_split_the_bound_and_small_caches_keep_one() {
+        assert_eq!(shard_count(0), 1);
+        assert_eq!(shard_count(2 * MIN_SHARD_BYTES - 1), 1);
+        assert_eq!(shard_count(3 * MIN_SHARD_BYTES), 2);
+        assert_eq!(shard_count(64 << 20), 16);
+        assert_eq!(shard_count(1 << 40), MAX_SHARDS);
+
+        // Many distinct spans in a 16-shard cache of 64 MiB: every one found again, and the
+        // bound held with room to spare.
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 64 << 20);
+        assert_eq!(counter.shards.len(), 16);
+        let tok = SyncCharCounter;
+        let want: Vec<usize> = (1..=40)
+            .map(|n| counter.template().render(&turn(n)).unwrap().chars().count())
+            .collect();
+        for (n, want) in (1..=40).zip(&want) {
+            assert_eq!(counter.count(&tok, &turn(n)).unwrap(), *want);
+        }
+        let before = counter.stats();
+        // system, 40 questions, 39 answers, generation prompt
+        assert_eq!(before.entries, 81);
+        for (n, want) in (1..=40).zip(&want) {
+            assert_eq!(counter.count(&tok, &turn(n)).unwrap(), *want);
+        }
+        let after = counter.stats();
+        assert_eq!(after.misses, before.misses, "every span was a hit");
+        assert_eq!((after.entries, after.bytes), (before.entries, before.bytes));
+        let used: Vec<usize> = counter.shards.iter().map(|s| lock(s).len()).collect();
+        assert!(used.iter().filter(|&&n| n > 0).count() > 1, "{used:?}");
+    }
+
+    #[test]
+    fn uncached_bytes_are_the_spans_counting_would_tokenize() {
+        let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let tok = CharCounter::default();
+        let rendered = |p: &ChatPrompt| counter.template().render(p).unwrap();
+        assert_eq!(counter.uncached_bytes(&turn(1)), rendered(&turn(1)).len());
+        counter.count(&tok, &turn(1)).unwrap();
+        assert_eq!(counter.uncached_bytes(&turn(1)), 0);
+        let answer_and_question = "<|im_start|>assistant\nanswer 1<|im_end|>\n\
+                                   <|im_start|>user\nquestion 2<|im_end|>\n";
+        assert_eq!(counter.uncached_bytes(&turn(2)), answer_and_question.len());
+        // Looking touches no counter.
+        assert_eq!((counter.stats().hits, counter.stats().misses), (0, 3));
+
+        // Too much text to render for a look: as if nothing were cached.
+        let mut long = turn(1);
+        long.messages
+            .push(json!({"role": "user", "content": "x".repeat(LOOK_UP_TEXT_BYTES)}));
+        assert_eq!(counter.uncached_bytes(&long), usize::MAX);
+        // A prompt the template refuses fails at once wherever it is counted.
+        let mut empty = turn(1);
+        empty.messages.clear();
+        assert_eq!(counter.uncached_bytes(&empty), 0);
     }
 
     #[test]

@@ -14,6 +14,11 @@
 //! So one tenant may use the whole queue while it is alone, and never more than its share
 //! while others wait: the gateway answers the job it refuses or pushes out with a 503.
 //!
+//! Work too small to be worth a thread hop does not queue at all: [`TokenizePool::run_maybe_inline`]
+//! runs a job with at most [`INLINE_BYTES`] of text to tokenize where it is asked for. Handing
+//! a job to a worker and its answer back costs two thread wake-ups (tens of microseconds of
+//! kernel time under load, see `benches/inline.rs`), more than counting such a text does.
+//!
 //! A job started with `run` carries its reply channel; one started with `spawn` has nobody
 //! waiting for it. A `run` job whose caller has gone away (its future dropped) is skipped when
 //! a worker reaches it; a panicking job becomes [`PoolError::Panicked`] (or, spawned, a logged
@@ -24,6 +29,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
+
+/// Jobs with at most this many bytes of text to tokenize run where they are asked for
+/// ([`TokenizePool::run_maybe_inline`]): counting them takes about 50 us or less, about what
+/// handing them to a worker costs (`benches/inline.rs` measures both).
+pub const INLINE_BYTES: usize = 2048;
 
 /// Why a job did not produce a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -258,6 +268,41 @@ impl TokenizePool {
         // A dropped reply without an answer: the job panicked past its own catch (it cannot)
         // or the pool was dropped with the job queued.
         result.await.unwrap_or(Err(PoolError::Panicked))
+    }
+
+    /// [`TokenizePool::run`], or `job` run right here when it has at most [`INLINE_BYTES`] of
+    /// text to tokenize (`bytes`, the caller's bound): such a job takes less time than the
+    /// hop to a worker and back, and never queues or is refused. A panic is
+    /// [`PoolError::Panicked`] either way.
+    pub async fn run_maybe_inline<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        bytes: usize,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, PoolError> {
+        if bytes <= INLINE_BYTES {
+            return catch_unwind(AssertUnwindSafe(job)).map_err(|_| PoolError::Panicked);
+        }
+        self.run(tenant, job).await
+    }
+
+    /// [`TokenizePool::spawn`], or `job` run as a task of the tokio runtime it is called from
+    /// when it has at most [`INLINE_BYTES`] of text to tokenize (`bytes`): as with
+    /// [`TokenizePool::run_maybe_inline`], waking a worker would cost more than the job, and
+    /// the task runs once the caller yields, off its path. A panic is logged either way.
+    pub fn spawn_maybe_inline(
+        &self,
+        tenant: &str,
+        bytes: usize,
+        job: impl FnOnce() + Send + 'static,
+    ) -> Result<(), PoolError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) if bytes <= INLINE_BYTES => {
+                rt.spawn(async move { Box::new(Detached(job)).run() });
+                Ok(())
+            }
+            _ => self.spawn(tenant, job),
+        }
     }
 
     /// Queues `tenant`'s `job` to run on a worker, with nobody waiting for it. Fails at once
@@ -537,6 +582,53 @@ mod tests {
         assert_eq!(b.await, Ok(()));
         // a2 was pushed out for b1 and dropped with its sender, so the channel ends.
         assert_eq!(ran_rx.iter().collect::<Vec<_>>(), ["a1", "b1"]);
+    }
+
+    #[tokio::test]
+    async fn a_small_job_runs_inline_even_when_the_pool_is_full() {
+        let pool = TokenizePool::new("test", 1, 0);
+        wait_idle(&pool, 1);
+        let (release, busy) = occupy_workers(&pool).await;
+        let here = std::thread::current().id();
+        let ran_on = pool
+            .run_maybe_inline("a", INLINE_BYTES, move || std::thread::current().id())
+            .await;
+        assert_eq!(ran_on, Ok(here));
+        assert_eq!(
+            pool.run_maybe_inline("a", INLINE_BYTES, || -> u32 { panic!("boom") })
+                .await,
+            Err(PoolError::Panicked)
+        );
+        // One byte more goes to the (full) pool.
+        let mut queued: Pending<'_, u32> =
+            Box::pin(pool.run_maybe_inline("a", INLINE_BYTES + 1, || 1));
+        assert_eq!(
+            poll_once(&mut queued),
+            Poll::Ready(Err(PoolError::Full {
+                waiting: 0,
+                share: 0
+            }))
+        );
+        release_workers(release, busy).await;
+    }
+
+    #[tokio::test]
+    async fn a_small_spawned_job_runs_as_a_task_even_when_the_pool_is_full() {
+        let pool = TokenizePool::new("test", 1, 0);
+        wait_idle(&pool, 1);
+        let (release, busy) = occupy_workers(&pool).await;
+        let (ran_tx, ran_rx) = oneshot::channel();
+        let job = move || ran_tx.send("small").unwrap();
+        assert_eq!(pool.spawn_maybe_inline("a", INLINE_BYTES, job), Ok(()));
+        assert_eq!(ran_rx.await, Ok("small"));
+        assert_eq!(
+            pool.spawn_maybe_inline("a", INLINE_BYTES + 1, || ()),
+            Err(PoolError::Full {
+                waiting: 0,
+                share: 0
+            })
+        );
+        release_workers(release, busy).await;
     }
 
     /// Waits (bounded) until `n` workers wait for a job.
