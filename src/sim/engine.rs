@@ -14,7 +14,7 @@
 //! reports what happened as [`Event`]s stamped with the exact simulated instant.
 
 use super::timing::StepTiming;
-use crate::capacity::sequence_footprint_bytes;
+use crate::capacity::{sequence_footprint_bytes, CapacityInputs};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +44,16 @@ impl KvGeometry {
             kv_bytes_per_token: 0,
             state_bytes_per_seq: 0,
             budget_bytes: u64::MAX,
+        }
+    }
+
+    /// The cache of a deployment: its blocks, per-token KV, per-sequence state and budget.
+    pub fn of_deployment(inputs: &CapacityInputs) -> Self {
+        Self {
+            block_tokens: inputs.block_tokens,
+            kv_bytes_per_token: inputs.model.kv_bytes_per_token,
+            state_bytes_per_seq: inputs.model.state_bytes_per_sequence,
+            budget_bytes: inputs.kv_budget_bytes(),
         }
     }
 
@@ -568,7 +578,7 @@ mod tests {
 
     /// One 910B3 with Qwen3.5-27B: 8e9 bytes in 128-token blocks.
     fn big_cache() -> KvGeometry {
-        let kv = Roofline::qwen35_27b_on_910b3().kv_geometry();
+        let kv = KvGeometry::of_deployment(&Roofline::qwen35_27b_on_910b3().0);
         assert_eq!(kv.budget_bytes, 8_000_000_000);
         kv
     }
@@ -665,7 +675,7 @@ mod tests {
         // Two 910B3s: each card reads a 25,000-token sequence's two KV heads on two of its 20
         // cores, so the step waits for them whatever the rest of the batch is.
         let tp2 = Roofline::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32, 2).unwrap();
-        let mut c = cfg(tp2.kv_geometry());
+        let mut c = cfg(KvGeometry::of_deployment(&tp2.0));
         c.max_prefill_tokens = 32_768;
         let timing: Arc<dyn StepTiming> = Arc::new(tp2);
         let mut e = Engine::new(c, timing.clone());

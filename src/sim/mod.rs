@@ -92,7 +92,7 @@ impl SimConfig {
     /// default batch (200) and prefill budget (8,192 tokens), 65,536-token contexts.
     pub fn roofline(roofline: Roofline) -> Self {
         Self {
-            engine: EngineConfig::mindie(roofline.kv_geometry()),
+            engine: EngineConfig::mindie(KvGeometry::of_deployment(&roofline.0)),
             timing: Arc::new(roofline),
             ..Self::pace(Duration::ZERO)
         }

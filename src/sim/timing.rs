@@ -2,7 +2,6 @@
 //! ([`super::engine`]) asks a [`StepTiming`] and never computes physics itself, so the same
 //! scheduler runs on the capacity model ([`Roofline`]) or at a fixed pace ([`Pace`]).
 
-use super::engine::KvGeometry;
 use crate::capacity::{
     CapacityError, CapacityInputs, EfficiencyOverrides, ProfileOverrides, StateDtype,
 };
@@ -82,16 +81,6 @@ impl Roofline {
     pub fn qwen35_27b_on_910b3() -> Self {
         Self::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32, 1)
             .expect("built-in profiles are valid")
-    }
-
-    /// The cache of this deployment: its blocks, per-token KV, per-sequence state and budget.
-    pub fn kv_geometry(&self) -> KvGeometry {
-        KvGeometry {
-            block_tokens: self.0.block_tokens,
-            kv_bytes_per_token: self.0.model.kv_bytes_per_token,
-            state_bytes_per_seq: self.0.model.state_bytes_per_sequence,
-            budget_bytes: self.0.kv_budget_bytes(),
-        }
     }
 }
 
