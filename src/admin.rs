@@ -2,11 +2,12 @@
 //! buckets and the backends' KV ledgers, and `POST /admin/reload`. With `server.admin_token`
 //! set, every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
+use crate::digest::hash_key;
 use crate::error::{Allow, ApiError};
 use crate::metrics::{BackendLabel, BucketLabels};
 use crate::proxy::upstream::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};
-use crate::tenant::{bearer, hash_key, BearerKind};
+use crate::tenant::{bearer, BearerKind};
 use http::{header, Request, Response, StatusCode};
 use serde_json::json;
 use subtle::ConstantTimeEq;
@@ -26,7 +27,7 @@ fn is_probe(path: &str) -> bool {
 /// Checks the admin token when one is configured. The presented token is hashed and its digest
 /// compared in constant time, so the time taken says nothing about how much of it matched.
 fn authorize(gw: &Gateway, headers: &http::HeaderMap) -> Result<(), ApiError> {
-    let Some(expected) = gw.config.server.admin_token_digest() else {
+    let Some(expected) = gw.config.admin_token_digest() else {
         return Ok(());
     };
     let token = bearer(headers, &ADMIN_TOKEN)?;

@@ -1,9 +1,9 @@
-//! Building a whole gateway from a validated [`Config`], so `serve` and the tests start it the
+//! Building a whole gateway from a [`ValidConfig`], so `serve` and the tests start it the
 //! same way (and tests can start many independent gateways in one process).
 
 use crate::admission::{Admission, BackendSpec, QueueSpec};
 use crate::clock::{SharedClock, SystemClock};
-use crate::config::Config;
+use crate::config::ValidConfig;
 use crate::limiter::{Limiter, LocalStore};
 use crate::metrics::Metrics;
 use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
@@ -55,7 +55,7 @@ pub async fn load_tokenizer(path: &std::path::Path) -> anyhow::Result<Arc<Tokeni
 const REPLY_QUEUE_DEPTH: usize = 64;
 
 /// Builds the gateway state.
-pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
+pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
     let tokenizer = match deps.tokenizer {
         Some(t) => t,
         None => load_tokenizer(&config.tokenizer.path).await?,
@@ -95,9 +95,8 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
         },
     );
     let upstreams = config
-        .backends
-        .iter()
-        .map(Upstream::new)
+        .backends_with_base()
+        .map(|(backend, base)| Upstream::new(backend, base))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());
     metrics.config_loaded();
@@ -118,7 +117,7 @@ pub async fn build(config: Config, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
 }
 
 /// Builds and serves a gateway.
-pub async fn start(config: Config, deps: Deps) -> anyhow::Result<Running> {
+pub async fn start(config: ValidConfig, deps: Deps) -> anyhow::Result<Running> {
     let gw = build(config, deps).await?;
     server::serve(gw).await
 }

@@ -2,15 +2,22 @@
 //! (`deny_unknown_fields`), units are in the field names, and [`Config::load`] is the one
 //! validation path used by `serve` and `check-config` alike. Relative paths are resolved
 //! against the directory of the config file.
+//!
+//! What the rest of the gateway receives is a [`ValidConfig`]: made only by the checks, read-only,
+//! and holding what they parsed (backend addresses, key digests), so no code that takes one meets
+//! a value the checks refuse or parses anything again.
 
 use crate::capacity::{
     derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend,
     EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
 };
+use crate::digest::{hash_key, parse_sha256_hex};
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
+use http::uri::{Authority, Scheme};
 use serde::Deserialize;
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,8 +45,7 @@ pub struct Config {
     /// Images and video: accepted or not, and how they are counted.
     #[serde(default)]
     pub vision: VisionConfig,
-    /// The rules `vision` resolves to (its processor files read), set by [`Config::load`] and
-    /// [`Config::parse`].
+    /// The rules `vision` resolves to (its processor files read), set by [`Config::validated`].
     #[serde(skip)]
     pub vision_rules: VisionRules,
     /// The file it was read from ([`Config::load`]; `None` for text given to
@@ -112,16 +118,8 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// The sha256 of the admin token, when one is set (the config is validated).
-    pub fn admin_token_digest(&self) -> Option<[u8; 32]> {
-        match (&self.admin_token, &self.admin_token_sha256) {
-            (Some(token), _) => Some(crate::tenant::hash_key(token)),
-            (None, Some(hex_digits)) => crate::tenant::parse_sha256_hex(hex_digits),
-            (None, None) => None,
-        }
-    }
-
-    fn validate(&self) -> anyhow::Result<()> {
+    /// Checks the section; the sha256 of the admin token, when one is set.
+    fn check(&self) -> anyhow::Result<Option<[u8; 32]>> {
         if self.listen == self.admin_listen && self.listen.port() != 0 {
             bail!("server.admin_listen must differ from server.listen");
         }
@@ -136,14 +134,16 @@ impl ServerConfig {
             (Some(token), None) if token.is_empty() => {
                 bail!("server.admin_token must not be empty")
             }
-            (None, Some(h)) if crate::tenant::parse_sha256_hex(h).is_none() => {
-                bail!("server.admin_token_sha256: `{h}` is not 64 hex digits")
-            }
+            (Some(token), None) => Ok(Some(hash_key(token))),
+            (None, Some(h)) => match parse_sha256_hex(h) {
+                Some(digest) => Ok(Some(digest)),
+                None => bail!("server.admin_token_sha256: `{h}` is not 64 hex digits"),
+            },
             (None, None) if !self.admin_listen.ip().is_loopback() => bail!(
                 "server.admin_listen {} is not a loopback address: set server.admin_token (or admin_token_sha256), or anyone who reaches it can read every tenant's budget and the metrics",
                 self.admin_listen
             ),
-            _ => Ok(()),
+            (None, None) => Ok(None),
         }
     }
 }
@@ -451,37 +451,102 @@ fn default_burst_seconds() -> f64 {
     10.0
 }
 
+/// A [`Config`] that passed every check, with what the checks parsed. Only [`Config::load`],
+/// [`Config::parse`] and [`Config::validated`] make one; it reads as the `Config` it holds but
+/// cannot be changed (change [`ValidConfig::into_inner`] and validate it again).
+#[derive(Debug, Clone)]
+pub struct ValidConfig {
+    config: Config,
+    backend_bases: Vec<BackendBase>,
+    key_digests: Vec<Vec<[u8; 32]>>,
+    admin_token_digest: Option<[u8; 32]>,
+}
+
+/// Where a backend is reached: the scheme (`http` or `https`) and authority of its `url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendBase {
+    /// `http`, or `https` with the backend's `tls` set.
+    pub scheme: Scheme,
+    /// `HOST:PORT`.
+    pub authority: Authority,
+}
+
+impl Deref for ValidConfig {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl ValidConfig {
+    /// The config, to be changed and validated again.
+    pub fn into_inner(self) -> Config {
+        self.config
+    }
+
+    /// The backends in config order, each with its parsed address.
+    pub fn backends_with_base(&self) -> impl Iterator<Item = (&BackendConfig, &BackendBase)> {
+        self.config.backends.iter().zip(&self.backend_bases)
+    }
+
+    /// The tenants in config order, each with the digests of all its keys (`api_keys` hashed,
+    /// then `api_key_sha256` parsed).
+    pub fn tenants_with_keys(&self) -> impl Iterator<Item = (&TenantConfig, &[[u8; 32]])> {
+        self.config
+            .tenants
+            .iter()
+            .zip(self.key_digests.iter().map(Vec::as_slice))
+    }
+
+    /// The sha256 of the admin token, when one is set.
+    pub fn admin_token_digest(&self) -> Option<[u8; 32]> {
+        self.admin_token_digest
+    }
+}
+
 impl Config {
     /// Reads, parses and validates a config file; relative paths become relative to its folder.
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
+    pub fn load(path: &Path) -> anyhow::Result<ValidConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config file {}", path.display()))?;
         let in_file = || format!("in config file {}", path.display());
         let mut cfg = Config::from_toml(&text).with_context(in_file)?;
         let base = path.parent().unwrap_or_else(|| Path::new("."));
         cfg.resolve_paths(base);
-        cfg.finish().with_context(in_file)?;
         cfg.file = Some(path.to_path_buf());
-        Ok(cfg)
+        cfg.finish().with_context(in_file)
     }
 
     /// Parses, sizes (capacity model) and validates config text (paths taken as written).
-    pub fn parse(text: &str) -> anyhow::Result<Config> {
-        let mut cfg = Config::from_toml(text)?;
-        cfg.finish()?;
-        Ok(cfg)
+    pub fn parse(text: &str) -> anyhow::Result<ValidConfig> {
+        Config::from_toml(text)?.finish()
     }
 
     fn from_toml(text: &str) -> anyhow::Result<Config> {
         toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))
     }
 
-    /// Sizes, validates and reads the vision processor files.
-    fn finish(&mut self) -> anyhow::Result<()> {
+    /// Sizes, then validates.
+    fn finish(mut self) -> anyhow::Result<ValidConfig> {
         self.derive_capacity()?;
-        self.validate()?;
+        self.validated()
+    }
+
+    /// Checks every cross-field rule (the message names the field) and reads the vision
+    /// processor files: the config the rest of the gateway takes. The capacity model's sizing
+    /// is not done again: a config from [`ValidConfig::into_inner`] keeps what it derived.
+    pub fn validated(mut self) -> anyhow::Result<ValidConfig> {
+        let admin_token_digest = self.server.check()?;
+        let backend_bases = self.check_model_and_backends()?;
+        let key_digests = self.check_tenants()?;
         self.vision_rules = self.vision.load()?;
-        Ok(())
+        Ok(ValidConfig {
+            config: self,
+            backend_bases,
+            key_digests,
+            admin_token_digest,
+        })
     }
 
     /// Fills in what the capacity model derives: backends' KV capacity and batch cap from
@@ -608,9 +673,8 @@ impl Config {
         }
     }
 
-    /// Checks every cross-field rule; the message names the field.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        self.server.validate()?;
+    /// Checks the sections before `[tenants]`; the backends' addresses.
+    fn check_model_and_backends(&self) -> anyhow::Result<Vec<BackendBase>> {
         if self.tokenizer.workers == 0 {
             bail!("tokenizer.workers must be at least 1");
         }
@@ -640,31 +704,35 @@ impl Config {
         if self.backends.is_empty() {
             bail!("backends: at least one backend is needed");
         }
+        let mut bases = Vec::with_capacity(self.backends.len());
         for (i, b) in self.backends.iter().enumerate() {
             let at = format!("backends[{i}]");
             let uri: http::Uri = b
                 .url
                 .parse()
                 .with_context(|| format!("{at}.url `{}` is not a URL", b.url))?;
-            match (uri.scheme_str(), &b.tls) {
-                _ if uri.authority().is_none() => {
-                    bail!(
-                        "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",
-                        b.url
-                    )
-                }
-                (Some("http"), None) => {}
-                (Some("http"), Some(_)) => {
+            let http::uri::Parts {
+                scheme, authority, ..
+            } = uri.into_parts();
+            let (Some(scheme), Some(authority)) = (scheme, authority) else {
+                bail!(
+                    "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",
+                    b.url
+                )
+            };
+            match (scheme.as_str(), &b.tls) {
+                ("http", None) => {}
+                ("http", Some(_)) => {
                     bail!(
                         "{at}.tls is set, but {at}.url `{}` is http: make it https",
                         b.url
                     )
                 }
-                (Some("https"), None) => bail!(
+                ("https", None) => bail!(
                     "{at}.url `{}` is https: {at}.tls must name at least its ca_file",
                     b.url
                 ),
-                (Some("https"), Some(tls)) => {
+                ("https", Some(tls)) => {
                     crate::proxy::tls::client_config(Some(tls))
                         .with_context(|| format!("{at}.tls"))?;
                 }
@@ -694,12 +762,19 @@ impl Config {
             if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
                 bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
             }
+            bases.push(BackendBase { scheme, authority });
         }
+        Ok(bases)
+    }
+
+    /// Checks `[[tenants]]`; the digests of each tenant's keys.
+    fn check_tenants(&self) -> anyhow::Result<Vec<Vec<[u8; 32]>>> {
         if self.tenants.is_empty() {
             bail!("tenants: at least one tenant is needed");
         }
         let mut names = std::collections::HashSet::new();
         let mut keys = std::collections::HashSet::new();
+        let mut digests = Vec::with_capacity(self.tenants.len());
         for (i, t) in self.tenants.iter().enumerate() {
             let at = format!("tenants[{i}] ({})", t.name);
             if t.name.is_empty() || !names.insert(t.name.as_str()) {
@@ -708,21 +783,25 @@ impl Config {
             if t.api_keys.is_empty() && t.api_key_sha256.is_empty() {
                 bail!("{at}: give api_keys or api_key_sha256");
             }
+            let mut own = Vec::with_capacity(t.api_keys.len() + t.api_key_sha256.len());
             for k in &t.api_keys {
                 if k.is_empty() {
                     bail!("{at}.api_keys: a key must not be empty");
                 }
-                if !keys.insert(crate::tenant::hash_key(k)) {
+                let digest = hash_key(k);
+                if !keys.insert(digest) {
                     bail!("{at}.api_keys: a key is used twice");
                 }
+                own.push(digest);
             }
             for h in &t.api_key_sha256 {
-                let Some(digest) = crate::tenant::parse_sha256_hex(h) else {
+                let Some(digest) = parse_sha256_hex(h) else {
                     bail!("{at}.api_key_sha256: `{h}` is not 64 hex digits");
                 };
                 if !keys.insert(digest) {
                     bail!("{at}.api_key_sha256: a key is used twice");
                 }
+                own.push(digest);
             }
             for (field, v) in [
                 ("prefill_tokens_per_second", t.prefill_tokens_per_second),
@@ -746,8 +825,9 @@ impl Config {
                     t.requests_per_second * t.burst_seconds
                 );
             }
+            digests.push(own);
         }
-        Ok(())
+        Ok(digests)
     }
 }
 
@@ -874,7 +954,7 @@ impl Config {
 }
 
 /// A human summary of what a config sets up (printed by `check-config` and at startup).
-pub fn describe(cfg: &Config) -> String {
+pub fn describe(cfg: &ValidConfig) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(
@@ -882,7 +962,7 @@ pub fn describe(cfg: &Config) -> String {
         "listen {} (admin {}{}); model {} (max_model_len {}, default_max_tokens {})",
         cfg.server.listen,
         cfg.server.admin_listen,
-        if cfg.server.admin_token_digest().is_some() {
+        if cfg.admin_token_digest().is_some() {
             ", token required"
         } else {
             ""
@@ -931,7 +1011,7 @@ mod tests {
     use super::*;
 
     /// A backend sized by the capacity model on `tp` 910B3s, with `extra` lines in its entry.
-    fn sized_backend(tp: u32, extra: &str) -> anyhow::Result<Config> {
+    fn sized_backend(tp: u32, extra: &str) -> anyhow::Result<ValidConfig> {
         Config::parse(&sized_text(tp, extra))
     }
 
@@ -1015,7 +1095,7 @@ requests_per_second = 1
     }
 
     /// The quickstart config with `server` lines in place of its admin_listen line.
-    fn with_admin(lines: &str) -> anyhow::Result<Config> {
+    fn with_admin(lines: &str) -> anyhow::Result<ValidConfig> {
         let text = quickstart();
         let changed = text.replace("admin_listen = \"127.0.0.1:8081\"", lines);
         assert_ne!(changed, text);
@@ -1028,20 +1108,20 @@ requests_per_second = 1
             with_admin("admin_listen = \"0.0.0.0:8081\"").unwrap_err().to_string(),
             "server.admin_listen 0.0.0.0:8081 is not a loopback address: set server.admin_token (or admin_token_sha256), or anyone who reaches it can read every tenant's budget and the metrics"
         );
-        let digest = hex::encode(crate::tenant::hash_key("s3cret"));
+        let digest = hex::encode(crate::digest::hash_key("s3cret"));
         for lines in [
             "admin_listen = \"0.0.0.0:8081\"\nadmin_token = \"s3cret\"".to_string(),
             format!("admin_listen = \"[::]:8081\"\nadmin_token_sha256 = \"{digest}\""),
         ] {
             let cfg = with_admin(&lines).unwrap();
             assert_eq!(
-                cfg.server.admin_token_digest(),
-                Some(crate::tenant::hash_key("s3cret"))
+                cfg.admin_token_digest(),
+                Some(crate::digest::hash_key("s3cret"))
             );
         }
         // Loopback (v4 or v6) needs none.
         let cfg = with_admin("admin_listen = \"[::1]:8081\"").unwrap();
-        assert_eq!(cfg.server.admin_token_digest(), None);
+        assert_eq!(cfg.admin_token_digest(), None);
     }
 
     #[test]
@@ -1055,7 +1135,7 @@ requests_per_second = 1
             err("admin_listen = \"127.0.0.1:8081\"\nadmin_token_sha256 = \"abc\""),
             "server.admin_token_sha256: `abc` is not 64 hex digits"
         );
-        let digest = hex::encode(crate::tenant::hash_key("s3cret"));
+        let digest = hex::encode(crate::digest::hash_key("s3cret"));
         assert_eq!(
             err(&format!(
                 "admin_listen = \"127.0.0.1:8081\"\nadmin_token = \"s3cret\"\nadmin_token_sha256 = \"{digest}\""

@@ -14,6 +14,7 @@ pub mod capacity;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod digest;
 pub mod error;
 pub mod healthcheck;
 pub mod layers;

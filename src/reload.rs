@@ -16,7 +16,7 @@
 //! finishes, and its reservation settles into the buckets as they are when it ends (see
 //! [`crate::limiter::BucketStore::refund`]).
 
-use crate::config::Config;
+use crate::config::{Config, ValidConfig};
 use crate::error::ApiError;
 use crate::proxy::Gateway;
 use crate::tenant::TenantDirectory;
@@ -28,14 +28,14 @@ use std::sync::{Arc, PoisonError, RwLock};
 pub struct Snapshot {
     /// The config in force (tenants, backends' sizing; its other settings are the ones the
     /// gateway started with).
-    pub config: Arc<Config>,
+    pub config: Arc<ValidConfig>,
     /// API keys -> tenants.
     pub tenants: TenantDirectory,
 }
 
 impl Snapshot {
-    fn of(config: Arc<Config>) -> Self {
-        let tenants = TenantDirectory::from_config(&config.tenants);
+    fn of(config: Arc<ValidConfig>) -> Self {
+        let tenants = TenantDirectory::from_config(&config);
         Self { config, tenants }
     }
 }
@@ -49,7 +49,7 @@ pub struct LiveConfig {
 
 impl LiveConfig {
     /// The snapshot of the config the gateway starts with.
-    pub fn new(config: Arc<Config>) -> Self {
+    pub fn new(config: Arc<ValidConfig>) -> Self {
         Self {
             current: RwLock::new(Arc::new(Snapshot::of(config))),
             reloading: tokio::sync::Mutex::new(()),

@@ -2,11 +2,11 @@
 //! compared with every stored digest in constant time, so neither the key nor which tenant
 //! nearly matched leaks through timing.
 
-use crate::config::TenantConfig;
+use crate::config::{TenantConfig, ValidConfig};
+use crate::digest::hash_key;
 use crate::error::ApiError;
 use crate::limiter::{BucketSpec, TenantLimits};
 use http::HeaderMap;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -17,18 +17,6 @@ pub struct Tenant {
     pub name: String,
     /// Its three buckets.
     pub limits: TenantLimits,
-}
-
-/// sha256 of an API key (or of the admin token).
-pub fn hash_key(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
-}
-
-/// A sha256 digest written as 64 hex digits, as config files store keys; `None` otherwise.
-pub fn parse_sha256_hex(hex_digits: &str) -> Option<[u8; 32]> {
-    let mut digest = [0u8; 32];
-    hex::decode_to_slice(hex_digits, &mut digest).ok()?;
-    Some(digest)
 }
 
 /// What a bearer credential is called in a refusal, and which 401 refuses it.
@@ -86,22 +74,16 @@ pub struct TenantDirectory {
 }
 
 impl TenantDirectory {
-    /// Builds the directory from validated config (digests in config are 64 hex digits).
-    pub fn from_config(configs: &[TenantConfig]) -> Self {
-        let mut tenants = Vec::with_capacity(configs.len());
+    /// Builds the directory of a config's tenants.
+    pub fn from_config(config: &ValidConfig) -> Self {
+        let mut tenants = Vec::with_capacity(config.tenants.len());
         let mut keys = Vec::new();
-        for (i, t) in configs.iter().enumerate() {
+        for (i, (t, digests)) in config.tenants_with_keys().enumerate() {
             tenants.push(Arc::new(Tenant {
                 name: t.name.clone(),
                 limits: limits_of(t),
             }));
-            keys.extend(t.api_keys.iter().map(|k| (hash_key(k), i)));
-            keys.extend(
-                t.api_key_sha256
-                    .iter()
-                    .filter_map(|h| parse_sha256_hex(h))
-                    .map(|digest| (digest, i)),
-            );
+            keys.extend(digests.iter().map(|&digest| (digest, i)));
         }
         Self { tenants, keys }
     }
@@ -151,6 +133,7 @@ pub fn limits_of(t: &TenantConfig) -> TenantLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     fn tenant(name: &str, keys: &[&str], hashed: &[&str]) -> TenantConfig {
         TenantConfig {
@@ -177,10 +160,13 @@ mod tests {
     #[test]
     fn maps_clear_and_hashed_keys() {
         let bob_hash = hex::encode(hash_key("sk-bob"));
-        let dir = TenantDirectory::from_config(&[
+        let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quickstart.toml");
+        let mut cfg = Config::load(quickstart.as_ref()).unwrap().into_inner();
+        cfg.tenants = vec![
             tenant("alice", &["sk-alice"], &[]),
             tenant("bob", &[], &[&bob_hash]),
-        ]);
+        ];
+        let dir = TenantDirectory::from_config(&cfg.validated().unwrap());
         assert_eq!(dir.authenticate(&bearer("sk-alice")).unwrap().name, "alice");
         assert_eq!(dir.authenticate(&bearer("sk-bob")).unwrap().name, "bob");
         let e = dir.authenticate(&bearer("sk-carol")).unwrap_err();

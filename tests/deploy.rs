@@ -15,8 +15,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
 use tokengate::config::{Config, ServerConfig};
+use tokengate::digest::hash_key;
 use tokengate::error::ApiError;
-use tokengate::tenant::hash_key;
 
 const TOKEN: &str = "admin-s3cret";
 
@@ -102,7 +102,7 @@ async fn admin_api_needs_the_token_and_probes_stay_open() {
 async fn the_token_can_be_stored_as_its_sha256() {
     let backend = FakeBackend::start(FakeSpec::default()).await;
     let mut cfg = config(&[backend.addr]);
-    cfg.server.admin_token_sha256 = Some(hex::encode(tokengate::tenant::hash_key(TOKEN)));
+    cfg.server.admin_token_sha256 = Some(hex::encode(hash_key(TOKEN)));
     let gw = TestGateway::start(cfg).await;
     let r = admin_request(
         &gw,
@@ -504,7 +504,7 @@ fn kubernetes_manifests_agree_with_their_config() {
     assert_eq!(deployment["spec"]["replicas"], 1);
     // The scraper's token is the one the config holds the digest of.
     assert_eq!(
-        cfg.server.admin_token_digest(),
+        cfg.admin_token_digest(),
         Some(hash_key(str_at(&secret, "/stringData/admin-token")))
     );
     assert_eq!(cfg.tokenizer.path, Path::new(IMAGE_TOKENIZER));
@@ -530,10 +530,7 @@ fn compose_and_image_agree_with_their_config() {
     let cfg = Config::load(&repo("deploy/compose/tokengate.toml")).unwrap();
     let token = read("deploy/compose/admin-token");
     // Prometheus trims the credentials file.
-    assert_eq!(
-        cfg.server.admin_token_digest(),
-        Some(hash_key(token.trim()))
-    );
+    assert_eq!(cfg.admin_token_digest(), Some(hash_key(token.trim())));
     assert_eq!(cfg.tokenizer.path, Path::new(IMAGE_TOKENIZER));
     assert_eq!(cfg.backends[0].url, "http://sim:9000");
 

@@ -1432,7 +1432,7 @@ requests_per_second = 2
         backend.addr
     );
     let cfg = tokengate::config::Config::parse(&text).unwrap();
-    let gw = TestGateway::start(cfg).await;
+    let gw = TestGateway::start(cfg.into_inner()).await;
     let b = &gw.admin("/admin/backends").await["backends"][0];
     // 2 x 64e9 B HBM - 54e9 B weights - 2 x 2e9 B reserve; 45 RAG 3000/800 sequences keep the
     // predicted step within the 50 ms TPOT SLO (docs/capacity.md).
@@ -1566,8 +1566,7 @@ async fn images_that_cannot_be_counted_are_refused_and_change_nothing() {
     assert!(backend.seen.lock().unwrap().is_empty());
 
     // A text-only deployment refuses images and video outright.
-    let (gw, backend) =
-        gateway_with(FakeSpec::default(), |cfg| cfg.vision_rules.enabled = false).await;
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| cfg.vision.enabled = false).await;
     let url = format!("data:image/png;base64,{}", png_1024_base64());
     let r = gw.chat("sk-alice", &image_chat(&url, 5)).await;
     assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"));

@@ -28,7 +28,7 @@ impl FromFile {
         let file = dir.0.join("tokengate.toml");
         let text = text.unwrap_or_else(|| config_text(&[backend.addr]));
         std::fs::write(&file, &text).unwrap();
-        let gw = TestGateway::start(Config::load(&file).unwrap()).await;
+        let gw = TestGateway::start(Config::load(&file).unwrap().into_inner()).await;
         FromFile {
             gw,
             file,

@@ -21,7 +21,7 @@ pub mod upstream;
 
 use crate::admission::Admission;
 use crate::api::Wire;
-use crate::config::Config;
+use crate::config::ValidConfig;
 use crate::error::ApiError;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -66,11 +66,11 @@ pub fn error_response_in(e: &ApiError, wire: Wire) -> Response<GatewayBody> {
         .map(|b| b.boxed_unsync())
 }
 
-/// Everything the request path needs, built once from a validated [`Config`].
+/// Everything the request path needs, built once from a [`ValidConfig`].
 pub struct Gateway {
     /// The configuration it was started with. Its restart-only settings (all but the tenants
     /// and the backends' sizing) stay in force; a reload never changes them.
-    pub config: Arc<Config>,
+    pub config: Arc<ValidConfig>,
     /// The tenants and the backends' sizing in force, swapped whole by a reload.
     pub live: LiveConfig,
     /// Per-tenant buckets.

@@ -14,7 +14,7 @@
 
 use super::bounded::{read_bounded, ReadError};
 use super::REQUEST_ID;
-use crate::config::BackendConfig;
+use crate::config::{BackendBase, BackendConfig};
 use crate::error::{ApiError, UpstreamFailure};
 use bytes::Bytes;
 use http::{
@@ -39,7 +39,7 @@ const ERROR_MESSAGE_CHARS: usize = 1_000;
 pub struct Upstream {
     /// Base URL (`http://host:port` or `https://host:port`), as configured.
     pub url: String,
-    base: Uri,
+    base: BackendBase,
     first_byte_timeout: Duration,
     stream_idle_timeout: Duration,
     body_read_timeout: Duration,
@@ -98,7 +98,7 @@ impl Health {
 impl Upstream {
     /// A backend with its own connection pool, speaking TLS when its URL is `https` (fails
     /// only when its `tls` files cannot be read).
-    pub fn new(cfg: &BackendConfig) -> anyhow::Result<Self> {
+    pub fn new(cfg: &BackendConfig, base: &BackendBase) -> anyhow::Result<Self> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
@@ -114,10 +114,7 @@ impl Upstream {
             .build(connector);
         Ok(Self {
             url: cfg.url.trim_end_matches('/').to_string(),
-            base: cfg
-                .url
-                .parse()
-                .expect("backend URLs are validated with the config"),
+            base: base.clone(),
             first_byte_timeout: cfg.first_byte_timeout,
             stream_idle_timeout: cfg.stream_idle_timeout,
             body_read_timeout: cfg.body_read_timeout,
@@ -130,11 +127,9 @@ impl Upstream {
     }
 
     fn uri(&self, path: &str) -> Uri {
-        let authority = self.base.authority().expect("validated").clone();
-        let scheme = self.base.scheme().expect("validated").clone();
         Uri::builder()
-            .scheme(scheme)
-            .authority(authority)
+            .scheme(self.base.scheme.clone())
+            .authority(self.base.authority.clone())
             .path_and_query(path)
             .build()
             .expect("a path from a fixed set is a valid URI")
@@ -173,7 +168,7 @@ impl Upstream {
         }
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .expect("a request from validated parts builds");
+            .expect("a request of a built URI and typed headers builds");
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => Err(SendError::TimedOut),
             Ok(Err(e)) => {

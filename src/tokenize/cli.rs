@@ -74,7 +74,7 @@ pub struct TokenizeArgs {
 pub fn run_tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
     let (path, template_path) = match &args.config {
         Some(file) => {
-            let cfg = crate::config::Config::load(file)?;
+            let cfg = crate::config::Config::load(file)?.into_inner();
             let template = args.chat_template.clone().or(cfg.tokenizer.chat_template);
             (cfg.tokenizer.path, template)
         }

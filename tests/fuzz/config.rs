@@ -12,7 +12,7 @@
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use tokengate::capacity::HardwareProfile;
-use tokengate::config::{describe, Config};
+use tokengate::config::{describe, Config, ValidConfig};
 use tokengate::tenant::TenantDirectory;
 use toml::{Table, Value};
 
@@ -179,7 +179,7 @@ fn tenant(i: usize, may_share: bool) -> impl Strategy<Value = Table> {
         t.insert("name".into(), format!("tenant-{i}").into());
         let key = format!("sk-{i}");
         if hashed {
-            let digest = tokengate::tenant::hash_key(&key);
+            let digest = tokengate::digest::hash_key(&key);
             let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
             t.insert("api_key_sha256".into(), vec![hex].into());
         } else {
@@ -541,8 +541,9 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 /// What holds for every accepted config, whatever its text.
-fn check_accepted(cfg: &Config) -> Result<(), TestCaseError> {
-    prop_assert!(cfg.validate().is_ok(), "{:?}", cfg.validate());
+fn check_accepted(cfg: &ValidConfig) -> Result<(), TestCaseError> {
+    let again = cfg.clone().into_inner().validated();
+    prop_assert!(again.is_ok(), "{:?}", again);
     for b in &cfg.backends {
         prop_assert!(b.kv_capacity_bytes > 0 && b.max_batch > 0, "{b:?}");
     }
@@ -561,7 +562,7 @@ fn check_accepted(cfg: &Config) -> Result<(), TestCaseError> {
 
 /// What holds for an accepted config generated as `table`: figures given by hand are kept and
 /// every key authenticates its tenant.
-fn check_as_given(cfg: &Config, table: &Table) -> Result<(), TestCaseError> {
+fn check_as_given(cfg: &ValidConfig, table: &Table) -> Result<(), TestCaseError> {
     let backends = table["backends"].as_array().unwrap();
     prop_assert_eq!(cfg.backends.len(), backends.len());
     for (b, t) in cfg.backends.iter().zip(backends) {
@@ -576,7 +577,7 @@ fn check_as_given(cfg: &Config, table: &Table) -> Result<(), TestCaseError> {
     }
     let tenants = table["tenants"].as_array().unwrap();
     prop_assert_eq!(cfg.tenants.len(), tenants.len());
-    let directory = TenantDirectory::from_config(&cfg.tenants);
+    let directory = TenantDirectory::from_config(cfg);
     for (i, (c, t)) in cfg.tenants.iter().zip(tenants).enumerate() {
         prop_assert_eq!(&c.name, t["name"].as_str().unwrap());
         if let Some(rate) = t.get("prefill_tokens_per_second") {

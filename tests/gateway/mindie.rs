@@ -402,7 +402,7 @@ async fn mindie_client_disconnect_mid_stream_frees_kv_and_refunds_the_rest() {
 #[tokio::test]
 async fn mindie_example_config_serves_mindie_as_its_docs_lay_it_out() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/mindie.toml");
-    let mut cfg = tokengate::config::Config::load(&path).unwrap();
+    let mut cfg = tokengate::config::Config::load(&path).unwrap().into_inner();
     // MindIE's business plane as documented: plain HTTP at ipAddress:port, 127.0.0.1:1025.
     assert_eq!(cfg.backends[0].url, "http://127.0.0.1:1025");
     // A stand-in speaking MindIE's business-plane API under the config's model name, on a port
@@ -543,7 +543,6 @@ async fn mindie_over_https_with_two_way_tls_as_its_default_config_serves() {
         cert_file: Some(tls_fixture("client.pem")),
         key_file: Some(tls_fixture("client.key")),
     });
-    cfg.validate().unwrap();
     let gw = TestGateway::start(cfg.clone()).await;
     let ready = gw.admin("/readyz").await;
     assert_eq!(ready["backends"][0]["state"], "ready", "{ready}");
@@ -580,7 +579,7 @@ async fn mindie_tls_settings_are_checked_with_the_field_named() {
         let mut cfg = config(&["127.0.0.1:1".parse().unwrap()]);
         cfg.backends[0].url = url.to_string();
         cfg.backends[0].tls = tls;
-        format!("{:#}", cfg.validate().unwrap_err())
+        format!("{:#}", cfg.validated().unwrap_err())
     };
     assert_eq!(
         refused("https://127.0.0.1:1025", None),

@@ -404,7 +404,7 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
 
 /// A gateway config for tests: both listeners on port 0, generous limits unless changed.
 pub fn config(backends: &[SocketAddr]) -> Config {
-    Config::parse(&config_text(backends)).unwrap()
+    Config::parse(&config_text(backends)).unwrap().into_inner()
 }
 
 /// The text of [`config`] (for tests that write it to a file and edit it).
@@ -479,11 +479,11 @@ pub struct TestGateway {
 }
 
 impl TestGateway {
-    /// Starts a gateway for `config`.
+    /// Starts a gateway for `config` (validated here).
     pub async fn start(config: Config) -> TestGateway {
         let clock = ManualClock::new();
         let running = app::start(
-            config,
+            config.validated().unwrap(),
             Deps {
                 clock: Arc::new(clock.clone()),
                 tokenizer: Some(tokenizer()),
