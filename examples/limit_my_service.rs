@@ -60,9 +60,9 @@ fn my_costing(mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
         requests: 1,
     };
     req.extensions_mut().insert(cost);
-    req.extensions_mut().insert(Arc::new(Tenant {
-        name: "acme".to_string(),
-        limits: TenantLimits {
+    req.extensions_mut().insert(Arc::new(Tenant::new(
+        "acme",
+        TenantLimits {
             // 1,000 prompt tokens/s, 100 output tokens/s, 5 requests/s; 10 s of burst.
             prefill: BucketSpec {
                 rate_per_second: 1000.0,
@@ -77,7 +77,7 @@ fn my_costing(mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
                 burst_seconds: 10.0,
             },
         },
-    }));
+    )));
     req
 }
 

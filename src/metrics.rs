@@ -6,13 +6,15 @@ use crate::tokenize::cache::CacheStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
 
 /// `{tenant}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabel {
     /// Tenant name.
     pub tenant: String,
@@ -426,6 +428,130 @@ pub fn tenant(name: &str) -> TenantLabel {
     }
 }
 
+/// One tenant's series of the per-tenant metrics, each found in its family the first time it
+/// is recorded and kept from then on, so the request path records without building label
+/// strings or looking up a family. A series appears in the exposition when it is first
+/// recorded, as it would with `get_or_create` at each request. Resolved against the first
+/// [`Metrics`] passed in: one tenant value serves one gateway (each builds its own tenants).
+#[derive(Clone, Default)]
+pub struct TenantMetrics {
+    label: TenantLabel,
+    requests_ok: OnceLock<Counter>,
+    prefill_tokens: OnceLock<Counter>,
+    decode_tokens: OnceLock<Counter>,
+    decode_tokens_reserved: OnceLock<Counter>,
+    decode_tokens_refunded: OnceLock<Counter>,
+    ttft: OnceLock<Histogram>,
+    tpot: OnceLock<Histogram>,
+    queue_wait: OnceLock<Histogram>,
+    prompt_tokens: OnceLock<Histogram>,
+    output_tokens: OnceLock<Histogram>,
+    inflight: OnceLock<Gauge>,
+}
+
+impl std::fmt::Debug for TenantMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantMetrics")
+            .field("tenant", &self.label.tenant)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The series of `family` for `label`, from `cell` once it was looked up.
+fn series<'a, M: Clone, C: MetricConstructor<M>>(
+    cell: &'a OnceLock<M>,
+    family: &Family<TenantLabel, M, C>,
+    label: &TenantLabel,
+) -> &'a M {
+    cell.get_or_init(|| family.get_or_create(label).clone())
+}
+
+impl TenantMetrics {
+    /// The (not yet looked up) series of tenant `name`.
+    pub fn new(name: &str) -> Self {
+        Self {
+            label: tenant(name),
+            ..Self::default()
+        }
+    }
+
+    /// Counts a finished request ([`Metrics::outcome`]); `ok`, the common one, from its kept
+    /// series.
+    pub fn outcome(&self, m: &Metrics, outcome: Outcome) {
+        if outcome == Outcome::Ok {
+            let ok = self.requests_ok.get_or_init(|| {
+                m.requests
+                    .get_or_create(&OutcomeLabels {
+                        tenant: self.label.tenant.clone(),
+                        outcome: outcome.as_str().to_string(),
+                    })
+                    .clone()
+            });
+            ok.inc();
+        } else {
+            m.outcome(&self.label.tenant, outcome);
+        }
+    }
+
+    /// `prefill_tokens_total`.
+    pub fn prefill_tokens(&self, m: &Metrics) -> &Counter {
+        series(&self.prefill_tokens, &m.prefill_tokens, &self.label)
+    }
+
+    /// `decode_tokens_total`.
+    pub fn decode_tokens(&self, m: &Metrics) -> &Counter {
+        series(&self.decode_tokens, &m.decode_tokens, &self.label)
+    }
+
+    /// `decode_tokens_reserved_total`.
+    pub fn decode_tokens_reserved(&self, m: &Metrics) -> &Counter {
+        series(
+            &self.decode_tokens_reserved,
+            &m.decode_tokens_reserved,
+            &self.label,
+        )
+    }
+
+    /// `decode_tokens_refunded_total`.
+    pub fn decode_tokens_refunded(&self, m: &Metrics) -> &Counter {
+        series(
+            &self.decode_tokens_refunded,
+            &m.decode_tokens_refunded,
+            &self.label,
+        )
+    }
+
+    /// `ttft_seconds`.
+    pub fn ttft(&self, m: &Metrics) -> &Histogram {
+        series(&self.ttft, &m.ttft, &self.label)
+    }
+
+    /// `tpot_seconds`.
+    pub fn tpot(&self, m: &Metrics) -> &Histogram {
+        series(&self.tpot, &m.tpot, &self.label)
+    }
+
+    /// `queue_wait_seconds`.
+    pub fn queue_wait(&self, m: &Metrics) -> &Histogram {
+        series(&self.queue_wait, &m.queue_wait, &self.label)
+    }
+
+    /// `prompt_tokens`.
+    pub fn prompt_tokens(&self, m: &Metrics) -> &Histogram {
+        series(&self.prompt_tokens, &m.prompt_tokens, &self.label)
+    }
+
+    /// `output_tokens`.
+    pub fn output_tokens(&self, m: &Metrics) -> &Histogram {
+        series(&self.output_tokens, &m.output_tokens, &self.label)
+    }
+
+    /// `inflight_requests`.
+    pub fn inflight(&self, m: &Metrics) -> &Gauge {
+        series(&self.inflight, &m.inflight, &self.label)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +580,30 @@ mod tests {
         assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 0"));
         assert!(text.contains("tokengate_config_reloads_total{result=\"error\"} 0"));
         assert!(text.contains("tokengate_config_last_reload_successful 0"));
+    }
+
+    #[test]
+    fn tenant_series_are_the_families_series() {
+        let m = Metrics::new();
+        let alice = TenantMetrics::new("alice");
+        assert!(!m.encode().contains("alice"), "nothing recorded yet");
+        alice.prefill_tokens(&m).inc_by(5);
+        alice.prefill_tokens(&m).inc_by(2);
+        m.prefill_tokens.get_or_create(&tenant("alice")).inc();
+        alice.outcome(&m, Outcome::Ok);
+        alice.outcome(&m, Outcome::Ok);
+        alice.outcome(&m, Outcome::Failed("rate_limit_exceeded"));
+        alice.inflight(&m).inc();
+        alice.output_tokens(&m).observe(20.0);
+        let text = m.encode();
+        assert!(text.contains("tokengate_prefill_tokens_total{tenant=\"alice\"} 8"));
+        assert!(text.contains("tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"} 2"));
+        assert!(text.contains(
+            "tokengate_requests_total{tenant=\"alice\",outcome=\"rate_limit_exceeded\"} 1"
+        ));
+        assert!(text.contains("tokengate_inflight_requests{tenant=\"alice\"} 1"));
+        assert!(text.contains("tokengate_output_tokens_count{tenant=\"alice\"} 1"));
+        assert!(!text.contains("tokengate_ttft_seconds_count{tenant=\"alice\"}"));
     }
 
     #[test]

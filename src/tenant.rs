@@ -1,22 +1,41 @@
-//! API key -> tenant. Keys are kept only as sha256 digests; a presented key is hashed and
-//! compared with every stored digest in constant time, so neither the key nor which tenant
-//! nearly matched leaks through timing.
+//! API key -> tenant. Keys are kept only as sha256 digests, found by their first 8 bytes in a
+//! hash map (constant time in the number of keys) and confirmed by comparing the whole digest in
+//! constant time. What timing could tell is only whether some stored digest starts like the
+//! presented key's: steering that takes a sha256 preimage, so neither a key nor which tenant
+//! nearly matched leaks.
 
 use crate::config::{TenantConfig, ValidConfig};
 use crate::digest::hash_key;
 use crate::error::ApiError;
 use crate::limiter::{BucketSpec, TenantLimits};
+use crate::metrics::TenantMetrics;
 use http::HeaderMap;
+use rustc_hash::FxHashMap;
+use std::collections::HashMap;
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-/// A tenant: its name and its buckets' sizes.
-#[derive(Debug, Clone, PartialEq)]
+/// A tenant: its name, its buckets' sizes and its metric series.
+#[derive(Debug, Clone)]
 pub struct Tenant {
     /// Name used in metrics, logs and the admin API.
     pub name: String,
     /// Its three buckets.
     pub limits: TenantLimits,
+    /// Its series of the per-tenant metrics, looked up once.
+    pub metrics: TenantMetrics,
+}
+
+impl Tenant {
+    /// The tenant called `name` with `limits`.
+    pub fn new(name: impl Into<String>, limits: TenantLimits) -> Self {
+        let name = name.into();
+        Self {
+            metrics: TenantMetrics::new(&name),
+            name,
+            limits,
+        }
+    }
 }
 
 /// What a bearer credential is called in a refusal, and which 401 refuses it.
@@ -66,26 +85,42 @@ pub fn bearer<'h>(headers: &'h HeaderMap, kind: &BearerKind) -> Result<&'h str, 
         })
 }
 
-/// Every tenant and the digests of its keys.
+/// The first 8 bytes of a digest: the key of [`TenantDirectory`]'s map.
+fn prefix(digest: &[u8; 32]) -> u64 {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// Every tenant, by name and by the digests of its keys.
 #[derive(Debug)]
 pub struct TenantDirectory {
     tenants: Vec<Arc<Tenant>>,
-    keys: Vec<([u8; 32], usize)>,
+    by_name: HashMap<String, usize>,
+    /// Digests (with their tenant's index) by their first 8 bytes; sha256 output is uniform,
+    /// so a list holds more than one digest only by a 2^-64 chance.
+    keys: FxHashMap<u64, Vec<([u8; 32], usize)>>,
 }
 
 impl TenantDirectory {
     /// Builds the directory of a config's tenants.
     pub fn from_config(config: &ValidConfig) -> Self {
         let mut tenants = Vec::with_capacity(config.tenants.len());
-        let mut keys = Vec::new();
+        let mut keys: FxHashMap<u64, Vec<([u8; 32], usize)>> = FxHashMap::default();
         for (i, (t, digests)) in config.tenants_with_keys().enumerate() {
-            tenants.push(Arc::new(Tenant {
-                name: t.name.clone(),
-                limits: limits_of(t),
-            }));
-            keys.extend(digests.iter().map(|&digest| (digest, i)));
+            tenants.push(Arc::new(Tenant::new(t.name.clone(), limits_of(t))));
+            for &digest in digests {
+                keys.entry(prefix(&digest)).or_default().push((digest, i));
+            }
         }
-        Self { tenants, keys }
+        let by_name = (tenants.iter().enumerate())
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Self {
+            tenants,
+            by_name,
+            keys,
+        }
     }
 
     /// All tenants, in config order.
@@ -95,17 +130,17 @@ impl TenantDirectory {
 
     /// The tenant called `name`, if there is one.
     pub fn named(&self, name: &str) -> Option<&Arc<Tenant>> {
-        self.tenants.iter().find(|t| t.name == name)
+        self.by_name.get(name).map(|&i| &self.tenants[i])
     }
 
     /// The tenant whose key is in `Authorization: Bearer KEY`, or 401.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
         let key = bearer(headers, &API_KEY)?;
         let digest = hash_key(key);
-        // Visit every stored digest whatever matches, so the time taken does not depend on
-        // which one (if any) matched.
+        // The candidates share the digest's first 8 bytes; each is compared whole in constant
+        // time, all of them whatever matches.
         let mut found = usize::MAX;
-        for (stored, idx) in &self.keys {
+        for (stored, idx) in self.keys.get(&prefix(&digest)).into_iter().flatten() {
             if bool::from(stored.ct_eq(&digest)) {
                 found = *idx;
             }
@@ -173,6 +208,31 @@ mod tests {
         assert_eq!((e.status.as_u16(), e.code), (401, "invalid_api_key"));
         let e = dir.authenticate(&HeaderMap::new()).unwrap_err();
         assert_eq!((e.status.as_u16(), e.code), (401, "invalid_api_key"));
+    }
+
+    #[test]
+    fn finds_each_of_many_tenants_by_key_and_name() {
+        let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quickstart.toml");
+        let mut cfg = Config::load(quickstart.as_ref()).unwrap().into_inner();
+        cfg.tenants = (0..1000)
+            .map(|i| {
+                let clear = format!("sk-{i}");
+                let hashed = hex::encode(hash_key(&format!("sk-hashed-{i}")));
+                tenant(&format!("t{i}"), &[&clear], &[&hashed])
+            })
+            .collect();
+        let dir = TenantDirectory::from_config(&cfg.validated().unwrap());
+        for i in [0, 1, 499, 999] {
+            let name = format!("t{i}");
+            let clear = bearer(&format!("sk-{i}"));
+            assert_eq!(dir.authenticate(&clear).unwrap().name, name);
+            let hashed = bearer(&format!("sk-hashed-{i}"));
+            assert_eq!(dir.authenticate(&hashed).unwrap().name, name);
+            assert_eq!(dir.named(&name).unwrap().name, name);
+        }
+        assert!(dir.authenticate(&bearer("sk-1000")).is_err());
+        assert!(dir.named("t1000").is_none());
+        assert_eq!(dir.tenants().len(), 1000);
     }
 
     #[test]

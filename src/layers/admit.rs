@@ -9,7 +9,7 @@ use crate::admission::Admission;
 use crate::capacity::sequence_footprint_bytes;
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::Cost;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
 use http::Request;
@@ -117,11 +117,9 @@ where
                 .admit(&tenant.name, shared.geometry.footprint_bytes(tokens))
                 .await;
             let metrics = shared.metrics.as_deref();
-            let label = metrics.map(|_| metrics::tenant(&tenant.name));
-            if let (Some(m), Some(label)) = (metrics, &label) {
-                m.queue_wait
-                    .get_or_create(label)
-                    .observe(started.elapsed().as_secs_f64());
+            let t = &tenant.metrics;
+            if let Some(m) = metrics {
+                (t.queue_wait(m)).observe(started.elapsed().as_secs_f64());
             }
             let lease = admitted.map_err(|error| NotAdmitted {
                 error,
@@ -131,14 +129,10 @@ where
             if slot.with(|ticket| ticket.admit(lease)).is_none() {
                 return Err(ApiError::missing_extension("Ticket"));
             }
-            if let (Some(m), Some(label)) = (metrics, &label) {
-                m.prefill_tokens.get_or_create(label).inc_by(cost.prefill);
-                m.decode_tokens_reserved
-                    .get_or_create(label)
-                    .inc_by(cost.decode);
-                m.prompt_tokens
-                    .get_or_create(label)
-                    .observe(cost.prefill as f64);
+            if let Some(m) = metrics {
+                t.prefill_tokens(m).inc_by(cost.prefill);
+                t.decode_tokens_reserved(m).inc_by(cost.decode);
+                t.prompt_tokens(m).observe(cost.prefill as f64);
             }
             inner.call(req).await.map_err(Into::into)
         })
@@ -215,7 +209,7 @@ mod tests {
             .to_bytes();
         assert_eq!(body, "300");
         assert_eq!(reserved(&admission), 0);
-        let label = metrics::tenant("a");
+        let label = crate::metrics::tenant("a");
         assert_eq!(metrics.prefill_tokens.get_or_create(&label).get(), 200);
         assert_eq!(
             metrics.decode_tokens_reserved.get_or_create(&label).get(),

@@ -63,10 +63,7 @@ pub(crate) mod testing {
 
     /// Tenant `a`: prefill 1,000, decode 100 and 5 requests of burst.
     pub fn tenant() -> Arc<Tenant> {
-        Arc::new(Tenant {
-            name: "a".to_string(),
-            limits: limits(),
-        })
+        Arc::new(Tenant::new("a", limits()))
     }
 
     /// `prefill` prompt tokens, `decode` output tokens, one request.

@@ -3,9 +3,9 @@
 //! [`BucketStore`] trait, which is why charging and snapshots return futures.
 
 use super::bucket::{Cost, Denial, TenantLimits, TenantSnapshot, TenantState};
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
 use futures_util::future::{self, BoxFuture};
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
 /// Storage of tenants' buckets. Limits are passed on every call, so a config reload applies at
@@ -53,25 +53,19 @@ pub trait BucketStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, TenantSnapshot>;
 }
 
-/// In-memory store for a single gateway. The lock is held only for the pure decision.
+/// In-memory store for a single gateway: a concurrent map cut into shards, each behind its
+/// own lock, so requests of different tenants seldom wait for each other (`benches/limiter.rs`
+/// compares it with one lock over all tenants). A shard's lock is held only for the pure
+/// decision on one tenant's state.
 #[derive(Debug, Default)]
 pub struct LocalStore {
-    tenants: Mutex<HashMap<String, TenantState>>,
+    tenants: DashMap<String, TenantState, foldhash::fast::RandomState>,
 }
 
 impl LocalStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    fn tenants(&self) -> MutexGuard<'_, HashMap<String, TenantState>> {
-        // The critical sections are pure arithmetic that cannot leave a state half-written, so
-        // a poisoned lock (a panic elsewhere on that thread) still guards consistent data; going
-        // on beats turning every later request (and every Drop) into a panic.
-        self.tenants
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The synchronous charge behind [`BucketStore::charge`].
@@ -85,15 +79,19 @@ impl LocalStore {
         cost: Cost,
         now: Instant,
     ) -> Result<TenantSnapshot, Denial> {
-        let mut tenants = self.tenants();
-        match tenants.get_mut(tenant) {
-            Some(state) => state.charge(limits, cost, now),
-            None => {
+        if let Some(mut state) = self.tenants.get_mut(tenant) {
+            return state.charge(limits, cost, now);
+        }
+        // A tenant's first charge (or first since it was forgotten): another request may have
+        // stored it since the look-up above, and then that state is charged.
+        match self.tenants.entry(tenant.to_string()) {
+            Entry::Occupied(mut stored) => stored.get_mut().charge(limits, cost, now),
+            Entry::Vacant(slot) => {
                 let mut state = TenantState::full(limits, now);
                 let result = state.charge(limits, cost, now);
                 // A denied newcomer is still full: no need to remember it.
                 if result.is_ok() {
-                    tenants.insert(tenant.to_string(), state);
+                    slot.insert(state);
                 }
                 result
             }
@@ -109,7 +107,7 @@ impl LocalStore {
         cost: Cost,
         now: Instant,
     ) -> Result<TenantSnapshot, Denial> {
-        match self.tenants().get(tenant) {
+        match self.tenants.get(tenant) {
             Some(state) => state.check(limits, cost, now),
             None => TenantState::full(limits, now).check(limits, cost, now),
         }
@@ -122,7 +120,7 @@ impl LocalStore {
         limits: &TenantLimits,
         now: Instant,
     ) -> TenantSnapshot {
-        match self.tenants().get(tenant) {
+        match self.tenants.get(tenant) {
             Some(state) => state.snapshot(limits, now),
             None => TenantState::full(limits, now).snapshot(limits, now),
         }
@@ -152,19 +150,19 @@ impl BucketStore for LocalStore {
 
     fn refund(&self, tenant: &str, cost: Cost) {
         // An unknown tenant is full already: a refund to it would be capped away.
-        if let Some(state) = self.tenants().get_mut(tenant) {
+        if let Some(mut state) = self.tenants.get_mut(tenant) {
             state.refund(cost);
         }
     }
 
     fn rebase(&self, tenant: &str, limits: &TenantLimits, now: Instant) {
-        if let Some(state) = self.tenants().get_mut(tenant) {
+        if let Some(mut state) = self.tenants.get_mut(tenant) {
             state.rebase(limits, now);
         }
     }
 
     fn forget(&self, tenant: &str) {
-        self.tenants().remove(tenant);
+        self.tenants.remove(tenant);
     }
 
     fn snapshot<'a>(
@@ -207,7 +205,7 @@ mod tests {
             100.0
         );
         assert!(store.charge_now("new", &limits(), decode(101), t0).is_err());
-        assert!(store.tenants().is_empty());
+        assert!(store.tenants.is_empty());
     }
 
     #[test]
@@ -221,7 +219,7 @@ mod tests {
         let snap = store.snapshot_now("a", &limits(), t0 + Duration::from_secs(1));
         assert_eq!(snap.decode.available, 35.0);
         store.refund("ghost", decode(25));
-        assert_eq!(store.tenants().len(), 1);
+        assert_eq!(store.tenants.len(), 1);
     }
 
     #[test]
@@ -233,10 +231,55 @@ mod tests {
             .expect("full");
         store.forget("a");
         store.refund("a", decode(40));
-        assert!(store.tenants().is_empty());
+        assert!(store.tenants.is_empty());
         assert_eq!(
             store.snapshot_now("a", &limits(), t0).decode.available,
             100.0
+        );
+    }
+
+    #[test]
+    fn concurrent_charges_lose_no_update_and_race_no_newcomer_twice() {
+        let store = LocalStore::new();
+        let t0 = Instant::now();
+        let request = Cost {
+            requests: 1,
+            ..Cost::default()
+        };
+        // 8 threads charge one request at a time, at a frozen instant, to a tenant none of
+        // them has charged yet (so they race to store it) and to a tenant of their own.
+        let granted: Vec<(usize, usize)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|i| {
+                    let store = &store;
+                    scope.spawn(move || {
+                        let own = format!("own-{i}");
+                        let mut granted = (0, 0);
+                        for _ in 0..10 {
+                            if store.charge_now("shared", &limits(), request, t0).is_ok() {
+                                granted.0 += 1;
+                            }
+                            if store.charge_now(&own, &limits(), request, t0).is_ok() {
+                                granted.1 += 1;
+                            }
+                        }
+                        granted
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        // The request bucket holds 5: exactly 5 charges of the shared tenant succeed in all,
+        // and 5 of each thread's own.
+        assert_eq!(granted.iter().map(|g| g.0).sum::<usize>(), 5);
+        assert!(granted.iter().all(|g| g.1 == 5), "{granted:?}");
+        assert_eq!(store.tenants.len(), 9);
+        assert_eq!(
+            store
+                .snapshot_now("shared", &limits(), t0)
+                .requests
+                .available,
+            0.0
         );
     }
 }

@@ -9,7 +9,7 @@ use crate::api::{Chunk, Wire};
 use crate::error::RateLimitHeaders;
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::Ticket;
-use crate::metrics::{self, Metrics, Outcome};
+use crate::metrics::{Metrics, Outcome};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
@@ -91,10 +91,7 @@ impl Admitted {
         counter: OutputCounter,
         arrived: Instant,
     ) -> Self {
-        metrics
-            .inflight
-            .get_or_create(&metrics::tenant(&tenant.name))
-            .inc();
+        tenant.metrics.inflight(&metrics).inc();
         let reply = counter.replies.as_ref().map(|_| String::new());
         Self {
             tenant,
@@ -291,24 +288,18 @@ impl Settle {
     fn record(&self, actual: u64, reserved: u64) {
         let s = self;
         let m = &s.metrics;
-        let label = metrics::tenant(&s.tenant.name);
-        m.decode_tokens.get_or_create(&label).inc_by(actual);
-        m.decode_tokens_refunded
-            .get_or_create(&label)
-            .inc_by(reserved.saturating_sub(actual));
-        m.output_tokens.get_or_create(&label).observe(actual as f64);
+        let t = &s.tenant.metrics;
+        t.decode_tokens(m).inc_by(actual);
+        (t.decode_tokens_refunded(m)).inc_by(reserved.saturating_sub(actual));
+        t.output_tokens(m).observe(actual as f64);
         if let (Some(first), Some(last)) = (s.first_token, s.last_token) {
-            m.ttft
-                .get_or_create(&label)
-                .observe((first - s.arrived).as_secs_f64());
+            t.ttft(m).observe((first - s.arrived).as_secs_f64());
             if s.token_events > 1 {
                 let gaps = (s.token_events - 1) as f64;
-                m.tpot
-                    .get_or_create(&label)
-                    .observe((last - first).as_secs_f64() / gaps);
+                t.tpot(m).observe((last - first).as_secs_f64() / gaps);
             }
         }
-        m.inflight.get_or_create(&label).dec();
+        t.inflight(m).dec();
     }
 }
 

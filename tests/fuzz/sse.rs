@@ -365,14 +365,14 @@ fn harness() -> &'static Harness {
             rate_per_second: 1e12,
             burst_seconds: 1.0,
         };
-        let tenant = Arc::new(Tenant {
-            name: "fuzz".into(),
-            limits: TenantLimits {
+        let tenant = Arc::new(Tenant::new(
+            "fuzz",
+            TenantLimits {
                 prefill: plenty,
                 decode: plenty,
                 requests: plenty,
             },
-        });
+        ));
         let admission = Admission::new(
             vec![BackendSpec {
                 name: "backend".into(),
