@@ -284,6 +284,19 @@ impl ApiError {
         e
     }
 
+    /// 503 `limiter_unavailable`: the shared limiter store (Redis) cannot be reached and the
+    /// policy is to refuse (`limiter.on_store_error = "fail_closed"`).
+    pub fn limiter_unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "limiter_unavailable",
+            "server_error",
+            message.into(),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
     /// 502 `upstream_error`.
     pub fn upstream(message: impl Into<String>) -> Self {
         Self::new(
@@ -496,6 +509,18 @@ fn denial_error(denial: Denial, exact: [bool; 3]) -> ApiError {
                 e
             }
         }
+        Denial::Unavailable {
+            reason,
+            retry_after,
+        } => ApiError::limiter_unavailable(
+            format!(
+                "the rate limiter's shared store cannot be reached ({reason}) and \
+                 limiter.on_store_error is fail_closed: no request is admitted until it \
+                 answers; retry after {:.3} s",
+                retry_after.as_secs_f64()
+            ),
+            retry_after,
+        ),
     }
 }
 

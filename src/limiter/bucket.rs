@@ -239,6 +239,50 @@ pub enum Denial {
         /// Its capacity.
         capacity: f64,
     },
+    /// The shared store that keeps the buckets (Redis) cannot be reached and its
+    /// `on_store_error` policy is `fail_closed`: nothing is decided, so nothing is admitted.
+    /// Never made by the pure core.
+    #[error("limiter store unavailable: {reason}; retry after {retry_after:?}")]
+    Unavailable {
+        /// What failed (the store's error).
+        reason: String,
+        /// When the store is next tried.
+        retry_after: Duration,
+    },
+}
+
+/// One bucket in the fixed-point units decisions are made in, for a store that keeps levels
+/// outside this process (Redis): the same numbers [`TenantState`] decides with, so a remote
+/// decision is exactly a local one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketUnits {
+    /// Refill in units per nanosecond (thousandths of a token per second).
+    pub rate: u128,
+    /// Capacity in units.
+    pub capacity: u128,
+    /// Time an empty bucket takes to fill.
+    pub fill: Duration,
+}
+
+impl TenantLimits {
+    /// The three buckets in units, in [`BucketKind::ALL`] order.
+    pub fn units(&self) -> [BucketUnits; 3] {
+        BucketKind::ALL.map(|k| {
+            let r = self.spec(k).resolve();
+            BucketUnits {
+                rate: r.rate,
+                capacity: r.capacity,
+                fill: r.wait_for(0, r.capacity),
+            }
+        })
+    }
+}
+
+impl Cost {
+    /// The cost in units, in [`BucketKind::ALL`] order.
+    pub fn units(&self) -> [u128; 3] {
+        BucketKind::ALL.map(|k| u128::from(self.of(k)) * UNITS_PER_TOKEN)
+    }
 }
 
 /// One bucket's state: the level at the instant it was last brought up to date.
@@ -331,6 +375,21 @@ impl TenantState {
             prefill: BucketState::full(&limits.prefill, now),
             decode: BucketState::full(&limits.decode, now),
             requests: BucketState::full(&limits.requests, now),
+        }
+    }
+
+    /// The buckets at these levels (in units, [`BucketKind::ALL`] order) at `now`: what a
+    /// remote store read, brought up to its own clock's now. Deciding on it at `now` is the
+    /// decision the store made.
+    pub fn at_levels(levels: [u128; 3], now: Instant) -> Self {
+        let bucket = |k: BucketKind| BucketState {
+            level: levels[k as usize],
+            updated: now,
+        };
+        Self {
+            prefill: bucket(BucketKind::Prefill),
+            decode: bucket(BucketKind::Decode),
+            requests: bucket(BucketKind::Requests),
         }
     }
 
@@ -910,7 +969,9 @@ mod tests {
                         }
                         Err(Denial::Never { .. }) => {}
                         Ok(_) => prop_assert!(false, "a larger cost fits where {cost:?} did not"),
+                        Err(Denial::Unavailable { .. }) => prop_assert!(false, "no store here"),
                     },
+                    (Err(Denial::Unavailable { .. }), _) => prop_assert!(false, "no store here"),
                     (Ok(_), _) => {}
                 }
                 let charged = state.charge(&limits, cost, now);
@@ -947,6 +1008,7 @@ mod tests {
                     Err(Denial::Never { bucket, needed, capacity }) => {
                         prop_assert!(needed as f64 > capacity, "{bucket}: {needed} <= {capacity}");
                     }
+                    Err(Denial::Unavailable { .. }) => prop_assert!(false, "no store here"),
                 }
             }
         }

@@ -7,16 +7,19 @@
 //! thin shell that reads the clock and owns the guard.
 
 pub mod bucket;
+pub mod config;
+pub mod redis;
 pub mod store;
 
 pub use bucket::{
     BucketKind, BucketSnapshot, BucketSpec, Cost, Denial, TenantLimits, TenantSnapshot,
 };
-pub use store::{BucketStore, LocalStore};
+pub use store::{BucketStore, LeaseId, LocalStore};
 
 use crate::clock::SharedClock;
 use crate::error::RateLimitHeaders;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Called once per settled reservation with the tenant and what was given back (for the
@@ -29,6 +32,7 @@ pub struct Limiter {
     store: Arc<dyn BucketStore>,
     clock: SharedClock,
     on_settle: Option<SettleHook>,
+    leases: Arc<AtomicU64>,
 }
 
 impl fmt::Debug for Limiter {
@@ -47,6 +51,7 @@ impl Limiter {
             store,
             clock,
             on_settle: None,
+            leases: Arc::default(),
         }
     }
 
@@ -65,10 +70,12 @@ impl Limiter {
         cost: Cost,
     ) -> Result<Reservation, Denial> {
         let now = self.clock.now();
-        let remaining = self.store.charge(tenant, limits, cost, now).await?;
+        let lease = LeaseId(self.leases.fetch_add(1, Ordering::Relaxed));
+        let remaining = self.store.charge(tenant, limits, cost, now, lease).await?;
         Ok(Reservation {
             limiter: self.clone(),
             tenant: tenant.to_string(),
+            lease,
             cost,
             remaining,
             actual_decode: 0,
@@ -123,6 +130,7 @@ pub struct Settlement {
 pub struct Reservation {
     limiter: Limiter,
     tenant: String,
+    lease: LeaseId,
     cost: Cost,
     remaining: TenantSnapshot,
     actual_decode: u64,
@@ -203,9 +211,8 @@ impl Reservation {
             )
         };
         self.settled = Some(settlement);
-        if refund != Cost::default() {
-            self.limiter.store.refund(&self.tenant, refund);
-        }
+        // Even a refund of nothing ends the lease (a shared store's record of the charge).
+        self.limiter.store.refund(&self.tenant, self.lease, refund);
         if let Some(hook) = &self.limiter.on_settle {
             hook(&self.tenant, &settlement);
         }

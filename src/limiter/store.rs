@@ -8,16 +8,23 @@ use dashmap::DashMap;
 use futures_util::future::{self, BoxFuture};
 use tokio::time::Instant;
 
+/// Names one reservation's charge, from [`BucketStore::charge`] to its
+/// [`BucketStore::refund`]: a shared store keeps a lease record under it, so a refund is
+/// applied at most once. Unique within one [`crate::limiter::Limiter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseId(pub u64);
+
 /// Storage of tenants' buckets. Limits are passed on every call, so a config reload applies at
 /// once (after [`BucketStore::rebase`]); a tenant never seen before starts with full buckets.
 pub trait BucketStore: Send + Sync + 'static {
-    /// Charges `cost` to the tenant's three buckets, all or nothing.
+    /// Charges `cost` to the tenant's three buckets, all or nothing, as `lease`.
     fn charge<'a>(
         &'a self,
         tenant: &'a str,
         limits: &'a TenantLimits,
         cost: Cost,
         now: Instant,
+        lease: LeaseId,
     ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>>;
 
     /// What `charge` would decide for `cost` at `now`, charging nothing: the denial, or the
@@ -33,8 +40,9 @@ pub trait BucketStore: Send + Sync + 'static {
     /// Gives `cost` back, capped at the capacity in force when the buckets are next read (see
     /// [`TenantState::refund`]), so it needs no limits and is right across a reload.
     /// Synchronous and non-blocking so that a `Drop` can call it (a remote store spawns the
-    /// write). A tenant not stored (never charged, or forgotten) gets nothing back.
-    fn refund(&self, tenant: &str, cost: Cost);
+    /// write). A tenant not stored (never charged, or forgotten) gets nothing back. `lease` is
+    /// the charge's: a store that keeps lease records gives back at most what it charged, once.
+    fn refund(&self, tenant: &str, lease: LeaseId, cost: Cost);
 
     /// Brings the tenant's buckets up to `now` under `limits`, the limits in force until now:
     /// a reload that changes them calls this first, so that the level reached so far is kept
@@ -134,6 +142,7 @@ impl BucketStore for LocalStore {
         limits: &'a TenantLimits,
         cost: Cost,
         now: Instant,
+        _lease: LeaseId,
     ) -> BoxFuture<'a, Result<TenantSnapshot, Denial>> {
         Box::pin(future::ready(self.charge_now(tenant, limits, cost, now)))
     }
@@ -148,7 +157,7 @@ impl BucketStore for LocalStore {
         Box::pin(future::ready(self.check_now(tenant, limits, cost, now)))
     }
 
-    fn refund(&self, tenant: &str, cost: Cost) {
+    fn refund(&self, tenant: &str, _lease: LeaseId, cost: Cost) {
         // An unknown tenant is full already: a refund to it would be capped away.
         if let Some(mut state) = self.tenants.get_mut(tenant) {
             state.refund(cost);
@@ -215,10 +224,10 @@ mod tests {
         store
             .charge_now("a", &limits(), decode(100), t0)
             .expect("full");
-        store.refund("a", decode(25));
+        store.refund("a", LeaseId(0), decode(25));
         let snap = store.snapshot_now("a", &limits(), t0 + Duration::from_secs(1));
         assert_eq!(snap.decode.available, 35.0);
-        store.refund("ghost", decode(25));
+        store.refund("ghost", LeaseId(1), decode(25));
         assert_eq!(store.tenants.len(), 1);
     }
 
@@ -230,7 +239,7 @@ mod tests {
             .charge_now("a", &limits(), decode(100), t0)
             .expect("full");
         store.forget("a");
-        store.refund("a", decode(40));
+        store.refund("a", LeaseId(0), decode(40));
         assert!(store.tenants.is_empty());
         assert_eq!(
             store.snapshot_now("a", &limits(), t0).decode.available,
