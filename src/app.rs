@@ -4,7 +4,9 @@
 use crate::admission::{Admission, BackendSpec, QueueSpec};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::ValidConfig;
-use crate::limiter::{Limiter, LocalStore};
+use crate::limiter::config::StoreKind;
+use crate::limiter::redis::RedisStore;
+use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
 use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
 use crate::proxy::upstream::Upstream;
@@ -100,10 +102,17 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());
     metrics.config_loaded();
+    let store: Arc<dyn BucketStore> = match config.limiter.store {
+        StoreKind::Local => Arc::new(LocalStore::default()),
+        StoreKind::Redis => Arc::new(RedisStore::new(
+            &config.limiter,
+            metrics.limiter_store.clone(),
+        )?),
+    };
     let config = Arc::new(config);
     Ok(Arc::new(Gateway {
         live: LiveConfig::new(config.clone()),
-        limiter: Limiter::new(Arc::new(LocalStore::default()), deps.clock),
+        limiter: Limiter::new(store, deps.clock),
         admission,
         upstreams,
         tokenizer,

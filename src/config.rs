@@ -12,6 +12,7 @@ use crate::capacity::{
     EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
 };
 use crate::digest::{hash_key, parse_sha256_hex};
+use crate::limiter::config::LimiterConfig;
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
 use http::uri::{Authority, Scheme};
@@ -38,6 +39,9 @@ pub struct Config {
     /// The average request the capacity-model sizing is done for.
     #[serde(default)]
     pub workload: WorkloadConfig,
+    /// Where the tenants' buckets live (this process, or Redis shared by replicas).
+    #[serde(default)]
+    pub limiter: LimiterConfig,
     /// Inference backends (vLLM, MindIE, `tokengate sim`).
     pub backends: Vec<BackendConfig>,
     /// Tenants and their budgets.
@@ -701,6 +705,7 @@ impl Config {
         if self.admission.queue_deadline.is_zero() {
             bail!("admission.queue_deadline must be positive");
         }
+        self.limiter.validate()?;
         if self.backends.is_empty() {
             bail!("backends: at least one backend is needed");
         }
@@ -860,6 +865,7 @@ impl Config {
             model,
             admission,
             workload: _,
+            limiter,
             backends,
             tenants: _,
             vision,
@@ -914,6 +920,24 @@ impl Config {
             admission,
             &new.admission,
             [queue_max_waiting, queue_deadline,]
+        );
+        restart_only!(
+            out,
+            "limiter",
+            LimiterConfig,
+            limiter,
+            &new.limiter,
+            [
+                store,
+                redis_url,
+                key_prefix,
+                connect_timeout,
+                command_timeout,
+                lease_ttl,
+                on_store_error,
+                expected_replicas,
+                retry_interval,
+            ]
         );
         restart_only!(
             out,

@@ -144,6 +144,8 @@ pub struct Metrics {
     pub tokenize_cache_replies: Counter,
     /// Config reloads (SIGHUP, `POST /admin/reload`) by result.
     pub config_reloads: Family<ReloadLabel, Counter>,
+    /// The shared limiter store's errors, latency and fallback state.
+    pub limiter_store: crate::limiter::redis::StoreMetrics,
     /// 1 when the last load of the config file (at start or a reload) succeeded, else 0.
     pub config_last_reload_successful: Gauge,
     /// Unix time of the last successful load of the config file (at start or a reload).
@@ -193,6 +195,7 @@ impl Metrics {
             tokenize_cache_misses: Counter::default(),
             tokenize_cache_replies: Counter::default(),
             config_reloads: Family::default(),
+            limiter_store: Default::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success: Gauge::default(),
             cache_exported: Default::default(),
@@ -324,6 +327,7 @@ impl Metrics {
             "Unix time of the last successful load of the config file (at start or a reload)",
             m.config_last_reload_success.clone(),
         );
+        m.limiter_store.register(r);
         // Both results exported from the start, so a rate over them is defined before the first
         // reload.
         for result in ["ok", "error"] {

@@ -86,6 +86,28 @@ fn admission() -> impl Strategy<Value = Table> {
     ])
 }
 
+/// A local store, or a Redis one (never connected to: parsing and validation only).
+fn limiter() -> impl Strategy<Value = Table> {
+    let lease = select(vec!["1s", "30s", "2m", "1h 5m"]).prop_map(Value::from);
+    (
+        any::<bool>(),
+        some_of(vec![
+            ("connect_timeout", duration().boxed()),
+            ("command_timeout", duration().boxed()),
+            ("retry_interval", duration().boxed()),
+            ("lease_ttl", lease.boxed()),
+            ("key_prefix", "[a-z:]{0,8}".prop_map(Value::from).boxed()),
+        ]),
+    )
+        .prop_map(|(redis, mut t)| {
+            if redis {
+                t.insert("store".into(), "redis".into());
+                t.insert("redis_url".into(), "redis://127.0.0.1:6379".into());
+            }
+            t
+        })
+}
+
 fn workload() -> impl Strategy<Value = Table> {
     some_of(vec![
         ("avg_input_tokens", int(1..=32_768).boxed()),
@@ -202,7 +224,7 @@ fn valid_config() -> impl Strategy<Value = Table> {
         server(),
         tokenizer(),
         model(),
-        admission(),
+        (admission(), limiter()),
         workload(),
         backends,
         1usize..=4,
@@ -219,11 +241,12 @@ fn valid_config() -> impl Strategy<Value = Table> {
             },
         )
         .prop_map(
-            |((server, tokenizer, model, admission, workload, backends), tenants)| {
+            |((server, tokenizer, model, (admission, limiter), workload, backends), tenants)| {
                 let mut t = Table::new();
                 for (key, table) in [
                     ("server", server),
                     ("admission", admission),
+                    ("limiter", limiter),
                     ("workload", workload),
                 ] {
                     if !table.is_empty() {
@@ -389,6 +412,7 @@ fn any_table() -> impl Strategy<Value = Path> {
             vec![Seg::Key("tokenizer")],
             vec![Seg::Key("model")],
             vec![Seg::Key("admission")],
+            vec![Seg::Key("limiter")],
             vec![Seg::Key("workload")],
             vec![Seg::Nth("backends", i)],
             vec![Seg::Nth("tenants", i)],
@@ -407,6 +431,12 @@ fn invalid() -> impl Strategy<Value = Mutation> {
         ("model", "default_max_tokens", zero()),
         ("model", "max_model_len", zero()),
         ("admission", "queue_deadline", no_time()),
+        ("limiter", "connect_timeout", no_time()),
+        ("limiter", "command_timeout", no_time()),
+        ("limiter", "retry_interval", no_time()),
+        ("limiter", "lease_ttl", "500ms".into()),
+        ("limiter", "key_prefix", "a{b".into()),
+        ("limiter", "redis_url", "http://127.0.0.1:6379".into()),
         ("server", "max_connections", zero()),
         ("server", "admin_token", "".into()),
         ("tenants", "name", "".into()),
