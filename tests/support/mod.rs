@@ -22,6 +22,8 @@ use tokio::sync::{mpsc, Semaphore};
 
 pub use crate::common::tokenizer;
 
+pub mod redis_server;
+
 /// How the fake backend answers generation requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Behaviour {
