@@ -11,7 +11,9 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Instant as WallInstant;
 use tokengate::limiter::bucket::TenantState;
 use tokengate::limiter::TenantSnapshot;
-use tokengate::limiter::{BucketSpec, BucketStore, Cost, Denial, LocalStore, TenantLimits};
+use tokengate::limiter::{
+    BucketSpec, BucketStore, Cost, Denial, LeaseId, LocalStore, TenantLimits,
+};
 use tokio::time::Instant;
 
 const TENANTS: usize = 1000;
@@ -89,7 +91,8 @@ impl Store for LocalStore {
     }
 
     fn refund(&self, tenant: &str) {
-        BucketStore::refund(self, tenant, UNUSED);
+        // The local store keeps no lease records: any id.
+        BucketStore::refund(self, tenant, LeaseId(0), UNUSED);
     }
 }
 
