@@ -109,10 +109,16 @@ pub(crate) mod testing {
         outcomes_of(metrics, "a", outcome)
     }
 
-    /// A whole gateway (its backend never asked) with tenant `alice` (`sk-alice`: prefill
+    /// A whole gateway with tenant `alice` (`sk-alice`: prefill
     /// 10,000, decode 1,000 and 100 requests of burst; `requests_per_second` as given), a
     /// 4,096-token context and 100 output tokens by default.
     pub async fn gateway(requests_per_second: f64) -> Arc<crate::proxy::Gateway> {
+        // Nothing listens there: these gateways never reach their backend.
+        gateway_to("127.0.0.1:9", requests_per_second).await
+    }
+
+    /// [`gateway`], its backend at `backend` (`host:port`).
+    pub async fn gateway_to(backend: &str, requests_per_second: f64) -> Arc<crate::proxy::Gateway> {
         let config = crate::config::Config::parse(&format!(
             r#"
 [server]
@@ -126,7 +132,7 @@ served_names = ["qwen3.5-27b"]
 max_model_len = 4096
 default_max_tokens = 100
 [[backends]]
-url = "http://127.0.0.1:9"
+url = "http://{backend}"
 kv_capacity_bytes = 8000000000
 max_batch = 32
 [[tenants]]

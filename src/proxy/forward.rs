@@ -158,3 +158,114 @@ impl Gateway {
         Ok(Response::from_parts(parts, stream.boxed_unsync()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::api::openai::Endpoint;
+    use crate::api::Route;
+    use crate::layers::testing::{gateway_to, outcomes_of};
+    use crate::server::generation_service;
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioIo;
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use tower::ServiceExt;
+
+    /// A backend on 127.0.0.1 that answers every request with `status` and `body`; it lives as
+    /// long as the test's runtime.
+    async fn backend(status: u16, body: &'static str) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("bound");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let answer = hyper::service::service_fn(move |_: Request<_>| async move {
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(body.as_bytes())))
+                            .expect("valid"),
+                    )
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), answer),
+                );
+            }
+        });
+        addr
+    }
+
+    /// Alice's completion of 3 token ids asking for 10 output tokens, on an in-memory body.
+    fn completion() -> Request<Full<Bytes>> {
+        let body = r#"{"model": "qwen3.5-27b", "prompt": [1, 2, 3], "max_tokens": 10}"#;
+        let mut req = Request::post("/v1/completions")
+            .header("authorization", "Bearer sk-alice")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("valid");
+        req.extensions_mut()
+            .insert(Route::OpenAi(Endpoint::Completions));
+        req
+    }
+
+    async fn buckets(gw: &crate::proxy::Gateway) -> (f64, f64, f64) {
+        let alice = gw
+            .live
+            .current()
+            .tenants
+            .named("alice")
+            .expect("configured")
+            .clone();
+        let s = gw.limiter.snapshot("alice", &alice.limits).await;
+        (
+            s.prefill.available,
+            s.decode.available,
+            s.requests.available,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_whole_answer_is_passed_on_and_settles_what_it_used() {
+        let answer = r#"{"choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}"#;
+        let gw = gateway_to(&backend(200, answer).await.to_string(), 10.0).await;
+        let resp = generation_service(gw.clone())
+            .oneshot(completion())
+            .await
+            .expect("answered");
+        assert_eq!(resp.status(), StatusCode::OK);
+        // Right after the charge: 10 of the 1,000 decode tokens counted as used.
+        assert_eq!(resp.headers()["x-ratelimit-remaining-tokens"], "990");
+        let body = resp.into_body().collect().await.expect("whole").to_bytes();
+        assert_eq!(body, answer);
+        // 3 prompt tokens and the request stay charged; 6 of the 10 decode tokens came back.
+        assert_eq!(buckets(&gw).await, (9997.0, 996.0, 99.0));
+        assert_eq!(gw.admission.snapshot().backends[0].kv_reserved_bytes, 0);
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "ok"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failing_backend_is_a_502_that_charges_nothing() {
+        let gw = gateway_to(&backend(500, "{}").await.to_string(), 10.0).await;
+        let e = generation_service(gw.clone())
+            .oneshot(completion())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.code, e.message.as_str()),
+            (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "the backend failed with status 500 Internal Server Error"
+            )
+        );
+        assert_eq!(buckets(&gw).await, (10000.0, 1000.0, 100.0));
+        assert_eq!(gw.admission.snapshot().backends[0].kv_reserved_bytes, 0);
+        // Counted once, as the error, not as a client gone.
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "upstream_error"), 1);
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "client_disconnect"), 0);
+    }
+}
