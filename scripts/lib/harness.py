@@ -95,8 +95,8 @@ class Procs:
     def __init__(self):
         self.procs = []
 
-    def start(self, args, log):
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    def start(self, args, log, env=None):
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.procs.append(p)
         return p
 
