@@ -331,7 +331,10 @@ async fn mindie_backend_refusal_is_passed_on_in_tgi_shape_and_charges_nothing() 
 #[tokio::test]
 async fn mindie_stream_broken_by_the_backend_ends_with_a_tgi_error_event_and_charges_what_streamed()
 {
-    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    // Slow passes: the gateway reads the first token (and answers 200) long before the cut
+    // after the third. With fast passes the cut can reach the gateway together with the
+    // first token, and a stream that breaks before its first token is rightly a 502.
+    let (gw, sim) = sim_gateway(Duration::from_millis(200)).await;
     sim.set_faults(Faults {
         fail_after_tokens: Some(3),
         ..Faults::default()
