@@ -95,9 +95,11 @@ async fn measures_latencies_in_server_time_and_classifies_outcomes() {
     let report = Report::new(
         samples,
         elapsed,
+        // Targets no request misses on a loaded machine (at 10x, a 5 ms stall of the test
+        // process is 50 simulated ms): the attainment arithmetic itself is pinned in report.rs.
         Sla {
-            ttft_ms: 800.0,
-            tpot_ms: 50.0,
+            ttft_ms: 60_000.0,
+            tpot_ms: 10_000.0,
         },
     );
     assert_eq!(report.tenants["alice"].requests_ok, 2);
