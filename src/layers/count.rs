@@ -297,7 +297,7 @@ pub(crate) fn render_paired(
 mod tests {
     use super::*;
     use crate::api::openai::Endpoint;
-    use crate::layers::testing::gateway;
+    use crate::layers::testing::{alice, gateway};
     use http::{Response, StatusCode};
     use http_body_util::Full;
     use tower::{ServiceBuilder, ServiceExt};
@@ -305,13 +305,7 @@ mod tests {
     /// A completion request from alice with `body`.
     async fn completion(gw: &Arc<Gateway>, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
         let mut req = Request::new(Full::new(body.into()));
-        let alice = gw
-            .live
-            .current()
-            .tenants
-            .named("alice")
-            .expect("configured")
-            .clone();
+        let alice = alice(gw);
         req.extensions_mut().insert(alice);
         req.extensions_mut()
             .insert(Route::OpenAi(Endpoint::Completions));
@@ -398,13 +392,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code, "invalid_request");
         // Nothing was charged.
-        let alice = gw
-            .live
-            .current()
-            .tenants
-            .named("alice")
-            .expect("configured")
-            .clone();
+        let alice = alice(&gw);
         let left = gw.limiter.snapshot("alice", &alice.limits).await;
         assert_eq!(left.requests.available, 100.0);
     }
@@ -413,13 +401,7 @@ mod tests {
     async fn a_tenant_out_of_requests_is_refused_before_its_body_is_read() {
         // A request bucket of 1 (0.1/s x 10 s), spent by the first request.
         let gw = gateway(0.1).await;
-        let alice = gw
-            .live
-            .current()
-            .tenants
-            .named("alice")
-            .expect("configured")
-            .clone();
+        let alice = alice(&gw);
         let spent = gw
             .limiter
             .reserve(

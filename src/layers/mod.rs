@@ -109,6 +109,16 @@ pub(crate) mod testing {
         outcomes_of(metrics, "a", outcome)
     }
 
+    /// Tenant `alice` of [`gateway`], as the config in force has it.
+    pub fn alice(gw: &crate::proxy::Gateway) -> Arc<Tenant> {
+        gw.live
+            .current()
+            .tenants
+            .named("alice")
+            .expect("configured")
+            .clone()
+    }
+
     /// A whole gateway with tenant `alice` (`sk-alice`: prefill
     /// 10,000, decode 1,000 and 100 requests of burst; `requests_per_second` as given), a
     /// 4,096-token context and 100 output tokens by default.

@@ -163,7 +163,7 @@ impl Gateway {
 mod tests {
     use crate::api::openai::Endpoint;
     use crate::api::Route;
-    use crate::layers::testing::{gateway_to, outcomes_of};
+    use crate::layers::testing::{alice, gateway_to, outcomes_of};
     use crate::server::generation_service;
     use bytes::Bytes;
     use http::{Request, Response, StatusCode};
@@ -213,13 +213,7 @@ mod tests {
     }
 
     async fn buckets(gw: &crate::proxy::Gateway) -> (f64, f64, f64) {
-        let alice = gw
-            .live
-            .current()
-            .tenants
-            .named("alice")
-            .expect("configured")
-            .clone();
+        let alice = alice(gw);
         let s = gw.limiter.snapshot("alice", &alice.limits).await;
         (
             s.prefill.available,
