@@ -1,29 +1,66 @@
 //! Admission room, pure core: the KV ledger of one backend (bytes of KV cache reserved by live
 //! leases and the number of those leases, against the card's capacity and batch size).
+//!
+//! The capacity admitted against is the *effective* one: the configured capacity times a scale
+//! in per mille that backend feedback sets ([`KvLedger::set_capacity_scale`]): below 1,000 while
+//! the backend queues or preempts with the ledger showing room (the ledger is optimistic), above
+//! it when overcommit is allowed and the backend keeps using much less than the ledger reserves
+//! (prefix caching: the ledger is pessimistic). Whether a request could *ever* run still reads
+//! the configured capacity, so a passing squeeze makes requests wait, never refuses them as
+//! too large.
 
 /// KV-cache bookkeeping of one backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLedger {
     kv_capacity_bytes: u64,
+    capacity_scale_permille: u32,
     max_batch: u32,
     reserved_bytes: u64,
     live: u32,
 }
 
 impl KvLedger {
+    /// The scale at which the effective capacity is the configured one.
+    pub const UNSCALED: u32 = 1000;
+
     /// An empty ledger.
     pub fn new(kv_capacity_bytes: u64, max_batch: u32) -> Self {
         Self {
             kv_capacity_bytes,
+            capacity_scale_permille: Self::UNSCALED,
             max_batch,
             reserved_bytes: 0,
             live: 0,
         }
     }
 
-    /// KV bytes the backend can hold.
+    /// KV bytes the backend can hold, as configured (or derived by the capacity model).
     pub fn kv_capacity_bytes(&self) -> u64 {
         self.kv_capacity_bytes
+    }
+
+    /// KV bytes admitted against now: the configured capacity scaled by
+    /// [`Self::capacity_scale_permille`], rounded down.
+    pub fn effective_capacity_bytes(&self) -> u64 {
+        let scaled = u128::from(self.kv_capacity_bytes)
+            * u128::from(self.capacity_scale_permille)
+            / u128::from(Self::UNSCALED);
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    }
+
+    /// The scale of the effective capacity in per mille of the configured one (1,000: as
+    /// configured).
+    pub fn capacity_scale_permille(&self) -> u32 {
+        self.capacity_scale_permille
+    }
+
+    /// Sets the effective capacity to `permille` / 1,000 of the configured one. Like a
+    /// [`Self::resize`], it moves no lease: live leases keep what they hold and give back
+    /// exactly that, and while they hold more than the new effective capacity nothing more
+    /// fits. The caller bounds the scale (backend feedback keeps it between a floor and an
+    /// overcommit ceiling); the scale survives a resize.
+    pub fn set_capacity_scale(&mut self, permille: u32) {
+        self.capacity_scale_permille = permille;
     }
 
     /// Most sequences in flight at once.
@@ -41,9 +78,11 @@ impl KvLedger {
         self.live
     }
 
-    /// KV bytes not reserved (none while a shrunk capacity is below what live leases hold).
+    /// KV bytes of the effective capacity not reserved (none while a shrunk capacity is below
+    /// what live leases hold).
     pub fn free_bytes(&self) -> u64 {
-        self.kv_capacity_bytes.saturating_sub(self.reserved_bytes)
+        self.effective_capacity_bytes()
+            .saturating_sub(self.reserved_bytes)
     }
 
     /// A reload changed the backend's capacity or batch cap. Live leases keep what they hold
@@ -54,13 +93,14 @@ impl KvLedger {
         self.max_batch = max_batch;
     }
 
-    /// Whether a request of `bytes` could ever run here (alone, on an idle backend).
+    /// Whether a request of `bytes` could ever run here (alone, on an idle backend at its
+    /// configured capacity).
     pub fn could_ever_fit(&self, bytes: u64) -> bool {
         self.max_batch > 0 && bytes <= self.kv_capacity_bytes
     }
 
-    /// Whether a request of `bytes` fits now: reserved + bytes <= capacity and a batch slot is
-    /// free.
+    /// Whether a request of `bytes` fits now: reserved + bytes <= effective capacity and a batch
+    /// slot is free.
     pub fn fits(&self, bytes: u64) -> bool {
         self.live < self.max_batch && bytes <= self.free_bytes()
     }
@@ -143,6 +183,38 @@ mod tests {
         l.release(300);
         assert_eq!(l, KvLedger::new(500, 1));
         assert!(l.reserve(500));
+    }
+
+    #[test]
+    fn a_capacity_scale_moves_what_fits_not_what_is_held_nor_what_could_ever_fit() {
+        let mut l = KvLedger::new(1000, 4);
+        assert!(l.reserve(600));
+        l.set_capacity_scale(500);
+        assert_eq!(
+            (l.effective_capacity_bytes(), l.free_bytes(), l.reserved_bytes()),
+            (500, 0, 600)
+        );
+        assert!(!l.fits(1));
+        // A squeeze makes requests wait; it never makes them too large to ever run.
+        assert!(l.could_ever_fit(1000));
+        assert!(!l.could_ever_fit(1001));
+        l.release(600);
+        assert!(l.fits(500) && !l.fits(501));
+        // The scale survives a reload's resize and applies to the new capacity.
+        l.resize(2000, 4);
+        assert_eq!((l.capacity_scale_permille(), l.effective_capacity_bytes()), (500, 1000));
+        // Overcommit: more than configured fits, rounded down.
+        l.set_capacity_scale(1_333);
+        assert_eq!(l.effective_capacity_bytes(), 2666);
+        assert!(l.reserve(2666));
+        assert!(!l.fits(1));
+        l.release(2666);
+        l.set_capacity_scale(KvLedger::UNSCALED);
+        assert_eq!(l, KvLedger::new(2000, 4));
+        // No overflow at the top of the range.
+        let mut huge = KvLedger::new(u64::MAX, 1);
+        huge.set_capacity_scale(2000);
+        assert_eq!(huge.effective_capacity_bytes(), u64::MAX);
     }
 
     #[test]

@@ -77,8 +77,10 @@ pub enum AdmitError {
 pub struct BackendSnapshot {
     /// Backend name.
     pub name: String,
-    /// KV-cache bytes available to sequences.
+    /// KV-cache bytes available to sequences, as configured.
     pub kv_capacity_bytes: u64,
+    /// KV bytes admitted against now (the configured capacity as backend feedback scales it).
+    pub kv_effective_capacity_bytes: u64,
     /// KV bytes held by live leases.
     pub kv_reserved_bytes: u64,
     /// Live leases.
@@ -269,6 +271,18 @@ impl Admission {
         drop(orphans);
     }
 
+    /// Sets backend `backend`'s effective KV capacity to `permille` / 1,000 of its configured
+    /// one (see [`KvLedger::set_capacity_scale`]): what live leases hold stays; waiters that fit
+    /// after a raise are granted at once.
+    pub fn set_capacity_scale(&self, backend: usize, permille: u32) {
+        let orphans = {
+            let mut state = self.shared.state();
+            state.ledgers[backend].set_capacity_scale(permille);
+            grant_waiters(&self.shared, &mut state)
+        };
+        drop(orphans);
+    }
+
     /// Backends and queue now.
     pub fn snapshot(&self) -> AdmissionSnapshot {
         let state = self.shared.state();
@@ -281,6 +295,7 @@ impl Admission {
                 .map(|(name, l)| BackendSnapshot {
                     name: name.clone(),
                     kv_capacity_bytes: l.kv_capacity_bytes(),
+                    kv_effective_capacity_bytes: l.effective_capacity_bytes(),
                     kv_reserved_bytes: l.reserved_bytes(),
                     inflight: l.live(),
                     max_batch: l.max_batch(),
@@ -533,6 +548,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_shrunk_capacity_queues_and_its_regrowth_grants() {
+        let adm = admission(vec![backend("npu0", 1000, 4)], 8);
+        let held = adm.admit("a", 400).await.expect("room");
+        adm.set_capacity_scale(0, 500);
+        let (tx, mut granted) = mpsc::unbounded_channel();
+        spawn_admit(&adm, "b", 200, &tx);
+        until_queued(&adm, 1).await;
+        assert_eq!(adm.snapshot().backends[0].kv_effective_capacity_bytes, 500);
+        adm.set_capacity_scale(0, 600);
+        let (tenant, lease) = next_grant(&mut granted).await;
+        assert_eq!((tenant, lease.bytes()), ("b", 200));
+        assert_eq!(usage(&adm), [(600, 2)]);
+        drop((held, lease));
+        assert_eq!(usage(&adm), [(0, 0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once() {
         let adm = admission(vec![backend("npu0", 1000, 1)], 1);
         let _held = adm.admit("a", 10).await.expect("room");
@@ -658,6 +690,7 @@ mod tests {
                 BackendSnapshot {
                     name: "npu0".to_string(),
                     kv_capacity_bytes: 1000,
+                    kv_effective_capacity_bytes: 1000,
                     kv_reserved_bytes: 500,
                     inflight: 1,
                     max_batch: 4
@@ -665,6 +698,7 @@ mod tests {
                 BackendSnapshot {
                     name: "npu1".to_string(),
                     kv_capacity_bytes: 2000,
+                    kv_effective_capacity_bytes: 2000,
                     kv_reserved_bytes: 1600,
                     inflight: 2,
                     max_batch: 4
@@ -678,9 +712,11 @@ mod tests {
             serde_json::to_value(adm.snapshot()).expect("serializable"),
             serde_json::json!({
                 "backends": [
-                    {"name": "npu0", "kv_capacity_bytes": 1000, "kv_reserved_bytes": 0,
+                    {"name": "npu0", "kv_capacity_bytes": 1000,
+                     "kv_effective_capacity_bytes": 1000, "kv_reserved_bytes": 0,
                      "inflight": 0, "max_batch": 4},
-                    {"name": "npu1", "kv_capacity_bytes": 2000, "kv_reserved_bytes": 7,
+                    {"name": "npu1", "kv_capacity_bytes": 2000,
+                     "kv_effective_capacity_bytes": 2000, "kv_reserved_bytes": 7,
                      "inflight": 1, "max_batch": 4},
                 ],
                 "queued": 0,
