@@ -123,16 +123,20 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
         .iter()
         .zip(&gw.upstreams)
         .zip(&live.config.backends)
-        .map(|((b, u), cfg)| {
+        .enumerate()
+        .map(|(i, ((b, u), cfg))| {
             json!({
                 "url": u.url,
                 "kv_capacity_bytes": b.kv_capacity_bytes,
+                "kv_effective_capacity_bytes": b.kv_effective_capacity_bytes,
                 "kv_reserved_bytes": b.kv_reserved_bytes,
                 "inflight": b.inflight,
                 "max_batch": b.max_batch,
                 "queued": snap.queued,
                 "sizing": if cfg.derived.is_some() { "capacity model" } else { "config" },
                 "derived": cfg.derived,
+                // What the backend's own metrics said last (null with feedback off).
+                "observed": gw.feedback.observed.observed(i),
             })
         })
         .collect();

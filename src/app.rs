@@ -109,6 +109,15 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
             metrics.limiter_store.clone(),
         )?),
     };
+    let feedback = crate::feedback::spawn(
+        &config
+            .backends
+            .iter()
+            .map(|b| (b.url.clone(), b.feedback.clone()))
+            .collect::<Vec<_>>(),
+        &admission,
+        &metrics,
+    );
     let config = Arc::new(config);
     Ok(Arc::new(Gateway {
         live: LiveConfig::new(config.clone()),
@@ -121,6 +130,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         replies,
         metrics,
         discarder: Arc::new(Discarder::new(DISCARD_BYTES_PER_SECOND)),
+        feedback,
         config,
     }))
 }

@@ -359,6 +359,9 @@ pub struct BackendConfig {
     /// Time the health check (`/readyz`) waits for `health_path` to answer.
     #[serde(default = "default_health_timeout", with = "humantime_serde")]
     pub health_timeout: Duration,
+    /// Reading the backend's own metrics and adjusting its ledger from them.
+    #[serde(default)]
+    pub feedback: crate::feedback::FeedbackConfig,
 }
 
 /// How the gateway speaks TLS to one backend (PEM files; relative paths are relative to the
@@ -767,6 +770,7 @@ impl Config {
             if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
                 bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
             }
+            b.feedback.check(&at)?;
             bases.push(BackendBase { scheme, authority });
         }
         Ok(bases)
@@ -966,7 +970,7 @@ impl Config {
         for (i, (old, new)) in backends.iter().zip(&new.backends).enumerate() {
             restart_only!(out, format!("backends[{i}]"), BackendConfig, old, new, [
                 url, tls, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
-                body_read_timeout, max_response_bytes, max_event_bytes, health_timeout,
+                body_read_timeout, max_response_bytes, max_event_bytes, health_timeout, feedback,
             ], reloadable [
                 kv_capacity_bytes, max_batch, hardware, model, tp, replicas, efficiency,
                 weight_efficiency, cache_efficiency, compute_efficiency, tpot_slo_ms,

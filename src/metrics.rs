@@ -128,6 +128,16 @@ pub struct Metrics {
     pub kv_capacity_bytes: Family<BackendLabel, Gauge>,
     /// 1 while a backend answers its health path (asked at each scrape), else 0.
     pub backend_up: Family<BackendLabel, Gauge>,
+    /// The effective KV capacity as a share of the configured one (backend feedback).
+    pub kv_capacity_scale: Family<BackendLabel, Gauge<f64, AtomicU64>>,
+    /// Requests waiting in the backend's own queue, as it last reported.
+    pub backend_waiting: Family<BackendLabel, Gauge>,
+    /// Requests in the backend's running batch, as it last reported.
+    pub backend_running: Family<BackendLabel, Gauge>,
+    /// The backend's KV-cache usage (0..1), as it last reported.
+    pub backend_kv_usage: Family<BackendLabel, Gauge<f64, AtomicU64>>,
+    /// Scrapes of the backend's metrics that failed.
+    pub backend_scrape_failures: Family<BackendLabel, Counter>,
     /// Requests waiting for KV space.
     pub queue_depth: Gauge,
     /// Client connections open per listener.
@@ -187,6 +197,11 @@ impl Metrics {
             kv_reserved_bytes: Family::default(),
             kv_capacity_bytes: Family::default(),
             backend_up: Family::default(),
+            kv_capacity_scale: Family::default(),
+            backend_waiting: Family::default(),
+            backend_running: Family::default(),
+            backend_kv_usage: Family::default(),
+            backend_scrape_failures: Family::default(),
             queue_depth: Gauge::default(),
             open_connections: Family::default(),
             bucket_available: Family::default(),
@@ -276,6 +291,31 @@ impl Metrics {
             "backend_up",
             "1 while the backend answers its health path within its health_timeout (asked at each scrape)",
             m.backend_up.clone(),
+        );
+        r.register(
+            "kv_capacity_scale",
+            "Effective KV capacity admitted against, as a share of the configured one (backend feedback)",
+            m.kv_capacity_scale.clone(),
+        );
+        r.register(
+            "backend_requests_waiting",
+            "Requests waiting in the backend's own queue, as its metrics last said",
+            m.backend_waiting.clone(),
+        );
+        r.register(
+            "backend_requests_running",
+            "Requests in the backend's running batch, as its metrics last said",
+            m.backend_running.clone(),
+        );
+        r.register(
+            "backend_kv_usage",
+            "The backend's KV-cache usage (0..1), as its metrics last said",
+            m.backend_kv_usage.clone(),
+        );
+        r.register(
+            "backend_scrape_failures",
+            "Scrapes of the backend's metrics that failed (unreachable, slow, too large, not 2xx)",
+            m.backend_scrape_failures.clone(),
         );
         r.register(
             "queue_depth",

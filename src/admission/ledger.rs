@@ -42,8 +42,7 @@ impl KvLedger {
     /// KV bytes admitted against now: the configured capacity scaled by
     /// [`Self::capacity_scale_permille`], rounded down.
     pub fn effective_capacity_bytes(&self) -> u64 {
-        let scaled = u128::from(self.kv_capacity_bytes)
-            * u128::from(self.capacity_scale_permille)
+        let scaled = u128::from(self.kv_capacity_bytes) * u128::from(self.capacity_scale_permille)
             / u128::from(Self::UNSCALED);
         u64::try_from(scaled).unwrap_or(u64::MAX)
     }
@@ -191,7 +190,11 @@ mod tests {
         assert!(l.reserve(600));
         l.set_capacity_scale(500);
         assert_eq!(
-            (l.effective_capacity_bytes(), l.free_bytes(), l.reserved_bytes()),
+            (
+                l.effective_capacity_bytes(),
+                l.free_bytes(),
+                l.reserved_bytes()
+            ),
             (500, 0, 600)
         );
         assert!(!l.fits(1));
@@ -202,7 +205,10 @@ mod tests {
         assert!(l.fits(500) && !l.fits(501));
         // The scale survives a reload's resize and applies to the new capacity.
         l.resize(2000, 4);
-        assert_eq!((l.capacity_scale_permille(), l.effective_capacity_bytes()), (500, 1000));
+        assert_eq!(
+            (l.capacity_scale_permille(), l.effective_capacity_bytes()),
+            (500, 1000)
+        );
         // Overcommit: more than configured fits, rounded down.
         l.set_capacity_scale(1_333);
         assert_eq!(l.effective_capacity_bytes(), 2666);

@@ -91,6 +91,8 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Where the bodies of requests refused unread are read and dropped.
     pub discarder: Arc<discard::Discarder>,
+    /// The backends' metrics as last scraped (backend feedback); dropping it stops the scrapes.
+    pub feedback: crate::feedback::Scrapers,
 }
 
 impl std::fmt::Debug for Gateway {

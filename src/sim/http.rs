@@ -132,7 +132,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         (&Method::GET, "/health") => return Ok(Response::new(full_body(Bytes::new()))),
         (&Method::GET, "/v1/models") => return Ok(models(shared)),
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(full_body(shared.metrics.render()));
+            // `?names=mindie`: MindIE's names alone, as its metrics port would serve them.
+            let mindie_only = req.uri().query() == Some("names=mindie");
+            let mut resp = Response::new(full_body(shared.metrics.render(mindie_only)));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

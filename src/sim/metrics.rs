@@ -1,5 +1,7 @@
-//! Room `sim`: the simulated engine's Prometheus metrics under vLLM's names, so dashboards and the
-//! gateway's backend probes read the sim like a real vLLM. Times are in simulated seconds.
+//! Room `sim`: the simulated engine's Prometheus metrics under vLLM's names (`vllm:` prefix) and
+//! MindIE's (no prefix, DOMAIN.md section 8), the same values under both, so dashboards and the
+//! gateway's backend feedback read the sim like a real vLLM or MindIE. `/metrics` has both sets;
+//! `/metrics?names=mindie` only MindIE's. Times are in simulated seconds.
 
 use super::engine::EngineSnapshot;
 use prometheus_client::encoding::text::encode;
@@ -25,6 +27,7 @@ const TPOT_BUCKETS: [f64; 19] = [
 #[derive(Debug)]
 pub struct SimMetrics {
     registry: Registry,
+    mindie: Registry,
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge<f64, AtomicU64>,
@@ -43,6 +46,7 @@ impl Default for SimMetrics {
     fn default() -> Self {
         let mut m = Self {
             registry: Registry::default(),
+            mindie: Registry::default(),
             running: Gauge::default(),
             waiting: Gauge::default(),
             kv_usage: Gauge::default(),
@@ -93,6 +97,49 @@ impl Default for SimMetrics {
             "Histogram of time per output token in seconds.",
             m.tpot.clone(),
         );
+        // MindIE's names for the same values, in the shared registry and in MindIE's own.
+        for r in [&mut m.registry, &mut m.mindie] {
+            r.register(
+                "num_requests_running",
+                "Running requests.",
+                m.running.clone(),
+            );
+            r.register(
+                "num_requests_waiting",
+                "Waiting requests.",
+                m.waiting.clone(),
+            );
+            r.register(
+                "npu_cache_usage_perc",
+                "NPU KV-cache usage (0..1).",
+                m.kv_usage.clone(),
+            );
+            r.register(
+                "num_preemptions",
+                "Preemptions since start.",
+                m.preemptions.clone(),
+            );
+            r.register(
+                "prompt_tokens",
+                "Prompt tokens processed.",
+                m.prompt_tokens.clone(),
+            );
+            r.register(
+                "generation_tokens",
+                "Tokens generated.",
+                m.generation_tokens.clone(),
+            );
+            r.register(
+                "time_to_first_token_seconds",
+                "Time to first token.",
+                m.ttft.clone(),
+            );
+            r.register(
+                "time_per_output_token_seconds",
+                "Time per output token.",
+                m.tpot.clone(),
+            );
+        }
         m
     }
 }
@@ -113,11 +160,16 @@ impl SimMetrics {
             .inc_by(snap.preemptions.saturating_sub(seen));
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    /// The Prometheus text exposition: both name sets, or MindIE's alone.
+    pub fn render(&self, mindie_only: bool) -> String {
         let mut out = String::new();
+        let registry = if mindie_only {
+            &self.mindie
+        } else {
+            &self.registry
+        };
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, registry);
         out
     }
 }
