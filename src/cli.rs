@@ -43,6 +43,8 @@ enum Command {
     Healthcheck(crate::healthcheck::HealthcheckArgs),
     /// Open-loop load generator: Poisson or trace arrivals, TTFT/TPOT percentiles, SLA, plots.
     Loadgen(crate::loadgen::LoadgenArgs),
+    /// The seed article's decision tree over a running gateway's live numbers.
+    Diagnose(crate::diagnose::cli::DiagnoseArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -106,5 +108,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sim(args) => crate::sim::cli::run_sim(args),
         Command::Healthcheck(args) => crate::healthcheck::run_healthcheck(args),
         Command::Loadgen(args) => crate::loadgen::run_loadgen(args),
+        Command::Diagnose(args) => crate::diagnose::cli::run_diagnose(args),
     }
 }

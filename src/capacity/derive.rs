@@ -57,6 +57,9 @@ pub struct DerivedBackend {
     pub workload: Workload,
     /// The per-replica roofline the totals come from.
     pub per_replica: RooflineReport,
+    /// The deployment it was computed for (`tokengate diagnose` reruns the model on it at the
+    /// observed lengths).
+    pub inputs: CapacityInputs,
     /// The derivation in words and numbers.
     pub explanation: String,
 }
@@ -121,6 +124,7 @@ pub fn derive_backend(inputs: &CapacityInputs, workload: Workload) -> DerivedBac
         replicas: inputs.replicas,
         workload,
         per_replica: r,
+        inputs: inputs.clone(),
         explanation,
     }
 }

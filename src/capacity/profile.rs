@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 pub const GB: f64 = 1e9;
 
 /// One accelerator card.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HardwareProfile {
     /// Canonical profile name (`910b3`), or what the user called an overridden profile.
     pub name: String,
@@ -157,7 +157,7 @@ impl StateDtype {
 }
 
 /// The layout facts a model's cache footprint follows from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelArch {
     /// Layers with full (softmax) attention: the only ones with a per-token KV cache.
     pub full_attention_layers: u64,
@@ -259,7 +259,7 @@ const MODELS: &[(&str, &[&str], f64, u64, ModelArch)] = &[
 ];
 
 /// One model as the capacity model sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelProfile {
     /// Canonical profile name (`qwen3.5-27b`).
     pub name: String,

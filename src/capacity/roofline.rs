@@ -13,7 +13,7 @@
 
 use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
 use super::CapacityError;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// HBM kept back for activations, framework and fragmentation, per card (the seed's 2 GB).
 pub const DEFAULT_RESERVE_BYTES: u64 = 2_000_000_000;
@@ -25,7 +25,7 @@ pub const DEFAULT_TPOT_SLO_SECONDS: f64 = 0.050;
 /// Achieved fractions of peak, by kind of work. The ideal roofline is [`Efficiency::IDEAL`];
 /// the default, [`Efficiency::FITTED`], is fitted to published Qwen3-32B measurements on
 /// 910B cards (docs/capacity.md, validation table).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Efficiency {
     /// Fraction of peak HBM bandwidth a step reaches streaming the weights, everything else a
     /// layer does besides attention folded in (its collectives, norms, small kernels).
@@ -176,7 +176,7 @@ pub fn mean_context_tokens(input: u64, output: u64) -> f64 {
 }
 
 /// Everything the roofline needs about one deployment of one model.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CapacityInputs {
     /// The card.
     pub hardware: HardwareProfile,

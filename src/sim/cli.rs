@@ -1,6 +1,6 @@
 //! Room `sim`: `tokengate sim`, the command line of the simulated backend.
 
-use super::timing::Roofline;
+use super::timing::{Roofline, Slowed};
 use super::{start, SimConfig, DEFAULT_SERVED_NAMES};
 use crate::capacity::cli::EfficiencyArgs;
 use crate::capacity::StateDtype;
@@ -76,6 +76,17 @@ pub struct SimArgs {
     /// Mean of those output lengths (lognormal).
     #[arg(long, default_value_t = 150.0)]
     pub mean_output_tokens: f64,
+    /// Make every prefill pass this many times slower (a compute-starved card: TTFT grows,
+    /// TPOT does not).
+    #[arg(long, default_value_t = 1.0)]
+    pub slow_prefill: f64,
+    /// Make every decode step this many times slower (a bandwidth-starved card: TPOT grows).
+    #[arg(long, default_value_t = 1.0)]
+    pub slow_decode: f64,
+    /// Keep only this share of the KV-cache budget (a card with less memory than the gateway
+    /// was told: the engine queues and preempts what the gateway's ledger admits).
+    #[arg(long, default_value_t = 1.0)]
+    pub cache_fraction: f64,
 }
 
 impl SimArgs {
@@ -106,6 +117,31 @@ impl SimArgs {
         }
         if let Some(n) = self.max_prefill_tokens {
             cfg.engine.max_prefill_tokens = n;
+        }
+        for (flag, v) in [
+            ("--slow-prefill", self.slow_prefill),
+            ("--slow-decode", self.slow_decode),
+        ] {
+            anyhow::ensure!(
+                v.is_finite() && v >= 1.0,
+                "{flag} must be a factor of at least 1, got {v}"
+            );
+        }
+        anyhow::ensure!(
+            self.cache_fraction > 0.0 && self.cache_fraction <= 1.0,
+            "--cache-fraction must be in (0, 1], got {}",
+            self.cache_fraction
+        );
+        if self.slow_prefill != 1.0 || self.slow_decode != 1.0 {
+            cfg.timing = Arc::new(Slowed {
+                inner: cfg.timing,
+                prefill: self.slow_prefill,
+                decode: self.slow_decode,
+            });
+        }
+        if self.cache_fraction < 1.0 && cfg.engine.kv.budget_bytes != u64::MAX {
+            cfg.engine.kv.budget_bytes =
+                (cfg.engine.kv.budget_bytes as f64 * self.cache_fraction) as u64;
         }
         Ok(cfg)
     }
@@ -170,6 +206,30 @@ mod tests {
         // the pure roofline
         let ideal = config(&["--efficiency", "1"]);
         assert_eq!(ideal.timing.step(&[], 0).as_micros(), 33_750);
+        // A phase slowed, a cache shrunk.
+        let slow = config(&[
+            "--slow-prefill",
+            "4",
+            "--slow-decode",
+            "2",
+            "--cache-fraction",
+            "0.25",
+        ]);
+        assert_eq!(slow.timing.step(&[], 0).as_micros(), 150_000);
+        assert_eq!(
+            slow.timing.prefill(&[1000]),
+            one.timing.prefill(&[1000]).mul_f64(4.0)
+        );
+        assert_eq!(slow.engine.kv.budget_bytes, 2_000_000_000);
+        let err = Cli::try_parse_from(["sim", "--slow-decode", "0.5"])
+            .unwrap()
+            .args
+            .config()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--slow-decode must be a factor of at least 1, got 0.5"
+        );
         let err = Cli::try_parse_from(["sim", "--cache-efficiency", "1.5"])
             .unwrap()
             .args

@@ -34,6 +34,29 @@ impl StepTiming for Pace {
     }
 }
 
+/// Another timing with each phase slowed by its own factor (`tokengate sim --slow-prefill 4`):
+/// to drive a gateway into a prefill-bound or decode-bound state on purpose. A pass that mixes
+/// prefill chunks into a decode step is a decode step.
+#[derive(Debug, Clone)]
+pub struct Slowed {
+    /// The timing slowed.
+    pub inner: std::sync::Arc<dyn StepTiming>,
+    /// Prefill passes take this many times longer.
+    pub prefill: f64,
+    /// Decode steps take this many times longer.
+    pub decode: f64,
+}
+
+impl StepTiming for Slowed {
+    fn prefill(&self, tokens: &[u64]) -> Duration {
+        self.inner.prefill(tokens).mul_f64(self.prefill)
+    }
+
+    fn step(&self, contexts: &[u64], chunk: u64) -> Duration {
+        self.inner.step(contexts, chunk).mul_f64(self.decode)
+    }
+}
+
 /// The roofline timing of one model replica: the capacity room's formulas for a deployment,
 /// efficiency included (prefill `2 P L / (F e)`, a pass `max(weights / (BW e_w) + cache /
 /// (BW e_c), 2 P tokens / (F e))`), so the simulated card runs at the speed the model predicts
