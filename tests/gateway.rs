@@ -1587,3 +1587,6 @@ async fn images_that_cannot_be_counted_are_refused_and_change_nothing() {
 
 #[path = "gateway/mindie.rs"]
 mod mindie;
+
+#[path = "gateway/diagnose.rs"]
+mod diagnose;
