@@ -5,7 +5,9 @@
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
-use tokengate::admission::{Admission, Arrival, BackendSpec, FairQueue, KvLedger, QueueSpec};
+use tokengate::admission::{
+    Admission, Arrival, BackendSpec, FairQueue, KvLedger, Need, Priority, QueueSpec,
+};
 use tokengate::clock::SystemClock;
 use tokengate::limiter::bucket::TenantState;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, TenantLimits};
@@ -84,6 +86,12 @@ fn limiter_shell(rt: &tokio::runtime::Runtime, limits: &TenantLimits) -> f64 {
 
 const BACKENDS: [u64; 4] = [8 << 30, 8 << 30, 6 << 30, 6 << 30];
 const BYTES: u64 = 300 << 20;
+/// One request: `BYTES` of KV for 1,000 prompt and 100 output tokens.
+const NEED: Need = Need {
+    bytes: BYTES,
+    prompt_tokens: 1000,
+    output_tokens: 100,
+};
 
 fn admission_core() -> f64 {
     let mut ledgers: Vec<KvLedger> = BACKENDS.iter().map(|&c| KvLedger::new(c, 64)).collect();
@@ -91,7 +99,7 @@ fn admission_core() -> f64 {
     best_ns_per_op(|iters| {
         for i in 0..iters {
             let tenant = if i % 2 == 0 { "a" } else { "b" };
-            match queue.arrive(&mut ledgers, tenant, black_box(BYTES)) {
+            match queue.arrive(&mut ledgers, tenant, Priority::Standard, black_box(NEED)) {
                 Arrival::Admitted { backend } => ledgers[backend].release(BYTES),
                 other => panic!("idle backends must admit: {other:?}"),
             }
@@ -120,7 +128,7 @@ fn admission_shell(rt: &tokio::runtime::Runtime) -> f64 {
             for i in 0..iters {
                 let tenant = if i % 2 == 0 { "a" } else { "b" };
                 let lease = admission
-                    .admit(tenant, black_box(BYTES))
+                    .admit(tenant, Priority::Standard, black_box(NEED))
                     .await
                     .expect("idle backends admit");
                 drop(black_box(lease));

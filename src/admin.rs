@@ -165,6 +165,15 @@ async fn refresh_gauges(gw: &Gateway) {
             .set(b.kv_capacity_bytes as i64);
     }
     gw.metrics.queue_depth.set(snap.queued as i64);
+    for (class, depth) in &snap.queued_by_class {
+        let label = crate::metrics::ClassLabel {
+            class: class.as_str().to_string(),
+        };
+        gw.metrics
+            .queue_depth_by_class
+            .get_or_create(&label)
+            .set(*depth as i64);
+    }
     for t in gw.live.current().tenants.tenants() {
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
         for (bucket, b) in [

@@ -7,6 +7,7 @@
 //! and holding what they parsed (backend addresses, key digests), so no code that takes one meets
 //! a value the checks refuse or parses anything again.
 
+use crate::admission::Priority;
 use crate::capacity::{
     derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend,
     EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
@@ -452,6 +453,10 @@ pub struct TenantConfig {
     /// Bucket capacity in seconds of rate (capacity = rate x burst).
     #[serde(default = "default_burst_seconds")]
     pub burst_seconds: f64,
+    /// Priority class in the KV queue (`critical`, `standard`, `sheddable`); a request may
+    /// lower its own with the `x-tokengate-priority` header.
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 fn default_burst_seconds() -> f64 {

@@ -553,6 +553,17 @@ impl From<NotAdmitted> for ApiError {
                 format!("the KV cache is full and {waiting} requests already wait for it (queue limit {max_waiting}); retry later"),
                 queue_deadline,
             ),
+            AdmitError::Shed { waiting_above } => ApiError::capacity_exhausted(
+                format!("the KV cache is full and {waiting_above} requests of a higher priority class wait for it; a sheddable request is not queued behind them; retry later"),
+                queue_deadline,
+            ),
+            AdmitError::Displaced { class, by, waited, max_waiting } => ApiError::capacity_exhausted(
+                format!(
+                    "this {class} request waited {} in the full KV queue (limit {max_waiting}) and gave its place to a {by} request; retry later",
+                    humantime::format_duration(Duration::from_millis(waited.as_millis() as u64))
+                ),
+                queue_deadline,
+            ),
             AdmitError::DeadlineExceeded { waited, deadline } => ApiError::capacity_exhausted(
                 format!(
                     "no KV-cache space freed up within the queue deadline of {} (waited {}); retry later",
@@ -820,6 +831,31 @@ mod tests {
             )
         );
         assert_eq!(e.message, "no KV-cache space freed up within the queue deadline of 10s (waited 2h 46m 40s 400ms); retry later");
+        let e = refusal(AdmitError::Shed { waiting_above: 7 });
+        assert_eq!(
+            (e.status, e.code, e.retry_after),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capacity_exhausted",
+                Some(deadline)
+            )
+        );
+        assert_eq!(e.message, "the KV cache is full and 7 requests of a higher priority class wait for it; a sheddable request is not queued behind them; retry later");
+        let e = refusal(AdmitError::Displaced {
+            class: crate::admission::Priority::Sheddable,
+            by: crate::admission::Priority::Critical,
+            waited: Duration::from_millis(1500),
+            max_waiting: 256,
+        });
+        assert_eq!(
+            (e.status, e.code, e.retry_after),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "capacity_exhausted",
+                Some(deadline)
+            )
+        );
+        assert_eq!(e.message, "this sheddable request waited 1s 500ms in the full KV queue (limit 256) and gave its place to a critical request; retry later");
     }
 
     #[test]

@@ -76,6 +76,23 @@ pub struct BucketLabels {
     pub bucket: String,
 }
 
+/// `{class}`: a priority class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    /// `critical`, `standard` or `sheddable`.
+    pub class: String,
+}
+
+/// `{class, reason}` of a request the KV queue refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueRefusalLabels {
+    /// The request's class.
+    pub class: String,
+    /// `queue_full`, `shed` (sheddable while a higher class waits), `displaced` (gave its place
+    /// to a higher class) or `deadline`.
+    pub reason: String,
+}
+
 /// `{result}` of a config reload.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
@@ -140,6 +157,10 @@ pub struct Metrics {
     pub backend_scrape_failures: Family<BackendLabel, Counter>,
     /// Requests waiting for KV space.
     pub queue_depth: Gauge,
+    /// Requests waiting for KV space, per priority class.
+    pub queue_depth_by_class: Family<ClassLabel, Gauge>,
+    /// Requests the KV queue refused (503 `capacity_exhausted`), by class and reason.
+    pub queue_refusals: Family<QueueRefusalLabels, Counter>,
     /// Client connections open per listener.
     pub open_connections: Family<ListenerLabel, Gauge>,
     /// Tokens available now per tenant bucket.
@@ -203,6 +224,8 @@ impl Metrics {
             backend_kv_usage: Family::default(),
             backend_scrape_failures: Family::default(),
             queue_depth: Gauge::default(),
+            queue_depth_by_class: Family::default(),
+            queue_refusals: Family::default(),
             open_connections: Family::default(),
             bucket_available: Family::default(),
             bucket_capacity: Family::default(),
@@ -323,6 +346,16 @@ impl Metrics {
             m.queue_depth.clone(),
         );
         r.register(
+            "queue_depth_by_class",
+            "Requests waiting for KV space, per priority class",
+            m.queue_depth_by_class.clone(),
+        );
+        r.register(
+            "queue_refusals",
+            "Requests the KV queue refused with 503, by class and reason (queue_full, shed, displaced, deadline)",
+            m.queue_refusals.clone(),
+        );
+        r.register(
             "open_connections",
             "Client connections open on a listener (main: at most server.max_connections)",
             m.open_connections.clone(),
@@ -417,6 +450,16 @@ impl Metrics {
             .get_or_create(&OutcomeLabels {
                 tenant: tenant.to_string(),
                 outcome: outcome.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a request of `class` the KV queue refused for `reason`.
+    pub fn queue_refused(&self, class: &str, reason: &str) {
+        self.queue_refusals
+            .get_or_create(&QueueRefusalLabels {
+                class: class.to_string(),
+                reason: reason.to_string(),
             })
             .inc();
     }

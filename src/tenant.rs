@@ -4,6 +4,7 @@
 //! presented key's: steering that takes a sha256 preimage, so neither a key nor which tenant
 //! nearly matched leaks.
 
+use crate::admission::Priority;
 use crate::config::{TenantConfig, ValidConfig};
 use crate::digest::hash_key;
 use crate::error::ApiError;
@@ -22,6 +23,8 @@ pub struct Tenant {
     pub name: String,
     /// Its three buckets.
     pub limits: TenantLimits,
+    /// Its class in the KV queue (a request may lower it, never raise it).
+    pub priority: Priority,
     /// Its series of the per-tenant metrics, looked up once.
     pub metrics: TenantMetrics,
 }
@@ -34,7 +37,14 @@ impl Tenant {
             metrics: TenantMetrics::new(&name),
             name,
             limits,
+            priority: Priority::default(),
         }
+    }
+
+    /// The same tenant in class `priority`.
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
     }
 }
 
@@ -108,7 +118,9 @@ impl TenantDirectory {
         let mut tenants = Vec::with_capacity(config.tenants.len());
         let mut keys: FxHashMap<u64, Vec<([u8; 32], usize)>> = FxHashMap::default();
         for (i, (t, digests)) in config.tenants_with_keys().enumerate() {
-            tenants.push(Arc::new(Tenant::new(t.name.clone(), limits_of(t))));
+            tenants.push(Arc::new(
+                Tenant::new(t.name.clone(), limits_of(t)).with_priority(t.priority),
+            ));
             for &digest in digests {
                 keys.entry(prefix(&digest)).or_default().push((digest, i));
             }
@@ -180,6 +192,7 @@ mod tests {
             requests_per_second: 1.0,
             burst_seconds: 5.0,
             share: None,
+            priority: Priority::Standard,
         }
     }
 

@@ -1,17 +1,20 @@
 //! Admission room (request path step 9): admits a request only when its KV-cache footprint fits
 //! a backend. [`Admission::admit`] returns a [`Lease`] at once when it fits, or waits in a fair,
-//! bounded queue until a lease is granted or the deadline passes. Dropping a lease frees its
-//! bytes and batch slot and grants waiters; dropping a waiting `admit` future (client disconnect)
-//! leaves the queue at once.
+//! bounded queue (by [`Priority`] class, token-fair within one) until a lease is granted or the
+//! deadline passes. Dropping a lease frees its bytes and batch slot, settles its tenant's fairness
+//! counter and grants waiters; dropping a waiting `admit` future (client disconnect) leaves the
+//! queue at once.
 //!
 //! The policy is the pure core in [`ledger`] and [`queue`]; this module is the thin async shell:
 //! one short-held lock, a oneshot channel per waiter, and guards.
 
 pub mod ledger;
+pub mod priority;
 pub mod queue;
 
 pub use ledger::KvLedger;
-pub use queue::{Arrival, FairQueue, Grant, WaiterId};
+pub use priority::{Priority, PRIORITY_HEADER};
+pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -62,6 +65,24 @@ pub enum AdmitError {
         /// The queue's bound.
         max_waiting: usize,
     },
+    /// A sheddable request that would have to wait while higher classes wait.
+    #[error("KV cache is full and {waiting_above} requests of a higher class wait for it")]
+    Shed {
+        /// Requests of higher classes waiting.
+        waiting_above: usize,
+    },
+    /// It waited in the full queue and gave its place to a request of a higher class.
+    #[error("gave its place in the full KV queue (limit {max_waiting}) to a {by} request after waiting {waited:?}")]
+    Displaced {
+        /// Its class.
+        class: Priority,
+        /// The class of the request that took its place.
+        by: Priority,
+        /// How long it waited.
+        waited: Duration,
+        /// The queue's bound.
+        max_waiting: usize,
+    },
     /// It waited until the deadline without fitting.
     #[error("no KV cache became free within {deadline:?} (waited {waited:?})")]
     DeadlineExceeded {
@@ -70,6 +91,20 @@ pub enum AdmitError {
         /// The queue deadline.
         deadline: Duration,
     },
+}
+
+impl AdmitError {
+    /// The `reason` label of `tokengate_queue_refusals_total` (`None` for a request that can
+    /// never fit: a bad request, not pressure).
+    pub fn queue_refusal(&self) -> Option<&'static str> {
+        match self {
+            AdmitError::NeverFits { .. } => None,
+            AdmitError::QueueFull { .. } => Some("queue_full"),
+            AdmitError::Shed { .. } => Some("shed"),
+            AdmitError::Displaced { .. } => Some("displaced"),
+            AdmitError::DeadlineExceeded { .. } => Some("deadline"),
+        }
+    }
 }
 
 /// One backend as seen now.
@@ -98,12 +133,15 @@ pub struct AdmissionSnapshot {
     pub queued: usize,
     /// Requests waiting per tenant.
     pub queued_by_tenant: BTreeMap<String, usize>,
+    /// Requests waiting per class (every class, lowest first).
+    pub queued_by_class: BTreeMap<Priority, usize>,
 }
 
 /// A waiter's channel end, kept while it waits.
 struct Pending {
-    tx: oneshot::Sender<Lease>,
+    tx: oneshot::Sender<Result<Lease, AdmitError>>,
     since: Instant,
+    class: Priority,
 }
 
 struct State {
@@ -144,19 +182,14 @@ fn grant_waiters(shared: &Arc<Shared>, state: &mut State) -> Vec<Lease> {
     let mut orphans = Vec::new();
     for grant in grants {
         let Some(waiter) = pending.remove(&grant.id) else {
-            orphans.push(Lease::new(
-                shared,
-                grant.backend,
-                grant.bytes,
-                Duration::ZERO,
-            ));
+            orphans.push(Lease::new(shared, grant, Duration::ZERO));
             continue;
         };
         let waited = now.saturating_duration_since(waiter.since);
-        let lease = Lease::new(shared, grant.backend, grant.bytes, waited);
+        let lease = Lease::new(shared, grant, waited);
         // `Waiting` removes its entry before its receiver drops, so sends succeed; a lease that
         // came back anyway must not be dropped here, where its `Drop` would re-enter the lock.
-        if let Err(lease) = waiter.tx.send(lease) {
+        if let Err(Ok(lease)) = waiter.tx.send(Ok(lease)) {
             orphans.push(lease);
         }
     }
@@ -203,24 +236,47 @@ impl Admission {
         self.shared.queue.deadline
     }
 
-    /// Admits a request of `bytes` KV from `tenant`: at once if it fits (and its tenant has no
-    /// earlier waiter), otherwise after waiting in the fair queue, up to the queue deadline.
-    /// Dropping the returned future while it waits leaves the queue at once.
-    pub async fn admit(&self, tenant: &str, bytes: u64) -> Result<Lease, AdmitError> {
+    /// Admits a request of class `class` from `tenant` needing `need`: at once if it fits and
+    /// nobody of its class or higher waits, otherwise after waiting in the fair queue, up to the
+    /// queue deadline. Dropping the returned future while it waits leaves the queue at once.
+    pub async fn admit(
+        &self,
+        tenant: &str,
+        class: Priority,
+        need: Need,
+    ) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
-        let (id, rx) = {
+        let (id, rx, orphans) = {
             let mut guard = self.shared.state();
             let state = &mut *guard;
-            match state.queue.arrive(&mut state.ledgers, tenant, bytes) {
+            match state.queue.arrive(&mut state.ledgers, tenant, class, need) {
                 Arrival::Admitted { backend } => {
-                    return Ok(Lease::new(&self.shared, backend, bytes, Duration::ZERO))
+                    let grant = Grant {
+                        id: 0,
+                        backend,
+                        tenant: tenant.to_string(),
+                        class,
+                        need,
+                    };
+                    return Ok(Lease::new(&self.shared, grant, Duration::ZERO));
                 }
-                Arrival::Queued { id } => {
+                Arrival::Queued { id, displaced } => {
+                    if let Some(gone) = displaced.and_then(|gone| state.pending.remove(&gone)) {
+                        // Its `admit` reads this at once and answers 503.
+                        let _ = gone.tx.send(Err(AdmitError::Displaced {
+                            class: gone.class,
+                            by: class,
+                            waited: since.saturating_duration_since(gone.since),
+                            max_waiting: self.shared.queue.max_waiting,
+                        }));
+                    }
                     let (tx, rx) = oneshot::channel();
-                    state.pending.insert(id, Pending { tx, since });
-                    (id, rx)
+                    state.pending.insert(id, Pending { tx, since, class });
+                    // The newcomer may be next in line (it joined at the least counter).
+                    (id, rx, grant_waiters(&self.shared, state))
                 }
+                Arrival::Shed { waiting_above } => return Err(AdmitError::Shed { waiting_above }),
                 Arrival::QueueFull { waiting } => {
                     return Err(AdmitError::QueueFull {
                         waiting,
@@ -229,19 +285,20 @@ impl Admission {
                 }
                 Arrival::NeverFits { largest_capacity } => {
                     return Err(AdmitError::NeverFits {
-                        bytes,
+                        bytes: need.bytes,
                         largest_capacity,
                     })
                 }
             }
         };
+        drop(orphans);
         let mut waiting = Waiting {
             shared: &self.shared,
             id,
             rx,
         };
         match tokio::time::timeout(deadline, &mut waiting.rx).await {
-            Ok(Ok(lease)) => Ok(lease),
+            Ok(Ok(answer)) => answer,
             // The sender is dropped only after sending (or with the entry `Waiting` removes on
             // drop), so a closed channel cannot be seen here; it would mean no lease, like a
             // missed deadline.
@@ -303,6 +360,9 @@ impl Admission {
                 .collect(),
             queued: state.queue.len(),
             queued_by_tenant: state.queue.len_by_tenant(),
+            queued_by_class: (Priority::HIGHEST_FIRST.into_iter())
+                .map(|p| (p, state.queue.len_of(p)))
+                .collect(),
         }
     }
 }
@@ -313,7 +373,7 @@ impl Admission {
 struct Waiting<'a> {
     shared: &'a Arc<Shared>,
     id: WaiterId,
-    rx: oneshot::Receiver<Lease>,
+    rx: oneshot::Receiver<Result<Lease, AdmitError>>,
 }
 
 impl Drop for Waiting<'_> {
@@ -331,47 +391,69 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// KV bytes and a batch slot held on one backend. Dropping it gives them back and grants waiters.
+/// KV bytes and a batch slot held on one backend. Dropping it gives them back, settles its
+/// tenant's fairness counter (the output not produced goes back) and grants waiters.
 pub struct Lease {
     shared: Arc<Shared>,
-    backend: usize,
-    bytes: u64,
+    grant: Grant,
     waited: Duration,
+    /// Output tokens produced so far; `None` once the backend is known never to have answered.
+    output: Option<u64>,
 }
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("backend", &self.backend)
-            .field("bytes", &self.bytes)
+            .field("backend", &self.grant.backend)
+            .field("class", &self.grant.class)
+            .field("need", &self.grant.need)
             .field("waited", &self.waited)
+            .field("output", &self.output)
             .finish()
     }
 }
 
 impl Lease {
-    fn new(shared: &Arc<Shared>, backend: usize, bytes: u64, waited: Duration) -> Self {
+    fn new(shared: &Arc<Shared>, grant: Grant, waited: Duration) -> Self {
         Self {
             shared: Arc::clone(shared),
-            backend,
-            bytes,
+            grant,
             waited,
+            output: Some(0),
         }
     }
 
     /// Index of the backend (into the `backends` given to [`Admission::new`]).
     pub fn backend(&self) -> usize {
-        self.backend
+        self.grant.backend
     }
 
     /// Name of the backend.
     pub fn backend_name(&self) -> &str {
-        &self.shared.names[self.backend]
+        &self.shared.names[self.grant.backend]
     }
 
     /// KV bytes held.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.grant.need.bytes
+    }
+
+    /// The class it was admitted in.
+    pub fn class(&self) -> Priority {
+        self.grant.class
+    }
+
+    /// Records the output tokens produced SO FAR (a running total); when the lease goes, its
+    /// tenant's fairness counter keeps them and gets back the rest of the reserved output.
+    pub fn record_output(&mut self, tokens: u64) {
+        if self.output.is_some() {
+            self.output = Some(tokens);
+        }
+    }
+
+    /// The backend never answered: the counter gets back everything it was charged.
+    pub fn refund_all(&mut self) {
+        self.output = None;
     }
 
     /// Time spent in the queue (zero when admitted at once).
@@ -382,9 +464,17 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        let Grant {
+            backend,
+            ref tenant,
+            class,
+            need,
+            ..
+        } = self.grant;
         let orphans = {
             let mut state = self.shared.state();
-            state.ledgers[self.backend].release(self.bytes);
+            state.ledgers[backend].release(need.bytes);
+            state.queue.settle(tenant, class, need, self.output);
             grant_waiters(&self.shared, &mut state)
         };
         drop(orphans);
@@ -395,6 +485,16 @@ impl Drop for Lease {
 mod tests {
     use super::*;
     use tokio::sync::mpsc;
+    use Priority::Standard;
+
+    /// `bytes` of KV and as many prompt tokens.
+    fn need(bytes: u64) -> Need {
+        Need {
+            bytes,
+            prompt_tokens: bytes,
+            output_tokens: 0,
+        }
+    }
     use tokio::task::JoinHandle;
 
     fn backend(name: &str, kv_capacity_bytes: u64, max_batch: u32) -> BackendSpec {
@@ -431,7 +531,7 @@ mod tests {
         let adm = adm.clone();
         let granted = granted.clone();
         tokio::spawn(async move {
-            match adm.admit(tenant, bytes).await {
+            match adm.admit(tenant, Standard, need(bytes)).await {
                 Ok(lease) => {
                     granted.send((tenant, lease)).expect("test receiver");
                     std::future::pending().await
@@ -461,8 +561,8 @@ mod tests {
     }
 
     async fn third_waits_for_one_of_two(adm: Admission, bytes: u64) {
-        let first = adm.admit("a", bytes).await.expect("room");
-        let _second = adm.admit("b", bytes).await.expect("room");
+        let first = adm.admit("a", Standard, need(bytes)).await.expect("room");
+        let _second = adm.admit("b", Standard, need(bytes)).await.expect("room");
         let (tx, mut granted) = mpsc::unbounded_channel();
         spawn_admit(&adm, "c", bytes, &tx);
         until_queued(&adm, 1).await;
@@ -498,8 +598,11 @@ mod tests {
                 deadline: Duration::from_secs(2),
             },
         );
-        let _held = adm.admit("a", 10).await.expect("room");
-        let err = adm.admit("b", 10).await.expect_err("no room within 2 s");
+        let _held = adm.admit("a", Standard, need(10)).await.expect("room");
+        let err = adm
+            .admit("b", Standard, need(10))
+            .await
+            .expect_err("no room within 2 s");
         assert_eq!(
             err,
             AdmitError::DeadlineExceeded {
@@ -514,8 +617,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_resize_below_the_leases_held_waits_for_their_release_and_a_raise_grants() {
         let adm = admission(vec![backend("npu0", 1000, 4)], 8);
-        let first = adm.admit("a", 600).await.expect("room");
-        let second = adm.admit("a", 300).await.expect("room");
+        let first = adm.admit("a", Standard, need(600)).await.expect("room");
+        let second = adm.admit("a", Standard, need(300)).await.expect("room");
         adm.resize(&[(500, 4)]);
         let (tx, mut granted) = mpsc::unbounded_channel();
         spawn_admit(&adm, "b", 200, &tx);
@@ -528,7 +631,7 @@ mod tests {
         drop((second, lease));
         assert_eq!(usage(&adm), [(0, 0)]);
         // Raising the capacity grants a waiter that did not fit at once.
-        let held = adm.admit("a", 500).await.expect("room");
+        let held = adm.admit("a", Standard, need(500)).await.expect("room");
         spawn_admit(&adm, "b", 400, &tx);
         until_queued(&adm, 1).await;
         adm.resize(&[(900, 4)]);
@@ -567,12 +670,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once() {
         let adm = admission(vec![backend("npu0", 1000, 1)], 1);
-        let _held = adm.admit("a", 10).await.expect("room");
+        let _held = adm.admit("a", Standard, need(10)).await.expect("room");
         let (tx, _granted) = mpsc::unbounded_channel();
         spawn_admit(&adm, "b", 10, &tx);
         until_queued(&adm, 1).await;
         assert_eq!(
-            adm.admit("c", 10).await.expect_err("queue full"),
+            adm.admit("c", Standard, need(10))
+                .await
+                .expect_err("queue full"),
             AdmitError::QueueFull {
                 waiting: 1,
                 max_waiting: 1
@@ -583,7 +688,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_flood_from_one_tenant_does_not_bury_another() {
         let adm = admission(vec![backend("npu0", 1000, 1)], 64);
-        let holder = adm.admit("h", 10).await.expect("room");
+        let holder = adm.admit("h", Standard, need(10)).await.expect("room");
         let (tx, mut granted) = mpsc::unbounded_channel();
         for n in 1..=50 {
             spawn_admit(&adm, "a", 10, &tx);
@@ -610,9 +715,83 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_critical_arrival_displaces_a_sheddable_waiter_which_is_answered_at_once() {
+        let adm = admission(vec![backend("npu0", 1000, 1)], 1);
+        let held = adm.admit("a", Standard, need(10)).await.expect("room");
+        let (tx, mut granted) = mpsc::unbounded_channel();
+        let shed = {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.admit("s", Priority::Sheddable, need(10)).await })
+        };
+        until_queued(&adm, 1).await;
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        let critical = {
+            let (adm, tx) = (adm.clone(), tx.clone());
+            tokio::spawn(async move {
+                let lease = adm.admit("c", Priority::Critical, need(20)).await;
+                tx.send(("c", lease.expect("granted")))
+                    .expect("test receiver");
+            })
+        };
+        let refused = shed.await.expect("ran").expect_err("displaced");
+        assert_eq!(
+            refused,
+            AdmitError::Displaced {
+                class: Priority::Sheddable,
+                by: Priority::Critical,
+                waited: Duration::from_millis(1500),
+                max_waiting: 1,
+            }
+        );
+        assert_eq!(
+            adm.snapshot().queued_by_class,
+            BTreeMap::from([
+                (Priority::Sheddable, 0),
+                (Priority::Standard, 0),
+                (Priority::Critical, 1)
+            ])
+        );
+        // A sheddable arrival that would wait behind the critical one is refused at once.
+        assert_eq!(
+            adm.admit("s", Priority::Sheddable, need(10))
+                .await
+                .expect_err("shed"),
+            AdmitError::Shed { waiting_above: 1 }
+        );
+        drop(held);
+        let (tenant, lease) = next_grant(&mut granted).await;
+        assert_eq!(
+            (tenant, lease.bytes(), lease.class()),
+            ("c", 20, Priority::Critical)
+        );
+        critical.await.expect("ran");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_settles_its_tenants_counter_when_it_goes() {
+        let adm = admission(vec![backend("npu0", 1000, 4)], 8);
+        let asked = Need {
+            bytes: 10,
+            prompt_tokens: 100,
+            output_tokens: 50,
+        };
+        let counter = |adm: &Admission| adm.shared.state().queue.counter(Standard, "a");
+        let mut lease = adm.admit("a", Standard, asked).await.expect("room");
+        assert_eq!(counter(&adm), 100 + 2 * 50);
+        lease.record_output(20);
+        drop(lease);
+        assert_eq!(counter(&adm), 100 + 2 * 20);
+        let mut lease = adm.admit("a", Standard, asked).await.expect("room");
+        lease.refund_all();
+        drop(lease);
+        assert_eq!(counter(&adm), 100 + 2 * 20);
+        assert_eq!(usage(&adm), [(0, 0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_dropped_waiter_leaves_the_queue_at_once() {
         let adm = admission(vec![backend("npu0", 1000, 1)], 8);
-        let held = adm.admit("a", 10).await.expect("room");
+        let held = adm.admit("a", Standard, need(10)).await.expect("room");
         let (tx, mut granted) = mpsc::unbounded_channel();
         let gone = spawn_admit(&adm, "b", 10, &tx);
         until_queued(&adm, 1).await;
@@ -628,7 +807,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_departing_head_lets_its_tenants_next_waiter_in() {
         let adm = admission(vec![backend("npu0", 1000, 10)], 8);
-        let _held = adm.admit("x", 800).await.expect("room");
+        let _held = adm.admit("x", Standard, need(800)).await.expect("room");
         let (tx, mut granted) = mpsc::unbounded_channel();
         let big = spawn_admit(&adm, "a", 500, &tx);
         until_queued(&adm, 1).await;
@@ -644,7 +823,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lease_granted_to_a_dropped_waiter_is_released() {
         let adm = admission(vec![backend("npu0", 1000, 1)], 8);
-        let held = adm.admit("a", 10).await.expect("room");
+        let held = adm.admit("a", Standard, need(10)).await.expect("room");
         let (tx, mut granted) = mpsc::unbounded_channel();
         let gone = spawn_admit(&adm, "b", 700, &tx);
         spawn_admit(&adm, "c", 20, &tx);
@@ -666,7 +845,9 @@ mod tests {
     async fn never_fits_beyond_the_largest_backend() {
         let adm = admission(vec![backend("npu0", 1000, 4), backend("npu1", 3000, 4)], 8);
         assert_eq!(
-            adm.admit("a", 3001).await.expect_err("too big"),
+            adm.admit("a", Standard, need(3001))
+                .await
+                .expect_err("too big"),
             AdmitError::NeverFits {
                 bytes: 3001,
                 largest_capacity: 3000
@@ -678,11 +859,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_backend_with_most_free_kv_is_chosen() {
         let adm = admission(vec![backend("npu0", 1000, 4), backend("npu1", 2000, 4)], 8);
-        let a = adm.admit("a", 100).await.expect("room");
+        let a = adm.admit("a", Standard, need(100)).await.expect("room");
         assert_eq!((a.backend(), a.backend_name()), (1, "npu1"));
-        let b = adm.admit("a", 1500).await.expect("room");
+        let b = adm.admit("a", Standard, need(1500)).await.expect("room");
         assert_eq!(b.backend(), 1);
-        let c = adm.admit("a", 500).await.expect("room");
+        let c = adm.admit("a", Standard, need(500)).await.expect("room");
         assert_eq!(c.backend(), 0);
         assert_eq!(
             adm.snapshot().backends,
@@ -707,7 +888,7 @@ mod tests {
         );
         drop((a, b, c));
         assert_eq!(usage(&adm), [(0, 0), (0, 0)]);
-        let _d = adm.admit("z", 7).await.expect("room");
+        let _d = adm.admit("z", Standard, need(7)).await.expect("room");
         assert_eq!(
             serde_json::to_value(adm.snapshot()).expect("serializable"),
             serde_json::json!({
@@ -721,6 +902,7 @@ mod tests {
                 ],
                 "queued": 0,
                 "queued_by_tenant": {},
+                "queued_by_class": {"sheddable": 0, "standard": 0, "critical": 0},
             })
         );
     }
@@ -729,6 +911,6 @@ mod tests {
     fn admit_future_is_send() {
         fn assert_send<T: Send>(_: &T) {}
         let adm = admission(vec![backend("npu0", 1000, 1)], 1);
-        assert_send(&adm.admit("a", 1));
+        assert_send(&adm.admit("a", Standard, need(1)));
     }
 }

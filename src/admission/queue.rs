@@ -1,27 +1,70 @@
-//! Admission room, pure core: the fair, bounded queue of requests waiting for KV capacity and the
-//! grant policy that hands freed capacity to them.
+//! Admission room, pure core: the bounded queue of requests waiting for KV capacity, by priority
+//! class, and the grant policy that hands freed capacity to them.
 //!
-//! Waiters are kept in one FIFO per tenant; tenants are served round-robin (in name order,
-//! starting after the last one served), so a tenant flooding the queue delays another tenant's
-//! request by at most one grant per round, never by its whole backlog. Within a tenant, order is
-//! strict: a request never overtakes its own tenant's earlier waiters.
+//! Classes: a higher class is always served first; a waiter of a lower class is granted only
+//! while no higher class waits. Within a class, tenants are ordered by a virtual token counter
+//! (VTC, Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024): the backlogged
+//! tenant that has been served the fewest weighted tokens goes next, and its head waiter (a
+//! tenant's own requests stay in arrival order) is granted when it fits. The choice is strict:
+//! when that head does not fit, nothing of its class or below is granted until it does (or it
+//! leaves at the deadline), so a large request is not starved by smaller ones filling every
+//! freed byte, and the counters stay within the bound below.
 //!
-//! Starvation: a tenant's head waiter that does not fit blocks only that tenant. Other tenants'
-//! smaller requests that do fit keep being admitted around it, so a large waiter can keep
-//! waiting while small ones fill every freed byte. That wait is bounded by the queue deadline
-//! (the shell's `tokio::time::timeout`): the large request then fails with 503
-//! `capacity_exhausted`, which is preferred to idling the card until enough bytes are free for it.
+//! Counters, per class and tenant, in weighted tokens ([`PROMPT_WEIGHT`], [`OUTPUT_WEIGHT`]):
+//! - admission adds the request's prompt and reserved output (`max_tokens`), as the buckets are
+//!   charged; settlement takes back the output not produced (and everything when the backend
+//!   never answered), so what stays is what was served;
+//! - a tenant that becomes backlogged has its counter clamped between the least and the most of
+//!   the other backlogged tenants' of its class: idle time is not banked, and service taken while
+//!   nobody waited is not held against it;
+//! - a refund to a backlogged tenant never takes its counter below the least backlogged one.
+//!
+//! Bound: any two tenants backlogged in a class at the same time have counters at most `U`
+//! apart, `U` being the largest cost (weighted prompt + reserved output) of a request granted in
+//! that class. Granting raises only the least counter, by at most `U`; clamps and refunds keep
+//! the new or lowered counter inside the others' range.
+//!
+//! Shedding: a `sheddable` request that would have to wait is refused at once while a higher
+//! class waits (it would only hold a place until its deadline). When the queue is full, an
+//! arrival of a higher class takes the place of the newest waiter of the lowest class below its
+//! own (a sheddable one first), which is refused with 503; with nobody below it, the arrival is.
 
 use super::ledger::{choose_backend, KvLedger};
+use super::priority::Priority;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Identifies one waiter in the queue.
 pub type WaiterId = u64;
 
+/// Weight of a prompt token in the fairness counters.
+pub const PROMPT_WEIGHT: u64 = 1;
+/// Weight of an output token in the fairness counters: a decode token holds its sequence's KV
+/// and a batch slot for a whole step and is what the card runs short of first (DESIGN.md: limit
+/// decode first), so it counts double, as in the paper's evaluation and in API price lists.
+pub const OUTPUT_WEIGHT: u64 = 2;
+
+/// What a request asks of the queue: KV bytes, and the tokens its counter is charged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Need {
+    /// KV bytes it holds while it runs.
+    pub bytes: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Output tokens reserved (`max_tokens`).
+    pub output_tokens: u64,
+}
+
+impl Need {
+    /// Its cost in the fairness counters: weighted prompt + reserved output.
+    pub fn cost(&self) -> u64 {
+        PROMPT_WEIGHT * self.prompt_tokens + OUTPUT_WEIGHT * self.output_tokens
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Waiter {
     id: WaiterId,
-    bytes: u64,
+    need: Need,
 }
 
 /// The outcome of a request's arrival.
@@ -36,11 +79,18 @@ pub enum Arrival {
     Queued {
         /// Its handle.
         id: WaiterId,
+        /// The waiter of a lower class it took the place of in the full queue (now gone).
+        displaced: Option<WaiterId>,
     },
-    /// It must wait but the queue is full.
+    /// It must wait but the queue is full of its class and higher.
     QueueFull {
         /// How many are waiting.
         waiting: usize,
+    },
+    /// A sheddable request that must wait while higher classes do: refused at once.
+    Shed {
+        /// Requests of higher classes waiting.
+        waiting_above: usize,
     },
     /// Larger than any backend could hold even when idle.
     NeverFits {
@@ -49,25 +99,121 @@ pub enum Arrival {
     },
 }
 
-/// A waiter admitted by [`FairQueue::grant`]; the backend's ledger is already charged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A waiter admitted by [`FairQueue::grant`]; the backend's ledger and its counter are charged.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     /// The waiter.
     pub id: WaiterId,
     /// Index of the backend it runs on.
     pub backend: usize,
-    /// KV bytes reserved for it.
-    pub bytes: u64,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its class.
+    pub class: Priority,
+    /// What it holds.
+    pub need: Need,
 }
 
-/// Per-tenant FIFOs served round-robin, bounded in total length.
+/// One class: its tenants' FIFOs and their counters.
+#[derive(Clone, Debug, Default)]
+struct Class {
+    backlog: BTreeMap<String, VecDeque<Waiter>>,
+    len: usize,
+    /// Every tenant served in this class (as many as tenants ever configured).
+    counters: BTreeMap<String, u64>,
+}
+
+impl Class {
+    /// The least and the most counter of the backlogged tenants.
+    fn range(&self) -> Option<(u64, u64)> {
+        let mut counters = self.backlog.keys().map(|t| self.counter(t));
+        let first = counters.next()?;
+        Some(counters.fold((first, first), |(lo, hi), c| (lo.min(c), hi.max(c))))
+    }
+
+    fn counter(&self, tenant: &str) -> u64 {
+        self.counters.get(tenant).copied().unwrap_or(0)
+    }
+
+    fn counter_mut(&mut self, tenant: &str) -> &mut u64 {
+        if !self.counters.contains_key(tenant) {
+            self.counters.insert(tenant.to_string(), 0);
+        }
+        self.counters.get_mut(tenant).expect("just inserted")
+    }
+
+    fn push(&mut self, tenant: &str, waiter: Waiter) {
+        if !self.backlog.contains_key(tenant) {
+            // Becoming backlogged: into the others' range (see the module's doc).
+            if let Some((lo, hi)) = self.range() {
+                let c = self.counter_mut(tenant);
+                *c = (*c).clamp(lo, hi);
+            }
+            self.backlog.insert(tenant.to_string(), VecDeque::new());
+        }
+        self.backlog
+            .get_mut(tenant)
+            .expect("inserted")
+            .push_back(waiter);
+        self.len += 1;
+    }
+
+    /// The backlogged tenant with the least counter (ties: the earliest head) and its head.
+    fn next(&self) -> Option<(&String, Waiter)> {
+        self.backlog
+            .iter()
+            .filter_map(|(t, q)| q.front().map(|w| (t, *w)))
+            .min_by_key(|(t, w)| (self.counter(t), w.id))
+    }
+
+    fn pop_front(&mut self, tenant: &str) {
+        let q = self.backlog.get_mut(tenant).expect("backlogged");
+        q.pop_front();
+        if q.is_empty() {
+            self.backlog.remove(tenant);
+        }
+        self.len -= 1;
+    }
+
+    /// Removes the newest waiter (it has waited least).
+    fn pop_newest(&mut self) -> Option<WaiterId> {
+        let tenant = (self.backlog.iter())
+            .filter_map(|(t, q)| q.back().map(|w| (w.id, t)))
+            .max()?
+            .1
+            .clone();
+        let q = self.backlog.get_mut(&tenant).expect("backlogged");
+        let id = q.pop_back().expect("non-empty").id;
+        if q.is_empty() {
+            self.backlog.remove(&tenant);
+        }
+        self.len -= 1;
+        Some(id)
+    }
+
+    fn remove(&mut self, id: WaiterId) -> bool {
+        let found = (self.backlog.iter_mut())
+            .find_map(|(tenant, q)| q.iter().position(|w| w.id == id).map(|at| (tenant, q, at)));
+        let Some((tenant, q, at)) = found else {
+            return false;
+        };
+        q.remove(at);
+        if q.is_empty() {
+            let tenant = tenant.clone();
+            self.backlog.remove(&tenant);
+        }
+        self.len -= 1;
+        true
+    }
+}
+
+/// Waiters by class and tenant, bounded in total length.
 #[derive(Clone, Debug, Default)]
 pub struct FairQueue {
     max_waiting: usize,
-    tenants: BTreeMap<String, VecDeque<Waiter>>,
-    len: usize,
+    /// Indexed by `Priority as usize` (sheddable, standard, critical).
+    classes: [Class; 3],
     next_id: WaiterId,
-    last_served: Option<String>,
 }
 
 impl FairQueue {
@@ -79,32 +225,72 @@ impl FairQueue {
         }
     }
 
+    fn class(&self, p: Priority) -> &Class {
+        &self.classes[p as usize]
+    }
+
+    fn class_mut(&mut self, p: Priority) -> &mut Class {
+        &mut self.classes[p as usize]
+    }
+
     /// Waiters in total.
     pub fn len(&self) -> usize {
-        self.len
+        self.classes.iter().map(|c| c.len).sum()
     }
 
     /// Whether nobody waits.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
-    /// Waiters per tenant (tenants with none are absent).
+    /// Waiters of class `p`.
+    pub fn len_of(&self, p: Priority) -> usize {
+        self.class(p).len
+    }
+
+    /// Waiters of classes above `p`.
+    fn len_above(&self, p: Priority) -> usize {
+        (Priority::HIGHEST_FIRST.into_iter())
+            .filter(|c| *c > p)
+            .map(|c| self.len_of(c))
+            .sum()
+    }
+
+    /// Waiters per tenant, all classes together (tenants with none are absent).
     pub fn len_by_tenant(&self) -> BTreeMap<String, usize> {
-        self.tenants
-            .iter()
-            .map(|(t, q)| (t.clone(), q.len()))
-            .collect()
+        let mut out = BTreeMap::new();
+        for class in &self.classes {
+            for (t, q) in &class.backlog {
+                *out.entry(t.clone()).or_default() += q.len();
+            }
+        }
+        out
     }
 
-    /// A request of `bytes` from `tenant` arrives. It is admitted at once only if its tenant has
-    /// nobody waiting and it fits; otherwise it queues behind its tenant's earlier waiters.
+    /// The fairness counter of `tenant` in class `p` (weighted tokens).
+    pub fn counter(&self, p: Priority, tenant: &str) -> u64 {
+        self.class(p).counter(tenant)
+    }
+
+    /// Whether `tenant` has waiters in class `p`.
+    pub fn is_backlogged(&self, p: Priority, tenant: &str) -> bool {
+        self.class(p).backlog.contains_key(tenant)
+    }
+
+    /// A request of class `p` from `tenant` arrives needing `need`. It is admitted at once only
+    /// if nobody of its class or higher waits and it fits; otherwise it queues (see the module's
+    /// doc for who is refused instead, and who gives up a place to it).
     ///
-    /// Other tenants' waiters cannot be overtaken unfairly: after every change the shell runs
-    /// [`grant`](Self::grant), so whoever still waits does not fit, and the newcomer only takes
-    /// capacity none of them could use.
-    pub fn arrive(&mut self, ledgers: &mut [KvLedger], tenant: &str, bytes: u64) -> Arrival {
-        if !ledgers.iter().any(|l| l.could_ever_fit(bytes)) {
+    /// A queued newcomer may be the next to be granted: the shell runs [`grant`](Self::grant)
+    /// after it, as after every change.
+    pub fn arrive(
+        &mut self,
+        ledgers: &mut [KvLedger],
+        tenant: &str,
+        p: Priority,
+        need: Need,
+    ) -> Arrival {
+        if !ledgers.iter().any(|l| l.could_ever_fit(need.bytes)) {
             let largest_capacity = ledgers
                 .iter()
                 .filter(|l| l.max_batch() > 0)
@@ -113,94 +299,94 @@ impl FairQueue {
                 .unwrap_or(0);
             return Arrival::NeverFits { largest_capacity };
         }
-        if !self.tenants.contains_key(tenant) {
-            if let Some(backend) = choose_backend(ledgers, bytes) {
-                if ledgers[backend].reserve(bytes) {
-                    self.last_served = Some(tenant.to_string());
+        let waiting_above = self.len_above(p);
+        if waiting_above + self.len_of(p) == 0 {
+            if let Some(backend) = choose_backend(ledgers, need.bytes) {
+                if ledgers[backend].reserve(need.bytes) {
+                    *self.class_mut(p).counter_mut(tenant) += need.cost();
                     return Arrival::Admitted { backend };
                 }
             }
         }
-        if self.len >= self.max_waiting {
-            return Arrival::QueueFull { waiting: self.len };
+        if p == Priority::Sheddable && waiting_above > 0 {
+            return Arrival::Shed { waiting_above };
+        }
+        let mut displaced = None;
+        if self.len() >= self.max_waiting {
+            let lower =
+                (Priority::HIGHEST_FIRST.into_iter().rev()).find(|c| *c < p && self.len_of(*c) > 0);
+            match lower {
+                Some(lower) => displaced = self.class_mut(lower).pop_newest(),
+                None => {
+                    return Arrival::QueueFull {
+                        waiting: self.len(),
+                    }
+                }
+            }
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.tenants
-            .entry(tenant.to_string())
-            .or_default()
-            .push_back(Waiter { id, bytes });
-        self.len += 1;
-        Arrival::Queued { id }
+        self.class_mut(p).push(tenant, Waiter { id, need });
+        Arrival::Queued { id, displaced }
     }
 
     /// Removes a waiter (its caller gave up). Returns whether it was still waiting; `false` means
-    /// it had been granted already (or never existed).
+    /// it had been granted or displaced already (or never existed).
     pub fn remove(&mut self, id: WaiterId) -> bool {
-        let found = self
-            .tenants
-            .iter_mut()
-            .find_map(|(tenant, q)| q.iter().position(|w| w.id == id).map(|at| (tenant, q, at)));
-        let Some((tenant, q, at)) = found else {
-            return false;
-        };
-        q.remove(at);
-        if q.is_empty() {
-            let tenant = tenant.clone();
-            self.tenants.remove(&tenant);
-        }
-        self.len -= 1;
-        true
+        self.classes.iter_mut().any(|c| c.remove(id))
     }
 
-    /// Tenants with waiters, in round-robin order starting after the last one served.
-    fn round(&self) -> Vec<String> {
-        let names = self.tenants.keys().cloned();
-        match &self.last_served {
-            None => names.collect(),
-            Some(last) => {
-                let (upto, after): (Vec<String>, Vec<String>) = names.partition(|t| t <= last);
-                after.into_iter().chain(upto).collect()
+    /// A request admitted in class `p` for `tenant` with `need` ended having produced `output`
+    /// tokens (`None`: the backend never answered, so nothing was served). Its counter gets
+    /// back what was charged and not served.
+    pub fn settle(&mut self, tenant: &str, p: Priority, need: Need, output: Option<u64>) {
+        let refund = match output {
+            Some(produced) => {
+                OUTPUT_WEIGHT
+                    * need
+                        .output_tokens
+                        .saturating_sub(produced.min(need.output_tokens))
             }
-        }
+            None => need.cost(),
+        };
+        let class = self.class_mut(p);
+        // Backlogged, it keeps at least the least backlogged counter (its own, when it is the
+        // least: a refund never takes it further ahead of the others).
+        let floor = if class.backlog.contains_key(tenant) {
+            class.range().map_or(0, |(lo, _)| lo)
+        } else {
+            0
+        };
+        let c = class.counter_mut(tenant);
+        *c = c.saturating_sub(refund).max(floor);
     }
 
-    /// Hands free capacity to waiters: round-robin over tenants starting after the last one
-    /// served, admitting each tenant's head waiter if it fits on some backend (the one with the
-    /// most free KV bytes), until a whole round admits nothing. Charges the ledgers.
+    /// Hands free capacity to waiters: the highest class with waiters, its backlogged tenant with
+    /// the least counter, that tenant's head waiter, on the backend with the most free KV bytes;
+    /// again until that head does not fit anywhere. Charges the ledgers and the counters.
     pub fn grant(&mut self, ledgers: &mut [KvLedger]) -> Vec<Grant> {
         let mut grants = Vec::new();
-        loop {
-            let before = grants.len();
-            for tenant in self.round() {
-                let Some(q) = self.tenants.get_mut(&tenant) else {
-                    continue;
-                };
-                let Some(&head) = q.front() else {
-                    continue;
-                };
-                let Some(backend) = choose_backend(ledgers, head.bytes) else {
-                    continue;
-                };
-                if !ledgers[backend].reserve(head.bytes) {
-                    continue;
-                }
-                q.pop_front();
-                if q.is_empty() {
-                    self.tenants.remove(&tenant);
-                }
-                self.len -= 1;
-                self.last_served = Some(tenant);
-                grants.push(Grant {
-                    id: head.id,
-                    backend,
-                    bytes: head.bytes,
-                });
+        while let Some(p) = (Priority::HIGHEST_FIRST.into_iter()).find(|c| self.len_of(*c) > 0) {
+            let class = self.class_mut(p);
+            let (tenant, head) = class.next().expect("a class with waiters has a head");
+            let tenant = tenant.clone();
+            let Some(backend) = choose_backend(ledgers, head.need.bytes) else {
+                break;
+            };
+            if !ledgers[backend].reserve(head.need.bytes) {
+                break;
             }
-            if grants.len() == before {
-                return grants;
-            }
+            class.pop_front(&tenant);
+            *class.counter_mut(&tenant) += head.need.cost();
+            grants.push(Grant {
+                id: head.id,
+                backend,
+                tenant,
+                class: p,
+                need: head.need,
+            });
         }
+        grants
     }
 }
 
@@ -208,27 +394,42 @@ impl FairQueue {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use Priority::{Critical, Sheddable, Standard};
+
+    /// `bytes` of KV, as many prompt tokens, no output: its cost is `bytes`.
+    fn need(bytes: u64) -> Need {
+        Need {
+            bytes,
+            prompt_tokens: bytes,
+            output_tokens: 0,
+        }
+    }
 
     fn queued(a: Arrival) -> WaiterId {
         match a {
-            Arrival::Queued { id } => id,
+            Arrival::Queued {
+                id,
+                displaced: None,
+            } => id,
             other => panic!("expected Queued, got {other:?}"),
         }
+    }
+
+    fn ids(grants: &[Grant]) -> Vec<WaiterId> {
+        grants.iter().map(|g| g.id).collect()
     }
 
     #[test]
     fn admits_at_once_while_it_fits_then_queues() {
         let mut ledgers = vec![KvLedger::new(1000, 2)];
         let mut q = FairQueue::new(10);
-        assert_eq!(
-            q.arrive(&mut ledgers, "a", 400),
-            Arrival::Admitted { backend: 0 }
-        );
-        assert_eq!(
-            q.arrive(&mut ledgers, "b", 400),
-            Arrival::Admitted { backend: 0 }
-        );
-        let id = queued(q.arrive(&mut ledgers, "c", 100));
+        for t in ["a", "b"] {
+            assert_eq!(
+                q.arrive(&mut ledgers, t, Standard, need(400)),
+                Arrival::Admitted { backend: 0 }
+            );
+        }
+        let id = queued(q.arrive(&mut ledgers, "c", Standard, need(100)));
         assert_eq!(q.len(), 1);
         ledgers[0].release(400);
         assert_eq!(
@@ -236,11 +437,17 @@ mod tests {
             [Grant {
                 id,
                 backend: 0,
-                bytes: 100
+                tenant: "c".to_string(),
+                class: Standard,
+                need: need(100)
             }]
         );
         assert!(q.is_empty());
         assert_eq!((ledgers[0].reserved_bytes(), ledgers[0].live()), (500, 2));
+        assert_eq!(
+            (q.counter(Standard, "a"), q.counter(Standard, "c")),
+            (400, 100)
+        );
     }
 
     #[test]
@@ -252,139 +459,270 @@ mod tests {
         ];
         let mut q = FairQueue::new(10);
         assert_eq!(
-            q.arrive(&mut ledgers, "a", 3001),
+            q.arrive(&mut ledgers, "a", Critical, need(3001)),
             Arrival::NeverFits {
                 largest_capacity: 3000
             }
         );
         assert_eq!(
-            q.arrive(&mut ledgers, "a", 3000),
+            q.arrive(&mut ledgers, "a", Critical, need(3000)),
             Arrival::Admitted { backend: 2 }
         );
     }
 
     #[test]
-    fn full_queue_refuses_waiters_but_not_what_fits_now() {
-        let mut ledgers = vec![KvLedger::new(1000, 10)];
-        let mut q = FairQueue::new(2);
-        assert_eq!(
-            q.arrive(&mut ledgers, "a", 900),
-            Arrival::Admitted { backend: 0 }
-        );
-        queued(q.arrive(&mut ledgers, "b", 200));
-        queued(q.arrive(&mut ledgers, "c", 200));
-        assert_eq!(
-            q.arrive(&mut ledgers, "d", 200),
-            Arrival::QueueFull { waiting: 2 }
-        );
-        assert_eq!(
-            q.arrive(&mut ledgers, "d", 100),
-            Arrival::Admitted { backend: 0 }
-        );
-        assert_eq!(q.len(), 2);
-    }
-
-    #[test]
-    fn a_newcomer_never_overtakes_its_own_tenants_waiters() {
+    fn a_waiting_class_holds_back_what_would_fit_of_its_class_and_below_not_above() {
         let mut ledgers = vec![KvLedger::new(1000, 10)];
         let mut q = FairQueue::new(10);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "x", Standard, need(700)),
+            Arrival::Admitted { .. }
+        ));
+        let big = queued(q.arrive(&mut ledgers, "a", Standard, need(500)));
+        // 300 bytes are free: these would fit, but a standard request waits.
+        let small = queued(q.arrive(&mut ledgers, "b", Standard, need(100)));
+        let shed = q.arrive(&mut ledgers, "c", Sheddable, need(100));
+        assert_eq!(shed, Arrival::Shed { waiting_above: 2 });
         assert_eq!(
-            q.arrive(&mut ledgers, "x", 700),
+            q.arrive(&mut ledgers, "d", Critical, need(100)),
             Arrival::Admitted { backend: 0 }
         );
-        let big = queued(q.arrive(&mut ledgers, "a", 500));
-        // 300 bytes are free and this would fit, but "a" already has a waiter.
-        let small = queued(q.arrive(&mut ledgers, "a", 100));
         assert!(q.grant(&mut ledgers).is_empty());
         ledgers[0].release(700);
-        let grants: Vec<WaiterId> = q.grant(&mut ledgers).iter().map(|g| g.id).collect();
-        assert_eq!(grants, [big, small]);
+        // "a" and "b" both start at 0: the earlier head goes first.
+        assert_eq!(ids(&q.grant(&mut ledgers)), [big, small]);
+        assert_eq!(ledgers[0].reserved_bytes(), 700);
     }
 
     #[test]
-    fn other_tenants_small_requests_pass_a_large_head() {
-        let mut ledgers = vec![KvLedger::new(1000, 10)];
-        let mut q = FairQueue::new(10);
-        assert_eq!(
-            q.arrive(&mut ledgers, "x", 800),
-            Arrival::Admitted { backend: 0 }
-        );
-        let big = queued(q.arrive(&mut ledgers, "a", 900));
-        assert_eq!(
-            q.arrive(&mut ledgers, "b", 150),
-            Arrival::Admitted { backend: 0 }
-        );
-        assert_eq!(q.len_by_tenant(), BTreeMap::from([("a".to_string(), 1)]));
-        // Removing the large head lets the tenant's next waiter be considered.
-        let next = queued(q.arrive(&mut ledgers, "a", 50));
-        assert!(q.remove(big));
-        assert!(!q.remove(big));
-        assert_eq!(
-            q.grant(&mut ledgers),
-            [Grant {
-                id: next,
-                backend: 0,
-                bytes: 50
-            }]
-        );
-        assert_eq!(ledgers[0].free_bytes(), 0);
-    }
-
-    #[test]
-    fn a_flood_from_one_tenant_delays_another_by_one_grant_at_most() {
+    fn higher_classes_are_granted_first_whatever_their_counters() {
         let mut ledgers = vec![KvLedger::new(1000, 1)];
-        let mut q = FairQueue::new(100);
-        assert_eq!(
-            q.arrive(&mut ledgers, "h", 10),
-            Arrival::Admitted { backend: 0 }
-        );
-        let flood: Vec<WaiterId> = (0..50)
-            .map(|_| queued(q.arrive(&mut ledgers, "a", 10)))
-            .collect();
-        let b = queued(q.arrive(&mut ledgers, "b", 10));
+        let mut q = FairQueue::new(10);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "h", Critical, need(10)),
+            Arrival::Admitted { .. }
+        ));
+        let s = queued(q.arrive(&mut ledgers, "a", Sheddable, need(10)));
+        let st = queued(q.arrive(&mut ledgers, "a", Standard, need(10)));
+        let c1 = queued(q.arrive(&mut ledgers, "h", Critical, need(10)));
+        let c2 = queued(q.arrive(&mut ledgers, "h", Critical, need(10)));
         let mut order = Vec::new();
         for _ in 0..4 {
             ledgers[0].release(10);
-            let grants = q.grant(&mut ledgers);
-            assert_eq!(grants.len(), 1);
-            order.push(grants[0].id);
+            order.extend(ids(&q.grant(&mut ledgers)));
         }
-        // After "h" comes "a" (name order), then "b", then "a" again.
-        assert_eq!(order, [flood[0], b, flood[1], flood[2]]);
+        assert_eq!(order, [c1, c2, st, s]);
+        assert_eq!(q.counter(Critical, "h"), 30);
+    }
+
+    #[test]
+    fn within_a_class_tenants_are_served_by_tokens_not_by_requests() {
+        // One sequence at a time; "big" asks 1,000 tokens a request, "small" 100.
+        let mut ledgers = vec![KvLedger::new(10_000, 1)];
+        let mut q = FairQueue::new(100);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "h", Standard, need(1)),
+            Arrival::Admitted { .. }
+        ));
+        let mut held = 1;
+        for _ in 0..5 {
+            queued(q.arrive(&mut ledgers, "big", Standard, need(1000)));
+        }
+        for _ in 0..30 {
+            queued(q.arrive(&mut ledgers, "small", Standard, need(100)));
+        }
+        let mut order = String::new();
+        for _ in 0..24 {
+            ledgers[0].release(held);
+            let g = q.grant(&mut ledgers);
+            assert_eq!(g.len(), 1);
+            held = g[0].need.bytes;
+            order.push(if g[0].tenant == "big" { 'B' } else { 's' });
+        }
+        // Round-robin by request would alternate; by tokens "small" gets ten for each of "big"'s
+        // (on equal counters the earlier head goes first).
+        assert_eq!(order, format!("B{s}B{s}Bs", s = "s".repeat(10)));
+        assert_eq!(
+            (q.counter(Standard, "big"), q.counter(Standard, "small")),
+            (3000, 2100)
+        );
+    }
+
+    #[test]
+    fn a_tenant_becoming_backlogged_is_clamped_into_the_others_range() {
+        let mut ledgers = vec![KvLedger::new(10_000, 1)];
+        let mut q = FairQueue::new(100);
+        // "rich" ran 5,000 tokens while nobody waited; "idle" ran nothing.
+        assert!(matches!(
+            q.arrive(&mut ledgers, "rich", Standard, need(5000)),
+            Arrival::Admitted { .. }
+        ));
+        assert_eq!(q.counter(Standard, "rich"), 5000);
+        queued(q.arrive(&mut ledgers, "a", Standard, need(300)));
+        ledgers[0].release(5000);
+        q.grant(&mut ledgers);
+        queued(q.arrive(&mut ledgers, "a", Standard, need(300)));
+        queued(q.arrive(&mut ledgers, "b", Standard, need(100)));
+        // "a" alone was backlogged at 300: "b" (at 0, idle) is lifted to it, "rich" (at 5,000)
+        // lowered to it: neither banked idle time nor pays for running while nobody waited.
+        assert_eq!(q.counter(Standard, "b"), 300);
+        queued(q.arrive(&mut ledgers, "rich", Standard, need(100)));
+        assert_eq!(q.counter(Standard, "rich"), 300);
+    }
+
+    #[test]
+    fn settling_takes_back_the_output_not_produced_but_not_below_the_least_backlogged() {
+        let mut ledgers = vec![KvLedger::new(10_000, 1)];
+        let mut q = FairQueue::new(100);
+        let asked = Need {
+            bytes: 10,
+            prompt_tokens: 100,
+            output_tokens: 500,
+        };
+        assert!(matches!(
+            q.arrive(&mut ledgers, "a", Standard, asked),
+            Arrival::Admitted { .. }
+        ));
+        assert_eq!(q.counter(Standard, "a"), 100 + 2 * 500);
+        q.settle("a", Standard, asked, Some(120));
+        assert_eq!(q.counter(Standard, "a"), 100 + 2 * 120);
+        // Never answered: all of it goes back.
+        assert!(matches!(
+            q.arrive(&mut ledgers, "b", Standard, asked),
+            Arrival::Queued { .. }
+        ));
+        ledgers[0].release(10);
+        assert_eq!(q.grant(&mut ledgers).len(), 1);
+        assert_eq!(q.counter(Standard, "b"), 1100);
+        q.settle("b", Standard, asked, None);
+        assert_eq!(q.counter(Standard, "b"), 0);
+        // Backlogged at the least counter: a refund keeps it there.
+        queued(q.arrive(&mut ledgers, "a", Standard, need(5)));
+        queued(q.arrive(&mut ledgers, "c", Standard, need(5)));
+        assert_eq!(q.counter(Standard, "c"), 340);
+        q.settle("c", Standard, asked, None);
+        assert_eq!(q.counter(Standard, "c"), 340);
+    }
+
+    #[test]
+    fn a_full_queue_gives_the_newest_of_the_lowest_class_to_a_higher_arrival() {
+        let mut ledgers = vec![KvLedger::new(1000, 1)];
+        let mut q = FairQueue::new(3);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "h", Critical, need(10)),
+            Arrival::Admitted { .. }
+        ));
+        let s1 = queued(q.arrive(&mut ledgers, "s", Sheddable, need(10)));
+        let s2 = queued(q.arrive(&mut ledgers, "s", Sheddable, need(10)));
+        let st = queued(q.arrive(&mut ledgers, "a", Standard, need(10)));
+        assert_eq!(
+            q.arrive(&mut ledgers, "s", Sheddable, need(10)),
+            Arrival::Shed { waiting_above: 1 }
+        );
+        let Arrival::Queued {
+            id: c1,
+            displaced: Some(gone),
+        } = q.arrive(&mut ledgers, "h", Critical, need(10))
+        else {
+            panic!("a critical arrival takes a sheddable place");
+        };
+        assert_eq!(gone, s2);
+        assert!(!q.remove(s2));
+        let Arrival::Queued {
+            displaced: Some(gone),
+            ..
+        } = q.arrive(&mut ledgers, "a", Standard, need(10))
+        else {
+            panic!("a standard arrival takes a sheddable place");
+        };
+        assert_eq!(gone, s1);
+        let Arrival::Queued {
+            displaced: Some(gone),
+            ..
+        } = q.arrive(&mut ledgers, "h", Critical, need(10))
+        else {
+            panic!("with no sheddable one left, a critical arrival takes a standard place");
+        };
+        assert!(gone > st, "the newest standard waiter");
+        // Now only critical and standard wait: a standard arrival has nobody below it.
+        assert_eq!(
+            q.arrive(&mut ledgers, "a", Standard, need(10)),
+            Arrival::QueueFull { waiting: 3 }
+        );
+        assert_eq!((q.len_of(Critical), q.len_of(Standard)), (2, 1));
+        ledgers[0].release(10);
+        assert_eq!(ids(&q.grant(&mut ledgers)), [c1]);
+    }
+
+    #[test]
+    fn the_fairness_bound_is_reached_exactly() {
+        // Two tenants backlogged from the start; "a" is granted a request of the largest cost
+        // while "b" waits: their counters are then U apart, and never more.
+        let mut ledgers = vec![KvLedger::new(1000, 1)];
+        let mut q = FairQueue::new(10);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "h", Standard, need(1)),
+            Arrival::Admitted { .. }
+        ));
+        let u = Need {
+            bytes: 1,
+            prompt_tokens: 300,
+            output_tokens: 100,
+        };
+        queued(q.arrive(&mut ledgers, "a", Standard, u));
+        queued(q.arrive(&mut ledgers, "b", Standard, need(1)));
+        queued(q.arrive(&mut ledgers, "a", Standard, need(1)));
+        ledgers[0].release(1);
+        assert_eq!(q.grant(&mut ledgers)[0].tenant, "a");
+        let (a, b) = (q.counter(Standard, "a"), q.counter(Standard, "b"));
+        assert_eq!(a - b, u.cost());
+        assert_eq!(u.cost(), 500);
+    }
+
+    #[test]
+    fn a_flood_from_one_tenant_delays_a_newcomer_by_at_most_one_grant() {
+        let mut ledgers = vec![KvLedger::new(1000, 1)];
+        let mut q = FairQueue::new(100);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "h", Standard, need(10)),
+            Arrival::Admitted { .. }
+        ));
+        let flood: Vec<WaiterId> = (0..50)
+            .map(|_| queued(q.arrive(&mut ledgers, "a", Standard, need(10))))
+            .collect();
+        ledgers[0].release(10);
+        assert_eq!(ids(&q.grant(&mut ledgers)), [flood[0]]);
+        // "b" joins at "a"'s counter (10, not 0: nothing banked); "a"'s head is older, so it
+        // goes first, then "b", then they alternate.
+        let b = queued(q.arrive(&mut ledgers, "b", Standard, need(10)));
+        assert_eq!(q.counter(Standard, "b"), 10);
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            ledgers[0].release(10);
+            order.extend(ids(&q.grant(&mut ledgers)));
+        }
+        assert_eq!(order, [flood[1], b, flood[2]]);
         assert_eq!(q.len_by_tenant(), BTreeMap::from([("a".to_string(), 47)]));
     }
 
     #[test]
-    fn grant_fills_every_backend_round_robin() {
+    fn grant_fills_every_backend() {
         let mut ledgers = vec![KvLedger::new(100, 1), KvLedger::new(100, 1)];
         let mut q = FairQueue::new(10);
         for t in ["x", "y"] {
             assert!(matches!(
-                q.arrive(&mut ledgers, t, 100),
+                q.arrive(&mut ledgers, t, Standard, need(100)),
                 Arrival::Admitted { .. }
             ));
         }
-        let a1 = queued(q.arrive(&mut ledgers, "a", 60));
-        let a2 = queued(q.arrive(&mut ledgers, "a", 60));
-        let b1 = queued(q.arrive(&mut ledgers, "b", 60));
+        let a1 = queued(q.arrive(&mut ledgers, "a", Standard, need(60)));
+        let a2 = queued(q.arrive(&mut ledgers, "a", Standard, need(60)));
+        let b1 = queued(q.arrive(&mut ledgers, "b", Standard, need(60)));
         ledgers[0].release(100);
         ledgers[1].release(100);
         let grants = q.grant(&mut ledgers);
-        assert_eq!(
-            grants,
-            [
-                Grant {
-                    id: a1,
-                    backend: 0,
-                    bytes: 60
-                },
-                Grant {
-                    id: b1,
-                    backend: 1,
-                    bytes: 60
-                },
-            ]
-        );
+        assert_eq!(ids(&grants), [a1, b1]);
+        assert_eq!(grants.iter().map(|g| g.backend).collect::<Vec<_>>(), [0, 1]);
         assert_eq!(q.len(), 1);
         assert!(q.remove(a2));
         assert!(q.is_empty());
@@ -392,95 +730,254 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Op {
-        Arrive { tenant: u8, bytes: u64 },
-        Finish(usize),
+        Arrive {
+            tenant: u8,
+            class: u8,
+            bytes: u64,
+            prompt: u64,
+            output: u64,
+        },
+        /// Ends a live request having produced this share (in 1/4) of its output, or, at 4,
+        /// without the backend answering.
+        Finish(usize, u8),
         GiveUp(usize),
     }
 
     fn ops() -> impl Strategy<Value = Vec<Op>> {
         let op = prop_oneof![
-            3 => (0u8..4, 0u64..1200).prop_map(|(tenant, bytes)| Op::Arrive { tenant, bytes }),
-            2 => any::<usize>().prop_map(Op::Finish),
+            3 => (0u8..4, 0u8..3, 0u64..1200, 1u64..400, 0u64..400).prop_map(
+                |(tenant, class, bytes, prompt, output)| Op::Arrive { tenant, class, bytes, prompt, output }
+            ),
+            2 => (any::<usize>(), 0u8..5).prop_map(|(i, share)| Op::Finish(i, share)),
             1 => any::<usize>().prop_map(Op::GiveUp),
         ];
-        prop::collection::vec(op, 1..120)
+        prop::collection::vec(op, 1..150)
+    }
+
+    const CLASSES: [Priority; 3] = [Sheddable, Standard, Critical];
+
+    /// A live request: its backend, tenant, class and need.
+    type Live = (usize, String, Priority, Need);
+
+    /// The model the properties check the queue against.
+    struct Run {
+        ledgers: Vec<KvLedger>,
+        q: FairQueue,
+        leases: Vec<Live>,
+        waiting: Vec<(WaiterId, String, Priority, Need)>,
+        granted: BTreeMap<(String, Priority), Vec<WaiterId>>,
+        /// The largest cost granted by the queue, per class.
+        largest: BTreeMap<Priority, u64>,
+    }
+
+    impl Run {
+        fn take(&mut self, grants: Vec<Grant>) -> Result<(), TestCaseError> {
+            let mut last = Critical;
+            for g in grants {
+                // Class by class, highest first.
+                prop_assert!(g.class <= last);
+                last = g.class;
+                let at = self.waiting.iter().position(|w| w.0 == g.id);
+                let (id, tenant, class, need) = self.waiting.remove(at.expect("a waiter"));
+                prop_assert_eq!((&tenant, class, need), (&g.tenant, g.class, g.need));
+                self.granted
+                    .entry((tenant.clone(), class))
+                    .or_default()
+                    .push(id);
+                let u = self.largest.entry(class).or_default();
+                *u = (*u).max(need.cost());
+                self.leases.push((g.backend, tenant, class, need));
+            }
+            Ok(())
+        }
+
+        fn apply(&mut self, op: Op, max_waiting: usize) -> Result<(), TestCaseError> {
+            match op {
+                Op::Arrive {
+                    tenant,
+                    class,
+                    bytes,
+                    prompt,
+                    output,
+                } => {
+                    let (tenant, class) = (tenant.to_string(), CLASSES[class as usize]);
+                    let need = Need {
+                        bytes,
+                        prompt_tokens: prompt,
+                        output_tokens: output,
+                    };
+                    let above = self.waiting.iter().filter(|w| w.2 > class).count();
+                    match self.q.arrive(&mut self.ledgers, &tenant, class, need) {
+                        Arrival::Admitted { backend } => {
+                            prop_assert!(self.waiting.iter().all(|w| w.2 < class));
+                            self.leases.push((backend, tenant, class, need));
+                        }
+                        Arrival::Queued { id, displaced } => {
+                            if let Some(gone) = displaced {
+                                let at = self.waiting.iter().position(|w| w.0 == gone);
+                                let w = self.waiting.remove(at.expect("a waiter"));
+                                prop_assert!(w.2 < class);
+                                // The lowest class waiting, its newest waiter.
+                                prop_assert!(self.waiting.iter().all(|o| o.2 >= w.2));
+                                let newest = self
+                                    .waiting
+                                    .iter()
+                                    .filter(|o| o.2 == w.2)
+                                    .all(|o| o.0 < w.0);
+                                prop_assert!(newest);
+                            }
+                            self.waiting.push((id, tenant, class, need));
+                            let grants = self.q.grant(&mut self.ledgers);
+                            self.take(grants)?;
+                        }
+                        Arrival::QueueFull { waiting } => {
+                            prop_assert_eq!(waiting, max_waiting);
+                            prop_assert!(self.waiting.iter().all(|w| w.2 >= class));
+                        }
+                        Arrival::Shed { waiting_above } => {
+                            prop_assert_eq!((class, waiting_above), (Sheddable, above));
+                            prop_assert!(above > 0);
+                        }
+                        Arrival::NeverFits { largest_capacity } => {
+                            prop_assert!(bytes > largest_capacity || largest_capacity == 0)
+                        }
+                    }
+                }
+                Op::Finish(i, share) if !self.leases.is_empty() => {
+                    let (backend, tenant, class, need) = self.leases.remove(i % self.leases.len());
+                    self.ledgers[backend].release(need.bytes);
+                    let output = (share < 4).then(|| need.output_tokens * u64::from(share) / 4);
+                    self.q.settle(&tenant, class, need, output);
+                    let grants = self.q.grant(&mut self.ledgers);
+                    self.take(grants)?;
+                }
+                Op::GiveUp(i) if !self.waiting.is_empty() => {
+                    let (id, ..) = self.waiting.remove(i % self.waiting.len());
+                    prop_assert!(self.q.remove(id));
+                    let grants = self.q.grant(&mut self.ledgers);
+                    self.take(grants)?;
+                }
+                Op::Finish(..) | Op::GiveUp(_) => {}
+            }
+            Ok(())
+        }
+
+        /// What holds after every step.
+        fn check(&self, max_waiting: usize) -> Result<(), TestCaseError> {
+            for (b, l) in self.ledgers.iter().enumerate() {
+                let mine: Vec<u64> = (self.leases.iter())
+                    .filter(|x| x.0 == b)
+                    .map(|x| x.3.bytes)
+                    .collect();
+                prop_assert_eq!(l.reserved_bytes(), mine.iter().sum::<u64>());
+                prop_assert_eq!(l.live() as usize, mine.len());
+                prop_assert!(l.reserved_bytes() <= l.kv_capacity_bytes());
+                prop_assert!(l.live() <= l.max_batch());
+            }
+            prop_assert_eq!(self.q.len(), self.waiting.len());
+            prop_assert!(self.q.len() <= max_waiting);
+            // Strict: the next in line (highest class, least counter, earliest head) does not
+            // fit anywhere, or it would have been granted.
+            let next = (self.waiting.iter())
+                .filter(|w| {
+                    self.waiting
+                        .iter()
+                        .all(|o| o.1 != w.1 || o.2 != w.2 || o.0 >= w.0)
+                })
+                .max_by_key(|w| (w.2, std::cmp::Reverse((self.q.counter(w.2, &w.1), w.0))));
+            if let Some((_, tenant, class, need)) = next {
+                prop_assert!(
+                    choose_backend(&self.ledgers, need.bytes).is_none(),
+                    "{} {} head of {} bytes fits but waits",
+                    class,
+                    tenant,
+                    need.bytes
+                );
+            }
+            // The fairness bound: backlogged tenants of a class are at most U apart.
+            for class in CLASSES {
+                let counters: Vec<u64> = (0u8..4)
+                    .map(|t| t.to_string())
+                    .filter(|t| self.q.is_backlogged(class, t))
+                    .map(|t| self.q.counter(class, &t))
+                    .collect();
+                if let (Some(lo), Some(hi)) = (counters.iter().min(), counters.iter().max()) {
+                    let u = self.largest.get(&class).copied().unwrap_or(0);
+                    prop_assert!(
+                        hi - lo <= u,
+                        "{}: counters {:?} more than {} apart",
+                        class,
+                        counters,
+                        u
+                    );
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn run(specs: &[(u64, u32)], max_waiting: usize) -> Run {
+        Run {
+            ledgers: specs
+                .iter()
+                .map(|&(cap, batch)| KvLedger::new(cap, batch))
+                .collect(),
+            q: FairQueue::new(max_waiting),
+            leases: Vec::new(),
+            waiting: Vec::new(),
+            granted: BTreeMap::new(),
+            largest: BTreeMap::new(),
+        }
     }
 
     proptest! {
+        /// The ledgers match the live leases and never overflow; the next in line never fits
+        /// while it waits; classes go highest first; the counters of a class's backlogged
+        /// tenants stay within the largest cost granted in it.
         #[test]
-        fn ledgers_match_live_leases_and_never_overflow(
+        fn leases_order_and_the_fairness_bound_hold_after_every_step(
             specs in prop::collection::vec((0u64..1500, 0u32..4), 1..4),
             max_waiting in 0usize..8,
             ops in ops(),
         ) {
-            let mut ledgers: Vec<KvLedger> =
-                specs.iter().map(|&(cap, batch)| KvLedger::new(cap, batch)).collect();
-            let mut q = FairQueue::new(max_waiting);
-            // Live leases (backend, bytes) and waiters (id, tenant).
-            let mut leases: Vec<(usize, u64)> = Vec::new();
-            let mut waiting: Vec<(WaiterId, u8, u64)> = Vec::new();
-            let mut granted_per_tenant: BTreeMap<u8, Vec<WaiterId>> = BTreeMap::new();
-            let mut take = |grants: Vec<Grant>,
-                            waiting: &mut Vec<(WaiterId, u8, u64)>,
-                            leases: &mut Vec<(usize, u64)>| {
-                for g in grants {
-                    let at = waiting.iter().position(|w| w.0 == g.id).expect("granted a waiter");
-                    let (id, tenant, bytes) = waiting.remove(at);
-                    assert_eq!(bytes, g.bytes);
-                    granted_per_tenant.entry(tenant).or_default().push(id);
-                    leases.push((g.backend, g.bytes));
-                }
-            };
+            let mut r = run(&specs, max_waiting);
             for op in ops {
-                match op {
-                    Op::Arrive { tenant, bytes } => {
-                        match q.arrive(&mut ledgers, &tenant.to_string(), bytes) {
-                            Arrival::Admitted { backend } => leases.push((backend, bytes)),
-                            Arrival::Queued { id } => waiting.push((id, tenant, bytes)),
-                            Arrival::QueueFull { waiting: n } => {
-                                prop_assert_eq!(n, max_waiting)
-                            }
-                            Arrival::NeverFits { largest_capacity } => {
-                                prop_assert!(bytes > largest_capacity || largest_capacity == 0)
-                            }
-                        }
-                    }
-                    Op::Finish(i) if !leases.is_empty() => {
-                        let (backend, bytes) = leases.remove(i % leases.len());
-                        ledgers[backend].release(bytes);
-                        take(q.grant(&mut ledgers), &mut waiting, &mut leases);
-                    }
-                    Op::GiveUp(i) if !waiting.is_empty() => {
-                        let (id, _, _) = waiting.remove(i % waiting.len());
-                        prop_assert!(q.remove(id));
-                        take(q.grant(&mut ledgers), &mut waiting, &mut leases);
-                    }
-                    Op::Finish(_) | Op::GiveUp(_) => {}
-                }
-                for (b, l) in ledgers.iter().enumerate() {
-                    let mine: Vec<u64> =
-                        leases.iter().filter(|x| x.0 == b).map(|x| x.1).collect();
-                    prop_assert_eq!(l.reserved_bytes(), mine.iter().sum::<u64>());
-                    prop_assert_eq!(l.live() as usize, mine.len());
-                    prop_assert!(l.reserved_bytes() <= l.kv_capacity_bytes());
-                    prop_assert!(l.live() <= l.max_batch());
-                }
-                prop_assert_eq!(q.len(), waiting.len());
-                prop_assert!(q.len() <= max_waiting);
-                // Work-conserving: no tenant's head waiter fits anywhere after a change.
-                let mut heads = BTreeMap::new();
-                for &(id, tenant, bytes) in &waiting {
-                    heads.entry(tenant).or_insert((id, bytes));
-                }
-                for (tenant, (_, bytes)) in heads {
-                    prop_assert!(
-                        choose_backend(&ledgers, bytes).is_none(),
-                        "tenant {} head of {} bytes fits but waits", tenant, bytes
-                    );
-                }
+                r.apply(op, max_waiting)?;
+                r.check(max_waiting)?;
             }
-            // Per-tenant FIFO: each tenant's waiters were granted in arrival (id) order.
-            for ids in granted_per_tenant.values() {
+            // Per tenant and class, arrival order.
+            for ids in r.granted.values() {
+                prop_assert!(ids.windows(2).all(|w| w[0] < w[1]));
+            }
+        }
+
+        /// No starvation: once arrivals stop, as the live requests end every waiter is granted
+        /// (none is left behind however the classes, tenants and sizes mix), each in its turn.
+        #[test]
+        fn every_waiter_is_granted_once_the_requests_ahead_end(
+            specs in prop::collection::vec((1u64..1500, 1u32..4), 1..4),
+            ops in ops(),
+        ) {
+            let max_waiting = 64;
+            let mut r = run(&specs, max_waiting);
+            for op in ops {
+                if let Op::Arrive { bytes, .. } = op {
+                    // Only requests some backend can hold, so that none is refused for size.
+                    if !r.ledgers.iter().any(|l| l.could_ever_fit(bytes)) {
+                        continue;
+                    }
+                }
+                r.apply(op, max_waiting)?;
+            }
+            let mut steps = 0;
+            while !r.waiting.is_empty() {
+                prop_assert!(!r.leases.is_empty(), "waiters left with nothing running: {:?}", r.waiting);
+                r.apply(Op::Finish(0, 2), max_waiting)?;
+                r.check(max_waiting)?;
+                steps += 1;
+                prop_assert!(steps <= 1000);
+            }
+            for ids in r.granted.values() {
                 prop_assert!(ids.windows(2).all(|w| w[0] < w[1]));
             }
         }

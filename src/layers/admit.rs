@@ -1,11 +1,12 @@
 //! Step 9, admit: the request's KV footprint (its [`Cost`]'s prompt + max output tokens, in
 //! whole blocks, plus the per-sequence state) is leased on a backend, at once or after waiting
-//! fairly in the bounded queue; the lease is added to the request's [`Ticket`], which frees it
-//! when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
+//! in the bounded queue in the request's [`Priority`] class (the one its extensions carry, else
+//! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`],
+//! which frees it when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
 //! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
 
 use super::charge::TicketSlot;
-use crate::admission::Admission;
+use crate::admission::{Admission, Need, Priority};
 use crate::capacity::sequence_footprint_bytes;
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::Cost;
@@ -42,7 +43,8 @@ impl KvGeometry {
 }
 
 /// Step 9 as a layer: needs `Arc<Tenant>`, [`Cost`] and a [`TicketSlot`] (the charge layer's)
-/// in the request's extensions; adds the lease to the ticket.
+/// in the request's extensions, and takes its [`Priority`] from them when there is one; adds the
+/// lease to the ticket.
 #[derive(Clone, Debug)]
 pub struct AdmitLayer {
     shared: Arc<Shared>,
@@ -57,7 +59,8 @@ struct Shared {
 
 impl AdmitLayer {
     /// Admits by `geometry`'s footprint on `admission`'s backends. With `metrics`, it records
-    /// each tenant's queue wait and, per admitted request, its prompt and reserved tokens.
+    /// each tenant's queue wait, the queue's refusals by class and, per admitted request, its
+    /// prompt and reserved tokens.
     pub fn new(admission: Admission, geometry: KvGeometry, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -110,16 +113,22 @@ where
             let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
             let cost = *super::needs::<Cost>(req.extensions())?;
             let slot = super::needs::<TicketSlot>(req.extensions())?.clone();
+            let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
             let tokens = cost.prefill + cost.decode;
+            let need = Need {
+                bytes: shared.geometry.footprint_bytes(tokens),
+                prompt_tokens: cost.prefill,
+                output_tokens: cost.decode,
+            };
             let started = Instant::now();
-            let admitted = shared
-                .admission
-                .admit(&tenant.name, shared.geometry.footprint_bytes(tokens))
-                .await;
+            let admitted = shared.admission.admit(&tenant.name, class, need).await;
             let metrics = shared.metrics.as_deref();
             let t = &tenant.metrics;
             if let Some(m) = metrics {
                 (t.queue_wait(m)).observe(started.elapsed().as_secs_f64());
+                if let Some(reason) = admitted.as_ref().err().and_then(|e| e.queue_refusal()) {
+                    m.queue_refused(class.as_str(), reason);
+                }
             }
             let lease = admitted.map_err(|error| NotAdmitted {
                 error,
@@ -238,7 +247,18 @@ mod tests {
             "the request's KV footprint (1001 tokens of prompt + max output = 1001 bytes) is larger than the KV capacity of every backend (largest: 1000 bytes); lower max_tokens or shorten the prompt"
         );
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
-        let held = admission.admit("other", 800).await.expect("fits");
+        let held = admission
+            .admit(
+                "other",
+                Priority::Standard,
+                Need {
+                    bytes: 800,
+                    prompt_tokens: 800,
+                    output_tokens: 0,
+                },
+            )
+            .await
+            .expect("fits");
         let e = svc
             .clone()
             .oneshot(request(cost(200, 1)))
@@ -254,6 +274,49 @@ mod tests {
         );
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         assert_eq!(reserved(&admission), 800);
+        drop(held);
+        svc.oneshot(request(cost(200, 1))).await.expect("fits now");
+    }
+
+    #[tokio::test]
+    async fn the_requests_class_is_queued_and_its_refusals_counted_by_class() {
+        let (limiter, admission) = (limiter(), admission());
+        let metrics = Arc::new(Metrics::new());
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .layer(AdmitLayer::new(
+                admission.clone(),
+                BYTES,
+                Some(metrics.clone()),
+            ))
+            .service_fn(leased);
+        let held = admission
+            .admit(
+                "other",
+                Priority::Standard,
+                Need {
+                    bytes: 900,
+                    prompt_tokens: 900,
+                    output_tokens: 0,
+                },
+            )
+            .await
+            .expect("fits");
+        let mut req = request(cost(200, 1));
+        req.extensions_mut().insert(Priority::Sheddable);
+        let e = svc.clone().oneshot(req).await.unwrap_err();
+        assert_eq!(e.code, "capacity_exhausted");
+        let refused = |class: &str| {
+            metrics
+                .queue_refusals
+                .get_or_create(&crate::metrics::QueueRefusalLabels {
+                    class: class.to_string(),
+                    reason: "queue_full".to_string(),
+                })
+                .get()
+        };
+        assert_eq!((refused("sheddable"), refused("standard")), (1, 0));
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         drop(held);
         svc.oneshot(request(cost(200, 1))).await.expect("fits now");
     }

@@ -1,12 +1,15 @@
 //! Step 5, authenticate: the request's API key names its tenant, in the directory in force now
 //! (a reload swaps it whole); the tenant goes on as `Arc<Tenant>` in the request's extensions,
-//! with the instant the request [`Arrived`]. A missing or unknown key is a 401.
+//! with the instant the request [`Arrived`] and its [`Priority`] (the tenant's class, or the
+//! lower one its `x-tokengate-priority` header asks for). A missing or unknown key is a 401; a
+//! header asking for a class above the tenant's, or for none, a 400 before anything is counted.
 //!
 //! With outcomes counted ([`AuthenticateLayer::counting_outcomes`]), every refusal from here on
 //! is counted in `tokengate_requests_total` under its tenant (`unknown` when the key named
 //! none) and its error code; the answers themselves are counted by the ticket they settle.
 
 use super::Arrived;
+use crate::admission::Priority;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::proxy::Gateway;
@@ -17,7 +20,7 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-/// Step 5 as a layer: adds `Arc<Tenant>` and [`Arrived`].
+/// Step 5 as a layer: adds `Arc<Tenant>`, [`Arrived`] and [`Priority`].
 #[derive(Clone, Debug)]
 pub struct AuthenticateLayer {
     gw: Arc<Gateway>,
@@ -78,15 +81,25 @@ where
         let mut inner = self.inner.clone();
         std::mem::swap(&mut self.inner, &mut inner);
         let AuthenticateLayer { gw, count_outcomes } = self.layer.clone();
-        let authenticated = gw.live.current().tenants.authenticate(req.headers());
+        let authenticated = gw
+            .live
+            .current()
+            .tenants
+            .authenticate(req.headers())
+            .map(|tenant| {
+                let class = tenant.priority.for_request(&tenant.name, req.headers());
+                (tenant, class)
+            });
         Box::pin(async move {
             let count = |tenant: &str, e: &ApiError| {
                 if count_outcomes {
                     gw.metrics.outcome(tenant, Outcome::Failed(e.code));
                 }
             };
-            let tenant = authenticated.inspect_err(|e| count("unknown", e))?;
+            let (tenant, class) = authenticated.inspect_err(|e| count("unknown", e))?;
+            let class = class.inspect_err(|e| count(&tenant.name, e))?;
             req.extensions_mut().insert(tenant.clone());
+            req.extensions_mut().insert(class);
             req.extensions_mut().insert(arrived);
             inner
                 .call(req)
@@ -128,6 +141,38 @@ mod tests {
             Some(e) => Err(e),
             None => Ok(Response::new(tenant.name.clone())),
         }
+    }
+
+    #[tokio::test]
+    async fn the_priority_header_lowers_the_class_and_a_raise_is_refused_before_the_inner_service()
+    {
+        let gw = gateway(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+            .service_fn(|req: Request<Full<Bytes>>| async move {
+                let class = req.extensions().get::<Priority>().expect("classed");
+                Ok::<_, ApiError>(Response::new(class.as_str()))
+            });
+        let asking = |value: &str| {
+            let mut req = with_key("sk-alice");
+            req.headers_mut()
+                .insert(crate::admission::PRIORITY_HEADER, value.parse().unwrap());
+            req
+        };
+        let class = |req| async { svc.clone().oneshot(req).await.map(Response::into_body) };
+        // alice is `standard` (the default).
+        assert_eq!(class(with_key("sk-alice")).await.unwrap(), "standard");
+        assert_eq!(class(asking("sheddable")).await.unwrap(), "sheddable");
+        let e = class(asking("critical")).await.unwrap_err();
+        assert_eq!(
+            (e.status, e.code, e.param.as_deref()),
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                Some("x-tokengate-priority")
+            )
+        );
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "invalid_request"), 1);
     }
 
     #[tokio::test]

@@ -96,9 +96,15 @@ impl Ticket {
         self.lease.as_ref()
     }
 
-    /// Frees the KV lease now (the backend has stopped using it); the charge stays held.
+    /// Frees the KV lease now (the backend has stopped using it); the charge stays held. The
+    /// tenant's fairness counter keeps the output recorded, or nothing if the backend never
+    /// answered.
     pub fn release_lease(&mut self) {
-        drop(self.lease.take());
+        if let Some(mut lease) = self.lease.take() {
+            if !self.answered {
+                lease.refund_all();
+            }
+        }
     }
 
     /// The second phase: the backend has answered (a 2xx and its first bytes). From now on
@@ -115,6 +121,9 @@ impl Ticket {
     /// The decode tokens produced so far (a running total, saturating at the reservation).
     pub fn record_output(&mut self, tokens: u64) {
         self.reservation_mut().record_output(tokens);
+        if let Some(lease) = &mut self.lease {
+            lease.record_output(tokens);
+        }
     }
 
     /// How the request ended, counted when the ticket goes.
@@ -144,7 +153,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         // KV first: the backend has stopped (or never started) using it.
-        drop(self.lease.take());
+        self.release_lease();
         let Some(mut reservation) = self.reservation.take() else {
             return;
         };

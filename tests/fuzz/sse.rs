@@ -413,7 +413,15 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
             .expect("the bucket is ample");
         let lease = h
             .admission
-            .admit(&h.tenant.name, 1)
+            .admit(
+                &h.tenant.name,
+                h.tenant.priority,
+                tokengate::admission::Need {
+                    bytes: 1,
+                    prompt_tokens: 1,
+                    output_tokens: case.reserved,
+                },
+            )
             .await
             .expect("KV is ample");
         let mut ticket = Ticket::new(reservation, None);

@@ -1,0 +1,196 @@
+//! Admission room: priority classes. A tenant has a class (`tenants[].priority`); a request may
+//! lower its own with the `x-tokengate-priority` header, never raise it. The KV queue serves a
+//! higher class first and sheds the lowest first (see [`queue`](super::queue)).
+//!
+//! The header's rules, checked before anything is counted or charged: absent, the request has
+//! its tenant's class; a class at or below the tenant's is taken; a class above it, or a value
+//! that is not a class, is a 400 `invalid_request` naming the header, the value and the tenant's
+//! class, and changes nothing.
+
+use crate::error::ApiError;
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The header a request lowers its class with.
+pub const PRIORITY_HEADER: &str = "x-tokengate-priority";
+
+/// A priority class, lowest first (so `Ord` compares by precedence).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Refused first under pressure: a full queue gives its place to a higher class, and it is
+    /// refused at once rather than queued while a higher class waits.
+    Sheddable,
+    /// The default.
+    #[default]
+    Standard,
+    /// Served before every other class.
+    Critical,
+}
+
+impl Priority {
+    /// Every class, highest first (the order the queue serves them in).
+    pub const HIGHEST_FIRST: [Priority; 3] =
+        [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+    /// Its name in config, the header and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Sheddable => "sheddable",
+            Priority::Standard => "standard",
+            Priority::Critical => "critical",
+        }
+    }
+
+    /// The classes at or below this one, highest first: what a request of a tenant in this class
+    /// may ask for.
+    fn at_or_below(self) -> impl Iterator<Item = Priority> {
+        Self::HIGHEST_FIRST.into_iter().filter(move |p| *p <= self)
+    }
+
+    /// The class of a request from `tenant` (whose class is `self`), given its `headers`; a 400
+    /// naming the header when it asks for more than the tenant's class or for no class at all.
+    pub fn for_request(self, tenant: &str, headers: &HeaderMap) -> Result<Priority, ApiError> {
+        let Some(value) = headers.get(PRIORITY_HEADER) else {
+            return Ok(self);
+        };
+        let allowed = || {
+            self.at_or_below()
+                .map(Priority::as_str)
+                .collect::<Vec<_>>()
+                .join(" or ")
+        };
+        let text = value.to_str().unwrap_or("").trim();
+        let asked = Self::HIGHEST_FIRST
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(text));
+        match asked {
+            Some(asked) if asked <= self => Ok(asked),
+            Some(asked) => Err(ApiError::invalid_param(
+                PRIORITY_HEADER,
+                format!(
+                    "header {PRIORITY_HEADER} asks for class {asked}, above tenant {tenant}'s class {self}; a request may only lower its class: send {}",
+                    allowed()
+                ),
+            )),
+            None => Err(ApiError::invalid_param(
+                PRIORITY_HEADER,
+                format!(
+                    "header {PRIORITY_HEADER} is {:?}, not a priority class; tenant {tenant}'s class is {self}: send {} (or leave the header out)",
+                    String::from_utf8_lossy(value.as_bytes()),
+                    allowed()
+                ),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    fn asking(value: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            PRIORITY_HEADER,
+            http::HeaderValue::from_bytes(value).expect("a header value"),
+        );
+        h
+    }
+
+    #[test]
+    fn without_the_header_a_request_has_its_tenants_class() {
+        for class in Priority::HIGHEST_FIRST {
+            assert_eq!(class.for_request("t", &HeaderMap::new()).unwrap(), class);
+        }
+    }
+
+    #[test]
+    fn a_request_may_lower_its_class_or_keep_it() {
+        use Priority::*;
+        let cases = [
+            (Critical, "critical", Critical),
+            (Critical, "standard", Standard),
+            (Critical, " Sheddable ", Sheddable),
+            (Standard, "STANDARD", Standard),
+            (Standard, "sheddable", Sheddable),
+            (Sheddable, "sheddable", Sheddable),
+        ];
+        for (tenant, header, class) in cases {
+            assert_eq!(
+                tenant.for_request("t", &asking(header.as_bytes())).unwrap(),
+                class,
+                "{tenant} asking {header}"
+            );
+        }
+    }
+
+    #[test]
+    fn raising_the_class_is_a_400_naming_the_header_and_the_tenants_class() {
+        let e = Priority::Standard
+            .for_request("bob", &asking(b"critical"))
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.code, e.param.as_deref()),
+            (
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                Some(PRIORITY_HEADER)
+            )
+        );
+        assert_eq!(
+            e.message,
+            "header x-tokengate-priority asks for class critical, above tenant bob's class standard; a request may only lower its class: send standard or sheddable"
+        );
+        let e = Priority::Sheddable
+            .for_request("eve", &asking(b"standard"))
+            .unwrap_err();
+        assert_eq!(
+            e.message,
+            "header x-tokengate-priority asks for class standard, above tenant eve's class sheddable; a request may only lower its class: send sheddable"
+        );
+    }
+
+    #[test]
+    fn an_unknown_value_is_a_400_listing_the_classes_allowed() {
+        let e = Priority::Critical
+            .for_request("ops", &asking(b"urgent"))
+            .unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some(PRIORITY_HEADER))
+        );
+        assert_eq!(
+            e.message,
+            "header x-tokengate-priority is \"urgent\", not a priority class; tenant ops's class is critical: send critical or standard or sheddable (or leave the header out)"
+        );
+        let e = Priority::Standard
+            .for_request("bob", &asking(b"\xff"))
+            .unwrap_err();
+        assert_eq!(
+            e.message,
+            "header x-tokengate-priority is \"\u{fffd}\", not a priority class; tenant bob's class is standard: send standard or sheddable (or leave the header out)"
+        );
+    }
+
+    #[test]
+    fn config_names_are_lowercase() {
+        #[derive(Deserialize)]
+        struct T {
+            priority: Priority,
+        }
+        let t: T = toml::from_str("priority = \"sheddable\"").unwrap();
+        assert_eq!(t.priority, Priority::Sheddable);
+        assert!(toml::from_str::<T>("priority = \"urgent\"").is_err());
+    }
+}
