@@ -1,6 +1,6 @@
 //! Step 5, authenticate: the request's API key names its tenant, in the directory in force now
 //! (a reload swaps it whole); the tenant goes on as `Arc<Tenant>` in the request's extensions,
-//! with the instant the request [`Arrived`] and its [`Priority`] (the tenant's class, or the
+//! with the instant the request [`Arrived`] and its [`Priority`](crate::admission::Priority) (the tenant's class, or the
 //! lower one its `x-tokengate-priority` header asks for). A missing or unknown key is a 401; a
 //! header asking for a class above the tenant's, or for none, a 400 before anything is counted.
 //!
@@ -9,7 +9,6 @@
 //! none) and its error code; the answers themselves are counted by the ticket they settle.
 
 use super::Arrived;
-use crate::admission::Priority;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::proxy::Gateway;
@@ -20,7 +19,7 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-/// Step 5 as a layer: adds `Arc<Tenant>`, [`Arrived`] and [`Priority`].
+/// Step 5 as a layer: adds `Arc<Tenant>`, [`Arrived`] and [`Priority`](crate::admission::Priority).
 #[derive(Clone, Debug)]
 pub struct AuthenticateLayer {
     gw: Arc<Gateway>,
@@ -113,6 +112,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::Priority;
     use crate::layers::testing::{gateway, outcomes_of};
     use crate::tenant::Tenant;
     use bytes::Bytes;
