@@ -653,7 +653,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_shrunk_capacity_queues_and_its_regrowth_grants() {
         let adm = admission(vec![backend("npu0", 1000, 4)], 8);
-        let held = adm.admit("a", 400).await.expect("room");
+        let held = adm.admit("a", Standard, need(400)).await.expect("room");
         adm.set_capacity_scale(0, 500);
         let (tx, mut granted) = mpsc::unbounded_channel();
         spawn_admit(&adm, "b", 200, &tx);

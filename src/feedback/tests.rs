@@ -1,5 +1,12 @@
 use super::*;
-use crate::admission::{BackendSpec, QueueSpec};
+use crate::admission::{BackendSpec, Need, Priority, QueueSpec};
+
+/// 100 bytes of KV for 100 prompt tokens.
+const NEED: Need = Need {
+    bytes: 100,
+    prompt_tokens: 100,
+    output_tokens: 0,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -111,7 +118,10 @@ async fn preemptions_shrink_the_ledger_and_calm_grows_it_back() {
         floor: 0.8,
         ..FeedbackConfig::default()
     });
-    let _lease = adm.admit("a", 100).await.expect("room");
+    let _lease = adm
+        .admit("a", Priority::Standard, NEED)
+        .await
+        .expect("room");
     s.take(text(0, 4));
     assert_eq!(effective(&adm), 1000);
     s.take(text(0, 6));
@@ -164,7 +174,10 @@ async fn with_adjustment_off_readings_are_kept_and_the_ledger_left_alone() {
         adjust_capacity: false,
         ..FeedbackConfig::default()
     });
-    let _lease = adm.admit("a", 100).await.expect("room");
+    let _lease = adm
+        .admit("a", Priority::Standard, NEED)
+        .await
+        .expect("room");
     for n in 0..5 {
         s.take(text(4, n));
     }
