@@ -1590,3 +1590,5 @@ mod mindie;
 
 #[path = "gateway/diagnose.rs"]
 mod diagnose;
+#[path = "gateway/profile.rs"]
+mod profile;
