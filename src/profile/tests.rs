@@ -207,6 +207,7 @@ path = "unused"
 [model]
 served_names = ["qwen3.5-27b"]
 max_model_len = 32768
+default_max_tokens = 800
 [[backends]]
 url = "http://127.0.0.1:9"
 {backend}
