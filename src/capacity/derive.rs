@@ -62,9 +62,6 @@ pub struct DerivedBackend {
     pub inputs: CapacityInputs,
     /// The derivation in words and numbers.
     pub explanation: String,
-    /// The inputs it was derived from, to derive again for another workload.
-    #[serde(skip)]
-    pub inputs: CapacityInputs,
 }
 
 /// Sizes one backend for `workload`: see the module doc for how TP and replicas combine.
@@ -129,7 +126,6 @@ pub fn derive_backend(inputs: &CapacityInputs, workload: Workload) -> DerivedBac
         per_replica: r,
         inputs: inputs.clone(),
         explanation,
-        inputs: inputs.clone(),
     }
 }
 

@@ -229,7 +229,6 @@ pub struct TenantStats {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OverallStats {
     /// Over the window.
-    #[serde(flatten)]
     pub window: Stats,
     /// Since the gateway started.
     pub since_start: Stats,

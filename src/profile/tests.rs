@@ -153,7 +153,7 @@ fn the_json_is_flat_per_tenant_with_since_start_nested() {
     assert_eq!(a["since_start"]["requests"], 1);
     assert_eq!(a["output_reserved_ratio"], 0.3);
     assert!(a["prompt_tokens"]["p95"].is_f64());
-    assert!(v["overall"]["ttft_ms"]["p50"].is_f64());
+    assert!(v["overall"]["window"]["ttft_ms"]["p50"].is_f64());
     let back: ProfileReport = serde_json::from_value(v).expect("reads back");
     assert_eq!(back, p.report(t0));
 }

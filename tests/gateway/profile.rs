@@ -54,15 +54,15 @@ async fn the_profile_counts_every_outcome_once_with_its_lengths() {
     assert!(alice["tpot_ms"]["p50"].as_f64().unwrap() >= 0.0);
     assert_eq!(alice["since_start"]["requests"], 3);
     assert_eq!(p["tenants"][1]["refusals"], json!({"invalid_api_key": 1}));
-    assert_eq!(p["overall"]["requests"], 4);
+    assert_eq!(p["overall"]["window"]["requests"], 4);
     assert_eq!(
-        p["overall"]["refusals"],
+        p["overall"]["window"]["refusals"],
         json!({"exceeds_tenant_burst": 1, "invalid_api_key": 1})
     );
     // The window slides on the gateway's clock: 16 minutes on, only since_start remains.
     gw.clock.advance(Duration::from_secs(16 * 60));
     let p = gw.admin("/admin/profile").await;
-    assert_eq!(p["overall"]["requests"], 0);
+    assert_eq!(p["overall"]["window"]["requests"], 0);
     assert_eq!(p["overall"]["since_start"]["requests"], 4);
 }
 
