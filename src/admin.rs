@@ -1,10 +1,11 @@
 //! The admin listener: Prometheus metrics, liveness and readiness, JSON views of the tenants'
-//! buckets and the backends' KV ledgers, and `POST /admin/reload`. With `server.admin_token`
+//! buckets, the backends' KV ledgers and the workload profile, and `POST /admin/reload`. With `server.admin_token`
 //! set, every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
 use crate::digest::hash_key;
 use crate::error::{Allow, ApiError};
 use crate::metrics::{BackendLabel, BucketLabels};
+use crate::profile::advice::advise;
 use crate::proxy::upstream::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};
 use crate::tenant::{bearer, BearerKind};
@@ -68,6 +69,15 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
         "/readyz" => Ok(readiness(gw).await),
         "/admin/tenants" => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
         "/admin/backends" => Ok(json_response(StatusCode::OK, &backends_json(gw))),
+        "/admin/profile" => {
+            let mut report = gw.recorder.profile();
+            report.advice = advise(&gw.live.current().config, &report.overall.window);
+            let profile = serde_json::to_value(report).map_err(|e| {
+                tracing::error!(error = %e, "encoding the workload profile");
+                ApiError::internal()
+            })?;
+            Ok(json_response(StatusCode::OK, &profile))
+        }
         "/admin/reload" => {
             let reloaded = gw.reload().await?;
             let body = json!({"status": "reloaded", "changes": reloaded});

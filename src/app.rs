@@ -11,19 +11,21 @@ use crate::metrics::Metrics;
 use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
 use crate::proxy::upstream::Upstream;
 use crate::proxy::Gateway;
+use crate::record::Recorder;
 use crate::reload::LiveConfig;
 use crate::server::{self, Running};
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
+use crate::usage_log::{UsageLog, WallAnchor};
 use anyhow::Context;
 use std::sync::Arc;
 
 /// What a gateway takes from outside its config.
 #[derive(Clone)]
 pub struct Deps {
-    /// The limiter's time source.
+    /// The limiter's and the workload profile's time source.
     pub clock: SharedClock,
     /// An already loaded tokenizer (tests share one); `None` loads `tokenizer.path`.
     pub tokenizer: Option<Arc<Tokenizer>>,
@@ -118,6 +120,21 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         &admission,
         &metrics,
     );
+    let usage_log = match &config.usage_log {
+        Some(log) => {
+            let anchor = WallAnchor {
+                instant: deps.clock.now(),
+                wall: std::time::SystemTime::now(),
+            };
+            Some(UsageLog::start(log, &metrics, anchor)?)
+        }
+        None => None,
+    };
+    let recorder = Arc::new(Recorder::new(
+        deps.clock.clone(),
+        config.profile.window,
+        usage_log,
+    ));
     let config = Arc::new(config);
     Ok(Arc::new(Gateway {
         live: LiveConfig::new(config.clone()),
@@ -129,6 +146,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         pool,
         replies,
         metrics,
+        recorder,
         discarder: Arc::new(Discarder::new(DISCARD_BYTES_PER_SECOND)),
         feedback,
         config,

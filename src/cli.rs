@@ -45,6 +45,8 @@ enum Command {
     Loadgen(crate::loadgen::LoadgenArgs),
     /// The seed article's decision tree over a running gateway's live numbers.
     Diagnose(crate::diagnose::cli::DiagnoseArgs),
+    /// The workload profile a running gateway measured (its admin `/admin/profile`).
+    Profile(crate::profile::cli::ProfileArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,5 +111,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Healthcheck(args) => crate::healthcheck::run_healthcheck(args),
         Command::Loadgen(args) => crate::loadgen::run_loadgen(args),
         Command::Diagnose(args) => crate::diagnose::cli::run_diagnose(args),
+        Command::Profile(args) => crate::profile::cli::run_profile(args),
     }
 }

@@ -14,6 +14,7 @@ use crate::capacity::{
 };
 use crate::digest::{hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
+use crate::profile::ProfileConfig;
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
 use http::uri::{Authority, Scheme};
@@ -43,6 +44,12 @@ pub struct Config {
     /// Where the tenants' buckets live (this process, or Redis shared by replicas).
     #[serde(default)]
     pub limiter: LimiterConfig,
+    /// The workload profile (`GET /admin/profile`).
+    #[serde(default)]
+    pub profile: ProfileConfig,
+    /// The usage log (the billing record): off unless the section is given.
+    #[serde(default)]
+    pub usage_log: Option<crate::usage_log::UsageLogConfig>,
     /// Inference backends (vLLM, MindIE, `tokengate sim`).
     pub backends: Vec<BackendConfig>,
     /// Tenants and their budgets.
@@ -550,6 +557,10 @@ impl Config {
     /// is not done again: a config from [`ValidConfig::into_inner`] keeps what it derived.
     pub fn validated(mut self) -> anyhow::Result<ValidConfig> {
         let admin_token_digest = self.server.check()?;
+        self.profile.check()?;
+        if let Some(log) = &self.usage_log {
+            log.check()?;
+        }
         let backend_bases = self.check_model_and_backends()?;
         let key_digests = self.check_tenants()?;
         self.vision_rules = self.vision.load()?;
@@ -879,6 +890,8 @@ impl Config {
             tenants: _,
             vision,
             vision_rules,
+            profile,
+            usage_log,
             file: _,
         } = self;
         restart_only!(
@@ -962,6 +975,17 @@ impl Config {
                 video_tokens,
             ]
         );
+        restart_only!(
+            out,
+            "profile",
+            ProfileConfig,
+            profile,
+            &new.profile,
+            [window]
+        );
+        if usage_log != &new.usage_log {
+            out.push("usage_log".to_string());
+        }
         if vision == &new.vision && vision_rules != &new.vision_rules {
             out.push("vision (the processor files' contents)".to_string());
         }

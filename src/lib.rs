@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admin_client;
 pub mod admission;
 pub mod api;
 pub mod app;
@@ -23,10 +24,13 @@ pub mod layers;
 pub mod limiter;
 pub mod loadgen;
 pub mod metrics;
+pub mod profile;
 pub mod proxy;
+pub mod record;
 pub mod reload;
 pub mod server;
 pub mod sim;
 pub mod tenant;
 pub mod tokenize;
+pub mod usage_log;
 pub mod vision;

@@ -177,6 +177,10 @@ pub struct Metrics {
     pub config_reloads: Family<ReloadLabel, Counter>,
     /// The shared limiter store's errors, latency and fallback state.
     pub limiter_store: crate::limiter::redis::StoreMetrics,
+    /// Usage-log records dropped because its buffer was full.
+    pub usage_log_dropped: Counter,
+    /// Usage-log batches that failed to write.
+    pub usage_log_write_errors: Counter,
     /// 1 when the last load of the config file (at start or a reload) succeeded, else 0.
     pub config_last_reload_successful: Gauge,
     /// Unix time of the last successful load of the config file (at start or a reload).
@@ -234,6 +238,8 @@ impl Metrics {
             tokenize_cache_replies: Counter::default(),
             config_reloads: Family::default(),
             limiter_store: Default::default(),
+            usage_log_dropped: Counter::default(),
+            usage_log_write_errors: Counter::default(),
             config_last_reload_successful: Gauge::default(),
             config_last_reload_success: Gauge::default(),
             cache_exported: Default::default(),
@@ -399,6 +405,16 @@ impl Metrics {
             "config_last_reload_success_timestamp_seconds",
             "Unix time of the last successful load of the config file (at start or a reload)",
             m.config_last_reload_success.clone(),
+        );
+        r.register(
+            "usage_log_dropped",
+            "Usage-log records dropped because its buffer was full",
+            m.usage_log_dropped.clone(),
+        );
+        r.register(
+            "usage_log_write_errors",
+            "Usage-log batches that failed to write (their records are lost)",
+            m.usage_log_write_errors.clone(),
         );
         m.limiter_store.register(r);
         // Both results exported from the start, so a rate over them is defined before the first

@@ -93,12 +93,12 @@ where
         // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
         //      buckets cannot give even the least a request costs)
         .layer(CountLayer::new(gw.clone()))
-        // 8. charge the buckets (under the limits in force now): the request's `Ticket`
-        .layer(ChargeLayer::new(
-            gw.limiter.clone(),
-            gw.clone(),
-            metrics.clone(),
-        ))
+        // 8. charge the buckets (under the limits in force now): the request's `Ticket`,
+        //    recorded in the workload profile when it settles
+        .layer(
+            ChargeLayer::new(gw.limiter.clone(), gw.clone(), metrics.clone())
+                .recording(gw.recorder.clone()),
+        )
         // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
         .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
         // 10-11. forward to the leased backend; the metered answer owns the ticket
@@ -271,6 +271,9 @@ fn admin_service(
     })
 }
 
+/// How long shutdown waits for the usage log to write its last lines.
+const USAGE_LOG_FLUSH: Duration = Duration::from_secs(5);
+
 /// A running gateway: its bound addresses and a way to stop it.
 pub struct Running {
     /// Main (API) address.
@@ -284,12 +287,15 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight requests finish within the grace period, then returns.
+    /// Stops accepting, lets in-flight requests finish within the grace period, flushes the
+    /// usage log, then returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
+        // Every request has settled: the usage log gets its last lines out.
+        self.gateway.recorder.flush(USAGE_LOG_FLUSH).await;
     }
 
     /// Waits until SIGTERM or ctrl-c, then shuts down gracefully. Meanwhile each SIGHUP

@@ -1592,3 +1592,5 @@ mod mindie;
 
 #[path = "gateway/diagnose.rs"]
 mod diagnose;
+#[path = "gateway/profile.rs"]
+mod profile;

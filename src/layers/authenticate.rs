@@ -12,6 +12,7 @@ use super::Arrived;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::proxy::Gateway;
+use crate::record::{request_id, Settled};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
@@ -89,10 +90,20 @@ where
                 let class = tenant.priority.for_request(&tenant.name, req.headers());
                 (tenant, class)
             });
+        let id = count_outcomes.then(|| request_id(req.headers())).flatten();
         Box::pin(async move {
             let count = |tenant: &str, e: &ApiError| {
                 if count_outcomes {
-                    gw.metrics.outcome(tenant, Outcome::Failed(e.code));
+                    let outcome = Outcome::Failed(e.code);
+                    gw.recorder.settle(Settled {
+                        request_id: id.clone(),
+                        tenant: tenant.to_owned(),
+                        model: None,
+                        outcome,
+                        arrived: Some(arrived.0),
+                        charge: None,
+                    });
+                    gw.metrics.outcome(tenant, outcome);
                 }
             };
             let (tenant, class) = authenticated.inspect_err(|e| count("unknown", e))?;

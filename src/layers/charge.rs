@@ -14,11 +14,13 @@ use crate::error::{ApiError, RateLimitHeaders};
 use crate::limiter::{Cost, Limiter, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::Gateway;
+use crate::record::{Charged, Recorder, RequestFacts, Settled};
 use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tower::{Layer, Service};
 
 /// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
@@ -31,6 +33,10 @@ pub struct Ticket {
     /// is counted with the error.
     outcome: Option<Outcome>,
     metrics: Option<Arc<Metrics>>,
+    /// Where the request is recorded when it settles, and what the record needs.
+    record: Option<(Arc<Recorder>, RequestFacts)>,
+    ttft: Option<Duration>,
+    tpot: Option<Duration>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -55,7 +61,21 @@ impl Ticket {
             answered: false,
             outcome: Some(Outcome::ClientDisconnect),
             metrics,
+            record: None,
+            ttft: None,
+            tpot: None,
         }
+    }
+
+    /// Records the request with `recorder` when it settles (unless refused: the refusal is
+    /// recorded with its error).
+    pub fn recorded_by(&mut self, recorder: Arc<Recorder>, facts: RequestFacts) {
+        self.record = Some((recorder, facts));
+    }
+
+    /// The request's time to first token and per output token, for its record.
+    pub fn record_latency(&mut self, ttft: Option<Duration>, tpot: Option<Duration>) {
+        (self.ttft, self.tpot) = (ttft, tpot);
     }
 
     fn reservation(&self) -> &Reservation {
@@ -161,8 +181,31 @@ impl Drop for Ticket {
             reservation.refund_all();
         }
         let tenant = reservation.tenant().to_owned();
-        drop(reservation);
-        if let (Some(metrics), Some(outcome)) = (&self.metrics, self.outcome) {
+        let cost = reservation.cost();
+        let settlement = reservation.settle();
+        let Some(outcome) = self.outcome else {
+            return;
+        };
+        // Recorded before it is counted: whoever waits for the count finds the record.
+        if let Some((recorder, facts)) = self.record.take() {
+            recorder.settle(Settled {
+                request_id: facts.request_id,
+                tenant: tenant.clone(),
+                model: facts.model,
+                outcome,
+                arrived: facts.arrived,
+                charge: Some(Charged {
+                    prompt_tokens: cost.prefill,
+                    reserved_output_tokens: cost.decode,
+                    output_tokens: settlement.actual_decode,
+                    refunded_output_tokens: settlement.refunded_decode,
+                    answered: self.answered,
+                    ttft: self.ttft,
+                    tpot: self.tpot,
+                }),
+            });
+        }
+        if let Some(metrics) = &self.metrics {
             metrics.outcome(&tenant, outcome);
         }
     }
@@ -233,11 +276,12 @@ pub struct ChargeLayer<L = AsAuthenticated> {
     shared: Arc<Shared<L>>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Shared<L> {
     limiter: Limiter,
     limits: L,
     metrics: Option<Arc<Metrics>>,
+    recorder: Option<Arc<Recorder>>,
 }
 
 impl<L: LimitsInForce> ChargeLayer<L> {
@@ -249,7 +293,17 @@ impl<L: LimitsInForce> ChargeLayer<L> {
                 limiter,
                 limits,
                 metrics,
+                recorder: None,
             }),
+        }
+    }
+
+    /// Each ticket is recorded by `recorder` when it settles (see [`crate::record`]).
+    pub fn recording(self, recorder: Arc<Recorder>) -> Self {
+        let mut shared = (*self.shared).clone();
+        shared.recorder = Some(recorder);
+        Self {
+            shared: Arc::new(shared),
         }
     }
 }
@@ -301,7 +355,11 @@ where
                 .limiter
                 .reserve(&current.name, &current.limits, cost)
                 .await?;
-            let slot = TicketSlot::new(Ticket::new(reservation, shared.metrics.clone()));
+            let mut ticket = Ticket::new(reservation, shared.metrics.clone());
+            if let Some(recorder) = &shared.recorder {
+                ticket.recorded_by(recorder.clone(), RequestFacts::of(&req));
+            }
+            let slot = TicketSlot::new(ticket);
             req.extensions_mut().insert(slot.clone());
             let answered = inner.call(req).await.map_err(Into::into);
             // A refusal after the charge (admission, or a service that left the ticket) gives

@@ -162,6 +162,19 @@ impl Admitted {
         self.settle_as(Outcome::Ok);
     }
 
+    /// Time to first token (from arrival), and the mean gap between the tokens after it
+    /// (with two or more streamed).
+    fn latency(&self) -> (Option<Duration>, Option<Duration>) {
+        let (Some(first), Some(last)) = (self.first_token, self.last_token) else {
+            return (None, None);
+        };
+        let tpot = (self.token_events > 1).then(|| {
+            let gaps = u32::try_from(self.token_events - 1).unwrap_or(u32::MAX);
+            (last - first) / gaps
+        });
+        (Some(first - self.arrived), tpot)
+    }
+
     /// One event of a streamed answer.
     fn observe_event(&mut self, chunk: &Chunk) {
         if self.observe(chunk) {
@@ -216,13 +229,13 @@ impl Drop for Admitted {
             }
         }
         let reserved = ticket.cost().decode;
+        let (ttft, tpot) = self.latency();
+        ticket.record_latency(ttft, tpot);
         let settle = Settle {
             tenant: self.tenant.clone(),
             metrics: self.metrics.clone(),
-            arrived: self.arrived,
-            first_token: self.first_token,
-            last_token: self.last_token,
-            token_events: self.token_events,
+            ttft,
+            tpot,
             counter: self.counter.clone(),
         };
         // The ticket goes last: it counts the outcome once everything else is recorded.
@@ -277,10 +290,8 @@ impl Drop for Admitted {
 struct Settle {
     tenant: Arc<Tenant>,
     metrics: Arc<Metrics>,
-    arrived: Instant,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-    token_events: u64,
+    ttft: Option<Duration>,
+    tpot: Option<Duration>,
     counter: OutputCounter,
 }
 
@@ -292,12 +303,11 @@ impl Settle {
         t.decode_tokens(m).inc_by(actual);
         (t.decode_tokens_refunded(m)).inc_by(reserved.saturating_sub(actual));
         t.output_tokens(m).observe(actual as f64);
-        if let (Some(first), Some(last)) = (s.first_token, s.last_token) {
-            t.ttft(m).observe((first - s.arrived).as_secs_f64());
-            if s.token_events > 1 {
-                let gaps = (s.token_events - 1) as f64;
-                t.tpot(m).observe((last - first).as_secs_f64() / gaps);
-            }
+        if let Some(ttft) = s.ttft {
+            t.ttft(m).observe(ttft.as_secs_f64());
+        }
+        if let Some(tpot) = s.tpot {
+            t.tpot(m).observe(tpot.as_secs_f64());
         }
         t.inflight(m).dec();
     }

@@ -89,6 +89,8 @@ pub struct Gateway {
     pub replies: Option<Arc<TokenizePool>>,
     /// Metrics registry.
     pub metrics: Arc<Metrics>,
+    /// Where every settled request is recorded: the workload profile.
+    pub recorder: Arc<crate::record::Recorder>,
     /// Where the bodies of requests refused unread are read and dropped.
     pub discarder: Arc<discard::Discarder>,
     /// The backends' metrics as last scraped (backend feedback); dropping it stops the scrapes.
