@@ -30,6 +30,13 @@ pub struct AdminArgs {
 }
 
 impl AdminArgs {
+    /// The admin token: `--admin-token`, else the TOKENGATE_ADMIN_TOKEN environment variable.
+    pub fn token(&self) -> Option<String> {
+        self.admin_token
+            .clone()
+            .or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok())
+    }
+
     /// GETs `path` (like `/admin/profile`) and parses its JSON answer; a non-2xx answer is an
     /// error carrying the listener's message.
     pub async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
@@ -41,11 +48,7 @@ impl AdminArgs {
             bail!("--admin `{}` must be http://HOST:PORT", self.admin);
         }
         let mut req = http::Request::get(uri).body(Empty::<Bytes>::new())?;
-        let token = self
-            .admin_token
-            .clone()
-            .or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok());
-        if let Some(token) = token {
+        if let Some(token) = self.token() {
             let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
                 .context("the admin token is not a valid header value")?;
             req.headers_mut().insert(http::header::AUTHORIZATION, value);

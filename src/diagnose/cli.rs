@@ -5,12 +5,12 @@
 //! [`super::diagnose`] and prints the findings, as text or as `{"findings": [...]}`.
 
 use super::{diagnose, BackendInputs, Finding, Inputs, Lengths, Slo};
+use crate::admin_client::AdminArgs;
 use crate::capacity::CapacityInputs;
 use crate::feedback::parse::{self, BackendReading};
 use anyhow::Context;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 /// The largest admin or metrics answer read.
 const MAX_ANSWER_BYTES: u64 = 16 << 20;
@@ -18,13 +18,9 @@ const MAX_ANSWER_BYTES: u64 = 16 << 20;
 /// `tokengate diagnose`: the seed article's decision tree over live metrics.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DiagnoseArgs {
-    /// The gateway's admin listener (http).
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    pub admin: String,
-    /// The admin token (`server.admin_token`), if one is set; else read from the
-    /// TOKENGATE_ADMIN_TOKEN environment variable, if set.
-    #[arg(long)]
-    pub admin_token: Option<String>,
+    /// The gateway's admin listener, its token and the time for each fetch.
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// A backend's own Prometheus metrics URL (vLLM `/metrics`, MindIE's metrics port), read
     /// now in place of what the gateway last scraped; repeat once per backend, in config order.
     #[arg(long)]
@@ -38,9 +34,6 @@ pub struct DiagnoseArgs {
     /// TPOT P95 target, ms.
     #[arg(long, default_value_t = 50.0)]
     pub tpot_slo_ms: f64,
-    /// Time for each fetch.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
 }
 
 /// Runs `tokengate diagnose`.
@@ -65,18 +58,15 @@ async fn get(args: &DiagnoseArgs, url: &str, token: Option<&str>) -> anyhow::Res
     let uri: http::Uri = url
         .parse()
         .with_context(|| format!("`{url}` is not a URL"))?;
-    crate::feedback::get_text(&uri, args.timeout, MAX_ANSWER_BYTES, token)
+    crate::feedback::get_text(&uri, args.admin.timeout, MAX_ANSWER_BYTES, token)
         .await
         .map_err(|e| anyhow::anyhow!("{url}: {e}"))
 }
 
-/// Everything the tree reads, from the gateway at `args.admin` (and the backends).
+/// Everything the tree reads, from the gateway at `args.admin.admin` (and the backends).
 pub async fn fetch_inputs(args: &DiagnoseArgs) -> anyhow::Result<Inputs> {
-    let base = args.admin.trim_end_matches('/');
-    let token = args
-        .admin_token
-        .clone()
-        .or_else(|| std::env::var("TOKENGATE_ADMIN_TOKEN").ok());
+    let base = args.admin.admin.trim_end_matches('/');
+    let token = args.admin.token();
     let token = token.as_deref();
     let metrics = get(args, &format!("{base}/metrics"), token).await?;
     let backends: Value =

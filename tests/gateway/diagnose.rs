@@ -4,6 +4,7 @@
 
 use super::*;
 use std::sync::Arc;
+use tokengate::admin_client::AdminArgs;
 use tokengate::config::Config;
 use tokengate::diagnose::cli::{fetch_inputs, DiagnoseArgs};
 use tokengate::diagnose::{diagnose, Finding};
@@ -60,13 +61,15 @@ async fn burst(gw: &TestGateway, key: &'static str, n: usize, max_tokens: u64) -
 
 async fn findings(gw: &TestGateway, backend_metrics: Vec<String>) -> Vec<Finding> {
     let args = DiagnoseArgs {
-        admin: format!("http://{}", gw.running.admin_addr),
-        admin_token: None,
+        admin: AdminArgs {
+            admin: format!("http://{}", gw.running.admin_addr),
+            admin_token: None,
+            timeout: Duration::from_secs(5),
+        },
         backend_metrics,
         json: true,
         ttft_slo_ms: 800.0,
         tpot_slo_ms: 50.0,
-        timeout: Duration::from_secs(5),
     };
     diagnose(&fetch_inputs(&args).await.unwrap())
 }
