@@ -10,6 +10,7 @@ use super::openai::{
 use super::sse::{self, Loose};
 use super::Route;
 use crate::error::ApiError;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -150,6 +151,7 @@ pub fn parse_generation(
         requested_max_tokens,
         prompt: Prompt::Text(inputs),
         body,
+        raw: Bytes::new(),
     })
 }
 
@@ -158,22 +160,17 @@ pub fn parse_generation(
 /// to true, so its last event says how many tokens were generated (MindIE sends `details`
 /// only when asked; a whole answer's text is counted instead, since its `details` would list
 /// every token). Everything else is sent as it came.
-pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Vec<u8> {
-    let mut body = std::mem::take(&mut req.body);
-    let parameters = body
-        .entry("parameters")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !parameters.is_object() {
-        // Only `null` gets here: anything else was refused by `parse_generation`.
-        *parameters = Value::Object(Map::new());
+pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Bytes {
+    let mut parameters = match req.body.get("parameters") {
+        Some(Value::Object(p)) => p.clone(),
+        // Absent or null: `parse_generation` refused anything else.
+        _ => Map::new(),
+    };
+    parameters.insert("max_new_tokens".into(), Value::from(reserved));
+    if req.stream {
+        parameters.insert("details".into(), Value::Bool(true));
     }
-    if let Value::Object(p) = parameters {
-        p.insert("max_new_tokens".into(), Value::from(reserved));
-        if req.stream {
-            p.insert("details".into(), Value::Bool(true));
-        }
-    }
-    serde_json::to_vec(&Value::Object(body)).expect("a JSON map always serializes")
+    super::splice_body(req, vec![("parameters", Value::Object(parameters))])
 }
 
 /// A whole answer or one stream event, as far as metering reads it: a stream event's token
@@ -367,7 +364,7 @@ mod tests {
             json!({"inputs": "hi", "parameters": {"temperature": 0.1, "max_new_tokens": 900, "top_k": 3}, "stream": true}),
         )
         .unwrap();
-        let out = String::from_utf8(rewrite_for_backend(&mut r, 5)).unwrap();
+        let out = String::from_utf8(rewrite_for_backend(&mut r, 5).to_vec()).unwrap();
         assert_eq!(
             out,
             r#"{"inputs":"hi","parameters":{"temperature":0.1,"max_new_tokens":5,"top_k":3,"details":true},"stream":true}"#
@@ -386,7 +383,7 @@ mod tests {
         // A stream is asked for its count even when the client said no.
         let body = json!({"inputs": "hi", "parameters": {"details": false}});
         let mut r = parse(Native::GenerateStream, body).unwrap();
-        let out = String::from_utf8(rewrite_for_backend(&mut r, 9)).unwrap();
+        let out = String::from_utf8(rewrite_for_backend(&mut r, 9).to_vec()).unwrap();
         assert_eq!(
             out,
             r#"{"inputs":"hi","parameters":{"details":true,"max_new_tokens":9}}"#

@@ -5,8 +5,15 @@ pub mod openai;
 pub mod sse;
 
 use crate::error::ApiError;
+use bytes::Bytes;
 use openai::{Endpoint, GenerationRequest, ParseLimits};
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 
 /// A generation route of the main listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,9 +148,129 @@ pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,
     backend_model: &str,
-) -> Vec<u8> {
+) -> Bytes {
     match req.endpoint {
         Route::OpenAi(_) => openai::rewrite_for_backend(req, reserved, backend_model),
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
+    }
+}
+
+/// The body for the backend: `req`'s body with the top-level members in `set` given these
+/// values (added at the end when absent). When the client's bytes are known
+/// ([`GenerationRequest::raw`]) they are kept: the very bytes when nothing changes, else every
+/// member not in `set` copied as the client wrote it, so a long prompt is neither escaped nor
+/// written again. A key sent twice is sent once, where it first came, with its last value, as
+/// it was parsed (and counted).
+pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value)>) -> Bytes {
+    let mut body = std::mem::take(&mut req.body);
+    let raw = std::mem::take(&mut req.raw);
+    set.retain(|(k, v)| body.get(*k) != Some(v));
+    let members = match serde_json::from_slice::<Members<'_>>(&raw) {
+        Ok(Members(m)) if !raw.is_empty() => m,
+        // No bytes (a request built from a parsed map), or bytes that are not this body.
+        _ => {
+            for (k, v) in set {
+                body.insert(k.to_owned(), v);
+            }
+            return serde_json::to_vec(&Value::Object(body))
+                .expect("a JSON map always serializes")
+                .into();
+        }
+    };
+    let unique = members.len() == body.len();
+    if set.is_empty() && unique {
+        return raw;
+    }
+    // Where each key's last value is, when some key comes twice.
+    let last: HashMap<&str, usize> = if unique {
+        HashMap::new()
+    } else {
+        members
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (k.as_ref(), i))
+            .collect()
+    };
+    let mut written = HashSet::new();
+    let mut out = Vec::with_capacity(raw.len() + 64);
+    out.push(b'{');
+    let member = |out: &mut Vec<u8>, key: &str, value: &[u8]| {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, key).expect("a string always serializes");
+        out.push(b':');
+        out.extend_from_slice(value);
+    };
+    for (key, value) in &members {
+        if !unique && !written.insert(key.as_ref()) {
+            continue;
+        }
+        let value = last.get(key.as_ref()).map_or(*value, |&i| members[i].1);
+        match set.iter().position(|(k, _)| k == key) {
+            Some(i) => {
+                let (k, v) = set.swap_remove(i);
+                member(
+                    &mut out,
+                    k,
+                    &serde_json::to_vec(&v).expect("a value serializes"),
+                );
+            }
+            None => member(&mut out, key, value.get().as_bytes()),
+        }
+    }
+    for (k, v) in set {
+        member(
+            &mut out,
+            k,
+            &serde_json::to_vec(&v).expect("a value serializes"),
+        );
+    }
+    out.push(b'}');
+    out.into()
+}
+
+/// A JSON object's members in the order written, each value as its text in the input.
+struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(Key(key)) = map.next_key()? {
+                    members.push((key, map.next_value()?));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+/// An object key, borrowed from the input unless it has escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> Visitor<'de> for Text {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(Text)
     }
 }

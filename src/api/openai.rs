@@ -7,6 +7,7 @@ use super::Route;
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatPrompt;
 use crate::vision::{Media, Modality, VisionRules};
+use bytes::Bytes;
 use serde_json::{Map, Value};
 
 /// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
@@ -84,6 +85,9 @@ pub struct GenerationRequest {
     pub prompt: Prompt,
     /// The body as sent, rewritten before forwarding.
     pub body: Map<String, Value>,
+    /// The bytes `body` was parsed from, when known (empty for a request built from a parsed
+    /// map): the rewrite for the backend keeps them, changed only where it must.
+    pub raw: Bytes,
 }
 
 /// Limits that validation needs.
@@ -243,6 +247,7 @@ pub fn parse_generation(
         requested_max_tokens: requested,
         prompt,
         body,
+        raw: Bytes::new(),
     })
 }
 
@@ -485,32 +490,35 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
 
 /// Takes the validated body out of `req` and rewrites it so the backend generates at most
 /// `reserved` tokens, is asked for the model by the name it serves (`backend_model`; clients
-/// may use an alias) and, for a stream, reports usage in its last chunk.
+/// may use an alias) and, for a stream, reports usage in its last chunk. Everything else goes
+/// as the client sent it (see [`super::splice_body`]).
 pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,
     backend_model: &str,
-) -> Vec<u8> {
-    let mut body = std::mem::take(&mut req.body);
-    body.insert("model".into(), Value::from(backend_model));
-    body.insert("max_tokens".into(), Value::from(reserved));
-    if body.contains_key("max_completion_tokens")
+) -> Bytes {
+    let mut set = vec![
+        ("model", Value::from(backend_model)),
+        ("max_tokens", Value::from(reserved)),
+    ];
+    if req.body.contains_key("max_completion_tokens")
         || matches!(
             req.requested_max_tokens,
             Some((MaxTokensField::MaxCompletionTokens, _))
         )
     {
-        body.insert("max_completion_tokens".into(), Value::from(reserved));
+        set.push(("max_completion_tokens", Value::from(reserved)));
     }
     if req.stream {
-        let opts = body
-            .entry("stream_options")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Value::Object(o) = opts {
-            o.insert("include_usage".into(), Value::Bool(true));
-        }
+        let mut opts = match req.body.get("stream_options") {
+            Some(Value::Object(o)) => o.clone(),
+            // Absent or null: `parse_generation` refused anything else.
+            _ => Map::new(),
+        };
+        opts.insert("include_usage".into(), Value::Bool(true));
+        set.push(("stream_options", Value::Object(opts)));
     }
-    serde_json::to_vec(&Value::Object(body)).expect("a JSON map always serializes")
+    super::splice_body(req, set)
 }
 
 #[cfg(test)]
@@ -658,6 +666,65 @@ mod tests {
         assert_eq!(out["max_tokens"], 5);
         assert_eq!(out["max_completion_tokens"], 5);
         assert_eq!(out["stream_options"]["include_usage"], true);
+    }
+
+    /// A request parsed from `text` as the gateway does, its bytes kept.
+    fn from_bytes(text: &str) -> GenerationRequest {
+        let raw = Bytes::copy_from_slice(text.as_bytes());
+        let body = Value::Object(parse_object(&raw).unwrap());
+        GenerationRequest {
+            raw,
+            ..parse(Endpoint::Chat, body).unwrap()
+        }
+    }
+
+    #[test]
+    fn rewrite_sends_the_clients_bytes_when_nothing_changes() {
+        let text = r#"{ "model": "served", "messages": [{"role": "user", "content": "caf\u00e9 \"x\""}],
+            "max_tokens": 5, "stream": true, "stream_options": {"include_usage": true} }"#;
+        let mut r = from_bytes(text);
+        let raw = r.raw.clone();
+        let out = rewrite_for_backend(&mut r, 5, "served");
+        // The very buffer, not a copy.
+        assert_eq!(out.as_ptr(), raw.as_ptr());
+        assert_eq!(out, text.as_bytes());
+    }
+
+    #[test]
+    fn rewrite_changes_only_its_members_and_copies_the_rest_as_written() {
+        let text = r#"{"model": "qwen", "messages": [{"role": "user", "content": "caf\u00e9"}], "max_tokens": 9, "temperature": 1.0e0}"#;
+        let mut r = from_bytes(text);
+        let out = rewrite_for_backend(&mut r, 5, "served");
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"model":"served","messages":[{"role": "user", "content": "caf\u00e9"}],"max_tokens":5,"temperature":1.0e0}"#
+        );
+        // Added members come last.
+        let mut r = from_bytes(
+            r#"{"messages": [{"role": "user", "content": "hi"}], "model": "served", "stream": true}"#,
+        );
+        let out = rewrite_for_backend(&mut r, 5, "served");
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"messages":[{"role": "user", "content": "hi"}],"model":"served","stream":true,"max_tokens":5,"stream_options":{"include_usage":true}}"#
+        );
+    }
+
+    #[test]
+    fn rewrite_sends_a_repeated_key_once_with_the_value_that_was_counted() {
+        // serde_json keeps a repeated key where it first came, with its last value; the
+        // backend is sent exactly that, so it cannot read the other value.
+        let text = r#"{"messages": [{"role": "user", "content": "long text"}], "model": "served", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#;
+        let mut r = from_bytes(text);
+        let Prompt::Chat { prompt, .. } = &r.prompt else {
+            panic!()
+        };
+        assert_eq!(prompt.messages[0]["content"], "hi");
+        let out = rewrite_for_backend(&mut r, 5, "served");
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"messages":[{"role": "user", "content": "hi"}],"model":"served","max_tokens":5}"#
+        );
     }
 
     /// Found by fuzzing (tests/fuzz, target request): serde_json's default float parser can be

@@ -120,13 +120,15 @@ impl Gateway {
         let (mut parts, body) = req.into_parts();
         let config = self.config.clone();
         let mut parsed = self
-            .read_body_json(&tenant.name, body, move |body| {
+            .read_body_json(&tenant.name, body, move |body, raw| {
                 let limits = ParseLimits {
                     served_names: &config.model.served_names,
                     max_model_len: config.model.max_model_len,
                     vision: &config.vision_rules,
                 };
-                api::parse_generation(route, body, &limits)
+                let parsed = api::parse_generation(route, body, &limits)?;
+                // Forwarded as sent where the rewrite changes nothing.
+                Ok(GenerationRequest { raw, ..parsed })
             })
             .await?;
         // With max_tokens known, the decode bucket is checked before counting too.

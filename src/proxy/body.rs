@@ -7,6 +7,7 @@ use super::bounded::read_bounded;
 use super::Gateway;
 use crate::api::openai;
 use crate::error::{ApiError, BodyError};
+use bytes::Bytes;
 use http::{header, HeaderMap, Request};
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
@@ -33,7 +34,7 @@ impl Gateway {
         &self,
         tenant: &str,
         req: Request<B>,
-        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
+        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>, Bytes) -> Result<T, ApiError>
             + Send
             + 'static,
     ) -> Result<T, ApiError>
@@ -45,14 +46,15 @@ impl Gateway {
         self.read_body_json(tenant, req.into_body(), parse).await
     }
 
-    /// The body, within the size limit and read timeout, then `parse` of it as a JSON object.
+    /// The body, within the size limit and read timeout, then `parse` of it as a JSON object
+    /// (and of its bytes).
     /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a
     /// millisecond), on the tenant's share of the worker pool for larger ones.
     pub async fn read_body_json<B, T: Send + 'static>(
         &self,
         tenant: &str,
         body: B,
-        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>) -> Result<T, ApiError>
+        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>, Bytes) -> Result<T, ApiError>
             + Send
             + 'static,
     ) -> Result<T, ApiError>
@@ -70,7 +72,7 @@ impl Gateway {
                 timeout,
             })?;
         let bytes_len = bytes.len();
-        let job = move || parse(openai::parse_object(&bytes)?);
+        let job = move || parse(openai::parse_object(&bytes)?, bytes);
         if bytes_len <= PARSE_INLINE_BYTES {
             return job();
         }

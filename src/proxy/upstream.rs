@@ -155,7 +155,7 @@ impl Upstream {
         &self,
         method: Method,
         path: &str,
-        body: Option<Vec<u8>>,
+        body: Option<Bytes>,
         request_id: Option<&HeaderValue>,
         timeout: Duration,
     ) -> Result<Response<Incoming>, SendError> {
@@ -167,7 +167,7 @@ impl Upstream {
             req = req.header(REQUEST_ID, id);
         }
         let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .body(Full::new(body.unwrap_or_default()))
             .expect("a request of a built URI and typed headers builds");
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => Err(SendError::TimedOut),
@@ -189,7 +189,7 @@ impl Upstream {
         &self,
         method: Method,
         path: &str,
-        body: Option<Vec<u8>>,
+        body: Option<Bytes>,
         request_id: Option<&HeaderValue>,
     ) -> Result<Response<Incoming>, ApiError> {
         let timeout = self.first_byte_timeout;

@@ -54,7 +54,12 @@ fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<GenerationRequest, ApiError
         max_model_len,
         vision: vision_rules(),
     };
-    parse_generation(endpoint, parse_object(bytes)?, &limits)
+    let parsed = parse_generation(endpoint, parse_object(bytes)?, &limits)?;
+    // Its bytes kept, as the gateway keeps them for the rewrite.
+    Ok(GenerationRequest {
+        raw: bytes::Bytes::copy_from_slice(bytes),
+        ..parsed
+    })
 }
 
 // ---- valid bodies -------------------------------------------------------------------------
