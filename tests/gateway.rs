@@ -1020,6 +1020,81 @@ async fn large_bodies_get_the_answers_and_errors_small_ones_get() {
     assert_eq!(charged, Some(chat_tokens(&content).to_string()));
 }
 
+/// The backend is sent the client's very bytes when the rewrite changes nothing, and otherwise
+/// the client's bytes with only the members the rewrite sets written again; a repeated key is
+/// sent once, with the value that was counted. Hostile bodies are still refused with a 400
+/// before anything is charged or forwarded.
+#[tokio::test]
+async fn the_backend_gets_the_clients_bytes_changed_only_where_the_rewrite_must() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk-alice"),
+    ];
+    let sent = |body: &str| send(&url, "POST", Some(body.as_bytes().to_vec()), &headers);
+    let forwarded = |i: usize| String::from_utf8(backend.seen_bytes.lock().unwrap()[i].to_vec());
+
+    let unchanged = r#"{ "model": "qwen3.5-27b", "messages": [{"role": "user", "content": "caf\u00e9 \"hi\""}], "max_tokens": 5, "temperature": 1.0e0 }"#;
+    assert_eq!(sent(unchanged).await.status, 200);
+    assert_eq!(forwarded(0).unwrap(), unchanged);
+
+    // No max_tokens: the default reservation (100) is added at the end.
+    let r = sent(
+        r#"{"messages": [ {"role": "user", "content": "caf\u00e9"} ], "model": "qwen3.5-27b"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        forwarded(1).unwrap(),
+        r#"{"messages":[ {"role": "user", "content": "caf\u00e9"} ],"model":"qwen3.5-27b","max_tokens":100}"#
+    );
+
+    // A repeated key goes once, where it first came, with the value that was counted (the
+    // last); the prompt charged is that one.
+    let r = sent(r#"{"messages": [{"role": "user", "content": "a much longer prompt than the other"}], "model": "qwen3.5-27b", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        forwarded(2).unwrap(),
+        r#"{"messages":[{"role": "user", "content": "hi"}],"model":"qwen3.5-27b","max_tokens":5}"#
+    );
+    let prefill = chat_tokens("caf\u{e9} \"hi\"") + chat_tokens("caf\u{e9}") + chat_tokens("hi");
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - prefill as f64
+    );
+
+    // Hostile bodies: refused, nothing charged, nothing forwarded.
+    let deep = format!(
+        r#"{{"model": "qwen3.5-27b", "messages": [{{"role": "user", "content": "hi"}}], "x": {}1{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    let not_utf8 = b"{\"model\": \"qwen3.5-27b\", \"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}";
+    let lone = r#"{"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "\ud800"}]}"#;
+    for body in [
+        deep.into_bytes(),
+        not_utf8.to_vec(),
+        lone.as_bytes().to_vec(),
+        br#"[{"model": "qwen3.5-27b"}]"#.to_vec(),
+        br#"{"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}]} {}"#.to_vec(),
+    ] {
+        let r = send(&url, "POST", Some(body), &headers).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (400, "invalid_request"),
+            "{}",
+            r.text()
+        );
+    }
+    assert_eq!(backend.seen_bytes.lock().unwrap().len(), 3);
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - prefill as f64
+    );
+    assert_eq!(gw.bucket("alice", "requests").await, 97.0);
+}
+
 /// How many prompts were tokenized: the count of the `tokengate_tokenize_seconds` histogram.
 async fn prompts_tokenized(gw: &TestGateway) -> String {
     gw.metric("tokengate_tokenize_seconds_count")

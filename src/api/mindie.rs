@@ -391,6 +391,39 @@ mod tests {
     }
 
     #[test]
+    fn rewrite_keeps_the_clients_bytes_outside_parameters() {
+        let rewritten = |native, text: &str, reserved| {
+            let raw = Bytes::copy_from_slice(text.as_bytes());
+            let body = Value::Object(crate::api::openai::parse_object(&raw).unwrap());
+            let mut r = GenerationRequest {
+                raw: raw.clone(),
+                ..parse(native, body).unwrap()
+            };
+            let out = rewrite_for_backend(&mut r, reserved);
+            (
+                out.as_ptr() == raw.as_ptr(),
+                String::from_utf8(out.to_vec()).unwrap(),
+            )
+        };
+        // Already capped at the reservation: the very buffer goes.
+        let text = r#"{ "inputs": "caf\u00e9", "parameters": {"max_new_tokens": 5} }"#;
+        assert_eq!(rewritten(Native::Generate, text, 5), (true, text.into()));
+        // Only `parameters` is written again; `inputs` keeps its bytes.
+        assert_eq!(
+            rewritten(
+                Native::GenerateStream,
+                r#"{"inputs": "caf\u00e9", "parameters": {"top_k": 3, "max_new_tokens": 900}}"#,
+                5
+            ),
+            (
+                false,
+                r#"{"inputs":"caf\u00e9","parameters":{"top_k":3,"max_new_tokens":5,"details":true}}"#
+                    .into()
+            )
+        );
+    }
+
+    #[test]
     fn reads_tokens_from_events_and_answers() {
         let read = |json: &[u8]| {
             let c = Chunk::parse(json);

@@ -209,7 +209,7 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
         let value = last.get(key.as_ref()).map_or(*value, |&i| members[i].1);
         match set.iter().position(|(k, _)| k == key) {
             Some(i) => {
-                let (k, v) = set.swap_remove(i);
+                let (k, v) = set.remove(i);
                 member(
                     &mut out,
                     k,

@@ -678,52 +678,114 @@ mod tests {
         }
     }
 
+    /// What the backend is sent for the body `text`, rewritten as the gateway rewrites it for
+    /// `reserved` tokens and the backend's name `backend_model`.
+    fn rewritten(text: &str, reserved: u64, backend_model: &str) -> String {
+        let mut r = from_bytes(text);
+        String::from_utf8(rewrite_for_backend(&mut r, reserved, backend_model).to_vec()).unwrap()
+    }
+
     #[test]
     fn rewrite_sends_the_clients_bytes_when_nothing_changes() {
-        let text = r#"{ "model": "served", "messages": [{"role": "user", "content": "caf\u00e9 \"x\""}],
-            "max_tokens": 5, "stream": true, "stream_options": {"include_usage": true} }"#;
-        let mut r = from_bytes(text);
-        let raw = r.raw.clone();
-        let out = rewrite_for_backend(&mut r, 5, "served");
-        // The very buffer, not a copy.
-        assert_eq!(out.as_ptr(), raw.as_ptr());
-        assert_eq!(out, text.as_bytes());
+        for text in [
+            // Spacing, escapes and a number's spelling as the client wrote them.
+            r#"{ "model": "qwen", "messages": [{"role": "user", "content": "caf\u00e9 \"x\""}],
+                "max_tokens": 5, "temperature": 1.0e0, "stream": true,
+                "stream_options": {"include_usage": true} }"#,
+            // max_completion_tokens already at the reservation, and no key spelled canonically.
+            r#"{"\u006dodel":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"max_completion_tokens":5}"#,
+        ] {
+            let mut r = from_bytes(text);
+            let raw = r.raw.clone();
+            let out = rewrite_for_backend(&mut r, 5, "qwen");
+            // The very buffer, not a copy.
+            assert_eq!(out.as_ptr(), raw.as_ptr(), "{text}");
+            assert_eq!(out, text.as_bytes());
+        }
     }
 
     #[test]
     fn rewrite_changes_only_its_members_and_copies_the_rest_as_written() {
-        let text = r#"{"model": "qwen", "messages": [{"role": "user", "content": "caf\u00e9"}], "max_tokens": 9, "temperature": 1.0e0}"#;
-        let mut r = from_bytes(text);
-        let out = rewrite_for_backend(&mut r, 5, "served");
+        // An alias for the backend's name and a lower reservation: two members change, every
+        // other value keeps its bytes (spacing, escapes, the number's spelling).
         assert_eq!(
-            std::str::from_utf8(&out).unwrap(),
+            rewritten(
+                r#"{"model": "qwen", "messages": [{"role": "user", "content": "caf\u00e9"}], "max_tokens": 9, "temperature": 1.0e0}"#,
+                5,
+                "served"
+            ),
             r#"{"model":"served","messages":[{"role": "user", "content": "caf\u00e9"}],"max_tokens":5,"temperature":1.0e0}"#
         );
-        // Added members come last.
-        let mut r = from_bytes(
-            r#"{"messages": [{"role": "user", "content": "hi"}], "model": "served", "stream": true}"#,
-        );
-        let out = rewrite_for_backend(&mut r, 5, "served");
+        // Only the reservation differs.
         assert_eq!(
-            std::str::from_utf8(&out).unwrap(),
-            r#"{"messages":[{"role": "user", "content": "hi"}],"model":"served","stream":true,"max_tokens":5,"stream_options":{"include_usage":true}}"#
+            rewritten(
+                r#"{"model":"qwen","max_tokens":900,"messages":[ {"role":"user","content":"hi"} ]}"#,
+                7,
+                "qwen"
+            ),
+            r#"{"model":"qwen","max_tokens":7,"messages":[ {"role":"user","content":"hi"} ]}"#
+        );
+        // Members the rewrite adds come last; a key written with escapes is kept where it
+        // was, in its plain spelling.
+        assert_eq!(
+            rewritten(
+                r#"{"messages": [{"role": "user", "content": "hi"}], "\u006dodel": "qwen", "stream": true}"#,
+                5,
+                "qwen"
+            ),
+            r#"{"messages":[{"role": "user", "content": "hi"}],"model":"qwen","stream":true,"max_tokens":5,"stream_options":{"include_usage":true}}"#
+        );
+        // A stream's options keep the client's other members; include_usage is set.
+        assert_eq!(
+            rewritten(
+                r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"max_completion_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#,
+                5,
+                "qwen"
+            ),
+            r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_completion_tokens":5,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#
         );
     }
 
     #[test]
     fn rewrite_sends_a_repeated_key_once_with_the_value_that_was_counted() {
         // serde_json keeps a repeated key where it first came, with its last value; the
-        // backend is sent exactly that, so it cannot read the other value.
-        let text = r#"{"messages": [{"role": "user", "content": "long text"}], "model": "served", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#;
-        let mut r = from_bytes(text);
+        // backend is sent exactly that, so it cannot read the other value. This holds when
+        // nothing else changes too: the client's bytes are then not sent as they are.
+        let text = r#"{"messages": [{"role": "user", "content": "long text"}], "model": "qwen", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}"#;
+        let r = from_bytes(text);
         let Prompt::Chat { prompt, .. } = &r.prompt else {
             panic!()
         };
         assert_eq!(prompt.messages[0]["content"], "hi");
+        assert_eq!(
+            rewritten(text, 5, "qwen"),
+            r#"{"messages":[{"role": "user", "content": "hi"}],"model":"qwen","max_tokens":5}"#
+        );
+        // The same key in two spellings is one key too.
+        assert_eq!(
+            rewritten(
+                r#"{"model": "qwen", "m\u0061x_tokens": 900, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}"#,
+                5,
+                "qwen"
+            ),
+            r#"{"model":"qwen","max_tokens":5,"messages":[{"role": "user", "content": "hi"}]}"#
+        );
+    }
+
+    #[test]
+    fn rewrite_of_a_request_without_its_bytes_serializes_the_parsed_body() {
+        // A request built from a parsed map (tokengate loadgen, the library's users) has no
+        // bytes to keep: its body is written out whole, changed members in place.
+        let mut r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .unwrap();
+        assert!(r.raw.is_empty());
         let out = rewrite_for_backend(&mut r, 5, "served");
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
-            r#"{"messages":[{"role": "user", "content": "hi"}],"model":"served","max_tokens":5}"#
+            r#"{"model":"served","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#
         );
     }
 

@@ -60,6 +60,8 @@ pub struct FakeBackend {
     pub held: Arc<tokio::sync::watch::Sender<usize>>,
     /// The headers of every generation request it received, in order.
     pub seen_headers: Arc<Mutex<Vec<http::HeaderMap>>>,
+    /// The body of every generation request it received, byte for byte, in order.
+    pub seen_bytes: Arc<Mutex<Vec<Bytes>>>,
 }
 
 /// Fake backend settings.
@@ -115,10 +117,12 @@ impl FakeBackend {
         let (held, _) = tokio::sync::watch::channel(0usize);
         let held = Arc::new(held);
         let seen_headers = Arc::new(Mutex::new(Vec::new()));
+        let seen_bytes = Arc::new(Mutex::new(Vec::new()));
         let fake = Fake {
             spec,
             seen: seen.clone(),
             seen_headers: seen_headers.clone(),
+            seen_bytes: seen_bytes.clone(),
             release: release.clone(),
             held: held.clone(),
         };
@@ -146,6 +150,7 @@ impl FakeBackend {
             release,
             held,
             seen_headers,
+            seen_bytes,
         }
     }
 
@@ -222,6 +227,7 @@ struct Fake {
     spec: FakeSpec,
     seen: Arc<Mutex<Vec<Value>>>,
     seen_headers: Arc<Mutex<Vec<http::HeaderMap>>>,
+    seen_bytes: Arc<Mutex<Vec<Bytes>>>,
     release: Arc<Semaphore>,
     held: Arc<tokio::sync::watch::Sender<usize>>,
 }
@@ -276,8 +282,9 @@ async fn handle(
         .lock()
         .unwrap()
         .push(req.headers().clone());
-    let body: Value =
-        serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let bytes = req.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    fake.seen_bytes.lock().unwrap().push(bytes);
     fake.seen.lock().unwrap().push(body.clone());
     let mut answer = generate(&fake, &path, &body).await;
     for (k, v) in spec.answer_headers {
