@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
 use tokengate::admission::{
-    Admission, Arrival, BackendSpec, FairQueue, KvLedger, Need, Priority, QueueSpec,
+    Admission, Arrival, BackendSpec, ClassShares, FairQueue, KvLedger, Need, Priority, QueueSpec,
 };
 use tokengate::clock::SystemClock;
 use tokengate::limiter::bucket::TenantState;
@@ -100,7 +100,9 @@ fn admission_core() -> f64 {
         for i in 0..iters {
             let tenant = if i % 2 == 0 { "a" } else { "b" };
             match queue.arrive(&mut ledgers, tenant, Priority::Standard, black_box(NEED)) {
-                Arrival::Admitted { backend } => ledgers[backend].release(BYTES),
+                Arrival::Admitted { backend } => {
+                    ledgers[backend].release(BYTES, Priority::Standard)
+                }
                 other => panic!("idle backends must admit: {other:?}"),
             }
         }
@@ -121,6 +123,7 @@ fn admission_shell(rt: &tokio::runtime::Runtime) -> f64 {
         QueueSpec {
             max_waiting: 256,
             deadline: Duration::from_secs(30),
+            shares: ClassShares::FULL,
         },
     );
     best_ns_per_op(|iters| {

@@ -19,7 +19,7 @@ use http_body_util::Full;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
-use tokengate::admission::{Admission, BackendSpec, QueueSpec};
+use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
 use tokengate::clock::SystemClock;
 use tokengate::error::ApiError;
 use tokengate::layers::{AdmitLayer, AsAuthenticated, ChargeLayer, KvGeometry, TicketSlot};
@@ -108,7 +108,8 @@ pub fn limited_service(
         .service_fn(my_model)
 }
 
-/// One backend holding 4,096 tokens of KV and 8 sequences; 16 requests may wait 2 s.
+/// One backend holding 4,096 tokens of KV and 8 sequences; 16 requests may wait 2 s; every
+/// priority class may use all of it.
 pub fn my_backend() -> Admission {
     Admission::new(
         vec![BackendSpec {
@@ -119,6 +120,7 @@ pub fn my_backend() -> Admission {
         QueueSpec {
             max_waiting: 16,
             deadline: Duration::from_secs(2),
+            shares: ClassShares::FULL,
         },
     )
 }

@@ -96,6 +96,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         QueueSpec {
             max_waiting: config.admission.queue_max_waiting,
             deadline: config.admission.queue_deadline,
+            shares: config.admission.class_shares(),
         },
     );
     let upstreams = config

@@ -7,7 +7,7 @@
 //! and holding what they parsed (backend addresses, key digests), so no code that takes one meets
 //! a value the checks refuse or parses anything again.
 
-use crate::admission::Priority;
+use crate::admission::{ClassShares, Priority};
 use crate::capacity::{
     derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend,
     EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
@@ -262,6 +262,14 @@ pub struct AdmissionConfig {
     /// How long a request may wait for KV space before a 503.
     #[serde(default = "default_queue_deadline", with = "humantime_serde")]
     pub queue_deadline: Duration,
+    /// The most of each backend's KV capacity and batch that `standard` requests may hold
+    /// together, in (0, 1]; what they may not take stays free for `critical` ones.
+    #[serde(default = "default_standard_share")]
+    pub standard_share: f64,
+    /// The same for `sheddable` requests: by default half, so that a sheddable flood leaves
+    /// room for the classes above it to start at once.
+    #[serde(default = "default_sheddable_share")]
+    pub sheddable_share: f64,
 }
 
 impl Default for AdmissionConfig {
@@ -269,8 +277,28 @@ impl Default for AdmissionConfig {
         Self {
             queue_max_waiting: default_queue_max_waiting(),
             queue_deadline: default_queue_deadline(),
+            standard_share: default_standard_share(),
+            sheddable_share: default_sheddable_share(),
         }
     }
+}
+
+impl AdmissionConfig {
+    /// The class shares in per mille, as the ledger takes them.
+    pub fn class_shares(&self) -> ClassShares {
+        let permille = |share: f64| (share * 1000.0).round() as u32;
+        ClassShares::new(
+            permille(self.standard_share),
+            permille(self.sheddable_share),
+        )
+    }
+}
+
+fn default_standard_share() -> f64 {
+    1.0
+}
+fn default_sheddable_share() -> f64 {
+    0.5
 }
 
 fn default_queue_max_waiting() -> usize {
@@ -724,6 +752,15 @@ impl Config {
         if self.admission.queue_deadline.is_zero() {
             bail!("admission.queue_deadline must be positive");
         }
+        for (field, share) in [
+            ("standard_share", self.admission.standard_share),
+            ("sheddable_share", self.admission.sheddable_share),
+        ] {
+            // At least one per mille: the ledger counts shares in per mille.
+            if !(0.001..=1.0).contains(&share) {
+                bail!("admission.{field} must be between 0.001 and 1 (a share of each backend's KV capacity and batch), got {share}");
+            }
+        }
         self.limiter.validate()?;
         if self.backends.is_empty() {
             bail!("backends: at least one backend is needed");
@@ -941,7 +978,12 @@ impl Config {
             AdmissionConfig,
             admission,
             &new.admission,
-            [queue_max_waiting, queue_deadline,]
+            [
+                queue_max_waiting,
+                queue_deadline,
+                standard_share,
+                sheddable_share,
+            ]
         );
         restart_only!(
             out,

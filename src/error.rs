@@ -5,7 +5,7 @@
 //! [`PoolError`], [`BodyError`], [`UpstreamFailure`]); they all become an [`ApiError`] here, and
 //! nowhere else.
 
-use crate::admission::AdmitError;
+use crate::admission::{AdmitError, ClassShares};
 use crate::api::Wire;
 use crate::limiter::{BucketKind, Denial, LowerBound};
 use crate::proxy::bounded::ReadError;
@@ -546,9 +546,16 @@ impl From<NotAdmitted> for ApiError {
             queue_deadline,
         } = refusal;
         match error {
-            AdmitError::NeverFits { bytes, largest_capacity } => ApiError::exceeds_kv(format!(
-                "the request's KV footprint ({tokens} tokens of prompt + max output = {bytes} bytes) is larger than the KV capacity of every backend (largest: {largest_capacity} bytes); lower max_tokens or shorten the prompt"
-            )),
+            AdmitError::NeverFits { bytes, largest_capacity, class, share_permille } => {
+                let whole = if share_permille < ClassShares::FULL.permille(class) {
+                    format!("the share a {class} request may hold of any backend (admission.{class}_share = {}; largest: {largest_capacity} bytes)", f64::from(share_permille) / 1000.0)
+                } else {
+                    format!("the KV capacity of every backend (largest: {largest_capacity} bytes)")
+                };
+                ApiError::exceeds_kv(format!(
+                    "the request's KV footprint ({tokens} tokens of prompt + max output = {bytes} bytes) is larger than {whole}; lower max_tokens or shorten the prompt"
+                ))
+            }
             AdmitError::QueueFull { waiting, max_waiting } => ApiError::capacity_exhausted(
                 format!("the KV cache is full and {waiting} requests already wait for it (queue limit {max_waiting}); retry later"),
                 queue_deadline,
@@ -738,6 +745,7 @@ pub type FullBody = Full<Bytes>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::Priority;
 
     #[test]
     fn retry_after_rounds_up() {
@@ -812,12 +820,22 @@ mod tests {
         let e = refusal(AdmitError::NeverFits {
             bytes: 900,
             largest_capacity: 800,
+            class: Priority::Standard,
+            share_permille: 1000,
         });
         assert_eq!(
             (e.status, e.code, e.retry_after),
             (StatusCode::BAD_REQUEST, "exceeds_kv_capacity", None)
         );
         assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
+        let e = refusal(AdmitError::NeverFits {
+            bytes: 900,
+            largest_capacity: 400,
+            class: Priority::Sheddable,
+            share_permille: 500,
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the share a sheddable request may hold of any backend (admission.sheddable_share = 0.5; largest: 400 bytes); lower max_tokens or shorten the prompt");
         let e = refusal(AdmitError::DeadlineExceeded {
             waited: Duration::from_millis(10_000_400),
             deadline: Duration::from_secs(10),

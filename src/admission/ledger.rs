@@ -8,6 +8,53 @@
 //! (prefix caching: the ledger is pessimistic). Whether a request could *ever* run still reads
 //! the configured capacity, so a passing squeeze makes requests wait, never refuses them as
 //! too large.
+//!
+//! Each priority class may hold at most its share ([`ClassShares`]) of the effective capacity and
+//! of the batch, counting only its own leases: what a lower class may not take stays free for
+//! the classes above it, so a sheddable flood cannot fill the card and make a critical arrival
+//! wait for a sequence to end.
+
+use super::priority::Priority;
+use super::ClassSnapshot;
+
+/// Per class, the most of each backend's KV capacity and batch its leases may hold together, in
+/// per mille (1,000: all of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassShares([u32; 3]);
+
+impl ClassShares {
+    /// Every class may hold everything.
+    pub const FULL: ClassShares = ClassShares([KvLedger::UNSCALED; 3]);
+
+    /// `standard` and `sheddable` per mille (clamped to 1..=1,000); `critical` always holds up to
+    /// everything.
+    pub fn new(standard_permille: u32, sheddable_permille: u32) -> Self {
+        let clamp = |p: u32| p.clamp(1, KvLedger::UNSCALED);
+        let mut shares = [KvLedger::UNSCALED; 3];
+        shares[Priority::Standard as usize] = clamp(standard_permille);
+        shares[Priority::Sheddable as usize] = clamp(sheddable_permille);
+        ClassShares(shares)
+    }
+
+    /// The share of class `p`, per mille.
+    pub fn permille(&self, p: Priority) -> u32 {
+        self.0[p as usize]
+    }
+
+    /// `permille(p)` / 1,000 of `whole`, rounded down.
+    fn of(&self, p: Priority, whole: u64) -> u64 {
+        let part =
+            u128::from(whole) * u128::from(self.permille(p)) / u128::from(KvLedger::UNSCALED);
+        u64::try_from(part).unwrap_or(u64::MAX)
+    }
+}
+
+/// What the leases of one class hold on one backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Held {
+    bytes: u64,
+    live: u32,
+}
 
 /// KV-cache bookkeeping of one backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,22 +62,32 @@ pub struct KvLedger {
     kv_capacity_bytes: u64,
     capacity_scale_permille: u32,
     max_batch: u32,
+    shares: ClassShares,
     reserved_bytes: u64,
     live: u32,
+    /// Indexed by `Priority as usize`.
+    held: [Held; 3],
 }
 
 impl KvLedger {
     /// The scale at which the effective capacity is the configured one.
     pub const UNSCALED: u32 = 1000;
 
-    /// An empty ledger.
+    /// An empty ledger where every class may hold everything.
     pub fn new(kv_capacity_bytes: u64, max_batch: u32) -> Self {
+        Self::with_shares(kv_capacity_bytes, max_batch, ClassShares::FULL)
+    }
+
+    /// An empty ledger whose classes may hold at most `shares` of it.
+    pub fn with_shares(kv_capacity_bytes: u64, max_batch: u32, shares: ClassShares) -> Self {
         Self {
             kv_capacity_bytes,
             capacity_scale_permille: Self::UNSCALED,
             max_batch,
+            shares,
             reserved_bytes: 0,
             live: 0,
+            held: [Held::default(); 3],
         }
     }
 
@@ -92,47 +149,97 @@ impl KvLedger {
         self.max_batch = max_batch;
     }
 
-    /// Whether a request of `bytes` could ever run here (alone, on an idle backend at its
-    /// configured capacity).
-    pub fn could_ever_fit(&self, bytes: u64) -> bool {
-        self.max_batch > 0 && bytes <= self.kv_capacity_bytes
+    /// The shares of the capacity and batch each class may hold.
+    pub fn shares(&self) -> ClassShares {
+        self.shares
     }
 
-    /// Whether a request of `bytes` fits now: reserved + bytes <= effective capacity and a batch
-    /// slot is free.
-    pub fn fits(&self, bytes: u64) -> bool {
-        self.live < self.max_batch && bytes <= self.free_bytes()
+    /// The most KV bytes class `p` may hold here at the configured capacity (its share of it).
+    pub fn class_capacity_bytes(&self, p: Priority) -> u64 {
+        self.shares.of(p, self.kv_capacity_bytes)
     }
 
-    /// Takes `bytes` and a batch slot. Returns `false` (and changes nothing) if they don't fit.
+    /// The most sequences class `p` may run here at once: its share of the batch, rounded down
+    /// but at least one (a class with a share is never shut out).
+    pub fn class_max_batch(&self, p: Priority) -> u32 {
+        let share = self.shares.of(p, u64::from(self.max_batch));
+        (u32::try_from(share).unwrap_or(u32::MAX)).clamp(self.max_batch.min(1), self.max_batch)
+    }
+
+    /// KV bytes held by class `p`'s leases.
+    pub fn class_reserved_bytes(&self, p: Priority) -> u64 {
+        self.held[p as usize].bytes
+    }
+
+    /// Live leases of class `p`.
+    pub fn class_live(&self, p: Priority) -> u32 {
+        self.held[p as usize].live
+    }
+
+    /// What class `p` holds here and may hold.
+    pub fn class_snapshot(&self, p: Priority) -> ClassSnapshot {
+        ClassSnapshot {
+            share_permille: self.shares.permille(p),
+            kv_reserved_bytes: self.class_reserved_bytes(p),
+            inflight: self.class_live(p),
+            kv_limit_bytes: self.shares.of(p, self.effective_capacity_bytes()),
+            max_batch: self.class_max_batch(p),
+        }
+    }
+
+    /// Whether a request of class `p` and `bytes` could ever run here (alone, on an idle
+    /// backend at its configured capacity, within its class's share).
+    pub fn could_ever_fit(&self, bytes: u64, p: Priority) -> bool {
+        self.max_batch > 0 && bytes <= self.class_capacity_bytes(p)
+    }
+
+    /// Whether a request of class `p` and `bytes` fits now: reserved + bytes <= effective
+    /// capacity and a batch slot is free, and its class stays within its share of both.
+    pub fn fits(&self, bytes: u64, p: Priority) -> bool {
+        let held = self.held[p as usize];
+        self.live < self.max_batch
+            && bytes <= self.free_bytes()
+            && held.live < self.class_max_batch(p)
+            && held.bytes.saturating_add(bytes) <= self.class_snapshot(p).kv_limit_bytes
+    }
+
+    /// Takes `bytes` and a batch slot for class `p`. Returns `false` (and changes nothing) if
+    /// they don't fit.
     #[must_use]
-    pub fn reserve(&mut self, bytes: u64) -> bool {
-        if !self.fits(bytes) {
+    pub fn reserve(&mut self, bytes: u64, p: Priority) -> bool {
+        if !self.fits(bytes, p) {
             return false;
         }
         self.reserved_bytes += bytes;
         self.live += 1;
+        let held = &mut self.held[p as usize];
+        held.bytes += bytes;
+        held.live += 1;
         true
     }
 
-    /// Gives back what one lease of `bytes` took.
-    pub fn release(&mut self, bytes: u64) {
+    /// Gives back what one lease of class `p` and `bytes` took.
+    pub fn release(&mut self, bytes: u64, p: Priority) {
+        let held = &mut self.held[p as usize];
         debug_assert!(
-            self.live > 0 && bytes <= self.reserved_bytes,
+            held.live > 0 && bytes <= held.bytes,
             "release without lease"
         );
+        held.bytes = held.bytes.saturating_sub(bytes);
+        held.live = held.live.saturating_sub(1);
         self.reserved_bytes = self.reserved_bytes.saturating_sub(bytes);
         self.live = self.live.saturating_sub(1);
     }
 }
 
-/// The backend to admit `bytes` on now: among those where it fits, the one with the most free KV
-/// bytes (the lowest index on a tie), so that load spreads and large requests keep a chance.
-pub fn choose_backend(ledgers: &[KvLedger], bytes: u64) -> Option<usize> {
+/// The backend to admit `bytes` of class `p` on now: among those where it fits, the one with the
+/// most free KV bytes (the lowest index on a tie), so that load spreads and large requests keep a
+/// chance.
+pub fn choose_backend(ledgers: &[KvLedger], bytes: u64, p: Priority) -> Option<usize> {
     ledgers
         .iter()
         .enumerate()
-        .filter(|(_, l)| l.fits(bytes))
+        .filter(|(_, l)| l.fits(bytes, p))
         // max_by_key returns the last maximum; reversing keeps the lowest index on ties.
         .rev()
         .max_by_key(|(_, l)| l.free_bytes())
@@ -142,52 +249,53 @@ pub fn choose_backend(ledgers: &[KvLedger], bytes: u64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Priority::{Critical, Sheddable, Standard};
 
     #[test]
     fn reserve_and_release_keep_exact_numbers() {
         let mut l = KvLedger::new(1000, 2);
-        assert!(l.reserve(600));
+        assert!(l.reserve(600, Standard));
         assert_eq!(
             (l.reserved_bytes(), l.live(), l.free_bytes()),
             (600, 1, 400)
         );
-        assert!(!l.fits(401));
-        assert!(l.fits(400));
-        assert!(!l.reserve(401));
+        assert!(!l.fits(401, Standard));
+        assert!(l.fits(400, Standard));
+        assert!(!l.reserve(401, Standard));
         assert_eq!((l.reserved_bytes(), l.live()), (600, 1));
-        assert!(l.reserve(400));
+        assert!(l.reserve(400, Standard));
         assert_eq!((l.reserved_bytes(), l.live(), l.free_bytes()), (1000, 2, 0));
-        l.release(600);
+        l.release(600, Standard);
         assert_eq!(
             (l.reserved_bytes(), l.live(), l.free_bytes()),
             (400, 1, 600)
         );
-        l.release(400);
+        l.release(400, Standard);
         assert_eq!(l, KvLedger::new(1000, 2));
     }
 
     #[test]
     fn shrunk_below_what_is_reserved_admits_nothing_until_releases_bring_it_under() {
         let mut l = KvLedger::new(1000, 4);
-        assert!(l.reserve(600));
-        assert!(l.reserve(300));
+        assert!(l.reserve(600, Standard));
+        assert!(l.reserve(300, Standard));
         l.resize(500, 1);
         assert_eq!((l.free_bytes(), l.reserved_bytes(), l.live()), (0, 900, 2));
-        assert!(!l.fits(0));
-        assert!(l.could_ever_fit(500));
-        l.release(600);
+        assert!(!l.fits(0, Standard));
+        assert!(l.could_ever_fit(500, Standard));
+        l.release(600, Standard);
         // 300 reserved of 500, but the one live lease fills the new batch cap of 1.
         assert_eq!((l.free_bytes(), l.live()), (200, 1));
-        assert!(!l.fits(200));
-        l.release(300);
+        assert!(!l.fits(200, Standard));
+        l.release(300, Standard);
         assert_eq!(l, KvLedger::new(500, 1));
-        assert!(l.reserve(500));
+        assert!(l.reserve(500, Standard));
     }
 
     #[test]
     fn a_capacity_scale_moves_what_fits_not_what_is_held_nor_what_could_ever_fit() {
         let mut l = KvLedger::new(1000, 4);
-        assert!(l.reserve(600));
+        assert!(l.reserve(600, Standard));
         l.set_capacity_scale(500);
         assert_eq!(
             (
@@ -197,12 +305,12 @@ mod tests {
             ),
             (500, 0, 600)
         );
-        assert!(!l.fits(1));
+        assert!(!l.fits(1, Standard));
         // A squeeze makes requests wait; it never makes them too large to ever run.
-        assert!(l.could_ever_fit(1000));
-        assert!(!l.could_ever_fit(1001));
-        l.release(600);
-        assert!(l.fits(500) && !l.fits(501));
+        assert!(l.could_ever_fit(1000, Standard));
+        assert!(!l.could_ever_fit(1001, Standard));
+        l.release(600, Standard);
+        assert!(l.fits(500, Standard) && !l.fits(501, Standard));
         // The scale survives a reload's resize and applies to the new capacity.
         l.resize(2000, 4);
         assert_eq!(
@@ -212,9 +320,9 @@ mod tests {
         // Overcommit: more than configured fits, rounded down.
         l.set_capacity_scale(1_333);
         assert_eq!(l.effective_capacity_bytes(), 2666);
-        assert!(l.reserve(2666));
-        assert!(!l.fits(1));
-        l.release(2666);
+        assert!(l.reserve(2666, Standard));
+        assert!(!l.fits(1, Standard));
+        l.release(2666, Standard);
         l.set_capacity_scale(KvLedger::UNSCALED);
         assert_eq!(l, KvLedger::new(2000, 4));
         // No overflow at the top of the range.
@@ -224,19 +332,70 @@ mod tests {
     }
 
     #[test]
+    fn a_class_holds_at_most_its_share_and_leaves_the_rest_to_the_classes_above() {
+        // Standard may hold 60%, sheddable 25% (of 1,000 bytes and a batch of 10).
+        let mut l = KvLedger::with_shares(1000, 10, ClassShares::new(600, 250));
+        assert_eq!(
+            [Sheddable, Standard, Critical]
+                .map(|p| (l.class_capacity_bytes(p), l.class_max_batch(p))),
+            [(250, 2), (600, 6), (1000, 10)]
+        );
+        assert!(l.reserve(200, Sheddable));
+        assert!(!l.fits(51, Sheddable), "200 + 51 > 250");
+        assert!(l.reserve(50, Sheddable));
+        assert!(!l.fits(0, Sheddable), "bytes and batch share both spent");
+        // The classes above take what sheddable may not: standard up to its own 600.
+        assert!(l.reserve(600, Standard));
+        assert!(!l.fits(1, Standard));
+        assert!(l.reserve(150, Critical));
+        assert_eq!((l.reserved_bytes(), l.live(), l.free_bytes()), (1000, 4, 0));
+        assert_eq!(
+            (l.class_reserved_bytes(Sheddable), l.class_live(Sheddable)),
+            (250, 2)
+        );
+        // A release frees its own class's share, and only that.
+        l.release(200, Sheddable);
+        assert!(l.fits(200, Sheddable) && !l.fits(201, Sheddable));
+        assert!(!l.fits(1, Standard));
+        l.release(600, Standard);
+        assert!(l.fits(600, Standard) && l.fits(600, Critical));
+        // The batch share counts sequences, rounded down: 25% of 10 is 2.
+        assert!(l.reserve(0, Sheddable));
+        assert!(!l.fits(0, Sheddable));
+        // Shares follow the effective capacity: squeezed to half, sheddable may hold 125 bytes.
+        l.set_capacity_scale(500);
+        assert_eq!(l.class_snapshot(Sheddable).kv_limit_bytes, 125);
+        // Whether it could ever run reads its share of the configured capacity.
+        assert!(l.could_ever_fit(250, Sheddable) && !l.could_ever_fit(251, Sheddable));
+        assert!(l.could_ever_fit(1000, Critical));
+    }
+
+    #[test]
+    fn a_class_share_of_a_small_batch_still_runs_one_sequence() {
+        let l = KvLedger::with_shares(1000, 3, ClassShares::new(1000, 100));
+        assert_eq!(l.class_max_batch(Sheddable), 1);
+        assert_eq!(
+            KvLedger::with_shares(1000, 0, ClassShares::new(1000, 100)).class_max_batch(Sheddable),
+            0
+        );
+        // Shares are clamped to 1..=1,000 per mille.
+        assert_eq!(ClassShares::new(0, 5000), ClassShares::new(1, 1000));
+    }
+
+    #[test]
     fn batch_limit_binds_even_with_free_bytes() {
         let mut l = KvLedger::new(1000, 2);
-        assert!(l.reserve(0));
-        assert!(l.reserve(10));
-        assert!(!l.fits(0));
+        assert!(l.reserve(0, Standard));
+        assert!(l.reserve(10, Standard));
+        assert!(!l.fits(0, Standard));
         assert_eq!(l.free_bytes(), 990);
     }
 
     #[test]
     fn could_ever_fit_needs_capacity_and_a_batch() {
-        assert!(KvLedger::new(1000, 1).could_ever_fit(1000));
-        assert!(!KvLedger::new(1000, 1).could_ever_fit(1001));
-        assert!(!KvLedger::new(1000, 0).could_ever_fit(1));
+        assert!(KvLedger::new(1000, 1).could_ever_fit(1000, Standard));
+        assert!(!KvLedger::new(1000, 1).could_ever_fit(1001, Standard));
+        assert!(!KvLedger::new(1000, 0).could_ever_fit(1, Standard));
     }
 
     #[test]
@@ -244,16 +403,22 @@ mod tests {
         let mut a = KvLedger::new(1000, 4);
         let b = KvLedger::new(800, 4);
         let mut c = KvLedger::new(2000, 1);
-        assert!(a.reserve(100));
-        assert!(c.reserve(1));
+        assert!(a.reserve(100, Standard));
+        assert!(c.reserve(1, Standard));
         // free: a 900, b 800, c full by batch.
         assert_eq!(
-            choose_backend(&[a.clone(), b.clone(), c.clone()], 500),
+            choose_backend(&[a.clone(), b.clone(), c.clone()], 500, Standard),
             Some(0)
         );
-        assert_eq!(choose_backend(&[a.clone(), b.clone(), c], 850), Some(0));
-        assert_eq!(choose_backend(&[b.clone(), a.clone()], 500), Some(1));
-        assert_eq!(choose_backend(&[a.clone(), b], 901), None);
-        assert_eq!(choose_backend(&[a.clone(), a], 10), Some(0));
+        assert_eq!(
+            choose_backend(&[a.clone(), b.clone(), c], 850, Standard),
+            Some(0)
+        );
+        assert_eq!(
+            choose_backend(&[b.clone(), a.clone()], 500, Standard),
+            Some(1)
+        );
+        assert_eq!(choose_backend(&[a.clone(), b], 901, Standard), None);
+        assert_eq!(choose_backend(&[a.clone(), a], 10, Standard), Some(0));
     }
 }

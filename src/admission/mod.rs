@@ -12,7 +12,7 @@ pub mod ledger;
 pub mod priority;
 pub mod queue;
 
-pub use ledger::KvLedger;
+pub use ledger::{ClassShares, KvLedger};
 pub use priority::{Priority, PRIORITY_HEADER};
 pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
 
@@ -42,20 +42,26 @@ pub struct QueueSpec {
     pub max_waiting: usize,
     /// Longest wait before a request fails with 503.
     pub deadline: Duration,
+    /// The most of each backend's KV capacity and batch each class may hold.
+    pub shares: ClassShares,
 }
 
 /// Why a request was not admitted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitError {
-    /// Larger than any backend's KV capacity: it can never run.
+    /// Larger than any backend's KV capacity (its class's share of it): it can never run.
     #[error(
-        "request needs {bytes} bytes of KV cache; the largest backend holds {largest_capacity}"
+        "request needs {bytes} bytes of KV cache; the most a {class} request may hold on any backend is {largest_capacity}"
     )]
     NeverFits {
         /// The request's KV footprint.
         bytes: u64,
-        /// The largest backend capacity.
+        /// The largest backend capacity, times its class's share.
         largest_capacity: u64,
+        /// The request's class.
+        class: Priority,
+        /// Its class's share of a backend, per mille (1,000: all of it).
+        share_permille: u32,
     },
     /// It would have to wait, but the queue is full.
     #[error("KV cache is full and {waiting} requests are already waiting (limit {max_waiting})")]
@@ -121,6 +127,23 @@ pub struct BackendSnapshot {
     /// Live leases.
     pub inflight: u32,
     /// Most sequences at once.
+    pub max_batch: u32,
+    /// What each class holds of it, and may hold (every class, lowest first).
+    pub by_class: BTreeMap<Priority, ClassSnapshot>,
+}
+
+/// What one class's leases hold on one backend, and the most they may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ClassSnapshot {
+    /// Its share of the backend, per mille (`admission.standard_share` or `sheddable_share`).
+    pub share_permille: u32,
+    /// KV bytes its leases hold.
+    pub kv_reserved_bytes: u64,
+    /// Its live leases.
+    pub inflight: u32,
+    /// The most KV bytes it may hold: its share of the effective capacity.
+    pub kv_limit_bytes: u64,
+    /// The most sequences it may run: its share of the batch (at least one).
     pub max_batch: u32,
 }
 
@@ -216,7 +239,7 @@ impl Admission {
     pub fn new(backends: Vec<BackendSpec>, queue: QueueSpec) -> Self {
         let ledgers = backends
             .iter()
-            .map(|b| KvLedger::new(b.kv_capacity_bytes, b.max_batch))
+            .map(|b| KvLedger::with_shares(b.kv_capacity_bytes, b.max_batch, queue.shares))
             .collect();
         Self {
             shared: Arc::new(Shared {
@@ -287,6 +310,8 @@ impl Admission {
                     return Err(AdmitError::NeverFits {
                         bytes: need.bytes,
                         largest_capacity,
+                        class,
+                        share_permille: self.shared.queue.shares.permille(class),
                     })
                 }
             }
@@ -356,6 +381,9 @@ impl Admission {
                     kv_reserved_bytes: l.reserved_bytes(),
                     inflight: l.live(),
                     max_batch: l.max_batch(),
+                    by_class: (Priority::HIGHEST_FIRST.into_iter())
+                        .map(|p| (p, l.class_snapshot(p)))
+                        .collect(),
                 })
                 .collect(),
             queued: state.queue.len(),
@@ -473,7 +501,7 @@ impl Drop for Lease {
         } = self.grant;
         let orphans = {
             let mut state = self.shared.state();
-            state.ledgers[backend].release(need.bytes);
+            state.ledgers[backend].release(need.bytes, class);
             state.queue.settle(tenant, class, need, self.output);
             grant_waiters(&self.shared, &mut state)
         };
@@ -511,6 +539,7 @@ mod tests {
             QueueSpec {
                 max_waiting,
                 deadline: Duration::from_secs(10),
+                shares: ClassShares::FULL,
             },
         )
     }
@@ -596,6 +625,7 @@ mod tests {
             QueueSpec {
                 max_waiting: 4,
                 deadline: Duration::from_secs(2),
+                shares: ClassShares::FULL,
             },
         );
         let _held = adm.admit("a", Standard, need(10)).await.expect("room");
@@ -850,7 +880,9 @@ mod tests {
                 .expect_err("too big"),
             AdmitError::NeverFits {
                 bytes: 3001,
-                largest_capacity: 3000
+                largest_capacity: 3000,
+                class: Standard,
+                share_permille: 1000,
             }
         );
         assert_eq!(adm.snapshot().queued, 0);
@@ -874,7 +906,8 @@ mod tests {
                     kv_effective_capacity_bytes: 1000,
                     kv_reserved_bytes: 500,
                     inflight: 1,
-                    max_batch: 4
+                    max_batch: 4,
+                    by_class: standard_only(1000, 4, 500, 1),
                 },
                 BackendSnapshot {
                     name: "npu1".to_string(),
@@ -882,7 +915,8 @@ mod tests {
                     kv_effective_capacity_bytes: 2000,
                     kv_reserved_bytes: 1600,
                     inflight: 2,
-                    max_batch: 4
+                    max_batch: 4,
+                    by_class: standard_only(2000, 4, 1600, 2),
                 },
             ]
         );
@@ -895,16 +929,45 @@ mod tests {
                 "backends": [
                     {"name": "npu0", "kv_capacity_bytes": 1000,
                      "kv_effective_capacity_bytes": 1000, "kv_reserved_bytes": 0,
-                     "inflight": 0, "max_batch": 4},
+                     "inflight": 0, "max_batch": 4, "by_class": standard_only(1000, 4, 0, 0)},
                     {"name": "npu1", "kv_capacity_bytes": 2000,
                      "kv_effective_capacity_bytes": 2000, "kv_reserved_bytes": 7,
-                     "inflight": 1, "max_batch": 4},
+                     "inflight": 1, "max_batch": 4, "by_class": {
+                        "sheddable": {"share_permille": 1000, "kv_reserved_bytes": 0,
+                                      "inflight": 0, "kv_limit_bytes": 2000, "max_batch": 4},
+                        "standard": {"share_permille": 1000, "kv_reserved_bytes": 7,
+                                     "inflight": 1, "kv_limit_bytes": 2000, "max_batch": 4},
+                        "critical": {"share_permille": 1000, "kv_reserved_bytes": 0,
+                                     "inflight": 0, "kv_limit_bytes": 2000, "max_batch": 4},
+                     }},
                 ],
                 "queued": 0,
                 "queued_by_tenant": {},
                 "queued_by_class": {"sheddable": 0, "standard": 0, "critical": 0},
             })
         );
+    }
+
+    /// `by_class` of a backend of `capacity` and `batch` with full shares, where only standard
+    /// leases hold `bytes` in `live` sequences.
+    fn standard_only(
+        capacity: u64,
+        batch: u32,
+        bytes: u64,
+        live: u32,
+    ) -> BTreeMap<Priority, ClassSnapshot> {
+        let class = |kv_reserved_bytes, inflight| ClassSnapshot {
+            share_permille: 1000,
+            kv_reserved_bytes,
+            inflight,
+            kv_limit_bytes: capacity,
+            max_batch: batch,
+        };
+        BTreeMap::from([
+            (Priority::Sheddable, class(0, 0)),
+            (Standard, class(bytes, live)),
+            (Priority::Critical, class(0, 0)),
+        ])
     }
 
     #[test]

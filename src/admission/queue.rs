@@ -28,6 +28,11 @@
 //! class waits (it would only hold a place until its deadline). When the queue is full, an
 //! arrival of a higher class takes the place of the newest waiter of the lowest class below its
 //! own (a sheddable one first), which is refused with 503; with nobody below it, the arrival is.
+//!
+//! Shares: a class's leases together hold at most its share of each backend's KV capacity and
+//! batch ([`ClassShares`](super::ledger::ClassShares), checked by the ledger). A head that does
+//! not fit because its class has spent its share waits like one that does not fit at all; a
+//! request larger than its class's share of every backend could never run and is refused.
 
 use super::ledger::{choose_backend, KvLedger};
 use super::priority::Priority;
@@ -92,9 +97,9 @@ pub enum Arrival {
         /// Requests of higher classes waiting.
         waiting_above: usize,
     },
-    /// Larger than any backend could hold even when idle.
+    /// Larger than any backend could hold for its class even when idle.
     NeverFits {
-        /// The largest KV capacity among backends that can run anything.
+        /// The largest KV capacity its class may hold among backends that can run anything.
         largest_capacity: u64,
     },
 }
@@ -290,19 +295,19 @@ impl FairQueue {
         p: Priority,
         need: Need,
     ) -> Arrival {
-        if !ledgers.iter().any(|l| l.could_ever_fit(need.bytes)) {
+        if !ledgers.iter().any(|l| l.could_ever_fit(need.bytes, p)) {
             let largest_capacity = ledgers
                 .iter()
                 .filter(|l| l.max_batch() > 0)
-                .map(KvLedger::kv_capacity_bytes)
+                .map(|l| l.class_capacity_bytes(p))
                 .max()
                 .unwrap_or(0);
             return Arrival::NeverFits { largest_capacity };
         }
         let waiting_above = self.len_above(p);
         if waiting_above + self.len_of(p) == 0 {
-            if let Some(backend) = choose_backend(ledgers, need.bytes) {
-                if ledgers[backend].reserve(need.bytes) {
+            if let Some(backend) = choose_backend(ledgers, need.bytes, p) {
+                if ledgers[backend].reserve(need.bytes, p) {
                     *self.class_mut(p).counter_mut(tenant) += need.cost();
                     return Arrival::Admitted { backend };
                 }
@@ -370,10 +375,10 @@ impl FairQueue {
             let class = self.class_mut(p);
             let (tenant, head) = class.next().expect("a class with waiters has a head");
             let tenant = tenant.clone();
-            let Some(backend) = choose_backend(ledgers, head.need.bytes) else {
+            let Some(backend) = choose_backend(ledgers, head.need.bytes, p) else {
                 break;
             };
-            if !ledgers[backend].reserve(head.need.bytes) {
+            if !ledgers[backend].reserve(head.need.bytes, p) {
                 break;
             }
             class.pop_front(&tenant);
@@ -393,6 +398,7 @@ impl FairQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::ClassShares;
     use proptest::prelude::*;
     use Priority::{Critical, Sheddable, Standard};
 
@@ -431,7 +437,7 @@ mod tests {
         }
         let id = queued(q.arrive(&mut ledgers, "c", Standard, need(100)));
         assert_eq!(q.len(), 1);
-        ledgers[0].release(400);
+        ledgers[0].release(400, Standard);
         assert_eq!(
             q.grant(&mut ledgers),
             [Grant {
@@ -488,10 +494,43 @@ mod tests {
             Arrival::Admitted { backend: 0 }
         );
         assert!(q.grant(&mut ledgers).is_empty());
-        ledgers[0].release(700);
+        ledgers[0].release(700, Standard);
         // "a" and "b" both start at 0: the earlier head goes first.
         assert_eq!(ids(&q.grant(&mut ledgers)), [big, small]);
         assert_eq!(ledgers[0].reserved_bytes(), 700);
+    }
+
+    #[test]
+    fn a_sheddable_flood_leaves_what_it_may_not_take_to_a_critical_arrival() {
+        // Sheddable may hold a quarter of the card: 250 bytes and 1 of 4 sequences.
+        let mut ledgers = vec![KvLedger::with_shares(1000, 4, ClassShares::new(1000, 250))];
+        let mut q = FairQueue::new(10);
+        assert_eq!(
+            q.arrive(&mut ledgers, "flood", Sheddable, need(100)),
+            Arrival::Admitted { backend: 0 }
+        );
+        // The card has 900 bytes and 3 slots free, but not for sheddable: it waits.
+        let waiting = queued(q.arrive(&mut ledgers, "flood", Sheddable, need(100)));
+        assert_eq!(
+            q.arrive(&mut ledgers, "alice", Critical, need(700)),
+            Arrival::Admitted { backend: 0 }
+        );
+        assert_eq!(
+            q.arrive(&mut ledgers, "bob", Standard, need(200)),
+            Arrival::Admitted { backend: 0 }
+        );
+        // Larger than sheddable's share: it could never run in its class.
+        assert_eq!(
+            q.arrive(&mut ledgers, "flood", Sheddable, need(251)),
+            Arrival::NeverFits {
+                largest_capacity: 250
+            }
+        );
+        // The flood's own release lets its waiter in, and nothing else does.
+        ledgers[0].release(200, Standard);
+        assert_eq!(q.grant(&mut ledgers), []);
+        ledgers[0].release(100, Sheddable);
+        assert_eq!(ids(&q.grant(&mut ledgers)), [waiting]);
     }
 
     #[test]
@@ -507,8 +546,9 @@ mod tests {
         let c1 = queued(q.arrive(&mut ledgers, "h", Critical, need(10)));
         let c2 = queued(q.arrive(&mut ledgers, "h", Critical, need(10)));
         let mut order = Vec::new();
-        for _ in 0..4 {
-            ledgers[0].release(10);
+        // Each release is of the lease granted before it: the first critical one, c1, c2, st.
+        for class in [Critical, Critical, Critical, Standard] {
+            ledgers[0].release(10, class);
             order.extend(ids(&q.grant(&mut ledgers)));
         }
         assert_eq!(order, [c1, c2, st, s]);
@@ -533,7 +573,7 @@ mod tests {
         }
         let mut order = String::new();
         for _ in 0..24 {
-            ledgers[0].release(held);
+            ledgers[0].release(held, Standard);
             let g = q.grant(&mut ledgers);
             assert_eq!(g.len(), 1);
             held = g[0].need.bytes;
@@ -559,7 +599,7 @@ mod tests {
         ));
         assert_eq!(q.counter(Standard, "rich"), 5000);
         queued(q.arrive(&mut ledgers, "a", Standard, need(300)));
-        ledgers[0].release(5000);
+        ledgers[0].release(5000, Standard);
         q.grant(&mut ledgers);
         queued(q.arrive(&mut ledgers, "a", Standard, need(300)));
         queued(q.arrive(&mut ledgers, "b", Standard, need(100)));
@@ -591,7 +631,7 @@ mod tests {
             q.arrive(&mut ledgers, "b", Standard, asked),
             Arrival::Queued { .. }
         ));
-        ledgers[0].release(10);
+        ledgers[0].release(10, Standard);
         assert_eq!(q.grant(&mut ledgers).len(), 1);
         assert_eq!(q.counter(Standard, "b"), 1100);
         q.settle("b", Standard, asked, None);
@@ -650,7 +690,7 @@ mod tests {
             Arrival::QueueFull { waiting: 3 }
         );
         assert_eq!((q.len_of(Critical), q.len_of(Standard)), (2, 1));
-        ledgers[0].release(10);
+        ledgers[0].release(10, Critical);
         assert_eq!(ids(&q.grant(&mut ledgers)), [c1]);
     }
 
@@ -672,7 +712,7 @@ mod tests {
         queued(q.arrive(&mut ledgers, "a", Standard, u));
         queued(q.arrive(&mut ledgers, "b", Standard, need(1)));
         queued(q.arrive(&mut ledgers, "a", Standard, need(1)));
-        ledgers[0].release(1);
+        ledgers[0].release(1, Standard);
         assert_eq!(q.grant(&mut ledgers)[0].tenant, "a");
         let (a, b) = (q.counter(Standard, "a"), q.counter(Standard, "b"));
         assert_eq!(a - b, u.cost());
@@ -690,7 +730,7 @@ mod tests {
         let flood: Vec<WaiterId> = (0..50)
             .map(|_| queued(q.arrive(&mut ledgers, "a", Standard, need(10))))
             .collect();
-        ledgers[0].release(10);
+        ledgers[0].release(10, Standard);
         assert_eq!(ids(&q.grant(&mut ledgers)), [flood[0]]);
         // "b" joins at "a"'s counter (10, not 0: nothing banked); "a"'s head is older, so it
         // goes first, then "b", then they alternate.
@@ -698,7 +738,7 @@ mod tests {
         assert_eq!(q.counter(Standard, "b"), 10);
         let mut order = Vec::new();
         for _ in 0..3 {
-            ledgers[0].release(10);
+            ledgers[0].release(10, Standard);
             order.extend(ids(&q.grant(&mut ledgers)));
         }
         assert_eq!(order, [flood[1], b, flood[2]]);
@@ -718,8 +758,8 @@ mod tests {
         let a1 = queued(q.arrive(&mut ledgers, "a", Standard, need(60)));
         let a2 = queued(q.arrive(&mut ledgers, "a", Standard, need(60)));
         let b1 = queued(q.arrive(&mut ledgers, "b", Standard, need(60)));
-        ledgers[0].release(100);
-        ledgers[1].release(100);
+        ledgers[0].release(100, Standard);
+        ledgers[1].release(100, Standard);
         let grants = q.grant(&mut ledgers);
         assert_eq!(ids(&grants), [a1, b1]);
         assert_eq!(grants.iter().map(|g| g.backend).collect::<Vec<_>>(), [0, 1]);
@@ -752,6 +792,11 @@ mod tests {
             1 => any::<usize>().prop_map(Op::GiveUp),
         ];
         prop::collection::vec(op, 1..150)
+    }
+
+    /// Standard's and sheddable's shares per mille: all of it half the time.
+    fn shares() -> impl Strategy<Value = (u32, u32)> {
+        prop_oneof![Just((1000, 1000)), (1u32..=1000, 1u32..=1000)]
     }
 
     const CLASSES: [Priority; 3] = [Sheddable, Standard, Critical];
@@ -845,7 +890,7 @@ mod tests {
                 }
                 Op::Finish(i, share) if !self.leases.is_empty() => {
                     let (backend, tenant, class, need) = self.leases.remove(i % self.leases.len());
-                    self.ledgers[backend].release(need.bytes);
+                    self.ledgers[backend].release(need.bytes, class);
                     let output = (share < 4).then(|| need.output_tokens * u64::from(share) / 4);
                     self.q.settle(&tenant, class, need, output);
                     let grants = self.q.grant(&mut self.ledgers);
@@ -873,6 +918,18 @@ mod tests {
                 prop_assert_eq!(l.live() as usize, mine.len());
                 prop_assert!(l.reserved_bytes() <= l.kv_capacity_bytes());
                 prop_assert!(l.live() <= l.max_batch());
+                // Each class within its share, its holdings its own leases'.
+                for class in CLASSES {
+                    let theirs: Vec<u64> = (self.leases.iter())
+                        .filter(|x| x.0 == b && x.2 == class)
+                        .map(|x| x.3.bytes)
+                        .collect();
+                    let held = l.class_snapshot(class);
+                    prop_assert_eq!(held.kv_reserved_bytes, theirs.iter().sum::<u64>());
+                    prop_assert_eq!(held.inflight as usize, theirs.len());
+                    prop_assert!(held.kv_reserved_bytes <= held.kv_limit_bytes);
+                    prop_assert!(held.inflight <= held.max_batch);
+                }
             }
             prop_assert_eq!(self.q.len(), self.waiting.len());
             prop_assert!(self.q.len() <= max_waiting);
@@ -887,7 +944,7 @@ mod tests {
                 .max_by_key(|w| (w.2, std::cmp::Reverse((self.q.counter(w.2, &w.1), w.0))));
             if let Some((_, tenant, class, need)) = next {
                 prop_assert!(
-                    choose_backend(&self.ledgers, need.bytes).is_none(),
+                    choose_backend(&self.ledgers, need.bytes, *class).is_none(),
                     "{} {} head of {} bytes fits but waits",
                     class,
                     tenant,
@@ -916,11 +973,12 @@ mod tests {
         }
     }
 
-    fn run(specs: &[(u64, u32)], max_waiting: usize) -> Run {
+    fn run(specs: &[(u64, u32)], shares: (u32, u32), max_waiting: usize) -> Run {
+        let shares = ClassShares::new(shares.0, shares.1);
         Run {
             ledgers: specs
                 .iter()
-                .map(|&(cap, batch)| KvLedger::new(cap, batch))
+                .map(|&(cap, batch)| KvLedger::with_shares(cap, batch, shares))
                 .collect(),
             q: FairQueue::new(max_waiting),
             leases: Vec::new(),
@@ -938,9 +996,10 @@ mod tests {
         fn leases_order_and_the_fairness_bound_hold_after_every_step(
             specs in prop::collection::vec((0u64..1500, 0u32..4), 1..4),
             max_waiting in 0usize..8,
+            shares in shares(),
             ops in ops(),
         ) {
-            let mut r = run(&specs, max_waiting);
+            let mut r = run(&specs, shares, max_waiting);
             for op in ops {
                 r.apply(op, max_waiting)?;
                 r.check(max_waiting)?;
@@ -956,14 +1015,17 @@ mod tests {
         #[test]
         fn every_waiter_is_granted_once_the_requests_ahead_end(
             specs in prop::collection::vec((1u64..1500, 1u32..4), 1..4),
+            shares in shares(),
             ops in ops(),
         ) {
             let max_waiting = 64;
-            let mut r = run(&specs, max_waiting);
+            let mut r = run(&specs, shares, max_waiting);
             for op in ops {
-                if let Op::Arrive { bytes, .. } = op {
-                    // Only requests some backend can hold, so that none is refused for size.
-                    if !r.ledgers.iter().any(|l| l.could_ever_fit(bytes)) {
+                if let Op::Arrive { bytes, class, .. } = op {
+                    // Only requests some backend can hold in their class, so that none is
+                    // refused for size.
+                    let class = CLASSES[class as usize];
+                    if !r.ledgers.iter().any(|l| l.could_ever_fit(bytes, class)) {
                         continue;
                     }
                 }

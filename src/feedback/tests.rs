@@ -1,5 +1,5 @@
 use super::*;
-use crate::admission::{BackendSpec, Need, Priority, QueueSpec};
+use crate::admission::{BackendSpec, ClassShares, Need, Priority, QueueSpec};
 
 /// 100 bytes of KV for 100 prompt tokens.
 const NEED: Need = Need {
@@ -79,6 +79,7 @@ fn scraper(cfg: FeedbackConfig) -> (Scraper, Admission, Arc<Metrics>) {
         QueueSpec {
             max_waiting: 4,
             deadline: Duration::from_secs(1),
+            shares: ClassShares::FULL,
         },
     );
     let metrics = Arc::new(Metrics::new());

@@ -151,7 +151,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::{BackendSpec, QueueSpec};
+    use crate::admission::{BackendSpec, ClassShares, QueueSpec};
     use crate::layers::charge::{AsAuthenticated, ChargeLayer};
     use crate::layers::testing::{available, cost, limiter, request};
     use crate::metrics::Outcome;
@@ -179,6 +179,7 @@ mod tests {
             QueueSpec {
                 max_waiting: 0,
                 deadline: Duration::from_secs(7),
+                shares: ClassShares::FULL,
             },
         )
     }

@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokengate::admission::{Admission, BackendSpec, QueueSpec};
+use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
 use tokengate::api::Wire;
 use tokengate::clock::SystemClock;
 use tokengate::layers::Ticket;
@@ -382,6 +382,7 @@ fn harness() -> &'static Harness {
             QueueSpec {
                 max_waiting: 1,
                 deadline: Duration::from_secs(1),
+                shares: ClassShares::FULL,
             },
         );
         Harness {
