@@ -142,6 +142,8 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 "kv_reserved_bytes": b.kv_reserved_bytes,
                 "inflight": b.inflight,
                 "max_batch": b.max_batch,
+                // Per priority class: what its leases hold and the most its share allows.
+                "by_class": b.by_class,
                 "queued": snap.queued,
                 "sizing": if cfg.derived.is_some() { "capacity model" } else { "config" },
                 "derived": cfg.derived,
@@ -150,7 +152,12 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
             })
         })
         .collect();
-    json!({"backends": backends, "queued": snap.queued, "queued_by_tenant": snap.queued_by_tenant})
+    json!({
+        "backends": backends,
+        "queued": snap.queued,
+        "queued_by_tenant": snap.queued_by_tenant,
+        "queued_by_class": snap.queued_by_class,
+    })
 }
 
 async fn refresh_gauges(gw: &Gateway) {

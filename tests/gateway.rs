@@ -1667,5 +1667,7 @@ mod mindie;
 
 #[path = "gateway/diagnose.rs"]
 mod diagnose;
+#[path = "gateway/priority.rs"]
+mod priority;
 #[path = "gateway/profile.rs"]
 mod profile;
