@@ -169,6 +169,58 @@ async fn a_slow_prefill_reads_as_prefill_bound_and_scales_out() {
     );
 }
 
+/// Sends four short chats and one of about 2,000 prompt tokens, one after another, each
+/// asking for `max_tokens`; every answer must be a 200.
+async fn short_chats_and_one_long(gw: &TestGateway, max_tokens: u64) {
+    let long = "word ".repeat(2000);
+    for text in [
+        "question 0",
+        "question 1",
+        "question 2",
+        &long,
+        "question 3",
+    ] {
+        let r = gw.chat("sk-alice", &chat(text, max_tokens, true)).await;
+        assert_eq!(r.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_long_prompt_tail_behind_slow_prefills_reads_as_long_prefill_stall() {
+    // Every prefill pass takes 0.9 s, so TTFT is high with nothing queued; the prompts' P99
+    // (about 2,000 tokens) is over 4x their P50 and takes ~0.5 s to prefill on two 910B3s,
+    // more than a quarter of the 800 ms target.
+    let sim = start_sim(slowed(900.0, 1.0)).await;
+    let gw = TestGateway::start(modelled(&sim, "")).await;
+    short_chats_and_one_long(&gw, 8).await;
+    let f = findings(&gw, vec![]).await;
+    assert_eq!(branch(&f), [("ttft_high", "long_prefill_stall")]);
+    let c = f[0].change.as_ref().unwrap();
+    // The cap: the longest prompt two 910B3s prefill in 200 ms (as in the unit tests).
+    assert_eq!(
+        (c.field.as_str(), c.to),
+        ("longest prompt admitted, tokens", 811.0)
+    );
+    let from = c.from.unwrap();
+    assert!((1900.0..2100.0).contains(&from), "{c:?}");
+}
+
+#[tokio::test]
+async fn slow_decode_at_a_batch_fine_for_short_contexts_reads_as_long_context_decode() {
+    // Decode steps of 100 ms, twice the TPOT target, with a batch cap of 2 (well under what the
+    // target allows at the median context), no preemption and no queue: the long contexts.
+    let sim = start_sim(slowed(1.0, 100.0)).await;
+    let gw = TestGateway::start(modelled(&sim, "max_batch = 2\n")).await;
+    short_chats_and_one_long(&gw, 6).await;
+    let f = findings(&gw, vec![format!("{}/metrics", sim.url())]).await;
+    assert_eq!(branch(&f), [("tpot_high", "long_context_decode")]);
+    let c = f[0].change.as_ref().unwrap();
+    assert_eq!(
+        (c.field.as_str(), c.from, c.to),
+        ("backends[0].max_batch", Some(2.0), 1.0)
+    );
+}
+
 #[tokio::test]
 async fn a_slow_prefill_behind_a_batch_of_one_reads_as_queueing() {
     let sim = start_sim(slowed(300.0, 1.0)).await;
