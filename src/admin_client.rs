@@ -2,17 +2,13 @@
 //! one bounded GET of a JSON path, with the admin token when one is given.
 
 use anyhow::{bail, Context};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
 /// The environment variable read for the admin token when `--admin-token` is not given.
 pub const ADMIN_TOKEN_ENV: &str = "TOKENGATE_ADMIN_TOKEN";
 
-/// The largest admin answer read (a profile of hundreds of tenants is well under this).
-const MAX_ANSWER_BYTES: usize = 16 << 20;
+/// The largest answer read (a profile of hundreds of tenants is well under this).
+pub const MAX_ANSWER_BYTES: u64 = 16 << 20;
 
 /// Where the admin listener is and how to ask it: the arguments every admin command shares.
 #[derive(Debug, Clone, clap::Args)]
@@ -37,51 +33,40 @@ impl AdminArgs {
             .or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok())
     }
 
-    /// GETs `path` (like `/admin/profile`) and parses its JSON answer; a non-2xx answer is an
-    /// error carrying the listener's message.
-    pub async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let url = format!("{}{path}", self.admin.trim_end_matches('/'));
-        let uri: http::Uri = url
+    /// GETs `path` (like `/admin/profile`) from the admin listener as text; a non-2xx answer is
+    /// an error carrying the listener's message.
+    pub async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        let uri: http::Uri = self
+            .admin
             .parse()
             .with_context(|| format!("--admin `{}` is not a URL", self.admin))?;
         if uri.scheme_str() != Some("http") || uri.authority().is_none() {
             bail!("--admin `{}` must be http://HOST:PORT", self.admin);
         }
-        let mut req = http::Request::get(uri).body(Empty::<Bytes>::new())?;
-        if let Some(token) = self.token() {
-            let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
-                .context("the admin token is not a valid header value")?;
-            req.headers_mut().insert(http::header::AUTHORIZATION, value);
-        }
-        let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        let ask = async {
-            let resp = client
-                .request(req)
-                .await
-                .map_err(|e| anyhow::anyhow!("{url}: {:#}", anyhow::Error::new(e)))?;
-            let status = resp.status();
-            let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| anyhow::anyhow!("{url}: reading the answer: {e}"))?
-                .to_bytes();
-            anyhow::Ok((status, body))
-        };
-        let (status, body) = tokio::time::timeout(self.timeout, ask)
-            .await
-            .map_err(|_| {
-                anyhow::anyhow!(
-                    "{url}: no answer within {}",
-                    humantime::format_duration(self.timeout)
-                )
-            })??;
-        if !status.is_success() {
-            bail!(
-                "{url} answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            );
-        }
-        serde_json::from_slice(&body)
-            .with_context(|| format!("{url}: the answer is not the JSON expected"))
+        let url = format!("{}{path}", self.admin.trim_end_matches('/'));
+        get_url(&url, self.timeout, self.token().as_deref()).await
     }
+
+    /// [`get_text`](Self::get_text), parsed as JSON.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let text = self.get_text(path).await?;
+        serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{}{path}: the answer is not the JSON expected",
+                self.admin.trim_end_matches('/')
+            )
+        })
+    }
+}
+
+/// GETs `url` (http) within `timeout` as text, at most [`MAX_ANSWER_BYTES`], with `bearer` as
+/// the authorization when given; errors name the URL and what went wrong (a non-2xx answer's
+/// status and the start of its message).
+pub async fn get_url(url: &str, timeout: Duration, bearer: Option<&str>) -> anyhow::Result<String> {
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("`{url}` is not a URL"))?;
+    crate::feedback::get_text(&uri, timeout, MAX_ANSWER_BYTES, bearer)
+        .await
+        .map_err(|e| anyhow::anyhow!("{url}: {e}"))
 }

@@ -5,15 +5,12 @@
 //! [`super::diagnose`] and prints the findings, as text or as `{"findings": [...]}`.
 
 use super::{diagnose, BackendInputs, Finding, Inputs, Lengths, Slo};
-use crate::admin_client::AdminArgs;
+use crate::admin_client::{get_url, AdminArgs};
 use crate::capacity::CapacityInputs;
 use crate::feedback::parse::{self, BackendReading};
 use anyhow::Context;
 use serde_json::Value;
 use std::collections::BTreeMap;
-
-/// The largest admin or metrics answer read.
-const MAX_ANSWER_BYTES: u64 = 16 << 20;
 
 /// `tokengate diagnose`: the seed article's decision tree over live metrics.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,26 +51,12 @@ pub fn run_diagnose(args: DiagnoseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn get(args: &DiagnoseArgs, url: &str, token: Option<&str>) -> anyhow::Result<String> {
-    let uri: http::Uri = url
-        .parse()
-        .with_context(|| format!("`{url}` is not a URL"))?;
-    crate::feedback::get_text(&uri, args.admin.timeout, MAX_ANSWER_BYTES, token)
-        .await
-        .map_err(|e| anyhow::anyhow!("{url}: {e}"))
-}
-
 /// Everything the tree reads, from the gateway at `args.admin.admin` (and the backends).
 pub async fn fetch_inputs(args: &DiagnoseArgs) -> anyhow::Result<Inputs> {
-    let base = args.admin.admin.trim_end_matches('/');
-    let token = args.admin.token();
-    let token = token.as_deref();
-    let metrics = get(args, &format!("{base}/metrics"), token).await?;
-    let backends: Value =
-        serde_json::from_str(&get(args, &format!("{base}/admin/backends"), token).await?)
-            .context("/admin/backends is not JSON")?;
+    let metrics = args.admin.get_text("/metrics").await?;
+    let backends: Value = args.admin.get_json("/admin/backends").await?;
     // The workload profile when the gateway has one; the coarser histograms otherwise.
-    let profile = match get(args, &format!("{base}/admin/profile"), token).await {
+    let profile = match args.admin.get_text("/admin/profile").await {
         Ok(text) => Some(serde_json::from_str::<Value>(&text).context("/admin/profile")?),
         Err(_) => None,
     };
@@ -89,7 +72,7 @@ pub async fn fetch_inputs(args: &DiagnoseArgs) -> anyhow::Result<Inputs> {
         histogram_quantile(&metrics, "tokengate_queue_wait_seconds", 0.95).map(|s| s * 1e3);
     inputs.backends = backends_from(&backends)?;
     for (b, url) in inputs.backends.iter_mut().zip(&args.backend_metrics) {
-        b.reading = Some(parse::parse(&get(args, url, None).await?));
+        b.reading = Some(parse::parse(&get_url(url, args.admin.timeout, None).await?));
     }
     Ok(inputs)
 }

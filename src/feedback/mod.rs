@@ -184,6 +184,9 @@ impl Observations {
     }
 }
 
+/// The most of a non-2xx answer's body quoted in the error.
+const REFUSAL_BYTES: u64 = 1024;
+
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Empty<Bytes>>;
 
 /// GETs `url` (http) within `timeout`, reading at most `max_bytes` of a 2xx answer as text,
@@ -217,8 +220,18 @@ async fn fetch(
             .request(req)
             .await
             .map_err(|e| format!("unreachable: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("answered {}", resp.status()));
+        let status = resp.status();
+        if !status.is_success() {
+            // The start of its message says why (a wrong admin token, a path unknown).
+            let said = read_bounded(resp.into_body(), REFUSAL_BYTES.min(max_bytes), timeout)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                .unwrap_or_default();
+            return Err(if said.is_empty() {
+                format!("answered {status}")
+            } else {
+                format!("answered {status}: {said}")
+            });
         }
         // The outer timeout bounds the whole exchange, this one the body alone.
         read_bounded(resp.into_body(), max_bytes, timeout)
