@@ -253,11 +253,10 @@ async fn a_slow_decode_with_a_batch_over_the_slo_batch_reads_as_batch_too_large(
     assert!(c.to >= 1.0 && c.to < 5000.0, "{c:?}");
 }
 
-#[tokio::test]
-async fn a_cache_too_small_preempts_and_reads_as_kv_pressure() {
-    // A 100-token cache (one byte a token) and slow decode: four answers of up to 30 tokens
-    // on ~15-token prompts outgrow it and are preempted.
-    let sim = start_sim(SimConfig {
+/// A 100-token cache (one byte a token) and slow decode: four answers of up to 30 tokens on
+/// ~15-token prompts outgrow it and are preempted.
+fn small_cache() -> SimConfig {
+    SimConfig {
         engine: tokengate::sim::engine::EngineConfig {
             kv: KvGeometry {
                 block_tokens: 1,
@@ -270,8 +269,12 @@ async fn a_cache_too_small_preempts_and_reads_as_kv_pressure() {
         },
         mean_output_tokens: 30.0,
         ..slowed(1.0, 55.0)
-    })
-    .await;
+    }
+}
+
+#[tokio::test]
+async fn a_cache_too_small_preempts_and_reads_as_kv_pressure() {
+    let sim = start_sim(small_cache()).await;
     let gw = TestGateway::start(modelled(&sim, "")).await;
     let answers = burst(&gw, "sk-alice", 4, 30).await;
     assert!(answers.iter().all(|r| r.status == 200));
@@ -281,6 +284,60 @@ async fn a_cache_too_small_preempts_and_reads_as_kv_pressure() {
     let c = f[0].change.as_ref().unwrap();
     assert_eq!(c.field, "backends[0].max_batch");
     assert!(c.to < c.from.unwrap(), "{c:?}");
+}
+
+#[tokio::test]
+async fn a_preempting_sim_shrinks_the_ledger_through_feedback_while_it_serves() {
+    let sim = start_sim(small_cache()).await;
+    // The ledger believes 8e9 bytes; the sim holds 100. Feedback scrapes every 20 ms.
+    let text = config_text(&[sim.addr()]).replacen(
+        "\n[[tenants]]",
+        "[backends.feedback]\nenabled = true\ninterval = \"20ms\"\n\n[[tenants]]",
+        1,
+    );
+    let gw = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    let answers = tokio::spawn({
+        let url = gw.url("/v1/chat/completions");
+        async move {
+            let tasks: Vec<_> = (0..4)
+                .map(|i| {
+                    spawn_post(
+                        &url,
+                        "sk-alice",
+                        chat(&format!("question number {i}"), 30, true),
+                    )
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap().status);
+            }
+            out
+        }
+    });
+    // While the answers decode, the sim preempts and a scrape sees it with leases live.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let squeezed = loop {
+        let b = gw.admin("/admin/backends").await;
+        if b["backends"][0]["observed"]["capacity_scale_permille"].as_u64() < Some(1000) {
+            break b;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never shrunk: {b}");
+        tokio::task::yield_now().await;
+    };
+    let b = &squeezed["backends"][0];
+    let scale = b["observed"]["capacity_scale_permille"].as_u64().unwrap();
+    // x0.9 per scrape under pressure, never below the 0.5 floor.
+    assert!(
+        [900, 810, 729, 656, 590, 531, 500].contains(&scale),
+        "{scale}"
+    );
+    assert_eq!(b["kv_effective_capacity_bytes"], 8_000_000 * scale);
+    assert!(b["observed"]["reading"]["preemptions_total"].as_u64() > Some(0));
+    assert_eq!(answers.await.unwrap(), [200; 4]);
+    assert!(sim.stats().engine.preemptions > 0);
+    // Live leases were never cut: every one gave back exactly what it held.
+    assert_eq!(gw.kv_reserved(0).await, 0);
 }
 
 #[tokio::test]
