@@ -11,6 +11,7 @@ use crate::layers::Arrived;
 use crate::metrics::Outcome;
 use crate::profile::{Profile, ProfileReport};
 use crate::usage_log::UsageLog;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -54,6 +55,24 @@ impl RequestFacts {
                 .map(|g| g.model.clone()),
             arrived: req.extensions().get::<Arrived>().map(|a| a.0),
         }
+    }
+}
+
+/// Where the counting layer leaves the model a request named, for the record of a refusal that
+/// comes after it (by then the request is gone). The authentication layer puts one in the
+/// request's extensions when it records outcomes.
+#[derive(Clone, Debug, Default)]
+pub struct NamedModel(Arc<OnceLock<String>>);
+
+impl NamedModel {
+    /// Notes the model (the first call wins).
+    pub fn set(&self, model: &str) {
+        let _ = self.0.set(model.to_owned());
+    }
+
+    /// The model noted, if the request was read that far.
+    pub fn get(&self) -> Option<String> {
+        self.0.get().cloned()
     }
 }
 

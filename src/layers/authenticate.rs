@@ -12,7 +12,7 @@ use super::Arrived;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::proxy::Gateway;
-use crate::record::{request_id, Settled};
+use crate::record::{request_id, NamedModel, Settled};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
@@ -91,6 +91,7 @@ where
                 (tenant, class)
             });
         let id = count_outcomes.then(|| request_id(req.headers())).flatten();
+        let named = count_outcomes.then(NamedModel::default);
         Box::pin(async move {
             let count = |tenant: &str, e: &ApiError| {
                 if count_outcomes {
@@ -98,7 +99,7 @@ where
                     gw.recorder.settle(Settled {
                         request_id: id.clone(),
                         tenant: tenant.to_owned(),
-                        model: None,
+                        model: named.as_ref().and_then(NamedModel::get),
                         outcome,
                         arrived: Some(arrived.0),
                         charge: None,
@@ -111,6 +112,9 @@ where
             req.extensions_mut().insert(tenant.clone());
             req.extensions_mut().insert(class);
             req.extensions_mut().insert(arrived);
+            if let Some(named) = &named {
+                req.extensions_mut().insert(named.clone());
+            }
             inner
                 .call(req)
                 .await

@@ -15,6 +15,7 @@ use crate::api::{self, Route};
 use crate::error::ApiError;
 use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
 use crate::proxy::Gateway;
+use crate::record::NamedModel;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::chat::ChatPrompt;
@@ -131,6 +132,10 @@ impl Gateway {
                 Ok(GenerationRequest { raw, ..parsed })
             })
             .await?;
+        // A refusal from here on is recorded with the model it named.
+        if let Some(named) = parts.extensions.get::<NamedModel>() {
+            named.set(&parsed.model);
+        }
         // With max_tokens known, the decode bucket is checked before counting too.
         if let Some((_, asked)) = parsed.requested_max_tokens {
             let least = Cost {

@@ -119,6 +119,11 @@ async fn the_usage_log_has_one_line_per_settled_request() {
     client.await.unwrap();
     // Refused: no such key.
     assert_eq!(gw.chat("sk-nobody", &chat("a", 4, false)).await.status, 401);
+    // Refused after it was read: over alice's decode burst (1,000).
+    assert_eq!(
+        gw.chat("sk-alice", &chat("a", 1001, false)).await.code(),
+        "exceeds_tenant_burst"
+    );
     gw.wait_metric(
         "tokengate_requests_total{tenant=\"bob\",outcome=\"client_disconnect\"}",
         "1",
@@ -139,7 +144,7 @@ async fn the_usage_log_has_one_line_per_settled_request() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "{text}");
     let by = |outcome: &str| {
         lines
             .iter()
@@ -163,6 +168,13 @@ async fn the_usage_log_has_one_line_per_settled_request() {
     assert_eq!(
         fixed(by("invalid_api_key"), &[]),
         json!({"tenant": "unknown", "model": null, "outcome": "invalid_api_key",
+               "answered": false, "prompt_tokens": null, "reserved_output_tokens": null,
+               "output_tokens": null, "refunded_output_tokens": null})
+    );
+    // Nothing charged, so nothing to bill; the model it named is on the line.
+    assert_eq!(
+        fixed(by("exceeds_tenant_burst"), &[]),
+        json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "exceeds_tenant_burst",
                "answered": false, "prompt_tokens": null, "reserved_output_tokens": null,
                "output_tokens": null, "refunded_output_tokens": null})
     );
