@@ -152,12 +152,16 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
             })
         })
         .collect();
-    json!({
+    let mut out = json!({
         "backends": backends,
         "queued": snap.queued,
         "queued_by_tenant": snap.queued_by_tenant,
         "queued_by_class": snap.queued_by_class,
-    })
+    });
+    if let Some(shared) = snap.shared {
+        out["shared_ledger"] = json!(shared);
+    }
+    out
 }
 
 async fn refresh_gauges(gw: &Gateway) {

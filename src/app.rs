@@ -1,7 +1,7 @@
 //! Building a whole gateway from a [`ValidConfig`], so `serve` and the tests start it the
 //! same way (and tests can start many independent gateways in one process).
 
-use crate::admission::{Admission, BackendSpec, QueueSpec};
+use crate::admission::{Admission, BackendSpec, LedgerStore, QueueSpec};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::ValidConfig;
 use crate::limiter::config::StoreKind;
@@ -83,34 +83,43 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     // answers are skipped and the next turn counts them itself.
     let replies = (config.tokenizer.cache_bytes > 0)
         .then(|| Arc::new(TokenizePool::new("tokenize-replies", 1, REPLY_QUEUE_DEPTH)));
-    let admission = Admission::new(
-        config
-            .backends
-            .iter()
-            .map(|b| BackendSpec {
-                name: b.url.clone(),
-                kv_capacity_bytes: b.kv_capacity_bytes,
-                max_batch: b.max_batch,
-            })
-            .collect(),
-        QueueSpec {
-            max_waiting: config.admission.queue_max_waiting,
-            deadline: config.admission.queue_deadline,
-            shares: config.admission.class_shares(),
-        },
-    );
+    let backends = config
+        .backends
+        .iter()
+        .map(|b| BackendSpec {
+            name: b.url.clone(),
+            kv_capacity_bytes: b.kv_capacity_bytes,
+            max_batch: b.max_batch,
+        })
+        .collect();
+    let queue = QueueSpec {
+        max_waiting: config.admission.queue_max_waiting,
+        deadline: config.admission.queue_deadline,
+        shares: config.admission.class_shares(),
+    };
     let upstreams = config
         .backends_with_base()
         .map(|(backend, base)| Upstream::new(backend, base))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());
     metrics.config_loaded();
-    let store: Arc<dyn BucketStore> = match config.limiter.store {
-        StoreKind::Local => Arc::new(LocalStore::default()),
-        StoreKind::Redis => Arc::new(RedisStore::new(
-            &config.limiter,
-            metrics.limiter_store.clone(),
-        )?),
+    // Replicas sharing the buckets share the KV ledger too (backends named by their url).
+    let (store, admission): (Arc<dyn BucketStore>, _) = match config.limiter.store {
+        StoreKind::Local => (
+            Arc::new(LocalStore::default()),
+            Admission::new(backends, queue),
+        ),
+        StoreKind::Redis => (
+            Arc::new(RedisStore::new(
+                &config.limiter,
+                metrics.limiter_store.clone(),
+            )?),
+            Admission::shared(
+                backends,
+                queue,
+                LedgerStore::new(&config.limiter, metrics.limiter_store.clone())?,
+            ),
+        ),
     };
     let feedback = crate::feedback::spawn(
         &config

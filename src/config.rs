@@ -1001,6 +1001,8 @@ impl Config {
                 on_store_error,
                 expected_replicas,
                 retry_interval,
+                kv_lease_ttl,
+                kv_recheck_interval,
             ]
         );
         restart_only!(

@@ -571,6 +571,13 @@ impl From<NotAdmitted> for ApiError {
                 ),
                 queue_deadline,
             ),
+            AdmitError::Unavailable { retry_after } => ApiError::limiter_unavailable(
+                format!(
+                    "the shared KV ledger (Redis) cannot be reached and limiter.on_store_error is fail_closed: no request is admitted until it answers; retry after {:.3} s",
+                    retry_after.as_secs_f64()
+                ),
+                retry_after,
+            ),
             AdmitError::DeadlineExceeded { waited, deadline } => ApiError::capacity_exhausted(
                 format!(
                     "no KV-cache space freed up within the queue deadline of {} (waited {}); retry later",

@@ -218,6 +218,16 @@ impl KvLedger {
         true
     }
 
+    /// This backend's capacity and batch cap with `reserved_bytes` held by `live` leases: the
+    /// totals a shared ledger reports (every replica's leases), for the queue to decide on.
+    pub fn with_usage(&self, reserved_bytes: u64, live: u32) -> Self {
+        Self {
+            reserved_bytes,
+            live,
+            ..self.clone()
+        }
+    }
+
     /// Gives back what one lease of class `p` and `bytes` took.
     pub fn release(&mut self, bytes: u64, p: Priority) {
         let held = &mut self.held[p as usize];

@@ -6,15 +6,19 @@
 //! queue at once.
 //!
 //! The policy is the pure core in [`ledger`] and [`queue`]; this module is the thin async shell:
-//! one short-held lock, a oneshot channel per waiter, and guards.
+//! one short-held lock, a oneshot channel per waiter, and guards. With several gateway
+//! replicas the ledger is shared through Redis ([`shared`]): the queue (classes, counters,
+//! shedding) stays here, the same one, and decides on the totals of every replica.
 
 pub mod ledger;
 pub mod priority;
 pub mod queue;
+pub mod shared;
 
 pub use ledger::{ClassShares, KvLedger};
 pub use priority::{Priority, PRIORITY_HEADER};
 pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
+pub use shared::{LedgerStore, SharedSnapshot};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -89,6 +93,12 @@ pub enum AdmitError {
         /// The queue's bound.
         max_waiting: usize,
     },
+    /// The shared ledger cannot be reached and `on_store_error` is `fail_closed`.
+    #[error("the shared KV ledger cannot be reached")]
+    Unavailable {
+        /// When to try again (`limiter.retry_interval`).
+        retry_after: Duration,
+    },
     /// It waited until the deadline without fitting.
     #[error("no KV cache became free within {deadline:?} (waited {waited:?})")]
     DeadlineExceeded {
@@ -101,10 +111,10 @@ pub enum AdmitError {
 
 impl AdmitError {
     /// The `reason` label of `tokengate_queue_refusals_total` (`None` for a request that can
-    /// never fit: a bad request, not pressure).
+    /// never fit, a bad request, and for a shared ledger that cannot be reached: not pressure).
     pub fn queue_refusal(&self) -> Option<&'static str> {
         match self {
-            AdmitError::NeverFits { .. } => None,
+            AdmitError::NeverFits { .. } | AdmitError::Unavailable { .. } => None,
             AdmitError::QueueFull { .. } => Some("queue_full"),
             AdmitError::Shed { .. } => Some("shed"),
             AdmitError::Displaced { .. } => Some("displaced"),
@@ -158,6 +168,10 @@ pub struct AdmissionSnapshot {
     pub queued_by_tenant: BTreeMap<String, usize>,
     /// Requests waiting per class (every class, lowest first).
     pub queued_by_class: BTreeMap<Priority, usize>,
+    /// With a shared ledger, this replica's part (the backends' numbers are then every
+    /// replica's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedSnapshot>,
 }
 
 /// A waiter's channel end, kept while it waits.
@@ -168,15 +182,21 @@ struct Pending {
 }
 
 struct State {
+    /// What the queue decides on: each backend's ledger (with a shared ledger, the totals of
+    /// every replica as last read, or the fallback's view while Redis is away).
     ledgers: Vec<KvLedger>,
     queue: FairQueue,
     pending: HashMap<WaiterId, Pending>,
+    /// With a shared ledger, this replica's leases.
+    replica: Option<shared::ReplicaState>,
 }
 
 struct Shared {
     names: Vec<String>,
     queue: QueueSpec,
     state: Mutex<State>,
+    /// With a shared ledger, the way to it.
+    link: Option<shared::Link>,
 }
 
 impl Shared {
@@ -191,32 +211,107 @@ impl Shared {
 
 /// Grants waiters under the lock and returns the leases whose waiter is already gone; the caller
 /// drops them after unlocking (their `Drop` takes the lock again and grants the next ones).
+/// With a shared ledger, grants are placed in Redis by its background task: this wakes it.
 fn grant_waiters(shared: &Arc<Shared>, state: &mut State) -> Vec<Lease> {
-    let State {
-        ledgers,
-        queue,
-        pending,
-    } = state;
-    let grants = queue.grant(ledgers);
-    if grants.is_empty() {
+    if let Some(link) = &shared.link {
+        link.wake();
         return Vec::new();
     }
+    let grants = state.queue.grant(&mut state.ledgers);
     let now = Instant::now();
-    let mut orphans = Vec::new();
-    for grant in grants {
-        let Some(waiter) = pending.remove(&grant.id) else {
-            orphans.push(Lease::new(shared, grant, Duration::ZERO));
-            continue;
-        };
-        let waited = now.saturating_duration_since(waiter.since);
-        let lease = Lease::new(shared, grant, waited);
-        // `Waiting` removes its entry before its receiver drops, so sends succeed; a lease that
-        // came back anyway must not be dropped here, where its `Drop` would re-enter the lock.
-        if let Err(Ok(lease)) = waiter.tx.send(Ok(lease)) {
-            orphans.push(lease);
-        }
+    (grants.into_iter())
+        .filter_map(|grant| deliver(shared, &mut state.pending, grant, now, None))
+        .collect()
+}
+
+/// Hands `grant`'s waiter its lease (`id`: its id in a shared ledger); returns the lease if the
+/// waiter is gone. The caller drops returned leases after unlocking: their `Drop` takes the
+/// lock again.
+fn deliver(
+    shared: &Arc<Shared>,
+    pending: &mut HashMap<WaiterId, Pending>,
+    grant: Grant,
+    now: Instant,
+    id: Option<u64>,
+) -> Option<Lease> {
+    let Some(waiter) = pending.remove(&grant.id) else {
+        return Some(Lease::new(shared, grant, Duration::ZERO, id));
+    };
+    let waited = now.saturating_duration_since(waiter.since);
+    let lease = Lease::new(shared, grant, waited, id);
+    // `Waiting` removes its entry before its receiver drops, so sends succeed; a lease that
+    // came back anyway must not be dropped here, where its `Drop` would re-enter the lock.
+    match waiter.tx.send(Ok(lease)) {
+        Err(Ok(lease)) => Some(lease),
+        _ => None,
     }
-    orphans
+}
+
+/// An arrival, admitted (with what the caller made of its grant) or waiting.
+enum Step<A> {
+    Admitted(A),
+    Queued {
+        id: WaiterId,
+        rx: oneshot::Receiver<Result<Lease, AdmitError>>,
+        /// Leases granted to waiters already gone: dropped after unlocking.
+        orphans: Vec<Lease>,
+    },
+}
+
+/// What becomes of `arrival` (a request of class `class` from `tenant` needing `need`, since
+/// `since`): `admitted` makes the admitted one's lease (or what stands for it) from its grant;
+/// a queued one gets its channel, and the waiter it displaced its 503; a request shed, facing
+/// a full queue or too large is refused. Local and shared ledgers both answer arrivals here.
+#[allow(clippy::too_many_arguments)]
+fn on_arrival<A>(
+    shared: &Arc<Shared>,
+    state: &mut State,
+    arrival: Arrival,
+    tenant: &str,
+    class: Priority,
+    need: Need,
+    since: Instant,
+    admitted: impl FnOnce(&mut State, Grant) -> A,
+) -> Result<Step<A>, AdmitError> {
+    match arrival {
+        Arrival::Admitted { backend } => {
+            let grant = Grant {
+                id: 0,
+                backend,
+                tenant: tenant.to_string(),
+                class,
+                need,
+            };
+            Ok(Step::Admitted(admitted(state, grant)))
+        }
+        Arrival::Queued { id, displaced } => {
+            if let Some(gone) = displaced.and_then(|gone| state.pending.remove(&gone)) {
+                // Its `admit` reads this at once and answers 503.
+                let _ = gone.tx.send(Err(AdmitError::Displaced {
+                    class: gone.class,
+                    by: class,
+                    waited: since.saturating_duration_since(gone.since),
+                    max_waiting: shared.queue.max_waiting,
+                }));
+            }
+            let (tx, rx) = oneshot::channel();
+            state.pending.insert(id, Pending { tx, since, class });
+            // The newcomer may be next in line (it joined at the least counter).
+            let orphans = grant_waiters(shared, state);
+            Ok(Step::Queued { id, rx, orphans })
+        }
+        Arrival::Shed { waiting_above } => Err(AdmitError::Shed { waiting_above }),
+        Arrival::QueueFull { waiting } => Err(AdmitError::QueueFull {
+            waiting,
+            max_waiting: shared.queue.max_waiting,
+        }),
+        Arrival::NeverFits { largest_capacity } => Err(AdmitError::NeverFits {
+            bytes: need.bytes,
+            largest_capacity,
+            class,
+            share_permille: shared.queue.shares.permille(class),
+        }),
+    }
 }
 
 /// Admits requests by KV footprint across backends. Cheap to clone (one `Arc`).
@@ -237,10 +332,28 @@ impl Admission {
     /// Admission over `backends` (leases name them by index) with a waiting queue bounded by
     /// `queue`.
     pub fn new(backends: Vec<BackendSpec>, queue: QueueSpec) -> Self {
+        Self::build(backends, queue, None)
+    }
+
+    /// Admission over `backends` whose ledger is shared with other replicas through `store`
+    /// (the queue stays here). Starts its background task: call inside a tokio runtime.
+    pub fn shared(backends: Vec<BackendSpec>, queue: QueueSpec, store: LedgerStore) -> Self {
+        let (link, replica, pump) = shared::parts(store, backends.len());
+        let admission = Self::build(backends, queue, Some((link, replica)));
+        tokio::spawn(pump.run(Arc::downgrade(&admission.shared)));
+        admission
+    }
+
+    fn build(
+        backends: Vec<BackendSpec>,
+        queue: QueueSpec,
+        shared: Option<(shared::Link, shared::ReplicaState)>,
+    ) -> Self {
         let ledgers = backends
             .iter()
             .map(|b| KvLedger::with_shares(b.kv_capacity_bytes, b.max_batch, queue.shares))
             .collect();
+        let (link, replica) = shared.unzip();
         Self {
             shared: Arc::new(Shared {
                 names: backends.into_iter().map(|b| b.name).collect(),
@@ -249,7 +362,9 @@ impl Admission {
                     ledgers,
                     queue: FairQueue::new(queue.max_waiting),
                     pending: HashMap::new(),
+                    replica,
                 }),
+                link,
             }),
         }
     }
@@ -270,51 +385,27 @@ impl Admission {
     ) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
-        let (id, rx, orphans) = {
-            let mut guard = self.shared.state();
-            let state = &mut *guard;
-            match state.queue.arrive(&mut state.ledgers, tenant, class, need) {
-                Arrival::Admitted { backend } => {
-                    let grant = Grant {
-                        id: 0,
-                        backend,
-                        tenant: tenant.to_string(),
-                        class,
-                        need,
-                    };
-                    return Ok(Lease::new(&self.shared, grant, Duration::ZERO));
-                }
-                Arrival::Queued { id, displaced } => {
-                    if let Some(gone) = displaced.and_then(|gone| state.pending.remove(&gone)) {
-                        // Its `admit` reads this at once and answers 503.
-                        let _ = gone.tx.send(Err(AdmitError::Displaced {
-                            class: gone.class,
-                            by: class,
-                            waited: since.saturating_duration_since(gone.since),
-                            max_waiting: self.shared.queue.max_waiting,
-                        }));
-                    }
-                    let (tx, rx) = oneshot::channel();
-                    state.pending.insert(id, Pending { tx, since, class });
-                    // The newcomer may be next in line (it joined at the least counter).
-                    (id, rx, grant_waiters(&self.shared, state))
-                }
-                Arrival::Shed { waiting_above } => return Err(AdmitError::Shed { waiting_above }),
-                Arrival::QueueFull { waiting } => {
-                    return Err(AdmitError::QueueFull {
-                        waiting,
-                        max_waiting: self.shared.queue.max_waiting,
-                    })
-                }
-                Arrival::NeverFits { largest_capacity } => {
-                    return Err(AdmitError::NeverFits {
-                        bytes: need.bytes,
-                        largest_capacity,
-                        class,
-                        share_permille: self.shared.queue.shares.permille(class),
-                    })
-                }
+        let step = match &self.shared.link {
+            Some(link) => shared::arrive(&self.shared, link, tenant, class, need, since).await?,
+            None => {
+                let mut guard = self.shared.state();
+                let state = &mut *guard;
+                let arrival = state.queue.arrive(&mut state.ledgers, tenant, class, need);
+                on_arrival(
+                    &self.shared,
+                    state,
+                    arrival,
+                    tenant,
+                    class,
+                    need,
+                    since,
+                    |_, grant| Lease::new(&self.shared, grant, Duration::ZERO, None),
+                )?
             }
+        };
+        let (id, rx, orphans) = match step {
+            Step::Admitted(lease) => return Ok(lease),
+            Step::Queued { id, rx, orphans } => (id, rx, orphans),
         };
         drop(orphans);
         let mut waiting = Waiting {
@@ -322,7 +413,8 @@ impl Admission {
             id,
             rx,
         };
-        match tokio::time::timeout(deadline, &mut waiting.rx).await {
+        // A shared ledger's round trip counts against the deadline too.
+        match tokio::time::timeout_at(since + deadline, &mut waiting.rx).await {
             Ok(Ok(answer)) => answer,
             // The sender is dropped only after sending (or with the entry `Waiting` removes on
             // drop), so a closed channel cannot be seen here; it would mean no lease, like a
@@ -368,6 +460,7 @@ impl Admission {
     /// Backends and queue now.
     pub fn snapshot(&self) -> AdmissionSnapshot {
         let state = self.shared.state();
+        let queued = state.queue.len();
         AdmissionSnapshot {
             backends: self
                 .shared
@@ -386,11 +479,12 @@ impl Admission {
                         .collect(),
                 })
                 .collect(),
-            queued: state.queue.len(),
+            queued,
             queued_by_tenant: state.queue.len_by_tenant(),
             queued_by_class: (Priority::HIGHEST_FIRST.into_iter())
                 .map(|p| (p, state.queue.len_of(p)))
                 .collect(),
+            shared: (self.shared.link.as_ref()).map(|link| shared::snapshot(link, &state)),
         }
     }
 }
@@ -427,6 +521,8 @@ pub struct Lease {
     waited: Duration,
     /// Output tokens produced so far; `None` once the backend is known never to have answered.
     output: Option<u64>,
+    /// Its id in the shared ledger (none with a local one).
+    id: Option<u64>,
 }
 
 impl fmt::Debug for Lease {
@@ -442,12 +538,13 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    fn new(shared: &Arc<Shared>, grant: Grant, waited: Duration) -> Self {
+    fn new(shared: &Arc<Shared>, grant: Grant, waited: Duration, id: Option<u64>) -> Self {
         Self {
             shared: Arc::clone(shared),
             grant,
             waited,
             output: Some(0),
+            id,
         }
     }
 
@@ -501,8 +598,13 @@ impl Drop for Lease {
         } = self.grant;
         let orphans = {
             let mut state = self.shared.state();
-            state.ledgers[backend].release(need.bytes, class);
             state.queue.settle(tenant, class, need, self.output);
+            if let (Some(link), Some(id)) = (&self.shared.link, self.id) {
+                // Given back in Redis by the background task, which then grants.
+                shared::released(link, &mut state, id, backend, need.bytes, class);
+                return;
+            }
+            state.ledgers[backend].release(need.bytes, class);
             grant_waiters(&self.shared, &mut state)
         };
         drop(orphans);

@@ -147,20 +147,18 @@ impl Class {
         self.counters.get_mut(tenant).expect("just inserted")
     }
 
-    fn push(&mut self, tenant: &str, waiter: Waiter) {
+    /// `tenant`'s waiters, for one more (counted): a tenant becoming backlogged has its counter
+    /// clamped into the others' range (see the module's doc).
+    fn backlog_for_one_more(&mut self, tenant: &str) -> &mut VecDeque<Waiter> {
         if !self.backlog.contains_key(tenant) {
-            // Becoming backlogged: into the others' range (see the module's doc).
             if let Some((lo, hi)) = self.range() {
                 let c = self.counter_mut(tenant);
                 *c = (*c).clamp(lo, hi);
             }
             self.backlog.insert(tenant.to_string(), VecDeque::new());
         }
-        self.backlog
-            .get_mut(tenant)
-            .expect("inserted")
-            .push_back(waiter);
         self.len += 1;
+        self.backlog.get_mut(tenant).expect("inserted")
     }
 
     /// The backlogged tenant with the least counter (ties: the earliest head) and its head.
@@ -331,7 +329,7 @@ impl FairQueue {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.class_mut(p).push(tenant, Waiter { id, need });
+        (self.class_mut(p).backlog_for_one_more(tenant)).push_back(Waiter { id, need });
         Arrival::Queued { id, displaced }
     }
 
@@ -364,6 +362,20 @@ impl FairQueue {
         };
         let c = class.counter_mut(tenant);
         *c = c.saturating_sub(refund).max(floor);
+    }
+
+    /// A grant the caller could not carry out (a shared ledger's room was taken by another
+    /// replica first) goes back: its waiter is again the head of its tenant's requests in its
+    /// class (it keeps its id, so its place) and the counter loses what the grant charged. The
+    /// bound is not checked: the waiter held its place when it was granted.
+    pub fn requeue(&mut self, grant: Grant) {
+        let class = self.class_mut(grant.class);
+        let c = class.counter_mut(&grant.tenant);
+        *c = c.saturating_sub(grant.need.cost());
+        (class.backlog_for_one_more(&grant.tenant)).push_front(Waiter {
+            id: grant.id,
+            need: grant.need,
+        });
     }
 
     /// Hands free capacity to waiters: the highest class with waiters, its backlogged tenant with

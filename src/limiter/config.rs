@@ -65,6 +65,15 @@ pub struct LimiterConfig {
     /// once instead of waiting for a timeout each).
     #[serde(default = "default_retry_interval", with = "humantime_serde")]
     pub retry_interval: Duration,
+    /// With `store = "redis"` the KV ledger is shared too: a replica that stops renewing its
+    /// leases for this long (it died, or cannot reach Redis) has them taken back. A live
+    /// replica renews them every third of it.
+    #[serde(default = "default_kv_lease_ttl", with = "humantime_serde")]
+    pub kv_lease_ttl: Duration,
+    /// While requests wait for KV space, how often the shared ledger is read again for room
+    /// another replica freed (room this replica frees is handed out at once).
+    #[serde(default = "default_kv_recheck_interval", with = "humantime_serde")]
+    pub kv_recheck_interval: Duration,
 }
 
 impl Default for LimiterConfig {
@@ -79,6 +88,8 @@ impl Default for LimiterConfig {
             on_store_error: OnStoreError::FailClosed,
             expected_replicas: None,
             retry_interval: default_retry_interval(),
+            kv_lease_ttl: default_kv_lease_ttl(),
+            kv_recheck_interval: default_kv_recheck_interval(),
         }
     }
 }
@@ -98,6 +109,12 @@ fn default_lease_ttl() -> Duration {
 fn default_retry_interval() -> Duration {
     Duration::from_secs(1)
 }
+fn default_kv_lease_ttl() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_kv_recheck_interval() -> Duration {
+    Duration::from_millis(50)
+}
 
 impl LimiterConfig {
     /// Checks the section; the message names the field.
@@ -112,6 +129,7 @@ impl LimiterConfig {
             ("connect_timeout", self.connect_timeout),
             ("command_timeout", self.command_timeout),
             ("retry_interval", self.retry_interval),
+            ("kv_recheck_interval", self.kv_recheck_interval),
         ] {
             if d.is_zero() {
                 bail!("limiter.{field} must be positive");
@@ -121,6 +139,12 @@ impl LimiterConfig {
             bail!(
                 "limiter.lease_ttl must be at least 1s (it is {}): a reservation settling later gets nothing back",
                 humantime::format_duration(self.lease_ttl)
+            );
+        }
+        if self.kv_lease_ttl < Duration::from_secs(1) {
+            bail!(
+                "limiter.kv_lease_ttl must be at least 1s (it is {}): a live replica renews its KV leases every third of it",
+                humantime::format_duration(self.kv_lease_ttl)
             );
         }
         match (self.on_store_error, self.expected_replicas) {
@@ -188,6 +212,8 @@ lease_ttl = "30m"
 on_store_error = "local"
 expected_replicas = 3
 retry_interval = "2s"
+kv_lease_ttl = "5s"
+kv_recheck_interval = "20ms"
 "#,
         )
         .expect("valid");
@@ -195,6 +221,10 @@ retry_interval = "2s"
         assert_eq!(c.expected_replicas, Some(3));
         assert_eq!(c.command_timeout, Duration::from_millis(100));
         assert_eq!(c.lease_ttl, Duration::from_secs(1800));
+        assert_eq!(
+            (c.kv_lease_ttl, c.kv_recheck_interval),
+            (Duration::from_secs(5), Duration::from_millis(20))
+        );
     }
 
     #[test]
@@ -217,6 +247,8 @@ retry_interval = "2s"
             error(&format!("{redis}command_timeout = \"0s\"")),
             "limiter.command_timeout must be positive"
         );
+        assert!(error(&format!("{redis}kv_lease_ttl = \"900ms\""))
+            .starts_with("limiter.kv_lease_ttl must be at least 1s (it is 900ms)"));
         assert!(error(&format!("{redis}lease_ttl = \"500ms\""))
             .starts_with("limiter.lease_ttl must be at least 1s (it is 500ms)"));
         assert!(error(&format!("{redis}on_store_error = \"local\""))

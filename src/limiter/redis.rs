@@ -44,7 +44,8 @@ const SETTLE_ATTEMPTS: u32 = 3;
 /// `{op}` of a store command.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreOpLabel {
-    /// `charge`, `check`, `settle`, `rebase`, `forget` or `ping`.
+    /// `charge`, `check`, `settle`, `rebase`, `forget` or `ping`; the shared KV ledger's
+    /// `kv_acquire`, `kv_release` and `kv_heartbeat`.
     pub op: String,
 }
 
@@ -57,6 +58,8 @@ pub struct StoreMetrics {
     pub latency: Histogram,
     /// 1 while the store cannot be reached and `on_store_error` decides, else 0.
     pub fallback: Gauge,
+    /// 1 while the shared KV ledger cannot be reached and `on_store_error` decides, else 0.
+    pub ledger_fallback: Gauge,
 }
 
 impl Default for StoreMetrics {
@@ -66,13 +69,14 @@ impl Default for StoreMetrics {
             // 50 us .. ~3.3 s
             latency: Histogram::new(exponential_buckets(0.00005, 2.0, 17)),
             fallback: Gauge::default(),
+            ledger_fallback: Gauge::default(),
         }
     }
 }
 
 impl StoreMetrics {
-    /// Registers `limiter_store_errors_total`, `limiter_store_seconds` and
-    /// `limiter_store_fallback`.
+    /// Registers `limiter_store_errors_total`, `limiter_store_seconds`,
+    /// `limiter_store_fallback` and `kv_ledger_fallback`.
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "limiter_store_errors",
@@ -88,6 +92,11 @@ impl StoreMetrics {
             "limiter_store_fallback",
             "1 while the shared limiter store cannot be reached and limiter.on_store_error decides",
             self.fallback.clone(),
+        );
+        r.register(
+            "kv_ledger_fallback",
+            "1 while the shared KV ledger (Redis) cannot be reached and limiter.on_store_error decides",
+            self.ledger_fallback.clone(),
         );
     }
 }
@@ -165,17 +174,7 @@ impl RedisStore {
     /// lazily: a Redis that is down at startup is met with the `on_store_error` policy, and
     /// used once it answers.
     pub fn new(config: &LimiterConfig, metrics: StoreMetrics) -> anyhow::Result<Self> {
-        let url = config
-            .redis_url
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("limiter.redis_url is required"))?;
-        let client = redis::Client::open(url)?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.command_timeout))
-            // One attempt per command: the probe, not the request, waits for Redis to return.
-            .set_number_of_retries(0);
-        let conn = ConnectionManager::new_lazy_with_config(client, manager)?;
+        let conn = connect(config)?;
         let inner = Arc::new(Inner {
             conn,
             script: redis::Script::new(SCRIPT),
@@ -212,6 +211,48 @@ impl RedisStore {
     pub fn is_healthy(&self) -> bool {
         self.inner.healthy.load(Ordering::Relaxed)
     }
+}
+
+/// A connection to `config.redis_url` (validated), made lazily: a Redis that is down at
+/// startup is met with the `on_store_error` policy and used once it answers.
+pub(crate) fn connect(config: &LimiterConfig) -> anyhow::Result<ConnectionManager> {
+    let url = config
+        .redis_url
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("limiter.redis_url is required"))?;
+    let client = redis::Client::open(url)?;
+    let manager = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.command_timeout))
+        // One attempt per command: the probe, not the request, waits for Redis to return.
+        .set_number_of_retries(0);
+    Ok(ConnectionManager::new_lazy_with_config(client, manager)?)
+}
+
+/// Runs `command` within `timeout`, counting its latency in `metrics`, or its failure under
+/// `op`.
+pub(crate) async fn timed<T>(
+    metrics: &StoreMetrics,
+    timeout: Duration,
+    op: &str,
+    command: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    let started = std::time::Instant::now();
+    let result = match tokio::time::timeout(timeout, command).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(StoreError::Redis(e)),
+        Err(_) => Err(StoreError::Timeout(timeout)),
+    };
+    match &result {
+        Ok(_) => metrics.latency.observe(started.elapsed().as_secs_f64()),
+        Err(_) => {
+            metrics
+                .errors
+                .get_or_create(&StoreOpLabel { op: op.to_string() })
+                .inc();
+        }
+    }
+    result
 }
 
 /// Tries Redis every `retry_interval` while it is marked down; stops when the store is dropped.
@@ -288,27 +329,24 @@ impl Inner {
         op: &str,
         command: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(self.timeout, command).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(StoreError::Redis(e)),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
-        };
-        match &result {
-            Ok(_) => self
-                .metrics
-                .latency
-                .observe(started.elapsed().as_secs_f64()),
-            Err(e) => self.failed(op, e),
+        let result = timed(&self.metrics, self.timeout, op, command).await;
+        if let Err(e) = &result {
+            self.marked_down(op, e);
         }
         result
     }
 
+    /// Counts a failure seen after the command answered (a reply not understood) and marks
+    /// the store down.
     fn failed(&self, op: &str, e: &StoreError) {
         self.metrics
             .errors
             .get_or_create(&StoreOpLabel { op: op.to_string() })
             .inc();
+        self.marked_down(op, e);
+    }
+
+    fn marked_down(&self, op: &str, e: &StoreError) {
         *self
             .last_error
             .lock()

@@ -1,0 +1,133 @@
+-- tokengate's shared KV ledger: every replica's leases on every backend, so that replicas in
+-- front of one pool of backends admit against one ledger. Run by EVALSHA from
+-- src/admission/shared.rs. One script call is atomic: whether a request fits and its
+-- reservation are one step for all replicas.
+--
+-- Replicas are kept alive by heartbeats: every call of a replica sets its expiry (Redis TIME +
+-- the lease TTL) in the registry. A replica whose expiry passed is dead: its leases are taken
+-- out of the totals and deleted by the next call of any replica.
+--
+-- KEYS[1]: the registry, a sorted set: replica -> expiry (ms, Redis TIME)
+-- KEYS[2]: reserved KV bytes per backend name (hash)
+-- KEYS[3]: live leases per backend name (hash)
+-- KEYS[4]: this replica's leases (hash: lease id -> "BYTES NAME")
+-- ARGV[1] operation, ARGV[2] this replica, ARGV[3] lease TTL (ms), ARGV[4] the prefix of every
+-- replica's lease hash (KEYS[4] is it followed by ARGV[2]), ARGV[5] N, then N backends as
+-- NAME CAPACITY MAX_BATCH, then the operation's M and its M items:
+--   acquire   M x (ID BYTES):       each reserved, in order, on the backend with the most free
+--                                   bytes where it fits (lowest index on a tie); result: its
+--                                   backend's index (1-based), or 0 if it fits nowhere. The
+--                                   items come in the queue's order, which is strict: after one
+--                                   that fits nowhere, none is reserved (0 each)
+--   release   M x ID:               result 1 if the lease was there (its bytes go back), else 0
+--   heartbeat M x (ID BYTES NAME):  the replica's live leases; any missing (its replica was
+--                                   taken for dead, or Redis restarted empty) is added again;
+--                                   result: 1 if added again, else 0
+-- Reply: the M results, then RESERVED and LIVE of each of the N backends (after the call).
+-- Byte counts stay far below 2^53, where Lua numbers are exact.
+
+if redis.replicate_commands then
+  redis.replicate_commands() -- Redis < 5: replicate the writes, not the script (it reads TIME)
+end
+
+local registry, reserved, live, mine = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local op, replica, ttl, lease_prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local n = tonumber(ARGV[5])
+local names, capacity, batch = {}, {}, {}
+for i = 1, n do
+  names[i] = ARGV[3 + 3 * i]
+  capacity[i] = tonumber(ARGV[4 + 3 * i])
+  batch[i] = tonumber(ARGV[5 + 3 * i])
+end
+local at = 6 + 3 * n
+local m = tonumber(ARGV[at])
+
+local function split(v)
+  local space = string.find(v, ' ', 1, true)
+  return tonumber(string.sub(v, 1, space - 1)), string.sub(v, space + 1)
+end
+
+local function take(name, bytes, count)
+  local r = redis.call('HINCRBY', reserved, name, bytes)
+  local l = redis.call('HINCRBY', live, name, count)
+  -- Never below zero, whatever was lost.
+  if r < 0 then redis.call('HSET', reserved, name, 0) end
+  if l < 0 then redis.call('HSET', live, name, 0) end
+end
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+-- Dead replicas: their leases go back.
+for _, dead in ipairs(redis.call('ZRANGEBYSCORE', registry, '-inf', '(' .. now)) do
+  local key = lease_prefix .. dead
+  local all = redis.call('HGETALL', key)
+  for i = 2, #all, 2 do
+    local bytes, name = split(all[i])
+    take(name, -bytes, -1)
+  end
+  redis.call('DEL', key)
+  redis.call('ZREM', registry, dead)
+end
+if redis.call('ZCARD', registry) == 0 then
+  -- Nobody holds anything: totals start clean (nothing lost can linger).
+  redis.call('DEL', reserved, live)
+end
+redis.call('ZADD', registry, now + ttl, replica)
+
+local function usage(i)
+  return tonumber(redis.call('HGET', reserved, names[i]) or '0'),
+    tonumber(redis.call('HGET', live, names[i]) or '0')
+end
+
+local results = {}
+if op == 'acquire' then
+  local blocked = false
+  for j = 1, m do
+    local id, bytes = ARGV[at + 2 * j - 1], tonumber(ARGV[at + 2 * j])
+    local best, best_free = 0, -1
+    for i = 1, blocked and 0 or n do
+      local r, l = usage(i)
+      local free = capacity[i] - r
+      if l < batch[i] and bytes <= free and free > best_free then
+        best, best_free = i, free
+      end
+    end
+    if best > 0 then
+      redis.call('HSET', mine, id, bytes .. ' ' .. names[best])
+      take(names[best], bytes, 1)
+    else
+      blocked = true
+    end
+    results[j] = best
+  end
+elseif op == 'release' then
+  for j = 1, m do
+    local id = ARGV[at + j]
+    local v = redis.call('HGET', mine, id)
+    results[j] = 0
+    if v then
+      local bytes, name = split(v)
+      redis.call('HDEL', mine, id)
+      take(name, -bytes, -1)
+      results[j] = 1
+    end
+  end
+elseif op == 'heartbeat' then
+  for j = 1, m do
+    local id, bytes, name = ARGV[at + 3 * j - 2], ARGV[at + 3 * j - 1], ARGV[at + 3 * j]
+    results[j] = redis.call('HSETNX', mine, id, bytes .. ' ' .. name)
+    if results[j] == 1 then
+      take(name, tonumber(bytes), 1)
+    end
+  end
+else
+  return redis.error_reply('unknown operation ' .. tostring(op))
+end
+
+for i = 1, n do
+  local r, l = usage(i)
+  results[#results + 1] = r
+  results[#results + 1] = l
+end
+return results
