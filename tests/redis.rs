@@ -351,6 +351,7 @@ async fn recovers(redis: &mut OwnRedis, gw: &TestGateway) {
     redis.restart().await;
     gw.wait_metric("tokengate_limiter_store_fallback", "0")
         .await;
+    gw.wait_metric("tokengate_kv_ledger_fallback", "0").await;
     assert_eq!(statuses(gw, 1).await, [200]);
     let mut conn = connect(&redis.url()).await;
     let keys: Vec<String> = conn.keys("*{alice}").await.unwrap();
@@ -408,5 +409,234 @@ async fn local_limits_each_replica_to_its_share_until_redis_returns() {
     assert_eq!(statuses(&gw, 6).await, [200, 200, 200, 200, 200, 429]);
     let r = gw.chat("sk-alice", &chat("hi", 5, false)).await;
     assert_eq!(r.headers["x-ratelimit-limit-requests"], "5");
+    // The KV ledger fell back too (admitting against half of each backend meanwhile).
+    gw.wait_metric("tokengate_kv_ledger_fallback", "1").await;
+    let v = gw.admin("/admin/backends").await;
+    assert_eq!(v["shared_ledger"]["state"], "fallback", "{v}");
     recovers(&mut redis, &gw).await;
+    let v = gw.admin("/admin/backends").await;
+    assert_eq!(v["shared_ledger"]["state"], "redis", "{v}");
+}
+
+/// The shared KV ledger's totals in Redis for `backend`: (reserved bytes, live leases).
+async fn ledger_totals(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    backend: SocketAddr,
+) -> (u64, u64) {
+    let name = format!("http://{backend}");
+    let reserved: Option<u64> = conn
+        .hget(format!("{prefix}{{kv-ledger}}:reserved"), &name)
+        .await
+        .unwrap();
+    let live: Option<u64> = conn
+        .hget(format!("{prefix}{{kv-ledger}}:live"), &name)
+        .await
+        .unwrap();
+    (reserved.unwrap_or(0), live.unwrap_or(0))
+}
+
+/// Waits (at most 10 s) until the ledger's totals for `backend` satisfy `done`.
+async fn wait_totals(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    backend: SocketAddr,
+    done: impl Fn((u64, u64)) -> bool,
+) -> (u64, u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let totals = ledger_totals(conn, prefix, backend).await;
+        if done(totals) {
+            return totals;
+        }
+        assert!(Instant::now() < deadline, "ledger totals stuck at {totals:?}");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Requests queued for KV on each of `replicas`, summed.
+async fn queued(replicas: &[TestGateway]) -> u64 {
+    let mut n = 0;
+    for r in replicas {
+        n += r.admin("/admin/backends").await["queued"].as_u64().unwrap();
+    }
+    n
+}
+
+/// A gateway config with one backend whose batch cap is `max_batch`, on the shared store.
+fn batch_config(backend: SocketAddr, max_batch: u32, limiter: &str) -> String {
+    format!(
+        "{}\n[limiter]\n{limiter}",
+        config_text(&[backend])
+            .replacen("max_batch = 32", &format!("max_batch = {max_batch}"), 1)
+            .replacen("queue_deadline = \"5s\"", "queue_deadline = \"30s\"", 1)
+    )
+}
+
+/// Three replicas in front of one backend that runs 2 sequences at once: 6 requests, 2 sent
+/// to each replica, and only 2 reach the backend at any time, whichever replica admitted
+/// them; as each finishes exactly one more is admitted (by whichever replica has a waiter),
+/// and the ledger ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_one_kv_ledger() {
+    let url = support::redis_server::url();
+    let prefix = prefix("kv-shared");
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let text = batch_config(backend.addr, 2, &redis_limiter(&url, &prefix, ""));
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let config = Config::parse(&text).unwrap().into_inner();
+        replicas.push(TestGateway::start(config).await);
+    }
+    let mut conn = connect(&url).await;
+    let mut answers = Vec::new();
+    for r in &replicas {
+        for _ in 0..2 {
+            answers.push(spawn_post(
+                &r.url("/v1/chat/completions"),
+                "sk-alice",
+                chat("hi", 5, true),
+            ));
+        }
+    }
+    backend.wait_held(2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queued(&replicas).await != 4 {
+        assert!(Instant::now() < deadline, "4 requests never queued");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(backend.seen.lock().unwrap().len(), 2);
+    let (reserved, live) = ledger_totals(&mut conn, &prefix, backend.addr).await;
+    assert_eq!(live, 2);
+    let mut here = 0;
+    for r in &replicas {
+        let v = r.admin("/admin/backends").await;
+        assert_eq!(v["shared_ledger"]["state"], "redis", "{v}");
+        here += v["shared_ledger"]["here"][0]["kv_reserved_bytes"]
+            .as_u64()
+            .unwrap();
+    }
+    assert_eq!(here, reserved, "the replicas' leases are the ledger's");
+    for k in 0..4 {
+        backend.release.add_permits(1);
+        backend.wait_held(3 + k).await;
+        assert_eq!(backend.seen.lock().unwrap().len(), 3 + k);
+    }
+    backend.release.add_permits(2);
+    for a in answers {
+        let r = a.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(backend.seen.lock().unwrap().len(), 6);
+    wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
+}
+
+/// The address a `tokengate serve` logged after `key=`.
+fn logged_addr(line: &str, key: &str) -> String {
+    let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
+    line[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect()
+}
+
+/// A replica process killed (SIGKILL) while its request runs: it never gives its lease back,
+/// but it stops renewing it, so within `kv_lease_ttl` the other replica's waiter is admitted;
+/// the dead replica leaves the registry and the ledger holds the living one's lease only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_leases_expire_and_the_others_admit_again() {
+    let url = support::redis_server::url();
+    let prefix = prefix("kv-kill");
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let limiter = redis_limiter(
+        &url,
+        &prefix,
+        "connect_timeout = \"100ms\"\nkv_lease_ttl = \"1s\"",
+    );
+    let text = batch_config(backend.addr, 1, &limiter);
+    let dir = TempDir::new("kv-kill");
+    let file = dir.0.join("tokengate.toml");
+    let tokenizer = common::tokenizer_json();
+    std::fs::write(
+        &file,
+        text.replace(
+            "path = \"unused: tests pass the tokenizer in\"",
+            &format!("path = {:?}", tokenizer.display().to_string()),
+        ),
+    )
+    .unwrap();
+    let mut doomed = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stderr = doomed.stderr.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stderr));
+    let listening = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("tokengate listening") {
+                return line;
+            }
+        }
+        panic!("the replica exited before listening");
+    })
+    .await
+    .expect("the replica listens within 30 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let doomed_url = format!(
+        "http://{}/v1/chat/completions",
+        logged_addr(&listening, "addr=")
+    );
+    let survivor = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    let mut conn = connect(&url).await;
+
+    // Streaming: answered (200) at its first token, then held at the backend.
+    let orphan = start_request(
+        &doomed_url,
+        "POST",
+        Some(chat("hi", 5, true).to_string().into_bytes()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+        ],
+    )
+    .await;
+    assert_eq!(orphan.status(), 200);
+    backend.wait_held(1).await;
+    assert_eq!(
+        ledger_totals(&mut conn, &prefix, backend.addr).await.1,
+        1
+    );
+    let registry = format!("{prefix}{{kv-ledger}}:replicas");
+    let waiter = spawn_post(
+        &survivor.url("/v1/chat/completions"),
+        "sk-alice",
+        chat("hi", 5, true),
+    );
+    survivor.wait_queued(1).await;
+    let before: Vec<String> = conn.zrange(&registry, 0, -1).await.unwrap();
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    doomed.start_kill().unwrap();
+    doomed.wait().await.unwrap();
+    // The survivor's waiter reaches the backend once the dead replica's lease expired.
+    backend.wait_held(2).await;
+    let after: Vec<String> = conn.zrange(&registry, 0, -1).await.unwrap();
+    assert_eq!(after.len(), 1, "the dead replica left the registry: {after:?}");
+    let v = survivor.admin("/admin/backends").await;
+    assert_eq!(after[0], v["shared_ledger"]["replica"].as_str().unwrap());
+    let here = v["shared_ledger"]["here"][0]["kv_reserved_bytes"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        ledger_totals(&mut conn, &prefix, backend.addr).await,
+        (here, 1)
+    );
+    backend.release.add_permits(2);
+    let r = waiter.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
 }
