@@ -712,6 +712,36 @@ fn hadolint_passes_the_dockerfile() {
     }
 }
 
+/// The multi-replica overlay: what its init container writes (the base's file, the
+/// `[limiter]` section, the tenants) is a valid config sharing limits and the KV ledger through
+/// its Redis, for three replicas.
+#[test]
+fn the_multi_replica_example_shares_everything_through_its_redis() {
+    let overlay = yaml_docs(&repo("deploy/k8s/multi-replica/kustomization.yaml")).remove(0);
+    let patch = str_at(&overlay, "/patches/1/patch");
+    assert!(
+        patch.contains(
+            "cat /config/tokengate.toml /config/limiter.toml /secrets/tenants.toml > /run/tokengate/tokengate.toml"
+        ) && patch.contains("value: 3"),
+        "{patch}"
+    );
+    let text = format!(
+        "{}{}{}",
+        str_at(&yaml("deploy/k8s/base/configmap.yaml"), "/data/tokengate.toml"),
+        str_at(&yaml("deploy/k8s/multi-replica/limiter.yaml"), "/data/limiter.toml"),
+        str_at(&yaml("deploy/k8s/base/secret.yaml"), "/stringData/tenants.toml")
+    );
+    let cfg = Config::parse(&text).unwrap().into_inner();
+    assert_eq!(cfg.limiter.store, tokengate::limiter::config::StoreKind::Redis);
+    assert_eq!(cfg.limiter.expected_replicas, Some(3));
+    let redis = yaml_docs(&repo("deploy/k8s/multi-replica/redis.yaml"));
+    let service = redis.iter().find(|d| d["kind"] == "Service").unwrap();
+    assert_eq!(
+        cfg.limiter.redis_url.as_deref(),
+        Some(format!("redis://{}:6379", str_at(service, "/metadata/name")).as_str())
+    );
+}
+
 #[test]
 fn kustomize_builds_both_folders() {
     let base = [
@@ -722,9 +752,19 @@ fn kustomize_builds_both_folders() {
         "PodDisruptionBudget",
     ];
     let monitored = [&base[..], &["ServiceMonitor"]].concat();
+    let replicated = [
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "Service",
+        "Deployment",
+        "Deployment",
+        "PodDisruptionBudget",
+    ];
     for (dir, kinds) in [
         ("deploy/k8s/base", base.to_vec()),
         ("deploy/k8s/prometheus-operator", monitored),
+        ("deploy/k8s/multi-replica", replicated.to_vec()),
     ] {
         let Some(out) = run_tool("kubectl", &["kustomize", repo(dir).to_str().unwrap()]) else {
             return;
