@@ -727,12 +727,24 @@ fn the_multi_replica_example_shares_everything_through_its_redis() {
     );
     let text = format!(
         "{}{}{}",
-        str_at(&yaml("deploy/k8s/base/configmap.yaml"), "/data/tokengate.toml"),
-        str_at(&yaml("deploy/k8s/multi-replica/limiter.yaml"), "/data/limiter.toml"),
-        str_at(&yaml("deploy/k8s/base/secret.yaml"), "/stringData/tenants.toml")
+        str_at(
+            &yaml("deploy/k8s/base/configmap.yaml"),
+            "/data/tokengate.toml"
+        ),
+        str_at(
+            &yaml("deploy/k8s/multi-replica/limiter.yaml"),
+            "/data/limiter.toml"
+        ),
+        str_at(
+            &yaml("deploy/k8s/base/secret.yaml"),
+            "/stringData/tenants.toml"
+        )
     );
     let cfg = Config::parse(&text).unwrap().into_inner();
-    assert_eq!(cfg.limiter.store, tokengate::limiter::config::StoreKind::Redis);
+    assert_eq!(
+        cfg.limiter.store,
+        tokengate::limiter::config::StoreKind::Redis
+    );
     assert_eq!(cfg.limiter.expected_replicas, Some(3));
     let redis = yaml_docs(&repo("deploy/k8s/multi-replica/redis.yaml"));
     let service = redis.iter().find(|d| d["kind"] == "Service").unwrap();

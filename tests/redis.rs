@@ -449,7 +449,10 @@ async fn wait_totals(
         if done(totals) {
             return totals;
         }
-        assert!(Instant::now() < deadline, "ledger totals stuck at {totals:?}");
+        assert!(
+            Instant::now() < deadline,
+            "ledger totals stuck at {totals:?}"
+        );
         tokio::task::yield_now().await;
     }
 }
@@ -606,10 +609,7 @@ async fn a_killed_replicas_leases_expire_and_the_others_admit_again() {
     .await;
     assert_eq!(orphan.status(), 200);
     backend.wait_held(1).await;
-    assert_eq!(
-        ledger_totals(&mut conn, &prefix, backend.addr).await.1,
-        1
-    );
+    assert_eq!(ledger_totals(&mut conn, &prefix, backend.addr).await.1, 1);
     let registry = format!("{prefix}{{kv-ledger}}:replicas");
     let waiter = spawn_post(
         &survivor.url("/v1/chat/completions"),
@@ -625,7 +625,11 @@ async fn a_killed_replicas_leases_expire_and_the_others_admit_again() {
     // The survivor's waiter reaches the backend once the dead replica's lease expired.
     backend.wait_held(2).await;
     let after: Vec<String> = conn.zrange(&registry, 0, -1).await.unwrap();
-    assert_eq!(after.len(), 1, "the dead replica left the registry: {after:?}");
+    assert_eq!(
+        after.len(),
+        1,
+        "the dead replica left the registry: {after:?}"
+    );
     let v = survivor.admin("/admin/backends").await;
     assert_eq!(after[0], v["shared_ledger"]["replica"].as_str().unwrap());
     let here = v["shared_ledger"]["here"][0]["kv_reserved_bytes"]
