@@ -352,14 +352,7 @@ fn degrade(store: &LedgerStore, state: &mut State, e: &StoreError) {
 }
 
 /// A lease held by this replica went: back in the view now, back in Redis by the task.
-pub(super) fn released(
-    link: &Link,
-    state: &mut State,
-    id: u64,
-    backend: usize,
-    bytes: u64,
-    class: Priority,
-) {
+pub(super) fn released(link: &Link, state: &mut State, id: u64, backend: usize, bytes: u64) {
     let replica = replica(state);
     if let Some((placed, _)) = replica.live.remove(&id) {
         if placed.is_some() {
@@ -368,7 +361,13 @@ pub(super) fn released(
             own.1 = own.1.saturating_sub(1);
         }
     }
-    state.ledgers[backend].release(bytes, class);
+    // The view is the totals as last read, which replies that crossed this lease's acquire may
+    // not hold yet: it loses what it holds, down to nothing.
+    let view = &mut state.ledgers[backend];
+    *view = view.with_usage(
+        view.reserved_bytes().saturating_sub(bytes),
+        view.live().saturating_sub(1),
+    );
     // The task is gone only with the admission; then the lease's replica stops renewing it.
     let _ = link.releases.send(id);
     link.wake();
