@@ -534,6 +534,97 @@ async fn three_replicas_share_one_kv_ledger() {
     wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
 }
 
+/// A chat request of class `class` (alice's own is critical; the header lowers it), its
+/// prompt naming it.
+fn post_class(gw: &TestGateway, prompt: &str, class: &str) -> tokio::task::JoinHandle<Received> {
+    let url = gw.url("/v1/chat/completions");
+    let body = chat(prompt, 5, true).to_string().into_bytes();
+    let class = class.to_string();
+    tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+            ("x-tokengate-priority", class.as_str()),
+        ];
+        send(&url, "POST", Some(body), &headers).await
+    })
+}
+
+/// Waits (at most 10 s) until `gw` has `n` requests queued for KV.
+async fn until_queued(gw: &TestGateway, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queued(std::slice::from_ref(gw)).await != n {
+        assert!(Instant::now() < deadline, "{n} requests never queued");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The queue is the local ledger's own over the shared one. Behind a backend of one sequence
+/// held through replica A, replica B (queue bound 3) sheds a sheddable arrival at once while a
+/// standard one waits; a second critical arrival takes the place of the newest standard
+/// waiter in the full queue; and as A's lease goes (room another replica freed) and then each
+/// of B's own, the critical waiters are granted first, in arrival order, and the standard one
+/// that arrived before them last. The ledger ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_hold_across_the_shared_ledger() {
+    let url = support::redis_server::url();
+    let prefix = prefix("kv-priority");
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let text = batch_config(backend.addr, 1, &redis_limiter(&url, &prefix, ""))
+        .replacen("queue_max_waiting = 64", "queue_max_waiting = 3", 1)
+        .replacen(
+            "name = \"alice\"\n",
+            "name = \"alice\"\npriority = \"critical\"\n",
+            1,
+        );
+    let a = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    let b = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    let mut conn = connect(&url).await;
+    let refused = |r: &Received, says: &str| {
+        assert_eq!(
+            (r.status, r.code()),
+            (503, "capacity_exhausted".to_string())
+        );
+        assert!(r.text().contains(says), "{}", r.text());
+    };
+    let held = post_class(&a, "held", "standard");
+    backend.wait_held(1).await;
+    let standard = post_class(&b, "standard 1", "standard");
+    until_queued(&b, 1).await;
+    let shed = post_class(&b, "sheddable", "sheddable").await.unwrap();
+    refused(&shed, "1 requests of a higher priority class wait");
+    let newest_standard = post_class(&b, "standard 2", "standard");
+    until_queued(&b, 2).await;
+    let first = post_class(&b, "critical 1", "critical");
+    until_queued(&b, 3).await;
+    let second = post_class(&b, "critical 2", "critical");
+    let displaced = newest_standard.await.unwrap();
+    refused(&displaced, "gave its place to a critical request");
+    until_queued(&b, 3).await;
+    let prompts = || -> Vec<String> {
+        let seen = backend.seen.lock().unwrap();
+        (seen.iter())
+            .map(|r| r["messages"][0]["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(prompts(), ["held"]);
+    for n in 2..=4 {
+        backend.release.add_permits(1);
+        backend.wait_held(n).await;
+    }
+    backend.release.add_permits(1);
+    for answer in [held, first, second, standard] {
+        let r = answer.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(
+        prompts(),
+        ["held", "critical 1", "critical 2", "standard 1"]
+    );
+    assert_eq!(queued(&[a, b]).await, 0);
+    wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
+}
+
 /// The address a `tokengate serve` logged after `key=`.
 fn logged_addr(line: &str, key: &str) -> String {
     let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
