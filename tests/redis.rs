@@ -424,16 +424,22 @@ async fn ledger_totals(
     prefix: &str,
     backend: SocketAddr,
 ) -> (u64, u64) {
-    let name = format!("http://{backend}");
-    let reserved: Option<u64> = conn
-        .hget(format!("{prefix}{{kv-ledger}}:reserved"), &name)
-        .await
-        .unwrap();
-    let live: Option<u64> = conn
-        .hget(format!("{prefix}{{kv-ledger}}:live"), &name)
-        .await
-        .unwrap();
-    (reserved.unwrap_or(0), live.unwrap_or(0))
+    let (mut reserved, mut live) = (0, 0);
+    // Kept per class (0 sheddable, 1 standard, 2 critical) as "CLASS URL".
+    for class in 0..3 {
+        let field = format!("{class} http://{backend}");
+        let r: Option<u64> = conn
+            .hget(format!("{prefix}{{kv-ledger}}:reserved"), &field)
+            .await
+            .unwrap();
+        let l: Option<u64> = conn
+            .hget(format!("{prefix}{{kv-ledger}}:live"), &field)
+            .await
+            .unwrap();
+        reserved += r.unwrap_or(0);
+        live += l.unwrap_or(0);
+    }
+    (reserved, live)
 }
 
 /// Waits (at most 10 s) until the ledger's totals for `backend` satisfy `done`.
@@ -534,6 +540,29 @@ async fn three_replicas_share_one_kv_ledger() {
     wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
 }
 
+/// Two replicas on the shared store (key prefix for `test`, returned) in front of one held
+/// backend of `max_batch` sequences, with `admission` in place of the queue's bound and alice
+/// in class critical.
+async fn critical_alice_on_two_replicas(
+    test: &str,
+    max_batch: u32,
+    admission: &str,
+) -> (FakeBackend, [TestGateway; 2], String) {
+    let prefix = prefix(test);
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let limiter = redis_limiter(&support::redis_server::url(), &prefix, "");
+    let text = batch_config(backend.addr, max_batch, &limiter)
+        .replacen("queue_max_waiting = 64", admission, 1)
+        .replacen(
+            "name = \"alice\"\n",
+            "name = \"alice\"\npriority = \"critical\"\n",
+            1,
+        );
+    let a = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    let b = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    (backend, [a, b], prefix)
+}
+
 /// A chat request of class `class` (alice's own is critical; the header lowers it), its
 /// prompt naming it.
 fn post_class(gw: &TestGateway, prompt: &str, class: &str) -> tokio::task::JoinHandle<Received> {
@@ -567,19 +596,9 @@ async fn until_queued(gw: &TestGateway, n: u64) {
 /// that arrived before them last. The ledger ends empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn priorities_hold_across_the_shared_ledger() {
-    let url = support::redis_server::url();
-    let prefix = prefix("kv-priority");
-    let backend = FakeBackend::start(FakeSpec::held()).await;
-    let text = batch_config(backend.addr, 1, &redis_limiter(&url, &prefix, ""))
-        .replacen("queue_max_waiting = 64", "queue_max_waiting = 3", 1)
-        .replacen(
-            "name = \"alice\"\n",
-            "name = \"alice\"\npriority = \"critical\"\n",
-            1,
-        );
-    let a = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
-    let b = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
-    let mut conn = connect(&url).await;
+    let (backend, [a, b], prefix) =
+        critical_alice_on_two_replicas("kv-priority", 1, "queue_max_waiting = 3").await;
+    let mut conn = connect(&support::redis_server::url()).await;
     let refused = |r: &Received, says: &str| {
         assert_eq!(
             (r.status, r.code()),
@@ -622,6 +641,50 @@ async fn priorities_hold_across_the_shared_ledger() {
         ["held", "critical 1", "critical 2", "standard 1"]
     );
     assert_eq!(queued(&[a, b]).await, 0);
+    wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
+}
+
+/// Class shares count every replica's leases: with sheddable allowed half of a 2-sequence
+/// backend, a sheddable request held through replica A leaves replica B's sheddable arrival
+/// waiting although the backend has a free sequence, and B's critical arrival takes that
+/// sequence at once; when A's request ends, B's sheddable one is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn class_shares_hold_across_the_shared_ledger() {
+    let (backend, [a, b], prefix) =
+        critical_alice_on_two_replicas("kv-shares", 2, "sheddable_share = 0.5").await;
+    let mut conn = connect(&support::redis_server::url()).await;
+    let first = post_class(&a, "sheddable 1", "sheddable");
+    backend.wait_held(1).await;
+    let second = post_class(&b, "sheddable 2", "sheddable");
+    until_queued(&b, 1).await;
+    let critical = post_class(&b, "critical", "critical");
+    backend.wait_held(2).await;
+    assert_eq!(ledger_totals(&mut conn, &prefix, backend.addr).await.1, 2);
+    let v = b.admin("/admin/backends").await;
+    assert_eq!(v["queued"], 1, "{v}");
+    // One sheddable and one critical lease in Redis, from two replicas.
+    let live: Vec<Option<u64>> = redis::cmd("HMGET")
+        .arg(format!("{prefix}{{kv-ledger}}:live"))
+        .arg(
+            (0..3)
+                .map(|c| format!("{c} http://{}", backend.addr))
+                .collect::<Vec<_>>(),
+        )
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(live, [Some(1), None, Some(1)]);
+    backend.release.add_permits(1);
+    backend.wait_held(3).await;
+    backend.release.add_permits(2);
+    for answer in [first, critical, second] {
+        let r = answer.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let seen: Vec<String> = (backend.seen.lock().unwrap().iter())
+        .map(|r| r["messages"][0]["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(seen, ["sheddable 1", "critical", "sheddable 2"]);
     wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
 }
 

@@ -7,23 +7,30 @@
 -- the lease TTL) in the registry. A replica whose expiry passed is dead: its leases are taken
 -- out of the totals and deleted by the next call of any replica.
 --
+-- Totals are kept per backend and priority class (CLASS: 0 sheddable, 1 standard, 2 critical),
+-- each class holding at most its share of a backend, as in src/admission/ledger.rs.
+--
 -- KEYS[1]: the registry, a sorted set: replica -> expiry (ms, Redis TIME)
--- KEYS[2]: reserved KV bytes per backend name (hash)
--- KEYS[3]: live leases per backend name (hash)
--- KEYS[4]: this replica's leases (hash: lease id -> "BYTES NAME")
+-- KEYS[2]: reserved KV bytes per "CLASS NAME" (hash)
+-- KEYS[3]: live leases per "CLASS NAME" (hash)
+-- KEYS[4]: this replica's leases (hash: lease id -> "BYTES CLASS NAME")
 -- ARGV[1] operation, ARGV[2] this replica, ARGV[3] lease TTL (ms), ARGV[4] the prefix of every
 -- replica's lease hash (KEYS[4] is it followed by ARGV[2]), ARGV[5] N, then N backends as
--- NAME CAPACITY MAX_BATCH, then the operation's M and its M items:
---   acquire   M x (ID BYTES):       each reserved, in order, on the backend with the most free
---                                   bytes where it fits (lowest index on a tie); result: its
---                                   backend's index (1-based), or 0 if it fits nowhere. The
---                                   items come in the queue's order, which is strict: after one
---                                   that fits nowhere, none is reserved (0 each)
---   release   M x ID:               result 1 if the lease was there (its bytes go back), else 0
---   heartbeat M x (ID BYTES NAME):  the replica's live leases; any missing (its replica was
---                                   taken for dead, or Redis restarted empty) is added again;
---                                   result: 1 if added again, else 0
--- Reply: the M results, then RESERVED and LIVE of each of the N backends (after the call).
+-- NAME CAPACITY MAX_BATCH and, per class in order, its LIMIT_BYTES LIMIT_BATCH, then the
+-- operation's M and its M items:
+--   acquire   M x (ID BYTES CLASS):       each reserved, in order, on the backend with the most
+--                                         free bytes where it fits, its class within its share
+--                                         (lowest index on a tie); result: its backend's index
+--                                         (1-based), or 0 if it fits nowhere. The items come in
+--                                         the queue's order, which is strict: after one that
+--                                         fits nowhere, none is reserved (0 each)
+--   release   M x ID:                     result 1 if the lease was there (its bytes go back),
+--                                         else 0
+--   heartbeat M x (ID BYTES CLASS NAME):  the replica's live leases; any missing (its replica
+--                                         was taken for dead, or Redis restarted empty) is added
+--                                         again; result: 1 if added again, else 0
+-- Reply: the M results, then RESERVED and LIVE of each class of each of the N backends (after
+-- the call).
 -- Byte counts stay far below 2^53, where Lua numbers are exact.
 
 if redis.replicate_commands then
@@ -33,26 +40,36 @@ end
 local registry, reserved, live, mine = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op, replica, ttl, lease_prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local n = tonumber(ARGV[5])
-local names, capacity, batch = {}, {}, {}
+local names, capacity, batch, limit_bytes, limit_batch = {}, {}, {}, {}, {}
 for i = 1, n do
-  names[i] = ARGV[3 + 3 * i]
-  capacity[i] = tonumber(ARGV[4 + 3 * i])
-  batch[i] = tonumber(ARGV[5 + 3 * i])
+  local b = 5 + 9 * (i - 1)
+  names[i] = ARGV[b + 1]
+  capacity[i] = tonumber(ARGV[b + 2])
+  batch[i] = tonumber(ARGV[b + 3])
+  limit_bytes[i], limit_batch[i] = {}, {}
+  for c = 0, 2 do
+    limit_bytes[i][c] = tonumber(ARGV[b + 4 + 2 * c])
+    limit_batch[i][c] = tonumber(ARGV[b + 5 + 2 * c])
+  end
 end
-local at = 6 + 3 * n
+local at = 6 + 9 * n
 local m = tonumber(ARGV[at])
 
+-- "BYTES CLASS NAME" -> bytes, class, name
 local function split(v)
-  local space = string.find(v, ' ', 1, true)
-  return tonumber(string.sub(v, 1, space - 1)), string.sub(v, space + 1)
+  local a = string.find(v, ' ', 1, true)
+  local b = string.find(v, ' ', a + 1, true)
+  return tonumber(string.sub(v, 1, a - 1)), tonumber(string.sub(v, a + 1, b - 1)),
+    string.sub(v, b + 1)
 end
 
-local function take(name, bytes, count)
-  local r = redis.call('HINCRBY', reserved, name, bytes)
-  local l = redis.call('HINCRBY', live, name, count)
+local function take(class, name, bytes, count)
+  local field = class .. ' ' .. name
+  local r = redis.call('HINCRBY', reserved, field, bytes)
+  local l = redis.call('HINCRBY', live, field, count)
   -- Never below zero, whatever was lost.
-  if r < 0 then redis.call('HSET', reserved, name, 0) end
-  if l < 0 then redis.call('HSET', live, name, 0) end
+  if r < 0 then redis.call('HSET', reserved, field, 0) end
+  if l < 0 then redis.call('HSET', live, field, 0) end
 end
 
 local time = redis.call('TIME')
@@ -63,8 +80,8 @@ for _, dead in ipairs(redis.call('ZRANGEBYSCORE', registry, '-inf', '(' .. now))
   local key = lease_prefix .. dead
   local all = redis.call('HGETALL', key)
   for i = 2, #all, 2 do
-    local bytes, name = split(all[i])
-    take(name, -bytes, -1)
+    local bytes, class, name = split(all[i])
+    take(class, name, -bytes, -1)
   end
   redis.call('DEL', key)
   redis.call('ZREM', registry, dead)
@@ -75,27 +92,42 @@ if redis.call('ZCARD', registry) == 0 then
 end
 redis.call('ZADD', registry, now + ttl, replica)
 
-local function usage(i)
-  return tonumber(redis.call('HGET', reserved, names[i]) or '0'),
-    tonumber(redis.call('HGET', live, names[i]) or '0')
+-- What class c holds on backend i.
+local function usage(i, c)
+  local field = c .. ' ' .. names[i]
+  return tonumber(redis.call('HGET', reserved, field) or '0'),
+    tonumber(redis.call('HGET', live, field) or '0')
+end
+
+-- What every class holds on backend i.
+local function total(i)
+  local r, l = 0, 0
+  for c = 0, 2 do
+    local cr, cl = usage(i, c)
+    r, l = r + cr, l + cl
+  end
+  return r, l
 end
 
 local results = {}
 if op == 'acquire' then
   local blocked = false
   for j = 1, m do
-    local id, bytes = ARGV[at + 2 * j - 1], tonumber(ARGV[at + 2 * j])
+    local id, bytes, class = ARGV[at + 3 * j - 2], tonumber(ARGV[at + 3 * j - 1]),
+      tonumber(ARGV[at + 3 * j])
     local best, best_free = 0, -1
     for i = 1, blocked and 0 or n do
-      local r, l = usage(i)
+      local r, l = total(i)
+      local cr, cl = usage(i, class)
       local free = capacity[i] - r
-      if l < batch[i] and bytes <= free and free > best_free then
+      if l < batch[i] and bytes <= free and cl < limit_batch[i][class]
+        and cr + bytes <= limit_bytes[i][class] and free > best_free then
         best, best_free = i, free
       end
     end
     if best > 0 then
-      redis.call('HSET', mine, id, bytes .. ' ' .. names[best])
-      take(names[best], bytes, 1)
+      redis.call('HSET', mine, id, bytes .. ' ' .. class .. ' ' .. names[best])
+      take(class, names[best], bytes, 1)
     else
       blocked = true
     end
@@ -107,18 +139,19 @@ elseif op == 'release' then
     local v = redis.call('HGET', mine, id)
     results[j] = 0
     if v then
-      local bytes, name = split(v)
+      local bytes, class, name = split(v)
       redis.call('HDEL', mine, id)
-      take(name, -bytes, -1)
+      take(class, name, -bytes, -1)
       results[j] = 1
     end
   end
 elseif op == 'heartbeat' then
   for j = 1, m do
-    local id, bytes, name = ARGV[at + 3 * j - 2], ARGV[at + 3 * j - 1], ARGV[at + 3 * j]
-    results[j] = redis.call('HSETNX', mine, id, bytes .. ' ' .. name)
+    local id, bytes, class, name = ARGV[at + 4 * j - 3], ARGV[at + 4 * j - 2],
+      ARGV[at + 4 * j - 1], ARGV[at + 4 * j]
+    results[j] = redis.call('HSETNX', mine, id, bytes .. ' ' .. class .. ' ' .. name)
     if results[j] == 1 then
-      take(name, tonumber(bytes), 1)
+      take(class, name, tonumber(bytes), 1)
     end
   end
 else
@@ -126,8 +159,10 @@ else
 end
 
 for i = 1, n do
-  local r, l = usage(i)
-  results[#results + 1] = r
-  results[#results + 1] = l
+  for c = 0, 2 do
+    local r, l = usage(i, c)
+    results[#results + 1] = r
+    results[#results + 1] = l
+  end
 end
 return results

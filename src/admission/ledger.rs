@@ -218,12 +218,16 @@ impl KvLedger {
         true
     }
 
-    /// This backend's capacity and batch cap with `reserved_bytes` held by `live` leases: the
-    /// totals a shared ledger reports (every replica's leases), for the queue to decide on.
-    pub fn with_usage(&self, reserved_bytes: u64, live: u32) -> Self {
+    /// This backend's capacity, batch cap and shares with `total` (KV bytes, live leases) held,
+    /// `by_class` of it (indexed by `Priority as usize`) by each class's leases: the totals a
+    /// shared ledger reports (every replica's leases), for the queue to decide on. `total` may
+    /// hold more than the classes do (a degraded replica's view counts the other replicas'
+    /// part there).
+    pub fn with_usage(&self, total: (u64, u32), by_class: [(u64, u32); 3]) -> Self {
         Self {
-            reserved_bytes,
-            live,
+            reserved_bytes: total.0,
+            live: total.1,
+            held: by_class.map(|(bytes, live)| Held { bytes, live }),
             ..self.clone()
         }
     }
@@ -390,6 +394,29 @@ mod tests {
         );
         // Shares are clamped to 1..=1,000 per mille.
         assert_eq!(ClassShares::new(0, 5000), ClassShares::new(1, 1000));
+    }
+
+    #[test]
+    fn with_usage_keeps_the_capacity_and_shares_and_takes_the_totals() {
+        let mut l = KvLedger::with_shares(1000, 4, ClassShares::new(1000, 500));
+        assert!(l.reserve(100, Standard));
+        let shared = l.with_usage((900, 2), [(400, 1), (500, 1), (0, 0)]);
+        assert_eq!((shared.kv_capacity_bytes(), shared.max_batch()), (1000, 4));
+        assert_eq!(
+            (shared.reserved_bytes(), shared.live(), shared.free_bytes()),
+            (900, 2, 100)
+        );
+        assert_eq!(
+            (
+                shared.class_reserved_bytes(Sheddable),
+                shared.class_live(Standard)
+            ),
+            (400, 1)
+        );
+        assert!(shared.fits(100, Standard) && !shared.fits(101, Standard));
+        // Sheddable holds 400 of its 500: 100 more would fit the card, not its share.
+        assert!(!shared.fits(101, Sheddable) && shared.fits(100, Sheddable));
+        assert!(!l.with_usage((0, 4), [(0, 0); 3]).fits(0, Critical));
     }
 
     #[test]

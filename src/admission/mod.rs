@@ -258,22 +258,32 @@ enum Step<A> {
     },
 }
 
-/// What becomes of `arrival` (a request of class `class` from `tenant` needing `need`, since
-/// `since`): `admitted` makes the admitted one's lease (or what stands for it) from its grant;
-/// a queued one gets its channel, and the waiter it displaced its 503; a request shed, facing
-/// a full queue or too large is refused. Local and shared ledgers both answer arrivals here.
-#[allow(clippy::too_many_arguments)]
-fn on_arrival<A>(
-    shared: &Arc<Shared>,
-    state: &mut State,
-    arrival: Arrival,
-    tenant: &str,
+/// A request arriving: of class `class` from `tenant` needing `need`, since `since`.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    tenant: &'a str,
     class: Priority,
     need: Need,
     since: Instant,
+}
+
+/// `req` arrives in the queue: `admitted` makes the admitted one's lease (or what stands for
+/// it) from its grant; a queued one gets its channel, and the waiter it displaced its 503; a
+/// request shed, facing a full queue or too large is refused. Local and shared ledgers both
+/// answer arrivals here.
+fn on_arrival<A>(
+    shared: &Arc<Shared>,
+    state: &mut State,
+    req: Request<'_>,
     admitted: impl FnOnce(&mut State, Grant) -> A,
 ) -> Result<Step<A>, AdmitError> {
-    match arrival {
+    let Request {
+        tenant,
+        class,
+        need,
+        since,
+    } = req;
+    match (state.queue).arrive(&mut state.ledgers, tenant, class, need) {
         Arrival::Admitted { backend } => {
             let grant = Grant {
                 id: 0,
@@ -385,23 +395,17 @@ impl Admission {
     ) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
+        let req = Request {
+            tenant,
+            class,
+            need,
+            since,
+        };
         let step = match &self.shared.link {
-            Some(link) => shared::arrive(&self.shared, link, tenant, class, need, since).await?,
-            None => {
-                let mut guard = self.shared.state();
-                let state = &mut *guard;
-                let arrival = state.queue.arrive(&mut state.ledgers, tenant, class, need);
-                on_arrival(
-                    &self.shared,
-                    state,
-                    arrival,
-                    tenant,
-                    class,
-                    need,
-                    since,
-                    |_, grant| Lease::new(&self.shared, grant, Duration::ZERO, None),
-                )?
-            }
+            Some(link) => shared::arrive(&self.shared, link, req).await?,
+            None => on_arrival(&self.shared, &mut self.shared.state(), req, |_, grant| {
+                Lease::new(&self.shared, grant, Duration::ZERO, None)
+            })?,
         };
         let (id, rx, orphans) = match step {
             Step::Admitted(lease) => return Ok(lease),

@@ -546,6 +546,31 @@ mod tests {
     }
 
     #[test]
+    fn a_requeued_grant_is_first_again_with_its_counter_as_before() {
+        let mut ledgers = vec![KvLedger::new(1000, 1)];
+        let mut q = FairQueue::new(2);
+        assert!(matches!(
+            q.arrive(&mut ledgers, "x", Standard, need(10)),
+            Arrival::Admitted { .. }
+        ));
+        let a1 = queued(q.arrive(&mut ledgers, "a", Standard, need(10)));
+        let a2 = queued(q.arrive(&mut ledgers, "a", Standard, need(10)));
+        ledgers[0].release(10, Standard);
+        let grants = q.grant(&mut ledgers);
+        assert_eq!((ids(&grants), q.counter(Standard, "a")), (vec![a1], 10));
+        // Another replica took the room first: the totals read back show it full.
+        ledgers[0] = ledgers[0].with_usage((10, 1), [(0, 0), (10, 1), (0, 0)]);
+        q.requeue(grants[0].clone());
+        assert_eq!((q.len(), q.counter(Standard, "a")), (2, 0));
+        assert!(q.grant(&mut ledgers).is_empty());
+        ledgers[0].release(10, Standard);
+        assert_eq!(ids(&q.grant(&mut ledgers)), [a1]);
+        ledgers[0].release(10, Standard);
+        assert_eq!(ids(&q.grant(&mut ledgers)), [a2]);
+        assert_eq!(q.counter(Standard, "a"), 20);
+    }
+
+    #[test]
     fn higher_classes_are_granted_first_whatever_their_counters() {
         let mut ledgers = vec![KvLedger::new(1000, 1)];
         let mut q = FairQueue::new(10);

@@ -29,7 +29,9 @@
 //! cap too, at least one). The heartbeat is then the probe: its first answer brings the
 //! shared ledger back, with this replica's leases (those admitted meanwhile too) in it.
 
-use super::{on_arrival, AdmitError, Grant, KvLedger, Lease, Need, Priority, Shared, State, Step};
+use super::{
+    on_arrival, AdmitError, Grant, KvLedger, Lease, Priority, Request, Shared, State, Step,
+};
 use crate::limiter::config::{LimiterConfig, OnStoreError};
 use crate::limiter::redis::{connect, timed, StoreError, StoreMetrics};
 use redis::aio::ConnectionManager;
@@ -42,6 +44,9 @@ use tokio::time::Instant;
 
 /// The ledger script (see its header for the keys, arguments and replies).
 const SCRIPT: &str = include_str!("ledger.lua");
+
+/// Every class by `Priority as usize`, the script's class numbers.
+const CLASSES: [Priority; 3] = [Priority::Sheddable, Priority::Standard, Priority::Critical];
 
 /// The shared KV ledger in Redis, as one replica uses it.
 pub struct LedgerStore {
@@ -118,6 +123,9 @@ impl LedgerStore {
             .arg(backends.len());
         for b in backends {
             call.arg(&b.name).arg(b.capacity).arg(b.max_batch);
+            for (bytes, batch) in b.limits {
+                call.arg(bytes).arg(batch);
+            }
         }
         call.arg(m).arg(items);
         let mut conn = self.conn.clone();
@@ -128,16 +136,18 @@ impl LedgerStore {
             call.invoke_async(&mut conn),
         )
         .await?;
-        if reply.len() != m + 2 * backends.len() {
+        if reply.len() != m + 6 * backends.len() {
             return Err(StoreError::Reply(format!("{reply:?}")));
         }
         let usage = reply[m..]
-            .chunks(2)
-            .map(|u| {
-                (
-                    u64::try_from(u[0]).unwrap_or(0),
-                    u32::try_from(u[1]).unwrap_or(0),
-                )
+            .chunks(6)
+            .map(|b| {
+                std::array::from_fn(|c| {
+                    (
+                        u64::try_from(b[2 * c]).unwrap_or(0),
+                        u32::try_from(b[2 * c + 1]).unwrap_or(0),
+                    )
+                })
             })
             .collect();
         Ok(Reply {
@@ -149,7 +159,7 @@ impl LedgerStore {
     /// The usage a degraded replica admits against: its own leases, plus what `local` leaves
     /// to the other replicas, so that a backend is full here when this replica holds its
     /// share.
-    fn fallback_view(&self, ledger: &KvLedger, own: Usage) -> KvLedger {
+    fn fallback_view(&self, ledger: &KvLedger, own: ClassUsage) -> KvLedger {
         let (bytes, batch) = match self.policy {
             OnStoreError::Local => {
                 let n = u64::from(self.replicas);
@@ -165,7 +175,8 @@ impl LedgerStore {
             }
             OnStoreError::FailOpen | OnStoreError::FailClosed => (0, 0),
         };
-        ledger.with_usage(own.0 + bytes, own.1 + batch)
+        let mine = total(&own);
+        ledger.with_usage((mine.0 + bytes, mine.1 + batch), own)
     }
 }
 
@@ -174,24 +185,43 @@ struct Backend {
     name: String,
     capacity: u64,
     max_batch: u32,
+    /// Per class (by `Priority as usize`), the most KV bytes and sequences its leases may hold.
+    limits: [(u64, u32); 3],
 }
 
 /// What the script answered: one result per item, and every backend's totals.
 struct Reply {
     results: Vec<i64>,
-    usage: Vec<Usage>,
+    usage: Vec<ClassUsage>,
 }
 
 /// KV bytes reserved and leases live.
 type Usage = (u64, u32);
 
+/// What each class holds (indexed by `Priority as usize`).
+type ClassUsage = [Usage; 3];
+
+/// What the classes hold together.
+fn total(by_class: &ClassUsage) -> Usage {
+    (by_class.iter()).fold((0, 0), |(bytes, live), u| (bytes + u.0, live + u.1))
+}
+
+/// One lease of this replica.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    /// Its backend, once Redis placed it.
+    backend: Option<usize>,
+    bytes: u64,
+    class: Priority,
+}
+
 /// This replica's part of the shared ledger (kept in the admission state, under its lock).
 #[derive(Debug)]
 pub(super) struct ReplicaState {
-    /// Live leases: id -> (backend once Redis placed it, bytes).
-    live: HashMap<u64, (Option<usize>, u64)>,
-    /// What this replica's leases hold per backend.
-    own: Vec<Usage>,
+    /// Live leases by id.
+    live: HashMap<u64, Live>,
+    /// What this replica's leases hold per backend and class.
+    own: Vec<ClassUsage>,
     next_id: u64,
     /// Redis cannot be reached: `on_store_error` decides.
     degraded: bool,
@@ -201,28 +231,36 @@ impl ReplicaState {
     fn new(backends: usize) -> Self {
         Self {
             live: HashMap::new(),
-            own: vec![(0, 0); backends],
+            own: vec![[(0, 0); 3]; backends],
             next_id: 0,
             degraded: false,
         }
     }
 
-    /// A new lease id, live from now on (on `backend` once known).
-    fn register(&mut self, backend: Option<usize>, bytes: u64) -> u64 {
+    /// A new lease id for `grant`, live from now on (on its backend at once when `placed`, else
+    /// once Redis places it).
+    fn register(&mut self, grant: &Grant, placed: bool) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.live.insert(id, (backend, bytes));
-        if let Some(b) = backend {
-            self.placed(id, b, bytes);
+        let lease = Live {
+            backend: None,
+            bytes: grant.need.bytes,
+            class: grant.class,
+        };
+        self.live.insert(id, lease);
+        if placed {
+            self.placed(id, grant.backend);
         }
         id
     }
 
-    /// Redis placed lease `id` on `backend`.
-    fn placed(&mut self, id: u64, backend: usize, bytes: u64) {
-        self.live.insert(id, (Some(backend), bytes));
-        self.own[backend].0 += bytes;
-        self.own[backend].1 += 1;
+    /// Lease `id` (live) is placed on `backend`.
+    fn placed(&mut self, id: u64, backend: usize) {
+        let lease = self.live.get_mut(&id).expect("a registered lease");
+        lease.backend = Some(backend);
+        let own = &mut self.own[backend][lease.class as usize];
+        own.0 += lease.bytes;
+        own.1 += 1;
     }
 }
 
@@ -294,9 +332,12 @@ pub(super) fn snapshot(link: &Link, state: &State) -> SharedSnapshot {
         here: replica
             .own
             .iter()
-            .map(|&(kv_reserved_bytes, inflight)| HereSnapshot {
-                kv_reserved_bytes,
-                inflight,
+            .map(|own| {
+                let (kv_reserved_bytes, inflight) = total(own);
+                HereSnapshot {
+                    kv_reserved_bytes,
+                    inflight,
+                }
             })
             .collect(),
     }
@@ -318,17 +359,21 @@ fn backends(shared: &Shared, state: &State) -> Vec<Backend> {
             name: name.clone(),
             capacity: l.effective_capacity_bytes(),
             max_batch: l.max_batch(),
+            limits: CLASSES.map(|p| {
+                let class = l.class_snapshot(p);
+                (class.kv_limit_bytes, class.max_batch)
+            }),
         })
         .collect()
 }
 
 /// The backends' totals from Redis become what the queue decides on.
-fn apply(state: &mut State, usage: &[Usage]) {
+fn apply(state: &mut State, usage: &[ClassUsage]) {
     if replica(state).degraded {
         return;
     }
-    for (ledger, &(bytes, live)) in state.ledgers.iter_mut().zip(usage) {
-        *ledger = ledger.with_usage(bytes, live);
+    for (ledger, by_class) in state.ledgers.iter_mut().zip(usage) {
+        *ledger = ledger.with_usage(total(by_class), *by_class);
     }
 }
 
@@ -352,22 +397,28 @@ fn degrade(store: &LedgerStore, state: &mut State, e: &StoreError) {
 }
 
 /// A lease held by this replica went: back in the view now, back in Redis by the task.
-pub(super) fn released(link: &Link, state: &mut State, id: u64, backend: usize, bytes: u64) {
+pub(super) fn released(
+    link: &Link,
+    state: &mut State,
+    id: u64,
+    backend: usize,
+    bytes: u64,
+    class: Priority,
+) {
+    let less = |(b, l): Usage| (b.saturating_sub(bytes), l.saturating_sub(1));
     let replica = replica(state);
-    if let Some((placed, _)) = replica.live.remove(&id) {
-        if placed.is_some() {
-            let own = &mut replica.own[backend];
-            own.0 = own.0.saturating_sub(bytes);
-            own.1 = own.1.saturating_sub(1);
+    if let Some(lease) = replica.live.remove(&id) {
+        if lease.backend.is_some() {
+            let own = &mut replica.own[backend][class as usize];
+            *own = less(*own);
         }
     }
     // The view is the totals as last read, which replies that crossed this lease's acquire may
     // not hold yet: it loses what it holds, down to nothing.
     let view = &mut state.ledgers[backend];
-    *view = view.with_usage(
-        view.reserved_bytes().saturating_sub(bytes),
-        view.live().saturating_sub(1),
-    );
+    let mut by_class = CLASSES.map(|p| (view.class_reserved_bytes(p), view.class_live(p)));
+    by_class[class as usize] = less(by_class[class as usize]);
+    *view = view.with_usage(less((view.reserved_bytes(), view.live())), by_class);
     // The task is gone only with the admission; then the lease's replica stops renewing it.
     let _ = link.releases.send(id);
     link.wake();
@@ -427,16 +478,12 @@ fn not_placed(state: &mut State, grant: Grant, id: u64, waiter: bool) {
         .settle(&grant.tenant, grant.class, grant.need, None);
 }
 
-/// A request of class `class` from `tenant` needing `need` arrives: admitted (the shared ledger
-/// reserved it, or the policy did while Redis is away), queued here, or refused: by the local
-/// queue's own [`on_arrival`].
+/// `req` arrives: admitted (the shared ledger reserved it, or the policy did while Redis is
+/// away), queued here, or refused: by the local queue's own [`on_arrival`].
 pub(super) async fn arrive(
     shared: &Arc<Shared>,
     link: &Link,
-    tenant: &str,
-    class: Priority,
-    need: Need,
-    since: Instant,
+    req: Request<'_>,
 ) -> Result<Step<Lease>, AdmitError> {
     let store = &link.store;
     // A connection broken by a Redis restart fails its next command once and reconnects: the
@@ -452,26 +499,14 @@ pub(super) async fn arrive(
                     retry_after: store.retry,
                 });
             }
-            let arrival = state.queue.arrive(&mut state.ledgers, tenant, class, need);
-            let step = on_arrival(
-                shared,
-                state,
-                arrival,
-                tenant,
-                class,
-                need,
-                since,
-                |state, grant| {
-                    let replica = replica(state);
-                    if degraded {
-                        let id = replica.register(Some(grant.backend), need.bytes);
-                        Ok(Lease::new(shared, grant, Duration::ZERO, Some(id)))
-                    } else {
-                        let id = replica.register(None, need.bytes);
-                        Err((grant, id))
-                    }
-                },
-            )?;
+            let step = on_arrival(shared, state, req, |state, grant| {
+                let id = replica(state).register(&grant, degraded);
+                if degraded {
+                    Ok(Lease::new(shared, grant, Duration::ZERO, Some(id)))
+                } else {
+                    Err((grant, id))
+                }
+            })?;
             match step {
                 Step::Admitted(Ok(lease)) => {
                     refresh_fallback(store, state);
@@ -481,19 +516,13 @@ pub(super) async fn arrive(
                 Step::Queued { id, rx, orphans } => return Ok(Step::Queued { id, rx, orphans }),
             }
         };
+        let item = acquire_item(&grant, id);
         let acquiring = Acquiring {
             shared,
             grants: vec![(grant, id)],
             waiters: false,
         };
-        let reply = store
-            .call(
-                "acquire",
-                &backends,
-                1,
-                &[id.to_string(), need.bytes.to_string()],
-            )
-            .await;
+        let reply = store.call("acquire", &backends, 1, &item).await;
         {
             let mut guard = shared.state();
             let state = &mut *guard;
@@ -503,7 +532,7 @@ pub(super) async fn arrive(
                     apply(state, &reply.usage);
                     match placed(&reply, 0, backends.len()) {
                         Some(b) => {
-                            replica(state).placed(id, b, need.bytes);
+                            replica(state).placed(id, b);
                             if replica(state).degraded {
                                 refresh_fallback(store, state);
                             }
@@ -529,13 +558,22 @@ pub(super) async fn arrive(
                 }
             }
         }
-        if since.elapsed() >= shared.queue.deadline {
+        if req.since.elapsed() >= shared.queue.deadline {
             return Err(AdmitError::DeadlineExceeded {
-                waited: since.elapsed(),
+                waited: req.since.elapsed(),
                 deadline: shared.queue.deadline,
             });
         }
     }
+}
+
+/// The script's `acquire` item for `grant` under lease `id`.
+fn acquire_item(grant: &Grant, id: u64) -> [String; 3] {
+    [
+        id.to_string(),
+        grant.need.bytes.to_string(),
+        (grant.class as usize).to_string(),
+    ]
 }
 
 /// The backend (0-based) the script placed item `k` on, if any.
@@ -625,9 +663,14 @@ async fn beat(store: &LedgerStore, shared: &Arc<Shared>, full: bool) {
         let mut items = Vec::new();
         let mut m = 0;
         if full {
-            for (id, (b, bytes)) in &replica(state).live {
-                if let Some(b) = b {
-                    items.extend([id.to_string(), bytes.to_string(), backends[*b].name.clone()]);
+            for (id, lease) in &replica(state).live {
+                if let Some(b) = lease.backend {
+                    items.extend([
+                        id.to_string(),
+                        lease.bytes.to_string(),
+                        (lease.class as usize).to_string(),
+                        backends[b].name.clone(),
+                    ]);
                     m += 1;
                 }
             }
@@ -665,7 +708,7 @@ async fn grant(store: &LedgerStore, shared: &Arc<Shared>) {
             let now = Instant::now();
             let mut orphans = Vec::new();
             for g in grants {
-                let id = replica(state).register(Some(g.backend), g.need.bytes);
+                let id = replica(state).register(&g, true);
                 orphans.extend(super::deliver(shared, &mut state.pending, g, now, Some(id)));
             }
             refresh_fallback(store, state);
@@ -675,7 +718,7 @@ async fn grant(store: &LedgerStore, shared: &Arc<Shared>) {
         }
         let grants = (grants.into_iter())
             .map(|g| {
-                let id = replica(state).register(None, g.need.bytes);
+                let id = replica(state).register(&g, false);
                 (g, id)
             })
             .collect();
@@ -687,7 +730,7 @@ async fn grant(store: &LedgerStore, shared: &Arc<Shared>) {
         (acquiring, backends(shared, state))
     };
     let items: Vec<String> = (acquiring.grants.iter())
-        .flat_map(|(g, id)| [id.to_string(), g.need.bytes.to_string()])
+        .flat_map(|(g, id)| acquire_item(g, *id))
         .collect();
     let reply = store
         .call("acquire", &backends, acquiring.grants.len(), &items)
@@ -710,7 +753,7 @@ async fn grant(store: &LedgerStore, shared: &Arc<Shared>) {
     for (k, (mut g, id)) in grants.into_iter().enumerate() {
         match placed(&reply, k, backends.len()) {
             Some(b) => {
-                replica(state).placed(id, b, g.need.bytes);
+                replica(state).placed(id, b);
                 g.backend = b;
                 orphans.extend(super::deliver(shared, &mut state.pending, g, now, Some(id)));
             }
