@@ -712,24 +712,7 @@ async fn a_killed_replicas_leases_expire_and_the_others_admit_again() {
     );
     let text = batch_config(backend.addr, 1, &limiter);
     let dir = TempDir::new("kv-kill");
-    let file = dir.0.join("tokengate.toml");
-    let tokenizer = common::tokenizer_json();
-    std::fs::write(
-        &file,
-        text.replace(
-            "path = \"unused: tests pass the tokenizer in\"",
-            &format!("path = {:?}", tokenizer.display().to_string()),
-        ),
-    )
-    .unwrap();
-    let mut doomed = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-        .args(["serve", "--config", file.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (mut doomed, _) = spawn_serve(&dir, &text);
     let stderr = doomed.stderr.take().unwrap();
     let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stderr));
     let listening = tokio::time::timeout(Duration::from_secs(30), async {

@@ -651,21 +651,9 @@ fn signal(pid: u32, name: &str) {
 async fn sighup_reloads_a_running_serve_and_a_bad_file_keeps_it_serving() {
     let backend = FakeBackend::start(FakeSpec::default()).await;
     let dir = TempDir::new("sighup");
-    let file = dir.0.join("tokengate.toml");
-    let tokenizer = common::tokenizer_json();
-    let text = config_text(&[backend.addr]).replace(
-        "path = \"unused: tests pass the tokenizer in\"",
-        &format!("path = {:?}", tokenizer.display().to_string()),
-    );
-    std::fs::write(&file, &text).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-        .args(["serve", "--config", file.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (mut child, file) = spawn_serve(&dir, &config_text(&[backend.addr]));
+    // As written, the tokenizer's path filled in: the edits below start from it.
+    let text = std::fs::read_to_string(&file).unwrap();
     let pid = child.id().unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stderr = child.stderr.take().unwrap();

@@ -479,6 +479,28 @@ impl Drop for TempDir {
     }
 }
 
+/// `tokengate serve` as a process of its own, on `text` (a [`config_text`], its tokenizer path
+/// filled in) written to `tokengate.toml` in `dir`; its log (info, no colours) on a pipe in
+/// `stderr`, and killed when dropped.
+pub fn spawn_serve(dir: &TempDir, text: &str) -> (tokio::process::Child, PathBuf) {
+    let file = dir.0.join("tokengate.toml");
+    let tokenizer = crate::common::tokenizer_json();
+    let text = text.replace(
+        "path = \"unused: tests pass the tokenizer in\"",
+        &format!("path = {:?}", tokenizer.display().to_string()),
+    );
+    std::fs::write(&file, text).unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    (child, file)
+}
+
 /// A gateway under test with a manual clock.
 pub struct TestGateway {
     /// The running gateway.
