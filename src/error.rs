@@ -11,7 +11,7 @@ use crate::limiter::{BucketKind, Denial, LowerBound};
 use crate::proxy::bounded::ReadError;
 use crate::tokenize::pool::PoolError;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use std::time::Duration;
 
@@ -417,30 +417,22 @@ impl ApiError {
 impl RateLimitHeaders {
     /// Sets the six `x-ratelimit-*` headers.
     pub fn apply(&self, h: &mut HeaderMap) {
+        // Names parsed once and numbers written without `fmt`: this runs on every answer.
+        let reset = |d| HeaderValue::try_from(format_reset(d)).expect("digits and units");
         let pairs = [
-            ("x-ratelimit-limit-tokens", self.limit_tokens.to_string()),
-            (
-                "x-ratelimit-remaining-tokens",
-                self.remaining_tokens.to_string(),
-            ),
-            ("x-ratelimit-reset-tokens", format_reset(self.reset_tokens)),
-            (
-                "x-ratelimit-limit-requests",
-                self.limit_requests.to_string(),
-            ),
+            ("x-ratelimit-limit-tokens", self.limit_tokens.into()),
+            ("x-ratelimit-remaining-tokens", self.remaining_tokens.into()),
+            ("x-ratelimit-reset-tokens", reset(self.reset_tokens)),
+            ("x-ratelimit-limit-requests", self.limit_requests.into()),
             (
                 "x-ratelimit-remaining-requests",
-                self.remaining_requests.to_string(),
+                self.remaining_requests.into(),
             ),
-            (
-                "x-ratelimit-reset-requests",
-                format_reset(self.reset_requests),
-            ),
+            ("x-ratelimit-reset-requests", reset(self.reset_requests)),
         ];
+        h.reserve(pairs.len());
         for (name, value) in pairs {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                h.insert(name, v);
-            }
+            h.insert(HeaderName::from_static(name), value);
         }
     }
 }

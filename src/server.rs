@@ -243,8 +243,7 @@ fn main_service(
                 .headers()
                 .get(REQUEST_ID)
                 .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string();
+                .unwrap_or_default();
             let span = tracing::info_span!("request", id = %rid, method = %req.method(), path = %req.uri().path());
             async move { Ok::<_, std::convert::Infallible>(route(routes, req).instrument(span).await) }
         })
