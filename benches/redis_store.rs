@@ -1,19 +1,27 @@
-//! What the shared limiter store adds per request, against the local store in the same run:
-//! `cargo bench --bench redis_store` (starts its own `redis-server` on a free loopback port,
-//! without persistence, and stops it). Each request does what the gateway's path does with
-//! the limiter: two peeks (before the body is read, once `max_tokens` is known), the charge,
-//! then the settle when its guard drops (on a task, off the request path, for Redis).
-//! Prints the latency of that path (p50, p99) one request at a time, and requests/s with
-//! 32 at once, over 1000 tenants. Bounded: a fixed number of requests per measurement.
+//! What the shared limiter store and the shared KV ledger add per request, against the local
+//! ones in the same run: `cargo bench --bench redis_store` (starts its own `redis-server` on a
+//! free loopback port, without persistence, and stops it). Each request does what the
+//! gateway's path does with the limiter and the admission room: two peeks (before the body is
+//! read, once `max_tokens` is known), the charge, the KV lease (`admit`), then the lease's
+//! release and the settle when their guards drop (for Redis both on tasks, off the request
+//! path). Three setups: local store + local ledger (the baseline), Redis store + local ledger
+//! (the limiter's share), Redis store + shared ledger (a replica of a multi-replica
+//! deployment). Prints the latency of that path (p50, p99) one request at a time, and
+//! requests/s with 32 at once over 1000 tenants, counted until Redis has taken back every
+//! settle and release; each as a ratio to the baseline. Bounded: a fixed number of requests
+//! per measurement, and a deadline on the drain.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
+use tokengate::admission::{
+    Admission, BackendSpec, ClassShares, LedgerStore, Need, Priority, QueueSpec,
+};
 use tokengate::clock::SystemClock;
 use tokengate::limiter::config::{LimiterConfig, StoreKind};
 use tokengate::limiter::redis::{RedisStore, StoreMetrics};
-use tokengate::limiter::{BucketSpec, BucketStore, Cost, Limiter, LocalStore, TenantLimits};
+use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, TenantLimits};
 
 const SEQUENTIAL: usize = 5_000;
 const CONCURRENT: usize = 20_000;
@@ -39,20 +47,44 @@ const COST: Cost = Cost {
     requests: 1,
 };
 
-/// The limiter's part of one request.
-async fn request(limiter: &Limiter, tenant: &str, limits: &TenantLimits) {
-    let least = Cost {
-        prefill: 1,
-        decode: 1,
-        requests: 1,
-    };
-    limiter.check(tenant, limits, least).await.expect("peek");
-    limiter.check(tenant, limits, COST).await.expect("peek");
-    let mut r = limiter
-        .reserve(tenant, limits, COST)
-        .await
-        .expect("never denied");
-    r.record_output(50);
+/// What one request holds in the KV ledger; the backend holds far more than the run's
+/// requests in flight at once (asserted: none waits).
+const NEED: Need = Need {
+    bytes: 1 << 20,
+    prompt_tokens: COST.prefill,
+    output_tokens: COST.decode,
+};
+
+/// One setup: a limiter on a store, an admission room on a ledger.
+struct Setup {
+    name: &'static str,
+    limiter: Limiter,
+    admission: Admission,
+}
+
+impl Setup {
+    /// The limiter's and the admission room's part of one request.
+    async fn request(&self, tenant: &str, limits: &TenantLimits) {
+        let least = Cost {
+            prefill: 1,
+            decode: 1,
+            requests: 1,
+        };
+        let limiter = &self.limiter;
+        limiter.check(tenant, limits, least).await.expect("peek");
+        limiter.check(tenant, limits, COST).await.expect("peek");
+        let mut r = limiter
+            .reserve(tenant, limits, COST)
+            .await
+            .expect("never denied");
+        let mut lease = (self.admission)
+            .admit(tenant, Priority::Standard, NEED)
+            .await
+            .expect("never waits");
+        assert!(lease.waited().is_zero(), "a request waited for KV space");
+        lease.record_output(50);
+        r.record_output(50);
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -61,29 +93,35 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// (p50, p99) of one request at a time.
 async fn sequential(
-    limiter: &Limiter,
+    setup: &Setup,
     names: &[String],
     limits: &TenantLimits,
 ) -> (Duration, Duration) {
     let mut took = Vec::with_capacity(SEQUENTIAL);
     for i in 0..SEQUENTIAL {
         let start = WallInstant::now();
-        request(limiter, &names[i % TENANTS], limits).await;
+        setup.request(&names[i % TENANTS], limits).await;
         took.push(start.elapsed());
     }
     took.sort();
     (percentile(&took, 0.5), percentile(&took, 0.99))
 }
 
-/// Requests per second with `TASKS` at once.
-async fn concurrent(limiter: &Limiter, names: &Arc<Vec<String>>, limits: &TenantLimits) -> f64 {
+/// Requests per second with `TASKS` at once, until Redis (`redis`) holds no lease of either
+/// kind: the settles and releases off the request path are counted too.
+async fn concurrent(
+    setup: &Arc<Setup>,
+    names: &Arc<Vec<String>>,
+    limits: &TenantLimits,
+    redis: &mut Drain,
+) -> f64 {
     let start = WallInstant::now();
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
-            let (limiter, names, limits) = (limiter.clone(), names.clone(), limits.clone());
+            let (setup, names, limits) = (setup.clone(), names.clone(), limits.clone());
             tokio::spawn(async move {
                 for i in (t..CONCURRENT).step_by(TASKS) {
-                    request(&limiter, &names[i % TENANTS], &limits).await;
+                    setup.request(&names[i % TENANTS], &limits).await;
                 }
             })
         })
@@ -91,7 +129,42 @@ async fn concurrent(limiter: &Limiter, names: &Arc<Vec<String>>, limits: &Tenant
     for t in tasks {
         t.await.expect("bench task");
     }
+    redis.wait().await;
     CONCURRENT as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Waits until Redis holds no limiter lease (every settle done) and the shared ledger no live
+/// lease (every release done).
+struct Drain {
+    conn: redis::aio::MultiplexedConnection,
+}
+
+impl Drain {
+    async fn wait(&mut self) {
+        let deadline = WallInstant::now() + Duration::from_secs(30);
+        loop {
+            let leases: Vec<String> = redis::cmd("KEYS")
+                .arg("bench:*:lease:*")
+                .query_async(&mut self.conn)
+                .await
+                .expect("KEYS");
+            let live: Vec<i64> = redis::cmd("HVALS")
+                .arg("bench:{kv-ledger}:live")
+                .query_async(&mut self.conn)
+                .await
+                .expect("HVALS");
+            if leases.is_empty() && live.iter().all(|&n| n == 0) {
+                return;
+            }
+            assert!(
+                WallInstant::now() < deadline,
+                "{} settles and {} releases still pending after 30 s",
+                leases.len(),
+                live.iter().sum::<i64>()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 }
 
 /// A `redis-server` on a free loopback port; killed when dropped.
@@ -132,6 +205,22 @@ impl Drop for Server {
     }
 }
 
+fn backends() -> Vec<BackendSpec> {
+    vec![BackendSpec {
+        name: "http://127.0.0.1:8000".into(),
+        kv_capacity_bytes: 1 << 40,
+        max_batch: 100_000,
+    }]
+}
+
+fn queue() -> QueueSpec {
+    QueueSpec {
+        max_waiting: TASKS,
+        deadline: Duration::from_secs(10),
+        shares: ClassShares::FULL,
+    }
+}
+
 fn main() {
     let server = Server::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -146,34 +235,66 @@ fn main() {
             key_prefix: "bench:".into(),
             ..LimiterConfig::default()
         };
+        let url = config.redis_url.clone().expect("set");
+        let mut drain = Drain {
+            conn: (redis::Client::open(url).expect("url"))
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis-server answers"),
+        };
         let redis = RedisStore::new(&config, StoreMetrics::default()).expect("store");
-        let stores: [(&str, Arc<dyn BucketStore>); 2] = [
-            ("local", Arc::new(LocalStore::new())),
-            ("redis", Arc::new(redis.clone())),
+        let ledger = LedgerStore::new(&config, StoreMetrics::default()).expect("ledger");
+        let clock = Arc::new(SystemClock);
+        let local_limiter = Limiter::new(Arc::new(LocalStore::new()), clock.clone());
+        let redis_limiter = Limiter::new(Arc::new(redis.clone()), clock);
+        let setups = [
+            Setup {
+                name: "local store, local ledger",
+                limiter: local_limiter,
+                admission: Admission::new(backends(), queue()),
+            },
+            Setup {
+                name: "redis store, local ledger",
+                limiter: redis_limiter.clone(),
+                admission: Admission::new(backends(), queue()),
+            },
+            Setup {
+                name: "redis store, shared ledger",
+                limiter: redis_limiter,
+                admission: Admission::shared(backends(), queue(), ledger),
+            },
         ];
-        let names = Arc::new((0..TENANTS).map(|i| format!("tenant-{i}")).collect::<Vec<_>>());
+        let names = Arc::new(
+            (0..TENANTS)
+                .map(|i| format!("tenant-{i}"))
+                .collect::<Vec<_>>(),
+        );
         let limits = limits();
         let mut results = Vec::new();
-        for (name, store) in stores {
-            let limiter = Limiter::new(store, Arc::new(SystemClock));
-            // Warm up: connection, script loaded, tenants' hashes made.
+        for setup in setups {
+            let setup = Arc::new(setup);
+            // Warm up: connection, scripts loaded, tenants' hashes made.
             for n in names.iter() {
-                request(&limiter, n, &limits).await;
+                setup.request(n, &limits).await;
             }
-            let (p50, p99) = sequential(&limiter, &names, &limits).await;
-            let rps = concurrent(&limiter, &names, &limits).await;
-            results.push((name, p50, p99, rps));
+            drain.wait().await;
+            let (p50, p99) = sequential(&setup, &names, &limits).await;
+            let rps = concurrent(&setup, &names, &limits, &mut drain).await;
+            results.push((setup.name, p50, p99, rps));
         }
         assert!(redis.is_healthy(), "Redis failed during the run");
         let (_, base50, base99, base_rps) = results[0];
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
         for (name, p50, p99, rps) in results {
             println!(
-                "limiter path ({name:5})  p50 {:8.1} us  p99 {:8.1} us  {rps:9.0} req/s with {TASKS} at once  \
-                 (vs local: p50 +{:.1} us, p99 +{:.1} us, req/s x{:.3})",
-                p50.as_secs_f64() * 1e6,
-                p99.as_secs_f64() * 1e6,
-                (p50.as_secs_f64() - base50.as_secs_f64()) * 1e6,
-                (p99.as_secs_f64() - base99.as_secs_f64()) * 1e6,
+                "{name:26}  p50 {:8.1} us  p99 {:8.1} us  {rps:9.0} req/s with {TASKS} at once  \
+                 (vs local: p50 +{:.1} us x{:.1}, p99 +{:.1} us x{:.1}, req/s x{:.3})",
+                us(p50),
+                us(p99),
+                us(p50) - us(base50),
+                us(p50) / us(base50),
+                us(p99) - us(base99),
+                us(p99) / us(base99),
                 rps / base_rps,
             );
         }
