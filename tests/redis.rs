@@ -688,15 +688,6 @@ async fn class_shares_hold_across_the_shared_ledger() {
     wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
 }
 
-/// The address a `tokengate serve` logged after `key=`.
-fn logged_addr(line: &str, key: &str) -> String {
-    let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
-    line[at..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect()
-}
-
 /// A replica process killed (SIGKILL) while its request runs: it never gives its lease back,
 /// but it stops renewing it, so within `kv_lease_ttl` the other replica's waiter is admitted;
 /// the dead replica leaves the registry and the ledger holds the living one's lease only.

@@ -630,15 +630,6 @@ fn strip_ansi(line: &str) -> String {
     out
 }
 
-/// The address logged after `key=`.
-fn logged_addr(line: &str, key: &str) -> String {
-    let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
-    line[at..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect()
-}
-
 fn signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")
         .args([&format!("-{name}"), &pid.to_string()])

@@ -479,6 +479,15 @@ impl Drop for TempDir {
     }
 }
 
+/// The address a `tokengate serve` logged after `key=` (as in `addr=127.0.0.1:8080`).
+pub fn logged_addr(line: &str, key: &str) -> String {
+    let at = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
+    line[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect()
+}
+
 /// `tokengate serve` as a process of its own, on `text` (a [`config_text`], its tokenizer path
 /// filled in) written to `tokengate.toml` in `dir`; its log (info, no colours) on a pipe in
 /// `stderr`, and killed when dropped.
