@@ -4,12 +4,14 @@
 //! gateway's path does with the limiter and the admission room: two peeks (before the body is
 //! read, once `max_tokens` is known), the charge, the KV lease (`admit`), then the lease's
 //! release and the settle when their guards drop (for Redis both on tasks, off the request
-//! path). Three setups: local store + local ledger (the baseline), Redis store + local ledger
+//! path). Five setups: local store + local ledger (the baseline), Redis store + local ledger
 //! (the limiter's share), Redis store + shared ledger (a replica of a multi-replica
-//! deployment). Prints the latency of that path (p50, p99) one request at a time, and
-//! requests/s with 32 at once over 1000 tenants, counted until Redis has taken back every
-//! settle and release; each as a ratio to the baseline. Bounded: a fixed number of requests
-//! per measurement, and a deadline on the drain.
+//! deployment), and both Redis ones again in local-first mode (`[limiter] local_first`, a slice
+//! of about 12 requests' worth). Prints the latency of that path (p50, p99) one request at a
+//! time, requests/s with 32 at once over 1000 tenants, counted until Redis has taken back
+//! every settle and release, and the script calls Redis ran per request (its round trips);
+//! each as a ratio to the baseline. Bounded: a fixed number of requests per measurement, and a
+//! deadline on the drain.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -19,7 +21,7 @@ use tokengate::admission::{
     Admission, BackendSpec, ClassShares, LedgerStore, Need, Priority, QueueSpec,
 };
 use tokengate::clock::SystemClock;
-use tokengate::limiter::config::{LimiterConfig, StoreKind};
+use tokengate::limiter::config::{LimiterConfig, LocalFirst, StoreKind};
 use tokengate::limiter::redis::{RedisStore, StoreMetrics};
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, TenantLimits};
 
@@ -140,6 +142,19 @@ struct Drain {
 }
 
 impl Drain {
+    /// The script calls (`EVALSHA`, and `EVAL` when a script is loaded again) Redis has run.
+    async fn script_calls(&mut self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn)
+            .await
+            .expect("INFO");
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+            .sum()
+    }
+
     async fn wait(&mut self) {
         let deadline = WallInstant::now() + Duration::from_secs(30);
         loop {
@@ -243,10 +258,20 @@ fn main() {
                 .expect("redis-server answers"),
         };
         let redis = RedisStore::new(&config, StoreMetrics::default()).expect("store");
-        let ledger = LedgerStore::new(&config, StoreMetrics::default()).expect("ledger");
+        let ledger = |c: &LimiterConfig| LedgerStore::new(c, StoreMetrics::default());
+        // A slice of 12 requests' worth of the requests and decode buckets (120 of prefill's).
+        let sliced = LimiterConfig {
+            local_first: Some(LocalFirst {
+                slice: 0.0002,
+                return_after: Duration::from_secs(3600),
+            }),
+            ..config.clone()
+        };
+        let local_first = RedisStore::new(&sliced, StoreMetrics::default()).expect("store");
         let clock = Arc::new(SystemClock);
         let local_limiter = Limiter::new(Arc::new(LocalStore::new()), clock.clone());
-        let redis_limiter = Limiter::new(Arc::new(redis.clone()), clock);
+        let redis_limiter = Limiter::new(Arc::new(redis.clone()), clock.clone());
+        let sliced_limiter = Limiter::new(Arc::new(local_first.clone()), clock);
         let setups = [
             Setup {
                 name: "local store, local ledger",
@@ -261,7 +286,17 @@ fn main() {
             Setup {
                 name: "redis store, shared ledger",
                 limiter: redis_limiter,
-                admission: Admission::shared(backends(), queue(), ledger),
+                admission: Admission::shared(backends(), queue(), ledger(&config).expect("ledger")),
+            },
+            Setup {
+                name: "local-first, local ledger",
+                limiter: sliced_limiter.clone(),
+                admission: Admission::new(backends(), queue()),
+            },
+            Setup {
+                name: "local-first, shared ledger",
+                limiter: sliced_limiter,
+                admission: Admission::shared(backends(), queue(), ledger(&sliced).expect("ledger")),
             },
         ];
         let names = Arc::new(
@@ -278,16 +313,21 @@ fn main() {
                 setup.request(n, &limits).await;
             }
             drain.wait().await;
+            let calls = drain.script_calls().await;
             let (p50, p99) = sequential(&setup, &names, &limits).await;
             let rps = concurrent(&setup, &names, &limits, &mut drain).await;
-            results.push((setup.name, p50, p99, rps));
+            let calls = (drain.script_calls().await - calls) as f64;
+            let per_request = calls / (SEQUENTIAL + CONCURRENT) as f64;
+            results.push((setup.name, p50, p99, rps, per_request));
         }
         assert!(redis.is_healthy(), "Redis failed during the run");
-        let (_, base50, base99, base_rps) = results[0];
+        assert!(local_first.is_healthy(), "Redis failed during the run");
+        let (_, base50, base99, base_rps, _) = results[0];
         let us = |d: Duration| d.as_secs_f64() * 1e6;
-        for (name, p50, p99, rps) in results {
+        for (name, p50, p99, rps, per_request) in results {
             println!(
                 "{name:26}  p50 {:8.1} us  p99 {:8.1} us  {rps:9.0} req/s with {TASKS} at once  \
+                 {per_request:.3} script calls/request  \
                  (vs local: p50 +{:.1} us x{:.1}, p99 +{:.1} us x{:.1}, req/s x{:.3})",
                 us(p50),
                 us(p99),

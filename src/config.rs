@@ -1003,6 +1003,7 @@ impl Config {
                 retry_interval,
                 kv_lease_ttl,
                 kv_recheck_interval,
+                local_first,
             ]
         );
         restart_only!(

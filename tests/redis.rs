@@ -16,9 +16,12 @@ use std::time::Duration;
 use support::redis_server::{connect, prefix, time_us, OwnRedis};
 use support::*;
 use tokengate::config::Config;
-use tokengate::limiter::config::{LimiterConfig, StoreKind};
-use tokengate::limiter::redis::{RedisStore, StoreMetrics};
-use tokengate::limiter::{BucketSpec, BucketStore, Cost, LeaseId, LocalStore, TenantLimits};
+use tokengate::limiter::config::{LimiterConfig, LocalFirst, OnStoreError, StoreKind};
+use tokengate::limiter::redis::{RedisStore, StoreMetrics, StoreOpLabel};
+use tokengate::limiter::{
+    BucketSpec, BucketStore, Cost, Denial, LeaseId, LocalStore, TenantLimits,
+};
+use tokengate::metrics::BucketLabels;
 use tokio::time::Instant;
 
 fn store_config(url: &str, prefix: &str) -> LimiterConfig {
@@ -771,4 +774,234 @@ async fn a_killed_replicas_leases_expire_and_the_others_admit_again() {
     let r = waiter.await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
+}
+
+/// A replica's slice record of `tenant` in Redis (units per bucket; none: all zero).
+async fn slice_record(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    tenant: &str,
+    store: &RedisStore,
+) -> [u128; 3] {
+    let keys: Vec<String> = conn
+        .keys(format!("{prefix}{{{tenant}}}:slice:*"))
+        .await
+        .unwrap();
+    let mine = keys
+        .iter()
+        .find(|k| k.ends_with(&store.replica_name()))
+        .cloned();
+    let Some(key) = mine else { return [0; 3] };
+    let v: String = conn.get(key).await.unwrap();
+    let n: Vec<u128> = v.split(' ').map(|p| p.parse().unwrap()).collect();
+    [n[0], n[1], n[2]]
+}
+
+/// What `metrics` says the replica holds of `tenant`'s slices, in units.
+fn held_gauge(metrics: &StoreMetrics, tenant: &str) -> [f64; 3] {
+    ["prefill", "decode", "requests"].map(|bucket| {
+        metrics
+            .slice_held
+            .get_or_create(&BucketLabels {
+                tenant: tenant.into(),
+                bucket: bucket.into(),
+            })
+            .get()
+    })
+}
+
+const UNIT: u128 = 1_000_000_000_000;
+
+/// Three replicas in local-first mode (slices of a tenth of each bucket) on one Redis,
+/// hammered by one tenant from 12 tasks: the decode tokens admitted (charged less refunded)
+/// stay within `burst + rate x elapsed` exactly (elapsed by Redis `TIME`), most charges make
+/// no round trip, and each replica's held-idle gauge is exactly what its slice record in
+/// Redis holds less what it admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_local_first_replicas_admit_one_burst_once_and_export_what_they_hold() {
+    let url = support::redis_server::url();
+    let prefix = prefix("slices");
+    let mut config = store_config(&url, &prefix);
+    config.local_first = Some(LocalFirst {
+        slice: 0.1,
+        return_after: Duration::from_secs(3600),
+    });
+    // Decode: 20 tokens/s x 10 s = 200, slices of 20; prefill and requests never short.
+    let limits = TenantLimits {
+        prefill: spec(1_000_000.0, 10.0),
+        decode: spec(20.0, 10.0),
+        requests: spec(1_000.0, 10.0),
+    };
+    let replicas: Vec<(RedisStore, StoreMetrics)> = (0..3)
+        .map(|_| {
+            let metrics = StoreMetrics::default();
+            (RedisStore::new(&config, metrics.clone()).unwrap(), metrics)
+        })
+        .collect();
+    let cost = Cost {
+        prefill: 100,
+        decode: 10,
+        requests: 1,
+    };
+    let back = Cost {
+        prefill: 0,
+        decode: 6,
+        requests: 0,
+    };
+    let mut conn = connect(&url).await;
+    let started = time_us(&mut conn).await;
+    let mut tasks = Vec::new();
+    for (r, (store, _)) in replicas.iter().enumerate() {
+        for t in 0..4u64 {
+            let (store, limits) = (store.clone(), limits.clone());
+            tasks.push(tokio::spawn(async move {
+                // (replica, charges, units admitted net)
+                let mut admitted = [0u128; 3];
+                let mut charged = 0;
+                for i in 0..60u64 {
+                    let lease = LeaseId(t * 1000 + i);
+                    if store
+                        .charge("zoe", &limits, cost, Instant::now(), lease)
+                        .await
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    charged += 1;
+                    for (a, c) in admitted.iter_mut().zip(cost.units()) {
+                        *a += c;
+                    }
+                    // Every other reservation used 4 of its 10 decode tokens.
+                    if i % 2 == 0 {
+                        store.refund("zoe", lease, back);
+                        for (a, b) in admitted.iter_mut().zip(back.units()) {
+                            *a -= b;
+                        }
+                    }
+                }
+                (r, charged, admitted)
+            }));
+        }
+    }
+    let mut admitted = [[0u128; 3]; 3];
+    let mut charged = 0;
+    for task in tasks {
+        let (r, c, a) = task.await.unwrap();
+        charged += c;
+        for (sum, a) in admitted[r].iter_mut().zip(a) {
+            *sum += a;
+        }
+    }
+    let elapsed_ns = u128::from(time_us(&mut conn).await - started) * 1000;
+    let decode = limits.units()[1];
+    let total: u128 = admitted.iter().map(|a| a[1]).sum();
+    assert!(
+        total <= decode.capacity + decode.rate * elapsed_ns,
+        "{total} units of decode admitted in {elapsed_ns} ns"
+    );
+    // The hammering spent the burst: at least half of it admitted (the rest may idle in
+    // slices, a slice per replica, or wait in Redis for a charge that needs more).
+    assert!(
+        total >= decode.capacity / 2,
+        "{total} units of decode admitted"
+    );
+    assert!(charged >= 20, "{charged} charges");
+    // Each replica's gauge: leased (its record in Redis) and not admitted. The refunds' excess
+    // goes back by a task: wait (bounded) until Redis has it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (r, (store, metrics)) in replicas.iter().enumerate() {
+        loop {
+            let record = slice_record(&mut conn, &prefix, "zoe", store).await;
+            let held: [f64; 3] =
+                std::array::from_fn(|i| (record[i] - admitted[r][i]) as f64 / UNIT as f64);
+            if held_gauge(metrics, "zoe") == held {
+                assert!(held[1] <= 20.0, "replica {r} holds {held:?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {r}: gauge {:?}, record {record:?} less admitted {:?}",
+                held_gauge(metrics, "zoe"),
+                admitted[r]
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// While Redis is away a local-first replica still spends what its slice holds (it was taken
+/// from the shared buckets before), and only then meets `on_store_error`.
+#[tokio::test]
+async fn slices_are_spent_while_redis_is_away_then_the_policy_decides() {
+    for policy in [
+        OnStoreError::FailClosed,
+        OnStoreError::FailOpen,
+        OnStoreError::Local,
+    ] {
+        let mut redis = OwnRedis::start().await;
+        let mut config = store_config(&redis.url(), &prefix("slices-away"));
+        config.on_store_error = policy;
+        config.expected_replicas = (policy == OnStoreError::Local).then_some(2);
+        config.local_first = Some(LocalFirst {
+            slice: 0.5,
+            return_after: Duration::from_secs(3600),
+        });
+        let metrics = StoreMetrics::default();
+        let store = RedisStore::new(&config, metrics.clone()).unwrap();
+        // Decode 4 tokens/s x 10 s = 40: slices of 20.
+        let limits = TenantLimits {
+            prefill: spec(1_000_000.0, 10.0),
+            decode: spec(4.0, 10.0),
+            requests: spec(1_000.0, 10.0),
+        };
+        let cost = Cost {
+            prefill: 10,
+            decode: 5,
+            requests: 1,
+        };
+        let now = Instant::now();
+        // The first charge leases its need and a slice: 20 decode tokens held after it.
+        store
+            .charge("yan", &limits, cost, now, LeaseId(0))
+            .await
+            .unwrap();
+        assert_eq!(held_gauge(&metrics, "yan")[1], 20.0, "{policy:?}");
+        redis.stop().await;
+        for i in 1..=4 {
+            store
+                .charge("yan", &limits, cost, now, LeaseId(i))
+                .await
+                .unwrap_or_else(|e| panic!("{policy:?}: charge {i} from the slice: {e}"));
+        }
+        assert_eq!(held_gauge(&metrics, "yan")[1], 0.0, "{policy:?}");
+        assert!(store.is_healthy(), "no round trip was needed so far");
+        let past = store.charge("yan", &limits, cost, now, LeaseId(5)).await;
+        assert!(!store.is_healthy(), "{policy:?}");
+        let slice_errors = metrics
+            .errors
+            .get_or_create(&StoreOpLabel { op: "slice".into() })
+            .get();
+        assert_eq!(slice_errors, 1, "{policy:?}");
+        match policy {
+            OnStoreError::FailClosed => {
+                assert!(matches!(past, Err(Denial::Unavailable { .. })), "{past:?}")
+            }
+            OnStoreError::FailOpen => assert!(past.is_ok(), "{past:?}"),
+            // Alone with half the limits: 20 decode tokens, 4 charges of 5.
+            OnStoreError::Local => {
+                assert!(past.is_ok(), "{past:?}");
+                for i in 6..=8 {
+                    store
+                        .charge("yan", &limits, cost, now, LeaseId(i))
+                        .await
+                        .unwrap();
+                }
+                let denied = store.charge("yan", &limits, cost, now, LeaseId(9)).await;
+                assert!(
+                    matches!(denied, Err(Denial::NotYet { needed: 5, .. })),
+                    "{denied:?}"
+                );
+            }
+        }
+    }
 }

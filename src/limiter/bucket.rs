@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 /// Fixed-point units per token: 10^12, so that a rate of `m` thousandths of a token per second
 /// refills exactly `m` units per nanosecond.
-const UNITS_PER_TOKEN: u128 = 1_000_000_000_000;
+pub(crate) const UNITS_PER_TOKEN: u128 = 1_000_000_000_000;
 
 /// Which of the tenant's buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

@@ -5,14 +5,21 @@
 -- capacities and costs in units of 10^-12 token) and re-checks every decision against it.
 --
 -- KEYS[1]: the tenant's state hash {t = last update (us, Redis TIME), p, d, r = levels in units}
--- KEYS[2]: the lease of one charge ("p d r": the units it took), for charge and settle
+-- KEYS[2]: the lease of one charge ("p d r": the units it took), for charge and settle; or a
+--          replica's slice record (local-first: the units its slices took and did not give
+--          back), for slice and unslice
 -- ARGV[1]: the operation
---   charge R1 C1 R2 C2 R3 C3 N1 N2 N3 STATE_TTL_MS LEASE_TTL_MS -> {fits, l1, l2, l3}
---   check  R1 C1 R2 C2 R3 C3 N1 N2 N3                           -> {fits, l1, l2, l3}
---   rebase R1 C1 R2 C2 R3 C3 STATE_TTL_MS                        -> {}
---   settle G1 G2 G3                                              -> 1 if the lease was there
+--   charge  R1 C1 R2 C2 R3 C3 N1 N2 N3 STATE_TTL_MS LEASE_TTL_MS          -> {fits, l1, l2, l3}
+--   slice   R1 C1 R2 C2 R3 C3 N1 N2 N3 STATE_TTL_MS LEASE_TTL_MS W1 W2 W3 -> {fits, l1, l2, l3}
+--   check   R1 C1 R2 C2 R3 C3 N1 N2 N3                                    -> {fits, l1, l2, l3}
+--   rebase  R1 C1 R2 C2 R3 C3 STATE_TTL_MS                                 -> {}
+--   settle  G1 G2 G3                                -> 1 if the lease was there
+--   unslice G1 G2 G3                                -> 1 if the slice record was there
 -- l1..l3 are the levels at the script's now, before the charge: the caller decides on them
 -- again with the Rust core (the same denial, retry-after and snapshot as a local store).
+-- A slice takes, if every level covers N (what the request needs beyond what the replica
+-- holds), min(level, W) of each bucket (W >= N: the need plus the slice's top-up), and adds it
+-- to the record; unslice gives back at most what the record holds and keeps the rest.
 --
 -- Levels exceed 2^53 (a 200,000-token bucket is 2 x 10^17 units), and Lua numbers are
 -- doubles, so the arithmetic is on non-negative integers in base 10^7 limbs (least
@@ -140,15 +147,29 @@ local THOUSAND = from(1000)
 local op = ARGV[1]
 local state = KEYS[1]
 
-if op == 'settle' then
+if op == 'settle' or op == 'unslice' then
   local lease = redis.call('GET', KEYS[2])
   if not lease then
     return 0 -- settled already, or expired: give nothing back
   end
-  redis.call('DEL', KEYS[2])
   local held = {}
   for part in string.gmatch(lease, '%d+') do
     held[#held + 1] = parse(part)
+  end
+  local backs, left, empty = {}, {}, true
+  for i = 1, 3 do
+    backs[i] = min(parse(ARGV[1 + i]), held[i])
+    left[i] = show(sub(held[i], backs[i]))
+    if left[i] ~= '0' then
+      empty = false
+    end
+  end
+  if op == 'settle' or empty then
+    redis.call('DEL', KEYS[2])
+  else
+    -- The rest of a slice record stays, with the time to live it had.
+    local ttl = redis.call('PTTL', KEYS[2])
+    redis.call('SET', KEYS[2], table.concat(left, ' '), 'PX', math.max(ttl, 1))
   end
   local h = redis.call('HMGET', state, 'p', 'd', 'r')
   if not h[1] then
@@ -158,9 +179,8 @@ if op == 'settle' then
   local out = {}
   for i = 1, 3 do
     -- Raised as of the last update and capped when next read, as TenantState::refund does.
-    local back = min(parse(ARGV[1 + i]), held[i])
     out[#out + 1] = fields[i]
-    out[#out + 1] = show(add(parse(h[i]), back))
+    out[#out + 1] = show(add(parse(h[i]), backs[i]))
   end
   redis.call('HSET', state, unpack(out))
   return 1
@@ -219,6 +239,26 @@ end
 if op == 'charge' and fits == 1 then
   store(after, ARGV[11])
   redis.call('SET', KEYS[2], ARGV[8] .. ' ' .. ARGV[9] .. ' ' .. ARGV[10], 'PX', ARGV[12])
+end
+
+if op == 'slice' and fits == 1 then
+  local record = redis.call('GET', KEYS[2])
+  local had = {}
+  if record then
+    for part in string.gmatch(record, '%d+') do
+      had[#had + 1] = parse(part)
+    end
+  else
+    had = { { 0 }, { 0 }, { 0 } }
+  end
+  local sum = {}
+  for i = 1, 3 do
+    local took = min(levels[i], parse(ARGV[12 + i]))
+    after[i] = sub(levels[i], took)
+    sum[i] = show(add(had[i], took))
+  end
+  store(after, ARGV[11])
+  redis.call('SET', KEYS[2], table.concat(sum, ' '), 'PX', ARGV[12])
 end
 
 return { tostring(fits), show(levels[1]), show(levels[2]), show(levels[3]) }

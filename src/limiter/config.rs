@@ -74,6 +74,25 @@ pub struct LimiterConfig {
     /// another replica freed (room this replica frees is handed out at once).
     #[serde(default = "default_kv_recheck_interval", with = "humantime_serde")]
     pub kv_recheck_interval: Duration,
+    /// With `store = "redis"`: admit from slices of each tenant's budget leased to this
+    /// replica, going to Redis only for the next slice (see [`LocalFirst`]). Absent: every
+    /// charge is a round trip.
+    #[serde(default)]
+    pub local_first: Option<LocalFirst>,
+}
+
+/// `[limiter] local_first = { slice = 0.05, return_after = "5s" }`: each replica leases from
+/// Redis a slice of every bucket of a tenant (`slice` x its capacity), all-or-nothing by the
+/// bucket script, and admits from it here until it is spent. Still no overshoot; the price is
+/// capacity held idle: at most `slice` x capacity per replica, tenant and bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalFirst {
+    /// A slice, as a fraction of each bucket's capacity (0 < slice <= 1).
+    pub slice: f64,
+    /// A slice untouched this long is given back to Redis (the capacity no longer idles here).
+    #[serde(default = "default_return_after", with = "humantime_serde")]
+    pub return_after: Duration,
 }
 
 impl Default for LimiterConfig {
@@ -90,6 +109,7 @@ impl Default for LimiterConfig {
             retry_interval: default_retry_interval(),
             kv_lease_ttl: default_kv_lease_ttl(),
             kv_recheck_interval: default_kv_recheck_interval(),
+            local_first: None,
         }
     }
 }
@@ -114,6 +134,9 @@ fn default_kv_lease_ttl() -> Duration {
 }
 fn default_kv_recheck_interval() -> Duration {
     Duration::from_millis(50)
+}
+fn default_return_after() -> Duration {
+    Duration::from_secs(5)
 }
 
 impl LimiterConfig {
@@ -156,6 +179,20 @@ impl LimiterConfig {
                 "limiter.expected_replicas ({n}) is only used with on_store_error = \"local\""
             ),
             _ => {}
+        }
+        if let Some(lf) = &self.local_first {
+            if self.store != StoreKind::Redis {
+                bail!("limiter.local_first needs limiter.store = \"redis\" (a local store has no round trip to save)");
+            }
+            if !(lf.slice > 0.0 && lf.slice <= 1.0) {
+                bail!(
+                    "limiter.local_first.slice must be in (0, 1], a fraction of each bucket's capacity (it is {})",
+                    lf.slice
+                );
+            }
+            if lf.return_after.is_zero() {
+                bail!("limiter.local_first.return_after must be positive");
+            }
         }
         match (self.store, &self.redis_url) {
             (StoreKind::Local, Some(url)) => bail!(
@@ -214,6 +251,7 @@ expected_replicas = 3
 retry_interval = "2s"
 kv_lease_ttl = "5s"
 kv_recheck_interval = "20ms"
+local_first = { slice = 0.05, return_after = "2s" }
 "#,
         )
         .expect("valid");
@@ -224,6 +262,20 @@ kv_recheck_interval = "20ms"
         assert_eq!(
             (c.kv_lease_ttl, c.kv_recheck_interval),
             (Duration::from_secs(5), Duration::from_millis(20))
+        );
+        assert_eq!(
+            c.local_first,
+            Some(LocalFirst {
+                slice: 0.05,
+                return_after: Duration::from_secs(2)
+            })
+        );
+        let c =
+            parse("store = \"redis\"\nredis_url = \"redis://h:1\"\nlocal_first = { slice = 1 }")
+                .expect("valid");
+        assert_eq!(
+            c.local_first.map(|l| l.return_after),
+            Some(Duration::from_secs(5))
         );
     }
 
@@ -263,5 +315,22 @@ kv_recheck_interval = "20ms"
             .starts_with("limiter.expected_replicas (2) is only used with"));
         assert!(error(&format!("{redis}on_store_error = \"ignore\"")).contains("unknown variant"));
         assert!(error("stor = \"redis\"").contains("unknown field `stor`"));
+        assert!(error("local_first = { slice = 0.1 }")
+            .starts_with("limiter.local_first needs limiter.store = \"redis\""));
+        for slice in ["0", "1.5", "-0.1", "nan"] {
+            assert!(
+                error(&format!("{redis}local_first = {{ slice = {slice} }}"))
+                    .starts_with("limiter.local_first.slice must be in (0, 1]"),
+                "{slice}"
+            );
+        }
+        assert_eq!(
+            error(&format!(
+                "{redis}local_first = {{ slice = 0.1, return_after = \"0s\" }}"
+            )),
+            "limiter.local_first.return_after must be positive"
+        );
+        assert!(error(&format!("{redis}local_first = {{ slic = 0.1 }}"))
+            .contains("unknown field `slic`"));
     }
 }

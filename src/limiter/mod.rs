@@ -9,6 +9,7 @@
 pub mod bucket;
 pub mod config;
 pub mod redis;
+pub mod slices;
 pub mod store;
 
 pub use bucket::{

@@ -17,9 +17,17 @@
 //! While Redis cannot be reached the `on_store_error` policy decides (see
 //! [`OnStoreError`]); a background probe tries Redis every `retry_interval` and the store
 //! returns to it by itself.
+//!
+//! With `local_first` the store admits from slices of each tenant's budget leased to this
+//! replica ([`super::slices`]): a charge a slice covers makes no round trip; one it does not
+//! runs the script's `slice`, which takes the need plus a top-up all-or-nothing and adds it
+//! to this replica's slice record (`PREFIX{tenant}:slice:REPLICA`, with `lease_ttl`), which
+//! bounds what `unslice` may give back. While Redis is away the slices are still spent; a
+//! charge they do not cover meets the `on_store_error` policy.
 
 use super::bucket::{BucketSpec, Cost, Denial, TenantLimits, TenantSnapshot, TenantState};
 use super::config::{LimiterConfig, OnStoreError};
+use super::slices::{self, SliceHeld, Slices, Units};
 use super::store::{BucketStore, LeaseId, LocalStore};
 use futures_util::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -60,6 +68,8 @@ pub struct StoreMetrics {
     pub fallback: Gauge,
     /// 1 while the shared KV ledger cannot be reached and `on_store_error` decides, else 0.
     pub ledger_fallback: Gauge,
+    /// With `local_first`: tokens of each tenant's slice held by this replica and not spent.
+    pub slice_held: SliceHeld,
 }
 
 impl Default for StoreMetrics {
@@ -70,13 +80,14 @@ impl Default for StoreMetrics {
             latency: Histogram::new(exponential_buckets(0.00005, 2.0, 17)),
             fallback: Gauge::default(),
             ledger_fallback: Gauge::default(),
+            slice_held: SliceHeld::default(),
         }
     }
 }
 
 impl StoreMetrics {
     /// Registers `limiter_store_errors_total`, `limiter_store_seconds`,
-    /// `limiter_store_fallback` and `kv_ledger_fallback`.
+    /// `limiter_store_fallback`, `kv_ledger_fallback` and `limiter_slice_held_tokens`.
     pub fn register(&self, r: &mut Registry) {
         r.register(
             "limiter_store_errors",
@@ -97,6 +108,11 @@ impl StoreMetrics {
             "kv_ledger_fallback",
             "1 while the shared KV ledger (Redis) cannot be reached and limiter.on_store_error decides",
             self.ledger_fallback.clone(),
+        );
+        r.register(
+            "limiter_slice_held_tokens",
+            "With limiter.local_first: tokens of a tenant's budget leased to this replica and not spent (capacity held idle)",
+            self.slice_held.clone(),
         );
     }
 }
@@ -160,6 +176,8 @@ struct Inner {
     healthy: AtomicBool,
     last_error: Mutex<String>,
     metrics: StoreMetrics,
+    /// With `local_first`: this replica's slices.
+    slices: Option<Slices>,
 }
 
 /// What the script decided: whether the cost fitted (and, for a charge, was charged) and the
@@ -189,9 +207,14 @@ impl RedisStore {
             unbacked: Mutex::default(),
             healthy: AtomicBool::new(true),
             last_error: Mutex::default(),
+            slices: (config.local_first)
+                .map(|lf| Slices::new(lf.slice, lf.return_after, metrics.slice_held.clone())),
             metrics,
         });
         tokio::spawn(probe(Arc::downgrade(&inner)));
+        if inner.slices.is_some() {
+            tokio::spawn(give_back_idle(Arc::downgrade(&inner)));
+        }
         Ok(Self { inner })
     }
 
@@ -205,6 +228,11 @@ impl RedisStore {
         cost: Cost,
     ) -> Result<bool, StoreError> {
         self.inner.settle(tenant, lease, cost).await
+    }
+
+    /// This replica's name in its lease and slice keys.
+    pub fn replica_name(&self) -> &str {
+        &self.inner.replica
     }
 
     /// Whether Redis is in use now (false while `on_store_error` decides).
@@ -273,6 +301,30 @@ async fn probe(weak: Weak<Inner>) {
                 inner.metrics.fallback.set(0);
                 tracing::info!("limiter store reachable again: limits are shared again");
             }
+        }
+    }
+}
+
+/// Gives back, every half `return_after` while Redis answers, the slices left untouched for
+/// `return_after`; stops when the store is dropped.
+async fn give_back_idle(weak: Weak<Inner>) {
+    let every = match weak.upgrade() {
+        Some(inner) => match &inner.slices {
+            Some(slices) => slices.return_after / 2,
+            None => return,
+        },
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = weak.upgrade() else { return };
+        let Some(slices) = &inner.slices else { return };
+        if !inner.healthy.load(Ordering::Relaxed) {
+            continue; // kept, and spent, until Redis answers again
+        }
+        for (tenant, held) in slices.expire(Instant::now()) {
+            // A failure marks the store down; what the slice held is then lost (the safe side).
+            let _ = inner.unslice(&tenant, held).await;
         }
     }
 }
@@ -357,6 +409,20 @@ impl Inner {
         }
     }
 
+    /// This replica's slice record of a tenant.
+    fn slice_key(&self, tenant: &str) -> String {
+        format!("{}:slice:{}", state_key(&self.prefix, tenant), self.replica)
+    }
+
+    /// The two numbers a `charge` or a `slice` ends with: how long the tenant's hash and the
+    /// record live.
+    fn ttls(&self, limits: &TenantLimits) -> [String; 2] {
+        [
+            state_ttl_ms(limits).to_string(),
+            self.lease_ttl_ms.to_string(),
+        ]
+    }
+
     /// Runs the script's `charge` (with `lease`) or `check` (without).
     async fn decide(
         &self,
@@ -365,23 +431,41 @@ impl Inner {
         cost: Cost,
         lease: Option<LeaseId>,
     ) -> Result<Decided, StoreError> {
+        match lease {
+            Some(lease) => {
+                let key = self.lease_key(tenant, lease);
+                let ttls = self.ttls(limits);
+                self.run("charge", tenant, Some(key), limits, cost.units(), &ttls)
+                    .await
+            }
+            None => (self.run("check", tenant, None, limits, cost.units(), &[])).await,
+        }
+    }
+
+    /// Runs the script's `op` (`charge`, `check` or `slice`) for `need` units, with `key` as
+    /// its lease or slice record and `tail` after the need.
+    async fn run(
+        &self,
+        op: &str,
+        tenant: &str,
+        key: Option<String>,
+        limits: &TenantLimits,
+        need: Units,
+        tail: &[String],
+    ) -> Result<Decided, StoreError> {
         let mut call = self.script.prepare_invoke();
         call.key(state_key(&self.prefix, tenant));
-        match lease {
-            Some(lease) => call.key(self.lease_key(tenant, lease)).arg("charge"),
-            None => call.arg("check"),
-        };
+        if let Some(key) = key {
+            call.key(key);
+        }
+        call.arg(op);
         for u in limits.units() {
             call.arg(u.rate.to_string()).arg(u.capacity.to_string());
         }
-        for c in cost.units() {
-            call.arg(c.to_string());
+        for n in need {
+            call.arg(n.to_string());
         }
-        if lease.is_some() {
-            call.arg(state_ttl_ms(limits).to_string())
-                .arg(self.lease_ttl_ms.to_string());
-        }
-        let op = if lease.is_some() { "charge" } else { "check" };
+        call.arg(tail);
         let mut conn = self.conn.clone();
         let reply: Vec<String> = self.timed(op, call.invoke_async(&mut conn)).await?;
         let parsed = match reply.as_slice() {
@@ -404,16 +488,108 @@ impl Inner {
     }
 
     async fn settle(&self, tenant: &str, lease: LeaseId, cost: Cost) -> Result<bool, StoreError> {
+        let key = self.lease_key(tenant, lease);
+        self.give_back("settle", tenant, key, cost.units()).await
+    }
+
+    /// Gives `units` of this replica's slices back to the tenant's buckets (at most what its
+    /// slice record holds).
+    async fn unslice(&self, tenant: &str, units: Units) -> Result<bool, StoreError> {
+        let key = self.slice_key(tenant);
+        self.give_back("unslice", tenant, key, units).await
+    }
+
+    /// The script's `settle` or `unslice`: `Ok(true)` if the lease or record was there.
+    async fn give_back(
+        &self,
+        op: &str,
+        tenant: &str,
+        key: String,
+        units: Units,
+    ) -> Result<bool, StoreError> {
         let mut call = self.script.prepare_invoke();
-        call.key(state_key(&self.prefix, tenant))
-            .key(self.lease_key(tenant, lease))
-            .arg("settle");
-        for c in cost.units() {
-            call.arg(c.to_string());
+        call.key(state_key(&self.prefix, tenant)).key(key).arg(op);
+        for u in units {
+            call.arg(u.to_string());
         }
         let mut conn = self.conn.clone();
-        let found: i64 = self.timed("settle", call.invoke_async(&mut conn)).await?;
+        let found: i64 = self.timed(op, call.invoke_async(&mut conn)).await?;
         Ok(found == 1)
+    }
+
+    /// A charge (`lease`) or check (`None`) in local-first mode: from the tenant's slice
+    /// here when it covers the cost, else by one round trip (a charge leases the need plus a
+    /// top-up to one slice), else by the policy while Redis is away.
+    async fn sliced(
+        &self,
+        slices: &Slices,
+        tenant: &str,
+        limits: &TenantLimits,
+        cost: Cost,
+        now: Instant,
+        lease: Option<LeaseId>,
+    ) -> Result<TenantSnapshot, Denial> {
+        let units = cost.units();
+        let slice = slices.tenant(tenant, now);
+        let here = || {
+            let mut s = slice.lock();
+            let covered = match lease {
+                Some(_) => s.take(&units, now),
+                None => s.covers(&units),
+            };
+            covered.then(|| s.view(limits, now))
+        };
+        if let Some(snapshot) = here() {
+            return Ok(snapshot);
+        }
+        let Some(lease) = lease else {
+            // A peek the slice does not cover: do the shared buckets hold the rest?
+            let held = slice.lock().held();
+            if self.healthy.load(Ordering::Relaxed) {
+                let need = std::array::from_fn(|i| units[i].saturating_sub(held[i]));
+                if let Ok(decided) = self.run("check", tenant, None, limits, need, &[]).await {
+                    match sliced_verdict(&decided, &need, &held, limits, cost) {
+                        Ok(verdict) => return verdict,
+                        Err(e) => self.failed("check", &e),
+                    }
+                }
+            }
+            return self.degraded(tenant, limits, cost, now, None);
+        };
+        // One lease at a time per tenant: the one in flight may cover this charge too.
+        let _leasing = slice.leasing.lock().await;
+        if let Some(snapshot) = here() {
+            return Ok(snapshot);
+        }
+        if self.healthy.load(Ordering::Relaxed) {
+            let short = slice
+                .lock()
+                .claim(&units, slices::target(limits, slices.fraction));
+            let mut tail = self.ttls(limits).to_vec();
+            tail.extend(short.want.map(|w| w.to_string()));
+            let key = Some(self.slice_key(tenant));
+            let reply = self
+                .run("slice", tenant, key, limits, short.need, &tail)
+                .await;
+            let mut s = slice.lock();
+            if let Ok(decided) = reply {
+                // Decided on what the slice held before the claim: other charges may take
+                // from it meanwhile, but none of a bucket this charge is short of.
+                match sliced_verdict(&decided, &short.need, &short.before, limits, cost) {
+                    Ok(Ok(_)) => {
+                        s.leased(&short, &decided.levels, now);
+                        return Ok(s.view(limits, now));
+                    }
+                    Ok(Err(denial)) => {
+                        s.unclaim(&short);
+                        return Err(denial);
+                    }
+                    Err(e) => self.failed("slice", &e),
+                }
+            }
+            s.unclaim(&short);
+        }
+        self.degraded(tenant, limits, cost, now, Some(lease))
     }
 
     /// The refusal or stand-in answer of the policy while Redis is away: `charge` says whether
@@ -472,6 +648,9 @@ impl Inner {
         {
             return Err(never);
         }
+        if let Some(slices) = &self.slices {
+            return self.sliced(slices, tenant, limits, cost, now, lease).await;
+        }
         if self.healthy.load(Ordering::Relaxed) {
             // A failed command was counted and marked the store down by `timed`.
             if let Ok(decided) = self.decide(tenant, limits, cost, lease).await {
@@ -512,6 +691,30 @@ fn core_verdict(
     Ok(verdict)
 }
 
+/// The verdict of the Rust core in local-first mode, on the shared `levels` plus what the
+/// slice `held` when the script decided on `need` (the cost beyond it): an error if the script
+/// decided otherwise.
+#[allow(clippy::result_large_err)]
+fn sliced_verdict(
+    decided: &Decided,
+    need: &Units,
+    held: &Units,
+    limits: &TenantLimits,
+    cost: Cost,
+) -> Result<Result<TenantSnapshot, Denial>, StoreError> {
+    let at = Instant::now();
+    let verdict =
+        TenantState::at_levels(slices::plus(&decided.levels, held), at).check(limits, cost, at);
+    let fits = slices::covers(&decided.levels, need);
+    if verdict.is_ok() != decided.fits || fits != decided.fits {
+        return Err(StoreError::Reply(format!(
+            "the script decided fits={} on levels {:?} for {need:?}, the core {verdict:?}",
+            decided.fits, decided.levels
+        )));
+    }
+    Ok(verdict)
+}
+
 impl BucketStore for RedisStore {
     fn charge<'a>(
         &'a self,
@@ -544,6 +747,19 @@ impl BucketStore for RedisStore {
             Some(Unbacked::Open) => return,
             None => {}
         }
+        // With slices: back to the slice it was charged from; what lifts it past one slice
+        // goes back to Redis.
+        let excess = match &self.inner.slices {
+            Some(slices) => {
+                let now = Instant::now();
+                let excess = slices.tenant(tenant, now).lock().refund(&cost.units(), now);
+                if excess == [0; 3] {
+                    return;
+                }
+                Some(excess)
+            }
+            None => None,
+        };
         // Outside a runtime (a guard dropped at shutdown) the lease expires: nothing back.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -551,6 +767,12 @@ impl BucketStore for RedisStore {
         let inner = self.inner.clone();
         let tenant = tenant.to_string();
         runtime.spawn(async move {
+            if let Some(excess) = excess {
+                // Not retried: a failure marks the store down and the excess is lost (the
+                // safe side).
+                let _ = inner.unslice(&tenant, excess).await;
+                return;
+            }
             // Retrying is safe: the lease goes with the refund, so a settle whose answer was
             // lost finds no lease the second time and gives nothing.
             for attempt in 1..=SETTLE_ATTEMPTS {
@@ -592,6 +814,9 @@ impl BucketStore for RedisStore {
 
     fn forget(&self, tenant: &str) {
         self.inner.fallback.forget(tenant);
+        if let Some(slices) = &self.inner.slices {
+            slices.forget(tenant);
+        }
         let inner = self.inner.clone();
         let key = state_key(&inner.prefix, tenant);
         tokio::spawn(async move {
