@@ -397,6 +397,7 @@ mod tests {
         let idle = Duration::from_secs(5);
         let mut s = SliceState::new(t0);
         s.held = units(3, 2, 1);
+        s.leased = true;
         assert_eq!(s.expire(t0 + Duration::from_secs(4), idle), None);
         assert!(s.take(&units(1, 0, 0), t0 + Duration::from_secs(4)));
         assert_eq!(s.expire(t0 + Duration::from_secs(8), idle), None);
