@@ -286,14 +286,16 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight requests finish within the grace period, flushes the
-    /// usage log, then returns.
+    /// Stops accepting, lets in-flight requests finish within the grace period, gives back
+    /// local-first slices, flushes the usage log, then returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = t.await;
         }
-        // Every request has settled: the usage log gets its last lines out.
+        // Every request has settled: local-first slices go back to the shared buckets, and
+        // the usage log gets its last lines out.
+        self.gateway.limiter.give_back_slices().await;
         self.gateway.recorder.flush(USAGE_LOG_FLUSH).await;
     }
 

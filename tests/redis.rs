@@ -263,15 +263,23 @@ fn redis_limiter(url: &str, prefix: &str, policy: &str) -> String {
 
 /// Three replicas on one Redis, hammered at once by one tenant: the decode tokens they admit
 /// together stay within one burst plus the rate times the run, so the burst is admitted
-/// once, not once per replica.
+/// once, not once per replica. The same in local-first mode (slices of 20 tokens): then up to
+/// a slice per replica may idle, and each replica shut down gives its slices back, leaving in
+/// Redis's slice records exactly what was admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_admit_one_burst_once() {
+    for local_first in ["", "local_first = { slice = 0.1 }"] {
+        three_replicas_hammered(local_first).await;
+    }
+}
+
+async fn three_replicas_hammered(local_first: &str) {
     let url = support::redis_server::url();
     let prefix = prefix("replicas");
     let backend = FakeBackend::start(FakeSpec::default()).await;
     // Decode 20 tokens/s x 10 s = 200; each request reserves (and uses) 10.
     let alice = "prefill_tokens_per_second = 100000\ndecode_tokens_per_second = 20\nrequests_per_second = 1000\nburst_seconds = 10";
-    let limiter = redis_limiter(&url, &prefix, "");
+    let limiter = redis_limiter(&url, &prefix, local_first);
     let mut replicas = Vec::new();
     for _ in 0..3 {
         replicas.push(Arc::new(
@@ -316,9 +324,14 @@ async fn three_replicas_admit_one_burst_once() {
     let bound = 200 + 20 * elapsed_us / 1_000_000;
     assert!(
         tokens <= bound,
-        "{tokens} tokens admitted in {elapsed_us} us: over {bound}"
+        "{local_first}: {tokens} tokens admitted in {elapsed_us} us: over {bound}"
     );
-    assert!(tokens >= 200, "the burst itself was admitted: {tokens}");
+    // Local-first: a slice (20) per replica may idle.
+    let idle = if local_first.is_empty() { 0 } else { 3 * 20 };
+    assert!(
+        tokens + idle >= 200,
+        "{local_first}: the burst itself was admitted: {tokens}"
+    );
     assert_eq!(admitted + refused, 240);
     assert!(refused > 0);
     // Replicas each with their own buckets would have admitted 200 each: 600 at least. The
@@ -328,6 +341,25 @@ async fn three_replicas_admit_one_burst_once() {
         "the run took {elapsed_us} us: too long to tell"
     );
     assert_eq!(backend.seen.lock().unwrap().len() as u64, admitted);
+    if local_first.is_empty() {
+        return;
+    }
+    // Each replica shut down gives back what its slices hold: the records keep what was
+    // admitted (every request used all it reserved), nothing more.
+    for gw in replicas {
+        let gw = Arc::into_inner(gw).expect("the workers are done");
+        gw.running.shutdown().await;
+    }
+    let records: Vec<String> = conn
+        .keys(format!("{prefix}{{alice}}:slice:*"))
+        .await
+        .unwrap();
+    let mut decode = 0u128;
+    for key in records {
+        let v: String = conn.get(key).await.unwrap();
+        decode += v.split(' ').nth(1).unwrap().parse::<u128>().unwrap();
+    }
+    assert_eq!(decode, tokens * UNIT, "{local_first}");
 }
 
 /// One gateway on a Redis of its own, with `policy`: Alice may make 10 requests (0.1/s x 100
@@ -1004,4 +1036,88 @@ async fn slices_are_spent_while_redis_is_away_then_the_policy_decides() {
             }
         }
     }
+}
+
+/// A local-first replica stopping gives back what its slice holds (`Running::shutdown` calls
+/// this once every request has settled): the shared level is then exactly the capacity less
+/// what was admitted, and the slice record keeps only that.
+#[tokio::test]
+async fn a_stopping_replica_gives_its_slices_back() {
+    let url = support::redis_server::url();
+    let prefix = prefix("slices-back");
+    let mut config = store_config(&url, &prefix);
+    config.local_first = Some(LocalFirst {
+        slice: 0.5,
+        return_after: Duration::from_secs(3600),
+    });
+    let metrics = StoreMetrics::default();
+    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    let limits = big_limits();
+    let mut conn = connect(&url).await;
+    let key = format!("{prefix}{{una}}");
+    // The tenant's clock an hour ahead: nothing refills during the test.
+    let full = limits.units().map(|u| u.capacity);
+    let frozen = time_us(&mut conn).await + 3_600_000_000;
+    set_state(&mut conn, &key, frozen, full).await;
+    let cost = Cost {
+        prefill: 1000,
+        decode: 4,
+        requests: 1,
+    };
+    let now = Instant::now();
+    store
+        .charge("una", &limits, cost, now, LeaseId(0))
+        .await
+        .unwrap();
+    let slice = full.map(|c| (c as f64 * 0.5).floor() as u128);
+    let taken: [u128; 3] = std::array::from_fn(|i| cost.units()[i] + slice[i]);
+    assert_eq!(
+        levels(&mut conn, &key).await.1,
+        std::array::from_fn(|i| full[i] - taken[i])
+    );
+    assert_eq!(slice_record(&mut conn, &prefix, "una", &store).await, taken);
+    store.give_back_slices().await;
+    assert_eq!(
+        levels(&mut conn, &key).await.1,
+        std::array::from_fn(|i| full[i] - cost.units()[i])
+    );
+    assert_eq!(
+        slice_record(&mut conn, &prefix, "una", &store).await,
+        cost.units()
+    );
+    assert_eq!(held_gauge(&metrics, "una"), [0.0; 3]);
+    // Nothing is held any more: a second call gives nothing.
+    store.give_back_slices().await;
+    assert_eq!(
+        levels(&mut conn, &key).await.1,
+        std::array::from_fn(|i| full[i] - cost.units()[i])
+    );
+}
+
+/// A local-first gateway exports what its slice holds, and its shutdown gives it back: one
+/// request (10 decode tokens) leases its need and a slice of 20, the gauge reads 20, and after
+/// `Running::shutdown` the slice record holds only the 10 admitted.
+#[tokio::test]
+async fn a_local_first_gateway_exports_its_slice_and_gives_it_back_at_shutdown() {
+    let url = support::redis_server::url();
+    let prefix = prefix("slices-gateway");
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let alice = "prefill_tokens_per_second = 100000\ndecode_tokens_per_second = 20\nrequests_per_second = 1000\nburst_seconds = 10";
+    let limiter = redis_limiter(&url, &prefix, "local_first = { slice = 0.1 }");
+    let gw = TestGateway::start(gateway_config(backend.addr, alice, &limiter)).await;
+    let r = gw.chat("sk-alice", &chat("hi", 10, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let series = "tokengate_limiter_slice_held_tokens{tenant=\"alice\",bucket=\"decode\"}";
+    let held = gw.metric(series).await.expect("exported");
+    assert_eq!(held.parse::<f64>().unwrap(), 20.0, "{series} {held}");
+    let mut conn = connect(&url).await;
+    let record = |v: String| v.split(' ').nth(1).unwrap().parse::<u128>().unwrap();
+    let keys: Vec<String> = conn
+        .keys(format!("{prefix}{{alice}}:slice:*"))
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(record(conn.get(&keys[0]).await.unwrap()), 30 * UNIT);
+    gw.running.shutdown().await;
+    assert_eq!(record(conn.get(&keys[0]).await.unwrap()), 10 * UNIT);
 }

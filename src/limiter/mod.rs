@@ -109,6 +109,12 @@ impl Limiter {
         self.store.forget(tenant);
     }
 
+    /// At shutdown, once every request has settled: gives back what local-first slices hold
+    /// (see [`BucketStore::give_back_slices`]).
+    pub async fn give_back_slices(&self) {
+        self.store.give_back_slices().await;
+    }
+
     /// The tenant's buckets now.
     pub async fn snapshot(&self, tenant: &str, limits: &TenantLimits) -> TenantSnapshot {
         self.store.snapshot(tenant, limits, self.clock.now()).await

@@ -322,7 +322,7 @@ async fn give_back_idle(weak: Weak<Inner>) {
         if !inner.healthy.load(Ordering::Relaxed) {
             continue; // kept, and spent, until Redis answers again
         }
-        for (tenant, held) in slices.expire(Instant::now()) {
+        for (tenant, held) in slices.expire(Instant::now(), slices.return_after) {
             // A failure marks the store down; what the slice held is then lost (the safe side).
             let _ = inner.unslice(&tenant, held).await;
         }
@@ -826,6 +826,21 @@ impl BucketStore for RedisStore {
                 .timed("forget", del.query_async::<()>(&mut conn))
                 .await;
         });
+    }
+
+    fn give_back_slices(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(slices) = &self.inner.slices else {
+                return;
+            };
+            let held = slices.expire(Instant::now(), Duration::ZERO);
+            // All at once, each bounded by the command timeout; one that fails is lost (the
+            // safe side).
+            futures_util::future::join_all(
+                (held.iter()).map(|(tenant, units)| self.inner.unslice(tenant, *units)),
+            )
+            .await;
+        })
     }
 
     fn snapshot<'a>(

@@ -284,15 +284,16 @@ impl Slices {
         }
     }
 
-    /// Empties the slices untouched for `return_after`: what each held, to give back.
-    pub(crate) fn expire(&self, now: Instant) -> Vec<(String, Units)> {
+    /// Empties the slices untouched for `idle` (zero: every slice): what each held, to give
+    /// back.
+    pub(crate) fn expire(&self, now: Instant, idle: Duration) -> Vec<(String, Units)> {
         let tenants: Vec<_> = (self.tenants().iter())
             .map(|(t, s)| (t.clone(), s.clone()))
             .collect();
         tenants
             .into_iter()
             .filter_map(|(tenant, slice)| {
-                let held = slice.lock().expire(now, self.return_after)?;
+                let held = slice.lock().expire(now, idle)?;
                 Some((tenant, held))
             })
             .collect()
@@ -430,8 +431,9 @@ mod tests {
         assert_eq!((gauge("prefill"), gauge("decode")), (100.0, 10.0));
         assert_eq!(gauge("requests"), 0.5);
         let later = now + Duration::from_secs(5);
+        assert_eq!(slices.expire(now, Duration::from_secs(6)), vec![]);
         assert_eq!(
-            slices.expire(later),
+            slices.expire(later, slices.return_after),
             vec![("alice".to_string(), [100 * T, 10 * T, T / 2])]
         );
         assert_eq!(gauge("decode"), 0.0);

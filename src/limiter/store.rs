@@ -59,6 +59,12 @@ pub trait BucketStore: Send + Sync + 'static {
         limits: &'a TenantLimits,
         now: Instant,
     ) -> BoxFuture<'a, TenantSnapshot>;
+
+    /// At shutdown, once every request has settled: a store that leased slices of its
+    /// tenants' budgets (`local_first`) gives back what they hold. Nothing to do by default.
+    fn give_back_slices(&self) -> BoxFuture<'_, ()> {
+        Box::pin(future::ready(()))
+    }
 }
 
 /// In-memory store for a single gateway: a concurrent map cut into shards, each behind its
