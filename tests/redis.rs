@@ -1121,3 +1121,39 @@ async fn a_local_first_gateway_exports_its_slice_and_gives_it_back_at_shutdown()
     gw.running.shutdown().await;
     assert_eq!(record(conn.get(&keys[0]).await.unwrap()), 10 * UNIT);
 }
+
+/// A slice left untouched for `return_after` goes back by itself: the record falls to what
+/// was admitted and the gauge to 0 (waited for on Redis, bounded).
+#[tokio::test]
+async fn an_idle_slice_goes_back_by_itself() {
+    let url = support::redis_server::url();
+    let prefix = prefix("slices-idle");
+    let mut config = store_config(&url, &prefix);
+    config.local_first = Some(LocalFirst {
+        slice: 0.5,
+        return_after: Duration::from_millis(200),
+    });
+    let metrics = StoreMetrics::default();
+    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    let limits = big_limits();
+    let cost = Cost {
+        prefill: 1000,
+        decode: 4,
+        requests: 1,
+    };
+    store
+        .charge("ivo", &limits, cost, Instant::now(), LeaseId(0))
+        .await
+        .unwrap();
+    assert!(held_gauge(&metrics, "ivo")[1] > 0.0);
+    let mut conn = connect(&url).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while slice_record(&mut conn, &prefix, "ivo", &store).await != cost.units() {
+        assert!(
+            Instant::now() < deadline,
+            "the idle slice was not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(held_gauge(&metrics, "ivo"), [0.0; 3]);
+}
