@@ -453,6 +453,39 @@ async fn local_limits_each_replica_to_its_share_until_redis_returns() {
     assert_eq!(v["shared_ledger"]["state"], "redis", "{v}");
 }
 
+/// Leases given back while Redis is away wait for it, counted in `/admin/backends`, and all go
+/// back once it answers again (600 of them, in calls of at most 256).
+#[tokio::test]
+async fn releases_made_while_redis_is_away_reach_it_when_it_returns() {
+    let policy = "on_store_error = \"fail_open\"\nkv_lease_ttl = \"1s\"";
+    let (mut redis, gw, _backend) = gateway_on_own_redis(policy, "unsent").await;
+    let unsent = |v: &serde_json::Value| v["shared_ledger"]["releases_unsent"].as_u64().unwrap();
+    let wait_unsent = |n: u64| {
+        let gw = &gw;
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let v = gw.admin("/admin/backends").await;
+                if unsent(&v) == n {
+                    return v;
+                }
+                assert!(std::time::Instant::now() < deadline, "{n} unsent: {v}");
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    redis.stop().await;
+    // The heartbeat (every third of the TTL) finds Redis gone before any request does.
+    gw.wait_metric("tokengate_kv_ledger_fallback", "1").await;
+    assert_eq!(statuses(&gw, 600).await, [200; 600]);
+    let v = wait_unsent(600).await;
+    assert_eq!(v["shared_ledger"]["here"][0]["inflight"], 0, "{v}");
+    redis.restart().await;
+    gw.wait_metric("tokengate_kv_ledger_fallback", "0").await;
+    let v = wait_unsent(0).await;
+    assert_eq!(v["shared_ledger"]["state"], "redis", "{v}");
+}
+
 /// The shared KV ledger's totals in Redis for `backend`: (reserved bytes, live leases).
 async fn ledger_totals(
     conn: &mut redis::aio::MultiplexedConnection,

@@ -45,6 +45,9 @@ use tokio::time::Instant;
 /// The ledger script (see its header for the keys, arguments and replies).
 const SCRIPT: &str = include_str!("ledger.lua");
 
+/// The most leases one `release` call gives back.
+const RELEASES_PER_CALL: usize = 256;
+
 /// Every class by `Priority as usize`, the script's class numbers.
 const CLASSES: [Priority; 3] = [Priority::Sheddable, Priority::Standard, Priority::Critical];
 
@@ -225,6 +228,8 @@ pub(super) struct ReplicaState {
     next_id: u64,
     /// Redis cannot be reached: `on_store_error` decides.
     degraded: bool,
+    /// Releases waiting for Redis to answer (the background task's count).
+    unsent: usize,
 }
 
 impl ReplicaState {
@@ -234,6 +239,7 @@ impl ReplicaState {
             own: vec![[(0, 0); 3]; backends],
             next_id: 0,
             degraded: false,
+            unsent: 0,
         }
     }
 
@@ -306,6 +312,8 @@ pub struct SharedSnapshot {
     pub replica: String,
     /// This replica's leases per backend, in configuration order.
     pub here: Vec<HereSnapshot>,
+    /// Leases given back here whose release waits for Redis to answer.
+    pub releases_unsent: usize,
 }
 
 /// One backend's leases held by this replica.
@@ -340,6 +348,7 @@ pub(super) fn snapshot(link: &Link, state: &State) -> SharedSnapshot {
                 }
             })
             .collect(),
+        releases_unsent: replica.unsent,
     }
 }
 
@@ -634,20 +643,21 @@ impl Pump {
                 // A read of the totals (and a renewal): room other replicas freed.
                 beat(&store, &shared, false).await;
             }
-            if !releases.is_empty() && !replica(&mut shared.state()).degraded {
+            // At most RELEASES_PER_CALL a call: Redis runs one script at a time, so what was
+            // given back during a long outage goes back in short calls, not one long one.
+            while !releases.is_empty() && !replica(&mut shared.state()).degraded {
                 let backends = backends(&shared, &shared.state());
-                let items: Vec<String> = releases.iter().map(u64::to_string).collect();
-                match store
-                    .call("release", &backends, releases.len(), &items)
-                    .await
-                {
+                let n = releases.len().min(RELEASES_PER_CALL);
+                let items: Vec<String> = releases[..n].iter().map(u64::to_string).collect();
+                match store.call("release", &backends, n, &items).await {
                     Ok(reply) => {
-                        releases.clear();
+                        releases.drain(..n);
                         apply(&mut shared.state(), &reply.usage);
                     }
                     Err(e) => degrade(&store, &mut shared.state(), &e),
                 }
             }
+            replica(&mut shared.state()).unsent = releases.len();
             grant(&store, &shared).await;
         }
     }
