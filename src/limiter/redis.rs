@@ -182,6 +182,7 @@ struct Inner {
 
 /// What the script decided: whether the cost fitted (and, for a charge, was charged) and the
 /// levels it decided on.
+#[derive(Clone, Copy)]
 struct Decided {
     fits: bool,
     levels: [u128; 3],
@@ -548,7 +549,7 @@ impl Inner {
             if self.healthy.load(Ordering::Relaxed) {
                 let need = std::array::from_fn(|i| units[i].saturating_sub(held[i]));
                 if let Ok(decided) = self.run("check", tenant, None, limits, need, &[]).await {
-                    match sliced_verdict(&decided, &need, &held, limits, cost) {
+                    match sliced_verdict(&decided, &held, limits, cost) {
                         Ok(verdict) => return verdict,
                         Err(e) => self.failed("check", &e),
                     }
@@ -562,32 +563,25 @@ impl Inner {
             return Ok(snapshot);
         }
         if self.healthy.load(Ordering::Relaxed) {
-            let short = slice
-                .lock()
-                .claim(&units, slices::target(limits, slices.fraction));
+            // Given back to the slice as it drops, unless the lease lands.
+            let claim = slice.claim(&units, slices::target(limits, slices.fraction));
+            let short = claim.short;
             let mut tail = self.ttls(limits).to_vec();
             tail.extend(short.want.map(|w| w.to_string()));
             let key = Some(self.slice_key(tenant));
             let reply = self
                 .run("slice", tenant, key, limits, short.need, &tail)
                 .await;
-            let mut s = slice.lock();
             if let Ok(decided) = reply {
                 // Decided on what the slice held before the claim: other charges may take
                 // from it meanwhile, but none of a bucket this charge is short of.
-                match sliced_verdict(&decided, &short.need, &short.before, limits, cost) {
-                    Ok(Ok(_)) => {
-                        s.leased(&short, &decided.levels, now);
-                        return Ok(s.view(limits, now));
-                    }
-                    Ok(Err(denial)) => {
-                        s.unclaim(&short);
-                        return Err(denial);
-                    }
+                match sliced_verdict(&decided, &short.before, limits, cost) {
+                    Ok(Ok(_)) => return Ok(claim.leased(&decided.levels, now).view(limits, now)),
+                    Ok(Err(denial)) => return Err(denial),
                     Err(e) => self.failed("slice", &e),
                 }
             }
-            s.unclaim(&short);
+            drop(claim);
         }
         self.degraded(tenant, limits, cost, now, Some(lease))
     }
@@ -691,28 +685,17 @@ fn core_verdict(
     Ok(verdict)
 }
 
-/// The verdict of the Rust core in local-first mode, on the shared `levels` plus what the
-/// slice `held` when the script decided on `need` (the cost beyond it): an error if the script
-/// decided otherwise.
+/// The verdict of the Rust core in local-first mode: [`core_verdict`] of a check on the shared
+/// levels plus what the slice `held` when the script decided on the cost beyond it.
 #[allow(clippy::result_large_err)]
 fn sliced_verdict(
     decided: &Decided,
-    need: &Units,
     held: &Units,
     limits: &TenantLimits,
     cost: Cost,
 ) -> Result<Result<TenantSnapshot, Denial>, StoreError> {
-    let at = Instant::now();
-    let verdict =
-        TenantState::at_levels(slices::plus(&decided.levels, held), at).check(limits, cost, at);
-    let fits = slices::covers(&decided.levels, need);
-    if verdict.is_ok() != decided.fits || fits != decided.fits {
-        return Err(StoreError::Reply(format!(
-            "the script decided fits={} on levels {:?} for {need:?}, the core {verdict:?}",
-            decided.fits, decided.levels
-        )));
-    }
-    Ok(verdict)
+    let levels = slices::plus(&decided.levels, held);
+    core_verdict(&Decided { levels, ..*decided }, limits, cost, false)
 }
 
 impl BucketStore for RedisStore {

@@ -133,7 +133,7 @@ impl SliceState {
     }
 
     /// The shared buckets refused (or could not be asked): the claim goes back.
-    pub(crate) fn unclaim(&mut self, short: &Shortfall) {
+    fn unclaim(&mut self, short: &Shortfall) {
         for (h, c) in self.held.iter_mut().zip(&short.claimed) {
             *h += c;
         }
@@ -195,6 +195,47 @@ impl TenantSlice {
         SliceGuard {
             state: self.state.lock().unwrap_or_else(PoisonError::into_inner),
             gauges: &self.gauges,
+        }
+    }
+}
+
+impl TenantSlice {
+    /// Claims for `cost` what the slice holds of it ([`SliceState::claim`]) while the shared
+    /// buckets are asked for the rest.
+    pub(crate) fn claim(&self, cost: &Units, target: Units) -> Claim<'_> {
+        let short = self.lock().claim(cost, target);
+        Claim {
+            slice: self,
+            short,
+            landed: false,
+        }
+    }
+}
+
+/// A charge's claim on its slice while its lease is in flight: it goes back to the slice when
+/// dropped (the shared buckets refused, the call failed, or the request was cancelled during
+/// the round trip) unless [`Claim::leased`] took it.
+pub(crate) struct Claim<'a> {
+    slice: &'a TenantSlice,
+    pub(crate) short: Shortfall,
+    landed: bool,
+}
+
+impl<'a> Claim<'a> {
+    /// The lease landed: the shared buckets, at `levels` before it, gave what
+    /// [`SliceState::leased`] says; the slice, locked.
+    pub(crate) fn leased(mut self, levels: &Units, now: Instant) -> SliceGuard<'a> {
+        self.landed = true;
+        let mut s = self.slice.lock();
+        s.leased(&self.short, levels, now);
+        s
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.landed {
+            self.slice.lock().unclaim(&self.short);
         }
     }
 }
@@ -367,14 +408,23 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_lease_gives_the_claim_back() {
+    fn a_claim_goes_back_when_dropped_unless_its_lease_landed() {
         let now = Instant::now();
-        let mut s = SliceState::new(now);
-        s.held = units(30, 2, 0);
-        let short = s.claim(&units(10, 5, 1), units(100, 10, 1));
-        s.unclaim(&short);
-        assert_eq!(s.held, units(30, 2, 0));
-        assert_eq!(short.before, s.held);
+        let slices = Slices::new(0.1, Duration::from_secs(5), SliceHeld::default());
+        let slice = slices.tenant("t", now);
+        slice.lock().held = units(30, 2, 0);
+        // Refused, failed, or the request cancelled during the round trip: all dropped.
+        let claim = slice.claim(&units(10, 5, 1), units(100, 10, 1));
+        assert_eq!(slice.lock().held, units(20, 0, 0));
+        assert_eq!(claim.short.before, units(30, 2, 0));
+        drop(claim);
+        assert_eq!(slice.lock().held, units(30, 2, 0));
+        let claim = slice.claim(&units(10, 5, 1), units(100, 10, 1));
+        assert_eq!(
+            claim.leased(&units(500, 50, 5), now).held,
+            units(100, 10, 1)
+        );
+        assert_eq!(slice.lock().held, units(100, 10, 1));
     }
 
     #[test]
