@@ -143,6 +143,15 @@ local function min(a, b)
   return b
 end
 
+-- A lease or slice record, "P D R" in units, as three numbers.
+local function record(text)
+  local parts = {}
+  for part in string.gmatch(text, '%d+') do
+    parts[#parts + 1] = parse(part)
+  end
+  return parts
+end
+
 local THOUSAND = from(1000)
 local op = ARGV[1]
 local state = KEYS[1]
@@ -152,24 +161,28 @@ if op == 'settle' or op == 'unslice' then
   if not lease then
     return 0 -- settled already, or expired: give nothing back
   end
-  local held = {}
-  for part in string.gmatch(lease, '%d+') do
-    held[#held + 1] = parse(part)
-  end
-  local backs, left, empty = {}, {}, true
+  local held = record(lease)
+  local backs = {}
   for i = 1, 3 do
     backs[i] = min(parse(ARGV[1 + i]), held[i])
-    left[i] = show(sub(held[i], backs[i]))
-    if left[i] ~= '0' then
-      empty = false
-    end
   end
-  if op == 'settle' or empty then
+  if op == 'settle' then
     redis.call('DEL', KEYS[2])
   else
-    -- The rest of a slice record stays, with the time to live it had.
-    local ttl = redis.call('PTTL', KEYS[2])
-    redis.call('SET', KEYS[2], table.concat(left, ' '), 'PX', math.max(ttl, 1))
+    local left, empty = {}, true
+    for i = 1, 3 do
+      left[i] = show(sub(held[i], backs[i]))
+      if left[i] ~= '0' then
+        empty = false
+      end
+    end
+    if empty then
+      redis.call('DEL', KEYS[2])
+    else
+      -- The rest of a slice record stays, with the time to live it had.
+      local ttl = redis.call('PTTL', KEYS[2])
+      redis.call('SET', KEYS[2], table.concat(left, ' '), 'PX', math.max(ttl, 1))
+    end
   end
   local h = redis.call('HMGET', state, 'p', 'd', 'r')
   if not h[1] then
@@ -242,14 +255,10 @@ if op == 'charge' and fits == 1 then
 end
 
 if op == 'slice' and fits == 1 then
-  local record = redis.call('GET', KEYS[2])
-  local had = {}
-  if record then
-    for part in string.gmatch(record, '%d+') do
-      had[#had + 1] = parse(part)
-    end
-  else
-    had = { { 0 }, { 0 }, { 0 } }
+  local text = redis.call('GET', KEYS[2])
+  local had = { { 0 }, { 0 }, { 0 } }
+  if text then
+    had = record(text)
   end
   local sum = {}
   for i = 1, 3 do
