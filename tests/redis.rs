@@ -1071,20 +1071,37 @@ async fn slices_are_spent_while_redis_is_away_then_the_policy_decides() {
     }
 }
 
+/// A store in local-first mode with slices of half each bucket (idle ones given back after
+/// `return_after`), on the test Redis under `test`'s prefix: (url, prefix, metrics, store).
+fn half_sliced_store(
+    test: &str,
+    return_after: Duration,
+) -> (String, String, StoreMetrics, RedisStore) {
+    let url = support::redis_server::url();
+    let prefix = prefix(test);
+    let mut config = store_config(&url, &prefix);
+    config.local_first = Some(LocalFirst {
+        slice: 0.5,
+        return_after,
+    });
+    let metrics = StoreMetrics::default();
+    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    (url, prefix, metrics, store)
+}
+
+/// The small charge the slice tests lease their slice with.
+const SMALL: Cost = Cost {
+    prefill: 1000,
+    decode: 4,
+    requests: 1,
+};
+
 /// A local-first replica stopping gives back what its slice holds (`Running::shutdown` calls
 /// this once every request has settled): the shared level is then exactly the capacity less
 /// what was admitted, and the slice record keeps only that.
 #[tokio::test]
 async fn a_stopping_replica_gives_its_slices_back() {
-    let url = support::redis_server::url();
-    let prefix = prefix("slices-back");
-    let mut config = store_config(&url, &prefix);
-    config.local_first = Some(LocalFirst {
-        slice: 0.5,
-        return_after: Duration::from_secs(3600),
-    });
-    let metrics = StoreMetrics::default();
-    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    let (url, prefix, metrics, store) = half_sliced_store("slices-back", Duration::from_secs(3600));
     let limits = big_limits();
     let mut conn = connect(&url).await;
     let key = format!("{prefix}{{una}}");
@@ -1092,11 +1109,7 @@ async fn a_stopping_replica_gives_its_slices_back() {
     let full = limits.units().map(|u| u.capacity);
     let frozen = time_us(&mut conn).await + 3_600_000_000;
     set_state(&mut conn, &key, frozen, full).await;
-    let cost = Cost {
-        prefill: 1000,
-        decode: 4,
-        requests: 1,
-    };
+    let cost = SMALL;
     let now = Instant::now();
     store
         .charge("una", &limits, cost, now, LeaseId(0))
@@ -1131,21 +1144,9 @@ async fn a_stopping_replica_gives_its_slices_back() {
 /// away), gives back what it claimed from the slice: the slice holds what it held before.
 #[tokio::test]
 async fn a_charge_cancelled_during_its_lease_gives_its_claim_back() {
-    let url = support::redis_server::url();
-    let prefix = prefix("slices-cancel");
-    let mut config = store_config(&url, &prefix);
-    config.local_first = Some(LocalFirst {
-        slice: 0.5,
-        return_after: Duration::from_secs(3600),
-    });
-    let metrics = StoreMetrics::default();
-    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    let (_, _, metrics, store) = half_sliced_store("slices-cancel", Duration::from_secs(3600));
     let limits = big_limits();
-    let cost = Cost {
-        prefill: 1000,
-        decode: 4,
-        requests: 1,
-    };
+    let cost = SMALL;
     let now = Instant::now();
     store
         .charge("una", &limits, cost, now, LeaseId(0))
@@ -1197,21 +1198,10 @@ async fn a_local_first_gateway_exports_its_slice_and_gives_it_back_at_shutdown()
 /// was admitted and the gauge to 0 (waited for on Redis, bounded).
 #[tokio::test]
 async fn an_idle_slice_goes_back_by_itself() {
-    let url = support::redis_server::url();
-    let prefix = prefix("slices-idle");
-    let mut config = store_config(&url, &prefix);
-    config.local_first = Some(LocalFirst {
-        slice: 0.5,
-        return_after: Duration::from_millis(200),
-    });
-    let metrics = StoreMetrics::default();
-    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    let (url, prefix, metrics, store) =
+        half_sliced_store("slices-idle", Duration::from_millis(200));
     let limits = big_limits();
-    let cost = Cost {
-        prefill: 1000,
-        decode: 4,
-        requests: 1,
-    };
+    let cost = SMALL;
     store
         .charge("ivo", &limits, cost, Instant::now(), LeaseId(0))
         .await
