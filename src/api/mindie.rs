@@ -152,6 +152,7 @@ pub fn parse_generation(
         prompt: Prompt::Text(inputs),
         body,
         raw: Bytes::new(),
+        raw_keys_unique: false,
     })
 }
 

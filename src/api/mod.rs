@@ -7,7 +7,7 @@ pub mod sse;
 use crate::error::ApiError;
 use bytes::Bytes;
 use openai::{Endpoint, GenerationRequest, ParseLimits};
-use serde::de::{MapAccess, Visitor};
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -157,7 +157,8 @@ pub fn rewrite_for_backend(
 
 /// The body for the backend: `req`'s body with the top-level members in `set` given these
 /// values (added at the end when absent). When the client's bytes are known
-/// ([`GenerationRequest::raw`]) they are kept: the very bytes when nothing changes, else every
+/// ([`GenerationRequest::raw`]) they are kept: the very bytes when nothing changes (not even read
+/// again when [`GenerationRequest::raw_keys_unique`] says no key came twice), else every
 /// member not in `set` copied as the client wrote it, so a long prompt is neither escaped nor
 /// written again. A key sent twice is sent once, where it first came, with its last value, as
 /// it was parsed (and counted).
@@ -165,6 +166,9 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
     let mut body = std::mem::take(&mut req.body);
     let raw = std::mem::take(&mut req.raw);
     set.retain(|(k, v)| body.get(*k) != Some(v));
+    if set.is_empty() && req.raw_keys_unique && !raw.is_empty() {
+        return raw;
+    }
     let members = match serde_json::from_slice::<Members<'_>>(&raw) {
         Ok(Members(m)) if !raw.is_empty() => m,
         // No bytes (a request built from a parsed map), or bytes that are not this body.
@@ -228,6 +232,61 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
     }
     out.push(b'}');
     out.into()
+}
+
+/// A request body at the top level: an object, with the number of members it was written with
+/// (a key sent twice counts twice; the map keeps it once), or what else it is.
+pub(crate) enum Top {
+    Object {
+        map: Map<String, Value>,
+        members: usize,
+    },
+    /// Not an object: what it is, as errors name it.
+    Other(&'static str),
+}
+
+impl<'de> Deserialize<'de> for Top {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Any;
+        impl<'de> Visitor<'de> for Any {
+            type Value = Top;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
+                let (mut map, mut members) = (Map::new(), 0);
+                while let Some(key) = access.next_key::<String>()? {
+                    // As serde_json's own map: a repeated key keeps its place, with the last value.
+                    map.insert(key, access.next_value()?);
+                    members += 1;
+                }
+                Ok(Top::Object { map, members })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
+                while access.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Top::Other("an array"))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Top, E> {
+                Ok(Top::Other("a boolean"))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Top, E> {
+                Ok(Top::Other("a number"))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Top, E> {
+                Ok(Top::Other("a number"))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Top, E> {
+                Ok(Top::Other("a number"))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Top, E> {
+                Ok(Top::Other("a string"))
+            }
+            fn visit_unit<E>(self) -> Result<Top, E> {
+                Ok(Top::Other("null"))
+            }
+        }
+        d.deserialize_any(Any)
+    }
 }
 
 /// A JSON object's members in the order written, each value as its text in the input.

@@ -88,6 +88,10 @@ pub struct GenerationRequest {
     /// The bytes `body` was parsed from, when known (empty for a request built from a parsed
     /// map): the rewrite for the backend keeps them, changed only where it must.
     pub raw: Bytes,
+    /// Whether each top-level key is known to come once in `raw` ([`parse_body`] counted
+    /// them): when nothing is to change, the rewrite then sends `raw` without reading it again.
+    /// `false` when not known.
+    pub raw_keys_unique: bool,
 }
 
 /// Limits that validation needs.
@@ -104,16 +108,24 @@ pub struct ParseLimits<'a> {
 /// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
 /// non-object bodies (serde_json also bounds nesting depth at 128).
 pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    parse_body(bytes).map(|(map, _)| map)
+}
+
+/// [`parse_object`], and whether each top-level key came once (a key sent twice is kept once in
+/// the map, with its last value).
+pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> {
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(ApiError::invalid("the request body is not valid UTF-8"));
     };
-    let value: Value = serde_json::from_str(text)
+    let top: super::Top = serde_json::from_str(text)
         .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
-    match value {
-        Value::Object(map) => Ok(map),
-        other => Err(ApiError::invalid(format!(
-            "the request body must be a JSON object, got {}",
-            type_name(&other)
+    match top {
+        super::Top::Object { map, members } => {
+            let unique = members == map.len();
+            Ok((map, unique))
+        }
+        super::Top::Other(got) => Err(ApiError::invalid(format!(
+            "the request body must be a JSON object, got {got}"
         ))),
     }
 }
@@ -248,6 +260,7 @@ pub fn parse_generation(
         prompt,
         body,
         raw: Bytes::new(),
+        raw_keys_unique: false,
     })
 }
 
@@ -671,10 +684,40 @@ mod tests {
     /// A request parsed from `text` as the gateway does, its bytes kept.
     fn from_bytes(text: &str) -> GenerationRequest {
         let raw = Bytes::copy_from_slice(text.as_bytes());
-        let body = Value::Object(parse_object(&raw).unwrap());
+        let (body, raw_keys_unique) = parse_body(&raw).unwrap();
         GenerationRequest {
             raw,
-            ..parse(Endpoint::Chat, body).unwrap()
+            raw_keys_unique,
+            ..parse(Endpoint::Chat, Value::Object(body)).unwrap()
+        }
+    }
+
+    #[test]
+    fn parse_body_tells_whether_a_key_came_twice() {
+        let (map, unique) = parse_body(br#"{"a": 1, "b": {"a": 2, "a": 3}}"#).unwrap();
+        assert_eq!(Value::Object(map), json!({"a": 1, "b": {"a": 3}}));
+        assert!(
+            unique,
+            "a key repeated inside a member is not a top-level repeat"
+        );
+        // The same key in two spellings: kept where it first came, with its last value.
+        let (map, unique) = parse_body(br#"{"a": 1, "b": 2, "\u0061": 3}"#).unwrap();
+        assert_eq!(serde_json::to_string(&map).unwrap(), r#"{"a":3,"b":2}"#);
+        assert!(!unique);
+        assert_eq!(parse_body(b"{}").unwrap(), (Map::new(), true));
+        for (text, got) in [
+            ("1.5", "a number"),
+            ("-2", "a number"),
+            (r#""{}""#, "a string"),
+            ("null", "null"),
+            ("true", "a boolean"),
+            (r#"[1, {"a": [2]}]"#, "an array"),
+        ] {
+            assert_eq!(
+                parse_body(text.as_bytes()).unwrap_err().message,
+                format!("the request body must be a JSON object, got {got}"),
+                "{text}"
+            );
         }
     }
 

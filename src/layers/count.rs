@@ -121,15 +121,19 @@ impl Gateway {
         let (mut parts, body) = req.into_parts();
         let config = self.config.clone();
         let mut parsed = self
-            .read_body_json(&tenant.name, body, move |body, raw| {
+            .read_body_json(&tenant.name, body, move |body| {
                 let limits = ParseLimits {
                     served_names: &config.model.served_names,
                     max_model_len: config.model.max_model_len,
                     vision: &config.vision_rules,
                 };
-                let parsed = api::parse_generation(route, body, &limits)?;
+                let parsed = api::parse_generation(route, body.object, &limits)?;
                 // Forwarded as sent where the rewrite changes nothing.
-                Ok(GenerationRequest { raw, ..parsed })
+                Ok(GenerationRequest {
+                    raw: body.raw,
+                    raw_keys_unique: body.keys_unique,
+                    ..parsed
+                })
             })
             .await?;
         // A refusal from here on is recorded with the model it named.

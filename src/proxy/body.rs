@@ -9,6 +9,18 @@ use crate::api::openai;
 use crate::error::{ApiError, BodyError};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request};
+use serde_json::{Map, Value};
+
+/// A request body read whole and parsed as a JSON object.
+#[derive(Debug)]
+pub struct JsonBody {
+    /// The object.
+    pub object: Map<String, Value>,
+    /// The bytes it was parsed from.
+    pub raw: Bytes,
+    /// Whether each top-level key came once in `raw` (the object keeps a repeated key once).
+    pub keys_unique: bool,
+}
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
 /// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]).
@@ -34,9 +46,7 @@ impl Gateway {
         &self,
         tenant: &str,
         req: Request<B>,
-        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>, Bytes) -> Result<T, ApiError>
-            + Send
-            + 'static,
+        parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError>
     where
         B: http_body::Body,
@@ -47,16 +57,14 @@ impl Gateway {
     }
 
     /// The body, within the size limit and read timeout, then `parse` of it as a JSON object
-    /// (and of its bytes).
+    /// (with its bytes).
     /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a
     /// millisecond), on the tenant's share of the worker pool for larger ones.
     pub async fn read_body_json<B, T: Send + 'static>(
         &self,
         tenant: &str,
         body: B,
-        parse: impl FnOnce(serde_json::Map<String, serde_json::Value>, Bytes) -> Result<T, ApiError>
-            + Send
-            + 'static,
+        parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError>
     where
         B: http_body::Body,
@@ -72,7 +80,14 @@ impl Gateway {
                 timeout,
             })?;
         let bytes_len = bytes.len();
-        let job = move || parse(openai::parse_object(&bytes)?, bytes);
+        let job = move || {
+            let (object, keys_unique) = openai::parse_body(&bytes)?;
+            parse(JsonBody {
+                object,
+                raw: bytes,
+                keys_unique,
+            })
+        };
         if bytes_len <= PARSE_INLINE_BYTES {
             return job();
         }

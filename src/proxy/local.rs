@@ -23,7 +23,8 @@ where
     let tenant = crate::layers::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let config = gw.config.clone();
     let prompt = gw
-        .read_json(&tenant.name, req, move |body, _| {
+        .read_json(&tenant.name, req, move |body| {
+            let body = body.object;
             if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
                 let m = v.as_str().unwrap_or_default();
                 if !config.model.served_names.iter().any(|n| n == m) {
