@@ -414,25 +414,53 @@ impl ApiError {
     }
 }
 
+/// A value of [`RateLimitHeaders`]: a number, or a wait in OpenAI's format.
+enum Field {
+    Count(u64),
+    Reset(Duration),
+}
+
 impl RateLimitHeaders {
     /// Sets the six `x-ratelimit-*` headers.
     pub fn apply(&self, h: &mut HeaderMap) {
-        // Names parsed once and numbers written without `fmt`: this runs on every answer.
-        let reset = |d| HeaderValue::try_from(format_reset(d)).expect("digits and units");
-        let pairs = [
-            ("x-ratelimit-limit-tokens", self.limit_tokens.into()),
-            ("x-ratelimit-remaining-tokens", self.remaining_tokens.into()),
-            ("x-ratelimit-reset-tokens", reset(self.reset_tokens)),
-            ("x-ratelimit-limit-requests", self.limit_requests.into()),
+        // This runs on every answer: the six values are written without `fmt` into one buffer,
+        // and each header is a slice of it (one allocation in place of six).
+        let fields = [
+            ("x-ratelimit-limit-tokens", Field::Count(self.limit_tokens)),
+            (
+                "x-ratelimit-remaining-tokens",
+                Field::Count(self.remaining_tokens),
+            ),
+            ("x-ratelimit-reset-tokens", Field::Reset(self.reset_tokens)),
+            (
+                "x-ratelimit-limit-requests",
+                Field::Count(self.limit_requests),
+            ),
             (
                 "x-ratelimit-remaining-requests",
-                self.remaining_requests.into(),
+                Field::Count(self.remaining_requests),
             ),
-            ("x-ratelimit-reset-requests", reset(self.reset_requests)),
+            (
+                "x-ratelimit-reset-requests",
+                Field::Reset(self.reset_requests),
+            ),
         ];
-        h.reserve(pairs.len());
-        for (name, value) in pairs {
+        let mut text = Vec::with_capacity(128);
+        let ends: [usize; 6] = std::array::from_fn(|i| {
+            match fields[i].1 {
+                Field::Count(n) => push_decimal(&mut text, n),
+                Field::Reset(d) => write_reset(&mut text, d),
+            }
+            text.len()
+        });
+        let text = Bytes::from(text);
+        h.reserve(fields.len());
+        let mut start = 0;
+        for ((name, _), end) in fields.into_iter().zip(ends) {
+            let value =
+                HeaderValue::from_maybe_shared(text.slice(start..end)).expect("digits and units");
             h.insert(HeaderName::from_static(name), value);
+            start = end;
         }
     }
 }
@@ -718,24 +746,62 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
     }
 }
 
-/// OpenAI's reset duration format: `12ms`, `1s`, `1.5s`, `6m0s`.
-pub fn format_reset(d: Duration) -> String {
+/// OpenAI's reset duration format onto `out`: `12ms`, `1s`, `1.5s`, `6m0s`; under a second in
+/// whole milliseconds, under a minute in seconds with up to three decimals (rounded up), then
+/// minutes and seconds, and hours.
+fn write_reset(out: &mut Vec<u8>, d: Duration) {
     let ms = d.as_millis();
     if ms < 1000 {
-        return format!("{ms}ms");
+        push_decimal(out, ms as u64);
+        out.extend_from_slice(b"ms");
+        return;
     }
-    let total_secs = d.as_secs_f64();
-    if total_secs < 60.0 {
-        let s = (total_secs * 1000.0).ceil() / 1000.0;
-        return format!("{s}s");
+    if d < Duration::from_secs(60) {
+        // Whole milliseconds, rounded up, written as seconds.
+        let ms = (d.as_nanos()).div_ceil(1_000_000) as u64;
+        push_decimal(out, ms / 1000);
+        let frac = ms % 1000;
+        if frac > 0 {
+            let digits = [
+                b'.',
+                b'0' + (frac / 100) as u8,
+                b'0' + (frac / 10 % 10) as u8,
+                b'0' + (frac % 10) as u8,
+            ];
+            let keep = 4 - [frac % 100 == 0, frac % 10 == 0]
+                .iter()
+                .filter(|&&z| z)
+                .count();
+            out.extend_from_slice(&digits[..keep]);
+        }
+        out.push(b's');
+        return;
     }
     let mins = d.as_secs() / 60;
     let secs = d.as_secs() % 60;
-    if mins < 60 {
-        format!("{mins}m{secs}s")
-    } else {
-        format!("{}h{}m{}s", mins / 60, mins % 60, secs)
+    if mins >= 60 {
+        push_decimal(out, mins / 60);
+        out.push(b'h');
     }
+    push_decimal(out, if mins >= 60 { mins % 60 } else { mins });
+    out.push(b'm');
+    push_decimal(out, secs);
+    out.push(b's');
+}
+
+/// `n` in decimal digits onto `out`, without `fmt`.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// The body type used for locally generated responses.
@@ -754,12 +820,76 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::ZERO), 0);
     }
 
+    fn format_reset(d: Duration) -> String {
+        let mut text = Vec::new();
+        write_reset(&mut text, d);
+        String::from_utf8(text).unwrap()
+    }
+
     #[test]
     fn reset_format_matches_openai() {
         assert_eq!(format_reset(Duration::from_millis(12)), "12ms");
         assert_eq!(format_reset(Duration::from_secs(1)), "1s");
         assert_eq!(format_reset(Duration::from_millis(1500)), "1.5s");
         assert_eq!(format_reset(Duration::from_secs(360)), "6m0s");
+        assert_eq!(format_reset(Duration::from_secs(3 * 3600 + 125)), "3h2m5s");
+        assert_eq!(format_reset(Duration::from_nanos(1_001_000_001)), "1.002s");
+        assert_eq!(
+            format_reset(Duration::from_millis(59_999) + Duration::from_nanos(1)),
+            "60s"
+        );
+        assert_eq!(format_reset(Duration::ZERO), "0ms");
+    }
+
+    /// The seconds are written with integers: every millisecond under a minute (and a
+    /// nanosecond past each, which rounds up) reads back as that many milliseconds, in at most
+    /// three decimals without trailing zeros. (The floating-point formula this replaced read an
+    /// exact 1.132 s as 1.133 s: 1.132 x 1000 is 1132.0000000000002 in binary.)
+    #[test]
+    fn reset_seconds_are_exact_milliseconds_rounded_up() {
+        assert_eq!(format_reset(Duration::from_millis(1132)), "1.132s");
+        for ms in 1000..60_000u64 {
+            for (d, want) in [
+                (Duration::from_millis(ms), ms),
+                (Duration::from_millis(ms) + Duration::from_nanos(1), ms + 1),
+            ] {
+                let text = format_reset(d);
+                let number = text.strip_suffix('s').unwrap();
+                let secs: f64 = number.parse().unwrap();
+                assert_eq!((secs * 1000.0).round() as u64, want, "{d:?}: {text}");
+                let decimals = number.split_once('.').map_or("", |(_, f)| f);
+                assert!(decimals.len() <= 3 && !decimals.ends_with('0'), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn rate_limit_headers_are_written_as_numbers_and_durations() {
+        let mut h = HeaderMap::new();
+        RateLimitHeaders {
+            limit_tokens: 12_000,
+            remaining_tokens: 0,
+            reset_tokens: Duration::from_millis(1500),
+            limit_requests: 18_446_744_073_709_551_615,
+            remaining_requests: 7,
+            reset_requests: Duration::from_millis(12),
+        }
+        .apply(&mut h);
+        let got: Vec<(&str, &str)> = h
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("x-ratelimit-limit-tokens", "12000"),
+                ("x-ratelimit-remaining-tokens", "0"),
+                ("x-ratelimit-reset-tokens", "1.5s"),
+                ("x-ratelimit-limit-requests", "18446744073709551615"),
+                ("x-ratelimit-remaining-requests", "7"),
+                ("x-ratelimit-reset-requests", "12ms"),
+            ]
+        );
     }
 
     fn not_yet(bucket: BucketKind) -> Denial {
