@@ -790,7 +790,7 @@ fn write_reset(out: &mut Vec<u8>, d: Duration) {
 }
 
 /// `n` in decimal digits onto `out`, without `fmt`.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0; 20];
     let mut at = digits.len();
     loop {

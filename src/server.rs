@@ -36,14 +36,28 @@ use tracing::Instrument;
 /// Request ids: a process-unique prefix and a counter (cheap, sortable, never reused).
 #[derive(Clone)]
 struct Sequential {
-    prefix: u32,
+    /// `tg-` and the prefix in 8 hex digits, `-`.
+    prefix: Arc<str>,
     next: Arc<AtomicU64>,
+}
+
+impl Sequential {
+    fn new(prefix: u32) -> Self {
+        Self {
+            prefix: format!("tg-{prefix:08x}-").into(),
+            next: Arc::new(AtomicU64::new(1)),
+        }
+    }
 }
 
 impl MakeRequestId for Sequential {
     fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
+        // Every request: the counter written without `fmt`, one allocation.
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        HeaderValue::from_str(&format!("tg-{:08x}-{n}", self.prefix))
+        let mut id = Vec::with_capacity(self.prefix.len() + 20);
+        id.extend_from_slice(self.prefix.as_bytes());
+        crate::error::push_decimal(&mut id, n);
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(id))
             .ok()
             .map(RequestId::new)
     }
@@ -219,10 +233,7 @@ fn main_service(
 > + Clone
        + Send
        + 'static {
-    let ids = Sequential {
-        prefix: rand::random(),
-        next: Arc::new(AtomicU64::new(1)),
-    };
+    let ids = Sequential::new(rand::random());
     let routes = routes(gw);
     ServiceBuilder::new()
         // 1. every request gets an id (kept if the client sent one), echoed in the response
@@ -582,6 +593,21 @@ impl AcceptBackoff {
 mod tests {
     use super::*;
     use std::io::ErrorKind;
+
+    #[test]
+    fn request_ids_are_the_prefix_in_hex_and_a_counter() {
+        let mut ids = Sequential::new(0xab_cdef);
+        let counter = ids.next.clone();
+        let req = Request::new(());
+        let mut next = || {
+            let id = ids.make_request_id(&req).expect("an id");
+            id.header_value().to_str().unwrap().to_owned()
+        };
+        assert_eq!(next(), "tg-00abcdef-1");
+        assert_eq!(next(), "tg-00abcdef-2");
+        counter.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(next(), "tg-00abcdef-18446744073709551615");
+    }
 
     #[test]
     fn resource_errors_back_off_doubling_to_a_ceiling_and_log_once_per_interval() {
