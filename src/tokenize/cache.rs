@@ -13,6 +13,7 @@ use super::pool::INLINE_BYTES;
 use super::TokenCount;
 use hashbrown::HashTable;
 use serde_json::{json, Value};
+use std::cell::RefCell;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -218,20 +219,42 @@ fn text_bytes<'a>(values: impl IntoIterator<Item = &'a Value>, limit: usize) -> 
     Some(total)
 }
 
-/// The conversation `[user, answer, user]` rendered without a generation prompt, or
-/// `[user, user]` without an answer.
-fn render_probe(template: &ChatTemplate, answer: Option<Value>) -> Result<String, TemplateError> {
+/// The conversation `[user, answer, user]` without a generation prompt, or `[user, user]`
+/// without an answer.
+fn probe(answer: Option<&str>) -> ChatPrompt {
     let user = json!({"role": "user", "content": "."});
     let messages = match answer {
-        Some(answer) => vec![user.clone(), answer, user],
+        Some(text) => vec![
+            user.clone(),
+            json!({"role": "assistant", "content": text}),
+            user,
+        ],
         None => vec![user.clone(), user],
     };
-    template.render(&ChatPrompt {
+    ChatPrompt {
         messages,
         tools: None,
         add_generation_prompt: false,
         enable_thinking: None,
-    })
+    }
+}
+
+/// Answer text a thread's [`REPLY_PROBE`] keeps the room for between answers.
+const REPLY_PROBE_KEEP_BYTES: usize = 64 << 10;
+
+/// The answer's text in a [`REPLY_PROBE`].
+fn answer_text(probe: &mut ChatPrompt) -> &mut String {
+    match probe.messages[1].get_mut("content") {
+        Some(Value::String(text)) => text,
+        _ => unreachable!("the probe's answer is a string"),
+    }
+}
+
+thread_local! {
+    /// The probe `[user, answer, user]` that [`ChatCounter::reply_span`] renders, one per
+    /// thread: each answer only has its text put in place of the last one's, no conversation
+    /// built and dropped per answer.
+    static REPLY_PROBE: RefCell<ChatPrompt> = RefCell::new(probe(Some("")));
 }
 
 /// Counters of a [`ChatCounter`], per rendered span.
@@ -255,7 +278,7 @@ pub struct CacheStats {
 #[derive(Debug)]
 pub struct ChatCounter {
     template: ChatTemplate,
-    /// [`render_probe`] without an answer: what [`ChatCounter::remember_reply`] compares with
+    /// [`probe`] without an answer, rendered: what [`ChatCounter::remember_reply`] compares with
     /// (`None` if the template refuses it).
     reply_probe: Option<String>,
     hasher: foldhash::fast::RandomState,
@@ -272,7 +295,7 @@ impl ChatCounter {
     pub fn new(template: ChatTemplate, max_bytes: usize) -> Self {
         let shards = shard_count(max_bytes);
         Self {
-            reply_probe: render_probe(&template, None).ok(),
+            reply_probe: template.render(&probe(None)).ok(),
             template,
             hasher: foldhash::fast::RandomState::default(),
             shards: (0..shards)
@@ -399,8 +422,19 @@ impl ChatCounter {
     /// template does not render the answer as exactly one span of its own.
     fn reply_span(&self, content: &str) -> Option<String> {
         let without = self.reply_probe.as_deref()?;
-        let answer = json!({"role": "assistant", "content": content});
-        let with = render_probe(&self.template, Some(answer)).ok()?;
+        let with = REPLY_PROBE
+            .with_borrow_mut(|probe| {
+                let text = answer_text(probe);
+                // Cleared before as well as after: a render that panicked left its text.
+                text.clear();
+                text.push_str(content);
+                let rendered = self.template.render(probe);
+                let text = answer_text(probe);
+                text.clear();
+                text.shrink_to(REPLY_PROBE_KEEP_BYTES);
+                rendered
+            })
+            .ok()?;
         let with: Vec<&str> = spans(&with).collect();
         let without: Vec<&str> = spans(without).collect();
         if with.len() != without.len() + 1 {
