@@ -17,7 +17,7 @@ use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
 use crate::proxy::Gateway;
 use crate::record::NamedModel;
 use crate::tenant::Tenant;
-use crate::tokenize::cache::ChatCounter;
+use crate::tokenize::cache::{ChatCounter, LookUp};
 use crate::tokenize::chat::ChatPrompt;
 use crate::tokenize::TokenCount;
 use crate::vision;
@@ -211,22 +211,29 @@ impl Gateway {
             Prompt::TokenIds(ids) => return Ok(TokenCount::of(ids.len(), ceiling)),
             Prompt::Chat { prompt, media } => {
                 let chat = self.chat.clone();
-                let uncached = if media.is_empty() {
-                    chat.uncached_bytes(&prompt)
+                // The prompt is rendered once: here for the look-up (which decides where it is
+                // counted), or where it is counted.
+                let look = if media.is_empty() {
+                    chat.look_up(&prompt)
                 } else {
-                    usize::MAX
+                    LookUp {
+                        uncached: usize::MAX,
+                        rendered: None,
+                    }
                 };
                 self.pool
-                    .run_maybe_inline(tenant, uncached, move || {
-                        if !media.is_empty() {
-                            render_paired(&chat, &prompt, &media)?;
-                        }
+                    .run_maybe_inline(tenant, look.uncached, move || {
+                        let rendered = match look.rendered {
+                            Some(text) => text,
+                            None if media.is_empty() => chat.template().render(&prompt)?,
+                            None => render_paired(&chat, &prompt, &media)?,
+                        };
                         // Images and video are counted from their headers: the text gets what
                         // is left of the ceiling.
                         let media = vision::extra_tokens(&media, tok.as_ref());
                         let media = usize::try_from(media).unwrap_or(usize::MAX);
                         let left = ceiling.saturating_sub(media);
-                        let text = chat.count_up_to(tok.as_ref(), &prompt, left)?;
+                        let text = chat.count_rendered_up_to(tok.as_ref(), &rendered, left);
                         Ok::<_, ApiError>(match text {
                             TokenCount::Exact(n) => {
                                 TokenCount::of(n.saturating_add(media), ceiling)

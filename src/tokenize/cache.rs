@@ -257,6 +257,18 @@ thread_local! {
     static REPLY_PROBE: RefCell<ChatPrompt> = RefCell::new(probe(Some("")));
 }
 
+/// What [`ChatCounter::look_up`] found for a prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookUp {
+    /// Bytes of the rendering that counting would tokenize now (its spans not cached);
+    /// `usize::MAX` for a prompt of more text than is cheap to render for this (64 KiB with the
+    /// built-in renderer, [`INLINE_BYTES`] with a Jinja template); 0 for a prompt the template
+    /// refuses (counting it fails at once).
+    pub uncached: usize,
+    /// The rendering, for [`ChatCounter::count_rendered_up_to`] (`None` when not rendered).
+    pub rendered: Option<String>,
+}
+
 /// Counters of a [`ChatCounter`], per rendered span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
@@ -333,7 +345,18 @@ impl ChatCounter {
         ceiling: usize,
     ) -> Result<TokenCount, TemplateError> {
         let text = self.template.render(prompt)?;
-        let spans: Vec<(u64, &str)> = spans(&text).map(|s| (self.hasher.hash_one(s), s)).collect();
+        Ok(self.count_rendered_up_to(tok, &text, ceiling))
+    }
+
+    /// [`ChatCounter::count_up_to`] of a prompt already rendered (`text`, from
+    /// [`ChatCounter::look_up`]).
+    pub fn count_rendered_up_to(
+        &self,
+        tok: &(impl CountTokens + ?Sized),
+        text: &str,
+        ceiling: usize,
+    ) -> TokenCount {
+        let spans: Vec<(u64, &str)> = spans(text).map(|s| (self.hasher.hash_one(s), s)).collect();
         let mut total = 0;
         let mut missing = Vec::new();
         for &(hash, span) in &spans {
@@ -364,15 +387,13 @@ impl ChatCounter {
         for &(hash, span, tokens) in &missing[..counted] {
             self.shard(hash).insert(hash, span, tokens);
         }
-        Ok(TokenCount::of(total, ceiling))
+        TokenCount::of(total, ceiling)
     }
 
-    /// Bytes of the prompt's rendering that [`ChatCounter::count_up_to`] would tokenize now
-    /// (its spans not cached), to decide where to count it; `usize::MAX` for a prompt of more
-    /// text than is cheap to render for this (64 KiB with the built-in renderer,
-    /// [`INLINE_BYTES`] with a Jinja template). A prompt the template refuses is 0: counting
-    /// it fails at once. Touches neither recency nor the counters.
-    pub fn uncached_bytes(&self, prompt: &ChatPrompt) -> usize {
+    /// The prompt rendered and looked up in the cache, to decide where to count it (and count
+    /// it there without rendering it again): see [`LookUp`]. Touches neither recency nor the
+    /// counters.
+    pub fn look_up(&self, prompt: &ChatPrompt) -> LookUp {
         let limit = if self.template.is_builtin() {
             LOOK_UP_TEXT_BYTES
         } else {
@@ -380,18 +401,28 @@ impl ChatCounter {
         };
         let values = prompt.messages.iter().chain(prompt.tools.iter().flatten());
         if text_bytes(values, limit).is_none() {
-            return usize::MAX;
+            return LookUp {
+                uncached: usize::MAX,
+                rendered: None,
+            };
         }
         let Ok(text) = self.template.render(prompt) else {
-            return 0;
+            return LookUp {
+                uncached: 0,
+                rendered: None,
+            };
         };
-        spans(&text)
+        let uncached = spans(&text)
             .filter(|span| {
                 let hash = self.hasher.hash_one(span);
                 self.shard(hash).find(hash, span).is_none()
             })
             .map(str::len)
-            .sum()
+            .sum();
+        LookUp {
+            uncached,
+            rendered: Some(text),
+        }
     }
 
     /// Counts ahead the span an assistant answer whose text is `content` will have in the
@@ -721,16 +752,30 @@ mod tests {
     }
 
     #[test]
-    fn uncached_bytes_are_the_spans_counting_would_tokenize() {
+    fn a_look_up_renders_once_and_finds_the_spans_counting_would_tokenize() {
         let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let uncached = |p: &ChatPrompt| counter.look_up(p).uncached;
         let tok = CharCounter::default();
         let rendered = |p: &ChatPrompt| counter.template().render(p).unwrap();
-        assert_eq!(counter.uncached_bytes(&turn(1)), rendered(&turn(1)).len());
+        assert_eq!(
+            counter.look_up(&turn(1)),
+            LookUp {
+                uncached: rendered(&turn(1)).len(),
+                rendered: Some(rendered(&turn(1))),
+            }
+        );
+        // Counted from its rendering, as from the prompt.
+        let again = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let text = rendered(&turn(2));
+        assert_eq!(
+            again.count_rendered_up_to(&tok, &text, usize::MAX),
+            TokenCount::Exact(text.chars().count())
+        );
         counter.count(&tok, &turn(1)).unwrap();
-        assert_eq!(counter.uncached_bytes(&turn(1)), 0);
+        assert_eq!(uncached(&turn(1)), 0);
         let answer_and_question = "<|im_start|>assistant\nanswer 1<|im_end|>\n\
                                    <|im_start|>user\nquestion 2<|im_end|>\n";
-        assert_eq!(counter.uncached_bytes(&turn(2)), answer_and_question.len());
+        assert_eq!(uncached(&turn(2)), answer_and_question.len());
         // Looking touches no counter.
         assert_eq!((counter.stats().hits, counter.stats().misses), (0, 3));
 
@@ -738,11 +783,23 @@ mod tests {
         let mut long = turn(1);
         long.messages
             .push(json!({"role": "user", "content": "x".repeat(LOOK_UP_TEXT_BYTES)}));
-        assert_eq!(counter.uncached_bytes(&long), usize::MAX);
+        assert_eq!(
+            counter.look_up(&long),
+            LookUp {
+                uncached: usize::MAX,
+                rendered: None
+            }
+        );
         // A prompt the template refuses fails at once wherever it is counted.
         let mut empty = turn(1);
         empty.messages.clear();
-        assert_eq!(counter.uncached_bytes(&empty), 0);
+        assert_eq!(
+            counter.look_up(&empty),
+            LookUp {
+                uncached: 0,
+                rendered: None
+            }
+        );
     }
 
     #[test]
