@@ -32,7 +32,8 @@ pub struct Ticket {
     /// Recorded when the ticket goes; `None` when the request is answered with an error, which
     /// is counted with the error.
     outcome: Option<Outcome>,
-    metrics: Option<Arc<Metrics>>,
+    /// Where the outcome is counted: the gateway's metrics, in the charged tenant's series.
+    metrics: Option<(Arc<Metrics>, Arc<Tenant>)>,
     /// Where the request is recorded when it settles, and what the record needs.
     record: Option<(Arc<Recorder>, RequestFacts)>,
     ttft: Option<Duration>,
@@ -53,8 +54,8 @@ impl std::fmt::Debug for Ticket {
 impl Ticket {
     /// Holds `reservation` in the first phase: everything goes back unless the backend answers.
     /// With `metrics`, the outcome is counted when the ticket goes (`client_disconnect` unless
-    /// told otherwise).
-    pub fn new(reservation: Reservation, metrics: Option<Arc<Metrics>>) -> Self {
+    /// told otherwise), in the series of the tenant given with them (the one charged).
+    pub fn new(reservation: Reservation, metrics: Option<(Arc<Metrics>, Arc<Tenant>)>) -> Self {
         Self {
             reservation: Some(reservation),
             lease: None,
@@ -180,17 +181,20 @@ impl Drop for Ticket {
         if !self.answered {
             reservation.refund_all();
         }
-        let tenant = reservation.tenant().to_owned();
+        let recorded_tenant = self
+            .record
+            .is_some()
+            .then(|| reservation.tenant().to_owned());
         let cost = reservation.cost();
         let settlement = reservation.settle();
         let Some(outcome) = self.outcome else {
             return;
         };
         // Recorded before it is counted: whoever waits for the count finds the record.
-        if let Some((recorder, facts)) = self.record.take() {
+        if let (Some((recorder, facts)), Some(tenant)) = (self.record.take(), recorded_tenant) {
             recorder.settle(Settled {
                 request_id: facts.request_id,
-                tenant: tenant.clone(),
+                tenant,
                 model: facts.model,
                 outcome,
                 arrived: facts.arrived,
@@ -205,8 +209,8 @@ impl Drop for Ticket {
                 }),
             });
         }
-        if let Some(metrics) = &self.metrics {
-            metrics.outcome(&tenant, outcome);
+        if let Some((metrics, tenant)) = &self.metrics {
+            tenant.metrics.outcome(metrics, outcome);
         }
     }
 }
@@ -355,7 +359,8 @@ where
                 .limiter
                 .reserve(&current.name, &current.limits, cost)
                 .await?;
-            let mut ticket = Ticket::new(reservation, shared.metrics.clone());
+            let counted = shared.metrics.clone().map(|m| (m, current));
+            let mut ticket = Ticket::new(reservation, counted);
             if let Some(recorder) = &shared.recorder {
                 ticket.recorded_by(recorder.clone(), RequestFacts::of(&req));
             }
