@@ -292,25 +292,28 @@ pub fn parse_chat_prompt(
     let mut media = Vec::new();
     let mut rendered = Vec::with_capacity(messages.len());
     for (i, m) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
+        // Named only by errors: no string is made for a message that is valid.
+        let at = || format!("messages[{i}]");
         let Value::Object(m) = m else {
-            return Err(wrong_type(&at, "an object", m));
+            return Err(wrong_type(&at(), "an object", m));
         };
         match m.get("role") {
             Some(Value::String(r)) if ROLES.contains(&r.as_str()) => {}
             Some(Value::String(r)) => {
+                let at = at();
                 return Err(ApiError::invalid_param(
                     &format!("{at}.role"),
                     format!("`{at}.role` must be one of {ROLES:?}, got `{r}`"),
-                ))
+                ));
             }
             None => {
+                let at = at();
                 return Err(ApiError::invalid_param(
                     &format!("{at}.role"),
                     format!("`{at}.role` is required"),
-                ))
+                ));
             }
-            Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", other)),
+            Some(other) => return Err(wrong_type(&format!("{}.role", at()), "a string", other)),
         }
         let parts = match m.get("content") {
             None | Some(Value::Null) | Some(Value::String(_)) => None,
@@ -319,13 +322,13 @@ pub fn parse_chat_prompt(
                     .iter()
                     .enumerate()
                     .map(|(j, p)| {
-                        content_part(p, &format!("{at}.content[{j}]"), vision, &mut media)
+                        content_part(p, &format!("{}.content[{j}]", at()), vision, &mut media)
                     })
                     .collect::<Result<Vec<Value>, ApiError>>()?,
             ),
             Some(other) => {
                 return Err(wrong_type(
-                    &format!("{at}.content"),
+                    &format!("{}.content", at()),
                     "a string or an array of content parts",
                     other,
                 ))
