@@ -1,0 +1,71 @@
+//! The floor `scripts/bench-proxy` measures tokengate against, beside nginx: a reverse proxy on
+//! the same hyper server and client tokengate is built on, doing nothing else. It forwards every
+//! request (method, path, headers, body as it streams) to one backend and passes the answer back
+//! as it comes. What tokengate costs above it is its accounting; what it costs above nginx is
+//! the stack both share.
+//!
+//! `cargo run --release --example plain_proxy -- 127.0.0.1:8081 127.0.0.1:9000`
+//!
+//! Built as tokengate's own listener and backend pool are: a multi-threaded tokio runtime,
+//! hyper-util's auto server (HTTP/1.1 with keep-alive here), its legacy client with TCP_NODELAY
+//! and a keep-alive pool.
+
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use std::sync::Arc;
+
+type Pool = Client<HttpConnector, Incoming>;
+
+async fn forward(
+    mut req: Request<Incoming>,
+    client: Pool,
+    backend: Arc<Authority>,
+) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::builder()
+        .scheme(Scheme::HTTP)
+        .authority((*backend).clone())
+        .path_and_query(path)
+        .build()
+        .expect("a valid authority and path make a valid URI");
+    client.request(req).await
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (Some(listen), Some(backend), None) = (args.next(), args.next(), args.next()) else {
+        anyhow::bail!("usage: plain_proxy LISTEN_ADDR BACKEND_HOST:PORT");
+    };
+    let backend = Arc::new(backend.parse::<Authority>()?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client: Pool = Client::builder(TokioExecutor::new()).build(connector);
+        let listener = tokio::net::TcpListener::bind(&listen).await?;
+        loop {
+            let (stream, _) = listener.accept().await?;
+            stream.set_nodelay(true)?;
+            let (client, backend) = (client.clone(), backend.clone());
+            tokio::spawn(async move {
+                let service = service_fn(move |req| forward(req, client.clone(), backend.clone()));
+                // A client that goes away mid-answer ends only its own connection.
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    })
+}
