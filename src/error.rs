@@ -425,29 +425,26 @@ impl RateLimitHeaders {
     pub fn apply(&self, h: &mut HeaderMap) {
         // This runs on every answer: the six values are written without `fmt` into one buffer,
         // and each header is a slice of it (one allocation in place of six).
+        // The names are made at compile time (checking a name's bytes was a fifth of this).
+        const NAMES: [HeaderName; 6] = [
+            HeaderName::from_static("x-ratelimit-limit-tokens"),
+            HeaderName::from_static("x-ratelimit-remaining-tokens"),
+            HeaderName::from_static("x-ratelimit-reset-tokens"),
+            HeaderName::from_static("x-ratelimit-limit-requests"),
+            HeaderName::from_static("x-ratelimit-remaining-requests"),
+            HeaderName::from_static("x-ratelimit-reset-requests"),
+        ];
         let fields = [
-            ("x-ratelimit-limit-tokens", Field::Count(self.limit_tokens)),
-            (
-                "x-ratelimit-remaining-tokens",
-                Field::Count(self.remaining_tokens),
-            ),
-            ("x-ratelimit-reset-tokens", Field::Reset(self.reset_tokens)),
-            (
-                "x-ratelimit-limit-requests",
-                Field::Count(self.limit_requests),
-            ),
-            (
-                "x-ratelimit-remaining-requests",
-                Field::Count(self.remaining_requests),
-            ),
-            (
-                "x-ratelimit-reset-requests",
-                Field::Reset(self.reset_requests),
-            ),
+            Field::Count(self.limit_tokens),
+            Field::Count(self.remaining_tokens),
+            Field::Reset(self.reset_tokens),
+            Field::Count(self.limit_requests),
+            Field::Count(self.remaining_requests),
+            Field::Reset(self.reset_requests),
         ];
         let mut text = Vec::with_capacity(128);
         let ends: [usize; 6] = std::array::from_fn(|i| {
-            match fields[i].1 {
+            match fields[i] {
                 Field::Count(n) => push_decimal(&mut text, n),
                 Field::Reset(d) => write_reset(&mut text, d),
             }
@@ -456,10 +453,10 @@ impl RateLimitHeaders {
         let text = Bytes::from(text);
         h.reserve(fields.len());
         let mut start = 0;
-        for ((name, _), end) in fields.into_iter().zip(ends) {
+        for (name, end) in NAMES.into_iter().zip(ends) {
             let value =
                 HeaderValue::from_maybe_shared(text.slice(start..end)).expect("digits and units");
-            h.insert(HeaderName::from_static(name), value);
+            h.insert(name, value);
             start = end;
         }
     }
