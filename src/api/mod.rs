@@ -7,7 +7,7 @@ pub mod sse;
 use crate::error::ApiError;
 use bytes::Bytes;
 use openai::{Endpoint, GenerationRequest, ParseLimits};
-use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -234,24 +234,20 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
     out.into()
 }
 
-/// A request body at the top level: an object, with the number of members it was written with
-/// (a key sent twice counts twice; the map keeps it once), or what else it is.
-pub(crate) enum Top {
-    Object {
-        map: Map<String, Value>,
-        members: usize,
-    },
-    /// Not an object: what it is, as errors name it.
-    Other(&'static str),
+/// A request body that is a JSON object, with the number of members it was written with (a key
+/// sent twice counts twice; the map keeps it once). Anything else fails to deserialize.
+pub(crate) struct Top {
+    map: Map<String, Value>,
+    members: usize,
 }
 
 impl<'de> Deserialize<'de> for Top {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Any;
-        impl<'de> Visitor<'de> for Any {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
             type Value = Top;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
+                f.write_str("a JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
                 let (mut map, mut members) = (Map::new(), 0);
@@ -260,32 +256,10 @@ impl<'de> Deserialize<'de> for Top {
                     map.insert(key, access.next_value()?);
                     members += 1;
                 }
-                Ok(Top::Object { map, members })
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
-                while access.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Top::Other("an array"))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Top, E> {
-                Ok(Top::Other("a boolean"))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Top, E> {
-                Ok(Top::Other("a number"))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Top, E> {
-                Ok(Top::Other("a number"))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Top, E> {
-                Ok(Top::Other("a number"))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Top, E> {
-                Ok(Top::Other("a string"))
-            }
-            fn visit_unit<E>(self) -> Result<Top, E> {
-                Ok(Top::Other("null"))
+                Ok(Top { map, members })
             }
         }
-        d.deserialize_any(Any)
+        d.deserialize_map(Object)
     }
 }
 

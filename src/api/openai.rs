@@ -117,16 +117,21 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> 
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(ApiError::invalid("the request body is not valid UTF-8"));
     };
-    let top: super::Top = serde_json::from_str(text)
-        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}")))?;
-    match top {
-        super::Top::Object { map, members } => {
+    match serde_json::from_str::<super::Top>(text) {
+        Ok(super::Top { map, members }) => {
             let unique = members == map.len();
             Ok((map, unique))
         }
-        super::Top::Other(got) => Err(ApiError::invalid(format!(
-            "the request body must be a JSON object, got {got}"
-        ))),
+        // Refused input only: read again to say what it is instead.
+        Err(_) => match serde_json::from_str::<Value>(text) {
+            Ok(other) => Err(ApiError::invalid(format!(
+                "the request body must be a JSON object, got {}",
+                type_name(&other)
+            ))),
+            Err(e) => Err(ApiError::invalid(format!(
+                "the request body is not valid JSON: {e}"
+            ))),
+        },
     }
 }
 
