@@ -765,10 +765,11 @@ fn write_reset(out: &mut Vec<u8>, d: Duration) {
                 b'0' + (frac / 10 % 10) as u8,
                 b'0' + (frac % 10) as u8,
             ];
-            let keep = 4 - [frac % 100 == 0, frac % 10 == 0]
-                .iter()
-                .filter(|&&z| z)
-                .count();
+            // Without trailing zeros (a digit is not zero: `frac` is not).
+            let mut keep = digits.len();
+            while digits[keep - 1] == b'0' {
+                keep -= 1;
+            }
             out.extend_from_slice(&digits[..keep]);
         }
         out.push(b's');
