@@ -6,7 +6,7 @@ pub mod sse;
 
 use crate::error::ApiError;
 use bytes::Bytes;
-use openai::{Endpoint, GenerationRequest, ParseLimits};
+use openai::{Endpoint, GenerationRequest, JsonBody, ParseLimits};
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
@@ -129,16 +129,20 @@ impl Route {
     }
 }
 
-/// Validates a generation body sent to `route` (see [`openai::parse_generation`] and
-/// [`mindie::parse_generation`]).
+/// Validates a generation body sent to `route`, read with its bytes (see
+/// [`openai::parse_generation_from`] and [`mindie::parse_generation`]).
 pub fn parse_generation(
     route: Route,
-    body: Map<String, Value>,
+    body: JsonBody,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
     match route {
-        Route::OpenAi(endpoint) => openai::parse_generation(endpoint, body, limits),
-        Route::MindIe(native) => mindie::parse_generation(native, body, limits),
+        Route::OpenAi(endpoint) => openai::parse_generation_from(endpoint, body, limits),
+        Route::MindIe(native) => Ok(GenerationRequest {
+            raw: body.raw,
+            raw_keys_unique: body.keys_unique,
+            ..mindie::parse_generation(native, body.object, limits)?
+        }),
     }
 }
 

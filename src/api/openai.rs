@@ -9,6 +9,7 @@ use crate::tokenize::chat::ChatPrompt;
 use crate::vision::{Media, Modality, VisionRules};
 use bytes::Bytes;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 
 /// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -83,7 +84,8 @@ pub struct GenerationRequest {
     pub requested_max_tokens: Option<(MaxTokensField, u64)>,
     /// What to count.
     pub prompt: Prompt,
-    /// The body as sent, rewritten before forwarding.
+    /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
+    /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`]).
     pub body: Map<String, Value>,
     /// The bytes `body` was parsed from, when known (empty for a request built from a parsed
     /// map): the rewrite for the backend keeps them, changed only where it must.
@@ -188,12 +190,46 @@ pub(crate) fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiE
     Ok(n)
 }
 
-/// Validates a generation request body for `endpoint`.
+/// A request body read whole and parsed as a JSON object.
+#[derive(Debug)]
+pub struct JsonBody {
+    /// The object.
+    pub object: Map<String, Value>,
+    /// The bytes it was parsed from.
+    pub raw: Bytes,
+    /// Whether each top-level key came once in `raw` (the object keeps a repeated key once).
+    pub keys_unique: bool,
+}
+
+/// Validates a generation request body for `endpoint` (its bytes not known: see
+/// [`parse_generation_from`]).
 pub fn parse_generation(
     endpoint: Endpoint,
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
+    let body = JsonBody {
+        object: body,
+        raw: Bytes::new(),
+        keys_unique: false,
+    };
+    parse_generation_from(endpoint, body, limits)
+}
+
+/// [`parse_generation`] of a body read with its bytes: the request keeps them
+/// ([`GenerationRequest::raw`]), and when they are known a chat's messages move into its prompt
+/// rather than being copied (the body keeps `null` in their place: the rewrite for the backend
+/// copies them from the bytes).
+pub fn parse_generation_from(
+    endpoint: Endpoint,
+    body: JsonBody,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let JsonBody {
+        object: mut body,
+        raw,
+        keys_unique,
+    } = body;
     let model = match body.get("model") {
         Some(Value::String(m)) if !m.is_empty() => m.clone(),
         Some(Value::String(_)) | None | Some(Value::Null) => {
@@ -253,6 +289,15 @@ pub fn parse_generation(
         }
     }
     let prompt = match endpoint {
+        Endpoint::Chat if !raw.is_empty() => {
+            chat_messages(&body)?;
+            let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
+                unreachable!("chat_messages found an array")
+            };
+            let len = messages.len();
+            let messages = messages.into_iter().map(Cow::Owned);
+            chat_prompt(messages, len, &body, limits.vision)?
+        }
         Endpoint::Chat => parse_chat_prompt(&body, limits.vision)?,
         Endpoint::Completions => parse_completion_prompt(&body)?,
     };
@@ -264,8 +309,8 @@ pub fn parse_generation(
         requested_max_tokens: requested,
         prompt,
         body,
-        raw: Bytes::new(),
-        raw_keys_unique: false,
+        raw,
+        raw_keys_unique: keys_unique,
     })
 }
 
@@ -278,29 +323,42 @@ pub fn parse_chat_prompt(
     body: &Map<String, Value>,
     vision: &VisionRules,
 ) -> Result<Prompt, ApiError> {
-    let messages = match body.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() => m,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "`messages` must contain at least one message",
-            ))
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "`messages` is required",
-            ))
-        }
-        Some(other) => return Err(wrong_type("messages", "an array", other)),
-    };
+    let messages = chat_messages(body)?;
+    let len = messages.len();
+    chat_prompt(messages.iter().map(Cow::Borrowed), len, body, vision)
+}
+
+/// A chat body's `messages`: a non-empty array.
+fn chat_messages(body: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
+    match body.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => Ok(m),
+        Some(Value::Array(_)) => Err(ApiError::invalid_param(
+            "messages",
+            "`messages` must contain at least one message",
+        )),
+        None | Some(Value::Null) => Err(ApiError::invalid_param(
+            "messages",
+            "`messages` is required",
+        )),
+        Some(other) => Err(wrong_type("messages", "an array", other)),
+    }
+}
+
+/// [`parse_chat_prompt`] of `messages` (`len` of them, from [`chat_messages`]), each moved
+/// into the prompt when owned, copied when borrowed.
+fn chat_prompt<'a>(
+    messages: impl Iterator<Item = Cow<'a, Value>>,
+    len: usize,
+    body: &Map<String, Value>,
+    vision: &VisionRules,
+) -> Result<Prompt, ApiError> {
     let mut media = Vec::new();
-    let mut rendered = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
+    let mut rendered = Vec::with_capacity(len);
+    for (i, message) in messages.enumerate() {
         // Named only by errors: no string is made for a message that is valid.
         let at = || format!("messages[{i}]");
-        let Value::Object(m) = m else {
-            return Err(wrong_type(&at(), "an object", m));
+        let Value::Object(m) = message.as_ref() else {
+            return Err(wrong_type(&at(), "an object", &message));
         };
         match m.get("role") {
             Some(Value::String(r)) if ROLES.contains(&r.as_str()) => {}
@@ -340,19 +398,20 @@ pub fn parse_chat_prompt(
             }
         };
         let message = match parts {
-            None => m.clone(),
-            Some(mut parts) => m
-                .iter()
-                .map(|(k, v)| {
-                    let v = match k.as_str() {
-                        "content" => Value::Array(std::mem::take(&mut parts)),
-                        _ => v.clone(),
-                    };
-                    (k.clone(), v)
-                })
-                .collect(),
+            None => message.into_owned(),
+            Some(mut parts) => Value::Object(
+                m.iter()
+                    .map(|(k, v)| {
+                        let v = match k.as_str() {
+                            "content" => Value::Array(std::mem::take(&mut parts)),
+                            _ => v.clone(),
+                        };
+                        (k.clone(), v)
+                    })
+                    .collect(),
+            ),
         };
-        rendered.push(Value::Object(message));
+        rendered.push(message);
     }
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
@@ -563,6 +622,33 @@ mod tests {
                 vision: &VisionRules::default(),
             },
         )
+    }
+
+    #[test]
+    fn a_chat_read_with_its_bytes_moves_its_messages_and_is_forwarded_whole() {
+        let (names, len) = limits();
+        let limits = ParseLimits {
+            served_names: &names,
+            max_model_len: len,
+            vision: &VisionRules::default(),
+        };
+        let raw = br#"{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
+        let body = JsonBody {
+            object: parse_object(raw).unwrap(),
+            raw: Bytes::from_static(raw),
+            keys_unique: true,
+        };
+        let mut r = parse_generation_from(Endpoint::Chat, body, &limits).unwrap();
+        assert_eq!(r.body["messages"], Value::Null);
+        let Prompt::Chat { prompt, .. } = &r.prompt else {
+            panic!()
+        };
+        assert_eq!(prompt.messages, [json!({"role": "user", "content": "hi"})]);
+        let sent = rewrite_for_backend(&mut r, 3, "qwen");
+        assert_eq!(
+            std::str::from_utf8(&sent).unwrap(),
+            r#"{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#
+        );
     }
 
     #[test]

@@ -127,13 +127,8 @@ impl Gateway {
                     max_model_len: config.model.max_model_len,
                     vision: &config.vision_rules,
                 };
-                let parsed = api::parse_generation(route, body.object, &limits)?;
                 // Forwarded as sent where the rewrite changes nothing.
-                Ok(GenerationRequest {
-                    raw: body.raw,
-                    raw_keys_unique: body.keys_unique,
-                    ..parsed
-                })
+                api::parse_generation(route, body, &limits)
             })
             .await?;
         // A refusal from here on is recorded with the model it named.

@@ -7,20 +7,9 @@ use super::bounded::read_bounded;
 use super::Gateway;
 use crate::api::openai;
 use crate::error::{ApiError, BodyError};
-use bytes::Bytes;
 use http::{header, HeaderMap, Request};
-use serde_json::{Map, Value};
 
-/// A request body read whole and parsed as a JSON object.
-#[derive(Debug)]
-pub struct JsonBody {
-    /// The object.
-    pub object: Map<String, Value>,
-    /// The bytes it was parsed from.
-    pub raw: Bytes,
-    /// Whether each top-level key came once in `raw` (the object keeps a repeated key once).
-    pub keys_unique: bool,
-}
+pub use crate::api::openai::JsonBody;
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
 /// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]).
