@@ -58,13 +58,23 @@ enum TokenizerCommand {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only for a person at a terminal: a log file or collector gets plain text (and
-    // every request's span is formatted without escape codes).
-    let _ = tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    // Colours only for a person at a terminal. A log file or collector gets plain text, its
+    // fields written as `name=value` with no styles run over every request span's fields.
+    let _ = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        log.try_init()
+    } else {
+        let plain =
+            tracing_subscriber::fmt::format::debug_fn(|out, field, value| match field.name() {
+                "message" => write!(out, "{value:?}"),
+                name => write!(out, "{name}={value:?}"),
+            });
+        log.with_ansi(false)
+            .fmt_fields(tracing_subscriber::field::MakeExt::delimited(plain, " "))
+            .try_init()
+    };
 }
 
 /// Parses the command line and runs it; errors are printed with their causes.
