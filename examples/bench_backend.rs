@@ -2,7 +2,7 @@
 //! every request (whatever its method and path) with the same server-sent events, read from a
 //! file, each event sent in its own write as an engine sends each token. nginx, the bench's
 //! other fixed backend, can only send a body whole. Given a second file, it answers that whole
-//! to every request whose body does not ask for `"stream":true` (the memory run of
+//! to every request whose body does not ask for `"stream": true` (the memory run of
 //! `scripts/bench-proxy --rss` sends both kinds to one backend). With `BENCH_ONE_WRITE` set in
 //! its environment the events go in one write, as nginx sends them.
 //!
@@ -74,7 +74,11 @@ async fn answer(
 ) -> Result<Response<AnswerBody>, hyper::Error> {
     // Read the request whole, as an engine does, so the connection stays usable.
     let request = req.into_body().collect().await?.to_bytes();
-    let streamed = memchr::memmem::find(&request, b"\"stream\":true").is_some();
+    // As an engine reads it: `"stream": true` however it is spaced.
+    let streamed = serde_json::from_slice::<serde_json::Value>(&request)
+        .ok()
+        .and_then(|body| body.get("stream")?.as_bool())
+        .unwrap_or(false);
     let (content_type, body) = match &answers.whole {
         Some(whole) if !streamed => ("application/json", Either::Right(Full::new(whole.clone()))),
         _ if answers.one_write => (
