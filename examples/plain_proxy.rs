@@ -8,7 +8,7 @@
 //!
 //! Built as tokengate's own listener and backend pool are: a multi-threaded tokio runtime,
 //! hyper-util's auto server (HTTP/1.1 with keep-alive here), its legacy client with TCP_NODELAY
-//! and a keep-alive pool.
+//! and a keep-alive pool, and jemalloc as the allocator.
 
 use http::uri::{Authority, PathAndQuery, Scheme, Uri};
 use hyper::body::Incoming;
@@ -19,6 +19,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use std::sync::Arc;
+
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 type Pool = Client<HttpConnector, Incoming>;
 
