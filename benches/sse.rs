@@ -53,7 +53,7 @@ fn new_way(body: &[u8], read: usize) -> Metered {
     for piece in body.chunks(read) {
         for event in splitter.push(piece).events {
             let data = sse::data(&event);
-            let chunk = Chunk::parse(data.as_bytes());
+            let chunk = Chunk::parse_text(&data);
             m.events += 1;
             m.usage_only += usize::from(chunk.usage_only());
             m.completion_tokens += chunk.completion_tokens().unwrap_or(0);

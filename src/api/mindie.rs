@@ -204,9 +204,15 @@ struct Details {
 sse::object_shape!(Chunk<'a>, Token<'a>; Details);
 
 impl<'a> Chunk<'a> {
-    /// Reads `json` (an event's [`sse::data`] or a whole answer), borrowing its strings.
+    /// Reads `json` (a whole answer), borrowing its strings.
     pub fn parse(json: &'a [u8]) -> Self {
         sse::read_object(json)
+    }
+
+    /// [`Chunk::parse`] of text (an event's [`sse::data`]): its strings are not checked for
+    /// UTF-8 again.
+    pub fn parse_text(json: &'a str) -> Self {
+        sse::read_text(json)
     }
 
     /// `details.generated_tokens`.

@@ -36,12 +36,19 @@ pub enum Wire {
 }
 
 impl Wire {
-    /// Reads `json`, a whole answer or a stream event's [`sse::data`], in this format, as far as
-    /// metering needs.
+    /// Reads `json`, a whole answer, in this format, as far as metering needs.
     pub fn chunk(self, json: &[u8]) -> Chunk<'_> {
         match self {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
+        }
+    }
+
+    /// [`Wire::chunk`] of a stream event's [`sse::data`] (text, so not checked for UTF-8 again).
+    pub fn event(self, data: &str) -> Chunk<'_> {
+        match self {
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_text(data)),
+            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
         }
     }
 }

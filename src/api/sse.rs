@@ -103,8 +103,7 @@ pub fn data(event: &[u8]) -> Cow<'_, str> {
     let Ok(text) = std::str::from_utf8(event) else {
         return Cow::Borrowed("");
     };
-    let mut lines = text
-        .lines()
+    let mut lines = lines(text)
         .filter_map(|l| l.strip_prefix("data:"))
         .map(|d| d.strip_prefix(' ').unwrap_or(d));
     let Some(first) = lines.next() else {
@@ -120,6 +119,26 @@ pub fn data(event: &[u8]) -> Cow<'_, str> {
         joined.push_str(line);
     }
     Cow::Owned(joined)
+}
+
+/// `text`'s lines as [`str::lines`] cuts them (at `\n`, a `\r` before it dropped; no empty line
+/// after a last `\n`), found with `memchr`'s vector search rather than a char pattern.
+fn lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut ends = memchr::memchr_iter(b'\n', text.as_bytes());
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= text.len() {
+            return None;
+        }
+        let Some(end) = ends.next() else {
+            let last = &text[start..];
+            start = text.len();
+            return Some(last);
+        };
+        let line = &text[start..end];
+        start = end + 1;
+        Some(line.strip_suffix('\r').unwrap_or(line))
+    })
 }
 
 /// An OpenAI completion or chat completion, whole or one chunk of a stream, as far as metering
@@ -175,9 +194,15 @@ struct Usage {
 }
 
 impl<'a> Chunk<'a> {
-    /// Reads `json` (an event's [`data`] or a whole answer), borrowing its strings.
+    /// Reads `json` (a whole answer), borrowing its strings.
     pub fn parse(json: &'a [u8]) -> Self {
         read_object(json)
+    }
+
+    /// [`Chunk::parse`] of text (an event's [`data`]): its strings are not checked for UTF-8
+    /// again.
+    pub fn parse_text(json: &'a str) -> Self {
+        read_text(json)
     }
 
     /// `usage.completion_tokens`.
@@ -236,7 +261,16 @@ impl Choice<'_> {
 /// Reads `json` as a `T` read from a JSON object (see [`object_shape`]), borrowing its strings;
 /// anything that is not a JSON object reads as `T::default()`.
 pub(crate) fn read_object<'a, T: Shape<'a> + Default>(json: &'a [u8]) -> T {
-    match serde_json::from_slice::<Loose<T>>(json) {
+    object_or_default(serde_json::from_slice(json))
+}
+
+/// [`read_object`] of text: serde_json reads a `&str` without checking each string's UTF-8.
+pub(crate) fn read_text<'a, T: Shape<'a> + Default>(json: &'a str) -> T {
+    object_or_default(serde_json::from_str(json))
+}
+
+fn object_or_default<T: Default>(read: serde_json::Result<Loose<T>>) -> T {
+    match read {
         Ok(Loose::Is(v)) => v,
         _ => T::default(),
     }
@@ -416,6 +450,23 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn text_reads_as_its_bytes_do() {
+        for json in [
+            r#"{"choices":[{"delta":{"content":"h\u00e9 é"}}],"usage":{"completion_tokens":2}}"#,
+            r#"{"choices":[{"index":0,"text":"once"}]}"#,
+            "[DONE]",
+        ] {
+            let (bytes, text) = (Chunk::parse(json.as_bytes()), Chunk::parse_text(json));
+            assert_eq!(bytes.completion_tokens(), text.completion_tokens());
+            assert_eq!(bytes.answer(), text.answer());
+            assert_eq!(
+                bytes.generated().collect::<Vec<_>>(),
+                text.generated().collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
     fn splits_events_across_pushes() {
         let mut s = SseSplitter::new(1 << 20);
         assert_eq!(s.push(b"data: {\"a\""), Split::default());
@@ -486,6 +537,17 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn cuts_lines_as_str_lines_does(
+            parts in prop::collection::vec(
+                prop::sample::select(vec!["\n", "\r", "\r\n", "data: x", "data:", " ", "é"]),
+                0..40,
+            ),
+        ) {
+            let text = parts.concat();
+            prop_assert_eq!(lines(&text).collect::<Vec<_>>(), text.lines().collect::<Vec<_>>());
+        }
+
         #[test]
         fn splits_as_the_definition_however_the_stream_is_cut(
             parts in prop::collection::vec(

@@ -399,11 +399,12 @@ fn filter(
     max_event_bytes: u64,
     bytes: &[u8],
 ) -> Filtered {
-    let mut out = BytesMut::new();
     let split = splitter.push(bytes);
+    // Room for every event once: the client's bytes are copied in one go, not grown into.
+    let mut out = BytesMut::with_capacity(split.events.iter().map(Bytes::len).sum());
     for event in split.events {
         let data = sse::data(&event);
-        let chunk = wire.chunk(data.as_bytes());
+        let chunk = wire.event(&data);
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk);
         }
