@@ -15,13 +15,18 @@ pub use crate::api::openai::JsonBody;
 /// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]).
 const PARSE_INLINE_BYTES: usize = 64 << 10;
 
+/// Whether a `content-type` value names JSON (`application/json`, with any parameters).
+pub(crate) fn is_json(content_type: &str) -> bool {
+    let mime = content_type.split(';').next().unwrap_or_default().trim();
+    mime.eq_ignore_ascii_case("application/json")
+}
+
 impl Gateway {
     /// The content type, checked before the body is read: JSON or none.
     pub fn check_content_type(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if let Some(ct) = headers.get(header::CONTENT_TYPE) {
             let ct = ct.to_str().unwrap_or_default();
-            let mime = ct.split(';').next().unwrap_or_default().trim();
-            if !mime.eq_ignore_ascii_case("application/json") {
+            if !is_json(ct) {
                 return Err(ApiError::unsupported_media_type(format!(
                     "content-type must be application/json, got `{ct}`"
                 )));

@@ -1,7 +1,8 @@
 //! Steps 10-11, forward + meter: the leaf service under the layers. It sends the parsed
 //! request to the backend its lease is on (`max_tokens` rewritten to what was reserved, usage
 //! asked for, the request's id) and answers with the backend's answer, metered: a whole answer
-//! read and settled at once, a stream passed on event by event by [`MeteredStream`], which owns
+//! (or a JSON one to a streamed request) read and settled at once, a stream passed on event by
+//! event by [`MeteredStream`], which owns
 //! the request's [`Ticket`] (through [`Admitted`]) until it ends, breaks or the client goes.
 //!
 //! Anything but a 2xx answer (and, for a stream, its first chunk) leaves the ticket in its first
@@ -121,7 +122,14 @@ impl Gateway {
         // tenant's rate limits.
         super::upstream::answer_headers(&mut parts.headers);
         admitted.rate_limit_headers().apply(&mut parts.headers);
-        if !req.stream {
+        // A stream the backend answered whole (JSON, not events) is metered as the whole answer
+        // it is: read as events it holds none, and would settle as if nothing was generated.
+        let answered_whole = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|ct| ct.to_str().ok())
+            .is_some_and(super::body::is_json);
+        if !req.stream || answered_whole {
             let bytes = match upstream.read_answer(incoming).await {
                 Ok(bytes) => bytes,
                 Err(e) => return Err(admitted.refuse(e)),
@@ -236,6 +244,27 @@ mod tests {
         let body = resp.into_body().collect().await.expect("whole").to_bytes();
         assert_eq!(body, answer);
         // 3 prompt tokens and the request stay charged; 6 of the 10 decode tokens came back.
+        assert_eq!(buckets(&gw).await, (9997.0, 996.0, 99.0));
+        assert_eq!(gw.admission.snapshot().backends[0].kv_reserved_bytes, 0);
+        assert_eq!(outcomes_of(&gw.metrics, "alice", "ok"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stream_the_backend_answers_whole_is_metered_as_the_whole_answer() {
+        let answer = r#"{"choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}"#;
+        let gw = gateway_to(&backend(200, answer).await.to_string(), 10.0).await;
+        let body =
+            r#"{"model": "qwen3.5-27b", "prompt": [1, 2, 3], "max_tokens": 10, "stream": true}"#;
+        let mut req = completion();
+        *req.body_mut() = Full::new(Bytes::from_static(body.as_bytes()));
+        let resp = generation_service(gw.clone())
+            .oneshot(req)
+            .await
+            .expect("answered");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = resp.into_body().collect().await.expect("whole").to_bytes();
+        assert_eq!(body, answer);
+        // As the same answer not streamed: 6 of the 10 decode tokens came back, not all 10.
         assert_eq!(buckets(&gw).await, (9997.0, 996.0, 99.0));
         assert_eq!(gw.admission.snapshot().backends[0].kv_reserved_bytes, 0);
         assert_eq!(outcomes_of(&gw.metrics, "alice", "ok"), 1);
