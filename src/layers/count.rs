@@ -218,17 +218,20 @@ impl Gateway {
                 };
                 self.pool
                     .run_maybe_inline(tenant, look.uncached, move || {
+                        // Cut and hashed once: by the look-up, or here.
                         let rendered = match look.rendered {
-                            Some(text) => text,
-                            None if media.is_empty() => chat.template().render(&prompt)?,
-                            None => render_paired(&chat, &prompt, &media)?,
+                            Some(rendered) => rendered,
+                            None if media.is_empty() => {
+                                chat.prepare(chat.template().render(&prompt)?)
+                            }
+                            None => chat.prepare(render_paired(&chat, &prompt, &media)?),
                         };
                         // Images and video are counted from their headers: the text gets what
                         // is left of the ceiling.
                         let media = vision::extra_tokens(&media, tok.as_ref());
                         let media = usize::try_from(media).unwrap_or(usize::MAX);
                         let left = ceiling.saturating_sub(media);
-                        let text = chat.count_rendered_up_to(tok.as_ref(), &rendered, left);
+                        let text = chat.count_prepared_up_to(tok.as_ref(), &rendered, left);
                         Ok::<_, ApiError>(match text {
                             TokenCount::Exact(n) => {
                                 TokenCount::of(n.saturating_add(media), ceiling)

@@ -265,8 +265,35 @@ pub struct LookUp {
     /// built-in renderer, [`INLINE_BYTES`] with a Jinja template); 0 for a prompt the template
     /// refuses (counting it fails at once).
     pub uncached: usize,
-    /// The rendering, for [`ChatCounter::count_rendered_up_to`] (`None` when not rendered).
-    pub rendered: Option<String>,
+    /// The rendering, cut and hashed, for [`ChatCounter::count_prepared_up_to`] (`None` when
+    /// not rendered).
+    pub rendered: Option<Rendered>,
+}
+
+/// A rendered prompt with its spans cut and hashed ([`ChatCounter::prepare`]): counting it
+/// after a look-up neither searches nor hashes the text again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    text: String,
+    /// Each span's hash and where it ends in `text`, in order.
+    spans: Vec<(u64, usize)>,
+}
+
+impl Rendered {
+    /// The rendered text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Each span with its hash.
+    fn spans(&self) -> impl Iterator<Item = (u64, &str)> {
+        let mut start = 0;
+        self.spans.iter().map(move |&(hash, end)| {
+            let span = &self.text[start..end];
+            start = end;
+            (hash, span)
+        })
+    }
 }
 
 /// Counters of a [`ChatCounter`], per rendered span.
@@ -357,9 +384,43 @@ impl ChatCounter {
         ceiling: usize,
     ) -> TokenCount {
         let spans: Vec<(u64, &str)> = spans(text).map(|s| (self.hasher.hash_one(s), s)).collect();
+        self.count_spans(tok, &spans, ceiling)
+    }
+
+    /// [`ChatCounter::count_rendered_up_to`] of a rendering already cut and hashed.
+    pub fn count_prepared_up_to(
+        &self,
+        tok: &(impl CountTokens + ?Sized),
+        rendered: &Rendered,
+        ceiling: usize,
+    ) -> TokenCount {
+        let spans: Vec<(u64, &str)> = rendered.spans().collect();
+        self.count_spans(tok, &spans, ceiling)
+    }
+
+    /// `text` cut into its spans, each hashed as the cache keys it.
+    pub fn prepare(&self, text: String) -> Rendered {
+        let mut end = 0;
+        let spans = spans(&text)
+            .map(|span| {
+                end += span.len();
+                (self.hasher.hash_one(span), end)
+            })
+            .collect();
+        Rendered { text, spans }
+    }
+
+    /// The count of a rendering's spans (with their hashes) against `ceiling`: see
+    /// [`ChatCounter::count_up_to`].
+    fn count_spans(
+        &self,
+        tok: &(impl CountTokens + ?Sized),
+        spans: &[(u64, &str)],
+        ceiling: usize,
+    ) -> TokenCount {
         let mut total = 0;
         let mut missing = Vec::new();
-        for &(hash, span) in &spans {
+        for &(hash, span) in spans {
             match self.shard(hash).get(hash, span) {
                 Some(tokens) => total += tokens,
                 None => missing.push((hash, span, 0)),
@@ -412,16 +473,15 @@ impl ChatCounter {
                 rendered: None,
             };
         };
-        let uncached = spans(&text)
-            .filter(|span| {
-                let hash = self.hasher.hash_one(span);
-                self.shard(hash).find(hash, span).is_none()
-            })
-            .map(str::len)
+        let rendered = self.prepare(text);
+        let uncached = rendered
+            .spans()
+            .filter(|&(hash, span)| self.shard(hash).find(hash, span).is_none())
+            .map(|(_, span)| span.len())
             .sum();
         LookUp {
             uncached,
-            rendered: Some(text),
+            rendered: Some(rendered),
         }
     }
 
@@ -757,13 +817,9 @@ mod tests {
         let uncached = |p: &ChatPrompt| counter.look_up(p).uncached;
         let tok = CharCounter::default();
         let rendered = |p: &ChatPrompt| counter.template().render(p).unwrap();
-        assert_eq!(
-            counter.look_up(&turn(1)),
-            LookUp {
-                uncached: rendered(&turn(1)).len(),
-                rendered: Some(rendered(&turn(1))),
-            }
-        );
+        let look = counter.look_up(&turn(1));
+        assert_eq!(look.uncached, rendered(&turn(1)).len());
+        assert_eq!(look.rendered, Some(counter.prepare(rendered(&turn(1)))));
         // Counted from its rendering, as from the prompt.
         let again = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
         let text = rendered(&turn(2));
@@ -771,6 +827,21 @@ mod tests {
             again.count_rendered_up_to(&tok, &text, usize::MAX),
             TokenCount::Exact(text.chars().count())
         );
+        // And from its rendering cut and hashed, as from the text: the same count and spans
+        // cached (the second count finds every span).
+        let prepared = ChatCounter::new(ChatTemplate::builtin_qwen35(), 1 << 20);
+        let cut = prepared.prepare(text.clone());
+        assert_eq!(cut.text(), text);
+        assert_eq!(
+            prepared.count_prepared_up_to(&tok, &cut, usize::MAX),
+            TokenCount::Exact(text.chars().count())
+        );
+        assert_eq!(
+            prepared.count_rendered_up_to(&tok, &text, usize::MAX),
+            TokenCount::Exact(text.chars().count())
+        );
+        assert_eq!(prepared.stats().misses, again.stats().misses);
+        assert_eq!(prepared.stats().hits, again.stats().misses);
         counter.count(&tok, &turn(1)).unwrap();
         assert_eq!(uncached(&turn(1)), 0);
         let answer_and_question = "<|im_start|>assistant\nanswer 1<|im_end|>\n\
