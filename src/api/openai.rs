@@ -294,9 +294,7 @@ pub fn parse_generation_from(
             let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
                 unreachable!("chat_messages found an array")
             };
-            let len = messages.len();
-            let messages = messages.into_iter().map(Cow::Owned);
-            chat_prompt(messages, len, &body, limits.vision)?
+            chat_prompt(messages.into_iter().map(Cow::Owned), &body, limits.vision)?
         }
         Endpoint::Chat => parse_chat_prompt(&body, limits.vision)?,
         Endpoint::Completions => parse_completion_prompt(&body)?,
@@ -324,8 +322,7 @@ pub fn parse_chat_prompt(
     vision: &VisionRules,
 ) -> Result<Prompt, ApiError> {
     let messages = chat_messages(body)?;
-    let len = messages.len();
-    chat_prompt(messages.iter().map(Cow::Borrowed), len, body, vision)
+    chat_prompt(messages.iter().map(Cow::Borrowed), body, vision)
 }
 
 /// A chat body's `messages`: a non-empty array.
@@ -344,16 +341,15 @@ fn chat_messages(body: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
     }
 }
 
-/// [`parse_chat_prompt`] of `messages` (`len` of them, from [`chat_messages`]), each moved
-/// into the prompt when owned, copied when borrowed.
+/// [`parse_chat_prompt`] of `messages` (from [`chat_messages`]), each moved into the prompt
+/// when owned, copied when borrowed.
 fn chat_prompt<'a>(
-    messages: impl Iterator<Item = Cow<'a, Value>>,
-    len: usize,
+    messages: impl ExactSizeIterator<Item = Cow<'a, Value>>,
     body: &Map<String, Value>,
     vision: &VisionRules,
 ) -> Result<Prompt, ApiError> {
     let mut media = Vec::new();
-    let mut rendered = Vec::with_capacity(len);
+    let mut rendered = Vec::with_capacity(messages.len());
     for (i, message) in messages.enumerate() {
         // Named only by errors: no string is made for a message that is valid.
         let at = || format!("messages[{i}]");

@@ -2,8 +2,8 @@
 //! request to the backend its lease is on (`max_tokens` rewritten to what was reserved, usage
 //! asked for, the request's id) and answers with the backend's answer, metered: a whole answer
 //! (or a JSON one to a streamed request) read and settled at once, a stream passed on event by
-//! event by [`MeteredStream`], which owns
-//! the request's [`Ticket`] (through [`Admitted`]) until it ends, breaks or the client goes.
+//! event by [`MeteredStream`], which owns the request's [`Ticket`] (through [`Admitted`]) until
+//! it ends, breaks or the client goes.
 //!
 //! Anything but a 2xx answer (and, for a stream, its first chunk) leaves the ticket in its first
 //! phase: dropped, it gives back everything charged. The backend's error policy is
