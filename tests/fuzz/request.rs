@@ -1,4 +1,4 @@
-//! Target `request`: generation request bodies through `parse_object` and `parse_generation`
+//! Target `request`: generation request bodies through `parse_body` and `parse_generation_from`
 //! (`/v1/chat/completions` and `/v1/completions`), then the backend rewrite and the prompt
 //! count, as the gateway runs them.
 //!
@@ -24,8 +24,8 @@ use proptest::test_runner::TestCaseError;
 use serde_json::{json, Map, Value};
 use std::sync::OnceLock;
 use tokengate::api::openai::{
-    parse_generation, parse_object, rewrite_for_backend, Endpoint, GenerationRequest,
-    MaxTokensField, ParseLimits, Prompt,
+    parse_body, parse_generation_from, parse_object, rewrite_for_backend, Endpoint,
+    GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt,
 };
 use tokengate::api::Route;
 use tokengate::error::ApiError;
@@ -54,12 +54,15 @@ fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<GenerationRequest, ApiError
         max_model_len,
         vision: vision_rules(),
     };
-    let parsed = parse_generation(endpoint, parse_object(bytes)?, &limits)?;
-    // Its bytes kept, as the gateway keeps them for the rewrite.
-    Ok(GenerationRequest {
+    // As the gateway reads a body: with its bytes, kept for the rewrite (a chat's messages then
+    // move into the prompt).
+    let (object, keys_unique) = parse_body(bytes)?;
+    let body = JsonBody {
+        object,
         raw: bytes::Bytes::copy_from_slice(bytes),
-        ..parsed
-    })
+        keys_unique,
+    };
+    parse_generation_from(endpoint, body, &limits)
 }
 
 // ---- valid bodies -------------------------------------------------------------------------
@@ -837,7 +840,8 @@ fn check_error_shape(e: &ApiError) -> Result<(), TestCaseError> {
 /// The rewrite round trip and the prompt count of an accepted request.
 fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), TestCaseError> {
     let reserved = 1 + reserved.index(MAX_MODEL_LEN as usize) as u64;
-    let original = req.body.clone();
+    // The body as the client sent it and as the backend gets it, read from their bytes.
+    let original = parse_object(&req.raw).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let Route::OpenAi(endpoint) = req.endpoint else {
         return Err(TestCaseError::fail(
             "an OpenAI body parsed as another route",
@@ -869,7 +873,8 @@ fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), Te
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     };
-    prop_assert_eq!(kept(&again.body), kept(&original));
+    let sent = parse_object(&rewritten).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(kept(&sent), kept(&original));
     match (&prompt, &again.prompt) {
         (
             Prompt::Chat {
