@@ -8,7 +8,7 @@
 
 use std::hint::black_box;
 use std::time::Instant;
-use tokengate::api::sse::{self, Chunk, SseSplitter};
+use tokengate::api::sse::{self, Chunk, EventHead, SseSplitter};
 
 const EVENTS: usize = 200;
 const ANSWERS: usize = 200;
@@ -50,10 +50,11 @@ struct Metered {
 fn new_way(body: &[u8], read: usize) -> Metered {
     let mut m = Metered::default();
     let mut splitter = SseSplitter::new(1 << 20);
+    let mut head = EventHead::default();
     for piece in body.chunks(read) {
         for event in splitter.push(piece).events {
             let data = sse::data(&event);
-            let chunk = Chunk::parse_text(&data);
+            let chunk = Chunk::parse_event(&data, &mut head);
             m.events += 1;
             m.usage_only += usize::from(chunk.usage_only());
             m.completion_tokens += chunk.completion_tokens().unwrap_or(0);

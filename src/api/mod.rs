@@ -2,6 +2,7 @@
 
 pub mod mindie;
 pub mod openai;
+mod scan;
 pub mod sse;
 
 use crate::error::ApiError;
@@ -44,10 +45,11 @@ impl Wire {
         }
     }
 
-    /// [`Wire::chunk`] of a stream event's [`sse::data`] (text, so not checked for UTF-8 again).
-    pub fn event(self, data: &str) -> Chunk<'_> {
+    /// [`Wire::chunk`] of a stream event's [`sse::data`] (text, so not checked for UTF-8 again),
+    /// with what the stream's events begin with (an OpenAI stream's head is read once).
+    pub fn event<'a>(self, data: &'a str, head: &mut sse::EventHead) -> Chunk<'a> {
         match self {
-            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_text(data)),
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
         }
     }

@@ -1,13 +1,16 @@
 //! Server-sent events as backends stream them: splitting a byte stream into events, and reading
 //! what the gateway meters from each OpenAI `data:` chunk (and from a whole non-streamed answer,
-//! which has the same shape). MindIE's events and answers are read in `api::mindie`, with the
-//! same [`Loose`] reading.
+//! which has the same shape). MindIE's events and answers are read in `api::mindie`, by serde's
+//! derive over [`Loose`] fields, which this module provides.
 //!
 //! Both are linear in the bytes. The splitter resumes its search for an event's end where the
 //! last search stopped, so an event that arrives in many reads is scanned once. A chunk is read
-//! into borrowed structs holding only the fields metering needs: the JSON parser skips the rest
-//! without building it, and a string is copied only when it has escapes.
+//! by a strict JSON scanner (`api::scan`) that picks out only the fields metering needs and
+//! passes over the rest without building it; a string is copied only when it has escapes, and
+//! the head every event of a stream repeats (`id`, `object`, `created`, `model`) is read once
+//! per stream ([`Chunk::parse_event`]).
 
+use super::scan::{self, Scan};
 use bytes::{Bytes, BytesMut};
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -144,116 +147,342 @@ fn lines(text: &str) -> impl Iterator<Item = &str> {
 /// An OpenAI completion or chat completion, whole or one chunk of a stream, as far as metering
 /// reads it. A field of an unexpected type is ignored, as if absent; anything that is not a
 /// JSON object (a stream's `[DONE]` included) reads as an empty chunk.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+///
+/// Read with `api::scan`, not serde's derive, so that a stream's events can be read from the end
+/// of their repeated head (three quarters of the instructions per streamed answer,
+/// docs/performance.md). It reads every text as serde_json reads it into the derived structs
+/// it replaced, which the tests keep and compare it with.
+#[derive(Debug, Default)]
 pub struct Chunk<'a> {
-    #[serde(borrow)]
-    choices: Loose<Vec<Loose<Choice<'a>>>>,
-    usage: Loose<Usage>,
+    /// `usage.completion_tokens`, when it is a whole number that fits a `u64`.
+    completion_tokens: Option<u64>,
+    /// `choices` is an array with at least one element.
+    any_choice: bool,
+    /// The first choice's answer: which piece is its content, if any, and whether it calls
+    /// tools; `None` when there is no choice.
+    answer: Option<(Option<usize>, bool)>,
+    /// The first piece of generated text, then the others in order.
+    first_piece: Option<Cow<'a, str>>,
+    more_pieces: Vec<Cow<'a, str>>,
 }
 
-/// A choice, or the `delta` (streamed) or `message` (whole) inside it.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Choice<'a> {
-    #[serde(borrow)]
-    delta: Loose<Box<Choice<'a>>>,
-    #[serde(borrow)]
-    message: Loose<Box<Choice<'a>>>,
-    #[serde(borrow)]
-    reasoning_content: Loose<Cow<'a, str>>,
-    #[serde(borrow)]
-    content: Loose<Cow<'a, str>>,
+/// The longest head [`Chunk::parse_event`] keeps: longer ones are read every time.
+const MAX_HEAD_BYTES: usize = 1024;
+
+/// The bytes a stream's events begin with before their first field metering reads, once an
+/// event has been read whole with them (see [`Chunk::parse_event`]). One per stream.
+#[derive(Debug, Default)]
+pub struct EventHead(Vec<u8>);
+
+/// The generated fields of a choice, or of the `delta` (streamed) or `message` (whole) inside
+/// it: those that are strings, and whether `tool_calls` is a non-empty array.
+#[derive(Debug, Default)]
+struct Part<'a> {
+    reasoning_content: Option<Cow<'a, str>>,
+    content: Option<Cow<'a, str>>,
     /// A completion choice's text.
-    #[serde(borrow)]
-    text: Loose<Cow<'a, str>>,
-    #[serde(borrow)]
-    tool_calls: Loose<Vec<Loose<ToolCall<'a>>>>,
+    text: Option<Cow<'a, str>>,
+    /// The name and arguments (those that are strings) of each tool called.
+    tool_texts: Vec<Cow<'a, str>>,
+    calls_tools: bool,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct ToolCall<'a> {
-    #[serde(borrow)]
-    function: Loose<Function<'a>>,
+/// A choice as read: its own fields, and its `delta` and `message` (`None` when absent,
+/// `Some(None)` when not an object).
+#[derive(Debug, Default)]
+struct Choice<'a> {
+    own: Part<'a>,
+    delta: Option<Option<Part<'a>>>,
+    message: Option<Option<Part<'a>>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Function<'a> {
-    #[serde(borrow)]
-    name: Loose<Cow<'a, str>>,
-    #[serde(borrow)]
-    arguments: Loose<Cow<'a, str>>,
-}
+/// The fields of one object read so far, to refuse a duplicate as serde's derive does.
+#[derive(Default)]
+struct Seen(u8);
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct Usage {
-    completion_tokens: Loose<u64>,
+impl Seen {
+    /// Marks field `bit`; a second time is malformed.
+    fn first(&mut self, bit: u8) -> scan::Read<()> {
+        let mask = 1 << bit;
+        if self.0 & mask != 0 {
+            return Err(scan::Malformed);
+        }
+        self.0 |= mask;
+        Ok(())
+    }
 }
 
 impl<'a> Chunk<'a> {
     /// Reads `json` (a whole answer), borrowing its strings.
     pub fn parse(json: &'a [u8]) -> Self {
-        read_object(json)
+        Self::read_all(Scan::new(json))
     }
 
     /// [`Chunk::parse`] of text (an event's [`data`]): its strings are not checked for UTF-8
     /// again.
     pub fn parse_text(json: &'a str) -> Self {
-        read_text(json)
+        Self::read_all(Scan::text(json))
+    }
+
+    /// [`Chunk::parse_text`] of one event of a stream whose earlier events `head` has seen:
+    /// when this one begins with the same head, those bytes are not read again. Each event of
+    /// a vLLM stream repeats its `id`, `object`, `created` and `model` before `choices`, 8 of
+    /// an event's 13 strings. The chunk is the same either way: up to the end of the head,
+    /// the same bytes leave the reading in the same place, having read nothing.
+    pub fn parse_event(json: &'a str, head: &mut EventHead) -> Self {
+        let mut scan = Scan::text(json);
+        if !head.0.is_empty() && json.as_bytes().starts_with(&head.0) {
+            let from = head.0.len();
+            return Self::read(&mut scan, Some(from))
+                .and_then(|(chunk, _)| scan.end().map(|()| chunk))
+                .unwrap_or_default();
+        }
+        let Ok((chunk, end)) = Self::read_whole(&mut scan) else {
+            return Self::default();
+        };
+        if let Some(end) = end.filter(|&end| end <= MAX_HEAD_BYTES) {
+            head.0.clear();
+            head.0.extend_from_slice(&json.as_bytes()[..end]);
+        }
+        chunk
+    }
+
+    /// The whole text as a chunk, or an empty chunk.
+    fn read_all(mut scan: Scan<'a>) -> Self {
+        Self::read_whole(&mut scan)
+            .map(|(chunk, _)| chunk)
+            .unwrap_or_default()
+    }
+
+    /// The whole text as a chunk, with where its head ends.
+    fn read_whole(scan: &mut Scan<'a>) -> scan::Read<(Self, Option<usize>)> {
+        if scan.kind()? != scan::Kind::Object {
+            return Err(scan::Malformed);
+        }
+        let read = Self::read(scan, None)?;
+        scan.end()?;
+        Ok(read)
+    }
+
+    /// Reads the chunk's object: from its start, or resumed `from` a key's start. Returns it
+    /// with where its head ends: the start of its first field read, when fields passed over
+    /// come before it.
+    fn read(scan: &mut Scan<'a>, from: Option<usize>) -> scan::Read<(Self, Option<usize>)> {
+        let mut chunk = Self::default();
+        let mut seen = Seen::default();
+        let (mut passed, mut head_end) = (false, None);
+        let field = |scan: &mut Scan<'a>, key: &[u8]| {
+            if !matches!(key, b"choices" | b"usage") {
+                passed |= seen.0 == 0;
+                return scan.pass();
+            }
+            if seen.0 == 0 && passed {
+                head_end = Some(scan.key_start());
+            }
+            chunk.read_field(scan, key, &mut seen)
+        };
+        match from {
+            None => scan.object(field)?,
+            Some(at) => scan.object_from(at, field)?,
+        }
+        Ok((chunk, head_end))
+    }
+
+    /// `choices` or `usage`.
+    fn read_field(&mut self, scan: &mut Scan<'a>, key: &[u8], seen: &mut Seen) -> scan::Read<()> {
+        let chunk = self;
+        match key {
+            b"choices" => {
+                seen.first(0)?;
+                if scan.kind()? != scan::Kind::Array {
+                    return scan.other();
+                }
+                scan.array(|scan| {
+                    let first = !chunk.any_choice;
+                    chunk.any_choice = true;
+                    let part = if scan.kind()? == scan::Kind::Object {
+                        Choice::read(scan)?.generated()
+                    } else {
+                        scan.other()?;
+                        None
+                    };
+                    if first {
+                        // The first choice's pieces come first: its content follows its
+                        // reasoning.
+                        chunk.answer = Some(part.as_ref().map_or((None, false), |p| {
+                            let at = usize::from(p.reasoning_content.is_some());
+                            (p.content.is_some().then_some(at), p.calls_tools)
+                        }));
+                    }
+                    if let Some(part) = part {
+                        chunk.take_pieces(part);
+                    }
+                    Ok(())
+                })
+            }
+            b"usage" => {
+                seen.first(1)?;
+                if scan.kind()? != scan::Kind::Object {
+                    return scan.other();
+                }
+                let mut usage = Seen::default();
+                scan.object(|scan, key| match key {
+                    b"completion_tokens" => {
+                        usage.first(0)?;
+                        chunk.completion_tokens = match scan.kind()? {
+                            scan::Kind::Number => match scan.number()? {
+                                scan::Number::U64(n) => Some(n),
+                                scan::Number::Other => None,
+                            },
+                            _ => scan.other().map(|()| None)?,
+                        };
+                        Ok(())
+                    }
+                    _ => scan.pass(),
+                })
+            }
+            _ => scan.pass(),
+        }
+    }
+
+    fn push_piece(&mut self, piece: Cow<'a, str>) {
+        if self.first_piece.is_none() {
+            self.first_piece = Some(piece);
+        } else {
+            self.more_pieces.push(piece);
+        }
+    }
+
+    /// Adds a choice's generated text: its reasoning, content, completion text, and the name
+    /// and arguments of each tool it calls.
+    fn take_pieces(&mut self, part: Part<'a>) {
+        for piece in [part.reasoning_content, part.content, part.text]
+            .into_iter()
+            .flatten()
+            .chain(part.tool_texts)
+        {
+            self.push_piece(piece);
+        }
     }
 
     /// `usage.completion_tokens`.
     pub fn completion_tokens(&self) -> Option<u64> {
-        self.usage.get()?.completion_tokens.get().copied()
+        self.completion_tokens
     }
 
     /// The chunk has no choices and carries usage (vLLM's `include_usage` chunk).
     pub fn usage_only(&self) -> bool {
-        self.completion_tokens().is_some() && self.choices.get().is_none_or(Vec::is_empty)
+        self.completion_tokens.is_some() && !self.any_choice
     }
 
     /// The generated text of every choice, piece by piece: its reasoning, content, completion
     /// text, and the name and arguments of each tool it calls.
     pub fn generated(&self) -> impl Iterator<Item = &str> {
-        self.choices
-            .get()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c.get()?.generated())
-            .flat_map(|part| {
-                let calls = part.tool_calls.get().into_iter().flatten();
-                let functions = calls.filter_map(|c| c.get()?.function.get());
-                let texts = [&part.reasoning_content, &part.content, &part.text];
-                texts
-                    .into_iter()
-                    .chain(functions.flat_map(|f| [&f.name, &f.arguments]))
-            })
-            .filter_map(|s| s.get().map(Cow::as_ref))
+        self.first_piece
+            .iter()
+            .chain(&self.more_pieces)
+            .map(Cow::as_ref)
     }
 
     /// The first choice's answer: its content (reasoning left out) and whether it calls tools;
     /// `None` when there is no choice.
     pub fn answer(&self) -> Option<(&str, bool)> {
-        let first = self.choices.get()?.first()?;
-        let Some(part) = first.get().and_then(Choice::generated) else {
-            return Some(("", false));
-        };
-        let content = part.content.get().map_or("", Cow::as_ref);
-        let calls_tools = part.tool_calls.get().is_some_and(|c| !c.is_empty());
+        let (content, calls_tools) = self.answer?;
+        let content = content
+            .and_then(|at| self.generated().nth(at))
+            .unwrap_or("");
         Some((content, calls_tools))
     }
 }
 
-impl Choice<'_> {
+impl<'a> Choice<'a> {
+    /// Reads a choice object (or a `delta` or `message`, which are read alike).
+    fn read(scan: &mut Scan<'a>) -> scan::Read<Self> {
+        let mut choice = Self::default();
+        let mut seen = Seen::default();
+        scan.object(|scan, key| {
+            let (bit, slot) = match key {
+                b"delta" => (0, None),
+                b"message" => (1, None),
+                b"reasoning_content" => (2, Some(&mut choice.own.reasoning_content)),
+                b"content" => (3, Some(&mut choice.own.content)),
+                b"text" => (4, Some(&mut choice.own.text)),
+                b"tool_calls" => {
+                    seen.first(5)?;
+                    return Self::read_tool_calls(scan, &mut choice.own);
+                }
+                _ => return scan.pass(),
+            };
+            seen.first(bit)?;
+            match slot {
+                Some(slot) => {
+                    *slot = match scan.kind()? {
+                        scan::Kind::String => Some(scan.string()?),
+                        _ => scan.other().map(|()| None)?,
+                    };
+                }
+                None => {
+                    let nested = match scan.kind()? {
+                        scan::Kind::Object => Some(Self::read(scan)?.own),
+                        _ => scan.other().map(|()| None)?,
+                    };
+                    *(if bit == 0 {
+                        &mut choice.delta
+                    } else {
+                        &mut choice.message
+                    }) = Some(nested);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(choice)
+    }
+
+    /// `tool_calls`: each call's `function.name` and `function.arguments`.
+    fn read_tool_calls(scan: &mut Scan<'a>, part: &mut Part<'a>) -> scan::Read<()> {
+        if scan.kind()? != scan::Kind::Array {
+            return scan.other();
+        }
+        scan.array(|scan| {
+            part.calls_tools = true;
+            if scan.kind()? != scan::Kind::Object {
+                return scan.other();
+            }
+            let mut call = Seen::default();
+            scan.object(|scan, key| {
+                if key != b"function" {
+                    return scan.pass();
+                }
+                call.first(0)?;
+                if scan.kind()? != scan::Kind::Object {
+                    return scan.other();
+                }
+                let (mut function, mut texts) = (Seen::default(), [None, None]);
+                scan.object(|scan, key| {
+                    let at = match key {
+                        b"name" => 0,
+                        b"arguments" => 1,
+                        _ => return scan.pass(),
+                    };
+                    function.first(at)?;
+                    texts[usize::from(at)] = match scan.kind()? {
+                        scan::Kind::String => Some(scan.string()?),
+                        _ => scan.other().map(|()| None)?,
+                    };
+                    Ok(())
+                })?;
+                part.tool_texts.extend(texts.into_iter().flatten());
+                Ok(())
+            })
+        })
+    }
+
     /// Where the choice's generated fields are: its `delta` or `message` when it has one, else
     /// itself (a completion choice). `None` when that `delta` or `message` is not an object.
-    fn generated(&self) -> Option<&Self> {
-        match (&self.delta, &self.message) {
-            (Loose::Absent, Loose::Absent) => Some(self),
-            (Loose::Absent, nested) | (nested, _) => nested.get().map(Box::as_ref),
+    fn generated(self) -> Option<Part<'a>> {
+        match (self.delta, self.message) {
+            (None, None) => Some(self.own),
+            (None, Some(nested)) | (Some(nested), _) => nested,
         }
     }
 }
@@ -384,8 +613,6 @@ macro_rules! object_shape {
 }
 pub(crate) use object_shape;
 
-object_shape!(Chunk<'a>, Choice<'a>, ToolCall<'a>, Function<'a>; Usage);
-
 impl<'de, T: Shape<'de>> Deserialize<'de> for Loose<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(LooseVisitor(PhantomData))
@@ -448,6 +675,399 @@ impl<'de, T: Shape<'de>> Visitor<'de> for LooseVisitor<T> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The reading [`Chunk`] replaced: serde's derive over [`Loose`] fields. Every text must
+    /// read the same both ways.
+    mod reference {
+        use super::super::{read_object, read_text, Loose};
+        use serde::Deserialize;
+        use std::borrow::Cow;
+
+        /// An OpenAI completion or chat completion, whole or one chunk of a stream, as far as metering
+        /// reads it. A field of an unexpected type is ignored, as if absent; anything that is not a
+        /// JSON object (a stream's `[DONE]` included) reads as an empty chunk.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        pub struct Chunk<'a> {
+            #[serde(borrow)]
+            choices: Loose<Vec<Loose<Choice<'a>>>>,
+            usage: Loose<Usage>,
+        }
+
+        /// A choice, or the `delta` (streamed) or `message` (whole) inside it.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        struct Choice<'a> {
+            #[serde(borrow)]
+            delta: Loose<Box<Choice<'a>>>,
+            #[serde(borrow)]
+            message: Loose<Box<Choice<'a>>>,
+            #[serde(borrow)]
+            reasoning_content: Loose<Cow<'a, str>>,
+            #[serde(borrow)]
+            content: Loose<Cow<'a, str>>,
+            /// A completion choice's text.
+            #[serde(borrow)]
+            text: Loose<Cow<'a, str>>,
+            #[serde(borrow)]
+            tool_calls: Loose<Vec<Loose<ToolCall<'a>>>>,
+        }
+
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        struct ToolCall<'a> {
+            #[serde(borrow)]
+            function: Loose<Function<'a>>,
+        }
+
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        struct Function<'a> {
+            #[serde(borrow)]
+            name: Loose<Cow<'a, str>>,
+            #[serde(borrow)]
+            arguments: Loose<Cow<'a, str>>,
+        }
+
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        struct Usage {
+            completion_tokens: Loose<u64>,
+        }
+
+        impl<'a> Chunk<'a> {
+            /// Reads `json` (a whole answer), borrowing its strings.
+            pub fn parse(json: &'a [u8]) -> Self {
+                read_object(json)
+            }
+
+            /// [`Chunk::parse`] of text (an event's [`data`]): its strings are not checked for UTF-8
+            /// again.
+            pub fn parse_text(json: &'a str) -> Self {
+                read_text(json)
+            }
+
+            /// `usage.completion_tokens`.
+            pub fn completion_tokens(&self) -> Option<u64> {
+                self.usage.get()?.completion_tokens.get().copied()
+            }
+
+            /// The chunk has no choices and carries usage (vLLM's `include_usage` chunk).
+            pub fn usage_only(&self) -> bool {
+                self.completion_tokens().is_some() && self.choices.get().is_none_or(Vec::is_empty)
+            }
+
+            /// The generated text of every choice, piece by piece: its reasoning, content, completion
+            /// text, and the name and arguments of each tool it calls.
+            pub fn generated(&self) -> impl Iterator<Item = &str> {
+                self.choices
+                    .get()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.get()?.generated())
+                    .flat_map(|part| {
+                        let calls = part.tool_calls.get().into_iter().flatten();
+                        let functions = calls.filter_map(|c| c.get()?.function.get());
+                        let texts = [&part.reasoning_content, &part.content, &part.text];
+                        texts
+                            .into_iter()
+                            .chain(functions.flat_map(|f| [&f.name, &f.arguments]))
+                    })
+                    .filter_map(|s| s.get().map(Cow::as_ref))
+            }
+
+            /// The first choice's answer: its content (reasoning left out) and whether it calls tools;
+            /// `None` when there is no choice.
+            pub fn answer(&self) -> Option<(&str, bool)> {
+                let first = self.choices.get()?.first()?;
+                let Some(part) = first.get().and_then(Choice::generated) else {
+                    return Some(("", false));
+                };
+                let content = part.content.get().map_or("", Cow::as_ref);
+                let calls_tools = part.tool_calls.get().is_some_and(|c| !c.is_empty());
+                Some((content, calls_tools))
+            }
+        }
+
+        impl Choice<'_> {
+            /// Where the choice's generated fields are: its `delta` or `message` when it has one, else
+            /// itself (a completion choice). `None` when that `delta` or `message` is not an object.
+            fn generated(&self) -> Option<&Self> {
+                match (&self.delta, &self.message) {
+                    (Loose::Absent, Loose::Absent) => Some(self),
+                    (Loose::Absent, nested) | (nested, _) => nested.get().map(Box::as_ref),
+                }
+            }
+        }
+
+        crate::api::sse::object_shape!(Chunk<'a>, Choice<'a>, ToolCall<'a>, Function<'a>; Usage);
+    }
+
+    /// A JSON object from its entries, with `ws` around its tokens.
+    fn object(entries: Vec<(String, String)>, ws: &str) -> String {
+        let fields: Vec<String> = entries
+            .into_iter()
+            .map(|(k, v)| format!("{ws}\"{k}\"{ws}:{ws}{v}{ws}"))
+            .collect();
+        format!("{{{}}}", fields.join(","))
+    }
+
+    /// Any JSON value, odd ones and now and then a malformed one included.
+    fn any_value() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            50 => string(),
+            50 => prop::sample::select(vec![
+                "0", "7", "196", "-1", "-0", "1.5", "2e3", "18446744073709551615",
+                "18446744073709551616", "true", "false", "null",
+            ])
+            .prop_map(str::to_string),
+            1 => malformed(),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec((key(), inner), 0..4).prop_map(|e| object(e, "")),
+            ]
+        })
+    }
+
+    /// A JSON string: plain, escaped, with surrogates paired and now and then not.
+    fn string() -> impl Strategy<Value = String> {
+        prop_oneof![
+            60 => prop::sample::select(vec![
+                r#""x""#, r#""""#, r#"" t001""#, r#""a\"b\/""#, r#""\u00e9\n""#,
+                r#""\ud83d\ude00""#, "\"\u{e9}\u{4e2d}\"", r#""\u0001""#,
+            ])
+            .prop_map(str::to_string),
+            1 => prop::sample::select(vec![r#""\ud800""#, r#""\udc00""#, r#""\ud800\u0041""#])
+                .prop_map(str::to_string),
+        ]
+    }
+
+    /// What serde_json refuses, or reads only when it passes it over: a control character in
+    /// a string, a bad escape, numbers with bad grammar or out of range, a cut literal.
+    fn malformed() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            "\"\x01\"",
+            r#""\x""#,
+            r#""\u12g4""#,
+            "1e400",
+            "01",
+            "1.",
+            "tru",
+        ])
+        .prop_map(str::to_string)
+    }
+
+    /// A key: mostly one no reader reads, now and then one of the fields read (one of them
+    /// escaped) or a lone surrogate.
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            20 => prop::sample::select(vec!["index", "id", "x", "model", "object", "logprobs"]),
+            3 => prop::sample::select(vec![
+                "choices", "usage", "delta", "message", "content", "reasoning_content", "text",
+                "tool_calls", "function", "name", "arguments", "completion_tokens",
+                r"c\u006fntent",
+            ]),
+            1 => Just(r"\ud800"),
+        ]
+        .prop_map(str::to_string)
+    }
+
+    /// An object with some of `fields`, a field of another name or two, perhaps one twice, in
+    /// any order.
+    fn fields_of(
+        fields: Vec<(&'static str, BoxedStrategy<String>)>,
+    ) -> impl Strategy<Value = String> {
+        let chosen: Vec<_> = fields
+            .into_iter()
+            .map(|(k, v)| prop::option::weighted(0.7, v.prop_map(move |v| (k.to_string(), v))))
+            .collect();
+        (
+            chosen,
+            prop::collection::vec((key(), any_value()), 0..2),
+            prop::bool::weighted(0.03),
+            prop::sample::select(vec!["", " ", "\n\t"]),
+            any::<prop::sample::Index>(),
+        )
+            .prop_map(|(chosen, mut extra, twice, ws, at)| {
+                let mut entries: Vec<_> = chosen.into_iter().flatten().collect();
+                if twice && !entries.is_empty() {
+                    entries.push(entries[at.index(entries.len())].clone());
+                }
+                entries.append(&mut extra);
+                if !entries.is_empty() {
+                    let by = at.index(entries.len());
+                    entries.rotate_left(by);
+                }
+                object(entries, ws)
+            })
+    }
+
+    /// A value of the shape metering reads, or now and then any value in its place.
+    fn shaped(s: BoxedStrategy<String>) -> BoxedStrategy<String> {
+        prop_oneof![4 => s, 1 => any_value()].boxed()
+    }
+
+    fn text() -> BoxedStrategy<String> {
+        shaped(string().boxed())
+    }
+
+    fn part(depth: u32) -> BoxedStrategy<String> {
+        let function = fields_of(vec![("name", text()), ("arguments", text())]).boxed();
+        let call = shaped(fields_of(vec![("function", shaped(function))]).boxed());
+        let calls = shaped(
+            prop::collection::vec(call, 0..3)
+                .prop_map(|c| format!("[{}]", c.join(",")))
+                .boxed(),
+        );
+        let mut fields = vec![
+            ("reasoning_content", text()),
+            ("content", text()),
+            ("text", text()),
+            ("tool_calls", calls),
+        ];
+        if depth > 0 {
+            fields.push(("delta", part(depth - 1)));
+            fields.push(("message", part(depth - 1)));
+        }
+        shaped(fields_of(fields).boxed())
+    }
+
+    fn chunk_text() -> impl Strategy<Value = String> {
+        let choices = shaped(
+            prop::collection::vec(part(2), 0..3)
+                .prop_map(|c| format!("[{}]", c.join(",")))
+                .boxed(),
+        );
+        let count = shaped(
+            prop::sample::select(vec!["0", "9", "196", "-1", "1.5", "18446744073709551616"])
+                .prop_map(str::to_string)
+                .boxed(),
+        );
+        let usage = shaped(fields_of(vec![("completion_tokens", count)]).boxed());
+        fields_of(vec![("choices", choices), ("usage", usage)])
+    }
+
+    /// What metering reads from a chunk (this module's or the reference's): its count,
+    /// whether it is usage only, its pieces of text and its answer.
+    macro_rules! metered {
+        ($chunk:expr) => {{
+            let c = $chunk;
+            let answer = c.answer().map(|(a, tools)| (a.to_string(), tools));
+            let pieces: Vec<String> = c.generated().map(str::to_string).collect();
+            (c.completion_tokens(), c.usage_only(), pieces, answer)
+        }};
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+        #[test]
+        fn reads_every_text_as_the_serde_derived_reading_does(
+            json in chunk_text(),
+            cut in any::<prop::sample::Index>(),
+            edit in prop::option::weighted(0.2, (0..3u8, prop::sample::select(b"\"\\,:}]{[ 0\x01\xff".to_vec()))),
+        ) {
+            let mut bytes = json.into_bytes();
+            match edit {
+                Some((0, _)) => bytes.truncate(cut.index(bytes.len() + 1)),
+                Some((1, b)) => bytes.insert(cut.index(bytes.len() + 1), b),
+                Some((_, b)) if !bytes.is_empty() => {
+                    let at = cut.index(bytes.len());
+                    bytes[at] = b;
+                }
+                _ => {}
+            }
+            let ours = metered!(Chunk::parse(&bytes));
+            prop_assert_eq!(&ours, &metered!(reference::Chunk::parse(&bytes)));
+            if let Ok(text) = std::str::from_utf8(&bytes) {
+                prop_assert_eq!(&metered!(Chunk::parse_text(text)), &ours);
+                prop_assert_eq!(&metered!(reference::Chunk::parse_text(text)), &ours);
+            }
+        }
+    }
+
+    /// An event of a stream: `head` (members no reader reads, each followed by its comma), then
+    /// the members of `chunk` (an object's text).
+    fn with_head(head: &str, chunk: &str) -> String {
+        format!("{{{head}{}", chunk.strip_prefix('{').unwrap_or(chunk))
+    }
+
+    fn head() -> impl Strategy<Value = String> {
+        let member = (
+            prop::sample::select(vec!["id", "object", "created", "model", "x"]),
+            any_value(),
+            prop::sample::select(vec!["", " "]),
+        );
+        prop::collection::vec(member, 1..4).prop_map(|members| {
+            members
+                .into_iter()
+                .map(|(k, v, ws)| format!("{ws}\"{k}\":{ws}{v},"))
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        #[test]
+        fn a_streams_events_read_with_their_head_remembered_read_as_each_alone(
+            heads in prop::collection::vec(head(), 1..3),
+            events in prop::collection::vec((any::<prop::sample::Index>(), chunk_text()), 1..6),
+            edit in prop::option::weighted(0.2, (any::<prop::sample::Index>(), any::<prop::sample::Index>(), prop::sample::select(b"\"\\,:}]{[ 0".to_vec()))),
+        ) {
+            let mut memo = EventHead::default();
+            for (i, (which, chunk)) in events.iter().enumerate() {
+                let mut text = with_head(&heads[which.index(heads.len())], chunk);
+                if let Some((event, at, b)) = edit {
+                    if event.index(events.len()) == i && !text.is_empty() {
+                        let at = at.index(text.len());
+                        if text.is_char_boundary(at) && text.is_char_boundary(at + 1) {
+                            text.replace_range(at..at + 1, &char::from(b).to_string());
+                        }
+                    }
+                }
+                let alone = metered!(Chunk::parse_text(&text));
+                prop_assert_eq!(&metered!(Chunk::parse_event(&text, &mut memo)), &alone);
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_is_remembered_once_read_whole_and_skipped_after() {
+        let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","#;
+        let event = |content: &str| {
+            format!(r#"{head}"choices":[{{"index":0,"delta":{{"content":"{content}"}}}}]}}"#)
+        };
+        let mut memo = EventHead::default();
+        let first = event("a");
+        assert_eq!(
+            Chunk::parse_event(&first, &mut memo).answer(),
+            Some(("a", false))
+        );
+        assert_eq!(memo.0, head.as_bytes());
+        // The next event is read from its `choices` on: a head it did not repeat would not be.
+        let second = event("b");
+        assert_eq!(
+            Chunk::parse_event(&second, &mut memo).answer(),
+            Some(("b", false))
+        );
+        assert_eq!(memo.0, head.as_bytes());
+        // An event with another head is read whole, and its head is the one kept.
+        let other = r#"{"id":"c2","choices":[],"usage":{"completion_tokens":2}}"#;
+        let read = Chunk::parse_event(other, &mut memo);
+        assert_eq!(
+            (read.usage_only(), read.completion_tokens()),
+            (true, Some(2))
+        );
+        assert_eq!(memo.0, br#"{"id":"c2","#);
+        // Nothing before the first field read: no head.
+        let mut none = EventHead::default();
+        Chunk::parse_event(r#"{"choices":[],"id":"c3"}"#, &mut none);
+        assert!(none.0.is_empty());
+    }
 
     #[test]
     fn text_reads_as_its_bytes_do() {

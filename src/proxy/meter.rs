@@ -4,7 +4,7 @@
 //! decode tokens are refunded once the output is known, and the metrics are recorded. No path
 //! can skip it, a panic included, because it is a `Drop`.
 
-use crate::api::sse::{self, SseSplitter};
+use crate::api::sse::{self, EventHead, SseSplitter};
 use crate::api::{Chunk, Wire};
 use crate::error::RateLimitHeaders;
 use crate::error::{ApiError, UpstreamFailure};
@@ -328,6 +328,8 @@ pin_project_lite::pin_project! {
         // to read) is not the backend's silence, so `idle` is set when waiting begins.
         waiting: bool,
         splitter: SseSplitter,
+        // What the stream's events begin with, read once.
+        head: EventHead,
         max_event_bytes: u64,
         admitted: Option<Admitted>,
         // The stream's format (read from `admitted`, which goes at settlement).
@@ -359,6 +361,7 @@ impl<B> MeteredStream<B> {
             idle_timeout,
             waiting: false,
             splitter: SseSplitter::new(max_event_bytes),
+            head: EventHead::default(),
             max_event_bytes,
             admitted: Some(admitted),
             wire,
@@ -368,6 +371,7 @@ impl<B> MeteredStream<B> {
         };
         let out = filter(
             &mut s.splitter,
+            &mut s.head,
             &mut s.admitted,
             wire,
             s.client_wants_usage,
@@ -393,6 +397,7 @@ struct Filtered {
 /// event over `max_event_bytes` cuts the stream short after the events before it.
 fn filter(
     splitter: &mut SseSplitter,
+    head: &mut EventHead,
     admitted: &mut Option<Admitted>,
     wire: Wire,
     client_wants_usage: bool,
@@ -404,7 +409,7 @@ fn filter(
     let mut out = BytesMut::with_capacity(split.events.iter().map(Bytes::len).sum());
     for event in split.events {
         let data = sse::data(&event);
-        let chunk = wire.event(&data);
+        let chunk = wire.event(&data, head);
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk);
         }
@@ -479,6 +484,7 @@ where
                     };
                     let out = filter(
                         this.splitter,
+                        this.head,
                         this.admitted,
                         *this.wire,
                         *this.client_wants_usage,

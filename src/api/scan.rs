@@ -1,0 +1,571 @@
+//! A strict JSON reader for picking a few fields out of a text and passing over the rest,
+//! without building anything: what metering reads from every stream event and whole answer.
+//!
+//! It reads as serde_json reads the same text into a serde-derived struct, error for error, so
+//! that a reader written with it can be checked against one written with serde (see the
+//! proptest in `api::sse`). Two ways of reading a value follow from that:
+//!
+//! - A value **passed over** (a field nobody reads) is checked for its grammar only, as serde_json
+//!   ignores a value: its strings' escapes are checked, not their UTF-8 or their surrogates, and
+//!   its numbers are not parsed.
+//! - A value **read** (a field of a struct read, of whatever type it turns out to be), and every
+//!   key of an object read, is parsed as serde_json parses it: a string is decoded and must be
+//!   UTF-8 with paired surrogates, a number must be in range, and each object or array read
+//!   counts toward serde_json's limit of 127 nested containers.
+
+use std::borrow::Cow;
+
+/// The text is not one JSON value that serde_json would read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Malformed;
+
+pub(crate) type Read<T> = Result<T, Malformed>;
+
+/// How many containers being read may nest, as serde_json counts them: it refuses the 128th.
+const DEPTH: u8 = 128;
+
+/// The bytes that end a run of a string's plain bytes: its quote, a backslash, and the control
+/// characters it may not hold.
+static STOP: [bool; 256] = {
+    let mut stop = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        stop[b] = true;
+        b += 1;
+    }
+    stop[b'"' as usize] = true;
+    stop[b'\\' as usize] = true;
+    stop
+};
+
+/// The length of `bytes`' run of a string's plain bytes: up to its first [`STOP`] byte, or all
+/// of it. Eight bytes at a time, each word tested for the three kinds of byte at once.
+fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGH: u64 = ONES << 7;
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    for (i, word) in words.enumerate() {
+        let w = u64::from_le_bytes(word.try_into().expect("eight bytes"));
+        // A byte's high bit is set in each term where it is that kind of byte (and perhaps in
+        // bytes after the first that is: only the lowest counts).
+        let control = w.wrapping_sub(ONES * 0x20) & !w;
+        let quotes = w ^ (ONES * u64::from(b'"'));
+        let quote = quotes.wrapping_sub(ONES) & !quotes;
+        let slashes = w ^ (ONES * u64::from(b'\\'));
+        let backslash = slashes.wrapping_sub(ONES) & !slashes;
+        let found = (control | quote | backslash) & HIGH;
+        if found != 0 {
+            return i * 8 + (found.trailing_zeros() / 8) as usize;
+        }
+    }
+    let done = bytes.len() - tail.len();
+    done + tail.iter().take_while(|&&b| !STOP[usize::from(b)]).count()
+}
+
+/// A number as read: a non-negative integer that fits a `u64`, or any other number in range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Number {
+    U64(u64),
+    Other,
+}
+
+/// The next value's kind, from its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Object,
+    Array,
+    String,
+    Number,
+    Literal,
+}
+
+/// A cursor over one JSON text.
+pub(crate) struct Scan<'a> {
+    bytes: &'a [u8],
+    /// The same text, when it is known to be UTF-8: strings are then cut from it unchecked.
+    text: Option<&'a str>,
+    at: usize,
+    /// serde_json's `remaining_depth`.
+    depth: u8,
+    /// Where the key being read starts.
+    key_start: usize,
+}
+
+impl<'a> Scan<'a> {
+    /// A reader of `bytes`, whose strings are checked for UTF-8 as they are read.
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            bytes,
+            text: None,
+            at: 0,
+            depth: DEPTH,
+            key_start: 0,
+        }
+    }
+
+    /// A reader of `text`.
+    pub(crate) fn text(text: &'a str) -> Self {
+        Self {
+            text: Some(text),
+            ..Self::new(text.as_bytes())
+        }
+    }
+
+    /// The byte after any whitespace, not consumed.
+    fn peek(&mut self) -> Read<u8> {
+        while let Some(&b) = self.bytes.get(self.at) {
+            if !matches!(b, b' ' | b'\n' | b'\t' | b'\r') {
+                return Ok(b);
+            }
+            self.at += 1;
+        }
+        Err(Malformed)
+    }
+
+    fn eat(&mut self, byte: u8) -> Read<()> {
+        if self.peek()? != byte {
+            return Err(Malformed);
+        }
+        self.at += 1;
+        Ok(())
+    }
+
+    /// The kind of the next value.
+    pub(crate) fn kind(&mut self) -> Read<Kind> {
+        Ok(match self.peek()? {
+            b'{' => Kind::Object,
+            b'[' => Kind::Array,
+            b'"' => Kind::String,
+            b'-' | b'0'..=b'9' => Kind::Number,
+            b't' | b'f' | b'n' => Kind::Literal,
+            _ => return Err(Malformed),
+        })
+    }
+
+    /// Only whitespace is left.
+    pub(crate) fn end(&mut self) -> Read<()> {
+        match self.peek() {
+            Err(Malformed) => Ok(()),
+            Ok(_) => Err(Malformed),
+        }
+    }
+
+    /// Reads an object (the next value must be one), calling `field` with each key, decoded
+    /// (and checked as serde_json checks a key); `field` must read or pass over the value.
+    pub(crate) fn object(&mut self, field: impl FnMut(&mut Self, &[u8]) -> Read<()>) -> Read<()> {
+        self.enter()?;
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            self.at += 1;
+        } else {
+            self.members(field)?;
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Reads the rest of the outermost object from `at`, where a key starts: as [`Scan::object`]
+    /// would have, had it read the bytes before `at` itself (which must be the start of an
+    /// object and whole members, each followed by its comma).
+    pub(crate) fn object_from(
+        &mut self,
+        at: usize,
+        field: impl FnMut(&mut Self, &[u8]) -> Read<()>,
+    ) -> Read<()> {
+        self.at = at;
+        self.enter()?;
+        self.members(field)?;
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Where the key being read starts (its opening quote), in the object read last.
+    pub(crate) fn key_start(&self) -> usize {
+        self.key_start
+    }
+
+    /// An object's members, up to and through its closing brace.
+    fn members(&mut self, mut field: impl FnMut(&mut Self, &[u8]) -> Read<()>) -> Read<()> {
+        loop {
+            self.peek()?;
+            self.key_start = self.at;
+            let (raw, escaped) = self.raw_string()?;
+            self.eat(b':')?;
+            if escaped {
+                let key = Self::decode(raw)?;
+                field(self, key.as_bytes())?;
+            } else {
+                if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
+                    return Err(Malformed);
+                }
+                field(self, raw)?;
+            }
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(Malformed),
+            }
+        }
+    }
+
+    /// Reads an array (the next value must be one), calling `item` for each element; `item`
+    /// must read or pass over it.
+    pub(crate) fn array(&mut self, mut item: impl FnMut(&mut Self) -> Read<()>) -> Read<()> {
+        self.enter()?;
+        self.eat(b'[')?;
+        if self.peek()? == b']' {
+            self.at += 1;
+        } else {
+            loop {
+                item(self)?;
+                match self.peek()? {
+                    b',' => self.at += 1,
+                    b']' => {
+                        self.at += 1;
+                        break;
+                    }
+                    _ => return Err(Malformed),
+                }
+            }
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// One more container read inside the others.
+    fn enter(&mut self) -> Read<()> {
+        self.depth -= 1;
+        if self.depth == 0 {
+            return Err(Malformed);
+        }
+        Ok(())
+    }
+
+    /// Reads a string (the next value must be one), decoded: borrowed when it has no escapes.
+    pub(crate) fn string(&mut self) -> Read<Cow<'a, str>> {
+        let (raw, escaped) = self.raw_string()?;
+        if escaped {
+            return Self::decode(raw).map(Cow::Owned);
+        }
+        let text = match self.text {
+            // Cut at quotes, so at character boundaries.
+            Some(text) => text.get(self.at - 1 - raw.len()..self.at - 1),
+            None => std::str::from_utf8(raw).ok(),
+        };
+        text.map(Cow::Borrowed).ok_or(Malformed)
+    }
+
+    /// Passes over a string (the next value must be one): its body between the quotes, and
+    /// whether that has escapes.
+    fn raw_string(&mut self) -> Read<(&'a [u8], bool)> {
+        self.eat(b'"')?;
+        let body = self.at;
+        let escaped = self.pass_string_body()?;
+        let bytes = self.bytes;
+        Ok((&bytes[body..self.at - 1], escaped))
+    }
+
+    /// A string body with escapes, decoded. Rare: serde_json decodes it, so escapes and
+    /// surrogates are read as it reads them.
+    fn decode(raw: &[u8]) -> Read<String> {
+        let mut quoted = Vec::with_capacity(raw.len() + 2);
+        quoted.push(b'"');
+        quoted.extend_from_slice(raw);
+        quoted.push(b'"');
+        serde_json::from_slice(&quoted).map_err(|_| Malformed)
+    }
+
+    /// Reads a number (the next value must be one).
+    pub(crate) fn number(&mut self) -> Read<Number> {
+        self.peek()?;
+        let start = self.at;
+        self.pass_number()?;
+        let text = &self.bytes[start..self.at];
+        if text.iter().all(u8::is_ascii_digit) {
+            if let Some(n) = std::str::from_utf8(text).ok().and_then(|t| t.parse().ok()) {
+                return Ok(Number::U64(n));
+            }
+        }
+        // Rare: negative, fractional, or past u64. serde_json says whether it is in range.
+        serde_json::from_slice::<serde_json::Number>(text)
+            .map(|_| Number::Other)
+            .map_err(|_| Malformed)
+    }
+
+    /// Reads a value of a shape nobody reads, as serde_json reads a field of the wrong type:
+    /// a string or number is parsed, an object's keys are decoded and its values passed over,
+    /// an array's elements passed over.
+    pub(crate) fn other(&mut self) -> Read<()> {
+        match self.kind()? {
+            Kind::Object => self.object(|scan, _| scan.pass()),
+            Kind::Array => self.array(Self::pass),
+            Kind::String => self.string().map(drop),
+            Kind::Number => self.number().map(drop),
+            Kind::Literal => self.literal(),
+        }
+    }
+
+    fn literal(&mut self) -> Read<()> {
+        let rest = &self.bytes[self.at..];
+        let word: &[u8] = match rest.first() {
+            Some(b't') => b"true",
+            Some(b'f') => b"false",
+            _ => b"null",
+        };
+        if !rest.starts_with(word) {
+            return Err(Malformed);
+        }
+        self.at += word.len();
+        Ok(())
+    }
+
+    /// Passes over the next value, checking only its grammar (serde_json's `ignore_value`).
+    /// Containers are tracked on a stack of their own, not by recursion: a value passed over
+    /// may nest as deep as it likes.
+    pub(crate) fn pass(&mut self) -> Read<()> {
+        // The open containers, innermost last: `true` for an object.
+        let mut open: Vec<bool> = Vec::new();
+        loop {
+            // A value.
+            match self.kind()? {
+                Kind::Object | Kind::Array => {
+                    let object = self.bytes[self.at] == b'{';
+                    self.at += 1;
+                    let close = if object { b'}' } else { b']' };
+                    if self.peek()? == close {
+                        self.at += 1;
+                    } else {
+                        open.push(object);
+                        if object {
+                            self.pass_key()?;
+                        }
+                        continue;
+                    }
+                }
+                Kind::String => {
+                    self.raw_string()?;
+                }
+                Kind::Number => self.pass_number()?,
+                Kind::Literal => self.literal()?,
+            }
+            // After a value: the next one in its container, or the container's end.
+            loop {
+                let Some(&object) = open.last() else {
+                    return Ok(());
+                };
+                match self.peek()? {
+                    b',' => {
+                        self.at += 1;
+                        if object {
+                            self.pass_key()?;
+                        }
+                        break;
+                    }
+                    b'}' if object => self.at += 1,
+                    b']' if !object => self.at += 1,
+                    _ => return Err(Malformed),
+                }
+                open.pop();
+            }
+        }
+    }
+
+    /// Passes over an object's key and its colon.
+    fn pass_key(&mut self) -> Read<()> {
+        self.raw_string()?;
+        self.eat(b':')
+    }
+
+    /// Passes over a string's bytes after its opening quote, through its closing one: its
+    /// escapes must be JSON's and it may hold no control character. Returns whether it has
+    /// escapes.
+    fn pass_string_body(&mut self) -> Read<bool> {
+        let mut escaped = false;
+        loop {
+            let rest = &self.bytes[self.at..];
+            let stop = plain_run(rest);
+            if stop == rest.len() {
+                return Err(Malformed);
+            }
+            self.at += stop + 1;
+            match rest[stop] {
+                b'"' => return Ok(escaped),
+                b'\\' => escaped = true,
+                _ => return Err(Malformed),
+            }
+            match self.bytes.get(self.at) {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.at += 1,
+                Some(b'u') => {
+                    let hex = self.bytes.get(self.at + 1..self.at + 5).ok_or(Malformed)?;
+                    if !hex.iter().all(u8::is_ascii_hexdigit) {
+                        return Err(Malformed);
+                    }
+                    self.at += 5;
+                }
+                _ => return Err(Malformed),
+            }
+        }
+    }
+
+    /// Passes over a number: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    fn pass_number(&mut self) -> Read<()> {
+        if self.bytes.get(self.at) == Some(&b'-') {
+            self.at += 1;
+        }
+        match self.bytes.get(self.at) {
+            Some(b'0') => {
+                self.at += 1;
+                if self.digits() > 0 {
+                    return Err(Malformed);
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(Malformed),
+        }
+        if self.bytes.get(self.at) == Some(&b'.') {
+            self.at += 1;
+            if self.digits() == 0 {
+                return Err(Malformed);
+            }
+        }
+        if matches!(self.bytes.get(self.at), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.bytes.get(self.at), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            if self.digits() == 0 {
+                return Err(Malformed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Passes over ASCII digits; returns how many.
+    fn digits(&mut self) -> usize {
+        let rest = &self.bytes[self.at..];
+        let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        self.at += n;
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::IgnoredAny;
+
+    /// serde_json's verdict on `json` passed over whole.
+    fn serde_passes(json: &[u8]) -> bool {
+        serde_json::from_slice::<IgnoredAny>(json).is_ok()
+    }
+
+    fn passes(json: &[u8]) -> bool {
+        let mut scan = Scan::new(json);
+        scan.pass().and_then(|()| scan.end()).is_ok()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_plain_run_ends_at_the_first_quote_backslash_or_control_character(
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![
+                    8 => proptest::num::u8::ANY,
+                    1 => proptest::sample::select(vec![b'"', b'\\', 0x1f, 0x20, 0x7f, 0x80]),
+                ],
+                0..40,
+            ),
+        ) {
+            let by_definition = bytes.iter().position(|&b| STOP[usize::from(b)]);
+            proptest::prop_assert_eq!(plain_run(&bytes), by_definition.unwrap_or(bytes.len()));
+        }
+    }
+
+    #[test]
+    fn passes_over_what_serde_json_ignores_and_refuses_the_rest() {
+        for json in [
+            &br#"{"a":[1,-0.5e+3,true,false,null,"x\u00e9\n",{}],"b":{"c":[[]]}}"#[..],
+            b" [ 1 , 2 ] ",
+            b"\"\\ud800\"",
+            b"\"\xff\"",
+            b"0",
+            b"{}",
+            b"01",
+            b"1.",
+            b"1e",
+            b"-",
+            b"[1,]",
+            b"{\"a\":1,}",
+            b"{\"a\" 1}",
+            b"{1:2}",
+            b"\"a\x01\"",
+            b"\"\\x\"",
+            b"\"\\u12g4\"",
+            b"[1 2]",
+            b"[}",
+            b"tru",
+            b"nul",
+            b"[1] x",
+            b"",
+            b"\"open",
+        ] {
+            assert_eq!(
+                passes(json),
+                serde_passes(json),
+                "{}",
+                String::from_utf8_lossy(json)
+            );
+        }
+    }
+
+    #[test]
+    fn passes_over_any_depth_but_reads_up_to_serdes_limit() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(passes(deep(10_000).as_bytes()));
+        for (n, ok) in [(127, true), (128, false)] {
+            let text = deep(n);
+            let mut scan = Scan::new(text.as_bytes());
+            fn nest(scan: &mut Scan) -> Read<()> {
+                match scan.kind()? {
+                    Kind::Array => scan.array(nest),
+                    _ => scan.other(),
+                }
+            }
+            assert_eq!(nest(&mut scan).is_ok(), ok, "{n}");
+            assert_eq!(serde_json::from_str::<serde_json::Value>(&text).is_ok(), ok);
+        }
+    }
+
+    #[test]
+    fn reads_strings_and_numbers_as_serde_json_parses_them() {
+        for json in [
+            r#""plain""#,
+            r#""a\"b\u00e9\n""#,
+            r#""\ud83d\ude00""#,
+            r#""\ud800""#,
+            r#""\udc00x""#,
+            "\"\u{e9}\"",
+        ] {
+            let ours = Scan::new(json.as_bytes()).string().ok();
+            let serde = serde_json::from_str::<String>(json).ok();
+            assert_eq!(ours.as_deref(), serde.as_deref(), "{json}");
+        }
+        assert!(Scan::new(b"\"\xff\"").string().is_err());
+        for (json, read) in [
+            ("0", Ok(Number::U64(0))),
+            ("18446744073709551615", Ok(Number::U64(u64::MAX))),
+            ("18446744073709551616", Ok(Number::Other)),
+            ("-0", Ok(Number::Other)),
+            ("-3", Ok(Number::Other)),
+            ("1.5", Ok(Number::Other)),
+            ("1e400", Err(Malformed)),
+        ] {
+            assert_eq!(Scan::new(json.as_bytes()).number(), read, "{json}");
+        }
+    }
+}
