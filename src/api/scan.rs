@@ -296,6 +296,21 @@ impl<'a> Scan<'a> {
             .map_err(|_| Malformed)
     }
 
+    /// Reads the next value with `read` when it is of `kind`, and any other value as
+    /// [`Scan::other`], giving `None`: serde's `Loose`, where a field of another type reads as
+    /// absent.
+    pub(crate) fn loose<T>(
+        &mut self,
+        kind: Kind,
+        read: impl FnOnce(&mut Self) -> Read<T>,
+    ) -> Read<Option<T>> {
+        if self.kind()? == kind {
+            read(self).map(Some)
+        } else {
+            self.other().map(|()| None)
+        }
+    }
+
     /// Reads a value of a shape nobody reads, as serde_json reads a field of the wrong type:
     /// a string or number is parsed, an object's keys are decoded and its values passed over,
     /// an array's elements passed over.

@@ -10,7 +10,7 @@
 //! the head every event of a stream repeats (`id`, `object`, `created`, `model`) is read once
 //! per stream ([`Chunk::parse_event`]).
 
-use super::scan::{self, Scan};
+use super::scan::{self, Kind, Scan};
 use bytes::{Bytes, BytesMut};
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -256,7 +256,7 @@ impl<'a> Chunk<'a> {
 
     /// The whole text as a chunk, with where its head ends.
     fn read_whole(scan: &mut Scan<'a>) -> scan::Read<(Self, Option<usize>)> {
-        if scan.kind()? != scan::Kind::Object {
+        if scan.kind()? != Kind::Object {
             return Err(scan::Malformed);
         }
         let read = Self::read(scan, None)?;
@@ -294,52 +294,47 @@ impl<'a> Chunk<'a> {
         match key {
             b"choices" => {
                 seen.first(0)?;
-                if scan.kind()? != scan::Kind::Array {
-                    return scan.other();
-                }
-                scan.array(|scan| {
-                    let first = !chunk.any_choice;
-                    chunk.any_choice = true;
-                    let part = if scan.kind()? == scan::Kind::Object {
-                        Choice::read(scan)?.generated()
-                    } else {
-                        scan.other()?;
-                        None
-                    };
-                    if first {
-                        // The first choice's pieces come first: its content follows its
-                        // reasoning.
-                        chunk.answer = Some(part.as_ref().map_or((None, false), |p| {
-                            let at = usize::from(p.reasoning_content.is_some());
-                            (p.content.is_some().then_some(at), p.calls_tools)
-                        }));
-                    }
-                    if let Some(part) = part {
-                        chunk.take_pieces(part);
-                    }
-                    Ok(())
-                })
+                let choices = |scan: &mut Scan<'a>| {
+                    scan.array(|scan| {
+                        let first = !chunk.any_choice;
+                        chunk.any_choice = true;
+                        let part = scan
+                            .loose(Kind::Object, |scan| Ok(Choice::read(scan)?.generated()))?
+                            .flatten();
+                        if first {
+                            // The first choice's pieces come first: its content follows its
+                            // reasoning.
+                            chunk.answer = Some(part.as_ref().map_or((None, false), |p| {
+                                let at = usize::from(p.reasoning_content.is_some());
+                                (p.content.is_some().then_some(at), p.calls_tools)
+                            }));
+                        }
+                        if let Some(part) = part {
+                            chunk.take_pieces(part);
+                        }
+                        Ok(())
+                    })
+                };
+                scan.loose(Kind::Array, choices).map(drop)
             }
             b"usage" => {
                 seen.first(1)?;
-                if scan.kind()? != scan::Kind::Object {
-                    return scan.other();
-                }
-                let mut usage = Seen::default();
-                scan.object(|scan, key| match key {
-                    b"completion_tokens" => {
-                        usage.first(0)?;
-                        chunk.completion_tokens = match scan.kind()? {
-                            scan::Kind::Number => match scan.number()? {
-                                scan::Number::U64(n) => Some(n),
-                                scan::Number::Other => None,
-                            },
-                            _ => scan.other().map(|()| None)?,
-                        };
-                        Ok(())
-                    }
-                    _ => scan.pass(),
-                })
+                let usage = |scan: &mut Scan<'a>| {
+                    let mut usage = Seen::default();
+                    scan.object(|scan, key| match key {
+                        b"completion_tokens" => {
+                            usage.first(0)?;
+                            let count = scan.loose(Kind::Number, Scan::number)?;
+                            chunk.completion_tokens = match count {
+                                Some(scan::Number::U64(n)) => Some(n),
+                                Some(scan::Number::Other) | None => None,
+                            };
+                            Ok(())
+                        }
+                        _ => scan.pass(),
+                    })
+                };
+                scan.loose(Kind::Object, usage).map(drop)
             }
             _ => scan.pass(),
         }
@@ -401,79 +396,66 @@ impl<'a> Choice<'a> {
         let mut choice = Self::default();
         let mut seen = Seen::default();
         scan.object(|scan, key| {
-            let (bit, slot) = match key {
-                b"delta" => (0, None),
-                b"message" => (1, None),
-                b"reasoning_content" => (2, Some(&mut choice.own.reasoning_content)),
-                b"content" => (3, Some(&mut choice.own.content)),
-                b"text" => (4, Some(&mut choice.own.text)),
+            let (bit, text) = match key {
+                b"delta" | b"message" => {
+                    let (bit, nested) = match key {
+                        b"delta" => (0, &mut choice.delta),
+                        _ => (1, &mut choice.message),
+                    };
+                    seen.first(bit)?;
+                    *nested = Some(scan.loose(Kind::Object, |scan| Ok(Self::read(scan)?.own))?);
+                    return Ok(());
+                }
+                b"reasoning_content" => (2, &mut choice.own.reasoning_content),
+                b"content" => (3, &mut choice.own.content),
+                b"text" => (4, &mut choice.own.text),
                 b"tool_calls" => {
                     seen.first(5)?;
-                    return Self::read_tool_calls(scan, &mut choice.own);
+                    return scan
+                        .loose(Kind::Array, |scan| {
+                            Self::read_tool_calls(scan, &mut choice.own)
+                        })
+                        .map(drop);
                 }
                 _ => return scan.pass(),
             };
             seen.first(bit)?;
-            match slot {
-                Some(slot) => {
-                    *slot = match scan.kind()? {
-                        scan::Kind::String => Some(scan.string()?),
-                        _ => scan.other().map(|()| None)?,
-                    };
-                }
-                None => {
-                    let nested = match scan.kind()? {
-                        scan::Kind::Object => Some(Self::read(scan)?.own),
-                        _ => scan.other().map(|()| None)?,
-                    };
-                    *(if bit == 0 {
-                        &mut choice.delta
-                    } else {
-                        &mut choice.message
-                    }) = Some(nested);
-                }
-            }
+            *text = scan.loose(Kind::String, Scan::string)?;
             Ok(())
         })?;
         Ok(choice)
     }
 
-    /// `tool_calls`: each call's `function.name` and `function.arguments`.
+    /// `tool_calls` (an array): each call's `function.name` and `function.arguments`.
     fn read_tool_calls(scan: &mut Scan<'a>, part: &mut Part<'a>) -> scan::Read<()> {
-        if scan.kind()? != scan::Kind::Array {
-            return scan.other();
-        }
         scan.array(|scan| {
             part.calls_tools = true;
-            if scan.kind()? != scan::Kind::Object {
-                return scan.other();
-            }
-            let mut call = Seen::default();
-            scan.object(|scan, key| {
-                if key != b"function" {
-                    return scan.pass();
-                }
-                call.first(0)?;
-                if scan.kind()? != scan::Kind::Object {
-                    return scan.other();
-                }
-                let (mut function, mut texts) = (Seen::default(), [None, None]);
+            let call = |scan: &mut Scan<'a>| {
+                let mut call = Seen::default();
                 scan.object(|scan, key| {
-                    let at = match key {
-                        b"name" => 0,
-                        b"arguments" => 1,
-                        _ => return scan.pass(),
+                    if key != b"function" {
+                        return scan.pass();
+                    }
+                    call.first(0)?;
+                    let function = |scan: &mut Scan<'a>| {
+                        let (mut function, mut texts) = (Seen::default(), [None, None]);
+                        scan.object(|scan, key| {
+                            let at = match key {
+                                b"name" => 0,
+                                b"arguments" => 1,
+                                _ => return scan.pass(),
+                            };
+                            function.first(at)?;
+                            texts[usize::from(at)] = scan.loose(Kind::String, Scan::string)?;
+                            Ok(())
+                        })?;
+                        part.tool_texts.extend(texts.into_iter().flatten());
+                        Ok(())
                     };
-                    function.first(at)?;
-                    texts[usize::from(at)] = match scan.kind()? {
-                        scan::Kind::String => Some(scan.string()?),
-                        _ => scan.other().map(|()| None)?,
-                    };
-                    Ok(())
-                })?;
-                part.tool_texts.extend(texts.into_iter().flatten());
-                Ok(())
-            })
+                    scan.loose(Kind::Object, function).map(drop)
+                })
+            };
+            scan.loose(Kind::Object, call).map(drop)
         })
     }
 
