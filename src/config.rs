@@ -120,6 +120,11 @@ pub struct ServerConfig {
     /// until one closes (they wait in the kernel's backlog).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Threads that serve the main listener, each an event loop of its own with its own
+    /// connections to the backends (see `crate::server`). Default: one per core this process
+    /// may use.
+    #[serde(default)]
+    pub workers: Option<usize>,
     /// Bearer token the admin listener requires on every path but `/healthz` and `/readyz`.
     /// Required when `admin_listen` is not a loopback address.
     #[serde(default)]
@@ -130,6 +135,14 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// The threads that serve the main listener: `workers`, or one per core this process may
+    /// use (its CPU affinity and cgroup quota counted).
+    pub fn workers(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
+    }
+
     /// Checks the section; the sha256 of the admin token, when one is set.
     fn check(&self) -> anyhow::Result<Option<[u8; 32]>> {
         if self.listen == self.admin_listen && self.listen.port() != 0 {
@@ -140,6 +153,9 @@ impl ServerConfig {
         }
         if self.max_connections == 0 {
             bail!("server.max_connections must be at least 1");
+        }
+        if self.workers == Some(0) {
+            bail!("server.workers must be at least 1");
         }
         match (&self.admin_token, &self.admin_token_sha256) {
             (Some(_), Some(_)) => bail!("server: give admin_token or admin_token_sha256, not both"),
@@ -170,6 +186,7 @@ impl Default for ServerConfig {
             body_read_timeout: default_body_timeout(),
             shutdown_grace: default_shutdown_grace(),
             max_connections: default_max_connections(),
+            workers: None,
             admin_token: None,
             admin_token_sha256: None,
         }
@@ -945,6 +962,7 @@ impl Config {
                 body_read_timeout,
                 shutdown_grace,
                 max_connections,
+                workers,
                 admin_token,
                 admin_token_sha256,
             ]
@@ -1061,8 +1079,9 @@ pub fn describe(cfg: &ValidConfig) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "listen {} (admin {}{}); model {} (max_model_len {}, default_max_tokens {})",
+        "listen {} ({} workers; admin {}{}); model {} (max_model_len {}, default_max_tokens {})",
         cfg.server.listen,
+        cfg.server.workers(),
         cfg.server.admin_listen,
         if cfg.admin_token_digest().is_some() {
             ", token required"
@@ -1278,6 +1297,7 @@ requests_per_second = 1
         let fixed = edit(&[
             ("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8090\""),
             ("workers = 2", "workers = 3"),
+            ("# workers = 4", "workers = 3"),
             ("max_model_len = 32768", "max_model_len = 16384"),
             ("queue_deadline = \"10s\"", "queue_deadline = \"5s\""),
             (
@@ -1294,6 +1314,7 @@ requests_per_second = 1
             running.restart_only_changes(&fixed),
             [
                 "server.listen",
+                "server.workers",
                 "tokenizer.workers",
                 "model.max_model_len",
                 "admission.queue_deadline",
