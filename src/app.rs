@@ -99,7 +99,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     };
     let upstreams = config
         .backends_with_base()
-        .map(|(backend, base)| Upstream::new(backend, base))
+        .map(|(backend, base)| Upstream::new(backend, base, config.server.workers() + 1))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());
     metrics.config_loaded();

@@ -90,8 +90,10 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The process's own runtime: one thread for the admin listener, signals, reloads and the
+/// background tasks. The API is served by the server's workers, threads of their own.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
+    Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
 }

@@ -21,11 +21,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::any::Any;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{
@@ -216,9 +216,11 @@ async fn route<G: Handler, T: Handler, M: Handler>(
     resp
 }
 
-/// The main listener's service: the whole stack, outermost first.
+/// The main listener's service: the whole stack, outermost first. Its request ids come from
+/// `ids`, which the workers share.
 fn main_service(
     gw: Arc<Gateway>,
+    ids: Sequential,
 ) -> impl tower::Service<
     Request<Incoming>,
     Response = Response<
@@ -233,7 +235,6 @@ fn main_service(
 > + Clone
        + Send
        + 'static {
-    let ids = Sequential::new(rand::random());
     let routes = routes(gw);
     ServiceBuilder::new()
         // 1. every request gets an id (kept if the client sent one), echoed in the response
@@ -294,6 +295,8 @@ pub struct Running {
     pub gateway: Arc<Gateway>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Dropped last: the workers' runtimes stop running their remaining tasks.
+    release: watch::Sender<()>,
 }
 
 impl Running {
@@ -308,6 +311,7 @@ impl Running {
         // the usage log gets its last lines out.
         self.gateway.limiter.give_back_slices().await;
         self.gateway.recorder.flush(USAGE_LOG_FLUSH).await;
+        drop(self.release);
     }
 
     /// Waits until SIGTERM or ctrl-c, then shuts down gracefully. Meanwhile each SIGHUP
@@ -383,7 +387,9 @@ async fn shutdown_signal() {
 /// flood of them cannot take more from the process.
 const ADMIN_MAX_CONNECTIONS: usize = 64;
 
-/// Binds both listeners and serves until [`Running::shutdown`].
+/// Binds both listeners and serves until [`Running::shutdown`]. Both are accepted from on the
+/// caller's runtime. The admin listener's connections are served there too; the main
+/// listener's are handed to `server.workers` threads of their own (see [`Workers`]).
 pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let cfg = gw.config.clone();
     let main = TcpListener::bind(cfg.server.listen).await?;
@@ -403,27 +409,29 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
         grace: cfg.server.shutdown_grace,
         header_timeout: cfg.server.header_read_timeout,
     };
-    let tasks = vec![
-        tokio::spawn(accept_loop(
-            main,
-            TowerToHyperService::new(main_service(gw.clone())),
-            rx.clone(),
-            serving("main", cfg.server.max_connections),
-        )),
-        tokio::spawn(accept_loop(
-            admin,
-            TowerToHyperService::new(admin_service(gw.clone())),
-            rx,
-            serving("admin", ADMIN_MAX_CONNECTIONS),
-        )),
-    ];
-    tracing::info!(%addr, %admin_addr, "tokengate listening");
+    let main_serving = serving("main", cfg.server.max_connections);
+    let (release, released) = watch::channel(());
+    let (workers, mut tasks) = Workers::start(cfg.server.workers(), &gw, &main_serving, &released)?;
+    tasks.push(tokio::spawn(accept_loop(
+        main,
+        rx.clone(),
+        main_serving,
+        workers,
+    )));
+    let admin_serving = serving("admin", ADMIN_MAX_CONNECTIONS);
+    let here = Connections::new(admin_service(gw.clone()), &admin_serving);
+    tasks.push(tokio::spawn(async move {
+        accept_loop(admin, rx, admin_serving, &here).await;
+        here.shut_down().await;
+    }));
+    tracing::info!(%addr, %admin_addr, workers = cfg.server.workers(), "tokengate listening");
     Ok(Running {
         addr,
         admin_addr,
         gateway: gw,
         shutdown: tx,
         tasks,
+        release,
     })
 }
 
@@ -438,25 +446,70 @@ struct Serving {
     header_timeout: Duration,
 }
 
-/// One open client connection: its place under the cap, given back (and the gauge lowered)
-/// when it closes, however it ends.
+/// One open client connection: its place under the cap and on its worker, given back (and
+/// the gauge lowered) when it closes, however it ends.
 struct OpenConnection {
     _permit: OwnedSemaphorePermit,
     open: Gauge,
+    /// The open connections of the worker serving it, if a worker does.
+    worker: Option<Arc<AtomicUsize>>,
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.open.dec();
+        if let Some(worker) = &self.worker {
+            worker.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
-async fn accept_loop<S, B>(
-    listener: TcpListener,
+/// Where an accept loop puts the connections it accepts.
+trait Place {
+    fn serve(&self, stream: TcpStream, open: OpenConnection);
+}
+
+/// Connections served by tasks of the current runtime, each watched for a graceful
+/// shutdown.
+struct Connections<S> {
+    builder: auto::Builder<TokioExecutor>,
     service: S,
-    mut stop: watch::Receiver<bool>,
-    serving: Serving,
-) where
+    graceful: GracefulShutdown,
+    grace: Duration,
+}
+
+impl<T> Connections<TowerToHyperService<T>> {
+    /// Serves tower service `service`'s connections.
+    fn new(service: T, serving: &Serving) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(serving.header_timeout);
+        Self {
+            builder,
+            service: TowerToHyperService::new(service),
+            graceful: GracefulShutdown::new(),
+            grace: serving.grace,
+        }
+    }
+}
+
+impl<S> Connections<S> {
+    /// Lets the connections finish what they are serving, within the grace period; those
+    /// still open after it are cut when their runtime drops them.
+    async fn shut_down(self) {
+        if tokio::time::timeout(self.grace, self.graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown grace period over; cutting remaining connections");
+        }
+    }
+}
+
+impl<S, B> Place for Connections<S>
+where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -464,12 +517,134 @@ async fn accept_loop<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(serving.header_timeout);
+    fn serve(&self, stream: TcpStream, open: OpenConnection) {
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), self.service.clone());
+        let conn = self.graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(open);
+        });
+    }
+}
+
+/// The threads that serve the main listener's connections, each running a single-threaded
+/// runtime of its own and sending to the backends through connection pools of its own
+/// ([`crate::proxy::upstream::use_pool`]). A request is served start to end on one thread, as
+/// nginx's workers serve theirs: with one runtime whose threads share the tasks, a request's
+/// wake-ups went from thread to thread, and that cost about a fifth of the CPU a short
+/// request took (docs/performance.md, "Workers").
+///
+/// Each accepted connection goes to the worker with the fewest open (ties: the first), and
+/// stays there until it closes.
+struct Workers {
+    workers: Vec<Worker>,
+}
+
+struct Worker {
+    handoff: mpsc::UnboundedSender<(std::net::TcpStream, OpenConnection)>,
+    /// Connections handed to it and not yet closed.
+    open: Arc<AtomicUsize>,
+}
+
+impl Workers {
+    /// Starts `count` workers (at least one). Once the workers are dropped, each returned task
+    /// ends when its worker's connections have closed or the grace period is over. A worker's
+    /// runtime keeps running every task it has (connections past the grace period, a Redis
+    /// connection it opened) until `release` is dropped, and then drops them, their guards
+    /// settling.
+    fn start(
+        count: usize,
+        gw: &Arc<Gateway>,
+        serving: &Serving,
+        release: &watch::Receiver<()>,
+    ) -> std::io::Result<(Self, Vec<tokio::task::JoinHandle<()>>)> {
+        let mut workers = Vec::new();
+        let mut tasks = Vec::new();
+        let ids = Sequential::new(rand::random());
+        for index in 1..=count.max(1) {
+            let (handoff, mut connections) = mpsc::unbounded_channel();
+            let here = Connections::new(main_service(gw.clone(), ids.clone()), serving);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (served, finished) = tokio::sync::oneshot::channel::<()>();
+            let mut release = release.clone();
+            std::thread::Builder::new()
+                .name(format!("worker-{index}"))
+                .spawn(move || {
+                    crate::proxy::upstream::use_pool(index);
+                    runtime.block_on(async move {
+                        while let Some((stream, open)) = connections.recv().await {
+                            match TcpStream::from_std(stream) {
+                                Ok(stream) => here.serve(stream, open),
+                                Err(e) => tracing::warn!(error = %e, "cannot serve a connection"),
+                            }
+                        }
+                        here.shut_down().await;
+                        let _ = served.send(());
+                        // Tasks that began here and serve the whole process (a Redis
+                        // connection opened by this worker's first request) keep running
+                        // until the shutdown no longer needs them.
+                        let _ = release.changed().await;
+                    });
+                })?;
+            tasks.push(tokio::spawn(async move {
+                if finished.await.is_err() {
+                    tracing::error!(worker = index, "a worker thread panicked");
+                }
+            }));
+            workers.push(Worker {
+                handoff,
+                open: Arc::new(AtomicUsize::new(0)),
+            });
+        }
+        Ok((Self { workers }, tasks))
+    }
+
+    /// The worker with the fewest open connections; ties go to the first.
+    fn least_busy(&self) -> &Worker {
+        self.workers
+            .iter()
+            .min_by_key(|w| w.open.load(Ordering::Relaxed))
+            .expect("at least one worker")
+    }
+}
+
+impl Place for Workers {
+    fn serve(&self, stream: TcpStream, mut open: OpenConnection) {
+        let worker = self.least_busy();
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot hand a connection to a worker");
+                return;
+            }
+        };
+        worker.open.fetch_add(1, Ordering::Relaxed);
+        open.worker = Some(worker.open.clone());
+        // Refused only when the worker's thread has ended, and then the connection closes.
+        let _ = worker.handoff.send((stream, open));
+    }
+}
+
+impl<P: Place> Place for &P {
+    fn serve(&self, stream: TcpStream, open: OpenConnection) {
+        (**self).serve(stream, open)
+    }
+}
+
+/// Accepts connections until told to stop, at most `serving.max_connections` open at once,
+/// and puts each in `place`.
+async fn accept_loop(
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+    serving: Serving,
+    place: impl Place,
+) {
     let permits = Arc::new(Semaphore::new(serving.max_connections));
     let mut backoff = AcceptBackoff::default();
     loop {
@@ -510,23 +685,10 @@ async fn accept_loop<S, B>(
         let open = OpenConnection {
             _permit: permit,
             open: serving.open.clone(),
+            worker: None,
         };
         let _ = stream.set_nodelay(true);
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service.clone());
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(open);
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(serving.grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("shutdown grace period over; cutting remaining connections");
+        place.serve(stream, open);
     }
 }
 
@@ -607,6 +769,75 @@ mod tests {
         assert_eq!(next(), "tg-00abcdef-2");
         counter.store(u64::MAX, Ordering::Relaxed);
         assert_eq!(next(), "tg-00abcdef-18446744073709551615");
+    }
+
+    /// Workers with these open connections, and the ends their connections arrive at.
+    fn workers(
+        open: &[usize],
+    ) -> (
+        Workers,
+        Vec<mpsc::UnboundedReceiver<(std::net::TcpStream, OpenConnection)>>,
+    ) {
+        let (workers, arrivals) = open
+            .iter()
+            .map(|&n| {
+                let (handoff, arrivals) = mpsc::unbounded_channel();
+                let open = Arc::new(AtomicUsize::new(n));
+                (Worker { handoff, open }, arrivals)
+            })
+            .unzip();
+        (Workers { workers }, arrivals)
+    }
+
+    #[test]
+    fn the_least_busy_worker_is_the_first_with_the_fewest_open_connections() {
+        for (open, least_busy) in [
+            (&[0, 0, 0][..], 0),
+            (&[1, 0, 0], 1),
+            (&[1, 1, 0], 2),
+            (&[2, 1, 1], 1),
+            (&[7], 0),
+        ] {
+            let (workers, _arrivals) = workers(open);
+            assert!(
+                std::ptr::eq(workers.least_busy(), &workers.workers[least_busy]),
+                "{open:?}"
+            );
+        }
+    }
+
+    /// A connection handed to a worker counts as open on it until it closes, and in turn:
+    /// three connections over two idle workers go to the first, the second, the first.
+    #[tokio::test]
+    async fn a_connection_counts_on_its_worker_until_it_closes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (workers, mut arrivals) = workers(&[0, 0]);
+        let permits = Arc::new(Semaphore::new(3));
+        let gauge = Gauge::default();
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+            let (stream, _) = listener.accept().await.unwrap();
+            gauge.inc();
+            let open = OpenConnection {
+                _permit: permits.clone().acquire_owned().await.unwrap(),
+                open: gauge.clone(),
+                worker: None,
+            };
+            workers.serve(stream, open);
+        }
+        let open = |w: usize| workers.workers[w].open.load(Ordering::Relaxed);
+        assert_eq!((open(0), open(1)), (2, 1));
+        let (_, first) = arrivals[0].try_recv().unwrap();
+        let (_, second) = arrivals[1].try_recv().unwrap();
+        let (_, third) = arrivals[0].try_recv().unwrap();
+        assert_eq!(permits.available_permits(), 0);
+        drop(first);
+        assert_eq!((open(0), open(1)), (1, 1));
+        drop((second, third));
+        assert_eq!((open(0), open(1)), (0, 0));
+        assert_eq!((permits.available_permits(), gauge.get()), (3, 0));
     }
 
     #[test]

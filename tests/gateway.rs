@@ -966,6 +966,36 @@ async fn at_the_connection_cap_a_new_connection_waits_until_one_closes() {
     assert_eq!(gw.metric(open).await.as_deref(), Some("2"));
 }
 
+/// With three workers, six connections open at once are all served (handed to the workers
+/// in turn); once they close and the gateway shuts down, nothing is left listening.
+#[tokio::test]
+async fn workers_serve_every_connection_and_stop_on_shutdown() {
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.workers = Some(3);
+    })
+    .await;
+    let addr = gw.running.addr;
+    let open = r#"tokengate_open_connections{listener="main"}"#;
+    let mut connections = Vec::new();
+    for _ in 0..6 {
+        connections.push(connection(addr).await);
+    }
+    for (sender, _) in &mut connections {
+        assert_eq!(models_on(sender).await, 200);
+    }
+    assert_eq!(gw.metric(open).await.as_deref(), Some("6"));
+    let r = gw.chat("sk-alice", &chat("hello world", 5, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for (sender, task) in connections {
+        drop(sender);
+        task.await.unwrap();
+    }
+    gw.wait_metric(open, "0").await;
+    gw.running.shutdown().await;
+    let refused = tokio::net::TcpStream::connect(addr).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+}
+
 /// Bodies over 64 KiB are parsed and validated on the worker pool instead of the executor; this
 /// checks that they get the same answers and errors as small ones.
 #[tokio::test]

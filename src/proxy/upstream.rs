@@ -26,6 +26,8 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::cell::Cell;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The most of a backend's 4xx error body that is read for its message.
@@ -33,6 +35,21 @@ const ERROR_BODY_BYTES: u64 = 64 << 10;
 
 /// The most characters of a backend's error message passed on to the client.
 const ERROR_MESSAGE_CHARS: usize = 1_000;
+
+thread_local! {
+    /// Which of each backend's connection pools this thread sends through: 0 unless
+    /// [`use_pool`] said otherwise.
+    static POOL: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Makes this thread send through each backend's connection pool `index` from now on. A
+/// pooled connection is served by a task on the runtime that opened it, so a thread running
+/// a runtime of its own (a worker of `crate::server`) keeps a pool of its own: otherwise
+/// each request would be handed to another thread and back. An index beyond a backend's
+/// pools uses pool 0.
+pub(crate) fn use_pool(index: usize) {
+    POOL.with(|p| p.set(index));
+}
 
 /// One backend as the forwarder sees it.
 #[derive(Debug, Clone)]
@@ -47,7 +64,8 @@ pub struct Upstream {
     max_event_bytes: u64,
     health_path: String,
     health_timeout: Duration,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// One connection pool per runtime that sends through it (see [`use_pool`]).
+    pools: Arc<[Client<HttpsConnector<HttpConnector>, Full<Bytes>>]>,
 }
 
 /// Why a request to a backend got no response headers.
@@ -96,9 +114,9 @@ impl Health {
 }
 
 impl Upstream {
-    /// A backend with its own connection pool, speaking TLS when its URL is `https` (fails
-    /// only when its `tls` files cannot be read).
-    pub fn new(cfg: &BackendConfig, base: &BackendBase) -> anyhow::Result<Self> {
+    /// A backend with `pools` connection pools of its own (at least one), speaking TLS when
+    /// its URL is `https` (fails only when its `tls` files cannot be read).
+    pub fn new(cfg: &BackendConfig, base: &BackendBase, pools: usize) -> anyhow::Result<Self> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
@@ -109,9 +127,13 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        let pools = (0..pools.max(1))
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .build(connector.clone())
+            })
+            .collect();
         Ok(Self {
             url: cfg.url.trim_end_matches('/').to_string(),
             base: base.clone(),
@@ -122,8 +144,14 @@ impl Upstream {
             max_event_bytes: cfg.max_event_bytes,
             health_path: cfg.health_path.clone(),
             health_timeout: cfg.health_timeout,
-            client,
+            pools,
         })
+    }
+
+    /// This thread's connection pool.
+    fn pool(&self) -> &Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
+        let index = POOL.with(Cell::get);
+        self.pools.get(index).unwrap_or(&self.pools[0])
     }
 
     fn uri(&self, path: &str) -> Uri {
@@ -169,7 +197,7 @@ impl Upstream {
         let req = req
             .body(Full::new(body.unwrap_or_default()))
             .expect("a request of a built URI and typed headers builds");
-        match tokio::time::timeout(timeout, self.client.request(req)).await {
+        match tokio::time::timeout(timeout, self.pool().request(req)).await {
             Err(_) => Err(SendError::TimedOut),
             Ok(Err(e)) => {
                 tracing::warn!(backend = %self.url, error = %e, "backend request failed");
@@ -338,6 +366,37 @@ pub fn answer_headers(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each thread sends through the pool it was told to use, pool 0 when told none or one
+    /// the backend does not have.
+    #[test]
+    fn a_thread_sends_through_its_own_pool() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/quickstart.toml"
+        ))
+        .unwrap();
+        let cfg = crate::config::Config::parse(&text).unwrap();
+        let (backend, base) = cfg.backends_with_base().next().unwrap();
+        let up = Upstream::new(backend, base, 3).unwrap();
+        assert_eq!(up.pools.len(), 3);
+        assert_eq!(Upstream::new(backend, base, 0).unwrap().pools.len(), 1);
+        let uses = |index: Option<usize>| {
+            let up = up.clone();
+            std::thread::spawn(move || {
+                if let Some(index) = index {
+                    use_pool(index);
+                }
+                (0..up.pools.len()).find(|&i| std::ptr::eq(up.pool(), &up.pools[i]))
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(uses(None), Some(0));
+        assert_eq!(uses(Some(1)), Some(1));
+        assert_eq!(uses(Some(2)), Some(2));
+        assert_eq!(uses(Some(3)), Some(0));
+    }
 
     #[test]
     fn backend_messages_are_read_from_every_known_shape() {
