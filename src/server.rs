@@ -545,9 +545,17 @@ struct Workers {
 }
 
 struct Worker {
+    /// Unbounded, but every connection in it holds one of the listener's permits.
     handoff: mpsc::UnboundedSender<(std::net::TcpStream, OpenConnection)>,
-    /// Connections handed to it and not yet closed.
+    /// Connections handed to it and not yet closed; [`Worker::GONE`] once its thread has
+    /// ended.
     open: Arc<AtomicUsize>,
+}
+
+impl Worker {
+    /// The open connections of a worker whose thread has ended: never the least busy, and
+    /// far from overflowing as its connections close.
+    const GONE: usize = usize::MAX / 2;
 }
 
 impl Workers {
@@ -616,18 +624,30 @@ impl Workers {
 
 impl Place for Workers {
     fn serve(&self, stream: TcpStream, mut open: OpenConnection) {
-        let worker = self.least_busy();
-        let stream = match stream.into_std() {
+        let mut stream = match stream.into_std() {
             Ok(stream) => stream,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot hand a connection to a worker");
                 return;
             }
         };
-        worker.open.fetch_add(1, Ordering::Relaxed);
-        open.worker = Some(worker.open.clone());
-        // Refused only when the worker's thread has ended, and then the connection closes.
-        let _ = worker.handoff.send((stream, open));
+        // A worker refuses only when its thread has ended (a panic outside any request).
+        // It then counts as full, and the connection goes to the next; with none left, it
+        // closes.
+        for _ in 0..self.workers.len() {
+            let worker = self.least_busy();
+            worker.open.fetch_add(1, Ordering::Relaxed);
+            open.worker = Some(worker.open.clone());
+            match worker.handoff.send((stream, open)) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(refused)) => {
+                    worker.open.store(Worker::GONE, Ordering::Relaxed);
+                    (stream, open) = refused;
+                    open.worker = None;
+                }
+            }
+        }
+        tracing::error!("no worker is left to serve a connection");
     }
 }
 
@@ -838,6 +858,35 @@ mod tests {
         drop((second, third));
         assert_eq!((open(0), open(1)), (0, 0));
         assert_eq!((permits.available_permits(), gauge.get()), (3, 0));
+    }
+
+    /// A worker whose thread has ended is passed over: the connection goes to the next, and
+    /// so do the ones after it.
+    #[tokio::test]
+    async fn a_worker_that_has_ended_is_passed_over() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (workers, mut arrivals) = workers(&[0, 1]);
+        drop(arrivals.remove(0));
+        let permits = Arc::new(Semaphore::new(2));
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+            let (stream, _) = listener.accept().await.unwrap();
+            let open = OpenConnection {
+                _permit: permits.clone().acquire_owned().await.unwrap(),
+                open: Gauge::default(),
+                worker: None,
+            };
+            workers.serve(stream, open);
+        }
+        let open = |w: usize| workers.workers[w].open.load(Ordering::Relaxed);
+        assert_eq!((open(0), open(1)), (Worker::GONE, 3));
+        let served = [arrivals[0].try_recv(), arrivals[0].try_recv()];
+        assert!(served.iter().all(Result::is_ok));
+        drop(served);
+        assert_eq!((open(0), open(1)), (Worker::GONE, 1));
+        assert_eq!(permits.available_permits(), 2);
     }
 
     #[test]
