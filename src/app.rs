@@ -99,6 +99,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     };
     let upstreams = config
         .backends_with_base()
+        // Pool 0 for the process's own runtime (health checks), one for each worker.
         .map(|(backend, base)| Upstream::new(backend, base, config.server.workers() + 1))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());

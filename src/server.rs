@@ -411,7 +411,8 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     };
     let main_serving = serving("main", cfg.server.max_connections);
     let (release, released) = watch::channel(());
-    let (workers, mut tasks) = Workers::start(cfg.server.workers(), &gw, &main_serving, &released)?;
+    let count = cfg.server.workers();
+    let (workers, mut tasks) = Workers::start(count, &gw, &main_serving, &released)?;
     tasks.push(tokio::spawn(accept_loop(
         main,
         rx.clone(),
@@ -424,7 +425,7 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
         accept_loop(admin, rx, admin_serving, &here).await;
         here.shut_down().await;
     }));
-    tracing::info!(%addr, %admin_addr, workers = cfg.server.workers(), "tokengate listening");
+    tracing::info!(%addr, %admin_addr, workers = count, "tokengate listening");
     Ok(Running {
         addr,
         admin_addr,
@@ -534,9 +535,9 @@ where
 /// The threads that serve the main listener's connections, each running a single-threaded
 /// runtime of its own and sending to the backends through connection pools of its own
 /// ([`crate::proxy::upstream::use_pool`]). A request is served start to end on one thread, as
-/// nginx's workers serve theirs: with one runtime whose threads share the tasks, a request's
-/// wake-ups went from thread to thread, and that cost about a fifth of the CPU a short
-/// request took (docs/performance.md, "Workers").
+/// nginx's workers serve theirs: on one runtime whose threads share the tasks, a short request
+/// took about a quarter more CPU for the same instructions, its wake-ups free to land on
+/// either thread (docs/performance.md, "Workers").
 ///
 /// Each accepted connection goes to the worker with the fewest open (ties: the first), and
 /// stays there until it closes.

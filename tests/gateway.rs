@@ -966,8 +966,9 @@ async fn at_the_connection_cap_a_new_connection_waits_until_one_closes() {
     assert_eq!(gw.metric(open).await.as_deref(), Some("2"));
 }
 
-/// With three workers, six connections open at once are all served (handed to the workers
-/// in turn); once they close and the gateway shuts down, nothing is left listening.
+/// With three workers, six connections open at once are all served (which worker takes which
+/// is `server`'s unit tests'); once they close and the gateway shuts down, nothing is left
+/// listening.
 #[tokio::test]
 async fn workers_serve_every_connection_and_stop_on_shutdown() {
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
