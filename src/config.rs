@@ -12,7 +12,7 @@ use crate::capacity::{
     derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend,
     EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
 };
-use crate::digest::{hash_key, parse_sha256_hex};
+use crate::digest::{example_secret, hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
 use crate::profile::ProfileConfig;
 use crate::vision::{VisionConfig, VisionRules};
@@ -608,6 +608,7 @@ impl Config {
         }
         let backend_bases = self.check_model_and_backends()?;
         let key_digests = self.check_tenants()?;
+        self.refuse_example_secrets(admin_token_digest.as_ref(), &key_digests)?;
         self.vision_rules = self.vision.load()?;
         Ok(ValidConfig {
             config: self,
@@ -844,6 +845,54 @@ impl Config {
             bases.push(BackendBase { scheme, authority });
         }
         Ok(bases)
+    }
+
+    /// Refuses the secrets `deploy/` ships as examples ([`crate::digest::EXAMPLE_SECRETS`]) when
+    /// a listener is beyond loopback: whoever reads the repository would hold the key.
+    fn refuse_example_secrets(
+        &self,
+        admin_token: Option<&[u8; 32]>,
+        keys: &[Vec<[u8; 32]>],
+    ) -> anyhow::Result<()> {
+        let s = &self.server;
+        let Some((field, open)) = [("listen", s.listen), ("admin_listen", s.admin_listen)]
+            .into_iter()
+            .find(|(_, addr)| !addr.ip().is_loopback())
+        else {
+            return Ok(());
+        };
+        let refusal = |what: String, example: &crate::digest::ExampleSecret| {
+            anyhow::anyhow!(
+                "{what} is the example `{}` shipped in {} and server.{field} {open} is not a loopback address: anyone who has read that file holds it; edit {} to set a secret of your own",
+                example.clear,
+                example.file,
+                example.file
+            )
+        };
+        if let Some(example) = admin_token.and_then(example_secret) {
+            let name = match s.admin_token {
+                Some(_) => "server.admin_token",
+                None => "server.admin_token_sha256",
+            };
+            return Err(refusal(name.to_string(), example));
+        }
+        for ((i, t), digests) in self.tenants.iter().enumerate().zip(keys) {
+            // `digests` holds the `api_keys` hashed, then the `api_key_sha256` parsed.
+            if let Some((at, example)) =
+                (digests.iter().enumerate()).find_map(|(k, d)| example_secret(d).map(|e| (k, e)))
+            {
+                let list = if at < t.api_keys.len() {
+                    "api_keys"
+                } else {
+                    "api_key_sha256"
+                };
+                return Err(refusal(
+                    format!("tenants[{i}] ({}).{list}", t.name),
+                    example,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks `[[tenants]]`; the digests of each tenant's keys.
@@ -1243,6 +1292,61 @@ requests_per_second = 1
         // Loopback (v4 or v6) needs none.
         let cfg = with_admin("admin_listen = \"[::1]:8081\"").unwrap();
         assert_eq!(cfg.admin_token_digest(), None);
+    }
+
+    #[test]
+    fn the_deploy_examples_secrets_are_refused_beyond_loopback_only() {
+        let example_digest = |clear| hex::encode(crate::digest::hash_key(clear));
+        let admin = example_digest("example-admin-token-change-me");
+        let parse = |listen: &str, admin_lines: &str, key: &str| {
+            let text = quickstart()
+                .replace("listen = \"127.0.0.1:8080\"", listen)
+                .replace("admin_listen = \"127.0.0.1:8081\"", admin_lines)
+                .replace("api_keys = [\"sk-alice\"]", key);
+            Config::parse(&text).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let loopback = (
+            "listen = \"127.0.0.1:8080\"",
+            "admin_listen = \"127.0.0.1:8081\"",
+        );
+        let open_admin =
+            format!("admin_listen = \"0.0.0.0:8081\"\nadmin_token_sha256 = \"{admin}\"");
+        assert_eq!(
+            parse(loopback.0, &open_admin, "api_keys = [\"sk-alice\"]"),
+            Err("server.admin_token_sha256 is the example `example-admin-token-change-me` shipped in deploy/k8s/base/configmap.yaml and server.admin_listen 0.0.0.0:8081 is not a loopback address: anyone who has read that file holds it; edit deploy/k8s/base/configmap.yaml to set a secret of your own".to_string())
+        );
+        let open_api = "listen = \"0.0.0.0:8080\"";
+        let team_a = format!(
+            "api_key_sha256 = [\"{}\"]",
+            example_digest("sk-example-team-a-change-me")
+        );
+        let refused = "tenants[0] (alice).api_key_sha256 is the example `sk-example-team-a-change-me` shipped in deploy/k8s/base/secret.yaml and server.listen 0.0.0.0:8080 is not a loopback address: anyone who has read that file holds it; edit deploy/k8s/base/secret.yaml to set a secret of your own";
+        assert_eq!(
+            parse(open_api, loopback.1, &team_a),
+            Err(refused.to_string())
+        );
+        // The same key in clear is refused naming its list.
+        assert_eq!(
+            parse(
+                open_api,
+                loopback.1,
+                "api_keys = [\"sk-example-team-a-change-me\"]"
+            ),
+            Err(refused.replace(".api_key_sha256 ", ".api_keys "))
+        );
+        let admin_clear =
+            "admin_listen = \"0.0.0.0:8081\"\nadmin_token = \"example-admin-token-change-me\"";
+        assert!(parse(loopback.0, admin_clear, "api_keys = [\"sk-alice\"]")
+            .unwrap_err()
+            .starts_with("server.admin_token is the example `example-admin-token-change-me`"));
+        // On loopback (the quickstart) the examples start, and so do keys of one's own beyond it.
+        assert_eq!(parse(loopback.0, loopback.1, &team_a), Ok(()));
+        assert_eq!(
+            parse("listen = \"[::1]:8080\"", loopback.1, &team_a),
+            Ok(())
+        );
+        let own = "admin_listen = \"0.0.0.0:8081\"\nadmin_token = \"a-token-of-mine\"";
+        assert_eq!(parse(open_api, own, "api_keys = [\"sk-mine\"]"), Ok(()));
     }
 
     #[test]

@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
+use tokengate::config::ValidConfig;
 use tokengate::config::{Config, ServerConfig};
-use tokengate::digest::hash_key;
+use tokengate::digest::{hash_key, EXAMPLE_SECRETS};
 use tokengate::error::ApiError;
 
 const TOKEN: &str = "admin-s3cret";
@@ -160,6 +161,85 @@ fn serve_and_check_config_refuse_an_open_admin_listener() {
         assert_eq!(String::from_utf8_lossy(&out.stderr), expected, "{args:?}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// The Kubernetes example's config as the init container writes it: the ConfigMap's file, then
+/// the Secret's tenants.
+fn k8s_text() -> String {
+    format!(
+        "{}{}",
+        str_at(
+            &yaml("deploy/k8s/base/configmap.yaml"),
+            "/data/tokengate.toml"
+        ),
+        str_at(
+            &yaml("deploy/k8s/base/secret.yaml"),
+            "/stringData/tenants.toml"
+        )
+    )
+}
+
+/// `text` (from the Kubernetes example) with the example secrets replaced by ones of one's own,
+/// as its Secret asks: what a deployment runs. The shipped text itself is refused (see
+/// `serve_and_check_config_refuse_the_examples_secrets_beyond_loopback`).
+fn with_own_secrets(text: &str) -> ValidConfig {
+    let mut own = text.to_string();
+    for e in EXAMPLE_SECRETS {
+        let shipped = hex::encode(hash_key(e.clear));
+        assert!(
+            read(e.file).contains(&shipped),
+            "{} holds {}",
+            e.file,
+            e.clear
+        );
+        own = own.replace(
+            &shipped,
+            &hex::encode(hash_key(&format!("own-{}", e.clear))),
+        );
+    }
+    assert!(Config::parse(text).is_err());
+    Config::parse(&own).unwrap()
+}
+
+#[test]
+fn serve_and_check_config_refuse_the_examples_secrets_beyond_loopback() {
+    let dir = TempDir::new("example-secrets");
+    let file = dir.0.join("k8s.toml");
+    std::fs::write(&file, k8s_text()).unwrap();
+    let expected = format!(
+        "error: in config file {}: server.admin_token_sha256 is the example `example-admin-token-change-me` shipped in deploy/k8s/base/configmap.yaml and server.listen 0.0.0.0:8080 is not a loopback address: anyone who has read that file holds it; edit deploy/k8s/base/configmap.yaml to set a secret of your own\n",
+        file.display()
+    );
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+            .args(args)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap()
+    };
+    for args in [
+        vec!["check-config", file.to_str().unwrap()],
+        vec!["serve", "--config", file.to_str().unwrap()],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), expected, "{args:?}");
+    }
+    // The example tenant's key on loopback (the quickstart's addresses) passes.
+    let quickstart = read("config/quickstart.toml");
+    let team_a = str_at(
+        &yaml("deploy/k8s/base/secret.yaml"),
+        "/stringData/tenants.toml",
+    );
+    let file = dir.0.join("loopback.toml");
+    std::fs::write(&file, format!("{quickstart}\n{team_a}")).unwrap();
+    let out = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// An address nothing listens on.
@@ -438,18 +518,12 @@ fn every_yaml_file_under_deploy_parses() {
 #[test]
 fn kubernetes_manifests_agree_with_their_config() {
     let doc = |file: &str| yaml(&format!("deploy/k8s/base/{file}"));
-    let (deployment, configmap, secret) = (
-        doc("deployment.yaml"),
-        doc("configmap.yaml"),
-        doc("secret.yaml"),
-    );
-    // What the init container writes: the ConfigMap's file, then the Secret's tenants.
-    let text = format!(
-        "{}{}",
-        str_at(&configmap, "/data/tokengate.toml"),
-        str_at(&secret, "/stringData/tenants.toml")
-    );
-    let cfg = Config::parse(&text).unwrap();
+    let (deployment, secret) = (doc("deployment.yaml"), doc("secret.yaml"));
+    // The scraper's token is the one the config holds the digest of.
+    let text = k8s_text();
+    let admin_token = str_at(&secret, "/stringData/admin-token");
+    assert!(text.contains(&hex::encode(hash_key(admin_token))));
+    let cfg = with_own_secrets(&text);
     let init = &deployment["spec"]["template"]["spec"]["initContainers"][0];
     assert_eq!(
         init["command"][2],
@@ -502,11 +576,6 @@ fn kubernetes_manifests_agree_with_their_config() {
         assert!(container["resources"]["limits"]["memory"].is_string());
     }
     assert_eq!(deployment["spec"]["replicas"], 1);
-    // The scraper's token is the one the config holds the digest of.
-    assert_eq!(
-        cfg.admin_token_digest(),
-        Some(hash_key(str_at(&secret, "/stringData/admin-token")))
-    );
     assert_eq!(cfg.tokenizer.path, Path::new(IMAGE_TOKENIZER));
     let monitor = yaml("deploy/k8s/prometheus-operator/servicemonitor.yaml");
     assert_eq!(
@@ -740,7 +809,7 @@ fn the_multi_replica_example_shares_everything_through_its_redis() {
             "/stringData/tenants.toml"
         )
     );
-    let cfg = Config::parse(&text).unwrap().into_inner();
+    let cfg = with_own_secrets(&text).into_inner();
     assert_eq!(
         cfg.limiter.store,
         tokengate::limiter::config::StoreKind::Redis
