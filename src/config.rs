@@ -1068,6 +1068,7 @@ impl Config {
                 on_store_error,
                 expected_replicas,
                 retry_interval,
+                failures_before_down,
                 kv_lease_ttl,
                 kv_recheck_interval,
                 local_first,
@@ -1141,6 +1142,16 @@ pub fn describe(cfg: &ValidConfig) -> String {
         cfg.model.max_model_len,
         cfg.model.default_max_tokens
     );
+    let l = &cfg.limiter;
+    if l.store == crate::limiter::config::StoreKind::Redis {
+        let _ = writeln!(
+            s,
+            "limiter store redis: on_store_error {:?}, marked down after {} failures in a row, tried again every {}",
+            l.on_store_error,
+            l.failures_before_down,
+            humantime::format_duration(l.retry_interval)
+        );
+    }
     for b in &cfg.backends {
         let _ = writeln!(
             s,

@@ -98,6 +98,7 @@ fn limiter() -> impl Strategy<Value = Table> {
             ("lease_ttl", lease.clone().boxed()),
             ("kv_lease_ttl", lease.boxed()),
             ("kv_recheck_interval", duration().boxed()),
+            ("failures_before_down", int(1..=10).boxed()),
             ("key_prefix", "[a-z:]{0,8}".prop_map(Value::from).boxed()),
         ]),
     )
@@ -439,6 +440,7 @@ fn invalid() -> impl Strategy<Value = Mutation> {
         ("limiter", "lease_ttl", "500ms".into()),
         ("limiter", "kv_lease_ttl", "500ms".into()),
         ("limiter", "kv_recheck_interval", no_time()),
+        ("limiter", "failures_before_down", zero()),
         ("limiter", "key_prefix", "a{b".into()),
         ("limiter", "redis_url", "http://127.0.0.1:6379".into()),
         ("server", "max_connections", zero()),
