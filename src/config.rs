@@ -509,6 +509,15 @@ pub struct TenantConfig {
     /// lower its own with the `x-tokengate-priority` header.
     #[serde(default)]
     pub priority: Priority,
+    /// Most of this tenant's requests in flight at once (charged and not yet settled: queued
+    /// for KV or running); one more is refused with 429 `concurrency_exceeded`. None: no cap.
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
+    /// Most places in the KV queue this tenant may hold at once (0: its requests never wait);
+    /// one more that would wait is refused with 429 `concurrency_exceeded`. None: only
+    /// `admission.queue_max_waiting` bounds it.
+    #[serde(default)]
+    pub max_queued: Option<u32>,
 }
 
 fn default_burst_seconds() -> f64 {
@@ -941,6 +950,9 @@ impl Config {
                     bail!("{at}.{field} must be a positive number, got {v}");
                 }
             }
+            if t.max_inflight == Some(0) {
+                bail!("{at}.max_inflight must be at least 1 (leave it out for no cap)");
+            }
             if t.requests_per_second * t.burst_seconds < 1.0 {
                 let derived = match t.share {
                     Some(share) => format!(", derived from share {share}"),
@@ -1173,7 +1185,7 @@ pub fn describe(cfg: &ValidConfig) -> String {
     for t in &cfg.tenants {
         let _ = writeln!(
             s,
-            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}",
+            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}{}{}",
             t.name,
             t.prefill_tokens_per_second,
             t.decode_tokens_per_second,
@@ -1181,7 +1193,9 @@ pub fn describe(cfg: &ValidConfig) -> String {
             t.burst_seconds,
             t.share
                 .map(|x| format!(" (share {x} of the derived capacity)"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            (t.max_inflight.map(|n| format!(", max_inflight {n}"))).unwrap_or_default(),
+            (t.max_queued.map(|n| format!(", max_queued {n}"))).unwrap_or_default()
         );
     }
     s
@@ -1522,6 +1536,34 @@ requests_per_second = 1
             format!(
                 "tenants[0] (alice): requests_per_second ({rps}, derived from share 0.001) x burst_seconds (1) = {rps} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second"
             )
+        );
+    }
+
+    #[test]
+    fn describe_shows_the_tenants_caps_and_when_the_shared_store_is_marked_down() {
+        let text = quickstart().replacen(
+            "api_keys = [\"sk-alice\"]",
+            "api_keys = [\"sk-alice\"]\nmax_inflight = 8\nmax_queued = 0",
+            1,
+        ) + "\n[limiter]\nstore = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"\nfailures_before_down = 5\n";
+        let shown = describe(&Config::parse(&text).unwrap());
+        assert!(
+            shown.contains("burst 15 s, max_inflight 8, max_queued 0\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("limiter store redis: on_store_error FailClosed, marked down after 5 failures in a row, tried again every 1s\n"),
+            "{shown}"
+        );
+        let zero = text.replace("failures_before_down = 5", "failures_before_down = 0");
+        assert_eq!(
+            Config::parse(&zero).unwrap_err().to_string(),
+            "limiter.failures_before_down must be at least 1"
+        );
+        let none = text.replace("max_inflight = 8", "max_inflight = 0");
+        assert_eq!(
+            Config::parse(&none).unwrap_err().to_string(),
+            "tenants[0] (alice).max_inflight must be at least 1 (leave it out for no cap)"
         );
     }
 }

@@ -200,7 +200,12 @@ fn tenant(i: usize, may_share: bool) -> impl Strategy<Value = Table> {
     } else {
         rates.boxed()
     };
-    (budget, any::<bool>()).prop_map(move |(mut t, hashed)| {
+    let caps = some_of(vec![
+        ("max_inflight", int(1..=4096).boxed()),
+        ("max_queued", int(0..=4096).boxed()),
+    ]);
+    (budget, any::<bool>(), caps).prop_map(move |(mut t, hashed, caps)| {
+        t.extend(caps);
         t.insert("name".into(), format!("tenant-{i}").into());
         let key = format!("sk-{i}");
         if hashed {
@@ -453,6 +458,7 @@ fn invalid() -> impl Strategy<Value = Mutation> {
             Value::Array(vec!["abc".into()]),
         ),
         ("tenants", "share", 1.5.into()),
+        ("tenants", "max_inflight", zero()),
     ];
     for url in ["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""] {
         cases.push(("backends", "url", url.into()));
