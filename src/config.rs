@@ -12,7 +12,7 @@ use crate::capacity::{
     derive_backend, derived_table, tenant_rates, CapacityInputs, DerivedBackend,
     EfficiencyOverrides, ProfileOverrides, StateDtype, Workload,
 };
-use crate::digest::{hash_key, parse_sha256_hex};
+use crate::digest::{example_secret, hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
 use crate::profile::ProfileConfig;
 use crate::vision::{VisionConfig, VisionRules};
@@ -509,6 +509,15 @@ pub struct TenantConfig {
     /// lower its own with the `x-tokengate-priority` header.
     #[serde(default)]
     pub priority: Priority,
+    /// Most of this tenant's requests in flight at once (charged and not yet settled: queued
+    /// for KV or running); one more is refused with 429 `concurrency_exceeded`. None: no cap.
+    #[serde(default)]
+    pub max_inflight: Option<u32>,
+    /// Most places in the KV queue this tenant may hold at once (0: its requests never wait);
+    /// one more that would wait is refused with 429 `concurrency_exceeded`. None: only
+    /// `admission.queue_max_waiting` bounds it.
+    #[serde(default)]
+    pub max_queued: Option<u32>,
 }
 
 fn default_burst_seconds() -> f64 {
@@ -608,6 +617,7 @@ impl Config {
         }
         let backend_bases = self.check_model_and_backends()?;
         let key_digests = self.check_tenants()?;
+        self.refuse_example_secrets(admin_token_digest.as_ref(), &key_digests)?;
         self.vision_rules = self.vision.load()?;
         Ok(ValidConfig {
             config: self,
@@ -846,6 +856,54 @@ impl Config {
         Ok(bases)
     }
 
+    /// Refuses the secrets `deploy/` ships as examples ([`crate::digest::EXAMPLE_SECRETS`]) when
+    /// a listener is beyond loopback: whoever reads the repository would hold the key.
+    fn refuse_example_secrets(
+        &self,
+        admin_token: Option<&[u8; 32]>,
+        keys: &[Vec<[u8; 32]>],
+    ) -> anyhow::Result<()> {
+        let s = &self.server;
+        let Some((field, open)) = [("listen", s.listen), ("admin_listen", s.admin_listen)]
+            .into_iter()
+            .find(|(_, addr)| !addr.ip().is_loopback())
+        else {
+            return Ok(());
+        };
+        let refusal = |what: String, example: &crate::digest::ExampleSecret| {
+            anyhow::anyhow!(
+                "{what} is the example `{}` shipped in {} and server.{field} {open} is not a loopback address: anyone who has read that file holds it; edit {} to set a secret of your own",
+                example.clear,
+                example.file,
+                example.file
+            )
+        };
+        if let Some(example) = admin_token.and_then(example_secret) {
+            let name = match s.admin_token {
+                Some(_) => "server.admin_token",
+                None => "server.admin_token_sha256",
+            };
+            return Err(refusal(name.to_string(), example));
+        }
+        for ((i, t), digests) in self.tenants.iter().enumerate().zip(keys) {
+            // `digests` holds the `api_keys` hashed, then the `api_key_sha256` parsed.
+            if let Some((at, example)) =
+                (digests.iter().enumerate()).find_map(|(k, d)| example_secret(d).map(|e| (k, e)))
+            {
+                let list = if at < t.api_keys.len() {
+                    "api_keys"
+                } else {
+                    "api_key_sha256"
+                };
+                return Err(refusal(
+                    format!("tenants[{i}] ({}).{list}", t.name),
+                    example,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks `[[tenants]]`; the digests of each tenant's keys.
     fn check_tenants(&self) -> anyhow::Result<Vec<Vec<[u8; 32]>>> {
         if self.tenants.is_empty() {
@@ -891,6 +949,9 @@ impl Config {
                 if !(v.is_finite() && v > 0.0) {
                     bail!("{at}.{field} must be a positive number, got {v}");
                 }
+            }
+            if t.max_inflight == Some(0) {
+                bail!("{at}.max_inflight must be at least 1 (leave it out for no cap)");
             }
             if t.requests_per_second * t.burst_seconds < 1.0 {
                 let derived = match t.share {
@@ -1019,6 +1080,7 @@ impl Config {
                 on_store_error,
                 expected_replicas,
                 retry_interval,
+                failures_before_down,
                 kv_lease_ttl,
                 kv_recheck_interval,
                 local_first,
@@ -1092,6 +1154,16 @@ pub fn describe(cfg: &ValidConfig) -> String {
         cfg.model.max_model_len,
         cfg.model.default_max_tokens
     );
+    let l = &cfg.limiter;
+    if l.store == crate::limiter::config::StoreKind::Redis {
+        let _ = writeln!(
+            s,
+            "limiter store redis: on_store_error {:?}, marked down after {} failures in a row, tried again every {}",
+            l.on_store_error,
+            l.failures_before_down,
+            humantime::format_duration(l.retry_interval)
+        );
+    }
     for b in &cfg.backends {
         let _ = writeln!(
             s,
@@ -1113,7 +1185,7 @@ pub fn describe(cfg: &ValidConfig) -> String {
     for t in &cfg.tenants {
         let _ = writeln!(
             s,
-            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}",
+            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}{}{}",
             t.name,
             t.prefill_tokens_per_second,
             t.decode_tokens_per_second,
@@ -1121,7 +1193,9 @@ pub fn describe(cfg: &ValidConfig) -> String {
             t.burst_seconds,
             t.share
                 .map(|x| format!(" (share {x} of the derived capacity)"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            (t.max_inflight.map(|n| format!(", max_inflight {n}"))).unwrap_or_default(),
+            (t.max_queued.map(|n| format!(", max_queued {n}"))).unwrap_or_default()
         );
     }
     s
@@ -1243,6 +1317,61 @@ requests_per_second = 1
         // Loopback (v4 or v6) needs none.
         let cfg = with_admin("admin_listen = \"[::1]:8081\"").unwrap();
         assert_eq!(cfg.admin_token_digest(), None);
+    }
+
+    #[test]
+    fn the_deploy_examples_secrets_are_refused_beyond_loopback_only() {
+        let example_digest = |clear| hex::encode(crate::digest::hash_key(clear));
+        let admin = example_digest("example-admin-token-change-me");
+        let parse = |listen: &str, admin_lines: &str, key: &str| {
+            let text = quickstart()
+                .replace("listen = \"127.0.0.1:8080\"", listen)
+                .replace("admin_listen = \"127.0.0.1:8081\"", admin_lines)
+                .replace("api_keys = [\"sk-alice\"]", key);
+            Config::parse(&text).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let loopback = (
+            "listen = \"127.0.0.1:8080\"",
+            "admin_listen = \"127.0.0.1:8081\"",
+        );
+        let open_admin =
+            format!("admin_listen = \"0.0.0.0:8081\"\nadmin_token_sha256 = \"{admin}\"");
+        assert_eq!(
+            parse(loopback.0, &open_admin, "api_keys = [\"sk-alice\"]"),
+            Err("server.admin_token_sha256 is the example `example-admin-token-change-me` shipped in deploy/k8s/base/configmap.yaml and server.admin_listen 0.0.0.0:8081 is not a loopback address: anyone who has read that file holds it; edit deploy/k8s/base/configmap.yaml to set a secret of your own".to_string())
+        );
+        let open_api = "listen = \"0.0.0.0:8080\"";
+        let team_a = format!(
+            "api_key_sha256 = [\"{}\"]",
+            example_digest("sk-example-team-a-change-me")
+        );
+        let refused = "tenants[0] (alice).api_key_sha256 is the example `sk-example-team-a-change-me` shipped in deploy/k8s/base/secret.yaml and server.listen 0.0.0.0:8080 is not a loopback address: anyone who has read that file holds it; edit deploy/k8s/base/secret.yaml to set a secret of your own";
+        assert_eq!(
+            parse(open_api, loopback.1, &team_a),
+            Err(refused.to_string())
+        );
+        // The same key in clear is refused naming its list.
+        assert_eq!(
+            parse(
+                open_api,
+                loopback.1,
+                "api_keys = [\"sk-example-team-a-change-me\"]"
+            ),
+            Err(refused.replace(".api_key_sha256 ", ".api_keys "))
+        );
+        let admin_clear =
+            "admin_listen = \"0.0.0.0:8081\"\nadmin_token = \"example-admin-token-change-me\"";
+        assert!(parse(loopback.0, admin_clear, "api_keys = [\"sk-alice\"]")
+            .unwrap_err()
+            .starts_with("server.admin_token is the example `example-admin-token-change-me`"));
+        // On loopback (the quickstart) the examples start, and so do keys of one's own beyond it.
+        assert_eq!(parse(loopback.0, loopback.1, &team_a), Ok(()));
+        assert_eq!(
+            parse("listen = \"[::1]:8080\"", loopback.1, &team_a),
+            Ok(())
+        );
+        let own = "admin_listen = \"0.0.0.0:8081\"\nadmin_token = \"a-token-of-mine\"";
+        assert_eq!(parse(open_api, own, "api_keys = [\"sk-mine\"]"), Ok(()));
     }
 
     #[test]
@@ -1407,6 +1536,34 @@ requests_per_second = 1
             format!(
                 "tenants[0] (alice): requests_per_second ({rps}, derived from share 0.001) x burst_seconds (1) = {rps} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second"
             )
+        );
+    }
+
+    #[test]
+    fn describe_shows_the_tenants_caps_and_when_the_shared_store_is_marked_down() {
+        let text = quickstart().replacen(
+            "api_keys = [\"sk-alice\"]",
+            "api_keys = [\"sk-alice\"]\nmax_inflight = 8\nmax_queued = 0",
+            1,
+        ) + "\n[limiter]\nstore = \"redis\"\nredis_url = \"redis://127.0.0.1:6379\"\nfailures_before_down = 5\n";
+        let shown = describe(&Config::parse(&text).unwrap());
+        assert!(
+            shown.contains("burst 15 s, max_inflight 8, max_queued 0\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("limiter store redis: on_store_error FailClosed, marked down after 5 failures in a row, tried again every 1s\n"),
+            "{shown}"
+        );
+        let zero = text.replace("failures_before_down = 5", "failures_before_down = 0");
+        assert_eq!(
+            Config::parse(&zero).unwrap_err().to_string(),
+            "limiter.failures_before_down must be at least 1"
+        );
+        let none = text.replace("max_inflight = 8", "max_inflight = 0");
+        assert_eq!(
+            Config::parse(&none).unwrap_err().to_string(),
+            "tenants[0] (alice).max_inflight must be at least 1 (leave it out for no cap)"
         );
     }
 }

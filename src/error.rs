@@ -260,6 +260,19 @@ impl ApiError {
         e
     }
 
+    /// 429 `concurrency_exceeded`: the tenant has `max_inflight` requests in flight or
+    /// `max_queued` places in the KV queue already.
+    pub fn concurrency_exceeded(message: impl Into<String>, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "concurrency_exceeded",
+            "requests",
+            message.into(),
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
     /// 503 `capacity_exhausted`: the KV queue is full or the wait passed its deadline.
     pub fn capacity_exhausted(message: impl Into<String>, retry_after: Duration) -> Self {
         let mut e = Self::new(
@@ -541,6 +554,10 @@ fn denial_error(denial: Denial, exact: [bool; 3]) -> ApiError {
     }
 }
 
+/// The `retry-after` of a 429 `concurrency_exceeded`: a place frees when one of the tenant's
+/// own requests ends or is granted, which nothing foretells, so a short wait.
+pub const CONCURRENCY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// A refusal of the KV admission (step 9), with what its message names: the request's
 /// tokens (prompt + max output) and the queue deadline a 503 asks to wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -576,6 +593,10 @@ impl From<NotAdmitted> for ApiError {
             AdmitError::QueueFull { waiting, max_waiting } => ApiError::capacity_exhausted(
                 format!("the KV cache is full and {waiting} requests already wait for it (queue limit {max_waiting}); retry later"),
                 queue_deadline,
+            ),
+            AdmitError::TenantQueueFull { tenant, queued, max_queued } => ApiError::concurrency_exceeded(
+                format!("tenant {tenant} has {queued} requests waiting in the KV queue; max_queued is {max_queued}"),
+                CONCURRENCY_RETRY_AFTER,
             ),
             AdmitError::Shed { waiting_above } => ApiError::capacity_exhausted(
                 format!("the KV cache is full and {waiting_above} requests of a higher priority class wait for it; a sheddable request is not queued behind them; retry later"),

@@ -137,7 +137,8 @@ pub struct Metrics {
     pub prompt_tokens: HistogramFamily<TenantLabel>,
     /// Output lengths.
     pub output_tokens: HistogramFamily<TenantLabel>,
-    /// Requests between admission and settlement.
+    /// Requests in flight: charged and not yet settled (queued for KV or running), what
+    /// `tenants[].max_inflight` caps.
     pub inflight: Family<TenantLabel, Gauge>,
     /// KV bytes leased per backend.
     pub kv_reserved_bytes: Family<BackendLabel, Gauge>,
@@ -159,6 +160,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Requests waiting for KV space, per priority class.
     pub queue_depth_by_class: Family<ClassLabel, Gauge>,
+    /// Requests waiting for KV space, per tenant (what `tenants[].max_queued` caps).
+    pub queue_depth_by_tenant: Family<TenantLabel, Gauge>,
     /// Requests the KV queue refused (503 `capacity_exhausted`), by class and reason.
     pub queue_refusals: Family<QueueRefusalLabels, Counter>,
     /// Client connections open per listener.
@@ -229,6 +232,7 @@ impl Metrics {
             backend_scrape_failures: Family::default(),
             queue_depth: Gauge::default(),
             queue_depth_by_class: Family::default(),
+            queue_depth_by_tenant: Family::default(),
             queue_refusals: Family::default(),
             open_connections: Family::default(),
             bucket_available: Family::default(),
@@ -303,7 +307,7 @@ impl Metrics {
         );
         r.register(
             "inflight_requests",
-            "Requests admitted and not yet settled",
+            "Requests charged and not yet settled (queued for KV or running)",
             m.inflight.clone(),
         );
         r.register(
@@ -355,6 +359,11 @@ impl Metrics {
             "queue_depth_by_class",
             "Requests waiting for KV space, per priority class",
             m.queue_depth_by_class.clone(),
+        );
+        r.register(
+            "queue_depth_by_tenant",
+            "Requests waiting for KV space, per tenant",
+            m.queue_depth_by_tenant.clone(),
         );
         r.register(
             "queue_refusals",
@@ -448,8 +457,10 @@ impl Metrics {
         }
     }
 
-    /// A removed tenant's bucket gauges are dropped, so the dashboard stops showing them.
+    /// A removed tenant's bucket gauges (and its queue depth, set at each scrape) are dropped,
+    /// so the dashboard stops showing them.
     pub fn forget_tenant_buckets(&self, tenant: &str) {
+        self.queue_depth_by_tenant.remove(&self::tenant(tenant));
         for bucket in ["prefill", "decode", "requests"] {
             let labels = BucketLabels {
                 tenant: tenant.to_string(),

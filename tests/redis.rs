@@ -363,12 +363,14 @@ async fn three_replicas_hammered(local_first: &str) {
 }
 
 /// One gateway on a Redis of its own, with `policy`: Alice may make 10 requests (0.1/s x 100
-/// s: one more every 10 s of Redis's clock; the local fallback's clock is frozen).
+/// s: one more every 10 s of Redis's clock; the local fallback's clock is frozen). Its store is
+/// marked down at its first failure: these tests stop Redis and watch the policy take over.
 async fn gateway_on_own_redis(policy: &str, test: &str) -> (OwnRedis, TestGateway, FakeBackend) {
     let redis = OwnRedis::start().await;
     let backend = FakeBackend::start(FakeSpec::default()).await;
     let alice = "prefill_tokens_per_second = 1000\ndecode_tokens_per_second = 10\nrequests_per_second = 0.1\nburst_seconds = 100";
-    let limiter = redis_limiter(&redis.url(), &prefix(test), policy);
+    let policy = format!("{policy}\nfailures_before_down = 1");
+    let limiter = redis_limiter(&redis.url(), &prefix(test), &policy);
     let gw = TestGateway::start(gateway_config(backend.addr, alice, &limiter)).await;
     (redis, gw, backend)
 }
@@ -1007,6 +1009,7 @@ async fn slices_are_spent_while_redis_is_away_then_the_policy_decides() {
         let mut config = store_config(&redis.url(), &prefix("slices-away"));
         config.on_store_error = policy;
         config.expected_replicas = (policy == OnStoreError::Local).then_some(2);
+        config.failures_before_down = 1;
         config.local_first = Some(LocalFirst {
             slice: 0.5,
             return_after: Duration::from_secs(3600),
@@ -1221,4 +1224,210 @@ async fn an_idle_slice_goes_back_by_itself() {
         tokio::task::yield_now().await;
     }
     assert_eq!(held_gauge(&metrics, "ivo"), [0.0; 3]);
+}
+
+/// The bucket script's runs on `conn`'s server so far (`INFO commandstats`: `EVALSHA`, and
+/// `EVAL` when it is loaded again): on a server of the test's own, every round trip a store
+/// made for a charge, a check, a settle or a rebase.
+async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| {
+            let calls = l.split(['=', ',']).nth(1).unwrap();
+            calls.parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+/// Waits until the server has run the script `n` times (a settle or a rebase runs on a task).
+async fn wait_script_calls(conn: &mut redis::aio::MultiplexedConnection, n: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while script_calls(conn).await != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the script never ran {n} times"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+fn retry_after(denial: Result<tokengate::limiter::TenantSnapshot, Denial>) -> Duration {
+    match denial {
+        Err(Denial::NotYet { retry_after, .. }) => retry_after,
+        other => panic!("expected not yet, got {other:?}"),
+    }
+}
+
+/// A tenant with empty buckets flooding requests: after Redis refuses one, each of its next
+/// requests within the retry-after is refused from the levels of that answer, its retry-after
+/// counted down exactly, without a round trip; past it, or after a refund, a rebase or with
+/// other limits, Redis decides again.
+#[tokio::test]
+async fn a_refused_tenant_is_refused_again_from_its_last_levels_without_a_round_trip() {
+    let redis = OwnRedis::start().await;
+    let prefix = prefix("refused");
+    let store = RedisStore::new(
+        &store_config(&redis.url(), &prefix),
+        StoreMetrics::default(),
+    )
+    .unwrap();
+    let mut conn = connect(&redis.url()).await;
+    // Decode 10 tokens/s; fay's hash frozen (its last update an hour ahead of Redis's clock,
+    // so nothing refills there) with 2 decode tokens left.
+    let limits = TenantLimits {
+        prefill: spec(1000.0, 10.0),
+        decode: spec(10.0, 10.0),
+        requests: spec(1.0, 10.0),
+    };
+    let unit = 1_000_000_000_000u128;
+    let full = limits.units().map(|u| u.capacity);
+    let key = format!("{prefix}{{fay}}");
+    let frozen = time_us(&mut conn).await + 3_600_000_000;
+    set_state(&mut conn, &key, frozen, [full[0], 2 * unit, full[2]]).await;
+    let cost = Cost {
+        prefill: 10,
+        decode: 5,
+        requests: 1,
+    };
+    let now = Instant::now();
+    let ms = Duration::from_millis;
+    let calls = script_calls(&mut conn).await;
+    // 3 decode tokens short at 10 a second: 300 ms.
+    let first = store.charge("fay", &limits, cost, now, LeaseId(1)).await;
+    assert_eq!(retry_after(first), ms(300));
+    assert_eq!(script_calls(&mut conn).await, calls + 1);
+    for i in 0..100 {
+        let charge = store.charge("fay", &limits, cost, now + ms(100), LeaseId(2 + i));
+        assert_eq!(retry_after(charge.await), ms(200));
+        let peek = store.check("fay", &limits, cost, now + ms(250)).await;
+        assert_eq!(retry_after(peek), ms(50));
+    }
+    assert_eq!(script_calls(&mut conn).await, calls + 1, "no round trip");
+    // A request the levels let through by now goes to Redis, whose frozen levels refuse it.
+    let smaller = Cost { decode: 4, ..cost };
+    let e = store.charge("fay", &limits, smaller, now + ms(200), LeaseId(200));
+    assert_eq!(retry_after(e.await), ms(200));
+    assert_eq!(script_calls(&mut conn).await, calls + 2);
+    // Refused again from that answer's levels, counted from its instant.
+    let e = store.charge("fay", &limits, cost, now + ms(300), LeaseId(201));
+    assert_eq!(retry_after(e.await), ms(200));
+    let e = store.check("fay", &limits, cost, now + ms(400)).await;
+    assert_eq!(retry_after(e), ms(100));
+    assert_eq!(script_calls(&mut conn).await, calls + 2);
+    // Other limits (a reload): Redis decides.
+    let halved = TenantLimits {
+        decode: spec(5.0, 20.0),
+        ..limits.clone()
+    };
+    let e = store.check("fay", &halved, cost, now + ms(400)).await;
+    assert_eq!(retry_after(e), ms(600));
+    assert_eq!(script_calls(&mut conn).await, calls + 3);
+    // A refund (its settle runs on a task) gives tokens back: Redis decides the next one.
+    store.refund("fay", LeaseId(999), smaller);
+    wait_script_calls(&mut conn, calls + 4).await;
+    let e = store.check("fay", &limits, cost, now + ms(400)).await;
+    assert_eq!(retry_after(e), ms(300));
+    assert_eq!(script_calls(&mut conn).await, calls + 5);
+    // So does a rebase (a reload that changed the tenant's limits).
+    store.rebase("fay", &limits, now + ms(400));
+    wait_script_calls(&mut conn, calls + 6).await;
+    let e = store.check("fay", &limits, cost, now + ms(400)).await;
+    assert_eq!(retry_after(e), ms(300));
+    assert_eq!(script_calls(&mut conn).await, calls + 7);
+    // Another tenant is not refused from fay's levels.
+    store
+        .charge("gus", &limits, cost, now, LeaseId(300))
+        .await
+        .unwrap();
+}
+
+/// Pauses every client of `conn`'s server for `ms` (the server answers nothing meanwhile),
+/// then returns at once.
+async fn pause_redis(conn: &mut redis::aio::MultiplexedConnection, ms: u64) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(ms)
+        .arg("ALL")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Waits until `conn`'s server answers again (a paused server answers a command when the
+/// pause ends).
+async fn answers_again(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("PING").query_async(conn).await.unwrap();
+}
+
+/// A Redis that times out once costs the request whose command it was the policy's answer,
+/// not every tenant's: the store is marked down only after `failures_before_down` (3)
+/// failures in a row, and an answer in between starts the count again.
+#[tokio::test]
+async fn one_timed_out_command_does_not_mark_the_store_down_three_in_a_row_do() {
+    let redis = OwnRedis::start().await;
+    let mut config = store_config(&redis.url(), &prefix("slow"));
+    config.connect_timeout = Duration::from_millis(50);
+    config.command_timeout = Duration::from_millis(100);
+    assert_eq!(config.failures_before_down, 3, "the default");
+    let metrics = StoreMetrics::default();
+    let store = RedisStore::new(&config, metrics.clone()).unwrap();
+    let mut conn = connect(&redis.url()).await;
+    let limits = big_limits();
+    let cost = Cost {
+        prefill: 1,
+        decode: 1,
+        requests: 1,
+    };
+    let now = Instant::now();
+    let (store, limits) = (&store, &limits);
+    let mut lease = 0;
+    let mut charge = move || {
+        lease += 1;
+        store.charge("hal", limits, cost, now, LeaseId(lease))
+    };
+    let charge_errors = || {
+        (metrics.errors)
+            .get_or_create(&StoreOpLabel {
+                op: "charge".into(),
+            })
+            .get()
+    };
+    charge().await.unwrap();
+    // A pause outlasting `failures` commands' timeouts (150 ms each, the connection's
+    // included), then Redis answers again and the count starts over.
+    for failures in [1, 2] {
+        pause_redis(&mut conn, 150 * failures + 250).await;
+        for _ in 0..failures {
+            let slow = charge().await;
+            assert!(matches!(slow, Err(Denial::Unavailable { .. })), "{slow:?}");
+        }
+        assert!(store.is_healthy(), "{failures} in a row");
+        assert_eq!(metrics.fallback.get(), 0);
+        answers_again(&mut conn).await;
+        charge().await.unwrap();
+    }
+    assert_eq!(charge_errors(), 3);
+    pause_redis(&mut conn, 700).await;
+    for _ in 0..3 {
+        assert!(matches!(charge().await, Err(Denial::Unavailable { .. })));
+    }
+    assert!(!store.is_healthy(), "three in a row");
+    assert_eq!(metrics.fallback.get(), 1);
+    assert_eq!(charge_errors(), 6);
+    answers_again(&mut conn).await;
+    // The probe (every retry_interval) finds it again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !store.is_healthy() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the probe never found Redis"
+        );
+        tokio::task::yield_now().await;
+    }
+    charge().await.unwrap();
 }

@@ -75,6 +75,18 @@ pub enum AdmitError {
         /// The queue's bound.
         max_waiting: usize,
     },
+    /// It would have to wait, but its tenant already holds `max_queued` places in the queue.
+    #[error(
+        "tenant {tenant} already holds {queued} places in the KV queue (max_queued {max_queued})"
+    )]
+    TenantQueueFull {
+        /// The tenant.
+        tenant: String,
+        /// Its places in the queue.
+        queued: usize,
+        /// Its cap (`tenants[].max_queued`).
+        max_queued: usize,
+    },
     /// A sheddable request that would have to wait while higher classes wait.
     #[error("KV cache is full and {waiting_above} requests of a higher class wait for it")]
     Shed {
@@ -111,10 +123,13 @@ pub enum AdmitError {
 
 impl AdmitError {
     /// The `reason` label of `tokengate_queue_refusals_total` (`None` for a request that can
-    /// never fit, a bad request, and for a shared ledger that cannot be reached: not pressure).
+    /// never fit, a bad request, for a shared ledger that cannot be reached, and for a tenant at
+    /// its own cap: not pressure on the queue).
     pub fn queue_refusal(&self) -> Option<&'static str> {
         match self {
-            AdmitError::NeverFits { .. } | AdmitError::Unavailable { .. } => None,
+            AdmitError::NeverFits { .. }
+            | AdmitError::Unavailable { .. }
+            | AdmitError::TenantQueueFull { .. } => None,
             AdmitError::QueueFull { .. } => Some("queue_full"),
             AdmitError::Shed { .. } => Some("shed"),
             AdmitError::Displaced { .. } => Some("displaced"),
@@ -258,12 +273,14 @@ enum Step<A> {
     },
 }
 
-/// A request arriving: of class `class` from `tenant` needing `need`, since `since`.
+/// A request arriving: of class `class` from `tenant` (who may hold `max_queued` places in the
+/// queue) needing `need`, since `since`.
 #[derive(Clone, Copy)]
 struct Request<'a> {
     tenant: &'a str,
     class: Priority,
     need: Need,
+    max_queued: Option<usize>,
     since: Instant,
 }
 
@@ -281,9 +298,10 @@ fn on_arrival<A>(
         tenant,
         class,
         need,
+        max_queued,
         since,
     } = req;
-    match (state.queue).arrive(&mut state.ledgers, tenant, class, need) {
+    match (state.queue).arrive_within(&mut state.ledgers, tenant, class, need, max_queued) {
         Arrival::Admitted { backend } => {
             let grant = Grant {
                 id: 0,
@@ -310,6 +328,11 @@ fn on_arrival<A>(
             let orphans = grant_waiters(shared, state);
             Ok(Step::Queued { id, rx, orphans })
         }
+        Arrival::TenantQueueFull { queued } => Err(AdmitError::TenantQueueFull {
+            tenant: tenant.to_string(),
+            queued,
+            max_queued: max_queued.unwrap_or(usize::MAX),
+        }),
         Arrival::Shed { waiting_above } => Err(AdmitError::Shed { waiting_above }),
         Arrival::QueueFull { waiting } => Err(AdmitError::QueueFull {
             waiting,
@@ -393,12 +416,25 @@ impl Admission {
         class: Priority,
         need: Need,
     ) -> Result<Lease, AdmitError> {
+        self.admit_within(tenant, class, need, None).await
+    }
+
+    /// [`admit`](Self::admit) for a tenant that may hold at most `max_queued` places in the
+    /// queue (`tenants[].max_queued`): one more that would wait is refused at once.
+    pub async fn admit_within(
+        &self,
+        tenant: &str,
+        class: Priority,
+        need: Need,
+        max_queued: Option<usize>,
+    ) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
         let req = Request {
             tenant,
             class,
             need,
+            max_queued,
             since,
         };
         let step = match &self.shared.link {

@@ -92,6 +92,11 @@ pub enum Arrival {
         /// How many are waiting.
         waiting: usize,
     },
+    /// It must wait but its tenant already holds its most places in the queue.
+    TenantQueueFull {
+        /// The tenant's places (all classes).
+        queued: usize,
+    },
     /// A sheddable request that must wait while higher classes do: refused at once.
     Shed {
         /// Requests of higher classes waiting.
@@ -270,6 +275,13 @@ impl FairQueue {
         out
     }
 
+    /// Waiters of `tenant`, all classes together.
+    pub fn len_of_tenant(&self, tenant: &str) -> usize {
+        (self.classes.iter())
+            .filter_map(|c| c.backlog.get(tenant).map(VecDeque::len))
+            .sum()
+    }
+
     /// The fairness counter of `tenant` in class `p` (weighted tokens).
     pub fn counter(&self, p: Priority, tenant: &str) -> u64 {
         self.class(p).counter(tenant)
@@ -293,6 +305,20 @@ impl FairQueue {
         p: Priority,
         need: Need,
     ) -> Arrival {
+        self.arrive_within(ledgers, tenant, p, need, None)
+    }
+
+    /// [`arrive`](Self::arrive) for a tenant that may hold at most `max_queued` places in the
+    /// queue: one more that would wait is refused ([`Arrival::TenantQueueFull`]) before it
+    /// displaces anyone.
+    pub fn arrive_within(
+        &mut self,
+        ledgers: &mut [KvLedger],
+        tenant: &str,
+        p: Priority,
+        need: Need,
+        max_queued: Option<usize>,
+    ) -> Arrival {
         if !ledgers.iter().any(|l| l.could_ever_fit(need.bytes, p)) {
             let largest_capacity = ledgers
                 .iter()
@@ -313,6 +339,10 @@ impl FairQueue {
         }
         if p == Priority::Sheddable && waiting_above > 0 {
             return Arrival::Shed { waiting_above };
+        }
+        let queued = self.len_of_tenant(tenant);
+        if max_queued.is_some_and(|max| queued >= max) {
+            return Arrival::TenantQueueFull { queued };
         }
         let mut displaced = None;
         if self.len() >= self.max_waiting {
@@ -732,6 +762,43 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_at_max_queued_is_refused_without_displacing_anyone_and_others_still_queue() {
+        let mut ledgers = vec![KvLedger::new(1000, 1)];
+        let mut q = FairQueue::new(3);
+        let arrive = |q: &mut FairQueue, ledgers: &mut Vec<KvLedger>, t, p| {
+            q.arrive_within(ledgers, t, p, need(10), Some(2))
+        };
+        assert!(matches!(
+            arrive(&mut q, &mut ledgers, "a", Standard),
+            Arrival::Admitted { .. }
+        ));
+        // Running does not count: two places in the queue, whatever their class.
+        let s = queued(arrive(&mut q, &mut ledgers, "a", Sheddable));
+        queued(arrive(&mut q, &mut ledgers, "a", Standard));
+        assert_eq!(
+            arrive(&mut q, &mut ledgers, "a", Critical),
+            Arrival::TenantQueueFull { queued: 2 }
+        );
+        assert_eq!(q.len_of_tenant("a"), 2);
+        // Another tenant queues in the place left, then takes the sheddable one's.
+        queued(arrive(&mut q, &mut ledgers, "b", Standard));
+        let Arrival::Queued {
+            displaced: Some(gone),
+            ..
+        } = arrive(&mut q, &mut ledgers, "b", Standard)
+        else {
+            panic!("b takes the sheddable place");
+        };
+        assert_eq!(gone, s);
+        // a is under its cap again: only the full queue refuses it now.
+        assert_eq!(q.len_of_tenant("a"), 1);
+        assert_eq!(
+            arrive(&mut q, &mut ledgers, "a", Standard),
+            Arrival::QueueFull { waiting: 3 }
+        );
+    }
+
+    #[test]
     fn the_fairness_bound_is_reached_exactly() {
         // Two tenants backlogged from the start; "a" is granted a request of the largest cost
         // while "b" waits: their counters are then U apart, and never more.
@@ -922,6 +989,9 @@ mod tests {
                         }
                         Arrival::NeverFits { largest_capacity } => {
                             prop_assert!(bytes > largest_capacity || largest_capacity == 0)
+                        }
+                        Arrival::TenantQueueFull { queued } => {
+                            prop_assert!(false, "no tenant cap was given; {} queued", queued)
                         }
                     }
                 }

@@ -121,7 +121,10 @@ where
                 output_tokens: cost.decode,
             };
             let started = Instant::now();
-            let admitted = shared.admission.admit(&tenant.name, class, need).await;
+            let max_queued = tenant.caps.max_queued.map(|n| n as usize);
+            let admitted = (shared.admission)
+                .admit_within(&tenant.name, class, need, max_queued)
+                .await;
             let metrics = shared.metrics.as_deref();
             let t = &tenant.metrics;
             if let Some(m) = metrics {

@@ -10,12 +10,12 @@
 //! admission layer adds goes with it, freed first.
 
 use crate::admission::Lease;
-use crate::error::{ApiError, RateLimitHeaders};
+use crate::error::{ApiError, RateLimitHeaders, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::Gateway;
 use crate::record::{Charged, Recorder, RequestFacts, Settled};
-use crate::tenant::Tenant;
+use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,6 +38,9 @@ pub struct Ticket {
     record: Option<(Arc<Recorder>, RequestFacts)>,
     ttft: Option<Duration>,
     tpot: Option<Duration>,
+    /// The request's place among its tenant's requests in flight, given back after it settles
+    /// (a field: dropped after `drop` has run).
+    in_flight: Option<InFlightPlace>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -65,6 +68,7 @@ impl Ticket {
             record: None,
             ttft: None,
             tpot: None,
+            in_flight: None,
         }
     }
 
@@ -355,12 +359,29 @@ where
             let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
             let cost = *super::needs::<Cost>(req.extensions())?;
             let current = shared.limits.in_force(&tenant)?;
+            // A place among the tenant's requests in flight before anything is charged: a
+            // refusal here charges nothing.
+            let gauge = (shared.metrics.as_deref()).map(|m| current.metrics.inflight(m).clone());
+            let caps = current.caps;
+            let place = (current.in_flight.enter(caps.max_inflight, gauge)).map_err(|held| {
+                ApiError::concurrency_exceeded(
+                    format!(
+                        "tenant {} has {held} requests in flight; max_inflight is {}",
+                        current.name,
+                        caps.max_inflight.unwrap_or(u32::MAX)
+                    ),
+                    CONCURRENCY_RETRY_AFTER,
+                )
+            })?;
             let reservation = shared
                 .limiter
                 .reserve(&current.name, &current.limits, cost)
                 .await?;
+            // Later steps see the tenant as in force at the charge (its caps, its class).
+            req.extensions_mut().insert(current.clone());
             let counted = shared.metrics.clone().map(|m| (m, current));
             let mut ticket = Ticket::new(reservation, counted);
+            ticket.in_flight = Some(place);
             if let Some(recorder) = &shared.recorder {
                 ticket.recorded_by(recorder.clone(), RequestFacts::of(&req));
             }
@@ -467,6 +488,71 @@ mod tests {
         assert!(call.await.unwrap_err().is_cancelled());
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         assert_eq!(outcomes(&metrics, "client_disconnect"), 1);
+    }
+
+    #[tokio::test]
+    async fn max_inflight_refuses_before_the_charge_and_every_way_a_request_ends_gives_its_place_back(
+    ) {
+        use crate::layers::testing::tenant;
+        use crate::tenant::Caps;
+        let limiter = limiter();
+        let metrics = Arc::new(Metrics::new());
+        let capped = Arc::new(Tenant::clone(&tenant()).with_caps(Caps {
+            max_inflight: Some(1),
+            max_queued: None,
+        }));
+        let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
+        // Each request says how its service ends: held until aborted, an error, a panic.
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(
+                limiter.clone(),
+                AsAuthenticated,
+                Some(metrics.clone()),
+            ))
+            .service_fn(move |req: Request<Full<Bytes>>| {
+                let reached = reached.clone();
+                async move {
+                    match *req.extensions().get::<&'static str>().expect("told") {
+                        "hold" => {
+                            reached.send(()).await.expect("the test listens");
+                            std::future::pending::<Answer>().await
+                        }
+                        "fail" => Err(ApiError::upstream("the backend is gone")),
+                        _ => panic!("the service panics"),
+                    }
+                }
+            });
+        let call = |how: &'static str| {
+            let mut req = request(cost(10, 10));
+            req.extensions_mut().insert(capped.clone());
+            req.extensions_mut().insert(how);
+            tokio::spawn(svc.clone().oneshot(req))
+        };
+        let gauge = || capped.metrics.inflight(&metrics).get();
+        let held = call("hold");
+        reached_rx.recv().await.expect("the service was called");
+        assert_eq!((capped.in_flight.current(), gauge()), (1, 1));
+        let e = call("fail").await.unwrap().unwrap_err();
+        assert_eq!(
+            (e.status, e.code, e.message.as_str(), e.retry_after),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                "concurrency_exceeded",
+                "tenant a has 1 requests in flight; max_inflight is 1",
+                Some(Duration::from_secs(1))
+            )
+        );
+        // Refused before the charge: only the held request's is taken.
+        assert_eq!(available(&limiter).await, (990.0, 90.0, 4.0));
+        held.abort();
+        assert!(held.await.unwrap_err().is_cancelled());
+        assert_eq!((capped.in_flight.current(), gauge()), (0, 0));
+        let e = call("fail").await.unwrap().unwrap_err();
+        assert_eq!(e.code, "upstream_error");
+        assert_eq!((capped.in_flight.current(), gauge()), (0, 0));
+        assert!(call("panic").await.unwrap_err().is_panic());
+        assert_eq!((capped.in_flight.current(), gauge()), (0, 0));
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
     }
 
     #[tokio::test]

@@ -65,6 +65,11 @@ pub struct LimiterConfig {
     /// once instead of waiting for a timeout each).
     #[serde(default = "default_retry_interval", with = "humantime_serde")]
     pub retry_interval: Duration,
+    /// Consecutive failed commands (errors or timeouts) before the store is marked down and
+    /// `on_store_error` decides for every request; a command that answers starts the count
+    /// again. The request whose command failed gets the policy's answer either way.
+    #[serde(default = "default_failures_before_down")]
+    pub failures_before_down: u32,
     /// With `store = "redis"` the KV ledger is shared too: a replica that stops renewing its
     /// leases for this long (it died, or cannot reach Redis) has them taken back. A live
     /// replica renews them every third of it.
@@ -107,6 +112,7 @@ impl Default for LimiterConfig {
             on_store_error: OnStoreError::FailClosed,
             expected_replicas: None,
             retry_interval: default_retry_interval(),
+            failures_before_down: default_failures_before_down(),
             kv_lease_ttl: default_kv_lease_ttl(),
             kv_recheck_interval: default_kv_recheck_interval(),
             local_first: None,
@@ -128,6 +134,11 @@ fn default_lease_ttl() -> Duration {
 }
 fn default_retry_interval() -> Duration {
     Duration::from_secs(1)
+}
+/// One slow answer (a fork for a snapshot, a long script of another client) is no outage; three
+/// in a row are as much as a request path should pay before the policy takes over.
+fn default_failures_before_down() -> u32 {
+    3
 }
 fn default_kv_lease_ttl() -> Duration {
     Duration::from_secs(10)
@@ -157,6 +168,9 @@ impl LimiterConfig {
             if d.is_zero() {
                 bail!("limiter.{field} must be positive");
             }
+        }
+        if self.failures_before_down == 0 {
+            bail!("limiter.failures_before_down must be at least 1");
         }
         if self.lease_ttl < Duration::from_secs(1) {
             bail!(

@@ -29,6 +29,7 @@ use super::bucket::{BucketSpec, Cost, Denial, TenantLimits, TenantSnapshot, Tena
 use super::config::{LimiterConfig, OnStoreError};
 use super::slices::{self, SliceHeld, Slices, Units};
 use super::store::{BucketStore, LeaseId, LocalStore};
+use dashmap::DashMap;
 use futures_util::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -38,7 +39,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -174,10 +175,30 @@ struct Inner {
     fallback: LocalStore,
     unbacked: Mutex<HashMap<LeaseId, Unbacked>>,
     healthy: AtomicBool,
+    /// Commands failed in a row; `failures_before_down` of them mark the store down.
+    failures: AtomicU32,
+    failures_before_down: u32,
     last_error: Mutex<String>,
     metrics: StoreMetrics,
     /// With `local_first`: this replica's slices.
     slices: Option<Slices>,
+    /// Each tenant's last refusal by Redis, which refuses its next requests until it may fit
+    /// again (see [`Refused`]).
+    refused: DashMap<String, Refused>,
+}
+
+/// A tenant's levels as Redis refused a request on them, at the limiter's clock and under the
+/// limits of that decision. Until they refill enough for a request, that request is refused
+/// from them, with the retry-after counted down from that answer, and no round trip: a tenant
+/// with empty buckets flooding requests costs Redis nothing more. The entry goes when a
+/// request fits on it (then Redis decides), when the tenant is charged, refunded, rebased or
+/// forgotten here, and when its limits change. A refund by another replica is not seen: its
+/// tokens are found by the first request the levels let through, at most the retry-after later.
+#[derive(Clone, Debug)]
+struct Refused {
+    levels: [u128; 3],
+    at: Instant,
+    limits: TenantLimits,
 }
 
 /// What the script decided: whether the cost fitted (and, for a charge, was charged) and the
@@ -207,10 +228,13 @@ impl RedisStore {
             fallback: LocalStore::new(),
             unbacked: Mutex::default(),
             healthy: AtomicBool::new(true),
+            failures: AtomicU32::new(0),
+            failures_before_down: config.failures_before_down,
             last_error: Mutex::default(),
             slices: (config.local_first)
                 .map(|lf| Slices::new(lf.slice, lf.return_after, metrics.slice_held.clone())),
             metrics,
+            refused: DashMap::new(),
         });
         tokio::spawn(probe(Arc::downgrade(&inner)));
         if inner.slices.is_some() {
@@ -298,6 +322,7 @@ async fn probe(weak: Weak<Inner>) {
             let ping = redis::cmd("PING");
             let answer = inner.timed("ping", ping.query_async::<()>(&mut conn)).await;
             if answer.is_ok() {
+                inner.failures.store(0, Ordering::Relaxed);
                 inner.healthy.store(true, Ordering::Relaxed);
                 inner.metrics.fallback.set(0);
                 tracing::info!("limiter store reachable again: limits are shared again");
@@ -375,22 +400,24 @@ impl Inner {
         )
     }
 
-    /// Runs `command` within the timeout, counting its latency or its failure; a failure marks
-    /// the store down until the probe reaches it again.
+    /// Runs `command` within the timeout, counting its latency or its failure; the
+    /// `failures_before_down`-th failure in a row marks the store down until the probe reaches
+    /// it again, an answer starts the count again.
     async fn timed<T>(
         &self,
         op: &str,
         command: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
         let result = timed(&self.metrics, self.timeout, op, command).await;
-        if let Err(e) = &result {
-            self.marked_down(op, e);
+        match &result {
+            Ok(_) => self.failures.store(0, Ordering::Relaxed),
+            Err(e) => self.marked_down(op, e),
         }
         result
     }
 
-    /// Counts a failure seen after the command answered (a reply not understood) and marks
-    /// the store down.
+    /// Counts a failure seen after the command answered (a reply not understood), one of those
+    /// that mark the store down.
     fn failed(&self, op: &str, e: &StoreError) {
         self.metrics
             .errors
@@ -399,11 +426,17 @@ impl Inner {
         self.marked_down(op, e);
     }
 
+    /// One more failure in a row: the store is marked down at `failures_before_down`.
     fn marked_down(&self, op: &str, e: &StoreError) {
         *self
             .last_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = e.to_string();
+        let in_a_row = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row < self.failures_before_down {
+            tracing::warn!(error = %e, op, in_a_row, "limiter store command failed; the store is marked down at limiter.failures_before_down in a row");
+            return;
+        }
         if self.healthy.swap(false, Ordering::Relaxed) {
             self.metrics.fallback.set(1);
             tracing::error!(error = %e, op, policy = ?self.policy, "limiter store unreachable: on_store_error decides until it answers");
@@ -490,7 +523,10 @@ impl Inner {
 
     async fn settle(&self, tenant: &str, lease: LeaseId, cost: Cost) -> Result<bool, StoreError> {
         let key = self.lease_key(tenant, lease);
-        self.give_back("settle", tenant, key, cost.units()).await
+        let settled = self.give_back("settle", tenant, key, cost.units()).await;
+        // A refusal kept while the settle was on its way did not see the tokens come back.
+        self.refused.remove(tenant);
+        settled
     }
 
     /// Gives `units` of this replica's slices back to the tenant's buckets (at most what its
@@ -645,16 +681,80 @@ impl Inner {
         if let Some(slices) = &self.slices {
             return self.sliced(slices, tenant, limits, cost, now, lease).await;
         }
+        if let Some(denial) = self.refused_again(tenant, limits, cost, now) {
+            return Err(denial);
+        }
         if self.healthy.load(Ordering::Relaxed) {
             // A failed command was counted and marked the store down by `timed`.
             if let Ok(decided) = self.decide(tenant, limits, cost, lease).await {
                 match core_verdict(&decided, limits, cost, lease.is_some()) {
-                    Ok(verdict) => return verdict,
+                    Ok(verdict) => {
+                        let charged = lease.is_some();
+                        self.remember(tenant, limits, &decided, now, charged, &verdict);
+                        return verdict;
+                    }
                     Err(e) => self.failed(if lease.is_some() { "charge" } else { "check" }, &e),
                 }
             }
         }
         self.degraded(tenant, limits, cost, now, lease)
+    }
+
+    /// The denial of `cost` at `now` on the tenant's last refused levels, if they are still
+    /// short for it under the same limits (see [`Refused`]).
+    fn refused_again(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        cost: Cost,
+        now: Instant,
+    ) -> Option<Denial> {
+        let verdict = {
+            let last = self.refused.get(tenant)?;
+            (last.limits == *limits)
+                .then(|| TenantState::at_levels(last.levels, last.at).check(limits, cost, now))
+        };
+        match verdict {
+            // Decided under other limits: of no use (the shard's lock was let go above).
+            None => {
+                self.refused.remove(tenant);
+                None
+            }
+            Some(Err(denial @ Denial::NotYet { .. })) => Some(denial),
+            Some(_) => None,
+        }
+    }
+
+    /// Keeps the levels Redis refused a request on (asked at `now`); after a check that
+    /// fitted, a tenant refused before keeps the levels just read (a check charges nothing);
+    /// after a charge its buckets moved: its last refusal goes.
+    fn remember(
+        &self,
+        tenant: &str,
+        limits: &TenantLimits,
+        decided: &Decided,
+        now: Instant,
+        charged: bool,
+        verdict: &Result<TenantSnapshot, Denial>,
+    ) {
+        let read = || Refused {
+            levels: decided.levels,
+            at: now,
+            limits: limits.clone(),
+        };
+        match verdict {
+            Err(Denial::NotYet { .. }) => {
+                self.refused.insert(tenant.to_string(), read());
+            }
+            Ok(_) if !charged => {
+                if let Some(mut last) = self.refused.get_mut(tenant) {
+                    *last = read();
+                }
+            }
+            _ => {
+                self.refused.remove(tenant);
+            }
+        }
     }
 }
 
@@ -724,6 +824,8 @@ impl BucketStore for RedisStore {
     }
 
     fn refund(&self, tenant: &str, lease: LeaseId, cost: Cost) {
+        // Tokens come back: the last refusal's levels no longer hold.
+        self.inner.refused.remove(tenant);
         let unbacked = self.inner.lock_unbacked().remove(&lease);
         match unbacked {
             Some(Unbacked::Local) => return self.inner.fallback.refund(tenant, lease, cost),
@@ -771,6 +873,7 @@ impl BucketStore for RedisStore {
     }
 
     fn rebase(&self, tenant: &str, limits: &TenantLimits, now: Instant) {
+        self.inner.refused.remove(tenant);
         self.inner
             .fallback
             .rebase(tenant, &divided(limits, self.inner.replicas), now);
@@ -796,6 +899,7 @@ impl BucketStore for RedisStore {
     }
 
     fn forget(&self, tenant: &str) {
+        self.inner.refused.remove(tenant);
         self.inner.fallback.forget(tenant);
         if let Some(slices) = &self.inner.slices {
             slices.forget(tenant);

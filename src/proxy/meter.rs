@@ -91,7 +91,6 @@ impl Admitted {
         counter: OutputCounter,
         arrived: Instant,
     ) -> Self {
-        tenant.metrics.inflight(&metrics).inc();
         let reply = counter.replies.as_ref().map(|_| String::new());
         Self {
             tenant,
@@ -309,7 +308,6 @@ impl Settle {
         if let Some(tpot) = s.tpot {
             t.tpot(m).observe(tpot.as_secs_f64());
         }
-        t.inflight(m).dec();
     }
 }
 

@@ -98,6 +98,7 @@ fn limiter() -> impl Strategy<Value = Table> {
             ("lease_ttl", lease.clone().boxed()),
             ("kv_lease_ttl", lease.boxed()),
             ("kv_recheck_interval", duration().boxed()),
+            ("failures_before_down", int(1..=10).boxed()),
             ("key_prefix", "[a-z:]{0,8}".prop_map(Value::from).boxed()),
         ]),
     )
@@ -199,7 +200,12 @@ fn tenant(i: usize, may_share: bool) -> impl Strategy<Value = Table> {
     } else {
         rates.boxed()
     };
-    (budget, any::<bool>()).prop_map(move |(mut t, hashed)| {
+    let caps = some_of(vec![
+        ("max_inflight", int(1..=4096).boxed()),
+        ("max_queued", int(0..=4096).boxed()),
+    ]);
+    (budget, any::<bool>(), caps).prop_map(move |(mut t, hashed, caps)| {
+        t.extend(caps);
         t.insert("name".into(), format!("tenant-{i}").into());
         let key = format!("sk-{i}");
         if hashed {
@@ -439,6 +445,7 @@ fn invalid() -> impl Strategy<Value = Mutation> {
         ("limiter", "lease_ttl", "500ms".into()),
         ("limiter", "kv_lease_ttl", "500ms".into()),
         ("limiter", "kv_recheck_interval", no_time()),
+        ("limiter", "failures_before_down", zero()),
         ("limiter", "key_prefix", "a{b".into()),
         ("limiter", "redis_url", "http://127.0.0.1:6379".into()),
         ("server", "max_connections", zero()),
@@ -451,6 +458,7 @@ fn invalid() -> impl Strategy<Value = Mutation> {
             Value::Array(vec!["abc".into()]),
         ),
         ("tenants", "share", 1.5.into()),
+        ("tenants", "max_inflight", zero()),
     ];
     for url in ["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""] {
         cases.push(("backends", "url", url.into()));
