@@ -52,6 +52,9 @@ pub struct ApiError {
     pub rate_limit: Option<Box<RateLimitHeaders>>,
     /// `allow` of a 405: the method the path answers.
     pub allow: Option<Allow>,
+    /// `connection: close`: the request's body was left unread, so its connection ends with
+    /// this answer (see [`ApiError::closing_connection`]).
+    pub closes_connection: bool,
 }
 
 /// The one method a path answers, for a 405's `allow` (a byte, not a string: errors travel in
@@ -85,6 +88,7 @@ impl ApiError {
             retry_after: None,
             rate_limit: None,
             allow: None,
+            closes_connection: false,
         }
     }
 
@@ -361,6 +365,14 @@ impl ApiError {
         Self::internal()
     }
 
+    /// The same refusal, answered with `connection: close`: its request's body is not read, so
+    /// the connection cannot carry another request, and a server that answers before reading
+    /// the whole body says whether it will close (RFC 9110, 10.1.1).
+    pub fn closing_connection(mut self) -> Self {
+        self.closes_connection = true;
+        self
+    }
+
     /// Names the offending parameter.
     pub fn with_param(mut self, param: &str) -> Self {
         self.param = Some(param.to_string());
@@ -422,6 +434,10 @@ impl ApiError {
         }
         if let Some(allow) = self.allow {
             h.insert(header::ALLOW, HeaderValue::from_static(allow.as_str()));
+        }
+        if self.closes_connection {
+            // HTTP/2 has no such header: hyper leaves it out there, and the stream is reset.
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

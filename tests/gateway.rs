@@ -1195,6 +1195,97 @@ async fn an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized() {
     assert_eq!(gw.bucket("alice", "requests").await, 1.0);
 }
 
+/// Reads what the gateway sends on `stream` until it closes the connection (an end of file or a
+/// reset, after the answer), within 10 s: `None` if it is still open then.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) => return,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("reading the answer: {e}"),
+            }
+        }
+    })
+    .await;
+    closed
+        .ok()
+        .map(|()| String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// A tenant refused before its body is read, sending a long body: the gateway answers, says
+/// `connection: close` and closes without waiting for the body (before, it read and dropped
+/// the whole of it, at most `server.body_read_timeout`: 60 s here). A short refused body is
+/// still read, and its connection serves the next request.
+#[tokio::test]
+async fn a_long_body_refused_unread_is_answered_and_its_connection_closed() {
+    use tokio::io::AsyncWriteExt;
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_body_bytes = 4 << 20;
+        cfg.server.body_read_timeout = Duration::from_secs(60);
+        cfg.tenants[0].requests_per_second = 0.1;
+    })
+    .await;
+    assert_eq!(
+        gw.chat("sk-alice", &chat("hi", 10, false)).await.status,
+        200
+    );
+    // A body declared 4 MiB long, of which only the first 16 KiB are sent.
+    let declared = (4 << 20) - 1;
+    let mut stream = tokio::net::TcpStream::connect(gw.running.addr)
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: \
+         application/json\r\nauthorization: Bearer sk-alice\r\ncontent-length: \
+         {declared}\r\n\r\n"
+    );
+    // The head and 16 KiB of the body in one write: the socket takes it at once, so the
+    // write is over before the gateway answers.
+    let mut sent = head.into_bytes();
+    sent.extend_from_slice(&[b' '; 16 << 10]);
+    stream.write_all(&sent).await.unwrap();
+    let answer = read_until_closed(&mut stream)
+        .await
+        .expect("the connection closes after the answer, the body unread");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a whole answer");
+    assert!(head.starts_with("HTTP/1.1 429 "), "{head}");
+    assert!(head.lines().any(|l| l == "connection: close"), "{head}");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        body["error"]["message"],
+        "rate limit reached for requests: request needs 1 requests, 0 available; retry after \
+         at least 10.000 s"
+    );
+
+    // A short one (declared 64 KiB at most) is read and dropped: the connection stays open,
+    // and its next request is answered on it.
+    let (mut sender, _conn) = connection(gw.running.addr).await;
+    for _ in 0..2 {
+        use http_body_util::BodyExt;
+        sender.ready().await.unwrap();
+        let req = http::Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-alice")
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                chat(&WORD.repeat(10_000), 10, false).to_string(),
+            )))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 429);
+        assert_eq!(resp.headers().get("connection"), None);
+        resp.into_body().collect().await.unwrap();
+    }
+    assert_eq!(gw.bucket("alice", "requests").await, 0.0);
+    assert_eq!(backend.seen.lock().unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn a_prompt_over_the_context_is_counted_only_up_to_the_ceiling() {
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {

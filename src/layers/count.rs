@@ -6,9 +6,10 @@
 //! with an empty one.
 //!
 //! Refusing costs little: before the body is read, a tenant whose buckets cannot give even one
-//! request, one prefill and one decode token is refused (the body read and dropped at a shared
-//! pace, never parsed), and once `max_tokens` is parsed the decode bucket is checked the same
-//! way, before counting. These checks only peek; the charge layer charges.
+//! request, one prefill and one decode token is refused (a short body read and dropped at a
+//! shared pace, a long one left unread and its connection closed; never parsed), and once
+//! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
+//! checks only peek; the charge layer charges.
 
 use crate::api::openai::{GenerationRequest, ParseLimits, Prompt};
 use crate::api::{self, Route};
@@ -115,8 +116,7 @@ impl Gateway {
             .check_at_least(&tenant, LEAST, [false, false, true])
             .await
         {
-            self.discard_body(req);
-            return Err(e);
+            return Err(self.refuse_unread(req, e));
         }
         let (mut parts, body) = req.into_parts();
         let config = self.config.clone();

@@ -1,7 +1,7 @@
 //! Step 3's body side: a request's content type, checked before its body is read; its body read
 //! within the size and time bounds and parsed as a JSON object (where it arrived when small, on
 //! the tenant's share of the worker pool when large); and the body of a request refused unread,
-//! read and dropped at the shared pace of [`super::discard`].
+//! drained or left unread as [`super::discard`] decides.
 
 use super::bounded::read_bounded;
 use super::Gateway;
@@ -89,10 +89,11 @@ impl Gateway {
         self.pool.run(tenant, job).await?
     }
 
-    /// Reads and drops the body of a request refused before its body was read, at the pace of
-    /// [`super::discard`], so the client reads its answer and the connection stays usable. A
-    /// client waiting for `100 Continue` has sent nothing: there is nothing to read.
-    pub fn discard_body<B>(&self, req: Request<B>)
+    /// `e`, the refusal of `req` before its body was read, once the body is disposed of
+    /// ([`super::discard`]): a short one is drained in the background, so the connection
+    /// serves the client's next request; a long one, or one the client waits for `100
+    /// Continue` to send, is left unread, and `e` closes the connection.
+    pub fn refuse_unread<B>(&self, req: Request<B>, e: ApiError) -> ApiError
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,
@@ -102,13 +103,11 @@ impl Gateway {
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if !expects_continue {
-            let server = &self.config.server;
-            self.discarder.discard(
-                req.into_body(),
-                server.max_body_bytes,
-                server.body_read_timeout,
-            );
+        let timeout = self.config.server.body_read_timeout;
+        // Waiting for `100 Continue`, the client has sent nothing: there is nothing to read.
+        if !expects_continue && self.discarder.discard(req.into_body(), timeout) {
+            return e;
         }
+        e.closing_connection()
     }
 }

@@ -1,13 +1,22 @@
-//! Reading and dropping the body of a request refused before its body was read (the tenant's
-//! buckets could not admit it whatever it held), so that the client gets its answer.
+//! The body of a request refused before its body was read (the tenant's buckets could not
+//! admit it whatever it held): read and dropped when it is short, so the connection serves the
+//! client's next request; left unread when it is long, and the connection closed after the
+//! answer.
 //!
-//! Why read it at all: a server that closes a connection with unread data resets it, and the
-//! client's stack may then drop the answer unread (a client sends the whole body before it
-//! reads). Why paced: a hostile client can send bodies as fast as the network carries them, and
-//! reading at that speed costs a core; every refused body shares one rate, so whatever the
-//! number of connections the gateway reads no more than [`DISCARD_BYTES_PER_SECOND`] of them,
-//! and a sender beyond that waits on TCP's flow control. Each body is still bounded by the body
-//! limit and the read timeout; past either the connection closes.
+//! Why read a short one at all: a server that closes a connection with unread data resets it,
+//! and a keep-alive client's next request on it would fail. Why paced: a hostile client can
+//! send bodies as fast as the network carries them; every refused body shares one rate, so
+//! whatever the number of connections the gateway reads no more than
+//! [`DISCARD_BYTES_PER_SECOND`] of them, and a sender beyond that waits on TCP's flow control.
+//!
+//! Why not read a long one: draining it costs the gateway the whole body (up to
+//! `server.max_body_bytes`) for a request already answered, and a tenant refused because its
+//! buckets are empty can send such bodies in a loop. So a body declared over [`DRAIN_BYTES`],
+//! or of unknown length, is dropped unread and the answer says `connection: close`. A client
+//! that reads while it sends, or waits for `100 Continue` before sending, reads the answer at
+//! once; one that sends its whole body first gets a write error when the reset comes and then
+//! reads the answer, which arrived before the reset (urllib3 and httpcore, under requests,
+//! httpx and the OpenAI SDK, read it then).
 
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
@@ -15,9 +24,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Refused bodies read per second, all connections together: a 4 MiB body in an eighth of a
-/// second when it is the only one, for a small share of a core.
+/// Refused bodies read per second, all connections together: a small share of a core.
 pub const DISCARD_BYTES_PER_SECOND: u64 = 32 << 20;
+
+/// The longest refused body that is read (and its connection kept): a chat of a few thousand
+/// tokens, what a client retrying after a 429 typically sends again.
+pub const DRAIN_BYTES: u64 = 64 << 10;
 
 /// The shared pace at which refused bodies are read.
 #[derive(Debug)]
@@ -52,19 +64,20 @@ impl Discarder {
         until
     }
 
-    /// Reads and drops `body` in the background at the shared pace, at most `max_bytes` of it,
-    /// all within `timeout`. A body declared over `max_bytes` is not read (the connection
-    /// closes).
-    pub fn discard<B>(self: &Arc<Self>, body: B, max_bytes: u64, timeout: Duration)
+    /// Reads and drops `body` in the background at the shared pace, within `timeout`, when it
+    /// is declared at most [`DRAIN_BYTES`] long: returns whether it does. Otherwise `body` is
+    /// dropped here unread, and its connection must close after the answer.
+    pub fn discard<B>(self: &Arc<Self>, body: B, timeout: Duration) -> bool
     where
         B: Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let body = Limited::new(body, usize::try_from(max_bytes).unwrap_or(usize::MAX));
-        if body.size_hint().lower() > max_bytes {
-            return;
+        if !body.size_hint().exact().is_some_and(|n| n <= DRAIN_BYTES) {
+            return false;
         }
+        // Held to its word: a body that sends more than it declared is cut at the bound.
+        let body = Limited::new(body, DRAIN_BYTES as usize);
         let pace = Arc::clone(self);
         tokio::spawn(async move {
             let mut body = std::pin::pin!(body);
@@ -76,6 +89,7 @@ impl Discarder {
             };
             let _ = tokio::time::timeout(timeout, drained).await;
         });
+        true
     }
 }
 
@@ -83,8 +97,10 @@ impl Discarder {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use http_body_util::StreamBody;
-    use hyper::body::Frame;
+    use http_body::{Frame, SizeHint};
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::sync::mpsc;
 
     #[tokio::test(start_paused = true)]
     async fn every_body_shares_one_rate() {
@@ -101,49 +117,92 @@ mod tests {
         );
     }
 
-    /// A body of `frames` frames of `size` bytes that reports each frame it hands out.
-    fn body(
+    /// A body of `frames` frames of `size` bytes declared `declared` bytes long (of unknown
+    /// length with `None`), that reports when it hands out each frame.
+    struct Frames {
         frames: usize,
         size: usize,
-        read: tokio::sync::mpsc::UnboundedSender<Instant>,
-    ) -> impl Body<Data = Bytes, Error = std::io::Error> + Send + 'static {
-        let stream = futures_util::stream::iter(0..frames).map(move |_| {
-            read.send(Instant::now()).unwrap();
-            Ok::<_, std::io::Error>(Frame::data(Bytes::from(vec![0; size])))
-        });
-        StreamBody::new(stream)
+        declared: Option<u64>,
+        read: mpsc::UnboundedSender<Instant>,
     }
 
-    use futures_util::StreamExt;
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::io::Error;
 
-    #[tokio::test(start_paused = true)]
-    async fn a_body_is_read_at_the_pace_within_its_bounds() {
-        let pace = Arc::new(Discarder::new(1 << 20));
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            if self.frames == 0 {
+                return Poll::Ready(None);
+            }
+            self.frames -= 1;
+            self.read.send(Instant::now()).unwrap();
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![0; self.size])))))
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            self.declared
+                .map_or_else(SizeHint::new, SizeHint::with_exact)
+        }
+    }
+
+    /// Discards `frames` frames of `size` bytes declared `declared` long, within `timeout`:
+    /// whether it was read, and when each frame was, from the call.
+    async fn discard(
+        pace: &Arc<Discarder>,
+        (frames, size, declared): (usize, usize, Option<u64>),
+        timeout: Duration,
+    ) -> (bool, Vec<Duration>) {
+        let (read, mut reads) = mpsc::unbounded_channel();
         let t0 = Instant::now();
-        let (read, mut reads) = tokio::sync::mpsc::unbounded_channel();
-        pace.discard(body(4, 256 << 10, read), 4 << 20, Duration::from_secs(30));
+        let body = Frames {
+            frames,
+            size,
+            declared,
+            read,
+        };
+        let drained = pace.discard(body, timeout);
         let mut at = Vec::new();
         while let Some(t) = reads.recv().await {
             at.push(t - t0);
         }
-        // Each 256 KiB frame is read once the one before is paid for.
+        (drained, at)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_body_is_read_at_the_pace_within_its_bounds() {
+        let pace = Arc::new(Discarder::new(64 << 10));
         let ms = Duration::from_millis;
+        // Each 16 KiB frame is read once the one before is paid for.
+        let short = (4, 16 << 10, Some(DRAIN_BYTES));
+        let (drained, at) = discard(&pace, short, Duration::from_secs(30)).await;
+        assert!(drained);
         assert_eq!(at, [ms(0), ms(250), ms(500), ms(750)]);
+        // A body that takes longer than the timeout is dropped at the timeout: 3 frames read
+        // in 600 ms, the 4th would be at 750 ms.
+        let pace = Arc::new(Discarder::new(64 << 10));
+        let (drained, at) = discard(&pace, short, ms(600)).await;
+        assert!(drained);
+        assert_eq!(at, [ms(0), ms(250), ms(500)]);
+        // A body that sends more than it declared is cut at the bound: 4 frames fit it, the
+        // 5th is handed out and refused.
+        let pace = Arc::new(Discarder::new(64 << 10));
+        let (_, at) = discard(&pace, (8, 16 << 10, Some(DRAIN_BYTES)), ms(5000)).await;
+        assert_eq!(at, [ms(0), ms(250), ms(500), ms(750), ms(1000)]);
+    }
 
-        // A body that takes longer than the timeout is dropped at the timeout: 8 frames read
-        // in 1.9 s, the 9th would be at 2 s.
-        let (read, mut reads) = tokio::sync::mpsc::unbounded_channel();
-        let t1 = Instant::now();
-        pace.discard(body(100, 256 << 10, read), 100 << 20, ms(1900));
-        let mut at = Vec::new();
-        while let Some(t) = reads.recv().await {
-            at.push(t - t1);
+    #[tokio::test(start_paused = true)]
+    async fn a_long_body_or_one_of_unknown_length_is_not_read() {
+        let pace = Arc::new(Discarder::new(64 << 10));
+        let timeout = Duration::from_secs(30);
+        for body in [(5, 16 << 10, Some(DRAIN_BYTES + 1)), (1, 1, None)] {
+            let (drained, at) = discard(&pace, body, timeout).await;
+            assert_eq!((drained, at), (false, vec![]), "{body:?}");
         }
-        assert_eq!(at, (0..8).map(|i| ms(250 * i)).collect::<Vec<_>>());
-
-        // A body declared over the bound is not read at all.
-        let declared = http_body_util::Full::new(Bytes::from(vec![0; 10]));
-        pace.discard(declared, 5, ms(1900));
-        assert_eq!(pace.pay(0, t1 + ms(1900)), t1 + ms(2000));
+        // Nothing was paid for: the pace is where it started.
+        let now = Instant::now();
+        assert_eq!(pace.pay(0, now), now);
     }
 }

@@ -205,6 +205,7 @@ fn injected_status(status: u16, retry_after: Option<std::time::Duration>) -> Api
         retry_after,
         rate_limit: None,
         allow: None,
+        closes_connection: false,
     }
 }
 

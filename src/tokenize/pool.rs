@@ -14,6 +14,14 @@
 //! So one tenant may use the whole queue while it is alone, and never more than its share
 //! while others wait: the gateway answers the job it refuses or pushes out with a 503.
 //!
+//! No tenant holds every worker while another uses the pool: while another tenant has a job
+//! waiting or running, or queued one within the last [`RECENT`], a tenant's next job starts
+//! only if fewer than `workers - 1` of its jobs run (with one worker, none). Jobs are not cut
+//! short once started, so without this a tenant keeping every worker busy with long jobs (a
+//! flood of prompts far over the context, each parsed and counted up to the ceiling) would make
+//! every other tenant's job wait for one of them to end, however soon its turn came; with it,
+//! the other tenants find a worker free. A tenant alone may use every worker.
+//!
 //! Work too small to be worth a thread hop does not queue at all: [`TokenizePool::run_maybe_inline`]
 //! runs a job with at most [`INLINE_BYTES`] of text to tokenize where it is asked for. Handing
 //! a job to a worker and its answer back costs two thread wake-ups (tens of microseconds of
@@ -27,13 +35,20 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// Jobs with at most this many bytes of text to tokenize run where they are asked for
 /// ([`TokenizePool::run_maybe_inline`]): counting them takes about 50 us or less, about what
 /// handing them to a worker costs (`benches/inline.rs` measures both).
 pub const INLINE_BYTES: usize = 2048;
+
+/// How long after queuing a job a tenant still counts as using the pool, so that the others
+/// leave it a worker: longer than the pause between the requests of a tenant sending them one
+/// after the other, short enough that a tenant left alone soon has every worker again.
+pub const RECENT: Duration = Duration::from_secs(1);
 
 /// Why a job did not produce a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -113,6 +128,14 @@ struct Queues {
     jobs: HashMap<Arc<str>, VecDeque<Job>>,
     /// The tenants with jobs waiting, the next one to be served first.
     turns: VecDeque<Arc<str>>,
+    /// Each tenant's jobs running now; only tenants with some are present.
+    running: HashMap<Arc<str>, usize>,
+    /// When each tenant last queued a job, for those that did within [`RECENT`] of `newest`.
+    queued_at: HashMap<Arc<str>, Instant>,
+    /// When the latest job was queued: the queues' "now" (the workers read no clock).
+    newest: Option<Instant>,
+    /// Worker threads: no tenant runs on all of them while another uses the pool.
+    workers: usize,
     /// Jobs waiting, in all.
     waiting: usize,
     /// Workers waiting for a job.
@@ -126,14 +149,17 @@ impl Queues {
         self.jobs.get(tenant).map_or(0, VecDeque::len)
     }
 
-    /// Queues `job` for `tenant` if the bound allows it, pushing out another tenant's newest
-    /// job if that is what makes room (returned with why, to be rejected outside the lock).
+    /// Queues `job` for `tenant` at `now` if the bound allows it, pushing out another tenant's
+    /// newest job if that is what makes room (returned with why, to be rejected outside the
+    /// lock).
     fn admit(
         &mut self,
         tenant: &str,
         job: Job,
         queue_depth: usize,
+        now: Instant,
     ) -> Result<Option<(Job, PoolError)>, (Job, PoolError)> {
+        self.used_at(tenant, now);
         // Jobs that idle workers are about to take do not wait.
         let bound = queue_depth + self.idle;
         let mut pushed_out = None;
@@ -174,9 +200,47 @@ impl Queues {
         Ok(pushed_out)
     }
 
-    /// The next job in the round, if any.
-    fn next(&mut self) -> Option<Job> {
-        let tenant = self.turns.pop_front()?;
+    /// Notes that `tenant` queued a job at `now` (refused or not: it uses the pool), and
+    /// forgets the tenants that have not for [`RECENT`].
+    fn used_at(&mut self, tenant: &str, now: Instant) {
+        let now = self.newest.map_or(now, |newest| newest.max(now));
+        self.newest = Some(now);
+        self.queued_at
+            .retain(|_, at| now.duration_since(*at) < RECENT);
+        match self.queued_at.get_mut(tenant) {
+            Some(at) => *at = now,
+            None => {
+                self.queued_at.insert(Arc::from(tenant), now);
+            }
+        }
+    }
+
+    /// Whether a tenant other than `tenant` uses the pool: has a job waiting or running, or
+    /// queued one within [`RECENT`].
+    fn others_use(&self, tenant: &str) -> bool {
+        let other = |t: &Arc<str>| **t != *tenant;
+        self.turns.iter().any(other)
+            || self.running.keys().any(other)
+            || self.queued_at.iter().any(|(t, at)| {
+                other(t)
+                    && self
+                        .newest
+                        .is_some_and(|now| now.duration_since(*at) < RECENT)
+            })
+    }
+
+    /// Whether `tenant` may start another job now: alone, always; while another tenant uses
+    /// the pool, only if fewer than `workers - 1` of its jobs run (with one worker, none).
+    fn may_start(&self, tenant: &str) -> bool {
+        let running = self.running.get(tenant).copied().unwrap_or(0);
+        running < self.workers.saturating_sub(1).max(1) || !self.others_use(tenant)
+    }
+
+    /// The next job in the round that may start (see [`Queues::may_start`]), if any, with its
+    /// tenant; a tenant passed over keeps its place in the round.
+    fn next(&mut self) -> Option<(Arc<str>, Job)> {
+        let at = self.turns.iter().position(|t| self.may_start(t))?;
+        let tenant = self.turns.remove(at).expect("a place in the round");
         let jobs = self
             .jobs
             .get_mut(&tenant)
@@ -185,15 +249,25 @@ impl Queues {
         if jobs.is_empty() {
             self.jobs.remove(&tenant);
         } else {
-            self.turns.push_back(tenant);
+            self.turns.push_back(tenant.clone());
         }
         self.waiting -= 1;
-        Some(job)
+        *self.running.entry(tenant.clone()).or_default() += 1;
+        Some((tenant, job))
+    }
+
+    /// One of `tenant`'s jobs has ended.
+    fn finished(&mut self, tenant: &str) {
+        if let Some(running) = self.running.get_mut(tenant) {
+            *running -= 1;
+            if *running == 0 {
+                self.running.remove(tenant);
+            }
+        }
     }
 }
 
 /// What the pool and its workers share.
-#[derive(Default)]
 struct Shared {
     queues: Mutex<Queues>,
     /// Signalled when a job is queued or the pool closes.
@@ -230,7 +304,13 @@ impl TokenizePool {
     /// lets each worker finish its current job and exit; jobs still waiting are dropped.
     pub fn new(name: &str, workers: usize, queue_depth: usize) -> TokenizePool {
         let workers = workers.max(1);
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            queues: Mutex::new(Queues {
+                workers,
+                ..Queues::default()
+            }),
+            ready: Condvar::new(),
+        });
         for n in 0..workers {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
@@ -316,7 +396,8 @@ impl TokenizePool {
     }
 
     fn enqueue(&self, tenant: &str, job: Job) -> Result<(), PoolError> {
-        let admitted = self.shared.lock().admit(tenant, job, self.queue_depth);
+        let now = Instant::now();
+        let admitted = self.shared.lock().admit(tenant, job, self.queue_depth, now);
         match admitted {
             Ok(pushed_out) => {
                 self.shared.ready.notify_one();
@@ -345,11 +426,12 @@ fn work(shared: &Shared) {
             return;
         }
         match queues.next() {
-            Some(job) => {
+            Some((tenant, job)) => {
                 // The lock is never held while a job runs.
                 drop(queues);
                 job.run();
                 queues = shared.lock();
+                queues.finished(&tenant);
             }
             None => {
                 queues.idle += 1;
@@ -582,6 +664,61 @@ mod tests {
         assert_eq!(b.await, Ok(()));
         // a2 was pushed out for b1 and dropped with its sender, so the channel ends.
         assert_eq!(ran_rx.iter().collect::<Vec<_>>(), ["a1", "b1"]);
+    }
+
+    /// Jobs of tenant a that each block until released, reporting on `ran` when they start.
+    fn spawn_blocked(
+        pool: &TokenizePool,
+        names: &[&'static str],
+        ran: &std::sync::mpsc::Sender<&'static str>,
+        released: &Arc<Mutex<std::sync::mpsc::Receiver<()>>>,
+    ) {
+        for &name in names {
+            let (ran, released) = (ran.clone(), Arc::clone(released));
+            let job = move || {
+                ran.send(name).unwrap();
+                released.lock().unwrap().recv().unwrap();
+            };
+            assert_eq!(pool.spawn("a", job), Ok(()));
+        }
+    }
+
+    /// The pool's clock is paused: only `advance` ages a tenant's last job.
+    #[tokio::test(start_paused = true)]
+    async fn a_tenant_leaves_a_worker_free_while_another_uses_the_pool() {
+        let pool = TokenizePool::new("test", 2, 8);
+        let (ran, runs) = std::sync::mpsc::channel::<&str>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let next = || runs.recv_timeout(std::time::Duration::from_secs(10));
+        // Alone, a runs on both workers.
+        spawn_blocked(&pool, &["a1", "a2"], &ran, &released);
+        let mut started = [next().unwrap(), next().unwrap()];
+        started.sort_unstable();
+        assert_eq!(started, ["a1", "a2"]);
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        // Once b has used the pool, a runs on one worker only: b's next job starts at once
+        // beside a's, and a's second waits for its first.
+        let b = ran.clone();
+        assert_eq!(pool.spawn("b", move || b.send("b1").unwrap()), Ok(()));
+        assert_eq!(next(), Ok("b1"));
+        spawn_blocked(&pool, &["a3", "a4"], &ran, &released);
+        assert_eq!(next(), Ok("a3"));
+        let b = ran.clone();
+        assert_eq!(pool.spawn("b", move || b.send("b2").unwrap()), Ok(()));
+        assert_eq!(next(), Ok("b2"));
+        assert!(runs.try_recv().is_err(), "a4 started beside a3");
+        // When b has queued nothing for `RECENT`, a has both workers again: its next job
+        // queued lets a4 start beside a3.
+        tokio::time::advance(RECENT).await;
+        spawn_blocked(&pool, &["a5"], &ran, &released);
+        assert_eq!(next(), Ok("a4"));
+        for _ in 0..3 {
+            release.send(()).unwrap();
+        }
+        assert_eq!(next(), Ok("a5"));
+        release.send(()).unwrap();
     }
 
     #[tokio::test]
