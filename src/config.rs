@@ -1022,6 +1022,7 @@ impl Config {
                 kv_lease_ttl,
                 kv_recheck_interval,
                 local_first,
+                cached_prefill_weight,
             ]
         );
         restart_only!(
@@ -1091,6 +1092,11 @@ pub fn describe(cfg: &ValidConfig) -> String {
         cfg.model.served_names.join(", "),
         cfg.model.max_model_len,
         cfg.model.default_max_tokens
+    );
+    let _ = writeln!(
+        s,
+        "limiter: a prompt token the backend's prefix cache held is charged {} of a token (cached_prefill_weight)",
+        cfg.limiter.cached_prefill_weight
     );
     for b in &cfg.backends {
         let _ = writeln!(
