@@ -1084,6 +1084,7 @@ impl Config {
                 kv_lease_ttl,
                 kv_recheck_interval,
                 local_first,
+                cached_prefill_weight,
             ]
         );
         restart_only!(
@@ -1164,6 +1165,11 @@ pub fn describe(cfg: &ValidConfig) -> String {
             humantime::format_duration(l.retry_interval)
         );
     }
+    let _ = writeln!(
+        s,
+        "limiter: a prompt token the backend's prefix cache held is charged {} of a token (cached_prefill_weight)",
+        cfg.limiter.cached_prefill_weight
+    );
     for b in &cfg.backends {
         let _ = writeln!(
             s,

@@ -60,6 +60,16 @@ pub struct BackendLabel {
     pub backend: String,
 }
 
+/// `{backend, kind}` of a count the backend reported.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CountErrorLabels {
+    /// Backend URL.
+    pub backend: String,
+    /// `prompt` (`usage.prompt_tokens` against the prompt charged) or `output`
+    /// (`usage.completion_tokens` against the output the gateway metered).
+    pub kind: String,
+}
+
 /// `{listener}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
@@ -105,6 +115,15 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 fn latency_histogram() -> Histogram {
     // 1 ms .. ~65 s
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn count_error_histogram() -> Histogram {
+    // The backend's count minus the gateway's, in tokens: 0 exactly, then powers of 4 each
+    // side up to 4,096 (a template or default that changed shows as a shift, a tokenizer
+    // mismatch as a spread).
+    let below = (0..7).rev().map(|i| -(4f64.powi(i)));
+    let above = (0..7).map(|i| 4f64.powi(i));
+    Histogram::new(below.chain([0.0]).chain(above))
 }
 
 fn token_histogram() -> Histogram {
@@ -178,6 +197,8 @@ pub struct Metrics {
     pub tokenize_cache_replies: Counter,
     /// Config reloads (SIGHUP, `POST /admin/reload`) by result.
     pub config_reloads: Family<ReloadLabel, Counter>,
+    /// The backend's count minus the gateway's, per answer that reported one.
+    pub count_error: HistogramFamily<CountErrorLabels>,
     /// The shared limiter store's errors, latency and fallback state.
     pub limiter_store: crate::limiter::redis::StoreMetrics,
     /// Usage-log records dropped because its buffer was full.
@@ -241,6 +262,7 @@ impl Metrics {
             tokenize_cache_misses: Counter::default(),
             tokenize_cache_replies: Counter::default(),
             config_reloads: Family::default(),
+            count_error: Family::new_with_constructor(count_error_histogram),
             limiter_store: Default::default(),
             usage_log_dropped: Counter::default(),
             usage_log_write_errors: Counter::default(),
@@ -399,6 +421,11 @@ impl Metrics {
             "tokenize_cache_replies",
             "Chat answers counted ahead for their conversation's next turn",
             m.tokenize_cache_replies.clone(),
+        );
+        r.register(
+            "count_error_tokens",
+            "The backend's usage count minus what the gateway counted (prompt: charged; output: metered), per answer",
+            m.count_error.clone(),
         );
         r.register(
             "config_reloads",

@@ -87,16 +87,26 @@ pub fn request_id(headers: &http::HeaderMap) -> Option<String> {
 /// A charged request's tokens and latencies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Charged {
-    /// Prompt (prefill) tokens.
+    /// Prompt (prefill) tokens: the backend's count when its answer said it, else the
+    /// gateway's.
     pub prompt_tokens: u64,
+    /// The prompt as the gateway counted it (and charged it until settlement).
+    pub counted_prompt_tokens: u64,
+    /// How many prompt tokens the backend's prefix cache held, when it said.
+    pub cached_prompt_tokens: Option<u64>,
     /// Output tokens reserved (`max_tokens` as charged).
     pub reserved_output_tokens: u64,
     /// Output tokens generated (0 when the backend never answered).
     pub output_tokens: u64,
     /// Reserved output tokens given back.
     pub refunded_output_tokens: u64,
-    /// Whether the backend answered: only then do the prompt and the output stay charged.
+    /// Whether the backend answered.
     pub answered: bool,
+    /// Whether the prompt and the output stay charged: the request was forwarded (the backend
+    /// has done or is doing its prefill) and the backend did not fail it. A request answered
+    /// is billable; one the client left, or the gateway stopped waiting for, after it was
+    /// forwarded is billable without an answer.
+    pub billable: bool,
     /// Time to first token, when one streamed.
     pub ttft: Option<Duration>,
     /// Time per output token after the first, when two or more streamed.

@@ -6,10 +6,11 @@
 //! whenever the buffer runs empty, and on shutdown.
 //!
 //! A line (fields always present, in this order; `null` where unknown):
-//! `{"request_id", "tenant", "model", "outcome", "answered", "prompt_tokens",
-//! "reserved_output_tokens", "output_tokens", "refunded_output_tokens", "ttft_ms", "tpot_ms",
-//! "arrived", "settled"}`. Bill `prompt_tokens + output_tokens` of the lines with
-//! `"answered": true`: the others were given everything back.
+//! `{"request_id", "tenant", "model", "outcome", "answered", "billable", "prompt_tokens",
+//! "counted_prompt_tokens", "cached_prompt_tokens", "reserved_output_tokens", "output_tokens",
+//! "refunded_output_tokens", "ttft_ms", "tpot_ms", "arrived", "settled"}`. Bill
+//! `prompt_tokens + output_tokens` of the lines with `"billable": true` (of the prompt,
+//! `cached_prompt_tokens` at the cached price): the others were given everything back.
 
 use crate::metrics::Metrics;
 use crate::record::Settled;
@@ -58,7 +59,10 @@ struct Line<'a> {
     model: Option<&'a str>,
     outcome: &'static str,
     answered: bool,
+    billable: bool,
     prompt_tokens: Option<u64>,
+    counted_prompt_tokens: Option<u64>,
+    cached_prompt_tokens: Option<u64>,
     reserved_output_tokens: Option<u64>,
     output_tokens: Option<u64>,
     refunded_output_tokens: Option<u64>,
@@ -104,7 +108,10 @@ fn line(s: &Settled, settled: Instant, anchor: &WallAnchor) -> String {
         model: s.model.as_deref(),
         outcome: s.outcome.as_str(),
         answered: c.is_some_and(|c| c.answered),
+        billable: c.is_some_and(|c| c.billable),
         prompt_tokens: c.map(|c| c.prompt_tokens),
+        counted_prompt_tokens: c.map(|c| c.counted_prompt_tokens),
+        cached_prompt_tokens: c.and_then(|c| c.cached_prompt_tokens),
         reserved_output_tokens: c.map(|c| c.reserved_output_tokens),
         output_tokens: c.map(|c| c.output_tokens),
         refunded_output_tokens: c.map(|c| c.refunded_output_tokens),

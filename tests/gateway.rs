@@ -477,8 +477,10 @@ async fn a_non_streamed_answer_without_usage_is_counted_from_its_text() {
     assert_eq!(gw.bucket("alice", "decode").await, 990.0);
 }
 
+/// The backend had the request when the gateway stopped waiting for its first chunk: the
+/// prefill it was doing stays charged, every decode token comes back.
 #[tokio::test]
-async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing() {
+async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_keeps_only_its_prefill() {
     let spec = FakeSpec {
         behaviour: Behaviour::StallAfterHeaders,
         ..FakeSpec::default()
@@ -494,7 +496,7 @@ async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_changes_nothing(
     )
     .await;
     assert_eq!((r.status, r.code().as_str()), (504, "upstream_timeout"));
-    assert_nothing_charged(&gw).await;
+    assert_only_prefill_charged(&gw, chat_tokens("a")).await;
     assert_failure_counted_once(&gw, "upstream_timeout").await;
 }
 
@@ -581,6 +583,18 @@ async fn backend_reset_mid_stream_ends_with_an_error_event_and_settles_tokens_se
 }
 
 /// Alice's buckets are all full and no KV is leased: nothing of what she sent was charged.
+/// Alice's request was forwarded and ended before its first token: its `prompt` tokens and the
+/// request stay charged, nothing else.
+async fn assert_only_prefill_charged(gw: &TestGateway, prompt: u64) {
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - prompt as f64
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 99.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
 async fn assert_nothing_charged(gw: &TestGateway) {
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
@@ -657,9 +671,11 @@ async fn a_backend_5xx_is_a_502_without_its_internals_and_charges_nothing() {
 
 /// A non-streamed answer whose headers and first bytes came but whose rest never does is a 504
 /// after `body_read_timeout`, not a wait until the client gives up; one that never ends is a
-/// 502 at `max_response_bytes`, the most of it the gateway holds. Nothing is charged.
+/// 502 at `max_response_bytes`, the most of it the gateway holds. The stalled one keeps its
+/// prefill charged (the backend was working on it when the gateway gave up); the endless one
+/// is the backend failing, and charges nothing.
 #[tokio::test]
-async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound_and_charges_nothing() {
+async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound() {
     type Tweak = fn(&mut tokengate::config::Config);
     let stalled: Tweak = |cfg| cfg.backends[0].body_read_timeout = Duration::from_millis(200);
     let endless: Tweak = |cfg| cfg.backends[0].max_response_bytes = 1 << 20;
@@ -681,7 +697,11 @@ async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound_and_
             r.json(),
             json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
         );
-        assert_nothing_charged(&gw).await;
+        if status == 504 {
+            assert_only_prefill_charged(&gw, chat_tokens("a")).await;
+        } else {
+            assert_nothing_charged(&gw).await;
+        }
         assert_failure_counted_once(&gw, code).await;
     }
 }
@@ -1795,3 +1815,5 @@ mod diagnose;
 mod priority;
 #[path = "gateway/profile.rs"]
 mod profile;
+#[path = "gateway/settle.rs"]
+mod settle;

@@ -74,6 +74,24 @@ impl Chunk<'_> {
         }
     }
 
+    /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens` (TGI's answers have
+    /// none).
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        match self {
+            Chunk::OpenAi(c) => c.prompt_tokens(),
+            Chunk::Tgi(_) => None,
+        }
+    }
+
+    /// How many of the prompt's tokens the backend's prefix cache held: OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        match self {
+            Chunk::OpenAi(c) => c.cached_tokens(),
+            Chunk::Tgi(_) => None,
+        }
+    }
+
     /// An OpenAI chunk with usage and no choices (vLLM's `include_usage` chunk), which only a
     /// client that asked for usage gets.
     pub fn usage_only(&self) -> bool {

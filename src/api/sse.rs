@@ -156,6 +156,11 @@ fn lines(text: &str) -> impl Iterator<Item = &str> {
 pub struct Chunk<'a> {
     /// `usage.completion_tokens`, when it is a whole number that fits a `u64`.
     completion_tokens: Option<u64>,
+    /// `usage.prompt_tokens`, the same way.
+    prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens` (vLLM's `--enable-prompt-tokens-details`),
+    /// the same way.
+    cached_tokens: Option<u64>,
     /// `choices` is an array with at least one element.
     any_choice: bool,
     /// The first choice's answer: which piece is its content, if any, and whether it calls
@@ -175,9 +180,12 @@ const MAX_HEAD_BYTES: usize = 1024;
 pub struct EventHead(Vec<u8>);
 
 /// The generated fields of a choice, or of the `delta` (streamed) or `message` (whole) inside
-/// it: those that are strings, and whether `tool_calls` is a non-empty array.
+/// it: those that are strings, and whether `tool_calls` is a non-empty array. Reasoning comes
+/// in `reasoning` from vLLM 0.32 on (with `--reasoning-parser`, and thinking is Qwen3.5's
+/// default: a whole answer can be reasoning alone), in `reasoning_content` before.
 #[derive(Debug, Default)]
 struct Part<'a> {
+    reasoning: Option<Cow<'a, str>>,
     reasoning_content: Option<Cow<'a, str>>,
     content: Option<Cow<'a, str>>,
     /// A completion choice's text.
@@ -305,7 +313,8 @@ impl<'a> Chunk<'a> {
                             // The first choice's pieces come first: its content follows its
                             // reasoning.
                             chunk.answer = Some(part.as_ref().map_or((None, false), |p| {
-                                let at = usize::from(p.reasoning_content.is_some());
+                                let at = usize::from(p.reasoning.is_some())
+                                    + usize::from(p.reasoning_content.is_some());
                                 (p.content.is_some().then_some(at), p.calls_tools)
                             }));
                         }
@@ -324,12 +333,28 @@ impl<'a> Chunk<'a> {
                     scan.object(|scan, key| match key {
                         b"completion_tokens" => {
                             usage.first(0)?;
-                            let count = scan.loose(Kind::Number, Scan::number)?;
-                            chunk.completion_tokens = match count {
-                                Some(scan::Number::U64(n)) => Some(n),
-                                Some(scan::Number::Other) | None => None,
-                            };
+                            chunk.completion_tokens = count(scan)?;
                             Ok(())
+                        }
+                        b"prompt_tokens" => {
+                            usage.first(1)?;
+                            chunk.prompt_tokens = count(scan)?;
+                            Ok(())
+                        }
+                        b"prompt_tokens_details" => {
+                            usage.first(2)?;
+                            let details = |scan: &mut Scan<'a>| {
+                                let mut details = Seen::default();
+                                scan.object(|scan, key| match key {
+                                    b"cached_tokens" => {
+                                        details.first(0)?;
+                                        chunk.cached_tokens = count(scan)?;
+                                        Ok(())
+                                    }
+                                    _ => scan.pass(),
+                                })
+                            };
+                            scan.loose(Kind::Object, details).map(drop)
                         }
                         _ => scan.pass(),
                     })
@@ -338,6 +363,16 @@ impl<'a> Chunk<'a> {
             }
             _ => scan.pass(),
         }
+    }
+
+    /// `usage.prompt_tokens`.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.prompt_tokens
+    }
+
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.cached_tokens
     }
 
     fn push_piece(&mut self, piece: Cow<'a, str>) {
@@ -351,10 +386,15 @@ impl<'a> Chunk<'a> {
     /// Adds a choice's generated text: its reasoning, content, completion text, and the name
     /// and arguments of each tool it calls.
     fn take_pieces(&mut self, part: Part<'a>) {
-        for piece in [part.reasoning_content, part.content, part.text]
-            .into_iter()
-            .flatten()
-            .chain(part.tool_texts)
+        for piece in [
+            part.reasoning,
+            part.reasoning_content,
+            part.content,
+            part.text,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(part.tool_texts)
         {
             self.push_piece(piece);
         }
@@ -390,6 +430,14 @@ impl<'a> Chunk<'a> {
     }
 }
 
+/// A token count: a whole number that fits a `u64`, else none.
+fn count(scan: &mut Scan<'_>) -> scan::Read<Option<u64>> {
+    Ok(match scan.loose(Kind::Number, Scan::number)? {
+        Some(scan::Number::U64(n)) => Some(n),
+        Some(scan::Number::Other) | None => None,
+    })
+}
+
 impl<'a> Choice<'a> {
     /// Reads a choice object (or a `delta` or `message`, which are read alike).
     fn read(scan: &mut Scan<'a>) -> scan::Read<Self> {
@@ -406,6 +454,7 @@ impl<'a> Choice<'a> {
                     *nested = Some(scan.loose(Kind::Object, |scan| Ok(Self::read(scan)?.own))?);
                     return Ok(());
                 }
+                b"reasoning" => (6, &mut choice.own.reasoning),
                 b"reasoning_content" => (2, &mut choice.own.reasoning_content),
                 b"content" => (3, &mut choice.own.content),
                 b"text" => (4, &mut choice.own.text),
@@ -685,6 +734,8 @@ mod tests {
             #[serde(borrow)]
             message: Loose<Box<Choice<'a>>>,
             #[serde(borrow)]
+            reasoning: Loose<Cow<'a, str>>,
+            #[serde(borrow)]
             reasoning_content: Loose<Cow<'a, str>>,
             #[serde(borrow)]
             content: Loose<Cow<'a, str>>,
@@ -715,6 +766,14 @@ mod tests {
         #[serde(default)]
         struct Usage {
             completion_tokens: Loose<u64>,
+            prompt_tokens: Loose<u64>,
+            prompt_tokens_details: Loose<Details>,
+        }
+
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(default)]
+        struct Details {
+            cached_tokens: Loose<u64>,
         }
 
         impl<'a> Chunk<'a> {
@@ -734,6 +793,17 @@ mod tests {
                 self.usage.get()?.completion_tokens.get().copied()
             }
 
+            /// `usage.prompt_tokens`.
+            pub fn prompt_tokens(&self) -> Option<u64> {
+                self.usage.get()?.prompt_tokens.get().copied()
+            }
+
+            /// `usage.prompt_tokens_details.cached_tokens`.
+            pub fn cached_tokens(&self) -> Option<u64> {
+                let details = self.usage.get()?.prompt_tokens_details.get()?;
+                details.cached_tokens.get().copied()
+            }
+
             /// The chunk has no choices and carries usage (vLLM's `include_usage` chunk).
             pub fn usage_only(&self) -> bool {
                 self.completion_tokens().is_some() && self.choices.get().is_none_or(Vec::is_empty)
@@ -750,7 +820,12 @@ mod tests {
                     .flat_map(|part| {
                         let calls = part.tool_calls.get().into_iter().flatten();
                         let functions = calls.filter_map(|c| c.get()?.function.get());
-                        let texts = [&part.reasoning_content, &part.content, &part.text];
+                        let texts = [
+                            &part.reasoning,
+                            &part.reasoning_content,
+                            &part.content,
+                            &part.text,
+                        ];
                         texts
                             .into_iter()
                             .chain(functions.flat_map(|f| [&f.name, &f.arguments]))
@@ -782,7 +857,7 @@ mod tests {
             }
         }
 
-        crate::api::sse::object_shape!(Chunk<'a>, Choice<'a>, ToolCall<'a>, Function<'a>; Usage);
+        crate::api::sse::object_shape!(Chunk<'a>, Choice<'a>, ToolCall<'a>, Function<'a>; Usage, Details);
     }
 
     /// A JSON object from its entries, with `ws` around its tokens.
@@ -848,8 +923,9 @@ mod tests {
         prop_oneof![
             20 => prop::sample::select(vec!["index", "id", "x", "model", "object", "logprobs"]),
             3 => prop::sample::select(vec![
-                "choices", "usage", "delta", "message", "content", "reasoning_content", "text",
-                "tool_calls", "function", "name", "arguments", "completion_tokens",
+                "choices", "usage", "delta", "message", "content", "reasoning",
+                "reasoning_content", "text", "tool_calls", "function", "name", "arguments",
+                "completion_tokens", "prompt_tokens", "prompt_tokens_details", "cached_tokens",
                 r"c\u006fntent",
             ]),
             1 => Just(r"\ud800"),
@@ -905,6 +981,7 @@ mod tests {
                 .boxed(),
         );
         let mut fields = vec![
+            ("reasoning", text()),
             ("reasoning_content", text()),
             ("content", text()),
             ("text", text()),
@@ -928,7 +1005,15 @@ mod tests {
                 .prop_map(str::to_string)
                 .boxed(),
         );
-        let usage = shaped(fields_of(vec![("completion_tokens", count)]).boxed());
+        let details = shaped(fields_of(vec![("cached_tokens", count.clone())]).boxed());
+        let usage = shaped(
+            fields_of(vec![
+                ("completion_tokens", count.clone()),
+                ("prompt_tokens", count),
+                ("prompt_tokens_details", details),
+            ])
+            .boxed(),
+        );
         fields_of(vec![("choices", choices), ("usage", usage)])
     }
 
@@ -939,7 +1024,8 @@ mod tests {
             let c = $chunk;
             let answer = c.answer().map(|(a, tools)| (a.to_string(), tools));
             let pieces: Vec<String> = c.generated().map(str::to_string).collect();
-            (c.completion_tokens(), c.usage_only(), pieces, answer)
+            let counts = (c.completion_tokens(), c.prompt_tokens(), c.cached_tokens());
+            (counts, c.usage_only(), pieces, answer)
         }};
     }
 
@@ -1183,6 +1269,24 @@ mod tests {
         assert_eq!(data(b"data: \xff\n\n"), "");
     }
 
+    /// vLLM's usage with `--enable-prompt-tokens-details`; without it `prompt_tokens_details`
+    /// is `null`.
+    #[test]
+    fn reads_the_prompt_count_and_its_cached_part() {
+        let u = Chunk::parse(
+            br#"{"choices":[],"usage":{"prompt_tokens":17,"total_tokens":33,"completion_tokens":16,"prompt_tokens_details":{"cached_tokens":16}}}"#,
+        );
+        let counts = (u.prompt_tokens(), u.cached_tokens(), u.completion_tokens());
+        assert_eq!(counts, (Some(17), Some(16), Some(16)));
+        let plain = Chunk::parse(
+            br#"{"usage":{"prompt_tokens":17,"completion_tokens":1,"prompt_tokens_details":null}}"#,
+        );
+        assert_eq!(
+            (plain.prompt_tokens(), plain.cached_tokens()),
+            (Some(17), None)
+        );
+    }
+
     #[test]
     fn reads_usage_and_text() {
         let c = Chunk::parse(br#"{"choices":[{"delta":{"content":"hi"}}]}"#);
@@ -1193,6 +1297,27 @@ mod tests {
         assert_eq!((u.usage_only(), u.completion_tokens()), (true, Some(9)));
         let done = Chunk::parse(b"[DONE]");
         assert_eq!((done.completion_tokens(), done.answer()), (None, None));
+    }
+
+    /// vLLM 0.32 with `--reasoning-parser qwen3` streams thinking in `delta.reasoning` (each
+    /// event one token, `content` absent) and answers whole with `message.reasoning` and
+    /// `content: null`: all of it is generated text.
+    #[test]
+    fn reads_reasoning_as_vllm_0_32_sends_it() {
+        let event = Chunk::parse(
+            br#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning":" hm"},"logprobs":null,"finish_reason":null}]}"#,
+        );
+        assert_eq!(event.generated().collect::<Vec<_>>(), vec![" hm"]);
+        assert_eq!(event.answer(), Some(("", false)));
+        let whole = Chunk::parse(
+            br#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"reasoning":"a b","tool_calls":[]},"finish_reason":"length"}]}"#,
+        );
+        assert_eq!(whole.generated().collect::<String>(), "a b");
+        let both = Chunk::parse(
+            br#"{"choices":[{"delta":{"reasoning":"r","reasoning_content":"rc","content":"ok"}}]}"#,
+        );
+        assert_eq!(both.generated().collect::<Vec<_>>(), vec!["r", "rc", "ok"]);
+        assert_eq!(both.answer(), Some(("ok", false)));
     }
 
     #[test]

@@ -3,10 +3,14 @@
 //! extensions. The cost is whatever [`Cost`] the request's extensions hold: our counting layer
 //! puts it there, or the user's own code does, so this layer works without our parser.
 //!
-//! The ticket is the request's one guard, in two phases. Until the backend has answered
-//! ([`Ticket::answered`]) dropping it gives back everything charged: the client went away while
-//! queued, admission refused it, the backend failed. From then on dropping it settles: only the
-//! decode tokens reserved and not produced ([`Ticket::record_output`]) go back. The KV lease the
+//! The ticket is the request's one guard, in two phases. Until the request is forwarded (its
+//! bytes handed to the backend's connection, [`Forwarded`]) dropping it gives back everything
+//! charged: the client went away while queued, admission refused it, no connection could be
+//! made. From then on the backend has done or is doing the prefill, so dropping it settles:
+//! only the decode tokens reserved and not produced ([`Ticket::record_output`]) go back, even
+//! when the client goes before the first token or the gateway stops waiting for it (a 504).
+//! Only a backend that fails the request ([`Ticket::backend_failed`]: its error status, a
+//! connection broken before its answer) gives everything back after that. The KV lease the
 //! admission layer adds goes with it, freed first.
 
 use crate::admission::Lease;
@@ -18,16 +22,38 @@ use crate::record::{Charged, Recorder, RequestFacts, Settled};
 use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::{Layer, Service};
+
+/// Whether a request was forwarded: set by whatever hands its bytes to the backend (the
+/// gateway's backend client marks it when the connection first asks for the body, so a connect
+/// failure or a refused connection leaves it unset), read by its [`Ticket`] when it settles.
+#[derive(Clone, Debug, Default)]
+pub struct Forwarded(Arc<AtomicBool>);
+
+impl Forwarded {
+    /// The request's bytes are on their way to the backend: its prefill is spent.
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Forwarded::mark`] was called.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
 pub struct Ticket {
     /// `None` only inside `drop`.
     reservation: Option<Reservation>,
     lease: Option<Lease>,
+    forwarded: Forwarded,
+    /// The backend failed the request after it was forwarded: everything goes back.
+    backend_failed: bool,
     answered: bool,
     /// Recorded when the ticket goes; `None` when the request is answered with an error, which
     /// is counted with the error.
@@ -41,6 +67,8 @@ pub struct Ticket {
     /// The request's place among its tenant's requests in flight, given back after it settles
     /// (a field: dropped after `drop` has run).
     in_flight: Option<InFlightPlace>,
+    /// The backend's count of the prompt and of its cached part, once its answer said them.
+    reported: Option<(u64, Option<u64>)>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -48,6 +76,8 @@ impl std::fmt::Debug for Ticket {
         f.debug_struct("Ticket")
             .field("reservation", &self.reservation)
             .field("lease", &self.lease)
+            .field("forwarded", &self.forwarded.is_marked())
+            .field("backend_failed", &self.backend_failed)
             .field("answered", &self.answered)
             .field("outcome", &self.outcome)
             .finish_non_exhaustive()
@@ -55,13 +85,15 @@ impl std::fmt::Debug for Ticket {
 }
 
 impl Ticket {
-    /// Holds `reservation` in the first phase: everything goes back unless the backend answers.
+    /// Holds `reservation` in the first phase: everything goes back unless it is forwarded.
     /// With `metrics`, the outcome is counted when the ticket goes (`client_disconnect` unless
     /// told otherwise), in the series of the tenant given with them (the one charged).
     pub fn new(reservation: Reservation, metrics: Option<(Arc<Metrics>, Arc<Tenant>)>) -> Self {
         Self {
             reservation: Some(reservation),
             lease: None,
+            forwarded: Forwarded::default(),
+            backend_failed: false,
             answered: false,
             outcome: Some(Outcome::ClientDisconnect),
             metrics,
@@ -69,6 +101,7 @@ impl Ticket {
             ttft: None,
             tpot: None,
             in_flight: None,
+            reported: None,
         }
     }
 
@@ -122,17 +155,36 @@ impl Ticket {
     }
 
     /// Frees the KV lease now (the backend has stopped using it); the charge stays held. The
-    /// tenant's fairness counter keeps the output recorded, or nothing if the backend never
-    /// answered.
+    /// tenant's fairness counter keeps the output recorded, or nothing if the prefill is not
+    /// spent.
     pub fn release_lease(&mut self) {
         if let Some(mut lease) = self.lease.take() {
-            if !self.answered {
+            if !self.is_billable() {
                 lease.refund_all();
             }
         }
     }
 
-    /// The second phase: the backend has answered (a 2xx and its first bytes). From now on
+    /// What marks the request forwarded: hand it to whatever writes the request to the
+    /// backend. From the mark on, only the decode tokens not produced go back.
+    pub fn forwarded(&self) -> Forwarded {
+        self.forwarded.clone()
+    }
+
+    /// The backend failed the request (an error status, a connection broken before its
+    /// answer): it gives everything back, forwarded or not. Not for a timeout: a backend that
+    /// is slow to answer is busy with the request.
+    pub fn backend_failed(&mut self) {
+        self.backend_failed = true;
+    }
+
+    /// Whether the prompt (and the output produced) stay charged: the request was forwarded,
+    /// or answered, and the backend did not fail it.
+    pub fn is_billable(&self) -> bool {
+        (self.answered || self.forwarded.is_marked()) && !self.backend_failed
+    }
+
+    /// The backend has answered (a 2xx and its first bytes), so the request was forwarded:
     /// only the decode tokens not produced go back.
     pub fn answered(&mut self) {
         self.answered = true;
@@ -141,6 +193,19 @@ impl Ticket {
     /// Whether the backend has answered.
     pub fn is_answered(&self) -> bool {
         self.answered
+    }
+
+    /// The backend's own count of the prompt (`usage.prompt_tokens`) and of the part its prefix
+    /// cache held (`cached_tokens`), from its answer: the prompt stays charged as the backend
+    /// counted it, each cached token at `cached_weight` of a token (rounded up: the prefill
+    /// bucket models compute, and a cached token needs next to none), and settlement gives
+    /// back or charges the difference from what was charged.
+    pub fn reconcile_prompt(&mut self, prompt: u64, cached: Option<u64>, cached_weight: f64) {
+        let cached_part = cached.unwrap_or(0).min(prompt);
+        let weighted = (cached_part as f64 * cached_weight).ceil() as u64;
+        let stays = prompt - cached_part + weighted.min(cached_part);
+        self.reservation_mut().settle_prefill(stays);
+        self.reported = Some((prompt, cached));
     }
 
     /// The decode tokens produced so far (a running total, saturating at the reservation).
@@ -182,7 +247,8 @@ impl Drop for Ticket {
         let Some(mut reservation) = self.reservation.take() else {
             return;
         };
-        if !self.answered {
+        let billable = self.is_billable();
+        if !billable {
             reservation.refund_all();
         }
         let recorded_tenant = self
@@ -203,11 +269,14 @@ impl Drop for Ticket {
                 outcome,
                 arrived: facts.arrived,
                 charge: Some(Charged {
-                    prompt_tokens: cost.prefill,
+                    prompt_tokens: self.reported.map_or(cost.prefill, |(prompt, _)| prompt),
+                    counted_prompt_tokens: cost.prefill,
+                    cached_prompt_tokens: self.reported.and_then(|(_, cached)| cached),
                     reserved_output_tokens: cost.decode,
                     output_tokens: settlement.actual_decode,
                     refunded_output_tokens: settlement.refunded_decode,
                     answered: self.answered,
+                    billable,
                     ttft: self.ttft,
                     tpot: self.tpot,
                 }),
@@ -488,6 +557,57 @@ mod tests {
         assert!(call.await.unwrap_err().is_cancelled());
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         assert_eq!(outcomes(&metrics, "client_disconnect"), 1);
+    }
+
+    /// The service hands the request to the backend (marks it forwarded), then never answers.
+    async fn forwards_and_waits(
+        req: Request<Full<Bytes>>,
+        reached: tokio::sync::mpsc::Sender<()>,
+    ) -> Answer {
+        let slot = req.extensions().get::<TicketSlot>().expect("charged");
+        slot.with(|ticket| ticket.forwarded().mark())
+            .expect("the ticket is in its slot");
+        reached.send(()).await.expect("the test listens");
+        std::future::pending::<Answer>().await
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_after_the_request_was_forwarded_keeps_its_prefill_charged() {
+        let limiter = limiter();
+        let metrics = Arc::new(Metrics::new());
+        let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(
+                limiter.clone(),
+                AsAuthenticated,
+                Some(metrics.clone()),
+            ))
+            .service_fn(move |req| forwards_and_waits(req, reached.clone()));
+        let call = tokio::spawn(svc.oneshot(request(cost(200, 80))));
+        reached_rx.recv().await.expect("the service was called");
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        // The prompt and the request stay charged; all 80 decode tokens come back.
+        assert_eq!(available(&limiter).await, (800.0, 100.0, 4.0));
+        assert_eq!(outcomes(&metrics, "client_disconnect"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_fails_a_forwarded_request_gives_everything_back() {
+        let limiter = limiter();
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .service_fn(|req: Request<Full<Bytes>>| async move {
+                let slot = req.extensions().get::<TicketSlot>().expect("charged");
+                let mut ticket = slot.take().expect("in its slot");
+                ticket.forwarded().mark();
+                assert!(ticket.is_billable());
+                ticket.backend_failed();
+                Err::<Response<Full<Bytes>>, _>(ticket.refuse(ApiError::upstream("reset")))
+            });
+        let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
+        assert_eq!(e.code, "upstream_error");
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
     }
 
     #[tokio::test]

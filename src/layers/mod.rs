@@ -23,7 +23,7 @@ pub mod count;
 
 pub use admit::{AdmitLayer, KvGeometry};
 pub use authenticate::AuthenticateLayer;
-pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce, Ticket, TicketSlot};
+pub use charge::{AsAuthenticated, ChargeLayer, Forwarded, LimitsInForce, Ticket, TicketSlot};
 pub use count::CountLayer;
 
 use crate::error::ApiError;

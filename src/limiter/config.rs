@@ -84,6 +84,12 @@ pub struct LimiterConfig {
     /// charge is a round trip.
     #[serde(default)]
     pub local_first: Option<LocalFirst>,
+    /// What a prompt token the backend's prefix cache held is charged to the prefill bucket,
+    /// as a share of a token, when the backend says how many it held
+    /// (`usage.prompt_tokens_details.cached_tokens`): the bucket models compute, and a cached
+    /// token needs next to none. 1 charges them in full.
+    #[serde(default = "default_cached_prefill_weight")]
+    pub cached_prefill_weight: f64,
 }
 
 /// `[limiter] local_first = { slice = 0.05, return_after = "5s" }`: each replica leases from
@@ -116,6 +122,7 @@ impl Default for LimiterConfig {
             kv_lease_ttl: default_kv_lease_ttl(),
             kv_recheck_interval: default_kv_recheck_interval(),
             local_first: None,
+            cached_prefill_weight: default_cached_prefill_weight(),
         }
     }
 }
@@ -146,6 +153,9 @@ fn default_kv_lease_ttl() -> Duration {
 fn default_kv_recheck_interval() -> Duration {
     Duration::from_millis(50)
 }
+fn default_cached_prefill_weight() -> f64 {
+    0.1
+}
 fn default_return_after() -> Duration {
     Duration::from_secs(5)
 }
@@ -171,6 +181,12 @@ impl LimiterConfig {
         }
         if self.failures_before_down == 0 {
             bail!("limiter.failures_before_down must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.cached_prefill_weight) {
+            bail!(
+                "limiter.cached_prefill_weight must be in [0, 1], the share of a token a cached prompt token is charged (it is {})",
+                self.cached_prefill_weight
+            );
         }
         if self.lease_ttl < Duration::from_secs(1) {
             bail!(
@@ -266,6 +282,7 @@ retry_interval = "2s"
 kv_lease_ttl = "5s"
 kv_recheck_interval = "20ms"
 local_first = { slice = 0.05, return_after = "2s" }
+cached_prefill_weight = 0.25
 "#,
         )
         .expect("valid");
@@ -273,6 +290,7 @@ local_first = { slice = 0.05, return_after = "2s" }
         assert_eq!(c.expected_replicas, Some(3));
         assert_eq!(c.command_timeout, Duration::from_millis(100));
         assert_eq!(c.lease_ttl, Duration::from_secs(1800));
+        assert_eq!(c.cached_prefill_weight, 0.25);
         assert_eq!(
             (c.kv_lease_ttl, c.kv_recheck_interval),
             (Duration::from_secs(5), Duration::from_millis(20))
@@ -329,6 +347,18 @@ local_first = { slice = 0.05, return_after = "2s" }
             .starts_with("limiter.expected_replicas (2) is only used with"));
         assert!(error(&format!("{redis}on_store_error = \"ignore\"")).contains("unknown variant"));
         assert!(error("stor = \"redis\"").contains("unknown field `stor`"));
+        for (weight, shown) in [("1.5", "1.5"), ("-0.1", "-0.1"), ("nan", "NaN")] {
+            assert_eq!(
+                error(&format!("cached_prefill_weight = {weight}")),
+                format!("limiter.cached_prefill_weight must be in [0, 1], the share of a token a cached prompt token is charged (it is {shown})"),
+            );
+        }
+        assert_eq!(
+            parse("cached_prefill_weight = 1")
+                .unwrap()
+                .cached_prefill_weight,
+            1.0
+        );
         assert!(error("local_first = { slice = 0.1 }")
             .starts_with("limiter.local_first needs limiter.store = \"redis\""));
         for slice in ["0", "1.5", "-0.1", "nan"] {

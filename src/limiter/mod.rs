@@ -19,6 +19,7 @@ pub use store::{BucketStore, LeaseId, LocalStore};
 
 use crate::clock::SharedClock;
 use crate::error::RateLimitHeaders;
+use futures_util::FutureExt;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,12 +77,61 @@ impl Limiter {
         Ok(Reservation {
             limiter: self.clone(),
             tenant: tenant.to_string(),
+            limits: limits.clone(),
             lease,
             cost,
             remaining,
             actual_decode: 0,
+            settled_prefill: cost.prefill,
             settled: None,
         })
+    }
+
+    /// Charges `prefill` more prompt tokens to the tenant after the fact (the backend counted
+    /// more than was charged): the whole of it when its prefill bucket holds that much now,
+    /// else what the bucket holds (the rest is not charged: the request was admitted and ran,
+    /// and a bucket never goes below empty). Never waits and is never refused; done at once
+    /// by a local store, in the background by a remote one.
+    fn charge_after(&self, tenant: &str, limits: &TenantLimits, prefill: u64) {
+        let limiter = self.clone();
+        let (tenant, limits) = (tenant.to_owned(), limits.clone());
+        let charge = async move {
+            let now = limiter.clock.now();
+            let mut wanted = prefill;
+            // The whole, else at most the capacity, else what is there: three tries at most.
+            for _ in 0..3 {
+                if wanted == 0 {
+                    return;
+                }
+                let cost = Cost {
+                    prefill: wanted,
+                    ..Cost::default()
+                };
+                let lease = LeaseId(limiter.leases.fetch_add(1, Ordering::Relaxed));
+                wanted = match limiter
+                    .store
+                    .charge(&tenant, &limits, cost, now, lease)
+                    .await
+                {
+                    Ok(_) => {
+                        // Ends the charge's lease record in a store that keeps one.
+                        limiter.store.refund(&tenant, lease, Cost::default());
+                        return;
+                    }
+                    Err(Denial::Never { capacity, .. }) => capacity.floor() as u64,
+                    Err(Denial::NotYet { available, .. }) => available.floor() as u64,
+                    Err(Denial::Unavailable { .. }) => return,
+                };
+            }
+        };
+        let mut charge = Box::pin(charge);
+        if (&mut charge).now_or_never().is_some() {
+            return;
+        }
+        // Outside a runtime (a guard dropped at shutdown) the difference is not charged.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(charge);
+        }
     }
 
     /// What [`Limiter::reserve`] would decide for `cost` now, charging nothing: the denial, or
@@ -124,6 +174,9 @@ impl Limiter {
 /// What a reservation gave back when it settled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Settlement {
+    /// Prompt tokens that stay charged: the charge's, or the backend's count
+    /// ([`Reservation::settle_prefill`]); 0 after [`Reservation::refund_all`].
+    pub prefill: u64,
     /// Decode tokens actually produced (0 after [`Reservation::refund_all`]).
     pub actual_decode: u64,
     /// Decode tokens given back: reserved minus actual.
@@ -137,10 +190,14 @@ pub struct Settlement {
 pub struct Reservation {
     limiter: Limiter,
     tenant: String,
+    /// The limits charged under: a prompt the backend counted longer is charged the rest under
+    /// them.
+    limits: TenantLimits,
     lease: LeaseId,
     cost: Cost,
     remaining: TenantSnapshot,
     actual_decode: u64,
+    settled_prefill: u64,
     settled: Option<Settlement>,
 }
 
@@ -150,6 +207,7 @@ impl fmt::Debug for Reservation {
             .field("tenant", &self.tenant)
             .field("cost", &self.cost)
             .field("actual_decode", &self.actual_decode)
+            .field("settled_prefill", &self.settled_prefill)
             .field("settled", &self.settled)
             .finish_non_exhaustive()
     }
@@ -179,6 +237,16 @@ impl Reservation {
         }
     }
 
+    /// The prompt tokens that stay charged at settlement, as the backend counted them (its
+    /// usage, cached tokens weighted): settlement gives back what was charged beyond them, or
+    /// charges what the charge lacked (as much as the prefill bucket holds then). Ignored once
+    /// settled.
+    pub fn settle_prefill(&mut self, tokens: u64) {
+        if self.settled.is_none() {
+            self.settled_prefill = tokens;
+        }
+    }
+
     /// The request never reached the backend: gives back prefill, decode and the request itself
     /// ("a failing backend changes nothing"). Settles; a later drop or settle does nothing more.
     pub fn refund_all(&mut self) {
@@ -197,6 +265,7 @@ impl Reservation {
         let (settlement, refund) = if everything {
             (
                 Settlement {
+                    prefill: 0,
                     actual_decode: 0,
                     refunded_decode: self.cost.decode,
                     refunded_all: true,
@@ -207,11 +276,13 @@ impl Reservation {
             let unused = self.cost.decode - self.actual_decode;
             (
                 Settlement {
+                    prefill: self.settled_prefill,
                     actual_decode: self.actual_decode,
                     refunded_decode: unused,
                     refunded_all: false,
                 },
                 Cost {
+                    prefill: self.cost.prefill.saturating_sub(self.settled_prefill),
                     decode: unused,
                     ..Cost::default()
                 },
@@ -220,6 +291,10 @@ impl Reservation {
         self.settled = Some(settlement);
         // Even a refund of nothing ends the lease (a shared store's record of the charge).
         self.limiter.store.refund(&self.tenant, self.lease, refund);
+        if settlement.prefill > self.cost.prefill {
+            let more = settlement.prefill - self.cost.prefill;
+            self.limiter.charge_after(&self.tenant, &self.limits, more);
+        }
         if let Some(hook) = &self.limiter.on_settle {
             hook(&self.tenant, &settlement);
         }
@@ -320,6 +395,7 @@ mod tests {
             [(
                 "a".to_string(),
                 Settlement {
+                    prefill: 200,
                     actual_decode: 30,
                     refunded_decode: 50,
                     refunded_all: false
@@ -339,6 +415,7 @@ mod tests {
         assert_eq!(
             r.settle(),
             Settlement {
+                prefill: 0,
                 actual_decode: 40,
                 refunded_decode: 0,
                 refunded_all: false
@@ -387,11 +464,55 @@ mod tests {
         assert_eq!(
             settled[1].1,
             Settlement {
+                prefill: 0,
                 actual_decode: 0,
                 refunded_decode: 20,
                 refunded_all: true
             }
         );
+    }
+
+    /// The backend counted the prompt 150 tokens shorter than charged: they go back with the
+    /// unused decode. Then 250 tokens longer: the rest is charged after the fact, as far as the
+    /// prefill bucket (1,000) holds.
+    #[tokio::test]
+    async fn a_prompt_counted_otherwise_by_the_backend_settles_the_difference() {
+        let (limiter, _clock, settled) = limiter();
+        let mut r = limiter
+            .reserve("a", &limits(), cost(400, 20))
+            .await
+            .expect("full");
+        r.settle_prefill(250);
+        r.record_output(5);
+        assert_eq!(
+            r.settle(),
+            Settlement {
+                prefill: 250,
+                actual_decode: 5,
+                refunded_decode: 15,
+                refunded_all: false
+            }
+        );
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(available(&snap), (750.0, 95.0, 4.0));
+        let mut r = limiter
+            .reserve("a", &limits(), cost(300, 0))
+            .await
+            .expect("room left");
+        r.settle_prefill(550);
+        drop(r);
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(available(&snap), (200.0, 95.0, 3.0));
+        // Longer than the bucket holds: it is emptied, never below.
+        let mut r = limiter
+            .reserve("a", &limits(), cost(100, 0))
+            .await
+            .expect("room left");
+        r.settle_prefill(5_000);
+        drop(r);
+        let snap = limiter.snapshot("a", &limits()).await;
+        assert_eq!(available(&snap), (0.0, 95.0, 2.0));
+        assert_eq!(settled.lock().expect("sink").len(), 3);
     }
 
     /// Empties tenant `a`'s decode bucket: 100 tokens reserved and produced.

@@ -13,10 +13,13 @@ fn ok(tenant: &str, prompt: u64, output: u64, reserved: u64, ttft_ms: u64) -> Se
         arrived: None,
         charge: Some(Charged {
             prompt_tokens: prompt,
+            counted_prompt_tokens: prompt,
+            cached_prompt_tokens: None,
             reserved_output_tokens: reserved,
             output_tokens: output,
             refunded_output_tokens: reserved - output,
             answered: true,
+            billable: true,
             ttft: Some(Duration::from_millis(ttft_ms)),
             tpot: Some(Duration::from_millis(30)),
         }),

@@ -5,11 +5,14 @@
 //! event by [`MeteredStream`], which owns the request's [`Ticket`] (through [`Admitted`]) until
 //! it ends, breaks or the client goes.
 //!
-//! Anything but a 2xx answer (and, for a stream, its first chunk) leaves the ticket in its first
-//! phase: dropped, it gives back everything charged. The backend's error policy is
-//! [`super::upstream`]'s.
+//! Once the request's bytes are handed to the backend's connection (the backend client marks
+//! the ticket [`Forwarded`](crate::layers::Forwarded)), its prefill is spent: a client that goes
+//! before the first token, or a backend slower than `first_byte_timeout` (a 504), settles with
+//! every decode token back but the prompt charged. A backend that fails the request before
+//! answering (an error status, a broken connection) gives everything back. The backend's
+//! error policy is [`super::upstream`]'s.
 
-use super::meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
+use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
 use super::{full, Gateway, GatewayBody, REQUEST_ID};
 use crate::api::openai::{Endpoint, GenerationRequest};
 use crate::api::{self, Route};
@@ -59,6 +62,12 @@ impl<B> tower::Service<Request<B>> for Forward {
             let ticket = needs::<TicketSlot>(req.extensions())?
                 .take()
                 .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
+            let backend = ticket.lease().map_or(0, |l| l.backend());
+            let reconcile = Reconcile {
+                backend: gw.upstreams[backend].url.clone(),
+                request_id: crate::record::request_id(req.headers()),
+                cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
+            };
             let (mut parts, _) = req.into_parts();
             let parsed = parts
                 .extensions
@@ -80,6 +89,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                         _ => None,
                     },
                 },
+                reconcile,
                 arrived,
             );
             Ok::<_, ApiError>((parsed, max_output, admitted, request_id))
@@ -105,8 +115,15 @@ impl Gateway {
         let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
         let body =
             api::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
+        let forwarded = Some(admitted.forwarded());
         let resp = match upstream
-            .send(Method::POST, req.endpoint.path(), Some(body), request_id)
+            .send(
+                Method::POST,
+                req.endpoint.path(),
+                Some(body),
+                request_id,
+                forwarded,
+            )
             .await
         {
             Ok(r) => r,

@@ -60,7 +60,7 @@ pub async fn models<B>(
     for upstream in &gw.upstreams {
         let answer = async {
             let resp = upstream
-                .send(Method::GET, "/v1/models", None, request_id)
+                .send(Method::GET, "/v1/models", None, request_id, None)
                 .await?;
             let (mut parts, body) = resp.into_parts();
             if !parts.status.is_success() {

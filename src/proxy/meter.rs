@@ -3,13 +3,19 @@
 //! dropped (client disconnect), and its `Drop` settles: the lease is freed at once, unused
 //! decode tokens are refunded once the output is known, and the metrics are recorded. No path
 //! can skip it, a panic included, because it is a `Drop`.
+//!
+//! The backend is the reference for every count: when its answer carries `usage`, the prompt
+//! is settled on its `prompt_tokens` (cached tokens at `limiter.cached_prefill_weight`) and the
+//! output on its `completion_tokens`, and each difference from the gateway's own count is
+//! exported (`tokengate_count_error_tokens{backend,kind}`) and logged at warn with the
+//! request's id ([`Reconcile`]).
 
 use crate::api::sse::{self, EventHead, SseSplitter};
 use crate::api::{Chunk, Wire};
 use crate::error::RateLimitHeaders;
 use crate::error::{ApiError, UpstreamFailure};
-use crate::layers::Ticket;
-use crate::metrics::{Metrics, Outcome};
+use crate::layers::{Forwarded, Ticket};
+use crate::metrics::{CountErrorLabels, Metrics, Outcome};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
@@ -61,6 +67,44 @@ impl ReplyMemo {
     }
 }
 
+/// What comparing the backend's counts with the gateway's needs.
+#[derive(Clone, Debug)]
+pub struct Reconcile {
+    /// The backend's URL: the `backend` label of `tokengate_count_error_tokens`.
+    pub backend: String,
+    /// The request's id, named by the warning a difference is logged with.
+    pub request_id: Option<String>,
+    /// What a prompt token the backend's prefix cache held is charged, as a share of a token
+    /// (`limiter.cached_prefill_weight`).
+    pub cached_prefill_weight: f64,
+}
+
+impl Reconcile {
+    /// Exports the backend's count of `kind` (`prompt` or `output`) against the gateway's, and
+    /// warns when they differ.
+    fn compare(&self, metrics: &Metrics, kind: &str, gateway: u64, backend: u64) {
+        let error = i128::from(backend) - i128::from(gateway);
+        let labels = CountErrorLabels {
+            backend: self.backend.clone(),
+            kind: kind.to_owned(),
+        };
+        metrics
+            .count_error
+            .get_or_create(&labels)
+            .observe(error as f64);
+        if error != 0 {
+            tracing::warn!(
+                request_id = self.request_id.as_deref().unwrap_or("-"),
+                backend = %self.backend,
+                kind,
+                gateway,
+                backend_count = backend,
+                "the backend counted {kind} tokens otherwise than the gateway; settled on the backend's count"
+            );
+        }
+    }
+}
+
 /// An admitted request, from admission to settlement.
 pub struct Admitted {
     tenant: Arc<Tenant>,
@@ -68,6 +112,7 @@ pub struct Admitted {
     ticket: Option<Ticket>,
     metrics: Arc<Metrics>,
     counter: OutputCounter,
+    reconcile: Reconcile,
     arrived: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
@@ -75,6 +120,11 @@ pub struct Admitted {
     /// The backend's count (`usage.completion_tokens`, `details.generated_tokens`), once it has
     /// sent it.
     usage_tokens: Option<u64>,
+    /// The backend's count of the prompt and of its cached part, once it has sent them.
+    usage_prompt: Option<(u64, Option<u64>)>,
+    /// The answer is a stream: its events that carried text are the gateway's count of its
+    /// output (one token each, as engines stream them).
+    streamed: bool,
     /// The generated text so far, to count when the backend sends no usage; kept only until it
     /// does.
     text: String,
@@ -89,6 +139,7 @@ impl Admitted {
         ticket: Ticket,
         metrics: Arc<Metrics>,
         counter: OutputCounter,
+        reconcile: Reconcile,
         arrived: Instant,
     ) -> Self {
         let reply = counter.replies.as_ref().map(|_| String::new());
@@ -97,11 +148,14 @@ impl Admitted {
             ticket: Some(ticket),
             metrics,
             counter,
+            reconcile,
             arrived,
             first_token: None,
             last_token: None,
             token_events: 0,
             usage_tokens: None,
+            usage_prompt: None,
+            streamed: false,
             text: String::new(),
             reply,
         }
@@ -125,17 +179,31 @@ impl Admitted {
         self.ticket().lease().map_or(0, |l| l.backend())
     }
 
-    /// The request is answered with an error instead (whose outcome the server counts): it
-    /// goes before the backend answered, so its ticket gives everything back.
+    /// What marks the request forwarded, for the backend client (see [`Ticket::forwarded`]).
+    pub fn forwarded(&self) -> Forwarded {
+        self.ticket().forwarded()
+    }
+
+    /// The backend refused or failed the request before answering (whose outcome the server
+    /// counts): its ticket gives everything back, forwarded or not.
     pub fn refused(mut self) {
         if let Some(ticket) = self.ticket.as_mut() {
+            ticket.backend_failed();
             ticket.refused();
         }
     }
 
-    /// [`Admitted::refused`], answered with `e`.
-    pub fn refuse(self, e: ApiError) -> ApiError {
-        self.refused();
+    /// The request ends in `e` before the backend answered. A timeout (504) keeps the
+    /// prefill of a request that was forwarded charged: the backend was busy with it when the
+    /// gateway stopped waiting. Any other error is the backend failing ([`Admitted::refused`]).
+    pub fn refuse(mut self, e: ApiError) -> ApiError {
+        if e.status == http::StatusCode::GATEWAY_TIMEOUT {
+            if let Some(ticket) = self.ticket.as_mut() {
+                ticket.refused();
+            }
+        } else {
+            self.refused();
+        }
         e
     }
 
@@ -176,6 +244,7 @@ impl Admitted {
 
     /// One event of a streamed answer.
     fn observe_event(&mut self, chunk: &Chunk) {
+        self.streamed = true;
         if self.observe(chunk) {
             let now = Instant::now();
             self.first_token.get_or_insert(now);
@@ -191,6 +260,9 @@ impl Admitted {
             self.usage_tokens = Some(n);
             // The backend's count settles the request: the text kept to count is not needed.
             self.text = String::new();
+        }
+        if let Some(prompt) = chunk.prompt_tokens() {
+            self.usage_prompt = Some((prompt, chunk.cached_tokens()));
         }
         let mut generated = false;
         for piece in chunk.generated().filter(|p| !p.is_empty()) {
@@ -239,12 +311,24 @@ impl Drop for Admitted {
         };
         // The ticket goes last: it counts the outcome once everything else is recorded.
         if !ticket.is_answered() {
-            // Nothing was produced: the ticket's first phase gives everything back.
+            // Nothing was produced: every decode token goes back (and the prompt too, unless
+            // it was forwarded).
             settle.record(0, reserved);
             return;
         }
+        if let Some((prompt, cached)) = self.usage_prompt {
+            let counted = ticket.cost().prefill;
+            let weight = self.reconcile.cached_prefill_weight;
+            ticket.reconcile_prompt(prompt, cached, weight);
+            self.reconcile
+                .compare(&self.metrics, "prompt", counted, prompt);
+        }
         match self.usage_tokens {
             Some(n) => {
+                if self.streamed {
+                    let metered = self.token_events;
+                    self.reconcile.compare(&self.metrics, "output", metered, n);
+                }
                 ticket.record_output(n);
                 settle.record(n.min(reserved), reserved);
             }

@@ -16,18 +16,21 @@ use super::bounded::{read_bounded, ReadError};
 use super::REQUEST_ID;
 use crate::config::{BackendBase, BackendConfig};
 use crate::error::{ApiError, UpstreamFailure};
+use crate::layers::Forwarded;
 use bytes::Bytes;
 use http::{
     header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
 };
-use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::cell::Cell;
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// The most of a backend's 4xx error body that is read for its message.
@@ -65,7 +68,42 @@ pub struct Upstream {
     health_path: String,
     health_timeout: Duration,
     /// One connection pool per runtime that sends through it (see [`use_pool`]).
-    pools: Arc<[Client<HttpsConnector<HttpConnector>, Full<Bytes>>]>,
+    pools: Arc<[Client<HttpsConnector<HttpConnector>, Outgoing>]>,
+}
+
+/// A request body to a backend, in one piece, that marks its request [`Forwarded`] when the
+/// backend's connection first asks for it. The client asks for a body only once it holds a
+/// connection and has written the request's head to it, so the mark means "handed to the
+/// backend's connection": a connect failure, a refused connection, or a pooled connection
+/// found closed before the request went out (which the client retries on a new one) never
+/// mark it.
+#[derive(Debug, Default)]
+struct Outgoing {
+    bytes: Option<Bytes>,
+    forwarded: Option<Forwarded>,
+}
+
+impl http_body::Body for Outgoing {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(forwarded) = self.forwarded.take() {
+            forwarded.mark();
+        }
+        Poll::Ready(self.bytes.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.bytes.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.bytes.as_ref().map_or(0, |b| b.len() as u64))
+    }
 }
 
 /// Why a request to a backend got no response headers.
@@ -149,7 +187,7 @@ impl Upstream {
     }
 
     /// This thread's connection pool.
-    fn pool(&self) -> &Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
+    fn pool(&self) -> &Client<HttpsConnector<HttpConnector>, Outgoing> {
         let index = POOL.with(Cell::get);
         self.pools.get(index).unwrap_or(&self.pools[0])
     }
@@ -183,19 +221,19 @@ impl Upstream {
         &self,
         method: Method,
         path: &str,
-        body: Option<Bytes>,
+        body: Outgoing,
         request_id: Option<&HeaderValue>,
         timeout: Duration,
     ) -> Result<Response<Incoming>, SendError> {
         let mut req = Request::builder().method(method).uri(self.uri(path));
-        if body.is_some() {
+        if body.bytes.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         if let Some(id) = request_id {
             req = req.header(REQUEST_ID, id);
         }
         let req = req
-            .body(Full::new(body.unwrap_or_default()))
+            .body(body)
             .expect("a request of a built URI and typed headers builds");
         match tokio::time::timeout(timeout, self.pool().request(req)).await {
             Err(_) => Err(SendError::TimedOut),
@@ -212,15 +250,21 @@ impl Upstream {
     }
 
     /// Sends a request (with the client request's id) and waits for the response headers,
-    /// bounded by the first-byte timeout.
+    /// bounded by the first-byte timeout. `forwarded`, when given, is marked once the body is
+    /// handed to the backend's connection (see this module's `Outgoing`).
     pub async fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<Bytes>,
         request_id: Option<&HeaderValue>,
+        forwarded: Option<Forwarded>,
     ) -> Result<Response<Incoming>, ApiError> {
         let timeout = self.first_byte_timeout;
+        let body = Outgoing {
+            bytes: body,
+            forwarded,
+        };
         self.request(method, path, body, request_id, timeout)
             .await
             .map_err(|e| {
@@ -278,7 +322,13 @@ impl Upstream {
     pub async fn probe(&self) -> Health {
         let timeout = self.health_timeout;
         match self
-            .request(Method::GET, &self.health_path, None, None, timeout)
+            .request(
+                Method::GET,
+                &self.health_path,
+                Outgoing::default(),
+                None,
+                timeout,
+            )
             .await
         {
             Ok(r) if r.status().is_success() => Health::Ready,

@@ -24,10 +24,13 @@ fn answered(a: &WallAnchor) -> Settled {
         arrived: Some(a.instant),
         charge: Some(Charged {
             prompt_tokens: 212,
+            counted_prompt_tokens: 214,
+            cached_prompt_tokens: Some(128),
             reserved_output_tokens: 800,
             output_tokens: 150,
             refunded_output_tokens: 650,
             answered: true,
+            billable: true,
             ttft: Some(Duration::from_micros(85_250)),
             tpot: Some(Duration::from_micros(32_500)),
         }),
@@ -40,7 +43,7 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
     let ok = answered(&a);
     assert_eq!(
         line(&ok, a.instant + ms(4_933), &a),
-        r#"{"request_id":"tg-1","tenant":"alice","model":"qwen3.5-27b","outcome":"ok","answered":true,"prompt_tokens":212,"reserved_output_tokens":800,"output_tokens":150,"refunded_output_tokens":650,"ttft_ms":85.25,"tpot_ms":32.5,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:04.933Z"}"#
+        r#"{"request_id":"tg-1","tenant":"alice","model":"qwen3.5-27b","outcome":"ok","answered":true,"billable":true,"prompt_tokens":212,"counted_prompt_tokens":214,"cached_prompt_tokens":128,"reserved_output_tokens":800,"output_tokens":150,"refunded_output_tokens":650,"ttft_ms":85.25,"tpot_ms":32.5,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:04.933Z"}"#
     );
     let refused = Settled {
         request_id: Some("tg-2".into()),
@@ -52,7 +55,7 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
     };
     assert_eq!(
         line(&refused, a.instant + ms(12), &a),
-        r#"{"request_id":"tg-2","tenant":"bob","model":null,"outcome":"rate_limit_exceeded","answered":false,"prompt_tokens":null,"reserved_output_tokens":null,"output_tokens":null,"refunded_output_tokens":null,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.010Z","settled":"2026-11-30T19:00:00.012Z"}"#
+        r#"{"request_id":"tg-2","tenant":"bob","model":null,"outcome":"rate_limit_exceeded","answered":false,"billable":false,"prompt_tokens":null,"counted_prompt_tokens":null,"cached_prompt_tokens":null,"reserved_output_tokens":null,"output_tokens":null,"refunded_output_tokens":null,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.010Z","settled":"2026-11-30T19:00:00.012Z"}"#
     );
     // Gone while queued: charged, never answered, everything given back.
     let gone = Settled {
@@ -60,6 +63,7 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
         outcome: Outcome::ClientDisconnect,
         charge: Some(Charged {
             prompt_tokens: 3000,
+            counted_prompt_tokens: 3000,
             reserved_output_tokens: 800,
             refunded_output_tokens: 800,
             ..Charged::default()
@@ -68,7 +72,19 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
     };
     assert_eq!(
         line(&gone, a.instant + ms(2_000), &a),
-        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"prompt_tokens":3000,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:02.000Z"}"#
+        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"billable":false,"prompt_tokens":3000,"counted_prompt_tokens":3000,"cached_prompt_tokens":null,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:02.000Z"}"#
+    );
+    // Gone after it was forwarded, before its first token: its prompt stays charged.
+    let forwarded = Settled {
+        charge: Some(Charged {
+            billable: true,
+            ..gone.charge.unwrap()
+        }),
+        ..gone
+    };
+    assert_eq!(
+        line(&forwarded, a.instant + ms(400), &a),
+        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"billable":true,"prompt_tokens":3000,"counted_prompt_tokens":3000,"cached_prompt_tokens":null,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:00.400Z"}"#
     );
 }
 

@@ -130,6 +130,7 @@ pub fn key() -> impl Strategy<Value = String> {
             "arguments",
             "function",
             "tool_calls",
+            "reasoning",
             "reasoning_content",
             "delta",
             "choices",

@@ -36,7 +36,7 @@ use tokengate::clock::SystemClock;
 use tokengate::layers::Ticket;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, Settlement, TenantLimits};
 use tokengate::metrics::Metrics;
-use tokengate::proxy::meter::{Admitted, MeteredStream, OutputCounter};
+use tokengate::proxy::meter::{Admitted, MeteredStream, OutputCounter, Reconcile};
 use tokengate::tenant::Tenant;
 use tokengate::tokenize::TokenizePool;
 use tokio::sync::mpsc;
@@ -85,7 +85,13 @@ impl Event {
                         } => {
                             let mut delta = serde_json::Map::new();
                             if let Some(r) = reasoning {
-                                delta.insert("reasoning_content".into(), json!(r));
+                                // vLLM 0.32's field, or the one older versions send.
+                                let field = if r.len() % 2 == 0 {
+                                    "reasoning"
+                                } else {
+                                    "reasoning_content"
+                                };
+                                delta.insert(field.into(), json!(r));
                             }
                             if let Some(t) = content {
                                 delta.insert("content".into(), json!(t));
@@ -436,6 +442,11 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                 tokenizer: crate::common::tokenizer(),
                 pool: h.pool.clone(),
                 replies: None,
+            },
+            Reconcile {
+                backend: "fuzz".to_string(),
+                request_id: None,
+                cached_prefill_weight: 0.1,
             },
             tokio::time::Instant::now(),
         );

@@ -68,7 +68,7 @@ async fn the_profile_counts_every_outcome_once_with_its_lengths() {
 
 /// `line` without the fields that vary from run to run, after checking their type: the request
 /// id the gateway made, the timestamps, and the latencies named in `timed`.
-fn fixed(mut line: Value, timed: &[&str]) -> Value {
+pub(super) fn fixed(mut line: Value, timed: &[&str]) -> Value {
     let fields = line.as_object_mut().unwrap();
     let id = fields.remove("request_id").unwrap();
     assert!(id.as_str().unwrap().starts_with("tg-"), "{id}");
@@ -155,27 +155,31 @@ async fn the_usage_log_has_one_line_per_settled_request() {
     assert_eq!(
         fixed(by("ok"), &["ttft_ms", "tpot_ms"]),
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "ok", "answered": true,
-               "prompt_tokens": chat_tokens("a"), "reserved_output_tokens": 4,
+               "billable": true, "prompt_tokens": chat_tokens("a"),
+               "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null, "reserved_output_tokens": 4,
                "output_tokens": 4, "refunded_output_tokens": 0})
     );
     // One token streamed before the hang-up: it stays charged, the other 3 come back.
     assert_eq!(
         fixed(by("client_disconnect"), &["ttft_ms"]),
         json!({"tenant": "bob", "model": "qwen3.5-27b", "outcome": "client_disconnect",
-               "answered": true, "prompt_tokens": chat_tokens("b"),
+               "answered": true, "billable": true, "prompt_tokens": chat_tokens("b"),
+               "counted_prompt_tokens": chat_tokens("b"), "cached_prompt_tokens": null,
                "reserved_output_tokens": 4, "output_tokens": 1, "refunded_output_tokens": 3})
     );
     assert_eq!(
         fixed(by("invalid_api_key"), &[]),
         json!({"tenant": "unknown", "model": null, "outcome": "invalid_api_key",
-               "answered": false, "prompt_tokens": null, "reserved_output_tokens": null,
+               "answered": false, "billable": false, "prompt_tokens": null,
+               "counted_prompt_tokens": null, "cached_prompt_tokens": null, "reserved_output_tokens": null,
                "output_tokens": null, "refunded_output_tokens": null})
     );
     // Nothing charged, so nothing to bill; the model it named is on the line.
     assert_eq!(
         fixed(by("exceeds_tenant_burst"), &[]),
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "exceeds_tenant_burst",
-               "answered": false, "prompt_tokens": null, "reserved_output_tokens": null,
+               "answered": false, "billable": false, "prompt_tokens": null,
+               "counted_prompt_tokens": null, "cached_prompt_tokens": null, "reserved_output_tokens": null,
                "output_tokens": null, "refunded_output_tokens": null})
     );
     assert_eq!(

@@ -34,7 +34,7 @@ pub enum Behaviour {
     /// Stream this many tokens (0: none), then break the connection (after them, in the middle
     /// of an event).
     ResetAfter(u64),
-    /// Send a stream's headers, then nothing until the gateway hangs up.
+    /// Send a stream's headers, then nothing until the gateway hangs up (counted as held).
     StallAfterHeaders,
     /// Send a non-streamed answer's headers and its first 10 bytes, then nothing until the
     /// gateway hangs up.
@@ -71,10 +71,22 @@ pub struct FakeSpec {
     pub behaviour: Behaviour,
     /// Tokens generated unless `ignore_eos` asks for exactly `max_tokens`.
     pub natural_length: u64,
-    /// Hold every generation after its first token until released.
+    /// Hold every generation after its first token (a stream's first `hold_after` tokens)
+    /// until released.
     pub hold: bool,
+    /// How many tokens a held stream sends before it waits (default 1).
+    pub hold_after: u64,
+    /// Chat answers are reasoning, as vLLM 0.32 sends it with `--reasoning-parser` and
+    /// thinking on: streamed in `delta.reasoning`, whole in `message.reasoning` with `content`
+    /// null.
+    pub reasoning: bool,
     /// Send `usage` (a backend without it makes the gateway count the text).
     pub usage: bool,
+    /// The `usage.prompt_tokens` it reports (none: its usage has only the output's count).
+    pub prompt_tokens: Option<u64>,
+    /// The `usage.prompt_tokens_details.cached_tokens` it reports, as vLLM does with
+    /// `--enable-prompt-tokens-details`.
+    pub cached_tokens: Option<u64>,
     /// Headers added to every generation answer.
     pub answer_headers: &'static [(&'static str, &'static str)],
     /// `/health` never answers.
@@ -87,7 +99,11 @@ impl Default for FakeSpec {
             behaviour: Behaviour::Normal,
             natural_length: 1_000_000,
             hold: false,
+            hold_after: 1,
+            reasoning: false,
             usage: true,
+            prompt_tokens: None,
+            cached_tokens: None,
             answer_headers: &[],
             stall_health: false,
         }
@@ -352,7 +368,14 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
         max.min(spec.natural_length)
     };
     let chat = path == "/v1/chat/completions";
-    let usage = json!({"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n});
+    let mut usage = json!({"completion_tokens": n, "total_tokens": n});
+    if let Some(prompt) = spec.prompt_tokens {
+        usage["prompt_tokens"] = json!(prompt);
+        usage["total_tokens"] = json!(prompt + n);
+    }
+    if let Some(cached) = spec.cached_tokens {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
     let (release, held) = (fake.release.clone(), fake.held.clone());
     if body["stream"].as_bool() != Some(true) {
         if spec.hold {
@@ -360,7 +383,9 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
             release.acquire().await.unwrap().forget();
         }
         let text = WORD.repeat(n as usize);
-        let choice = if chat {
+        let choice = if chat && spec.reasoning {
+            json!({"index": 0, "message": {"role": "assistant", "content": null, "reasoning": text}, "finish_reason": "length"})
+        } else if chat {
             json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
         } else {
             json!({"index": 0, "text": text, "finish_reason": "length"})
@@ -375,11 +400,14 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
         spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
     tokio::spawn(async move {
         if let Behaviour::StallAfterHeaders = spec.behaviour {
+            held.send_modify(|h| *h += 1);
             tx.closed().await;
             return;
         }
         for i in 0..n {
-            let delta = if chat {
+            let delta = if chat && spec.reasoning {
+                json!({"index": 0, "delta": {"reasoning": WORD}})
+            } else if chat {
                 json!({"index": 0, "delta": {"content": WORD}})
             } else {
                 json!({"index": 0, "text": WORD})
@@ -393,7 +421,7 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
             {
                 return;
             }
-            if i == 0 && spec.hold {
+            if i + 1 == spec.hold_after && spec.hold {
                 held.send_modify(|h| *h += 1);
                 release.acquire().await.unwrap().forget();
             }

@@ -1,0 +1,313 @@
+//! Settlement end to end: what stays charged once a request was forwarded, however it ends,
+//! and what the usage log bills for it.
+
+use super::profile::fixed;
+use super::*;
+
+/// A gateway in front of a fake backend that writes its usage log to `dir`.
+async fn logged_gateway(
+    spec: FakeSpec,
+    dir: &TempDir,
+    tweak: impl FnOnce(&mut tokengate::config::Config),
+) -> (TestGateway, FakeBackend) {
+    let path = dir.0.join("usage.jsonl");
+    gateway_with(spec, |cfg| {
+        cfg.usage_log = Some(tokengate::usage_log::UsageLogConfig {
+            path: path.display().to_string(),
+            buffer_records: 16,
+        });
+        tweak(cfg);
+    })
+    .await
+}
+
+/// The usage log's lines, once everything settled so far is written.
+async fn usage_lines(gw: &TestGateway, dir: &TempDir) -> Vec<Value> {
+    gw.running
+        .gateway
+        .recorder
+        .flush(Duration::from_secs(10))
+        .await;
+    let text = std::fs::read_to_string(dir.0.join("usage.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Buying prefill by hanging up: the backend has the request (its stream's headers sent, no
+/// token yet) when the client goes. Its prompt stays charged and is billed; the decode
+/// reserved comes back whole, since nothing was produced.
+#[tokio::test]
+async fn a_stream_left_before_its_first_token_keeps_its_prefill_charged_and_billed() {
+    let dir = TempDir::new("settle-left-early");
+    let spec = FakeSpec {
+        behaviour: Behaviour::StallAfterHeaders,
+        ..FakeSpec::default()
+    };
+    let (gw, backend) = logged_gateway(spec, &dir, |_| {}).await;
+    let client = spawn_post(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        chat("a", 10, true),
+    );
+    backend.wait_held(1).await;
+    client.abort();
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"client_disconnect\"}",
+        "1",
+    )
+    .await;
+    assert_only_prefill_charged(&gw, chat_tokens("a")).await;
+    let refunded = r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#;
+    assert_eq!(gw.metric(refunded).await.as_deref(), Some("10"));
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        fixed(lines[0].clone(), &[]),
+        json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "client_disconnect",
+               "answered": false, "billable": true, "prompt_tokens": chat_tokens("a"),
+               "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
+               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10})
+    );
+}
+
+/// A whole answer the backend is still working on when `first_byte_timeout` passes: a 504,
+/// and the prompt it was given stays charged and billed, as for a client that leaves.
+#[tokio::test]
+async fn a_whole_answer_slower_than_the_first_byte_timeout_keeps_its_prefill_charged() {
+    let dir = TempDir::new("settle-no-answer");
+    let (gw, backend) = logged_gateway(FakeSpec::held(), &dir, |cfg| {
+        cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
+    })
+    .await;
+    let r = chat_within_10s(&gw, &chat("a", 10, false), "the gateway gives up").await;
+    assert_eq!(
+        r.json(),
+        json!({"error": {"message": "the backend did not answer within 200ms",
+            "type": "server_error", "param": null, "code": "upstream_timeout"}})
+    );
+    assert_eq!(*backend.held.borrow(), 1, "the backend had the request");
+    assert_only_prefill_charged(&gw, chat_tokens("a")).await;
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(
+        fixed(lines[0].clone(), &[]),
+        json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "upstream_timeout",
+               "answered": false, "billable": true, "prompt_tokens": chat_tokens("a"),
+               "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
+               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10})
+    );
+}
+
+/// A backend that takes the request and breaks the connection before answering failed it:
+/// forwarded or not, nothing stays charged or billed.
+#[tokio::test]
+async fn a_backend_that_breaks_before_answering_bills_nothing() {
+    let dir = TempDir::new("settle-reset");
+    let spec = FakeSpec {
+        behaviour: Behaviour::ResetAfter(0),
+        ..FakeSpec::default()
+    };
+    let (gw, backend) = logged_gateway(spec, &dir, |_| {}).await;
+    let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
+    assert_eq!((r.status, r.code().as_str()), (502, "upstream_error"));
+    assert_eq!(backend.seen.lock().unwrap().len(), 1, "it had the request");
+    assert_nothing_charged(&gw).await;
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(
+        (&lines[0]["answered"], &lines[0]["billable"]),
+        (&json!(false), &json!(false))
+    );
+}
+
+/// A stream cut by the client after 59 `delta.reasoning` events (vLLM 0.32 with
+/// `--reasoning-parser qwen3` and thinking on sends the whole answer there, `content` absent):
+/// no usage came, so the 59 tokens delivered are counted from their text, charged and billed.
+#[tokio::test]
+async fn a_reasoning_stream_cut_by_the_client_is_charged_what_it_delivered() {
+    let dir = TempDir::new("settle-reasoning-cut");
+    let spec = FakeSpec {
+        reasoning: true,
+        hold_after: 59,
+        ..FakeSpec::held()
+    };
+    let (gw, _backend) = logged_gateway(spec, &dir, |_| {}).await;
+    let url = gw.url("/v1/chat/completions");
+    let client = tokio::spawn(async move {
+        let body = chat("a", 100, true).to_string().into_bytes();
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+        ];
+        let resp = start_request(&url, "POST", Some(body), &headers).await;
+        let mut body = resp.into_body();
+        use http_body_util::BodyExt;
+        let mut read = Vec::new();
+        while sse_data(&read).len() < 59 {
+            let frame = body.frame().await.unwrap().unwrap();
+            read.extend_from_slice(&frame.into_data().unwrap());
+        }
+        sse_data(&read)
+        // dropping `body` closes the connection
+    });
+    let data = client.await.unwrap();
+    assert_eq!(data.len(), 59);
+    let last: Value = serde_json::from_str(&data[58]).unwrap();
+    assert_eq!(last["choices"][0]["delta"]["reasoning"], WORD);
+    assert_eq!(tokenizer().count(&WORD.repeat(59)), 59);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"client_disconnect\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 941.0);
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(
+        fixed(lines[0].clone(), &["ttft_ms", "tpot_ms"]),
+        json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "client_disconnect",
+               "answered": true, "billable": true, "prompt_tokens": chat_tokens("a"),
+               "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
+               "reserved_output_tokens": 100, "output_tokens": 59, "refunded_output_tokens": 41})
+    );
+}
+
+/// A whole answer that is reasoning alone (`message.reasoning`, `content` null) from a backend
+/// that sends no usage: its reasoning is the output counted.
+#[tokio::test]
+async fn a_whole_answer_of_reasoning_without_usage_is_counted_from_its_reasoning() {
+    let (gw, _backend) = gateway(FakeSpec {
+        reasoning: true,
+        usage: false,
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = gw.chat("sk-alice", &chat("a", 7, false)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["choices"][0]["message"]["content"], Value::Null);
+    gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "7")
+        .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 993.0);
+}
+
+/// `tokengate_count_error_tokens`' `_sum` and `_count` of `kind` for the gateway's backend.
+async fn count_error(gw: &TestGateway, backend: &FakeBackend, kind: &str) -> (String, String) {
+    let labels = format!(r#"{{backend="http://{}",kind="{kind}"}}"#, backend.addr);
+    let sum = gw
+        .metric(&format!("tokengate_count_error_tokens_sum{labels}"))
+        .await;
+    let count = gw
+        .metric(&format!("tokengate_count_error_tokens_count{labels}"))
+        .await;
+    (sum.unwrap_or_default(), count.unwrap_or_default())
+}
+
+/// The backend counted the prompt 5 tokens longer than the gateway (a template that changed):
+/// the 5 are charged after the fact, the line bills the backend's count, and the difference is
+/// exported for the backend.
+#[tokio::test]
+async fn a_prompt_the_backend_counted_longer_is_charged_its_count_and_exported() {
+    let dir = TempDir::new("settle-counted-longer");
+    let counted = chat_tokens("a");
+    let spec = FakeSpec {
+        prompt_tokens: Some(counted + 5),
+        ..FakeSpec::default()
+    };
+    let (gw, backend) = logged_gateway(spec, &dir, |_| {}).await;
+    let r = gw.chat("sk-alice", &chat("a", 10, false)).await;
+    assert_eq!(r.status, 200);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - (counted + 5) as f64
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 990.0);
+    let sum_count = |s: &str, c: &str| (s.to_string(), c.to_string());
+    assert_eq!(
+        count_error(&gw, &backend, "prompt").await,
+        sum_count("5.0", "1")
+    );
+    // A whole answer has no count of the gateway's own to compare its output with.
+    assert_eq!(
+        count_error(&gw, &backend, "output").await,
+        sum_count("", "")
+    );
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(
+        (
+            &lines[0]["prompt_tokens"],
+            &lines[0]["counted_prompt_tokens"],
+            &lines[0]["cached_prompt_tokens"]
+        ),
+        (&json!(counted + 5), &json!(counted), &Value::Null)
+    );
+}
+
+/// The backend counted a streamed prompt 3 tokens shorter: they come back at settlement. Its
+/// output count equals the events that carried text: exported as no difference.
+#[tokio::test]
+async fn a_prompt_the_backend_counted_shorter_gives_the_difference_back() {
+    let counted = chat_tokens("a");
+    let (gw, backend) = gateway(FakeSpec {
+        prompt_tokens: Some(counted - 3),
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = gw.chat("sk-alice", &chat("a", 10, true)).await;
+    assert_eq!(r.status, 200);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - (counted - 3) as f64
+    );
+    let prompt = count_error(&gw, &backend, "prompt").await;
+    assert_eq!((prompt.0.as_str(), prompt.1.as_str()), ("-3.0", "1"));
+    let output = count_error(&gw, &backend, "output").await;
+    assert_eq!((output.0.as_str(), output.1.as_str()), ("0.0", "1"));
+}
+
+/// vLLM with `--enable-prompt-tokens-details` says 96 of the prompt's tokens were in its
+/// prefix cache (6 blocks of 16): they are charged at `limiter.cached_prefill_weight` (0.25
+/// here: 24 tokens), the rest in full.
+#[tokio::test]
+async fn cached_prompt_tokens_are_charged_at_their_weight() {
+    let dir = TempDir::new("settle-cached");
+    let content = "a ".repeat(120);
+    let counted = chat_tokens(&content);
+    assert!(counted > 96, "{counted}");
+    let spec = FakeSpec {
+        prompt_tokens: Some(counted),
+        cached_tokens: Some(96),
+        ..FakeSpec::default()
+    };
+    let (gw, _backend) = logged_gateway(spec, &dir, |cfg| {
+        cfg.limiter.cached_prefill_weight = 0.25;
+    })
+    .await;
+    let r = gw.chat("sk-alice", &chat(&content, 10, true)).await;
+    assert_eq!(r.status, 200);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - (counted - 96 + 24) as f64
+    );
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(
+        (
+            &lines[0]["prompt_tokens"],
+            &lines[0]["counted_prompt_tokens"],
+            &lines[0]["cached_prompt_tokens"]
+        ),
+        (&json!(counted), &json!(counted), &json!(96))
+    );
+}
