@@ -228,10 +228,8 @@ fn serve_and_check_config_refuse_the_examples_secrets_beyond_loopback() {
     }
     // The example tenant's key on loopback (the quickstart's addresses) passes.
     let quickstart = read("config/quickstart.toml");
-    let team_a = str_at(
-        &yaml("deploy/k8s/base/secret.yaml"),
-        "/stringData/tenants.toml",
-    );
+    let secret = yaml("deploy/k8s/base/secret.yaml");
+    let team_a = str_at(&secret, "/stringData/tenants.toml");
     let file = dir.0.join("loopback.toml");
     std::fs::write(&file, format!("{quickstart}\n{team_a}")).unwrap();
     let out = run(&["check-config", file.to_str().unwrap()]);

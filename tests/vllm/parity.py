@@ -529,6 +529,101 @@ def judge(r, line):
     return "; ".join(diffs) or None
 
 
+def admin_json(admin_port, path):
+    return json.loads(harness.get(f"http://127.0.0.1:{admin_port}{path}"))
+
+
+def prefill_available(admin_port, tenant):
+    for t in admin_json(admin_port, "/admin/tenants")["tenants"]:
+        if t["name"] == tenant:
+            return t["buckets"]["prefill"]["available"]
+    raise KeyError(tenant)
+
+
+# A tenant whose prefill bucket refills at a thousandth of a token a second: its level after a
+# request is what the request was charged, to the thousandth.
+STILL_TENANT = """
+[[tenants]]
+name = "still"
+api_keys = ["sk-still"]
+prefill_tokens_per_second = 0.001
+decode_tokens_per_second = 100000
+requests_per_second = 1000
+burst_seconds = 100000000
+"""
+
+
+def cached_prefill(port, admin_port, log):
+    """A long prompt sent twice: vLLM's prefix cache holds most of it the second time, and the
+    second request is charged its uncached tokens and a tenth of each cached one."""
+    prompt = " ".join(material.USERS * 6)
+    body = chat([{"role": "user", "content": prompt}], 1)
+    headers = {"authorization": "Bearer sk-still"}
+    levels, usages = [prefill_available(admin_port, "still")], []
+    for i in range(2):
+        status, _, raw = post(f"http://127.0.0.1:{port}/v1/chat/completions", body,
+                              headers | {"x-request-id": f"cached-{i}"})
+        if status != 200:
+            return [f"cached prefill: status {status}: {raw[:300]!r}"]
+        usages.append(json.loads(raw)["usage"])
+        lines, _ = read_log(log, [f"cached-{i}"])
+        levels.append(prefill_available(admin_port, "still"))
+    first, second = usages
+    cached = (second.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    out = []
+    if cached == 0:
+        out.append(f"cached prefill: vLLM cached nothing of a {second['prompt_tokens']}-token prompt")
+    # Charged: the whole first prompt; of the second, the uncached tokens and ceil(0.1 x cached).
+    want = [first["prompt_tokens"], second["prompt_tokens"] - cached + -(-cached // 10)]
+    got = [round(levels[0] - levels[1], 2), round(levels[1] - levels[2], 2)]
+    if [abs(g - w) < 0.05 for g, w in zip(got, want)] != [True, True]:
+        out.append(f"cached prefill: charged {got}, want {want} ({cached} cached)")
+    line = read_log(log, ["cached-1"])[0].get("cached-1") or {}
+    if line.get("cached_prompt_tokens") != cached:
+        out.append(f"cached prefill: usage log cached_prompt_tokens {line.get('cached_prompt_tokens')}, vLLM {cached}")
+    return out
+
+
+def reconciliation(a, work):
+    """A gateway whose chat template renders a word more than vLLM's (as after a template
+    change on the backend): vLLM's count settles each charge, and the difference is exported."""
+    template = (ROOT.parent / "shared" / "data" / "qwen3_5_chat_template.jinja").read_text()
+    changed = work / "changed_template.jinja"
+    changed.write_text("{{- 'Changed: ' -}}\n" + template)
+    port, admin_port = harness.free_port(), harness.free_port()
+    log = work / "usage-reconciled.jsonl"
+    config = gateway_config(a.vllm_url, port, admin_port, log).replace(
+        "[model]", f"chat_template = {json.dumps(str(changed))}\n[model]", 1)
+    (work / "reconciled.toml").write_text(config + STILL_TENANT)
+    procs = harness.Procs()
+    try:
+        gw = procs.start([a.gateway, "serve", "--config", str(work / "reconciled.toml")],
+                         open(work / "reconciled.log", "w"))
+        harness.wait_http(f"http://127.0.0.1:{admin_port}/readyz", 30, gw)
+        before = prefill_available(admin_port, "still")
+        status, _, raw = post(f"http://127.0.0.1:{port}/v1/chat/completions", chat([U], 1),
+                              {"authorization": "Bearer sk-still", "x-request-id": "reconciled"})
+        if status != 200:
+            return [f"reconciliation: status {status}: {raw[:300]!r}"]
+        vllm_prompt = json.loads(raw)["usage"]["prompt_tokens"]
+        line = read_log(log, ["reconciled"])[0].get("reconciled") or {}
+        charged = round(before - prefill_available(admin_port, "still"), 2)
+        metrics = harness.get(f"http://127.0.0.1:{admin_port}/metrics")
+    finally:
+        procs.stop_all()
+    out = []
+    counted = line.get("counted_prompt_tokens")
+    if counted is None or counted <= vllm_prompt:
+        out.append(f"reconciliation: the changed template should count more: counted {counted}, vLLM {vllm_prompt}")
+    if line.get("prompt_tokens") != vllm_prompt or abs(charged - vllm_prompt) >= 0.05:
+        out.append(f"reconciliation: billed {line.get('prompt_tokens')} and charged {charged}, vLLM counted {vllm_prompt}")
+    errors = [(labels, v) for n, labels, v in harness.prom_samples(metrics)
+              if n == "tokengate_count_error_tokens_sum" and labels.get("kind") == "prompt"]
+    if counted is not None and [v for _, v in errors] != [float(vllm_prompt - counted)]:
+        out.append(f"reconciliation: count error exported {errors}, want {vllm_prompt - counted}")
+    return out
+
+
 def gateway_config(vllm_url, port, admin_port, log):
     tokenizer = ROOT / "assets" / "qwen3.5" / "tokenizer.json"
     return f"""
@@ -573,7 +668,8 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="tokengate-parity-"))
     log = work / "usage.jsonl"
     port, admin_port = harness.free_port(), harness.free_port()
-    (work / "gateway.toml").write_text(gateway_config(a.vllm_url, port, admin_port, log))
+    (work / "gateway.toml").write_text(gateway_config(a.vllm_url, port, admin_port, log)
+                                       + STILL_TENANT)
     procs = harness.Procs()
     failures, passed = [], 0
     try:
@@ -608,13 +704,22 @@ def main():
                 continue
             passed += 1
         t_done = time.monotonic()
+        for name, check in [("cached prefill", lambda: cached_prefill(port, admin_port, log))]:
+            found = check()
+            failures += [(name, f) for f in found]
+            passed += not found
     finally:
         procs.stop_all()
+    found = reconciliation(a, work)
+    failures += [("reconciliation", f) for f in found]
+    passed += not found
+    t_phases = time.monotonic()
     for name, diff in failures:
         print(f"DIFF {name}: {diff}")
     print(f"parity: gateway up in {t_gw - t0:.1f} s; {len(cases)} cases "
           f"({min(len(named), len(cases))} named) made in {t_made - t_gw:.1f} s, sent in "
-          f"{t_sent - t_made:.1f} s, judged in {t_done - t_sent:.1f} s")
+          f"{t_sent - t_made:.1f} s, judged in {t_done - t_sent:.1f} s; cached prefill and "
+          f"reconciliation in {t_phases - t_done:.1f} s")
     print(f"parity: {passed} passed, {len(failures)} failed")
     if failures:
         print(f"parity: the gateway's log is in {work}", file=sys.stderr)
