@@ -62,6 +62,8 @@ pub struct FakeBackend {
     pub seen_headers: Arc<Mutex<Vec<http::HeaderMap>>>,
     /// The body of every generation request it received, byte for byte, in order.
     pub seen_bytes: Arc<Mutex<Vec<Bytes>>>,
+    /// Streams it was generating when the gateway hung up.
+    pub cancelled: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 /// Fake backend settings.
@@ -118,7 +120,9 @@ impl FakeBackend {
         let held = Arc::new(held);
         let seen_headers = Arc::new(Mutex::new(Vec::new()));
         let seen_bytes = Arc::new(Mutex::new(Vec::new()));
+        let cancelled = Arc::new(tokio::sync::watch::channel(0usize).0);
         let fake = Fake {
+            cancelled: cancelled.clone(),
             spec,
             seen: seen.clone(),
             seen_headers: seen_headers.clone(),
@@ -151,7 +155,17 @@ impl FakeBackend {
             held,
             seen_headers,
             seen_bytes,
+            cancelled,
         }
+    }
+
+    /// Waits until the gateway has hung up on `n` streams the backend was generating.
+    pub async fn wait_cancelled(&self, n: usize) {
+        let mut rx = self.cancelled.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|c| *c >= n))
+            .await
+            .expect("the gateway hung up on the backend's streams in time")
+            .unwrap();
     }
 
     /// Waits until `n` generations are held.
@@ -230,6 +244,7 @@ struct Fake {
     seen_bytes: Arc<Mutex<Vec<Bytes>>>,
     release: Arc<Semaphore>,
     held: Arc<tokio::sync::watch::Sender<usize>>,
+    cancelled: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 /// A body fed by a task through a channel (bounded: the task waits while the gateway does not
@@ -353,7 +368,11 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
     };
     let chat = path == "/v1/chat/completions";
     let usage = json!({"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n});
-    let (release, held) = (fake.release.clone(), fake.held.clone());
+    let (release, held, cancelled) = (
+        fake.release.clone(),
+        fake.held.clone(),
+        fake.cancelled.clone(),
+    );
     if body["stream"].as_bool() != Some(true) {
         if spec.hold {
             held.send_modify(|h| *h += 1);
@@ -391,6 +410,7 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
                 .await
                 .is_err()
             {
+                cancelled.send_modify(|c| *c += 1);
                 return;
             }
             if i == 0 && spec.hold {
