@@ -107,9 +107,18 @@ pub struct ServerConfig {
     /// Largest accepted request body.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: u64,
-    /// Time allowed to receive a request's headers.
+    /// Time from a connection's accept to its first complete request head (the protocol
+    /// sniff and HTTP/2's preface included); a connection without one is closed.
     #[serde(default = "default_header_timeout", with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// Time a kept-alive connection may stay open with no request in flight (the wait for its
+    /// next request's head and the head itself) before it is closed; HTTP/2 gets a GOAWAY.
+    #[serde(default = "default_idle_timeout", with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Time a client may accept no bytes of what is written to it (its receive buffer full)
+    /// before its connection is dropped: its requests end and settle as on a disconnect.
+    #[serde(default = "default_client_write_timeout", with = "humantime_serde")]
+    pub client_write_timeout: Duration,
     /// Time allowed to receive a request's body.
     #[serde(default = "default_body_timeout", with = "humantime_serde")]
     pub body_read_timeout: Duration,
@@ -157,6 +166,15 @@ impl ServerConfig {
         if self.workers == Some(0) {
             bail!("server.workers must be at least 1");
         }
+        for (field, t) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("client_write_timeout", self.client_write_timeout),
+        ] {
+            if t.is_zero() {
+                bail!("server.{field} must be positive");
+            }
+        }
         match (&self.admin_token, &self.admin_token_sha256) {
             (Some(_), Some(_)) => bail!("server: give admin_token or admin_token_sha256, not both"),
             (Some(token), None) if token.is_empty() => {
@@ -183,6 +201,8 @@ impl Default for ServerConfig {
             admin_listen: default_admin_listen(),
             max_body_bytes: default_max_body_bytes(),
             header_read_timeout: default_header_timeout(),
+            idle_timeout: default_idle_timeout(),
+            client_write_timeout: default_client_write_timeout(),
             body_read_timeout: default_body_timeout(),
             shutdown_grace: default_shutdown_grace(),
             max_connections: default_max_connections(),
@@ -204,6 +224,19 @@ fn default_max_body_bytes() -> u64 {
 }
 fn default_header_timeout() -> Duration {
     Duration::from_secs(10)
+}
+/// nginx's `keepalive_timeout`: above the 60 s that load balancers (AWS ALB's idle timeout,
+/// ingress-nginx's upstream keep-alive) keep a connection to their targets open between
+/// requests, so the gateway is not the side that closes first and races the balancer's next
+/// request on a connection it is closing.
+fn default_idle_timeout() -> Duration {
+    Duration::from_secs(75)
+}
+/// nginx's `send_timeout` is 60 s; half of it still leaves a client that reads every few
+/// seconds (a slow link, a paused UI) untouched, and frees a lease held for nobody in half the
+/// time.
+fn default_client_write_timeout() -> Duration {
+    Duration::from_secs(30)
 }
 fn default_body_timeout() -> Duration {
     Duration::from_secs(30)
@@ -1020,6 +1053,8 @@ impl Config {
                 admin_listen,
                 max_body_bytes,
                 header_read_timeout,
+                idle_timeout,
+                client_write_timeout,
                 body_read_timeout,
                 shutdown_grace,
                 max_connections,
@@ -1169,6 +1204,15 @@ pub fn describe(cfg: &ValidConfig) -> String {
         s,
         "limiter: a prompt token the backend's prefix cache held is charged {} of a token (cached_prefill_weight)",
         cfg.limiter.cached_prefill_weight
+    );
+    let server = &cfg.server;
+    let _ = writeln!(
+        s,
+        "client connections: at most {}; first request head within {}, idle {}, a stalled answer dropped after {}",
+        server.max_connections,
+        humantime::format_duration(server.header_read_timeout),
+        humantime::format_duration(server.idle_timeout),
+        humantime::format_duration(server.client_write_timeout),
     );
     for b in &cfg.backends {
         let _ = writeln!(
@@ -1431,6 +1475,7 @@ requests_per_second = 1
         );
         let fixed = edit(&[
             ("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8090\""),
+            ("idle_timeout = \"75s\"", "idle_timeout = \"60s\""),
             ("workers = 2", "workers = 3"),
             ("# workers = 4", "workers = 3"),
             ("max_model_len = 32768", "max_model_len = 16384"),
@@ -1449,6 +1494,7 @@ requests_per_second = 1
             running.restart_only_changes(&fixed),
             [
                 "server.listen",
+                "server.idle_timeout",
                 "server.workers",
                 "tokenizer.workers",
                 "model.max_model_len",
@@ -1523,6 +1569,23 @@ requests_per_second = 1
             Config::parse(&bad).unwrap_err().to_string(),
             "server.max_connections must be at least 1"
         );
+        let server: ServerConfig = toml::from_str("").unwrap();
+        assert_eq!(
+            (server.idle_timeout, server.client_write_timeout),
+            (Duration::from_secs(75), Duration::from_secs(30))
+        );
+        for (line, field) in [
+            ("header_read_timeout = \"10s\"", "header_read_timeout"),
+            ("idle_timeout = \"75s\"", "idle_timeout"),
+            ("client_write_timeout = \"30s\"", "client_write_timeout"),
+        ] {
+            let bad = text.replace(line, &format!("{field} = \"0s\""));
+            assert_ne!(bad, text);
+            assert_eq!(
+                Config::parse(&bad).unwrap_err().to_string(),
+                format!("server.{field} must be positive")
+            );
+        }
     }
 
     #[test]

@@ -103,6 +103,15 @@ pub struct QueueRefusalLabels {
     pub reason: String,
 }
 
+/// `{listener, reason}` of a connection the gateway closed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionClosedLabels {
+    /// `main` or `admin`.
+    pub listener: String,
+    /// `header_timeout`, `idle_timeout`, `write_timeout` or `evicted`.
+    pub reason: String,
+}
+
 /// `{result}` of a config reload.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
@@ -185,6 +194,9 @@ pub struct Metrics {
     pub queue_refusals: Family<QueueRefusalLabels, Counter>,
     /// Client connections open per listener.
     pub open_connections: Family<ListenerLabel, Gauge>,
+    /// Client connections the gateway closed for a bound in time (or to make room), per
+    /// listener and reason.
+    pub connections_closed: Family<ConnectionClosedLabels, Counter>,
     /// Tokens available now per tenant bucket.
     pub bucket_available: Family<BucketLabels, Gauge<f64, AtomicU64>>,
     /// Capacity per tenant bucket (rate x burst), so levels can be shown as a fraction.
@@ -256,6 +268,7 @@ impl Metrics {
             queue_depth_by_tenant: Family::default(),
             queue_refusals: Family::default(),
             open_connections: Family::default(),
+            connections_closed: Family::default(),
             bucket_available: Family::default(),
             bucket_capacity: Family::default(),
             tokenize_cache_hits: Counter::default(),
@@ -396,6 +409,11 @@ impl Metrics {
             "open_connections",
             "Client connections open on a listener (main: at most server.max_connections)",
             m.open_connections.clone(),
+        );
+        r.register(
+            "connections_closed",
+            "Client connections the gateway closed: no request head within server.header_read_timeout, idle for server.idle_timeout, no bytes accepted for server.client_write_timeout, or (admin) the oldest idle one closed to make room at the cap",
+            m.connections_closed.clone(),
         );
         r.register(
             "bucket_available_tokens",

@@ -15,7 +15,6 @@ use http::{HeaderValue, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
 use std::any::Any;
@@ -32,6 +31,10 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tracing::Instrument;
+
+mod connection;
+
+use connection::{Activity, ClientIo, Closed, Counted, Deadlines, Evictable};
 
 /// Request ids: a process-unique prefix and a counter (cheap, sortable, never reused).
 #[derive(Clone)]
@@ -385,7 +388,30 @@ async fn shutdown_signal() {
 
 /// Connections the admin listener serves at once: enough for scrapers and probes, and a
 /// flood of them cannot take more from the process.
+///
+/// At the cap a new connection is still taken, and the oldest one with no request in flight
+/// is closed to make room for it (as nginx closes idle keep-alive connections when it runs out
+/// of `worker_connections`). A liveness probe opens a fresh connection each time: had it to
+/// wait for a free place, 64 idle sockets (each held until its `header_read_timeout`) would
+/// fail it and restart the pod. Room of its own for the probes would not do: which path a
+/// connection asks for is known only once its head is read, and any fixed number of spare
+/// places is filled by that many more idle sockets. Eviction needs no such count: idle
+/// connections cost their owner a reconnect, and the probe, the newest, is closed only if the
+/// whole cap is cycled through before its head arrives. Only connections with a request in
+/// flight hold their place, and admin requests are short (no body is read; `/readyz` is
+/// bounded by the backends' `health_timeout`).
 const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// HTTP/2 keep-alive pings: a peer that has vanished (its host gone, no FIN or RST) is found
+/// within the interval and the timeout (40 s) even while its streams wait on the KV queue or a
+/// long prefill and nothing is written. The timeout is hyper's default.
+const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Streams one HTTP/2 connection may have open at once: nginx's `http2_max_concurrent_streams`,
+/// above the 100 RFC 9113 advises as the least. Every stream is a request the tenant's limits
+/// admit anyway; the bound caps how much one connection has read and counted at a time.
+const H2_MAX_CONCURRENT_STREAMS: u32 = 128;
 
 /// Binds both listeners and serves until [`Running::shutdown`]. Both are accepted from on the
 /// caller's runtime. The admin listener's connections are served there too; the main
@@ -396,9 +422,10 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let admin = TcpListener::bind(cfg.server.admin_listen).await?;
     let (addr, admin_addr) = (main.local_addr()?, admin.local_addr()?);
     let (tx, rx) = watch::channel(false);
-    let serving = |name: &'static str, max_connections: usize| Serving {
+    let serving = |name: &'static str, max_connections: usize, evict_idle: bool| Serving {
         name,
         max_connections,
+        evict_idle,
         open: gw
             .metrics
             .open_connections
@@ -406,10 +433,15 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
                 listener: name.to_string(),
             })
             .clone(),
+        closed: closed_counters(&gw.metrics, name),
         grace: cfg.server.shutdown_grace,
-        header_timeout: cfg.server.header_read_timeout,
+        deadlines: Deadlines {
+            first_head: cfg.server.header_read_timeout,
+            idle: cfg.server.idle_timeout,
+            write: cfg.server.client_write_timeout,
+        },
     };
-    let main_serving = serving("main", cfg.server.max_connections);
+    let main_serving = serving("main", cfg.server.max_connections, false);
     let (release, released) = watch::channel(());
     let count = cfg.server.workers();
     let (workers, mut tasks) = Workers::start(count, &gw, &main_serving, &released)?;
@@ -419,7 +451,7 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
         main_serving,
         workers,
     )));
-    let admin_serving = serving("admin", ADMIN_MAX_CONNECTIONS);
+    let admin_serving = serving("admin", ADMIN_MAX_CONNECTIONS, true);
     let here = Connections::new(admin_service(gw.clone()), &admin_serving);
     tasks.push(tokio::spawn(async move {
         accept_loop(admin, rx, admin_serving, &here).await;
@@ -436,20 +468,44 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     })
 }
 
+/// The listener's `connections_closed_total` counters, one per reason.
+fn closed_counters(metrics: &crate::metrics::Metrics, listener: &str) -> Closed {
+    let counter = |reason: &str| {
+        metrics
+            .connections_closed
+            .get_or_create(&crate::metrics::ConnectionClosedLabels {
+                listener: listener.to_string(),
+                reason: reason.to_string(),
+            })
+            .clone()
+    };
+    Closed {
+        header_timeout: counter("header_timeout"),
+        idle_timeout: counter("idle_timeout"),
+        write_timeout: counter("write_timeout"),
+        evicted: counter("evicted"),
+    }
+}
+
 /// How one listener serves its connections.
 struct Serving {
     name: &'static str,
-    /// Connections served at once; at the cap the loop stops accepting until one closes.
+    /// Connections served at once; at the cap the loop stops accepting until one closes,
+    /// or with `evict_idle` closes the oldest idle one for the next.
     max_connections: usize,
+    evict_idle: bool,
     /// The listener's `open_connections` gauge.
     open: Gauge,
+    closed: Closed,
     grace: Duration,
-    header_timeout: Duration,
+    deadlines: Deadlines,
 }
 
 /// One open client connection: its place under the cap and on its worker, given back (and
 /// the gauge lowered) when it closes, however it ends.
 struct OpenConnection {
+    /// When it was accepted: its first request head's deadline counts from here.
+    accepted: tokio::time::Instant,
     _permit: OwnedSemaphorePermit,
     open: Gauge,
     /// The open connections of the worker serving it, if a worker does.
@@ -468,30 +524,53 @@ impl Drop for OpenConnection {
 /// Where an accept loop puts the connections it accepts.
 trait Place {
     fn serve(&self, stream: TcpStream, open: OpenConnection);
+
+    /// Closes one open connection that has no request in flight, to make room for a new
+    /// one; false when there is none (or this place never closes one for another).
+    fn make_room(&self) -> bool {
+        false
+    }
 }
 
-/// Connections served by tasks of the current runtime, each watched for a graceful
-/// shutdown.
+/// Connections served by tasks of the current runtime, each bounded by the listener's
+/// [`Deadlines`] and watched for a graceful shutdown.
 struct Connections<S> {
     builder: auto::Builder<TokioExecutor>,
     service: S,
-    graceful: GracefulShutdown,
+    /// Sent to at shutdown; closed once every connection's task has ended.
+    stop: watch::Sender<()>,
     grace: Duration,
+    deadlines: Deadlines,
+    closed: Closed,
+    /// The connections, oldest first, when at the cap the oldest idle one makes room.
+    evictable: Option<Evictable>,
 }
 
 impl<T> Connections<TowerToHyperService<T>> {
     /// Serves tower service `service`'s connections.
     fn new(service: T, serving: &Serving) -> Self {
         let mut builder = auto::Builder::new(TokioExecutor::new());
+        // The connection's own deadlines bound its heads (`drive`): hyper's header timeout
+        // starts as soon as a connection goes idle, so it would close kept-alive connections
+        // after `header_read_timeout` instead of `idle_timeout`, and it never covers the
+        // protocol sniff before HTTP/1 starts.
+        builder.http1().header_read_timeout(None::<Duration>);
         builder
-            .http1()
+            .http2()
             .timer(TokioTimer::new())
-            .header_read_timeout(serving.header_timeout);
+            .keep_alive_interval(H2_KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT)
+            .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS);
         Self {
             builder,
             service: TowerToHyperService::new(service),
-            graceful: GracefulShutdown::new(),
+            stop: watch::channel(()).0,
             grace: serving.grace,
+            deadlines: serving.deadlines,
+            closed: serving.closed.clone(),
+            evictable: serving
+                .evict_idle
+                .then(|| Evictable::new(serving.max_connections)),
         }
     }
 }
@@ -500,7 +579,8 @@ impl<S> Connections<S> {
     /// Lets the connections finish what they are serving, within the grace period; those
     /// still open after it are cut when their runtime drops them.
     async fn shut_down(self) {
-        if tokio::time::timeout(self.grace, self.graceful.shutdown())
+        let _ = self.stop.send(());
+        if tokio::time::timeout(self.grace, self.stop.closed())
             .await
             .is_err()
         {
@@ -519,16 +599,33 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     fn serve(&self, stream: TcpStream, open: OpenConnection) {
+        let activity = Arc::new(Activity::new(open.accepted));
+        if let Some(evictable) = &self.evictable {
+            evictable.push(&activity);
+        }
+        let io = ClientIo::new(
+            stream,
+            self.deadlines.write,
+            self.closed.write_timeout.clone(),
+        );
+        let service = Counted::new(self.service.clone(), activity.clone());
         let conn = self
             .builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), self.service.clone());
-        let conn = self.graceful.watch(conn.into_owned());
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        let stop = self.stop.subscribe();
+        let (deadlines, closed) = (self.deadlines, self.closed.clone());
+        let evictable = self.evictable.is_some();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
+            connection::drive(conn, activity, stop, deadlines, evictable, &closed).await;
             drop(open);
         });
+    }
+
+    fn make_room(&self) -> bool {
+        self.evictable
+            .as_ref()
+            .is_some_and(Evictable::evict_oldest_idle)
     }
 }
 
@@ -656,6 +753,10 @@ impl<P: Place> Place for &P {
     fn serve(&self, stream: TcpStream, open: OpenConnection) {
         (**self).serve(stream, open)
     }
+
+    fn make_room(&self) -> bool {
+        (**self).make_room()
+    }
 }
 
 /// Accepts connections until told to stop, at most `serving.max_connections` open at once,
@@ -669,10 +770,15 @@ async fn accept_loop(
     let permits = Arc::new(Semaphore::new(serving.max_connections));
     let mut backoff = AcceptBackoff::default();
     loop {
-        // At the cap, wait for a connection to close before taking another from the backlog.
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            _ = stop.changed() => break,
+        // At the cap, wait for a connection to close before taking another from the backlog;
+        // a listener that evicts takes it, and makes room once it has one to make room for.
+        let early = if serving.evict_idle {
+            None
+        } else {
+            Some(tokio::select! {
+                p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                _ = stop.changed() => break,
+            })
         };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -695,15 +801,36 @@ async fn accept_loop(
                     ),
                     None => tracing::debug!(listener = serving.name, error = %e, "accept failed"),
                 }
-                drop(permit);
+                drop(early);
                 tokio::select! {
                     _ = tokio::time::sleep(step.pause) => continue,
                     _ = stop.changed() => break,
                 }
             }
         };
+        let permit = match early {
+            Some(permit) => permit,
+            None => match permits.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    // The evicted connection's task gives its place back as it ends; with
+                    // every connection busy, this waits for one to close, as without.
+                    if !place.make_room() {
+                        tracing::debug!(
+                            listener = serving.name,
+                            "at the cap with a request in flight on every connection: waiting for one to close"
+                        );
+                    }
+                    tokio::select! {
+                        p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                        _ = stop.changed() => break,
+                    }
+                }
+            },
+        };
         serving.open.inc();
         let open = OpenConnection {
+            accepted: tokio::time::Instant::now(),
             _permit: permit,
             open: serving.open.clone(),
             worker: None,
@@ -842,6 +969,7 @@ mod tests {
             let (stream, _) = listener.accept().await.unwrap();
             gauge.inc();
             let open = OpenConnection {
+                accepted: tokio::time::Instant::now(),
                 _permit: permits.clone().acquire_owned().await.unwrap(),
                 open: gauge.clone(),
                 worker: None,
@@ -875,6 +1003,7 @@ mod tests {
             clients.push(TcpStream::connect(addr).await.unwrap());
             let (stream, _) = listener.accept().await.unwrap();
             let open = OpenConnection {
+                accepted: tokio::time::Instant::now(),
                 _permit: permits.clone().acquire_owned().await.unwrap(),
                 open: Gauge::default(),
                 worker: None,

@@ -41,6 +41,8 @@ fn server() -> impl Strategy<Value = Table> {
         ("admin_listen", Just(Value::from("[::1]:9090")).boxed()),
         ("max_body_bytes", int(1..=1 << 30).boxed()),
         ("header_read_timeout", duration().boxed()),
+        ("idle_timeout", duration().boxed()),
+        ("client_write_timeout", duration().boxed()),
         ("body_read_timeout", duration().boxed()),
         ("shutdown_grace", duration().boxed()),
         ("max_connections", int(1..=100_000).boxed()),

@@ -62,6 +62,8 @@ pub struct FakeBackend {
     pub seen_headers: Arc<Mutex<Vec<http::HeaderMap>>>,
     /// The body of every generation request it received, byte for byte, in order.
     pub seen_bytes: Arc<Mutex<Vec<Bytes>>>,
+    /// Streams it was generating when the gateway hung up.
+    pub cancelled: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 /// Fake backend settings.
@@ -134,7 +136,9 @@ impl FakeBackend {
         let held = Arc::new(held);
         let seen_headers = Arc::new(Mutex::new(Vec::new()));
         let seen_bytes = Arc::new(Mutex::new(Vec::new()));
+        let cancelled = Arc::new(tokio::sync::watch::channel(0usize).0);
         let fake = Fake {
+            cancelled: cancelled.clone(),
             spec,
             seen: seen.clone(),
             seen_headers: seen_headers.clone(),
@@ -167,7 +171,17 @@ impl FakeBackend {
             held,
             seen_headers,
             seen_bytes,
+            cancelled,
         }
+    }
+
+    /// Waits until the gateway has hung up on `n` streams the backend was generating.
+    pub async fn wait_cancelled(&self, n: usize) {
+        let mut rx = self.cancelled.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|c| *c >= n))
+            .await
+            .expect("the gateway hung up on the backend's streams in time")
+            .unwrap();
     }
 
     /// Waits until `n` generations are held.
@@ -246,6 +260,7 @@ struct Fake {
     seen_bytes: Arc<Mutex<Vec<Bytes>>>,
     release: Arc<Semaphore>,
     held: Arc<tokio::sync::watch::Sender<usize>>,
+    cancelled: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 /// A body fed by a task through a channel (bounded: the task waits while the gateway does not
@@ -376,7 +391,11 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
     if let Some(cached) = spec.cached_tokens {
         usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
     }
-    let (release, held) = (fake.release.clone(), fake.held.clone());
+    let (release, held, cancelled) = (
+        fake.release.clone(),
+        fake.held.clone(),
+        fake.cancelled.clone(),
+    );
     if body["stream"].as_bool() != Some(true) {
         if spec.hold {
             held.send_modify(|h| *h += 1);
@@ -419,6 +438,7 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
                 .await
                 .is_err()
             {
+                cancelled.send_modify(|c| *c += 1);
                 return;
             }
             if i + 1 == spec.hold_after && spec.hold {
