@@ -1036,6 +1036,7 @@ impl Config {
                 video_preprocessor_config,
                 remote_image_tokens,
                 video_tokens,
+                max_media_per_request,
             ]
         );
         restart_only!(
@@ -1092,6 +1093,14 @@ pub fn describe(cfg: &ValidConfig) -> String {
         cfg.model.max_model_len,
         cfg.model.default_max_tokens
     );
+    let _ = match &cfg.vision_rules {
+        v if v.enabled => writeln!(
+            s,
+            "vision: images and video, at most {} of each per request",
+            v.max_media_per_request
+        ),
+        _ => writeln!(s, "vision: off (text only)"),
+    };
     for b in &cfg.backends {
         let _ = writeln!(
             s,
