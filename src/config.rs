@@ -1134,6 +1134,7 @@ impl Config {
                 video_preprocessor_config,
                 remote_image_tokens,
                 video_tokens,
+                max_media_per_request,
             ]
         );
         restart_only!(
@@ -1214,6 +1215,14 @@ pub fn describe(cfg: &ValidConfig) -> String {
         humantime::format_duration(server.idle_timeout),
         humantime::format_duration(server.client_write_timeout),
     );
+    let _ = match &cfg.vision_rules {
+        v if v.enabled => writeln!(
+            s,
+            "vision: images and video, at most {} of each per request",
+            v.max_media_per_request
+        ),
+        _ => writeln!(s, "vision: off (text only)"),
+    };
     for b in &cfg.backends {
         let _ = writeln!(
             s,

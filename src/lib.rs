@@ -28,6 +28,7 @@ pub mod profile;
 pub mod proxy;
 pub mod record;
 pub mod reload;
+pub mod request_id;
 pub mod server;
 pub mod sim;
 pub mod tenant;

@@ -70,6 +70,16 @@ pub struct CountErrorLabels {
     pub kind: String,
 }
 
+/// `{backend, reason}` of a failed scrape of a backend's metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScrapeFailureLabels {
+    /// Backend URL.
+    pub backend: String,
+    /// `fetch` (unreachable, slow, too large, not 2xx, not UTF-8) or `parse` (not Prometheus
+    /// text).
+    pub reason: String,
+}
+
 /// `{listener}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabel {
@@ -182,8 +192,8 @@ pub struct Metrics {
     pub backend_running: Family<BackendLabel, Gauge>,
     /// The backend's KV-cache usage (0..1), as it last reported.
     pub backend_kv_usage: Family<BackendLabel, Gauge<f64, AtomicU64>>,
-    /// Scrapes of the backend's metrics that failed.
-    pub backend_scrape_failures: Family<BackendLabel, Counter>,
+    /// Scrapes of the backend's metrics that failed, by why.
+    pub backend_scrape_failures: Family<ScrapeFailureLabels, Counter>,
     /// Requests waiting for KV space.
     pub queue_depth: Gauge,
     /// Requests waiting for KV space, per priority class.
@@ -382,7 +392,7 @@ impl Metrics {
         );
         r.register(
             "backend_scrape_failures",
-            "Scrapes of the backend's metrics that failed (unreachable, slow, too large, not 2xx)",
+            "Scrapes of the backend's metrics that failed: fetch (unreachable, slow, too large, not 2xx) or parse (not Prometheus text)",
             m.backend_scrape_failures.clone(),
         );
         r.register(

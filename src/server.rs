@@ -11,7 +11,8 @@ use crate::layers::{AdmitLayer, AuthenticateLayer, ChargeLayer, CountLayer, KvGe
 use crate::metrics::ListenerLabel;
 use crate::proxy::forward::Forward;
 use crate::proxy::{error_response, error_response_in, local, Gateway, GatewayBody, REQUEST_ID};
-use http::{HeaderValue, Request, Response};
+use crate::request_id::RequestIds;
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -20,51 +21,19 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::any::Any;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::{
-    MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
-};
+use tower_http::request_id::PropagateRequestIdLayer;
 use tracing::Instrument;
 
 mod connection;
 
 use connection::{Activity, ClientIo, Closed, Counted, Deadlines, Evictable};
-
-/// Request ids: a process-unique prefix and a counter (cheap, sortable, never reused).
-#[derive(Clone)]
-struct Sequential {
-    /// `tg-` and the prefix in 8 hex digits, `-`.
-    prefix: Arc<str>,
-    next: Arc<AtomicU64>,
-}
-
-impl Sequential {
-    fn new(prefix: u32) -> Self {
-        Self {
-            prefix: format!("tg-{prefix:08x}-").into(),
-            next: Arc::new(AtomicU64::new(1)),
-        }
-    }
-}
-
-impl MakeRequestId for Sequential {
-    fn make_request_id<B>(&mut self, _: &Request<B>) -> Option<RequestId> {
-        // Every request: the counter written without `fmt`, one allocation.
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut id = Vec::with_capacity(self.prefix.len() + 20);
-        id.extend_from_slice(self.prefix.as_bytes());
-        crate::error::push_decimal(&mut id, n);
-        HeaderValue::from_maybe_shared(bytes::Bytes::from(id))
-            .ok()
-            .map(RequestId::new)
-    }
-}
 
 fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
     let what = panic
@@ -223,7 +192,7 @@ async fn route<G: Handler, T: Handler, M: Handler>(
 /// `ids`, which the workers share.
 fn main_service(
     gw: Arc<Gateway>,
-    ids: Sequential,
+    ids: RequestIds,
 ) -> impl tower::Service<
     Request<Incoming>,
     Response = Response<
@@ -240,11 +209,9 @@ fn main_service(
        + 'static {
     let routes = routes(gw);
     ServiceBuilder::new()
-        // 1. every request gets an id (kept if the client sent one), echoed in the response
-        .layer(SetRequestIdLayer::new(
-            http::HeaderName::from_static(REQUEST_ID),
-            ids,
-        ))
+        // 1. every request gets an id (the client's when fit, see `request_id`), echoed in
+        //    the response
+        .map_request(move |req: Request<Incoming>| ids.assign(req))
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             REQUEST_ID,
         )))
@@ -670,7 +637,7 @@ impl Workers {
     ) -> std::io::Result<(Self, Vec<tokio::task::JoinHandle<()>>)> {
         let mut workers = Vec::new();
         let mut tasks = Vec::new();
-        let ids = Sequential::new(rand::random());
+        let ids = RequestIds;
         for index in 1..=count.max(1) {
             let (handoff, mut connections) = mpsc::unbounded_channel();
             let here = Connections::new(main_service(gw.clone(), ids.clone()), serving);
@@ -903,21 +870,6 @@ impl AcceptBackoff {
 mod tests {
     use super::*;
     use std::io::ErrorKind;
-
-    #[test]
-    fn request_ids_are_the_prefix_in_hex_and_a_counter() {
-        let mut ids = Sequential::new(0xab_cdef);
-        let counter = ids.next.clone();
-        let req = Request::new(());
-        let mut next = || {
-            let id = ids.make_request_id(&req).expect("an id");
-            id.header_value().to_str().unwrap().to_owned()
-        };
-        assert_eq!(next(), "tg-00abcdef-1");
-        assert_eq!(next(), "tg-00abcdef-2");
-        counter.store(u64::MAX, Ordering::Relaxed);
-        assert_eq!(next(), "tg-00abcdef-18446744073709551615");
-    }
 
     /// Workers with these open connections, and the ends their connections arrive at.
     fn workers(

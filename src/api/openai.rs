@@ -290,7 +290,7 @@ pub fn parse_generation_from(
     }
     let prompt = match endpoint {
         Endpoint::Chat if !raw.is_empty() => {
-            chat_messages(&body)?;
+            chat_messages(&body, limits.vision)?;
             let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
                 unreachable!("chat_messages found an array")
             };
@@ -321,14 +321,21 @@ pub fn parse_chat_prompt(
     body: &Map<String, Value>,
     vision: &VisionRules,
 ) -> Result<Prompt, ApiError> {
-    let messages = chat_messages(body)?;
+    let messages = chat_messages(body, vision)?;
     chat_prompt(messages.iter().map(Cow::Borrowed), body, vision)
 }
 
-/// A chat body's `messages`: a non-empty array.
-fn chat_messages(body: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
+/// A chat body's `messages`: a non-empty array, with no more images and no more videos than
+/// [`VisionRules::max_media_per_request`] ([`check_media_count`]).
+fn chat_messages<'a>(
+    body: &'a Map<String, Value>,
+    vision: &VisionRules,
+) -> Result<&'a Vec<Value>, ApiError> {
     match body.get("messages") {
-        Some(Value::Array(m)) if !m.is_empty() => Ok(m),
+        Some(Value::Array(m)) if !m.is_empty() => {
+            check_media_count(m, vision)?;
+            Ok(m)
+        }
         Some(Value::Array(_)) => Err(ApiError::invalid_param(
             "messages",
             "`messages` must contain at least one message",
@@ -339,6 +346,39 @@ fn chat_messages(body: &Map<String, Value>) -> Result<&Vec<Value>, ApiError> {
         )),
         Some(other) => Err(wrong_type("messages", "an array", other)),
     }
+}
+
+/// Refuses a chat with more images, or more videos, than `vision.max_media_per_request` (each
+/// kind counted on its own, as vLLM's `--limit-mm-per-prompt` does), before any of them is read:
+/// each costs a header decoded, a placeholder rendered and up to 16,384 ids expanded, so their
+/// number bounds the work a body of a few hundred kilobytes can ask for. A 400 naming
+/// `messages` and both numbers. Without vision every media part is refused on its own.
+fn check_media_count(messages: &[Value], vision: &VisionRules) -> Result<(), ApiError> {
+    if !vision.enabled {
+        return Ok(());
+    }
+    let (mut images, mut videos) = (0u64, 0u64);
+    let parts = messages
+        .iter()
+        .filter_map(|m| m.get("content")?.as_array())
+        .flatten();
+    for part in parts {
+        match part.as_object().and_then(part_modality) {
+            Some(Modality::Image) => images += 1,
+            Some(Modality::Video) => videos += 1,
+            None => {}
+        }
+    }
+    let most = u64::from(vision.max_media_per_request);
+    for (sent, kind) in [(images, "images"), (videos, "videos")] {
+        if sent > most {
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("`messages` carries {sent} {kind}; at most {most} {kind} may be sent in one request (vision.max_media_per_request)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// [`parse_chat_prompt`] of `messages` (from [`chat_messages`]), each moved into the prompt
@@ -442,6 +482,23 @@ fn chat_prompt<'a>(
     Ok(Prompt::Chat { prompt, media })
 }
 
+/// Whether a content part is an image or a video, told apart the way the chat template does:
+/// image first (an `image_url` or `image` key, or that `type`), then video.
+fn part_modality(part: &Map<String, Value>) -> Option<Modality> {
+    let kind = part.get("type").and_then(Value::as_str);
+    let is = |keys: [&str; 2]| {
+        keys.iter()
+            .any(|k| part.contains_key(*k) || kind == Some(*k))
+    };
+    if is(["image_url", "image"]) {
+        Some(Modality::Image)
+    } else if is(["video_url", "video"]) {
+        Some(Modality::Video)
+    } else {
+        None
+    }
+}
+
 /// One part of a message's `content` at `at`: a text part as it is, an image or video part
 /// counted into `media` and reduced to its kind. Parts are told apart the way the chat template
 /// does: image first, then video, then text.
@@ -460,19 +517,11 @@ fn content_part(
     let Value::Object(o) = part else {
         return Err(not_a_part());
     };
-    let kind = o.get("type").and_then(Value::as_str);
-    let (modality, keys) = if ["image_url", "image"].iter().any(|k| o.contains_key(*k))
-        || matches!(kind, Some("image" | "image_url"))
-    {
-        (Modality::Image, ["image_url", "image"])
-    } else if ["video_url", "video"].iter().any(|k| o.contains_key(*k))
-        || matches!(kind, Some("video" | "video_url"))
-    {
-        (Modality::Video, ["video_url", "video"])
-    } else if matches!(o.get("text"), Some(Value::String(_))) {
-        return Ok(part.clone());
-    } else {
-        return Err(not_a_part());
+    let (modality, keys) = match part_modality(o) {
+        Some(Modality::Image) => (Modality::Image, ["image_url", "image"]),
+        Some(Modality::Video) => (Modality::Video, ["video_url", "video"]),
+        None if matches!(o.get("text"), Some(Value::String(_))) => return Ok(part.clone()),
+        None => return Err(not_a_part()),
     };
     let (key, source) = keys
         .iter()
@@ -754,6 +803,75 @@ mod tests {
             refused(json!({"type": "input_audio"})).0,
             "messages[0].content[0]"
         );
+    }
+
+    #[test]
+    fn images_and_videos_are_capped_each_on_its_own_before_any_is_read() {
+        let rules = VisionRules {
+            max_media_per_request: 2,
+            ..VisionRules::default()
+        };
+        // Unreadable data: a part that is read is refused for it.
+        let image = json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,!"}});
+        let video = json!({"video_url": "https://example.com/v.mp4"});
+        let url_image = json!({"image": "https://example.com/x.png"});
+        let chat = |turns: Vec<Vec<Value>>| {
+            let messages: Vec<Value> = turns
+                .into_iter()
+                .map(|parts| json!({"role": "user", "content": parts}))
+                .chain([json!({"role": "assistant", "content": "text only"})])
+                .collect();
+            let Value::Object(body) = json!({"messages": messages}) else {
+                unreachable!()
+            };
+            parse_chat_prompt(&body, &rules)
+        };
+        // Two of each, over two messages: within the cap.
+        let Prompt::Chat { media, .. } = chat(vec![
+            vec![url_image.clone(), video.clone()],
+            vec![
+                json!({"type": "text", "text": "and"}),
+                url_image.clone(),
+                video.clone(),
+            ],
+        ])
+        .expect("two of each") else {
+            panic!("a chat")
+        };
+        assert_eq!(media.len(), 4);
+        // A third image, the first unreadable: refused for the count, naming both numbers.
+        let e = chat(vec![
+            vec![image.clone(), url_image.clone()],
+            vec![url_image.clone()],
+        ])
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.param.as_deref(), e.message.as_str()),
+            (
+                "invalid_request",
+                Some("messages"),
+                "`messages` carries 3 images; at most 2 images may be sent in one request (vision.max_media_per_request)"
+            )
+        );
+        let e = chat(vec![vec![video.clone(), video.clone(), video.clone()]]).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`messages` carries 3 videos; at most 2 videos may be sent in one request (vision.max_media_per_request)"
+        );
+        // Within the cap, the unreadable image is refused for itself.
+        let e = chat(vec![vec![image.clone()]]).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].image_url"));
+        // Without vision, the first media part is refused for being one, whatever their number.
+        let off = VisionRules {
+            enabled: false,
+            ..rules.clone()
+        };
+        let Value::Object(body) = json!({"messages": [{"role": "user", "content": [url_image.clone(), url_image.clone(), url_image]}]})
+        else {
+            unreachable!()
+        };
+        let e = parse_chat_prompt(&body, &off).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].image"));
     }
 
     #[test]

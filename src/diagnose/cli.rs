@@ -72,7 +72,8 @@ pub async fn fetch_inputs(args: &DiagnoseArgs) -> anyhow::Result<Inputs> {
         histogram_quantile(&metrics, "tokengate_queue_wait_seconds", 0.95).map(|s| s * 1e3);
     inputs.backends = backends_from(&backends)?;
     for (b, url) in inputs.backends.iter_mut().zip(&args.backend_metrics) {
-        b.reading = Some(parse::parse(&get_url(url, args.admin.timeout, None).await?));
+        let text = get_url(url, args.admin.timeout, None).await?;
+        b.reading = Some(parse::parse(&text).with_context(|| url.clone())?);
     }
     Ok(inputs)
 }

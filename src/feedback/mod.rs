@@ -12,13 +12,13 @@ pub mod parse;
 pub mod pressure;
 
 use crate::admission::{Admission, BackendSnapshot};
-use crate::metrics::{BackendLabel, Metrics};
+use crate::metrics::{BackendLabel, Metrics, ScrapeFailureLabels};
 use crate::proxy::bounded::{read_bounded, ReadError};
 use bytes::Bytes;
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use parse::BackendReading;
+use parse::{BackendReading, ParseError};
 use pressure::{Adjustment, Bounds, LedgerView, Pressure};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -248,6 +248,27 @@ async fn fetch(
     String::from_utf8(body.to_vec()).map_err(|_| "not UTF-8 text".to_string())
 }
 
+/// Why a scrape gave no reading.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+enum ScrapeError {
+    /// No text: the backend unreachable, a non-2xx answer, too large, too slow, not UTF-8.
+    #[error("{0}")]
+    Fetch(String),
+    /// Text that is not Prometheus text (the URL serves something else).
+    #[error("{0}")]
+    Parse(#[from] ParseError),
+}
+
+impl ScrapeError {
+    /// The `reason` label of `tokengate_backend_scrape_failures_total`.
+    fn reason(&self) -> &'static str {
+        match self {
+            ScrapeError::Fetch(_) => "fetch",
+            ScrapeError::Parse(_) => "parse",
+        }
+    }
+}
+
 fn ledger_view(b: &BackendSnapshot) -> LedgerView {
     LedgerView {
         configured_bytes: b.kv_capacity_bytes,
@@ -282,27 +303,41 @@ impl Scraper {
                 self.cfg.max_bytes,
                 None,
             )
-            .await;
-            self.take(got.map(|text| parse::parse(&text)));
+            .await
+            .map_err(ScrapeError::Fetch)
+            .and_then(|text| Ok(parse::parse(&text)?));
+            self.take(got);
         }
     }
 
-    /// Applies one scrape's outcome.
-    fn take(&mut self, got: Result<BackendReading, String>) {
+    /// Applies one scrape's outcome: a failed one is counted and changes nothing else.
+    fn take(&mut self, got: Result<BackendReading, ScrapeError>) {
         let label = BackendLabel {
             backend: self.backend_url.clone(),
         };
         let reading = match got {
             Ok(r) => r,
             Err(e) => {
-                tracing::debug!(backend = %self.backend_url, error = %e, "metrics scrape failed");
+                match &e {
+                    // A backend down or slow for a moment: its gauges and the counter say so.
+                    ScrapeError::Fetch(_) => {
+                        tracing::debug!(backend = %self.backend_url, error = %e, "metrics scrape failed")
+                    }
+                    // It answers, with something else than its metrics: a wrong metrics_url.
+                    ScrapeError::Parse(_) => {
+                        tracing::warn!(backend = %self.backend_url, url = %self.metrics_url, error = %e, "metrics scrape is not Prometheus text")
+                    }
+                }
                 self.metrics
                     .backend_scrape_failures
-                    .get_or_create(&label)
+                    .get_or_create(&ScrapeFailureLabels {
+                        backend: self.backend_url.clone(),
+                        reason: e.reason().to_string(),
+                    })
                     .inc();
                 self.feedback.update(self.index, |o| {
                     o.failures += 1;
-                    o.last_error = Some(e);
+                    o.last_error = Some(e.to_string());
                 });
                 return;
             }

@@ -4,6 +4,10 @@
 //! are clamped, not trusted: NaN and infinities are dropped, negative counts and usages become
 //! 0 (vLLM-ascend has reported negative cache usage), and a cache usage over 1 is read as a
 //! percentage up to 100 and clamped to 100% past it.
+//!
+//! A text that is not Prometheus text (a line that is neither a comment nor a sample
+//! `name[{labels}] value [timestamp]`) is refused whole, as Prometheus refuses such a scrape:
+//! half a reading of a backend that serves something else is not a reading of it.
 
 use serde::{Deserialize, Serialize};
 
@@ -71,35 +75,65 @@ struct Sample<'a> {
     value: f64,
 }
 
-/// Splits a text-format sample line (`name{labels} value [timestamp]`); `None` for comments,
-/// blank lines and lines that are not samples.
-fn sample(line: &str) -> Option<Sample<'_>> {
+/// Why a scrape's text was refused: the first line that is not a comment, a blank or a sample.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line} is not a Prometheus sample ({why}): `{start}`")]
+pub struct ParseError {
+    /// The line, from 1.
+    pub line: usize,
+    /// What is wrong with it.
+    pub why: &'static str,
+    /// Its first [`QUOTED_CHARS`] characters (a backend's garbage is not logged whole).
+    pub start: String,
+}
+
+/// The most of a refused line an error quotes.
+pub const QUOTED_CHARS: usize = 64;
+
+/// Whether `name` is a metric name: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+fn is_metric_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_' || b == b':')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+}
+
+/// Splits a text-format sample line (`name{labels} value [timestamp]`): `None` for comments and
+/// blank lines, why not for a line that is not a sample.
+fn sample(line: &str) -> Result<Option<Sample<'_>>, &'static str> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
-        return None;
+        return Ok(None);
     }
     let (name, labels, rest) = match line.find('{') {
         Some(open) => {
             // Label values may hold `}` only escaped inside quotes; the last `}` closes the set.
-            let close = line.rfind('}')?;
+            let close = line
+                .rfind('}')
+                .filter(|&close| close > open)
+                .ok_or("its `{` is not closed")?;
             (&line[..open], &line[open + 1..close], &line[close + 1..])
         }
         None => {
-            let at = line.find(char::is_whitespace)?;
+            let at = line.find(char::is_whitespace).ok_or("no value")?;
             (&line[..at], "", &line[at..])
         }
     };
-    let value = rest.split_whitespace().next()?;
-    let value = match value {
+    let name = name.trim();
+    if !is_metric_name(name) {
+        return Err("not a metric name");
+    }
+    let value = match rest.split_whitespace().next().ok_or("no value")? {
         "+Inf" => f64::INFINITY,
         "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
+        v => v.parse().map_err(|_| "its value is not a number")?,
     };
-    Some(Sample {
-        name: name.trim(),
+    Ok(Some(Sample {
+        name,
         labels,
         value,
-    })
+    }))
 }
 
 /// The value of label `key` in a label set (`a="1",b="2"`).
@@ -216,14 +250,21 @@ fn moments_count(slot: &mut Option<Moments>, name: &str, value: f64, clamped: &m
     }
 }
 
-/// Reads one scrape. vLLM's names win when a text has both families (a MindIE build that also
-/// exports vLLM-style names is read once, not twice).
-pub fn parse(text: &str) -> BackendReading {
-    let samples: Vec<(Flavor, Known, Sample<'_>)> = text
-        .lines()
-        .filter_map(sample)
-        .filter_map(|s| known(s.name).map(|(f, k)| (f, k, s)))
-        .collect();
+/// Reads one scrape, or refuses it at its first line that is not a sample. vLLM's names win
+/// when a text has both families (a MindIE build that also exports vLLM-style names is read
+/// once, not twice).
+pub fn parse(text: &str) -> Result<BackendReading, ParseError> {
+    let mut samples: Vec<(Flavor, Known, Sample<'_>)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let read = sample(line).map_err(|why| ParseError {
+            line: i + 1,
+            why,
+            start: line.chars().take(QUOTED_CHARS).collect(),
+        })?;
+        if let Some(s) = read {
+            samples.extend(known(s.name).map(|(f, k)| (f, k, s)));
+        }
+    }
     let flavor = if samples.iter().any(|(f, ..)| *f == Flavor::Vllm) {
         Some(Flavor::Vllm)
     } else if samples.is_empty() {
@@ -268,12 +309,17 @@ pub fn parse(text: &str) -> BackendReading {
     }
     // One usage per served model: the engine's cache is shared, so the fullest is the figure.
     r.kv_usage = usages.into_iter().reduce(f64::max);
-    r
+    Ok(r)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A text the parser must accept.
+    fn read(text: &str) -> BackendReading {
+        parse(text).expect("prometheus text")
+    }
 
     const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -308,7 +354,7 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
 
     #[test]
     fn reads_vllm_names() {
-        let r = parse(VLLM);
+        let r = read(VLLM);
         assert_eq!(
             r,
             BackendReading {
@@ -341,7 +387,7 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
 
     #[test]
     fn reads_mindie_names_with_a_percentage_usage() {
-        let r = parse(MINDIE);
+        let r = read(MINDIE);
         assert_eq!(
             r,
             BackendReading {
@@ -363,7 +409,7 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
 
     #[test]
     fn sums_models_and_keeps_the_fullest_usage() {
-        let r = parse(
+        let r = read(
             "vllm:num_requests_running{model_name=\"a\"} 2\n\
              vllm:num_requests_running{model_name=\"b\"} 3\n\
              vllm:kv_cache_usage_perc{model_name=\"a\"} 0.25\n\
@@ -376,7 +422,7 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
 
     #[test]
     fn clamps_nonsense() {
-        let r = parse(
+        let r = read(
             "vllm:kv_cache_usage_perc -0.3\n\
              vllm:num_requests_waiting -2\n\
              vllm:num_requests_running NaN\n\
@@ -398,18 +444,63 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
                 "vllm:time_to_first_token_seconds_sum: -1 dropped",
             ]
         );
-        assert_eq!(parse("npu_cache_usage_perc 250").kv_usage, Some(1.0));
-        assert_eq!(parse("npu_cache_usage_perc 100").kv_usage, Some(1.0));
-        assert_eq!(parse("npu_cache_usage_perc 1").kv_usage, Some(1.0));
-        assert_eq!(parse("npu_cache_usage_perc NaN").kv_usage, None);
+        assert_eq!(read("npu_cache_usage_perc 250").kv_usage, Some(1.0));
+        assert_eq!(read("npu_cache_usage_perc 100").kv_usage, Some(1.0));
+        assert_eq!(read("npu_cache_usage_perc 1").kv_usage, Some(1.0));
+        assert_eq!(read("npu_cache_usage_perc NaN").kv_usage, None);
     }
 
     #[test]
     fn text_without_known_names_reads_as_nothing() {
-        assert_eq!(parse(""), BackendReading::default());
+        assert_eq!(read(""), BackendReading::default());
         assert_eq!(
-            parse("# HELP x\nsome_other_metric 3\ngarbage line here\n{broken 1\n"),
+            read("# HELP x\n# not even a HELP line\n\nsome_other_metric 3\nother{a=\"}\"} 1 1700000000\n"),
             BackendReading::default()
         );
+    }
+
+    #[test]
+    fn a_text_that_is_not_prometheus_text_is_refused_at_its_first_bad_line() {
+        let refused = |text: &str| parse(text).expect_err("refused").to_string();
+        // The backend of issue 26: `{` after `}` sliced backwards and panicked the scraper.
+        assert_eq!(
+            refused("}{ 1"),
+            "line 1 is not a Prometheus sample (its `{` is not closed): `}{ 1`"
+        );
+        assert_eq!(
+            refused("vllm:num_requests_running 2\nvllm:x{a=\"1\" 3\n"),
+            "line 2 is not a Prometheus sample (its `{` is not closed): `vllm:x{a=\"1\" 3`"
+        );
+        assert_eq!(
+            refused("garbage line here"),
+            "line 1 is not a Prometheus sample (its value is not a number): `garbage line here`"
+        );
+        assert_eq!(
+            refused("{broken 1}"),
+            "line 1 is not a Prometheus sample (not a metric name): `{broken 1}`"
+        );
+        assert_eq!(
+            refused("\n9lives 1"),
+            "line 2 is not a Prometheus sample (not a metric name): `9lives 1`"
+        );
+        assert_eq!(
+            refused("vllm:num_requests_running"),
+            "line 1 is not a Prometheus sample (no value): `vllm:num_requests_running`"
+        );
+        assert_eq!(
+            refused("a{b=\"c\"}"),
+            "line 1 is not a Prometheus sample (no value): `a{b=\"c\"}`"
+        );
+        // An HTML error page: quoted up to 64 characters.
+        let page = format!("<html>{}</html>", "x".repeat(500));
+        assert_eq!(
+            refused(&page),
+            format!(
+                "line 1 is not a Prometheus sample (no value): `<html>{}`",
+                "x".repeat(58)
+            )
+        );
+        let e = parse("ok 1\n\u{e9}t\u{e9} {").expect_err("refused");
+        assert_eq!((e.line, e.why), (2, "its `{` is not closed"));
     }
 }

@@ -99,13 +99,18 @@ fn scraper(cfg: FeedbackConfig) -> (Scraper, Admission, Arc<Metrics>) {
     (s, admission, metrics)
 }
 
-fn text(waiting: u64, preemptions: u64) -> Result<BackendReading, String> {
-    Ok(parse::parse(&format!(
+/// A MindIE scrape.
+fn mindie_text(waiting: u64, preemptions: u64) -> String {
+    format!(
         "num_requests_waiting{{model_name=\"q\"}} {waiting}\n\
          num_requests_running{{model_name=\"q\"}} 3\n\
          num_preemptions_total{{model_name=\"q\"}} {preemptions}\n\
          npu_cache_usage_perc{{model_name=\"q\"}} 0.95\n"
-    )))
+    )
+}
+
+fn text(waiting: u64, preemptions: u64) -> Result<BackendReading, ScrapeError> {
+    Ok(parse::parse(&mindie_text(waiting, preemptions)).expect("prometheus text"))
 }
 
 fn effective(adm: &Admission) -> u64 {
@@ -146,16 +151,18 @@ async fn preemptions_shrink_the_ledger_and_calm_grows_it_back() {
     assert!(exported.contains("tokengate_backend_kv_usage{backend=\"http://npu0\"} 0.95\n"));
     assert!(exported.contains("tokengate_backend_requests_running{backend=\"http://npu0\"} 3\n"));
     // A failed scrape is counted and changes nothing.
-    s.take(Err("answered 503 Service Unavailable".to_string()));
+    s.take(Err(ScrapeError::Fetch(
+        "answered 503 Service Unavailable".to_string(),
+    )));
     assert_eq!(effective(&adm), 800);
     let seen = s.feedback.observed(0).expect("observed");
     assert_eq!(
         (seen.failures, seen.last_error.as_deref()),
         (1, Some("answered 503 Service Unavailable"))
     );
-    assert!(metrics
-        .encode()
-        .contains("tokengate_backend_scrape_failures_total{backend=\"http://npu0\"} 1\n"));
+    assert!(metrics.encode().contains(
+        "tokengate_backend_scrape_failures_total{backend=\"http://npu0\",reason=\"fetch\"} 1\n"
+    ));
     // Four calm periods of three scrapes: 850, 900, 950, 1000.
     let mut seen = Vec::new();
     for _ in 0..12 {
@@ -231,4 +238,83 @@ fn the_section_is_checked() {
             ceiling_permille: 1250
         }
     );
+}
+
+/// A metrics server on 127.0.0.1 that answers its scrapes with `bodies` in order, one per
+/// connection, and never answers any after them (so a test sees exactly what they did).
+async fn scripted_metrics(bodies: Vec<String>) -> (String, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut bodies = bodies.into_iter();
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let answer = bodies.next().map(|b| ok(&b));
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                match answer {
+                    Some(a) => {
+                        let _ = stream.write_all(a.as_bytes()).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), task)
+}
+
+/// Issue 26: a backend serving `}{ 1` made the parser slice backwards and panic, which ended
+/// the scrape task and froze the capacity scale. Now the garbage is counted as a parse failure
+/// and the next good scrapes move the scale.
+#[tokio::test]
+async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on() {
+    let mut bodies = vec!["}{ 1".to_string(); 3];
+    // Requests waiting for two scrapes in a row, while the gateway holds a lease: one shrink.
+    bodies.extend([mindie_text(2, 0), mindie_text(2, 0)]);
+    let (base, _server) = scripted_metrics(bodies).await;
+    let (_, admission, metrics) = scraper(FeedbackConfig::default());
+    let _lease = admission
+        .admit("a", Priority::Standard, NEED)
+        .await
+        .expect("room");
+    let cfg = FeedbackConfig {
+        enabled: true,
+        interval: Duration::from_millis(5),
+        // The scrape after the script waits for ever, and nothing more happens.
+        timeout: Duration::from_secs(3600),
+        ..FeedbackConfig::default()
+    };
+    let scrapers = spawn(&[(base.clone(), cfg)], &admission, &metrics);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let seen = scrapers.observed.observed(0).expect("feedback on");
+        if seen.scrapes == 2 {
+            break seen;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the scraper stopped: {seen:?}"
+        );
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(
+        (seen.failures, seen.last_error, seen.capacity_scale_permille),
+        (3, None, 900)
+    );
+    assert_eq!(effective(&admission), 900);
+    let exported = metrics.encode();
+    let failures = |reason: &str| {
+        format!(
+            "tokengate_backend_scrape_failures_total{{backend=\"{base}\",reason=\"{reason}\"}} 3\n"
+        )
+    };
+    assert!(exported.contains(&failures("parse")), "{exported}");
+    assert!(!exported.contains("reason=\"fetch\""), "{exported}");
+    assert!(exported.contains(&format!(
+        "tokengate_kv_capacity_scale{{backend=\"{base}\"}} 0.9\n"
+    )));
 }

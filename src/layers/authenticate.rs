@@ -7,12 +7,16 @@
 //! With outcomes counted ([`AuthenticateLayer::counting_outcomes`]), every refusal from here on
 //! is counted in `tokengate_requests_total` under its tenant (`unknown` when the key named
 //! none) and its error code; the answers themselves are counted by the ticket they settle.
+//! The record of a request refused here for its key carries its id only when the gateway made
+//! it ([`GatewayMade`]): an id the client chose is its own word until its key is checked, and
+//! an unauthenticated client must not write what it likes into the usage log.
 
 use super::Arrived;
 use crate::error::ApiError;
 use crate::metrics::Outcome;
 use crate::proxy::Gateway;
 use crate::record::{request_id, NamedModel, Settled};
+use crate::request_id::GatewayMade;
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
@@ -91,9 +95,11 @@ where
                 (tenant, class)
             });
         let id = count_outcomes.then(|| request_id(req.headers())).flatten();
+        let made_here = req.extensions().get::<GatewayMade>().is_some();
+        let unauthenticated_id = id.clone().filter(|_| made_here);
         let named = count_outcomes.then(NamedModel::default);
         Box::pin(async move {
-            let count = |tenant: &str, e: &ApiError| {
+            let count = |tenant: &str, id: &Option<String>, e: &ApiError| {
                 if count_outcomes {
                     let outcome = Outcome::Failed(e.code);
                     gw.recorder.settle(Settled {
@@ -107,8 +113,9 @@ where
                     gw.metrics.outcome(tenant, outcome);
                 }
             };
-            let (tenant, class) = authenticated.inspect_err(|e| count("unknown", e))?;
-            let class = class.inspect_err(|e| count(&tenant.name, e))?;
+            let (tenant, class) =
+                authenticated.inspect_err(|e| count("unknown", &unauthenticated_id, e))?;
+            let class = class.inspect_err(|e| count(&tenant.name, &id, e))?;
             req.extensions_mut().insert(tenant.clone());
             req.extensions_mut().insert(class);
             req.extensions_mut().insert(arrived);
@@ -119,7 +126,7 @@ where
                 .call(req)
                 .await
                 .map_err(Into::into)
-                .inspect_err(|e| count(&tenant.name, e))
+                .inspect_err(|e| count(&tenant.name, &id, e))
         })
     }
 }

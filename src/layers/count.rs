@@ -176,7 +176,7 @@ impl Gateway {
     /// A refusal of what the tenant's buckets cannot admit now even at the least the request
     /// can cost (`cost`, exact where `exact` says so), before its prompt is counted. Charges
     /// nothing (the charge after counting decides again).
-    async fn check_at_least(
+    pub(crate) async fn check_at_least(
         &self,
         tenant: &Tenant,
         cost: Cost,

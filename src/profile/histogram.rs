@@ -38,12 +38,23 @@ fn bucket(v: u64) -> u16 {
     1 + (v.ln() / GAMMA.ln()).ceil() as u16
 }
 
-/// The value bucket `k` answers with.
+/// The value bucket `k` answers with: the one integer it holds when it holds only one (every
+/// value below 50 has a bucket to itself), else the DDSketch representative.
 fn representative(k: u16) -> f64 {
     if k == 0 {
         return 0.0;
     }
-    2.0 * GAMMA.powi(i32::from(k) - 1) / (GAMMA + 1.0)
+    let r = 2.0 * GAMMA.powi(i32::from(k) - 1) / (GAMMA + 1.0);
+    // What is recorded is integers (token counts, microseconds): answering 7.92 for a bucket
+    // that can only hold 8 would be an error of our own making. The bucket is an interval
+    // around `r`, so it holds one integer exactly when one integer of `r - 2 ..= r + 2` is in
+    // it: a bucket reaching past that window holds at least two of its integers.
+    let low = (r.floor() as u64).saturating_sub(2);
+    let mut inside = (low..=r.ceil() as u64 + 2).filter(|&n| bucket(n) == k);
+    match (inside.next(), inside.next()) {
+        (Some(n), None) => n as f64,
+        _ => r,
+    }
 }
 
 impl LogHistogram {
@@ -157,11 +168,47 @@ mod tests {
     }
 
     #[test]
-    fn small_integers_round_to_themselves() {
-        // Below 50 a bucket is narrower than one, and its value within 0.5 of the integer.
+    fn an_integer_alone_in_its_bucket_answers_exactly() {
+        // Below 50 a bucket is narrower than one: each integer comes back as itself.
         for v in 0..50u64 {
-            assert_eq!(representative(bucket(v)).round() as u64, v);
+            assert_eq!(representative(bucket(v)), v as f64);
         }
+        // Above, wherever a bucket holds one integer only.
+        let alone: Vec<u64> = (50..1000u64)
+            .filter(|&v| bucket(v - 1) != bucket(v) && bucket(v + 1) != bucket(v))
+            .collect();
+        assert!(!alone.is_empty());
+        for v in alone {
+            assert_eq!(representative(bucket(v)), v as f64);
+        }
+    }
+
+    #[test]
+    fn quantiles_of_small_integers_are_exact() {
+        let of = |values: &[u64]| {
+            let mut h = LogHistogram::default();
+            for &v in values {
+                h.record(v);
+            }
+            [0.5, 0.95, 0.99].map(|q| h.quantile(q).expect("recorded"))
+        };
+        // Twelve answers of exactly 8 tokens (reported as 7.92 before).
+        assert_eq!(of(&[8; 12]), [8.0, 8.0, 8.0]);
+        // 1..=12: ranks 6, 12 and 12.
+        assert_eq!(of(&(1..=12).collect::<Vec<_>>()), [6.0, 12.0, 12.0]);
+        // Ten of 3 and two of 40: ranks 6, 12 and 12.
+        let mut mix = vec![3; 10];
+        mix.extend([40, 40]);
+        assert_eq!(of(&mix), [3.0, 40.0, 40.0]);
+        // Zeros and ones, and one value of 49.
+        let mut mix = vec![0; 60];
+        mix.extend([1; 39]);
+        mix.push(49);
+        assert_eq!(of(&mix), [0.0, 1.0, 1.0]);
+        let mut mix = vec![0; 98];
+        mix.extend([49, 49]);
+        assert_eq!(of(&mix), [0.0, 0.0, 49.0]);
+        assert_eq!(of(&[49; 100]), [49.0, 49.0, 49.0]);
     }
 
     #[test]

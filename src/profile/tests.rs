@@ -60,8 +60,8 @@ fn the_window_slides_by_one_slot_and_since_start_keeps_everything() {
     let a = tenant(&r, "alice");
     assert_eq!((a.window.requests, a.since_start.requests), (3, 4));
     // Small integers come back exactly (see the histogram's tests).
-    assert_eq!(a.window.prompt_tokens.p50.map(f64::round), Some(30.0));
-    assert_eq!(a.since_start.prompt_tokens.p50.map(f64::round), Some(20.0));
+    assert_eq!(a.window.prompt_tokens.p50, Some(30.0));
+    assert_eq!(a.since_start.prompt_tokens.p50, Some(20.0));
     // A day later nothing is in the window, everything since start.
     let r = p.report(t0 + 24 * 60 * MINUTE);
     let a = tenant(&r, "alice");
@@ -113,9 +113,9 @@ fn outcomes_refusals_lengths_and_the_reserved_ratio_add_up_exactly() {
         (75, 200)
     );
     assert_eq!(a.output_reserved_ratio, Some(0.375));
-    assert_eq!(a.prompt_tokens.p50.map(f64::round), Some(12.0));
-    assert_eq!(a.prompt_tokens.p99.map(f64::round), Some(14.0));
-    assert_eq!(a.output_tokens.p50.map(f64::round), Some(30.0));
+    assert_eq!(a.prompt_tokens.p50, Some(12.0));
+    assert_eq!(a.prompt_tokens.p99, Some(14.0));
+    assert_eq!(a.output_tokens.p50, Some(30.0));
     let ttft = a.ttft_ms.p99.expect("measured");
     assert!((ttft - 400.0).abs() <= 4.0, "{ttft}");
     let b = &tenant(&r, "bob").window;
@@ -124,7 +124,7 @@ fn outcomes_refusals_lengths_and_the_reserved_ratio_add_up_exactly() {
         BTreeMap::from([("client_disconnect".into(), 1)])
     );
     assert!(b.refusals.is_empty());
-    assert_eq!(b.prompt_tokens.p50.map(f64::round), Some(40.0));
+    assert_eq!(b.prompt_tokens.p50, Some(40.0));
     assert_eq!(
         (b.output_tokens, b.output_reserved_ratio),
         (Quantiles::default(), None)
@@ -139,9 +139,41 @@ fn outcomes_refusals_lengths_and_the_reserved_ratio_add_up_exactly() {
             ("rate_limit_exceeded".into(), 2)
         ])
     );
-    assert_eq!(all.prompt_tokens.p50.map(f64::round), Some(14.0));
+    assert_eq!(all.prompt_tokens.p50, Some(14.0));
     assert_eq!(all.output_reserved_ratio, Some(0.375));
     assert_eq!(r.overall.since_start, r.overall.window);
+}
+
+#[test]
+fn twelve_answers_of_eight_tokens_have_every_quantile_eight() {
+    let t0 = Instant::now();
+    let p = Profile::new(15 * MINUTE, t0);
+    for i in 0..12 {
+        p.record(t0, &ok("alice", 20 + i, 8, 16, 100));
+    }
+    let r = p.report(t0);
+    let a = &tenant(&r, "alice").window;
+    let eight = Quantiles {
+        p50: Some(8.0),
+        p95: Some(8.0),
+        p99: Some(8.0),
+    };
+    assert_eq!(a.output_tokens, eight);
+    assert_eq!(r.overall.window.output_tokens, eight);
+    // Prompts of 20..=31 tokens: ranks 6, 12 and 12 exactly.
+    assert_eq!(
+        a.prompt_tokens,
+        Quantiles {
+            p50: Some(25.0),
+            p95: Some(31.0),
+            p99: Some(31.0),
+        }
+    );
+    let v = serde_json::to_value(&r).expect("serializable");
+    assert_eq!(
+        v["tenants"][0]["output_tokens"],
+        serde_json::json!({"p50": 8.0, "p95": 8.0, "p99": 8.0})
+    );
 }
 
 #[test]

@@ -35,21 +35,6 @@ impl Gateway {
         Ok(())
     }
 
-    /// [`Gateway::check_content_type`], then [`Gateway::read_body_json`].
-    pub async fn read_json<B, T: Send + 'static>(
-        &self,
-        tenant: &str,
-        req: Request<B>,
-        parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<T, ApiError>
-    where
-        B: http_body::Body,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        self.check_content_type(req.headers())?;
-        self.read_body_json(tenant, req.into_body(), parse).await
-    }
-
     /// The body, within the size limit and read timeout, then `parse` of it as a JSON object
     /// (with its bytes).
     /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a

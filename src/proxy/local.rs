@@ -1,15 +1,30 @@
-//! The main listener's routes answered without a charge: `POST /tokenize` (locally, in
+//! The main listener's routes answered without the backend: `POST /tokenize` (locally, in
 //! vLLM's shape) and `GET /v1/models` (from the backends). Both come after the authenticate
 //! layer, whose `Arc<Tenant>` they find in the request's extensions.
+//!
+//! `/tokenize` costs one request from the tenant's requests bucket (none is taken when it is
+//! refused) and is counted on the tokenizer pool like a generation's prompt; its answer never
+//! holds more ids than the model's context: the prompt, images and video expanded, is counted up
+//! to `model.max_model_len` before any id is made, and one past it is a 400, so a body of a few
+//! hundred kilobytes cannot ask for hundreds of megabytes of ids.
 
-use super::{full, json_response, Gateway, GatewayBody, REQUEST_ID};
+use super::{full, json_text_response, Gateway, GatewayBody, REQUEST_ID};
 use crate::api::openai::{self, Prompt};
-use crate::error::ApiError;
+use crate::error::{push_decimal, ApiError};
 use crate::layers::count::render_paired;
+use crate::limiter::Cost;
 use crate::tenant::Tenant;
+use crate::tokenize::TokenCount;
 use crate::vision;
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
+
+/// What `/tokenize` costs: one request.
+const ONE_REQUEST: Cost = Cost {
+    prefill: 0,
+    decode: 0,
+    requests: 1,
+};
 
 /// `POST /tokenize`, answered locally in vLLM's shape: `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize<B>(
@@ -17,13 +32,20 @@ pub async fn tokenize<B>(
     req: Request<B>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
-    B: http_body::Body,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::needs::<Arc<Tenant>>(req.extensions())?.clone();
+    gw.check_content_type(req.headers())?;
+    // A tenant without a request left is refused before its body is read, as a generation is.
+    if let Err(e) = gw.check_at_least(&tenant, ONE_REQUEST, [true; 3]).await {
+        gw.discard_body(req);
+        return Err(e);
+    }
     let config = gw.config.clone();
     let prompt = gw
-        .read_json(&tenant.name, req, move |body| {
+        .read_body_json(&tenant.name, req.into_body(), move |body| {
             let body = body.object;
             if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
                 let m = v.as_str().unwrap_or_default();
@@ -38,15 +60,80 @@ where
             }
         })
         .await?;
-    let ids = gw.encode_prompt(&tenant.name, prompt).await?;
-    Ok(json_response(
+    let max_len = gw.config.model.max_model_len;
+    let counted = gw
+        .count_prompt(&tenant.name, prompt.clone(), max_len)
+        .await?;
+    if let TokenCount::AtLeast(n) = counted {
+        return Err(past_the_context(&prompt, n, max_len));
+    }
+    let mut charge = gw
+        .limiter
+        .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
+        .await?;
+    let ids = gw
+        .encode_prompt(&tenant.name, prompt)
+        .await
+        // No answer: the request is given back.
+        .inspect_err(|_| charge.refund_all())?;
+    Ok(json_text_response(
         StatusCode::OK,
-        &serde_json::json!({
-            "count": ids.len(),
-            "max_model_len": gw.config.model.max_model_len,
-            "tokens": ids,
-        }),
+        tokenize_answer(&ids, max_len),
     ))
+}
+
+/// The 400 of a prompt of at least `tokens` tokens, past the context.
+fn past_the_context(prompt: &Prompt, tokens: usize, max_len: u64) -> ApiError {
+    let (param, what) = match prompt {
+        Prompt::Chat { media, .. } if !media.is_empty() => {
+            let images = media
+                .iter()
+                .filter(|m| matches!(m, vision::Media::Image { .. }))
+                .count();
+            let counted = |n: usize, kind: &str| match n {
+                0 => None,
+                1 => Some(format!("1 {kind}")),
+                n => Some(format!("{n} {kind}s")),
+            };
+            let carried: Vec<String> = [
+                counted(images, "image"),
+                counted(media.len() - images, "video"),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let carried = carried.join(" and ");
+            let what = format!("the prompt with the engine's expansion of its {carried}");
+            ("messages", what)
+        }
+        Prompt::Chat { .. } => ("messages", "the prompt".to_owned()),
+        Prompt::Text(_) | Prompt::TokenIds(_) => ("prompt", "the prompt".to_owned()),
+    };
+    ApiError::context_length(format!(
+        "this model's maximum context length is {max_len} tokens; {what} is at least {tokens} tokens"
+    ))
+    .with_param(param)
+}
+
+/// `{"count":N,"max_model_len":M,"tokens":[...]}`, written straight into the body: the answer is
+/// up to a context of ids, and a `serde_json::Value` per id would cost an allocation and 32
+/// bytes each on the way to text.
+fn tokenize_answer(ids: &[u32], max_model_len: u64) -> Vec<u8> {
+    // Ids of the Qwen3.5 vocabulary have up to 6 digits, and a comma.
+    let mut out = Vec::with_capacity(64 + 7 * ids.len());
+    out.extend_from_slice(b"{\"count\":");
+    push_decimal(&mut out, ids.len() as u64);
+    out.extend_from_slice(b",\"max_model_len\":");
+    push_decimal(&mut out, max_model_len);
+    out.extend_from_slice(b",\"tokens\":[");
+    for (i, &id) in ids.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        push_decimal(&mut out, u64::from(id));
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 /// `GET /v1/models`, from the first backend that answers with a 2xx (a 4xx is passed on in
@@ -94,5 +181,22 @@ impl Gateway {
                 Prompt::TokenIds(ids) => Ok(ids),
             })
             .await?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_is_the_json_serde_would_write() {
+        for ids in [vec![], vec![0], vec![1, 22, 333, 248_056, u32::MAX]] {
+            let want =
+                serde_json::json!({"count": ids.len(), "max_model_len": 4096, "tokens": ids});
+            assert_eq!(
+                String::from_utf8(tokenize_answer(&ids, 4096)).unwrap(),
+                want.to_string()
+            );
+        }
     }
 }

@@ -46,7 +46,12 @@ pub fn full(bytes: impl Into<Bytes>) -> GatewayBody {
 
 /// A JSON response.
 pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<GatewayBody> {
-    let mut resp = Response::new(full(value.to_string()));
+    json_text_response(status, value.to_string())
+}
+
+/// A response of JSON text already written.
+pub fn json_text_response(status: StatusCode, json: impl Into<Bytes>) -> Response<GatewayBody> {
+    let mut resp = Response::new(full(json));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

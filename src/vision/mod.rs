@@ -36,6 +36,11 @@ const FRAMES_FPS: f64 = 24.0;
 /// Tokens a timestamp such as `<1234.5 seconds>` takes at most, used for the default per-video
 /// charge: `<`, up to 5 digits, `.`, 1 digit, ` seconds`, `>`.
 const TIMESTAMP_TOKENS: u64 = 10;
+/// Images, and videos, one request may carry by default: what a Qwen3.5 deployment of vLLM
+/// accepts when `--limit-mm-per-prompt` is not given (its `MultiModalConfig` allows 999 of each
+/// modality it is not told about, and the Qwen3-VL processor Qwen3.5 uses sets no limit of its
+/// own).
+pub const DEFAULT_MAX_MEDIA_PER_REQUEST: u32 = 999;
 
 /// The `[vision]` section of the config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -62,10 +67,19 @@ pub struct VisionConfig {
     /// timestamp tokens for `max_frames / temporal_patch_size` patches (29,184 for Qwen3.5).
     #[serde(default)]
     pub video_tokens: Option<u64>,
+    /// The most images, and the most videos, one chat may carry (each kind counted on its own,
+    /// as vLLM's `--limit-mm-per-prompt` counts them); more is a 400 naming `messages`, before
+    /// any is read. Default 999, vLLM's.
+    #[serde(default = "default_max_media_per_request")]
+    pub max_media_per_request: u32,
 }
 
 fn enabled() -> bool {
     true
+}
+
+fn default_max_media_per_request() -> u32 {
+    DEFAULT_MAX_MEDIA_PER_REQUEST
 }
 
 impl Default for VisionConfig {
@@ -76,6 +90,7 @@ impl Default for VisionConfig {
             video_preprocessor_config: None,
             remote_image_tokens: None,
             video_tokens: None,
+            max_media_per_request: DEFAULT_MAX_MEDIA_PER_REQUEST,
         }
     }
 }
@@ -96,6 +111,8 @@ pub struct VisionRules {
     pub remote_image_tokens: u64,
     /// Tokens charged for a video the gateway cannot see.
     pub video_tokens: u64,
+    /// The most images, and the most videos, one chat may carry.
+    pub max_media_per_request: u32,
 }
 
 impl Default for VisionRules {
@@ -218,12 +235,16 @@ impl VisionConfig {
             video_tokens: self
                 .video_tokens
                 .unwrap_or_else(|| square(&video_rule) + groups.max(1) * (2 + TIMESTAMP_TOKENS)),
+            max_media_per_request: self.max_media_per_request,
         };
         if rules.remote_image_tokens == 0 {
             anyhow::bail!("vision.remote_image_tokens must be at least 1");
         }
         if rules.video_tokens < 3 {
             anyhow::bail!("vision.video_tokens must be at least 3 (start, one pad, end)");
+        }
+        if rules.max_media_per_request == 0 {
+            anyhow::bail!("vision.max_media_per_request is 0; it must be at least 1 (vision.enabled = false refuses every image and video)");
         }
         Ok(rules)
     }
@@ -555,6 +576,15 @@ mod tests {
         );
         assert_eq!(rules.remote_image_tokens, 16_384);
         assert_eq!(rules.video_tokens, 24_576 + 384 * 12);
+        assert_eq!(rules.max_media_per_request, 999);
+        let none = VisionConfig {
+            max_media_per_request: 0,
+            ..VisionConfig::default()
+        };
+        assert_eq!(
+            none.load().unwrap_err().to_string(),
+            "vision.max_media_per_request is 0; it must be at least 1 (vision.enabled = false refuses every image and video)"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! validation) and what the gateway builds from an accepted one (its tenant directory).
 //!
 //! Valid configs are generated as TOML tables (hand-sized and capacity-model backends, tenants
-//! with rates or a `share`), then mutated: a required key removed, an unknown key added, a value
+//! with rates or a `share`, `[vision]`), then mutated: a required key removed, an unknown key added, a value
 //! of the wrong type, a value validation refuses, profile figures of any float (zero, negative,
 //! NaN, infinite, huge), and some byte edits of the text. Properties: a config is refused only
 //! for something a mutation broke, and the message names it; an accepted config keeps every
@@ -111,6 +111,19 @@ fn limiter() -> impl Strategy<Value = Table> {
             }
             t
         })
+}
+
+/// `[vision]`: on or off, with any charges and media cap validation accepts.
+fn vision() -> impl Strategy<Value = Table> {
+    some_of(vec![
+        ("enabled", any::<bool>().prop_map(Value::Boolean).boxed()),
+        ("remote_image_tokens", int(1..=1 << 20).boxed()),
+        ("video_tokens", int(3..=1 << 20).boxed()),
+        (
+            "max_media_per_request",
+            int(1..=i64::from(u32::MAX)).boxed(),
+        ),
+    ])
 }
 
 fn workload() -> impl Strategy<Value = Table> {
@@ -235,7 +248,7 @@ fn valid_config() -> impl Strategy<Value = Table> {
         tokenizer(),
         model(),
         (admission(), limiter()),
-        workload(),
+        (workload(), vision()),
         backends,
         1usize..=4,
     )
@@ -251,13 +264,17 @@ fn valid_config() -> impl Strategy<Value = Table> {
             },
         )
         .prop_map(
-            |((server, tokenizer, model, (admission, limiter), workload, backends), tenants)| {
+            |(
+                (server, tokenizer, model, (admission, limiter), (workload, vision), backends),
+                tenants,
+            )| {
                 let mut t = Table::new();
                 for (key, table) in [
                     ("server", server),
                     ("admission", admission),
                     ("limiter", limiter),
                     ("workload", workload),
+                    ("vision", vision),
                 ] {
                     if !table.is_empty() {
                         t.insert(key.into(), table.into());
@@ -357,11 +374,11 @@ impl Mutation {
                     return None;
                 }
                 let key = t.keys().nth(which.index(t.len()))?.clone();
-                // No field is a boolean, and no chain of these leads back to a field's type
-                // (a key may be retyped twice).
+                // No chain of these leads back to a field's type (a key may be retyped twice):
+                // a boolean becomes a string, then an integer.
                 let wrong = match &t[&key] {
                     Value::String(_) => Value::Integer(7),
-                    Value::Array(_) => Value::from("x"),
+                    Value::Array(_) | Value::Boolean(_) => Value::from("x"),
                     _ => Value::Boolean(true),
                 };
                 t.insert(key.clone(), wrong);
@@ -424,6 +441,7 @@ fn any_table() -> impl Strategy<Value = Path> {
             vec![Seg::Key("admission")],
             vec![Seg::Key("limiter")],
             vec![Seg::Key("workload")],
+            vec![Seg::Key("vision")],
             vec![Seg::Nth("backends", i)],
             vec![Seg::Nth("tenants", i)],
             vec![Seg::Nth("backends", i), Seg::Key("overrides")],
@@ -461,6 +479,9 @@ fn invalid() -> impl Strategy<Value = Mutation> {
         ),
         ("tenants", "share", 1.5.into()),
         ("tenants", "max_inflight", zero()),
+        ("vision", "remote_image_tokens", zero()),
+        ("vision", "video_tokens", Value::Integer(2)),
+        ("vision", "max_media_per_request", zero()),
     ];
     for url in ["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""] {
         cases.push(("backends", "url", url.into()));
@@ -619,6 +640,21 @@ fn check_as_given(cfg: &ValidConfig, table: &Table) -> Result<(), TestCaseError>
         }
         prop_assert_eq!(b.derived.is_some(), t.get("hardware").is_some());
     }
+    let vision = table.get("vision").and_then(Value::as_table);
+    let given = |k: &str| vision.and_then(|v| v.get(k)).and_then(Value::as_integer);
+    let rules = &cfg.vision_rules;
+    prop_assert_eq!(
+        u64::from(rules.max_media_per_request),
+        given("max_media_per_request").unwrap_or(999) as u64
+    );
+    if let Some(tokens) = given("remote_image_tokens") {
+        prop_assert_eq!(rules.remote_image_tokens, tokens as u64);
+    }
+    let shown = format!(
+        "at most {} of each per request",
+        rules.max_media_per_request
+    );
+    prop_assert_eq!(describe(cfg).contains(&shown), rules.enabled);
     let tenants = table["tenants"].as_array().unwrap();
     prop_assert_eq!(cfg.tenants.len(), tenants.len());
     let directory = TenantDirectory::from_config(cfg);

@@ -17,6 +17,7 @@ mod chat;
 mod config;
 mod gen;
 mod image;
+mod metrics;
 mod request;
 mod sse;
 
