@@ -7,6 +7,7 @@ use crate::api::openai::{self, Prompt};
 use crate::error::ApiError;
 use crate::layers::count::render_paired;
 use crate::tenant::Tenant;
+use crate::tokenize::chat::ChatRoute;
 use crate::vision;
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -32,7 +33,7 @@ where
                 }
             }
             if body.contains_key("messages") {
-                openai::parse_chat_prompt(&body, &config.vision_rules)
+                openai::parse_chat_prompt(&body, &config.vision_rules, ChatRoute::Tokenize)
             } else {
                 openai::parse_completion_prompt(&body)
             }
