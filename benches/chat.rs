@@ -93,7 +93,7 @@ fn turn(n: usize) -> ChatPrompt {
         messages,
         tools: Some(tools()),
         add_generation_prompt: true,
-        enable_thinking: None,
+        ..ChatPrompt::default()
     }
 }
 

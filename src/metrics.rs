@@ -163,6 +163,9 @@ pub struct Metrics {
     pub decode_tokens_reserved: Family<TenantLabel, Counter>,
     /// Output tokens given back at settlement.
     pub decode_tokens_refunded: Family<TenantLabel, Counter>,
+    /// Chats sent without an output limit whose output was capped at `model.default_max_tokens`
+    /// (vLLM alone would allow up to the context).
+    pub output_capped_at_default: Family<TenantLabel, Counter>,
     /// Time from request arrival to the first output token.
     pub ttft: HistogramFamily<TenantLabel>,
     /// Mean gap between output tokens after the first.
@@ -258,6 +261,7 @@ impl Metrics {
             decode_tokens: Family::default(),
             decode_tokens_reserved: Family::default(),
             decode_tokens_refunded: Family::default(),
+            output_capped_at_default: Family::default(),
             ttft: Family::new_with_constructor(latency_histogram),
             tpot: Family::new_with_constructor(latency_histogram),
             queue_wait: Family::new_with_constructor(latency_histogram),
@@ -319,6 +323,11 @@ impl Metrics {
             "decode_tokens_refunded",
             "Reserved output tokens given back at settlement",
             m.decode_tokens_refunded.clone(),
+        );
+        r.register(
+            "output_capped_at_default",
+            "Chats without max_tokens capped at model.default_max_tokens (vLLM would allow up to the context)",
+            m.output_capped_at_default.clone(),
         );
         r.register(
             "ttft_seconds",

@@ -316,6 +316,7 @@ fn chat(messages: Value, add_generation_prompt: bool, enable_thinking: Option<bo
         tools: None,
         add_generation_prompt,
         enable_thinking,
+        ..ChatPrompt::default()
     }
 }
 

@@ -121,11 +121,12 @@ async fn non_streaming_answer_is_passed_and_settled() {
         ]
     );
 
-    // Completions endpoint, no max_tokens: the default (100) is reserved and forwarded.
+    // Completions endpoint, no max_tokens: vLLM's own default (16, as vLLM 0.32 generates),
+    // smaller than the gateway's (100), is reserved and forwarded.
     let body = json!({"model": "qwen3.5-27b", "prompt": "Once upon a time"});
     let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
     assert_eq!(r.status, 200);
-    assert_eq!(backend.max_tokens_seen(), vec![7, 100]);
+    assert_eq!(backend.max_tokens_seen(), vec![7, 16]);
 
     // A prompt of token ids is charged its length (and never waits for the tokenizer pool).
     let prefill = gw.bucket("alice", "prefill").await;

@@ -146,6 +146,18 @@ impl Route {
         }
     }
 
+    /// What the backend generates at most when a request sets no output limit, where that is
+    /// a fixed number: 16 on `/v1/completions` (vLLM's request model), 20 on MindIE's TGI
+    /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
+    /// backend allows up to the context (vLLM's chat) or its default is not known (`/infer`).
+    pub fn backend_default_max_tokens(self) -> Option<u64> {
+        match self {
+            Route::OpenAi(Endpoint::Completions) => Some(16),
+            Route::MindIe(mindie::Native::Generate | mindie::Native::GenerateStream) => Some(20),
+            Route::OpenAi(Endpoint::Chat) | Route::MindIe(mindie::Native::Infer) => None,
+        }
+    }
+
     /// The field holding the prompt, named by errors about its length.
     pub fn prompt_param(self) -> &'static str {
         match self {

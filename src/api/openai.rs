@@ -5,7 +5,7 @@
 
 use super::Route;
 use crate::error::ApiError;
-use crate::tokenize::chat::ChatPrompt;
+use crate::tokenize::chat::{ChatPrompt, ChatRoute};
 use crate::vision::{Media, Modality, VisionRules};
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -272,6 +272,7 @@ pub fn parse_generation_from(
             ))
         }
     }
+    refuse_uncounted_work(&body)?;
     let mut requested = None;
     for field in [
         MaxTokensField::MaxCompletionTokens,
@@ -294,9 +295,14 @@ pub fn parse_generation_from(
             let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
                 unreachable!("chat_messages found an array")
             };
-            chat_prompt(messages.into_iter().map(Cow::Owned), &body, limits.vision)?
+            chat_prompt(
+                messages.into_iter().map(Cow::Owned),
+                &body,
+                limits.vision,
+                ChatRoute::ChatCompletions,
+            )?
         }
-        Endpoint::Chat => parse_chat_prompt(&body, limits.vision)?,
+        Endpoint::Chat => parse_chat_prompt(&body, limits.vision, ChatRoute::ChatCompletions)?,
         Endpoint::Completions => parse_completion_prompt(&body)?,
     };
     Ok(GenerationRequest {
@@ -312,17 +318,140 @@ pub fn parse_generation_from(
     })
 }
 
+/// Refuses the generation fields that change the backend's work in ways one reservation does
+/// not cover: `use_beam_search` and `best_of` above 1 (several sequences decoded, each with its
+/// KV), `truncate_prompt_tokens` (the engine prefills a cut prompt; the gateway charges the
+/// prompt sent), and a negative body `priority`, which with vLLM's priority scheduling would
+/// put the request ahead of its class (lower is earlier; a class is lowered with the
+/// `x-tokengate-priority` header, and 0 or above never overtakes anyone's default).
+fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
+    if optional_bool(body, "use_beam_search")? == Some(true) {
+        return Err(ApiError::invalid_param(
+            "use_beam_search",
+            "`use_beam_search` is not accepted: a beam search decodes several sequences, and the gateway reserves one",
+        ));
+    }
+    match body.get("best_of") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64() == Some(1) => {}
+        Some(v) => {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                format!("`best_of` must be 1 (one sequence per request), got {v}"),
+            ))
+        }
+    }
+    match body.get("truncate_prompt_tokens") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            return Err(ApiError::invalid_param(
+                "truncate_prompt_tokens",
+                format!("`truncate_prompt_tokens` is not accepted (got {v}): the gateway charges the whole prompt sent, so send it cut"),
+            ))
+        }
+    }
+    match body.get("priority") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64().is_some() => {}
+        Some(v @ Value::Number(_)) if v.as_i64().is_some() => {
+            return Err(ApiError::invalid_param(
+                "priority",
+                format!("`priority` is {v}: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"),
+            ))
+        }
+        Some(other) => return Err(wrong_type("priority", "an integer", other)),
+    }
+    Ok(())
+}
+
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-/// `messages`, `tools` and the template switches of a chat body, as a [`Prompt::Chat`]: each
-/// image and video part is read (and refused with a 400 naming it if it cannot be counted) and
-/// handed to the template as the bare `{"type": "image"}` or `{"type": "video"}` vLLM renders.
+/// `messages`, `tools` and the template switches of a chat body sent to `route`, as a
+/// [`Prompt::Chat`] brought into the shape vLLM renders
+/// ([`ChatPrompt::normalize_like_vllm`]): each image and video part is read (and refused with
+/// a 400 naming it if it cannot be counted) and handed to the template as the bare
+/// `{"type": "image"}` or `{"type": "video"}` vLLM renders. Fields that would change vLLM's
+/// prompt in ways the gateway does not count are refused, naming them.
 pub fn parse_chat_prompt(
     body: &Map<String, Value>,
     vision: &VisionRules,
+    route: ChatRoute,
 ) -> Result<Prompt, ApiError> {
     let messages = chat_messages(body, vision)?;
-    chat_prompt(messages.iter().map(Cow::Borrowed), body, vision)
+    chat_prompt(messages.iter().map(Cow::Borrowed), body, vision, route)
+}
+
+/// The chat template switches the gateway counts, from `chat_template_kwargs` and
+/// `reasoning_effort`: `enable_thinking` as sent, else, as vLLM sets it, false for
+/// `reasoning_effort: "none"` and true for any other effort (the Qwen3.5 template reads
+/// nothing else of them). Any other template argument is refused, naming it: vLLM passes the
+/// ones the template reads (Qwen3.5's `add_vision_id` adds "Picture 1: " before each image)
+/// and a deployment's own template may read any.
+fn template_switches(body: &Map<String, Value>) -> Result<Option<bool>, ApiError> {
+    let kwargs = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(other) => return Err(wrong_type("chat_template_kwargs", "an object", other)),
+    };
+    for (key, value) in kwargs.into_iter().flatten() {
+        // vLLM sets these from the request's own fields, over what the arguments say.
+        const OVERRIDDEN: [&str; 2] = ["add_generation_prompt", "continue_final_message"];
+        if key == "enable_thinking" || value.is_null() || OVERRIDDEN.contains(&key.as_str()) {
+            continue;
+        }
+        let param = format!("chat_template_kwargs.{key}");
+        return Err(ApiError::invalid_param(
+            &param,
+            format!("`{param}` would change the prompt the chat template renders, which the gateway cannot count; only `enable_thinking` is accepted"),
+        ));
+    }
+    let efforts = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+    let effort = match body.get("reasoning_effort") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) if efforts.contains(&e.as_str()) => Some(e.as_str()),
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "reasoning_effort",
+                format!("`reasoning_effort` must be one of {efforts:?}, got {other}"),
+            ))
+        }
+    };
+    match kwargs.and_then(|k| k.get("enable_thinking")) {
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        // Present but null: vLLM leaves it so, and does not derive it from the effort.
+        Some(Value::Null) => Ok(None),
+        Some(other) => Err(wrong_type(
+            "chat_template_kwargs.enable_thinking",
+            "a boolean",
+            other,
+        )),
+        None => Ok(effort.map(|e| e != "none")),
+    }
+}
+
+/// Refuses the chat fields that change what vLLM prefills in ways the gateway does not count:
+/// a request's own `chat_template` (vLLM refuses it too unless started with
+/// `--trust-request-chat-template`), and `mm_processor_kwargs` / `media_io_kwargs`, which
+/// change how images are resized and videos sampled (a 1x1 PNG with a `min_pixels` of 16M is
+/// ~16,000 tokens to the engine).
+fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), ApiError> {
+    for (param, why) in [
+        ("chat_template", "the gateway counts prompts with the deployment's chat template only"),
+        ("mm_processor_kwargs", "it changes how images and videos become tokens, which the gateway counts with the deployment's settings only"),
+        ("media_io_kwargs", "it changes how images and videos are read and sampled, which the gateway counts with the deployment's settings only"),
+    ] {
+        match body.get(param) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(o)) if o.is_empty() => {}
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    param,
+                    format!("`{param}` is not accepted: {why}"),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A chat body's `messages`: a non-empty array, with no more images and no more videos than
@@ -387,7 +516,9 @@ fn chat_prompt<'a>(
     messages: impl ExactSizeIterator<Item = Cow<'a, Value>>,
     body: &Map<String, Value>,
     vision: &VisionRules,
+    route: ChatRoute,
 ) -> Result<Prompt, ApiError> {
+    refuse_uncountable(body)?;
     let mut media = Vec::new();
     let mut rendered = Vec::with_capacity(messages.len());
     for (i, message) in messages.enumerate() {
@@ -454,31 +585,32 @@ fn chat_prompt<'a>(
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
     };
-    let kwargs = match body.get("chat_template_kwargs") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(o)) => Some(o),
-        Some(other) => return Err(wrong_type("chat_template_kwargs", "an object", other)),
-    };
-    let enable_thinking = match kwargs.and_then(|k| k.get("enable_thinking")) {
-        None | Some(Value::Null) => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(other) => {
-            return Err(wrong_type(
-                "chat_template_kwargs.enable_thinking",
-                "a boolean",
-                other,
-            ))
-        }
-    };
+    let enable_thinking = template_switches(body)?;
     let add_generation_prompt = optional_bool(body, "add_generation_prompt")?.unwrap_or(true);
+    let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
+    if continue_final_message && add_generation_prompt {
+        // vLLM's request model and transformers both refuse the pair; add_generation_prompt
+        // is true unless sent as false.
+        return Err(ApiError::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` and `add_generation_prompt` cannot both be true (`add_generation_prompt` is true unless sent as false)",
+        ));
+    }
+    let documents = match body.get("documents") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(d)) if d.iter().all(Value::is_object) => Some(d.clone()),
+        Some(other) => return Err(wrong_type("documents", "an array of objects", other)),
+    };
     let mut prompt = ChatPrompt {
         messages: rendered,
         tools,
         add_generation_prompt,
         enable_thinking,
+        continue_final_message,
+        documents,
     };
-    // OpenAI clients send tool-call arguments as JSON strings; the template wants mappings.
-    prompt.normalize_tool_calls()?;
+    // What vLLM does to the messages and tools before its template sees them.
+    prompt.normalize_like_vllm(route)?;
     Ok(Prompt::Chat { prompt, media })
 }
 
@@ -693,6 +825,143 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&sent).unwrap(),
             r#"{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":3}"#
+        );
+    }
+
+    /// The chat prompt of `body` (a chat completion), or the refusal's param and message.
+    fn chat_of(extra: Value) -> Result<ChatPrompt, (String, String)> {
+        let mut body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        match parse(Endpoint::Chat, body) {
+            Ok(GenerationRequest {
+                prompt: Prompt::Chat { prompt, .. },
+                ..
+            }) => Ok(prompt),
+            Ok(_) => panic!("not a chat"),
+            Err(e) => Err((e.param.unwrap_or_default(), e.message)),
+        }
+    }
+
+    #[test]
+    fn thinking_is_read_as_vllm_sets_it() {
+        // vLLM 0.32 sets enable_thinking = (reasoning_effort != "none") unless the template
+        // arguments name enable_thinking themselves (even as null).
+        let thinking = |extra| chat_of(extra).unwrap().enable_thinking;
+        assert_eq!(thinking(json!({})), None);
+        assert_eq!(thinking(json!({"reasoning_effort": "none"})), Some(false));
+        assert_eq!(thinking(json!({"reasoning_effort": "low"})), Some(true));
+        assert_eq!(
+            thinking(json!({"reasoning_effort": "none",
+                            "chat_template_kwargs": {"enable_thinking": true}})),
+            Some(true)
+        );
+        assert_eq!(
+            thinking(json!({"reasoning_effort": "none",
+                            "chat_template_kwargs": {"enable_thinking": null}})),
+            None
+        );
+        assert_eq!(
+            chat_of(json!({"reasoning_effort": "huge"})).unwrap_err(),
+            (
+                "reasoning_effort".into(),
+                r#"`reasoning_effort` must be one of ["none", "minimal", "low", "medium", "high", "xhigh", "max"], got "huge""#.into()
+            )
+        );
+        // Arguments vLLM overrides with the request's own fields, and nulls, change nothing.
+        assert!(chat_of(json!({"chat_template_kwargs": {
+            "add_generation_prompt": false, "continue_final_message": true, "add_vision_id": null}}))
+        .unwrap()
+        .add_generation_prompt);
+    }
+
+    #[test]
+    fn fields_that_change_the_prompt_uncounted_are_refused_by_name() {
+        for (extra, param) in [
+            (
+                json!({"chat_template_kwargs": {"add_vision_id": true}}),
+                "chat_template_kwargs.add_vision_id",
+            ),
+            (
+                json!({"chat_template_kwargs": {"documents": []}}),
+                "chat_template_kwargs.documents",
+            ),
+            (json!({"chat_template": "{{ messages }}"}), "chat_template"),
+            (
+                json!({"mm_processor_kwargs": {"min_pixels": 16_777_216}}),
+                "mm_processor_kwargs",
+            ),
+            (
+                json!({"media_io_kwargs": {"video": {"num_frames": 64}}}),
+                "media_io_kwargs",
+            ),
+            (json!({"use_beam_search": true}), "use_beam_search"),
+            (json!({"best_of": 3}), "best_of"),
+            (
+                json!({"truncate_prompt_tokens": 10}),
+                "truncate_prompt_tokens",
+            ),
+            (json!({"priority": -5}), "priority"),
+            (json!({"priority": "high"}), "priority"),
+            (json!({"documents": "x"}), "documents"),
+            (
+                json!({"continue_final_message": true}),
+                "continue_final_message",
+            ),
+        ] {
+            let (got, message) = chat_of(extra.clone()).unwrap_err();
+            assert_eq!(got, param, "{extra}: {message}");
+        }
+        assert_eq!(
+            chat_of(json!({"mm_processor_kwargs": {"min_pixels": 16_777_216}})).unwrap_err().1,
+            "`mm_processor_kwargs` is not accepted: it changes how images and videos become tokens, which the gateway counts with the deployment's settings only"
+        );
+        assert_eq!(
+            chat_of(json!({"priority": -5})).unwrap_err().1,
+            "`priority` is -5: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"
+        );
+        // What vLLM counts the same way or that changes nothing is accepted.
+        for extra in [
+            json!({"priority": 3, "best_of": 1, "use_beam_search": false, "mm_processor_kwargs": {},
+                   "chat_template": null, "truncate_prompt_tokens": null}),
+            json!({"documents": [{"title": "t", "text": "x"}]}),
+            json!({"continue_final_message": true, "add_generation_prompt": false}),
+        ] {
+            assert!(chat_of(extra.clone()).is_ok(), "{extra}");
+        }
+        // Completions too.
+        let e = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": "a", "best_of": 2}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("best_of"));
+    }
+
+    #[test]
+    fn a_chat_is_normalized_as_vllm_renders_it() {
+        let p = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": [
+                {"role": "developer", "content": "D"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "A", "reasoning_content": "R"},
+                {"role": "user", "content": "more"}],
+                "tools": [{"type": "function", "function": {"name": "f", "strict": false, "x": 1}}]}),
+        )
+        .unwrap();
+        let Prompt::Chat { prompt, .. } = p.prompt else {
+            panic!()
+        };
+        assert_eq!(
+            prompt.messages[0],
+            json!({"role": "system", "content": "D"})
+        );
+        assert_eq!(prompt.messages[2]["reasoning_content"], "R");
+        assert_eq!(
+            prompt.tools.unwrap()[0],
+            json!({"type": "function", "function": {"name": "f", "description": null, "parameters": null, "strict": false}})
         );
     }
 

@@ -11,10 +11,11 @@
 //! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
 //! checks only peek; the charge layer charges.
 
-use crate::api::openai::{GenerationRequest, ParseLimits, Prompt};
+use crate::api::openai::{Endpoint, GenerationRequest, ParseLimits, Prompt};
 use crate::api::{self, Route};
 use crate::error::ApiError;
 use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
+use crate::metrics::TenantLabel;
 use crate::proxy::Gateway;
 use crate::record::NamedModel;
 use crate::tenant::Tenant;
@@ -164,6 +165,18 @@ impl Gateway {
                 .into());
             }
         };
+        if parsed.requested_max_tokens.is_none()
+            && parsed.endpoint == Route::OpenAi(Endpoint::Chat)
+            && max_output < self.config.model.max_model_len - prompt_tokens
+        {
+            // vLLM alone would let this chat write up to the context: the gateway's cap shows.
+            self.metrics
+                .output_capped_at_default
+                .get_or_create(&TenantLabel {
+                    tenant: tenant.name.clone(),
+                })
+                .inc();
+        }
         parts.extensions.insert(parsed);
         parts.extensions.insert(Cost {
             prefill: prompt_tokens,
@@ -267,8 +280,10 @@ impl Gateway {
         context.min(tenant.limits.prefill.capacity().floor() as u64)
     }
 
-    /// Output tokens to reserve: what the client asked for, or the default clamped to the
-    /// context; more than the context allows is a 400 naming both numbers (the prompt's "at
+    /// Output tokens to reserve: what the client asked for, or else the default clamped to the
+    /// context: `model.default_max_tokens`, or the backend's own default where it is smaller
+    /// (vLLM's completions generate 16, MindIE's TGI routes 20: see
+    /// [`Route::backend_default_max_tokens`]), which is then also what the backend is sent; more than the context allows is a 400 naming both numbers (the prompt's "at
     /// least" when its count stopped at the ceiling).
     pub fn output_budget(
         &self,
@@ -291,7 +306,14 @@ impl Gateway {
                 "this model's maximum context length is {max_len} tokens; the prompt alone is {least}{prompt_tokens} tokens"
             ))
             .with_param(req.endpoint.prompt_param())),
-            None => Ok(self.config.model.default_max_tokens.min(max_len - prompt_tokens)),
+            None => {
+                let default = self.config.model.default_max_tokens;
+                let default = match req.endpoint.backend_default_max_tokens() {
+                    Some(backend) => backend.min(default),
+                    None => default,
+                };
+                Ok(default.min(max_len - prompt_tokens))
+            }
         }
     }
 }
@@ -312,7 +334,6 @@ pub(crate) fn render_paired(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::openai::Endpoint;
     use crate::layers::testing::{alice, gateway};
     use http::{Response, StatusCode};
     use http_body_util::Full;
@@ -366,7 +387,43 @@ mod tests {
         .await;
         let (cost, _) = svc.oneshot(req).await.expect("valid").into_body();
         assert_eq!(cost.prefill, gw.tokenizer.count(text) as u64);
-        assert_eq!(cost.decode, 100, "the default output");
+        assert_eq!(
+            cost.decode, 16,
+            "vLLM's completions default, under default_max_tokens (100)"
+        );
+    }
+
+    /// The output reserved (and forwarded) without max_tokens is the backend's own default
+    /// where it is smaller than `model.default_max_tokens`: vLLM 0.32's `/v1/completions`
+    /// generates 16 tokens, MindIE's TGI routes 20; a chat, which vLLM lets write up to the
+    /// context, is capped at the gateway's default, and counted.
+    #[tokio::test]
+    async fn without_max_tokens_the_backend_default_is_reserved() {
+        let gw = gateway(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.clone()))
+            .service_fn(costed);
+        let decode = |route: Route, body: &'static str| {
+            let (gw, svc) = (gw.clone(), svc.clone());
+            async move {
+                let mut req = completion(&gw, body).await;
+                req.extensions_mut().insert(route);
+                svc.oneshot(req).await.expect("valid").into_body().0.decode
+            }
+        };
+        let native = |n| Route::MindIe(crate::api::mindie::Native::from_path(n).unwrap());
+        let generate = r#"{"inputs": "hi"}"#;
+        assert_eq!(decode(native("/generate"), generate).await, 20);
+        assert_eq!(decode(native("/generate_stream"), generate).await, 20);
+        assert_eq!(decode(native("/infer"), generate).await, 100);
+        let chat = r#"{"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}]}"#;
+        let capped = || gw.metrics.encode();
+        assert!(!capped().contains("tokengate_output_capped_at_default_total{"));
+        assert_eq!(decode(Route::OpenAi(Endpoint::Chat), chat).await, 100);
+        assert!(capped().contains(r#"tokengate_output_capped_at_default_total{tenant="alice"} 1"#));
+        let asked = r#"{"model": "qwen3.5-27b", "max_tokens": 7, "messages": [{"role": "user", "content": "hi"}]}"#;
+        assert_eq!(decode(Route::OpenAi(Endpoint::Chat), asked).await, 7);
+        assert!(capped().contains(r#"tokengate_output_capped_at_default_total{tenant="alice"} 1"#));
     }
 
     #[tokio::test]

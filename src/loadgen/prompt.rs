@@ -42,7 +42,7 @@ impl PromptBuilder {
             messages: vec![json!({"role": "user", "content": probe})],
             tools: None,
             add_generation_prompt: true,
-            enable_thinking: None,
+            ..ChatPrompt::default()
         })?;
         let chat_overhead = (counter.count(&rendered) - 1) as u64;
         Ok(Self {
@@ -102,7 +102,7 @@ mod tests {
                     messages: vec![json!({"role": "user", "content": content})],
                     tools: None,
                     add_generation_prompt: true,
-                    enable_thinking: None,
+                    ..ChatPrompt::default()
                 })
                 .unwrap();
             assert_eq!(tok.count(&rendered) as u64, n + 10);

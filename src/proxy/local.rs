@@ -15,6 +15,7 @@ use crate::layers::count::render_paired;
 use crate::limiter::Cost;
 use crate::tenant::Tenant;
 use crate::tokenize::TokenCount;
+use crate::tokenize::chat::ChatRoute;
 use crate::vision;
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -54,7 +55,7 @@ where
                 }
             }
             if body.contains_key("messages") {
-                openai::parse_chat_prompt(&body, &config.vision_rules)
+                openai::parse_chat_prompt(&body, &config.vision_rules, ChatRoute::Tokenize)
             } else {
                 openai::parse_completion_prompt(&body)
             }

@@ -142,6 +142,40 @@ async fn chat_answers_exactly_max_tokens_with_ignore_eos_and_reports_usage() {
     assert_eq!(stats.generated_tokens, 12);
 }
 
+/// The prompts vLLM 0.32 counts (its usage.prompt_tokens, asked of the engine): a developer
+/// message alone 17 tokens (rendered as system); a system and a later developer message
+/// merged into one first system turn, 21; `reasoning` and `reasoning_content` of an answer in
+/// the history rendered, 25 (21 without).
+#[tokio::test(start_paused = true)]
+async fn chats_are_counted_as_vllm_renders_them() {
+    let s = sim(SimConfig::default()).await;
+    let prompt = |messages: Value| {
+        let addr = s.addr();
+        async move {
+            let body = json!({"model": DEFAULT_MODEL, "max_tokens": 1, "messages": messages});
+            let a = post(addr, "/v1/chat/completions", body).await;
+            assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+            a.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+        }
+    };
+    let developer =
+        json!([{"role": "developer", "content": "D"}, {"role": "user", "content": "hi"}]);
+    assert_eq!(prompt(developer).await, 17);
+    let merged = json!([
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+        {"role": "developer", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]},
+    ]);
+    assert_eq!(prompt(merged).await, 21);
+    for key in ["reasoning", "reasoning_content"] {
+        let history = json!([{"role": "user", "content": "Q"},
+                             {"role": "assistant", "content": "A", key: "R R R"}]);
+        assert_eq!(prompt(history).await, 25, "{key}");
+    }
+    let plain = json!([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]);
+    assert_eq!(prompt(plain).await, 21);
+}
+
 #[tokio::test(start_paused = true)]
 async fn chat_stream_sends_one_token_per_chunk_then_usage_like_vllm() {
     let s = sim(SimConfig::default()).await;

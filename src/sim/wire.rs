@@ -3,7 +3,7 @@
 //! `/generate`, `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
 use crate::error::ApiError;
-use crate::tokenize::chat::{ChatPrompt, ChatTemplate, CountTokens};
+use crate::tokenize::chat::{ChatPrompt, ChatRoute, ChatTemplate, CountTokens};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -116,12 +116,15 @@ pub fn parse_openai(
             let messages = req
                 .messages
                 .ok_or_else(|| ApiError::invalid_param("messages", "`messages` is required"))?;
-            let prompt = ChatPrompt {
+            let mut prompt = ChatPrompt {
                 messages,
                 tools: req.tools,
                 add_generation_prompt: true,
                 enable_thinking: req.chat_template_kwargs.and_then(|k| k.enable_thinking),
+                ..ChatPrompt::default()
             };
+            // As vLLM: developer messages as system, system messages merged, reasoning renamed.
+            prompt.normalize_like_vllm(ChatRoute::ChatCompletions)?;
             counter.count(&template.render(&prompt)?) as u64
         }
         _ => match req.prompt {

@@ -235,7 +235,7 @@ fn probe(answer: Option<&str>) -> ChatPrompt {
         messages,
         tools: None,
         add_generation_prompt: false,
-        enable_thinking: None,
+        ..ChatPrompt::default()
     }
 }
 
@@ -612,7 +612,7 @@ mod tests {
             messages,
             tools: None,
             add_generation_prompt: true,
-            enable_thinking: None,
+            ..ChatPrompt::default()
         }
     }
 

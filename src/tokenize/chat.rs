@@ -8,6 +8,9 @@
 mod jinja;
 pub mod pyfmt;
 mod qwen35;
+mod vllm;
+
+pub use vllm::ChatRoute;
 
 use super::TokenCount;
 use crate::error::ApiError;
@@ -31,7 +34,7 @@ pub trait CountTokens {
 }
 
 /// The input of a chat template: what transformers' `apply_chat_template` receives.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct ChatPrompt {
     /// The conversation, as JSON objects (`role`, `content`, `tool_calls`, `reasoning_content`).
     pub messages: Vec<Value>,
@@ -44,6 +47,13 @@ pub struct ChatPrompt {
     /// Qwen3.5's thinking switch; `Some(false)` renders an empty think block.
     #[serde(default)]
     pub enable_thinking: Option<bool>,
+    /// transformers' `continue_final_message`: the prompt ends inside the final message's
+    /// text, which the model goes on writing (see [`ChatTemplate::render`]).
+    #[serde(default)]
+    pub continue_final_message: bool,
+    /// Documents for templates that render them (retrieval); the Qwen3.5 template does not.
+    #[serde(default)]
+    pub documents: Option<Vec<Value>>,
 }
 
 impl ChatPrompt {
@@ -107,6 +117,14 @@ pub enum TemplateError {
     /// function name or with arguments that are not a mapping.
     #[error("cannot render the conversation: {0}")]
     Unrenderable(String),
+    /// A field holds a value vLLM's request model refuses, e.g. a tool without a name.
+    #[error("{message}")]
+    Invalid {
+        /// The field, as errors name it (`tools[0].function.name`).
+        param: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A template file could not be read or parsed (at startup, never per request).
     #[error("chat template {path}: {message}")]
     Load {
@@ -119,7 +137,10 @@ pub enum TemplateError {
 
 impl From<TemplateError> for ApiError {
     fn from(err: TemplateError) -> Self {
-        ApiError::invalid_param("messages", err.to_string())
+        match err {
+            TemplateError::Invalid { param, message } => ApiError::invalid_param(&param, message),
+            other => ApiError::invalid_param("messages", other.to_string()),
+        }
     }
 }
 
@@ -181,8 +202,35 @@ impl ChatTemplate {
         matches!(self.engine, Engine::BuiltinQwen35)
     }
 
-    /// Renders the prompt text the model will see.
+    /// Renders the prompt text the model will see. With `continue_final_message`, as
+    /// transformers does it: the final message's text (its last text part) is rendered with a
+    /// tag after it, and the text is cut where the tag starts (also before the whitespace the
+    /// template left before it, when the template trimmed the tag's own trailing space).
     pub fn render(&self, prompt: &ChatPrompt) -> Result<String, TemplateError> {
+        if !prompt.continue_final_message {
+            return self.render_whole(prompt);
+        }
+        let mut tagged = prompt.clone();
+        let final_text = tag_final_message(&mut tagged)?;
+        let mut text = self.render_whole(&tagged)?;
+        let tag = CONTINUE_TAG.trim_end();
+        let Some(at) = text
+            .rfind(tag)
+            .filter(|_| text.contains(pyfmt::strip(&final_text)))
+        else {
+            return Err(TemplateError::Rejected(
+                "continue_final_message is set but the final message does not appear in the chat after applying the chat template".into(),
+            ));
+        };
+        let spaced = text[at..].starts_with(CONTINUE_TAG);
+        text.truncate(at);
+        if !spaced {
+            text.truncate(pyfmt::rstrip(&text).len());
+        }
+        Ok(text)
+    }
+
+    fn render_whole(&self, prompt: &ChatPrompt) -> Result<String, TemplateError> {
         // Sized for the messages' text and their frames up front: grown from empty, a 2 KB
         // chat's text was reallocated and copied about ten times per count.
         let mut out = String::with_capacity(rendered_size_hint(prompt));
@@ -198,6 +246,41 @@ impl ChatTemplate {
     pub fn render_spans(&self, prompt: &ChatPrompt) -> Result<Vec<String>, TemplateError> {
         Ok(spans(&self.render(prompt)?).map(str::to_owned).collect())
     }
+}
+
+/// What transformers appends to the final message's text for `continue_final_message`.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// Appends [`CONTINUE_TAG`] to the final message's content (a string, or the last content part
+/// with a `text`) and returns that text as it was; refused, as transformers refuses it, when
+/// there is no text to continue.
+fn tag_final_message(prompt: &mut ChatPrompt) -> Result<String, TemplateError> {
+    let none = || {
+        TemplateError::Rejected(
+            "continue_final_message is set but we could not find any text to continue in the final message".into(),
+        )
+    };
+    let content = prompt
+        .messages
+        .last_mut()
+        .and_then(Value::as_object_mut)
+        .and_then(|m| m.get_mut("content"))
+        .ok_or_else(none)?;
+    let text = match content {
+        Value::String(s) => s,
+        Value::Array(parts) => parts
+            .iter_mut()
+            .rev()
+            .find_map(|p| match p.as_object_mut()?.get_mut("text")? {
+                Value::String(s) => Some(s),
+                _ => None,
+            })
+            .ok_or_else(none)?,
+        _ => return Err(none()),
+    };
+    let before = text.clone();
+    text.push_str(CONTINUE_TAG);
+    Ok(before)
 }
 
 /// About how long `prompt` renders: each message's text content (or 64 bytes for other
@@ -253,7 +336,7 @@ mod tests {
             messages: serde_json::from_value(messages).unwrap(),
             tools: None,
             add_generation_prompt: true,
-            enable_thinking: None,
+            ..ChatPrompt::default()
         }
     }
 
@@ -267,6 +350,32 @@ mod tests {
             ChatTemplate::builtin_qwen35().render(&p).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
              <|im_start|>assistant\n<think>\n"
+        );
+    }
+
+    #[test]
+    fn continue_final_message_ends_inside_the_last_text() {
+        // transformers' rule, which vLLM applies: the final message's text is tagged, rendered,
+        // and cut where the tag starts, before the space the template trimmed.
+        let mut p = prompt(json!([
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "The answer is "},
+        ]));
+        p.add_generation_prompt = false;
+        p.continue_final_message = true;
+        let t = ChatTemplate::builtin_qwen35();
+        let want = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nThe answer is";
+        assert_eq!(t.render(&p).unwrap(), want);
+        // The last text part of a list is the one continued.
+        p.messages[1]["content"] =
+            json!([{"type": "text", "text": "The answer"}, {"type": "text", "text": " is"}]);
+        assert_eq!(t.render(&p).unwrap(), want);
+        p.messages[1]["content"] = Value::Null;
+        assert_eq!(
+            t.render(&p),
+            Err(TemplateError::Rejected(
+                "continue_final_message is set but we could not find any text to continue in the final message".into()
+            ))
         );
     }
 

@@ -1,5 +1,6 @@
 //! Image sizes from file headers (vision room): PNG (IHDR), JPEG (the SOF segment), WebP
-//! (VP8, VP8L, VP8X) and GIF (logical screen), read without decoding a pixel. The header is read
+//! (VP8, VP8L, VP8X) and GIF (logical screen and first image descriptor), read without decoding
+//! a pixel. The header is read
 //! through [`Window`] so a base64 data URL is decoded only where the parser looks (a JPEG's EXIF
 //! block of any size is skipped without being decoded).
 
@@ -104,7 +105,7 @@ fn read_size<W: Window + ?Sized>(data: &W) -> Result<ImageSize, ImageError> {
     } else if head.starts_with(b"\xff\xd8") {
         jpeg(data)
     } else if head.starts_with(b"GIF87a") || head.starts_with(b"GIF89a") {
-        gif(&head)
+        gif(data)
     } else if head.starts_with(b"RIFF") && head.get(8..12) == Some(b"WEBP") {
         webp(&head)
     } else {
@@ -159,12 +160,67 @@ fn png(head: &[u8]) -> Result<ImageSize, ImageError> {
     sized("PNG", width, height)
 }
 
-fn gif(head: &[u8]) -> Result<ImageSize, ImageError> {
-    // The logical screen descriptor: what decoders report as the image's size.
-    if head.len() < 10 {
-        return Err(ImageError::Truncated("GIF"));
+/// Extension sub-blocks a GIF may have before its first image. Real files have a handful
+/// (loop count, frame timing, comments; an XMP packet a few hundred); the bound keeps a crafted
+/// file of millions of tiny sub-blocks cheap to refuse.
+const MAX_GIF_SUB_BLOCKS: usize = 1 << 16;
+
+fn gif<W: Window + ?Sized>(data: &W) -> Result<ImageSize, ImageError> {
+    let truncated = || ImageError::Truncated("GIF");
+    let byte = |at: u64| -> Result<u8, ImageError> {
+        data.window(at, 1)?.first().copied().ok_or_else(truncated)
+    };
+    let screen = data.window(0, 13)?;
+    if screen.len() < 13 {
+        return Err(truncated());
     }
-    sized("GIF", le16(head, 6), le16(head, 8))
+    let (mut width, mut height) = (le16(&screen, 6), le16(&screen, 8));
+    let flags = screen[10];
+    // After the logical screen and its global colour table, if any.
+    let mut at = 13u64;
+    if flags & 0x80 != 0 {
+        at += 3 << ((flags & 7) + 1);
+    }
+    // Pillow (which vLLM decodes with) grows the canvas to the first frame's extent: a
+    // 1x1 screen with a 4096x4096 frame is a 4096x4096 image to the engine.
+    let mut sub_blocks = 0;
+    loop {
+        match byte(at)? {
+            b',' => {
+                let frame = data.window(at + 1, 8)?;
+                if frame.len() < 8 {
+                    return Err(truncated());
+                }
+                width = width.max(le16(&frame, 0) + le16(&frame, 4));
+                height = height.max(le16(&frame, 2) + le16(&frame, 6));
+                return sized("GIF", width, height);
+            }
+            b'!' => {
+                // An extension: its label, then sub-blocks up to an empty one.
+                at += 2;
+                loop {
+                    sub_blocks += 1;
+                    if sub_blocks > MAX_GIF_SUB_BLOCKS {
+                        return Err(ImageError::Malformed {
+                            format: "GIF",
+                            reason: "more than 65,536 extension blocks before the first image",
+                        });
+                    }
+                    let len = byte(at)?;
+                    at += 1 + u64::from(len);
+                    if len == 0 {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                return Err(ImageError::Malformed {
+                    format: "GIF",
+                    reason: "no image before the end of the file",
+                })
+            }
+        }
+    }
 }
 
 fn webp(head: &[u8]) -> Result<ImageSize, ImageError> {
@@ -307,7 +363,7 @@ mod tests {
                 height: 480
             })
         );
-        let gif = b"GIF89a\x40\x01\xc8\x00\xf7\0\0";
+        let gif = b"GIF89a\x40\x01\xc8\x00\x00\0\0,\0\0\0\0\x40\x01\xc8\x00\0";
         assert_eq!(
             image_size(gif),
             Ok(ImageSize {
@@ -437,6 +493,66 @@ mod tests {
             Err(ImageError::Malformed {
                 format: "JPEG",
                 reason: "more than 1024 segments before the frame header"
+            })
+        );
+    }
+
+    /// Pillow, which vLLM decodes images with, grows a GIF's canvas to its first frame's
+    /// extent; the logical screen alone undercharged a 1x1-screen, 4096x4096-frame GIF 256
+    /// times (16,384 tokens to the engine, 64 counted).
+    #[test]
+    fn a_gif_is_as_large_as_its_screen_and_its_first_frame() {
+        let gif = |screen: (u16, u16), frame: [u16; 4], before_frame: &[u8]| {
+            let mut b = b"GIF89a".to_vec();
+            b.extend(screen.0.to_le_bytes());
+            b.extend(screen.1.to_le_bytes());
+            // A global colour table of 2 entries.
+            b.extend([0x80, 0, 0, 0, 0, 0, 1, 1, 1]);
+            b.extend(before_frame);
+            b.push(b',');
+            for v in frame {
+                b.extend(v.to_le_bytes());
+            }
+            b.push(0);
+            b
+        };
+        let size = |width, height| Ok(ImageSize { width, height });
+        assert_eq!(
+            image_size(&gif((1, 1), [0, 0, 4096, 4096], b"")),
+            size(4096, 4096)
+        );
+        // Offset frames and the extensions before them (frame timing, a comment of two
+        // sub-blocks, the loop count).
+        let extensions = b"!\xf9\x04\x04\x0a\x00\x00\x00!\xfe\x02hi\x01!\x00!\xff\x0bNETSCAPE2.0\x03\x01\x00\x00\x00";
+        assert_eq!(
+            image_size(&gif((320, 200), [300, 10, 100, 100], extensions)),
+            size(400, 200)
+        );
+        let text = STANDARD.encode(gif((320, 200), [0, 150, 10, 100], extensions));
+        assert_eq!(image_size_base64(text.as_bytes()), size(320, 250));
+        // No frame: Pillow cannot open it.
+        let mut no_frame = gif((320, 200), [0; 4], b"");
+        no_frame.truncate(no_frame.len() - 10);
+        assert_eq!(image_size(&no_frame), Err(ImageError::Truncated("GIF")));
+        no_frame.push(b';');
+        assert_eq!(
+            image_size(&no_frame),
+            Err(ImageError::Malformed {
+                format: "GIF",
+                reason: "no image before the end of the file"
+            })
+        );
+        let endless = [
+            &gif((1, 1), [0; 4], b"")[..19],
+            &b"!\x01"[..],
+            &[1u8, 0].repeat(70_000)[..],
+        ]
+        .concat();
+        assert_eq!(
+            image_size(&endless),
+            Err(ImageError::Malformed {
+                format: "GIF",
+                reason: "more than 65,536 extension blocks before the first image"
             })
         );
     }

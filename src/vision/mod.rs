@@ -31,8 +31,12 @@ pub const DEFAULT_IMAGE_PIXELS: (u64, u64) = (65_536, 16_777_216);
 pub const DEFAULT_VIDEO_PIXELS: (u64, u64) = (4_096, 25_165_824);
 /// Most frames the video processor samples from a video file.
 pub const DEFAULT_MAX_FRAMES: u64 = 768;
-/// The frame rate the processor assumes for frames given without one (its timestamps only).
-const FRAMES_FPS: f64 = 24.0;
+/// The frame rate vLLM gives a video sent as frames (its loader's `fps`, 1 unless set with
+/// `--media-io-kwargs`): the timestamps' only input besides the frame indices.
+const FRAMES_FPS: f64 = 1.0;
+/// The frames vLLM reads of a video sent as frames (its loader's `num_frames`, 32 unless set
+/// with `--media-io-kwargs`): the rest of the list is never decoded, nor counted.
+const MAX_FRAMES_READ: usize = 32;
 /// Tokens a timestamp such as `<1234.5 seconds>` takes at most, used for the default per-video
 /// charge: `<`, up to 5 digits, `.`, 1 digit, ` seconds`, `>`.
 const TIMESTAMP_TOKENS: u64 = 10;
@@ -268,9 +272,10 @@ pub enum Media {
         /// Image pad tokens.
         pads: u64,
     },
-    /// A video of known frames: the template's `<|vision_start|><|video_pad|><|vision_end|>`
-    /// becomes, per temporal patch, its timestamp as text (`<0.5 seconds>`), `<|vision_start|>`,
-    /// `pads_per_group` video pads and `<|vision_end|>`.
+    /// A video of known frames: the `<|video_pad|>` of the template's
+    /// `<|vision_start|><|video_pad|><|vision_end|>` becomes, per temporal patch, its timestamp
+    /// as text (`<0.5 seconds>`), `<|vision_start|>`, `pads_per_group` video pads and
+    /// `<|vision_end|>` (transformers 5.10 and later keep the outer start and end).
     Video {
         /// Video pad tokens of one temporal patch.
         pads_per_group: u64,
@@ -379,22 +384,27 @@ impl Media {
             Media::Video {
                 pads_per_group,
                 timestamps,
-            } => timestamps
-                .iter()
-                .map(|&t| tok.count(&timestamp_text(t)) as u64 + 2 + pads_per_group)
-                .sum(),
+            } => {
+                let patches: u64 = timestamps
+                    .iter()
+                    .map(|&t| tok.count(&timestamp_text(t)) as u64 + 2 + pads_per_group)
+                    .sum();
+                // The template's own start and end stay around the patches.
+                patches + 2
+            }
             Media::UnseenVideo { tokens } => *tokens,
         };
         tokens.saturating_sub(3)
     }
 }
 
-/// A video given as base64 frames separated by commas: each frame's header is read, all must
-/// have one size, and the processor sees them all (they are taken as already sampled).
+/// A video given as base64 frames separated by commas: the first [`MAX_FRAMES_READ`] are read
+/// (as vLLM reads them), each frame's header read, all of one size, and the processor sees
+/// them all (they are taken as already sampled, at [`FRAMES_FPS`]).
 fn frames(payload: &str, rules: &VisionRules) -> Result<Media, MediaError> {
     let mut first = None;
     let mut count = 0u64;
-    for (index, frame) in payload.split(',').enumerate() {
+    for (index, frame) in payload.split(',').take(MAX_FRAMES_READ).enumerate() {
         let size = image_size_base64(frame.as_bytes())?;
         let shown = |s: header::ImageSize| format!("{}x{}", s.width, s.height);
         match first {
@@ -499,12 +509,14 @@ pub fn expand_ids(ids: Vec<u32>, media: &[Media], tok: &Tokenizer) -> Result<Vec
                     pads_per_group,
                     timestamps,
                 }) => {
+                    out.push(start);
                     for &t in timestamps {
                         out.extend(tok.encode(&timestamp_text(t)));
                         out.push(start);
                         out.extend(std::iter::repeat_n(video_pad, *pads_per_group as usize));
                         out.push(end);
                     }
+                    out.push(end);
                     i += 3;
                     continue;
                 }
@@ -700,7 +712,7 @@ mod tests {
         let url = format!("data:video/jpeg;base64,{}", [frame.as_str(); 7].join(","));
         let media = Media::from_url(Modality::Video, &url, &rules).unwrap();
         // 7 frames of 640x480 are 2.2 M pixels, inside the clip bounds: 15 x 20 tokens per
-        // temporal patch, 4 patches (the 7th frame repeated), timestamps at 24 fps.
+        // temporal patch, 4 patches (the 7th frame repeated), timestamps at vLLM's 1 fps.
         let Media::Video {
             pads_per_group: 300,
             timestamps,
@@ -712,15 +724,19 @@ mod tests {
         assert_eq!(
             texts,
             [
-                "<0.0 seconds>",
-                "<0.1 seconds>",
-                "<0.2 seconds>",
-                "<0.2 seconds>"
+                "<0.5 seconds>",
+                "<2.5 seconds>",
+                "<4.5 seconds>",
+                "<6.0 seconds>"
             ]
         );
         let tok = test_tokenizer();
         let stamp_tokens: u64 = texts.iter().map(|t| tok.count(t) as u64).sum();
-        assert_eq!(media.extra_tokens(tok.as_ref()), stamp_tokens + 4 * 302 - 3);
+        // The patches and the template's own start and end, less the placeholder counted.
+        assert_eq!(
+            media.extra_tokens(tok.as_ref()),
+            stamp_tokens + 4 * 302 + 2 - 3
+        );
 
         let odd = format!("data:video/jpeg;base64,{},{}", png(640, 480), png(480, 640));
         assert_eq!(
@@ -734,6 +750,34 @@ mod tests {
             Ok(Media::UnseenVideo {
                 tokens: rules.video_tokens
             })
+        );
+    }
+
+    /// vLLM 0.32 reads the first 32 frames of a frame list, at 1 fps, and keeps the template's
+    /// start and end around the patches: 64 frames of 1920x1080 are 11,661 prompt tokens to
+    /// the engine (16 patches of 20 x 36 pads, their timestamps `<0.5 seconds>` to
+    /// `<30.5 seconds>`); the Python reimplementation behind the old fixtures said 11,904.
+    #[test]
+    fn a_64_frame_list_costs_what_vllm_counts() {
+        let frame = png(1920, 1080);
+        let url = format!("data:video/jpeg;base64,{}", [frame.as_str(); 64].join(","));
+        let media = Media::from_url(Modality::Video, &url, &VisionRules::default()).unwrap();
+        let Media::Video {
+            pads_per_group: 720,
+            timestamps,
+        } = &media
+        else {
+            panic!("{media:?}")
+        };
+        assert_eq!(timestamps.len(), 16);
+        assert_eq!(timestamp_text(timestamps[15]), "<30.5 seconds>");
+        let tok = test_tokenizer();
+        assert_eq!(media.extra_tokens(tok.as_ref()) + 3, 11_661);
+        // Frames past the 32nd are not read: a broken one changes nothing.
+        let broken = format!("{url},AAAA");
+        assert_eq!(
+            Media::from_url(Modality::Video, &broken, &VisionRules::default()),
+            Ok(media)
         );
     }
 

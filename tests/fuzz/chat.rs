@@ -1,6 +1,8 @@
 //! Target `chat`: the built-in Qwen3.5 renderer against the official Jinja template (rendered
-//! by the gateway's Jinja engine) on generated conversations, raw as clients send them or with
-//! tool calls normalized as the gateway does before counting.
+//! by the gateway's Jinja engine) on generated conversations, raw as clients send them or
+//! brought into the shape vLLM renders as the gateway does before counting (developer and
+//! system messages, reasoning, tools and tool calls: `ChatPrompt::normalize_like_vllm`, for
+//! either of vLLM's chat routes), with or without `continue_final_message`.
 //!
 //! Conversations mix every shape the template branches on, and shapes it does not expect:
 //! roles known, unknown, missing or not strings; content as text (with think tags, tool
@@ -20,12 +22,13 @@ use proptest::test_runner::TestCaseError;
 use serde_json::{json, Map, Value};
 use std::sync::OnceLock;
 use tokengate::tokenize::cache::ChatCounter;
-use tokengate::tokenize::chat::{spans, ChatPrompt, ChatTemplate, TemplateError};
+use tokengate::tokenize::chat::{spans, ChatPrompt, ChatRoute, ChatTemplate, TemplateError};
 
 fn role() -> impl Strategy<Value = Option<Value>> {
     prop_oneof![
         12 => select(vec!["system", "user", "assistant", "tool"]).prop_map(|r| Some(json!(r))),
-        1 => select(vec!["developer", "function", "User", ""]).prop_map(|r| Some(json!(r))),
+        2 => Just(Some(json!("developer"))),
+        1 => select(vec!["function", "User", ""]).prop_map(|r| Some(json!(r))),
         1 => Just(None),
         1 => json_except(&[Kind::String]).prop_map(Some),
     ]
@@ -121,13 +124,14 @@ fn message() -> impl Strategy<Value = Value> {
         ],
         tool_calls(),
         prop::option::of((key(), json())),
+        select(vec!["reasoning_content", "reasoning"]),
     )
-        .prop_map(|(role, content, reasoning, calls, extra)| {
+        .prop_map(|(role, content, reasoning, calls, extra, reasoning_key)| {
             let mut m = Map::new();
             for (k, v) in [
                 ("role", role),
                 ("content", content),
-                ("reasoning_content", reasoning),
+                (reasoning_key, reasoning),
                 ("tool_calls", calls),
             ] {
                 if let Some(v) = v {
@@ -141,7 +145,14 @@ fn message() -> impl Strategy<Value = Value> {
         })
 }
 
-fn prompt() -> impl Strategy<Value = (ChatPrompt, bool)> {
+/// How a case is brought to the renderers: as sent, or normalized as vLLM's route would.
+#[derive(Debug, Clone, Copy)]
+enum Normalize {
+    No,
+    Like(ChatRoute),
+}
+
+fn prompt() -> impl Strategy<Value = (ChatPrompt, Normalize)> {
     (
         prop::collection::vec(
             prop_oneof![20 => message(), 1 => json_except(&[Kind::Object])],
@@ -157,16 +168,23 @@ fn prompt() -> impl Strategy<Value = (ChatPrompt, bool)> {
         )),
         any::<bool>(),
         prop::option::of(any::<bool>()),
-        any::<bool>(),
+        prop_oneof![
+            1 => Just(Normalize::No),
+            1 => Just(Normalize::Like(ChatRoute::ChatCompletions)),
+            1 => Just(Normalize::Like(ChatRoute::Tokenize)),
+        ],
+        prop::bool::weighted(0.2),
     )
         .prop_map(
-            |(messages, tools, add_generation_prompt, enable_thinking, normalize)| {
+            |(messages, tools, add_generation_prompt, enable_thinking, normalize, continued)| {
                 (
                     ChatPrompt {
                         messages,
                         tools,
                         add_generation_prompt,
                         enable_thinking,
+                        continue_final_message: continued,
+                        documents: None,
                     },
                     normalize,
                 )
@@ -205,10 +223,12 @@ fn same_rendering(prompt: &ChatPrompt) -> Result<Result<String, TemplateError>, 
     Ok(ours)
 }
 
-fn check((mut prompt, normalize): (ChatPrompt, bool)) -> Result<(), TestCaseError> {
-    if normalize && prompt.normalize_tool_calls().is_err() {
-        // The gateway refuses these before rendering (a 400 naming `messages`).
-        return Ok(());
+fn check((mut prompt, normalize): (ChatPrompt, Normalize)) -> Result<(), TestCaseError> {
+    if let Normalize::Like(route) = normalize {
+        if prompt.normalize_like_vllm(route).is_err() {
+            // The gateway refuses these before rendering (a 400 naming the field).
+            return Ok(());
+        }
     }
     let Ok(text) = same_rendering(&prompt)? else {
         return Ok(());

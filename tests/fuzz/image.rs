@@ -154,7 +154,16 @@ impl Header {
                 b.extend(b"GIF89a");
                 b.extend((w as u16).to_le_bytes());
                 b.extend((h as u16).to_le_bytes());
+                // A global colour table of 256 entries, a graphic control extension, then the
+                // first frame covering the screen (Pillow's size is the larger of the two).
                 b.extend([0xf7, 0, 0]);
+                b.extend((0..768).map(|i| (i % 251) as u8));
+                b.extend(b"!\xf9\x04\x00\x0a\x00\x00\x00");
+                b.push(b',');
+                b.extend([0, 0, 0, 0]);
+                b.extend((w as u16).to_le_bytes());
+                b.extend((h as u16).to_le_bytes());
+                b.push(0);
             }
             Format::WebpVp8 | Format::WebpVp8l | Format::WebpVp8x => {
                 b.extend(b"RIFF");

@@ -174,11 +174,34 @@ fn message() -> impl Strategy<Value = Value> {
         })
 }
 
+/// A tool as vLLM's request model takes it: a name, and a description and parameters (an
+/// object) that may be missing, with keys the model drops.
 fn tool_definition() -> impl Strategy<Value = Value> {
-    (text(), text(), json()).prop_map(|(name, description, parameters)| {
-        json!({"type": "function", "function": {
-            "name": name, "description": description, "parameters": parameters}})
-    })
+    let parameters = prop::collection::vec((key(), json()), 0..3)
+        .prop_map(|kv| Value::Object(kv.into_iter().collect()));
+    (
+        text(),
+        prop::option::of(text()),
+        prop::option::of(parameters),
+        prop::option::of((key(), json())),
+    )
+        .prop_map(|(name, description, parameters, extra)| {
+            let mut function = Map::new();
+            function.insert("name".into(), Value::String(name));
+            if let Some(d) = description {
+                function.insert("description".into(), Value::String(d));
+            }
+            if let Some(p) = parameters {
+                function.insert("parameters".into(), p);
+            }
+            // Not one of the model's typed fields, whose wrong types it refuses.
+            if let Some((k, v)) =
+                extra.filter(|(k, _)| !["strict", "defer_loading"].contains(&k.as_str()))
+            {
+                function.entry(k).or_insert(v);
+            }
+            json!({"type": "function", "function": function})
+        })
 }
 
 fn completion_prompt() -> impl Strategy<Value = Value> {
@@ -251,7 +274,8 @@ fn optional_fields(endpoint: Endpoint) -> impl Strategy<Value = Vec<(String, Val
                     }
                     if let Some(thinking) = thinking {
                         let kwargs = match thinking {
-                            Some(t) => json!({"enable_thinking": t, "other": 1}),
+                            // vLLM sets add_generation_prompt from the body's own field.
+                            Some(t) => json!({"enable_thinking": t, "add_generation_prompt": 1}),
                             None => json!({}),
                         };
                         fields.push(("chat_template_kwargs".into(), kwargs));

@@ -52,7 +52,7 @@ impl JinjaTemplate {
     }
 
     /// Renders `prompt` with the variables transformers passes (`messages`, `tools`,
-    /// `add_generation_prompt`, and `enable_thinking` only when set) into `out`.
+    /// `documents`, `add_generation_prompt`, and `enable_thinking` only when set) into `out`.
     pub(super) fn render(
         &self,
         prompt: &ChatPrompt,
@@ -61,6 +61,7 @@ impl JinjaTemplate {
         let mut ctx = BTreeMap::new();
         ctx.insert("messages", Value::from_serialize(&prompt.messages));
         ctx.insert("tools", Value::from_serialize(&prompt.tools));
+        ctx.insert("documents", Value::from_serialize(&prompt.documents));
         ctx.insert(
             "add_generation_prompt",
             Value::from(prompt.add_generation_prompt),
