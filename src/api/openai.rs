@@ -1093,7 +1093,7 @@ mod tests {
             let Value::Object(body) = json!({"messages": messages}) else {
                 unreachable!()
             };
-            parse_chat_prompt(&body, &rules)
+            parse_chat_prompt(&body, &rules, ChatRoute::ChatCompletions)
         };
         // Two of each, over two messages: within the cap.
         let Prompt::Chat { media, .. } = chat(vec![
@@ -1139,7 +1139,7 @@ mod tests {
         else {
             unreachable!()
         };
-        let e = parse_chat_prompt(&body, &off).unwrap_err();
+        let e = parse_chat_prompt(&body, &off, ChatRoute::ChatCompletions).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].image"));
     }
 

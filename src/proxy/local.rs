@@ -41,8 +41,7 @@ where
     gw.check_content_type(req.headers())?;
     // A tenant without a request left is refused before its body is read, as a generation is.
     if let Err(e) = gw.check_at_least(&tenant, ONE_REQUEST, [true; 3]).await {
-        gw.discard_body(req);
-        return Err(e);
+        return Err(gw.refuse_unread(req, e));
     }
     let config = gw.config.clone();
     let prompt = gw
