@@ -111,10 +111,6 @@ async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
 async fn tenants_json(gw: &Gateway) -> serde_json::Value {
     let mut out = Vec::new();
     for t in gw.live.current().tenants.tenants() {
-        let queued = snap.queued_by_tenant.get(&t.name).copied().unwrap_or(0);
-        (gw.metrics.queue_depth_by_tenant)
-            .get_or_create(&crate::metrics::tenant(&t.name))
-            .set(queued as i64);
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
         out.push(json!({
             "name": t.name,
@@ -200,6 +196,10 @@ async fn refresh_gauges(gw: &Gateway) {
             .set(*depth as i64);
     }
     for t in gw.live.current().tenants.tenants() {
+        let queued = snap.queued_by_tenant.get(&t.name).copied().unwrap_or(0);
+        (gw.metrics.queue_depth_by_tenant)
+            .get_or_create(&crate::metrics::tenant(&t.name))
+            .set(queued as i64);
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
         for (bucket, b) in [
             ("prefill", &s.prefill),
