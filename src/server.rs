@@ -640,7 +640,7 @@ impl Workers {
         let ids = RequestIds;
         for index in 1..=count.max(1) {
             let (handoff, mut connections) = mpsc::unbounded_channel();
-            let here = Connections::new(main_service(gw.clone(), ids.clone()), serving);
+            let here = Connections::new(main_service(gw.clone(), ids), serving);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

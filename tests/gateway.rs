@@ -1822,9 +1822,9 @@ mod diagnose;
 mod priority;
 #[path = "gateway/profile.rs"]
 mod profile;
-#[path = "gateway/settle.rs"]
-mod settle;
 #[path = "gateway/request_id.rs"]
 mod request_id;
+#[path = "gateway/settle.rs"]
+mod settle;
 #[path = "gateway/tokenize.rs"]
 mod tokenize;

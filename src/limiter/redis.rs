@@ -711,8 +711,11 @@ impl Inner {
     ) -> Option<Denial> {
         let verdict = {
             let last = self.refused.get(tenant)?;
-            (last.limits == *limits)
-                .then(|| TenantState::at_levels(last.levels, last.at).check(limits, cost, now))
+            if last.limits == *limits {
+                Some(TenantState::at_levels(last.levels, last.at).check(limits, cost, now))
+            } else {
+                None
+            }
         };
         match verdict {
             // Decided under other limits: of no use (the shard's lock was let go above).

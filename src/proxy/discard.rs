@@ -73,7 +73,7 @@ impl Discarder {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        if !body.size_hint().exact().is_some_and(|n| n <= DRAIN_BYTES) {
+        if body.size_hint().exact().is_none_or(|n| n > DRAIN_BYTES) {
             return false;
         }
         // Held to its word: a body that sends more than it declared is cut at the bound.
