@@ -90,7 +90,8 @@ impl Gateway {
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         let timeout = self.config.server.body_read_timeout;
         // Waiting for `100 Continue`, the client has sent nothing: there is nothing to read.
-        if !expects_continue && self.discarder.discard(req.into_body(), timeout) {
+        let limit = self.config.server.max_body_bytes;
+        if !expects_continue && self.discarder.discard(req.into_body(), timeout, limit) {
             return e;
         }
         e.closing_connection()

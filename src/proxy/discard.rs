@@ -9,14 +9,14 @@
 //! whatever the number of connections the gateway reads no more than
 //! [`DISCARD_BYTES_PER_SECOND`] of them, and a sender beyond that waits on TCP's flow control.
 //!
-//! Why not read a long one: draining it costs the gateway the whole body (up to
-//! `server.max_body_bytes`) for a request already answered, and a tenant refused because its
-//! buckets are empty can send such bodies in a loop. So a body declared over [`DRAIN_BYTES`],
-//! or of unknown length, is dropped unread and the answer says `connection: close`. A client
-//! that reads while it sends, or waits for `100 Continue` before sending, reads the answer at
-//! once; one that sends its whole body first gets a write error when the reset comes and then
-//! reads the answer, which arrived before the reset (urllib3 and httpcore, under requests,
-//! httpx and the OpenAI SDK, read it then).
+//! Which bodies are read: one declared at most the limit the caller gives (the gateway gives
+//! `server.max_body_bytes`) is drained at that pace and its connection kept. One of unknown
+//! length, or declared longer, is dropped unread and the answer says `connection: close`.
+//! Closing on every long body (a first build of issue 26's flood fix drew the line at 64 KiB)
+//! had hyper's own client, which sends its whole body before it reads, see a broken pipe instead
+//! of the 429 (tests/gateway.rs, `an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized`,
+//! one run in two): admissible bodies stay drained, at the shared pace, until a bound per
+//! tenant replaces it.
 
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
@@ -26,10 +26,6 @@ use tokio::time::Instant;
 
 /// Refused bodies read per second, all connections together: a small share of a core.
 pub const DISCARD_BYTES_PER_SECOND: u64 = 32 << 20;
-
-/// The longest refused body that is read (and its connection kept): a chat of a few thousand
-/// tokens, what a client retrying after a 429 typically sends again.
-pub const DRAIN_BYTES: u64 = 64 << 10;
 
 /// The shared pace at which refused bodies are read.
 #[derive(Debug)]
@@ -65,19 +61,19 @@ impl Discarder {
     }
 
     /// Reads and drops `body` in the background at the shared pace, within `timeout`, when it
-    /// is declared at most [`DRAIN_BYTES`] long: returns whether it does. Otherwise `body` is
+    /// is declared at most `limit` bytes long: returns whether it does. Otherwise `body` is
     /// dropped here unread, and its connection must close after the answer.
-    pub fn discard<B>(self: &Arc<Self>, body: B, timeout: Duration) -> bool
+    pub fn discard<B>(self: &Arc<Self>, body: B, timeout: Duration, limit: u64) -> bool
     where
         B: Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        if body.size_hint().exact().is_none_or(|n| n > DRAIN_BYTES) {
+        if body.size_hint().exact().is_none_or(|n| n > limit) {
             return false;
         }
         // Held to its word: a body that sends more than it declared is cut at the bound.
-        let body = Limited::new(body, DRAIN_BYTES as usize);
+        let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
         let pace = Arc::clone(self);
         tokio::spawn(async move {
             let mut body = std::pin::pin!(body);
@@ -96,6 +92,9 @@ impl Discarder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The limit the tests drain up to.
+    const DRAIN_BYTES: u64 = 64 << 10;
     use bytes::Bytes;
     use http_body::{Frame, SizeHint};
     use std::pin::Pin;
@@ -163,7 +162,7 @@ mod tests {
             declared,
             read,
         };
-        let drained = pace.discard(body, timeout);
+        let drained = pace.discard(body, timeout, DRAIN_BYTES);
         let mut at = Vec::new();
         while let Some(t) = reads.recv().await {
             at.push(t - t0);

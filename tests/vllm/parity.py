@@ -706,10 +706,15 @@ def main():
         if a.only:
             cases = [c for c in cases if a.only in c["name"]]
         t_made = time.monotonic()
+        # Greedy streams are compared with vLLM's own run of them: each runs alone, after the
+        # rest, so that no other request shares their batches (batching can move a greedy
+        # choice between near-equal logits).
+        alone = [(i, c) for i, c in enumerate(cases) if c["cut_after"] and not c["continuous"]]
+        together = [(i, c) for i, c in enumerate(cases) if (i, c) not in alone]
         with concurrent.futures.ThreadPoolExecutor(a.concurrency) as pool:
             results = list(pool.map(
-                lambda ic: run_case(ic[1], "127.0.0.1", port, a.vllm_url, ic[0]),
-                enumerate(cases)))
+                lambda ic: run_case(ic[1], "127.0.0.1", port, a.vllm_url, ic[0]), together))
+        results += [run_case(c, "127.0.0.1", port, a.vllm_url, i) for i, c in alone]
         t_sent = time.monotonic()
         served = [r["rid"] for r in results if r["status"] == 200]
         lines, missing = read_log(log, served)
