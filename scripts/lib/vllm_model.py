@@ -24,8 +24,8 @@ VERSION = "1"
 
 # Qwen3.5's processors (the model repository's preprocessor_config.json and
 # video_preprocessor_config.json), the numbers the gateway's vision defaults follow.
-IMAGE_PROCESSOR = {
-    "image_processor_type": "Qwen2VLImageProcessorFast",
+# What the two processors share.
+PROCESSOR = {
     "processor_class": "Qwen3VLProcessor",
     "do_resize": True,
     "do_rescale": True,
@@ -37,22 +37,16 @@ IMAGE_PROCESSOR = {
     "patch_size": 16,
     "temporal_patch_size": 2,
     "merge_size": 2,
+}
+IMAGE_PROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    **PROCESSOR,
     "size": {"shortest_edge": 65536, "longest_edge": 16777216},
 }
 VIDEO_PROCESSOR = {
     "video_processor_type": "Qwen3VLVideoProcessor",
-    "processor_class": "Qwen3VLProcessor",
-    "do_resize": True,
-    "do_rescale": True,
-    "do_normalize": True,
-    "do_convert_rgb": True,
+    **PROCESSOR,
     "do_sample_frames": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "rescale_factor": 0.00392156862745098,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
     "fps": 2,
     "min_frames": 4,
     "max_frames": 768,
