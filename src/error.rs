@@ -55,6 +55,9 @@ pub struct ApiError {
     /// `connection: close`: the request's body was left unread, so its connection ends with
     /// this answer (see [`ApiError::closing_connection`]).
     pub closes_connection: bool,
+    /// The request's ticket recorded its outcome and charge (a timeout after it was forwarded,
+    /// whose prefill stays charged): the refusal is not recorded again where errors are.
+    pub recorded: bool,
 }
 
 /// The one method a path answers, for a 405's `allow` (a byte, not a string: errors travel in
@@ -89,6 +92,7 @@ impl ApiError {
             rate_limit: None,
             allow: None,
             closes_connection: false,
+            recorded: false,
         }
     }
 

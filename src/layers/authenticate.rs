@@ -100,7 +100,7 @@ where
         let named = count_outcomes.then(NamedModel::default);
         Box::pin(async move {
             let count = |tenant: &str, id: &Option<String>, e: &ApiError| {
-                if count_outcomes {
+                if count_outcomes && !e.recorded {
                     let outcome = Outcome::Failed(e.code);
                     gw.recorder.settle(Settled {
                         request_id: id.clone(),

@@ -195,11 +195,18 @@ impl Admitted {
 
     /// The request ends in `e` before the backend answered. A timeout (504) keeps the
     /// prefill of a request that was forwarded charged: the backend was busy with it when the
-    /// gateway stopped waiting. Any other error is the backend failing ([`Admitted::refused`]).
-    pub fn refuse(mut self, e: ApiError) -> ApiError {
+    /// gateway stopped waiting, and the ticket records it, billable, with its charge (`e` then
+    /// says so, and is not recorded again). Any other error is the backend failing
+    /// ([`Admitted::refused`]).
+    pub fn refuse(mut self, mut e: ApiError) -> ApiError {
         if e.status == http::StatusCode::GATEWAY_TIMEOUT {
             if let Some(ticket) = self.ticket.as_mut() {
-                ticket.refused();
+                if ticket.is_billable() {
+                    ticket.settle_as(Outcome::Failed(e.code));
+                    e.recorded = true;
+                } else {
+                    ticket.refused();
+                }
             }
         } else {
             self.refused();

@@ -206,6 +206,7 @@ fn injected_status(status: u16, retry_after: Option<std::time::Duration>) -> Api
         rate_limit: None,
         allow: None,
         closes_connection: false,
+        recorded: false,
     }
 }
 

@@ -72,10 +72,13 @@ async fn a_stream_left_before_its_first_token_keeps_its_prefill_charged_and_bill
 }
 
 /// A whole answer the backend is still working on when `first_byte_timeout` passes: a 504,
-/// and the prompt it was given stays charged, as for a client that leaves.
+/// and the prompt it was given stays charged, as for a client that leaves. Its usage-log line
+/// bills it with its charge (before, it was written as a refusal: no tokens, not billable), and
+/// its outcome is counted once.
 #[tokio::test]
 async fn a_whole_answer_slower_than_the_first_byte_timeout_keeps_its_prefill_charged() {
-    let (gw, backend) = gateway_with(FakeSpec::held(), |cfg| {
+    let dir = TempDir::new("settle-first-byte");
+    let (gw, backend) = logged_gateway(FakeSpec::held(), &dir, |cfg| {
         cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
     })
     .await;
@@ -87,6 +90,17 @@ async fn a_whole_answer_slower_than_the_first_byte_timeout_keeps_its_prefill_cha
     );
     assert_eq!(*backend.held.borrow(), 1, "the backend had the request");
     assert_only_prefill_charged(&gw, chat_tokens("a")).await;
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        fixed(lines[0].clone(), &[]),
+        json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "upstream_timeout",
+               "answered": false, "billable": true, "prompt_tokens": chat_tokens("a"),
+               "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
+               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10})
+    );
+    let counted = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
+    assert_eq!(gw.metric(counted).await.as_deref(), Some("1"));
 }
 
 /// A backend that takes the request and breaks the connection before answering failed it:
