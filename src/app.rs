@@ -8,7 +8,7 @@ use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
-use crate::proxy::discard::{Discarder, DISCARD_BYTES_PER_SECOND};
+use crate::proxy::discard::Discarder;
 use crate::proxy::upstream::Upstream;
 use crate::proxy::Gateway;
 use crate::record::Recorder;
@@ -146,6 +146,11 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         config.profile.window,
         usage_log,
     ));
+    let discarder = Arc::new(Discarder::new(
+        config.server.refused_body_bytes_per_second,
+        config.server.max_body_bytes,
+        metrics.refused_body_bytes.clone(),
+    ));
     let config = Arc::new(config);
     Ok(Arc::new(Gateway {
         live: LiveConfig::new(config.clone()),
@@ -158,7 +163,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         replies,
         metrics,
         recorder,
-        discarder: Arc::new(Discarder::new(DISCARD_BYTES_PER_SECOND)),
+        discarder,
         feedback,
         config,
     }))

@@ -122,6 +122,11 @@ pub struct ServerConfig {
     /// Time allowed to receive a request's body.
     #[serde(default = "default_body_timeout", with = "humantime_serde")]
     pub body_read_timeout: Duration,
+    /// Bytes per second of request bodies a tenant may have read to no purpose (drained after
+    /// a refusal, or read and then refused); its budget holds four bodies of `max_body_bytes`,
+    /// and past it the tenant's bodies are read at this pace (`crate::proxy::discard`).
+    #[serde(default = "default_refused_body_bytes_per_second")]
+    pub refused_body_bytes_per_second: u64,
     /// On SIGTERM / ctrl-c, how long in-flight streams may run before they are cut.
     #[serde(default = "default_shutdown_grace", with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -159,6 +164,9 @@ impl ServerConfig {
         }
         if self.max_body_bytes == 0 {
             bail!("server.max_body_bytes must be at least 1");
+        }
+        if self.refused_body_bytes_per_second == 0 {
+            bail!("server.refused_body_bytes_per_second must be at least 1");
         }
         if self.max_connections == 0 {
             bail!("server.max_connections must be at least 1");
@@ -204,6 +212,7 @@ impl Default for ServerConfig {
             idle_timeout: default_idle_timeout(),
             client_write_timeout: default_client_write_timeout(),
             body_read_timeout: default_body_timeout(),
+            refused_body_bytes_per_second: default_refused_body_bytes_per_second(),
             shutdown_grace: default_shutdown_grace(),
             max_connections: default_max_connections(),
             workers: None,
@@ -240,6 +249,11 @@ fn default_client_write_timeout() -> Duration {
 }
 fn default_body_timeout() -> Duration {
     Duration::from_secs(30)
+}
+/// Two bodies of the default size limit a second: a client that overruns the context now and
+/// then never notices; a flood costs the gateway a few percent of a core.
+fn default_refused_body_bytes_per_second() -> u64 {
+    8 * 1024 * 1024
 }
 fn default_shutdown_grace() -> Duration {
     Duration::from_secs(30)
@@ -1056,6 +1070,7 @@ impl Config {
                 idle_timeout,
                 client_write_timeout,
                 body_read_timeout,
+                refused_body_bytes_per_second,
                 shutdown_grace,
                 max_connections,
                 workers,
@@ -1569,15 +1584,17 @@ requests_per_second = 1
             assert_ne!(bad, text);
             assert_eq!(Config::parse(&bad).unwrap_err().to_string(), message);
         }
-        let bad = text.replace(
-            "shutdown_grace = \"10s\"",
-            "shutdown_grace = \"10s\"\nmax_connections = 0",
-        );
-        assert_ne!(bad, text);
-        assert_eq!(
-            Config::parse(&bad).unwrap_err().to_string(),
-            "server.max_connections must be at least 1"
-        );
+        for field in ["max_connections", "refused_body_bytes_per_second"] {
+            let bad = text.replace(
+                "shutdown_grace = \"10s\"",
+                &format!("shutdown_grace = \"10s\"\n{field} = 0"),
+            );
+            assert_ne!(bad, text);
+            assert_eq!(
+                Config::parse(&bad).unwrap_err().to_string(),
+                format!("server.{field} must be at least 1")
+            );
+        }
         let server: ServerConfig = toml::from_str("").unwrap();
         assert_eq!(
             (server.idle_timeout, server.client_write_timeout),

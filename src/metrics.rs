@@ -166,6 +166,8 @@ pub struct Metrics {
     /// Chats sent without an output limit whose output was capped at `model.default_max_tokens`
     /// (vLLM alone would allow up to the context).
     pub output_capped_at_default: Family<TenantLabel, Counter>,
+    /// Bytes of request bodies read and then refused, or drained after a refusal.
+    pub refused_body_bytes: Family<TenantLabel, Counter>,
     /// Time from request arrival to the first output token.
     pub ttft: HistogramFamily<TenantLabel>,
     /// Mean gap between output tokens after the first.
@@ -262,6 +264,7 @@ impl Metrics {
             decode_tokens_reserved: Family::default(),
             decode_tokens_refunded: Family::default(),
             output_capped_at_default: Family::default(),
+            refused_body_bytes: Family::default(),
             ttft: Family::new_with_constructor(latency_histogram),
             tpot: Family::new_with_constructor(latency_histogram),
             queue_wait: Family::new_with_constructor(latency_histogram),
@@ -328,6 +331,11 @@ impl Metrics {
             "output_capped_at_default",
             "Chats without max_tokens capped at model.default_max_tokens (vLLM would allow up to the context)",
             m.output_capped_at_default.clone(),
+        );
+        r.register(
+            "refused_body_bytes",
+            "Bytes of request bodies read and then refused, or drained after a refusal before reading (what server.refused_body_bytes_per_second paces)",
+            m.refused_body_bytes.clone(),
         );
         r.register(
             "ttft_seconds",

@@ -1216,6 +1216,89 @@ async fn an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized() {
     assert_eq!(gw.bucket("alice", "requests").await, 1.0);
 }
 
+/// Issue 26's flood of bodies refused after reading: a tenant with budget sending bodies past the
+/// context has every one read, parsed and counted to the ceiling before its 400. Past its
+/// budget for refused bodies (four bodies of `server.max_body_bytes`), its bodies are read at
+/// `server.refused_body_bytes_per_second`; another tenant's at once meanwhile, and an accepted
+/// body, however long, is not counted as refused.
+#[tokio::test]
+async fn bodies_refused_after_reading_are_read_at_their_tenants_pace() {
+    const RATE: u64 = 64 << 10;
+    const MAX_BODY: u64 = 205_000;
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.max_body_bytes = MAX_BODY;
+        cfg.server.refused_body_bytes_per_second = RATE;
+    })
+    .await;
+    // 30,000 tokens of text in 180 KB, past the 4,096-token context.
+    let body = chat(&WORD.repeat(30_000), 10, false)
+        .to_string()
+        .into_bytes();
+    let len = body.len() as u64;
+    let url = gw.url("/v1/chat/completions");
+    let post = |key: &'static str, body: Vec<u8>| {
+        let url = url.clone();
+        let auth = format!("Bearer {key}");
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", auth.as_str()),
+            ];
+            send(&url, "POST", Some(body), &headers).await
+        }
+    };
+    let refused =
+        |tenant: &str| format!("tokengate_refused_body_bytes_total{{tenant=\"{tenant}\"}}");
+    // Seven bodies fill alice's budget but for 30 KB: each is charged what it has past its
+    // first 64 KiB, and an eighth then owes more than the budget holds.
+    let charged = len - (64 << 10);
+    let started = tokio::time::Instant::now();
+    for _ in 0..7 {
+        let r = post("sk-alice", body.clone()).await;
+        assert_eq!(
+            (r.status, r.code().as_str()),
+            (400, "context_length_exceeded")
+        );
+    }
+    assert!(7 * charged <= 4 * MAX_BODY && 8 * charged > 4 * MAX_BODY);
+    let eighth = tokio::spawn(post("sk-alice", body.clone()));
+    // Bob's budget is his own: the same body is read, counted and refused at once.
+    let r = post("sk-bob", body.clone()).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "context_length_exceeded")
+    );
+    assert!(
+        !eighth.is_finished(),
+        "alice's eighth body was read at full speed"
+    );
+    let r = eighth.await.unwrap();
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "context_length_exceeded")
+    );
+    // It was read no sooner than its budget allowed: everything charged, less the budget,
+    // refilled at the rate.
+    let owed = Duration::from_secs_f64((8 * charged - 4 * MAX_BODY) as f64 / RATE as f64);
+    assert!(
+        started.elapsed() >= owed,
+        "{:?} < {owed:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        gw.metric(&refused("alice")).await,
+        Some((8 * len).to_string())
+    );
+    assert_eq!(gw.metric(&refused("bob")).await, Some(len.to_string()));
+    // A long body that is accepted (a short chat padded to 150 KB) is not refused: its charge
+    // goes back.
+    let mut padded = chat("hi", 10, false).to_string().into_bytes();
+    padded.splice(1..1, std::iter::repeat_n(b' ', 150_000));
+    assert_eq!(post("sk-bob", padded).await.status, 200);
+    assert_eq!(gw.metric(&refused("bob")).await, Some(len.to_string()));
+    assert_eq!(backend.seen.lock().unwrap().len(), 1);
+}
+
 /// Reads what the gateway sends on `stream` until it closes the connection (an end of file or a
 /// reset, after the answer), within 10 s: `None` if it is still open then.
 async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Option<String> {

@@ -6,8 +6,11 @@
 //! with an empty one.
 //!
 //! Refusing costs little: before the body is read, a tenant whose buckets cannot give even one
-//! request, one prefill and one decode token is refused (a short body read and dropped at a
-//! shared pace, a long one left unread and its connection closed; never parsed), and once
+//! request, one prefill and one decode token is refused (a short body read and dropped at the
+//! tenant's pace for refused bodies, a long one left unread and its connection closed; never
+//! parsed); a body read and then refused here is charged to that pace too
+//! ([`crate::proxy::discard`]), so a tenant sending bodies only to have them refused (past the
+//! context, say) has them read no faster than `server.refused_body_bytes_per_second`; and once
 //! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
 //! checks only peek; the charge layer charges.
 
@@ -117,11 +120,13 @@ impl Gateway {
             .check_at_least(&tenant, LEAST, [false, false, true])
             .await
         {
-            return Err(self.refuse_unread(req, e));
+            return Err(self.refuse_unread(&tenant.name, req, e));
         }
         let (mut parts, body) = req.into_parts();
         let config = self.config.clone();
-        let mut parsed = self
+        // Read at the tenant's pace for refused bodies; the charge is kept if this request is
+        // refused before the end of this step.
+        let (mut parsed, body_charge) = self
             .read_body_json(&tenant.name, body, move |body| {
                 let limits = ParseLimits {
                     served_names: &config.model.served_names,
@@ -183,6 +188,8 @@ impl Gateway {
             decode: max_output,
             requests: 1,
         });
+        // A request the buckets may now charge: its body was not read to no purpose.
+        body_charge.accept();
         Ok(Request::from_parts(parts, Empty::new()))
     }
 

@@ -3,7 +3,8 @@
 //! the tenant's share of the worker pool when large); and the body of a request refused unread,
 //! drained or left unread as [`super::discard`] decides.
 
-use super::bounded::read_bounded;
+use super::bounded::read_paced;
+use super::discard::BodyCharge;
 use super::Gateway;
 use crate::api::openai;
 use crate::error::{ApiError, BodyError};
@@ -12,8 +13,9 @@ use http::{header, HeaderMap, Request};
 pub use crate::api::openai::JsonBody;
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
-/// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]).
-const PARSE_INLINE_BYTES: usize = 64 << 10;
+/// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]). As many bytes of every
+/// body are read free of the tenant's budget for refused bodies.
+const PARSE_INLINE_BYTES: usize = super::discard::FREE_BYTES;
 
 /// Whether a `content-type` value names JSON (`application/json`, with any parameters).
 pub(crate) fn is_json(content_type: &str) -> bool {
@@ -35,8 +37,10 @@ impl Gateway {
         Ok(())
     }
 
-    /// The body, within the size limit and read timeout, then `parse` of it as a JSON object
-    /// (with its bytes).
+    /// The body, within the size limit and read timeout and at the pace of the tenant's budget
+    /// for refused bodies ([`super::discard`]), then `parse` of it as a JSON object (with its
+    /// bytes); and what reading it charged that budget, to give back with
+    /// [`BodyCharge::accept`] once the request is accepted (kept if it is dropped).
     /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a
     /// millisecond), on the tenant's share of the worker pool for larger ones.
     pub async fn read_body_json<B, T: Send + 'static>(
@@ -44,14 +48,15 @@ impl Gateway {
         tenant: &str,
         body: B,
         parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<T, ApiError>
+    ) -> Result<(T, BodyCharge), ApiError>
     where
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let limit = self.config.server.max_body_bytes;
         let timeout = self.config.server.body_read_timeout;
-        let bytes = read_bounded(body, limit, timeout)
+        let mut charge = self.discarder.charge_body(tenant);
+        let bytes = read_paced(body, limit, timeout, |read| charge.read(read))
             .await
             .map_err(|error| BodyError {
                 error,
@@ -68,17 +73,17 @@ impl Gateway {
             })
         };
         if bytes_len <= PARSE_INLINE_BYTES {
-            return job();
+            return Ok((job()?, charge));
         }
         // Milliseconds of parsing near the body limit: on the worker pool, not the executor.
-        self.pool.run(tenant, job).await?
+        Ok((self.pool.run(tenant, job).await??, charge))
     }
 
-    /// `e`, the refusal of `req` before its body was read, once the body is disposed of
-    /// ([`super::discard`]): a short one is drained in the background, so the connection
+    /// `e`, the refusal of `tenant`'s `req` before its body was read, once the body is disposed
+    /// of ([`super::discard`]): a short one is drained in the background at the tenant's pace, so the connection
     /// serves the client's next request; a long one, or one the client waits for `100
     /// Continue` to send, is left unread, and `e` closes the connection.
-    pub fn refuse_unread<B>(&self, req: Request<B>, e: ApiError) -> ApiError
+    pub fn refuse_unread<B>(&self, tenant: &str, req: Request<B>, e: ApiError) -> ApiError
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,
@@ -91,7 +96,11 @@ impl Gateway {
         let timeout = self.config.server.body_read_timeout;
         // Waiting for `100 Continue`, the client has sent nothing: there is nothing to read.
         let limit = self.config.server.max_body_bytes;
-        if !expects_continue && self.discarder.discard(req.into_body(), timeout, limit) {
+        if !expects_continue
+            && self
+                .discarder
+                .discard(tenant, req.into_body(), timeout, limit)
+        {
             return e;
         }
         e.closing_connection()

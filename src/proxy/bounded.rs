@@ -2,10 +2,11 @@
 //! into memory, a client's request or a backend's answer. Nothing is read past the bound, and a
 //! declared length over it is refused before anything is read.
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Why a bounded read stopped short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,16 +25,61 @@ where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    read_paced(body, max_bytes, timeout, |_| None).await
+}
+
+/// [`read_bounded`], and after each frame, given the bytes read so far, `pace` says until when
+/// to wait before reading the next (`None`: no wait). The waits count in `timeout`.
+pub async fn read_paced<B>(
+    body: B,
+    max_bytes: u64,
+    timeout: Duration,
+    mut pace: impl FnMut(u64) -> Option<Instant>,
+) -> Result<Bytes, ReadError>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     if body.size_hint().lower() > max_bytes {
         return Err(ReadError::TooLarge);
     }
-    let limited = Limited::new(body, usize::try_from(max_bytes).unwrap_or(usize::MAX));
-    match tokio::time::timeout(timeout, limited.collect()).await {
-        Err(_) => Err(ReadError::TimedOut),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ReadError::TooLarge),
-        Ok(Err(_)) => Err(ReadError::Broken),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-    }
+    let read = async {
+        let mut body = std::pin::pin!(body);
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut len = 0u64;
+        loop {
+            // The frame taken apart in the statement that reads it: the body's error type need
+            // not be `Send`, so none may live across the wait below.
+            let mut data = match body.frame().await {
+                None => break,
+                Some(Err(_)) => return Err(ReadError::Broken),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(_) => continue,
+                },
+            };
+            len += data.remaining() as u64;
+            if len > max_bytes {
+                return Err(ReadError::TooLarge);
+            }
+            chunks.push(data.copy_to_bytes(data.remaining()));
+            if let Some(until) = pace(len) {
+                tokio::time::sleep_until(until).await;
+            }
+        }
+        Ok(match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.swap_remove(0),
+            _ => {
+                let mut all = BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
+                chunks.iter().for_each(|c| all.extend_from_slice(c));
+                all.freeze()
+            }
+        })
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or(Err(ReadError::TimedOut))
 }
 
 #[cfg(test)]
@@ -82,6 +128,34 @@ mod tests {
         assert_eq!(read, Err(ReadError::TimedOut));
         assert_eq!(started.elapsed(), Duration::from_millis(250));
         drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_read_waits_where_its_pace_says_and_the_waits_count_in_the_timeout() {
+        let t0 = tokio::time::Instant::now();
+        let mut seen = Vec::new();
+        // 100 ms after every frame but the first.
+        let pace = |read: u64| {
+            seen.push(read);
+            (read > 3).then(|| tokio::time::Instant::now() + Duration::from_millis(100))
+        };
+        let read = read_paced(
+            chunks(&["abc", "de", "f"]),
+            10,
+            Duration::from_secs(1),
+            pace,
+        );
+        assert_eq!(read.await, Ok(Bytes::from("abcdef")));
+        assert_eq!(seen, [3, 5, 6]);
+        assert_eq!(t0.elapsed(), Duration::from_millis(200));
+        let pace = |_| Some(tokio::time::Instant::now() + Duration::from_millis(100));
+        let read = read_paced(
+            chunks(&["abc", "de", "f"]),
+            10,
+            Duration::from_millis(150),
+            pace,
+        );
+        assert_eq!(read.await, Err(ReadError::TimedOut));
     }
 
     #[tokio::test]

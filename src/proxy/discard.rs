@@ -1,69 +1,146 @@
-//! The body of a request refused before its body was read (the tenant's buckets could not
-//! admit it whatever it held): read and dropped when it is short, so the connection serves the
-//! client's next request; left unread when it is long, and the connection closed after the
-//! answer.
+//! Each tenant's budget for request bodies read to no purpose: bodies of requests refused
+//! before they were read (drained so the connection serves the client's next request), and
+//! bodies read and then refused (past the context, not JSON, over the size or time bound).
 //!
-//! Why read a short one at all: a server that closes a connection with unread data resets it,
-//! and a keep-alive client's next request on it would fail. Why paced: a hostile client can
-//! send bodies as fast as the network carries them; every refused body shares one rate, so
-//! whatever the number of connections the gateway reads no more than
-//! [`DISCARD_BYTES_PER_SECOND`] of them, and a sender beyond that waits on TCP's flow control.
+//! Why a budget per tenant: a hostile tenant can send bodies as fast as the network carries
+//! them, and every one costs the gateway a read, a JSON parse and a count up to the ceiling
+//! before its refusal, on the cores every other tenant's requests run on. A tenant's budget
+//! refills at `server.refused_body_bytes_per_second` and holds up to four bodies of
+//! `server.max_body_bytes`; a tenant that has spent it has its bodies read at that pace, and a
+//! sender beyond it waits on TCP's flow control. Another tenant's bodies are read at the
+//! network's speed whatever this one does.
 //!
-//! Which bodies are read: one declared at most the limit the caller gives (the gateway gives
-//! `server.max_body_bytes`) is drained at that pace and its connection kept. One of unknown
-//! length, or declared longer, is dropped unread and the answer says `connection: close`.
-//! Closing on every long body (a first build of issue 26's flood fix drew the line at 64 KiB)
-//! had hyper's own client, which sends its whole body before it reads, see a broken pipe instead
-//! of the 429 (tests/gateway.rs, `an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized`,
-//! one run in two): admissible bodies stay drained, at the shared pace, until a bound per
-//! tenant replaces it.
+//! What it charges: every byte of a drained body, and what is read of any body past its first
+//! [`FREE_BYTES`] (the 2 KB chats of an interactive tenant never touch it). A body being read
+//! is charged as it arrives, so that a tenant's concurrent bodies are paced as they are read,
+//! not all read at once when the budget refills; the charge is given back when the request is
+//! accepted ([`BodyCharge::accept`]) and kept when it is refused (dropped).
+//!
+//! Which refused-unread bodies are read: one declared at most the limit the caller gives (the
+//! gateway gives `server.max_body_bytes`) is drained at the tenant's pace and its connection
+//! kept. One of unknown length, or declared longer, is dropped unread and the answer says
+//! `connection: close`: a server that closes a connection with unread data resets it, and
+//! hyper's own client, which sends its whole body before it reads, would see a broken pipe
+//! instead of the answer (tests/gateway.rs,
+//! `an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized`).
 
+use crate::metrics::TenantLabel;
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Refused bodies read per second, all connections together: a small share of a core.
-pub const DISCARD_BYTES_PER_SECOND: u64 = 32 << 20;
+/// The first bytes of every body read, free of charge: a body this short is parsed where it
+/// arrived, in well under a millisecond.
+pub const FREE_BYTES: usize = 64 << 10;
 
-/// The shared pace at which refused bodies are read.
+/// How many bodies of the size limit a tenant's budget holds.
+const BURST_BODIES: u64 = 4;
+
+/// Every tenant's budget for bodies read to no purpose.
 #[derive(Debug)]
 pub struct Discarder {
     bytes_per_second: u64,
-    /// When the bytes read so far have been paid for at the rate.
-    paid_until: Mutex<Option<Instant>>,
+    /// The budget's size, as the time it takes to refill at the rate.
+    burst: Duration,
+    /// Per tenant, when everything charged so far will have been refilled (in the past: full).
+    refilled_at: Mutex<HashMap<String, Instant>>,
+    /// Bytes read and then refused, per tenant (`tokengate_refused_body_bytes_total`).
+    refused: Family<TenantLabel, Counter>,
 }
 
 impl Discarder {
-    /// A discarder reading at most `bytes_per_second` (at least 1).
-    pub fn new(bytes_per_second: u64) -> Discarder {
+    /// Budgets refilling at `bytes_per_second` (at least 1) holding four bodies of
+    /// `max_body_bytes`; what is refused is counted in `refused`.
+    pub fn new(
+        bytes_per_second: u64,
+        max_body_bytes: u64,
+        refused: Family<TenantLabel, Counter>,
+    ) -> Discarder {
+        let bytes_per_second = bytes_per_second.max(1);
         Discarder {
-            bytes_per_second: bytes_per_second.max(1),
-            paid_until: Mutex::new(None),
+            bytes_per_second,
+            burst: Self::time_for(
+                bytes_per_second,
+                max_body_bytes.saturating_mul(BURST_BODIES),
+            ),
+            refilled_at: Mutex::new(HashMap::new()),
+            refused,
         }
     }
 
-    /// Accounts for `bytes` read now; returns when reading may go on so that everything read
-    /// keeps to the rate.
-    fn pay(&self, bytes: usize, now: Instant) -> Instant {
-        let cost = Duration::from_nanos(
-            u64::try_from(bytes as u128 * 1_000_000_000 / u128::from(self.bytes_per_second))
+    fn time_for(bytes_per_second: u64, bytes: u64) -> Duration {
+        Duration::from_nanos(
+            u64::try_from(u128::from(bytes) * 1_000_000_000 / u128::from(bytes_per_second))
                 .unwrap_or(u64::MAX),
-        );
-        let mut paid = self
-            .paid_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let until = paid.map_or(now, |p| p.max(now)) + cost;
-        *paid = Some(until);
-        until
+        )
     }
 
-    /// Reads and drops `body` in the background at the shared pace, within `timeout`, when it
+    /// Charges `tenant` `bytes` read at `now`: returns when reading may go on (now, or once
+    /// the budget holds everything charged again).
+    fn charge(&self, tenant: &str, bytes: u64, now: Instant) -> Instant {
+        let cost = Self::time_for(self.bytes_per_second, bytes);
+        let mut all = self
+            .refilled_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let refilled = match all.get_mut(tenant) {
+            Some(at) => at,
+            None => all.entry(tenant.to_owned()).or_insert(now),
+        };
+        *refilled = (*refilled).max(now) + cost;
+        refilled.checked_sub(self.burst).map_or(now, |t| t.max(now))
+    }
+
+    /// Gives `tenant` back `bytes` charged for a body that turned out to be accepted.
+    fn give_back(&self, tenant: &str, bytes: u64, now: Instant) {
+        let cost = Self::time_for(self.bytes_per_second, bytes);
+        let mut all = self
+            .refilled_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(refilled) = all.get_mut(tenant) {
+            // Never fuller than full: what has refilled since the charge is not credited twice.
+            *refilled = refilled.checked_sub(cost).map_or(now, |t| t.max(now));
+        }
+    }
+
+    fn count_refused(&self, tenant: &str, bytes: u64) {
+        if bytes > 0 {
+            self.refused
+                .get_or_create(&TenantLabel {
+                    tenant: tenant.to_owned(),
+                })
+                .inc_by(bytes);
+        }
+    }
+
+    /// The charge of one body of `tenant`'s being read: call [`BodyCharge::read`] with the
+    /// bytes read so far after each frame and wait until the instant it returns.
+    pub fn charge_body(self: &Arc<Self>, tenant: &str) -> BodyCharge {
+        BodyCharge {
+            discarder: Arc::clone(self),
+            tenant: tenant.to_owned(),
+            read: 0,
+            charged: 0,
+            accepted: false,
+        }
+    }
+
+    /// Reads and drops `body` in the background at `tenant`'s pace, within `timeout`, when it
     /// is declared at most `limit` bytes long: returns whether it does. Otherwise `body` is
     /// dropped here unread, and its connection must close after the answer.
-    pub fn discard<B>(self: &Arc<Self>, body: B, timeout: Duration, limit: u64) -> bool
+    pub fn discard<B>(
+        self: &Arc<Self>,
+        tenant: &str,
+        body: B,
+        timeout: Duration,
+        limit: u64,
+    ) -> bool
     where
         B: Body + Send + 'static,
         B::Data: Send,
@@ -75,17 +152,63 @@ impl Discarder {
         // Held to its word: a body that sends more than it declared is cut at the bound.
         let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
         let pace = Arc::clone(self);
+        let tenant = tenant.to_owned();
         tokio::spawn(async move {
             let mut body = std::pin::pin!(body);
             let drained = async {
                 while let Some(Ok(frame)) = body.frame().await {
-                    let bytes = frame.data_ref().map_or(0, bytes::Buf::remaining);
-                    tokio::time::sleep_until(pace.pay(bytes, Instant::now())).await;
+                    let bytes = frame.data_ref().map_or(0, bytes::Buf::remaining) as u64;
+                    pace.count_refused(&tenant, bytes);
+                    tokio::time::sleep_until(pace.charge(&tenant, bytes, Instant::now())).await;
                 }
             };
             let _ = tokio::time::timeout(timeout, drained).await;
         });
         true
+    }
+}
+
+/// What one body being read has been charged to its tenant's budget: kept when dropped (the
+/// request was refused), given back by [`BodyCharge::accept`].
+#[derive(Debug)]
+pub struct BodyCharge {
+    discarder: Arc<Discarder>,
+    tenant: String,
+    /// Bytes of the body read so far.
+    read: u64,
+    /// Of them, charged (those past [`FREE_BYTES`]).
+    charged: u64,
+    accepted: bool,
+}
+
+impl BodyCharge {
+    /// The body has now `total` bytes read: charges what is new past the free bytes; returns
+    /// until when to wait before the next frame is read (`None`: no wait).
+    pub fn read(&mut self, total: u64) -> Option<Instant> {
+        self.read = total;
+        let chargeable = total.saturating_sub(FREE_BYTES as u64);
+        let new = chargeable.saturating_sub(self.charged);
+        if new == 0 {
+            return None;
+        }
+        self.charged = chargeable;
+        let now = Instant::now();
+        Some(self.discarder.charge(&self.tenant, new, now)).filter(|&until| until > now)
+    }
+
+    /// The request was accepted: its charge goes back to the tenant.
+    pub fn accept(mut self) {
+        self.accepted = true;
+        self.discarder
+            .give_back(&self.tenant, self.charged, Instant::now());
+    }
+}
+
+impl Drop for BodyCharge {
+    fn drop(&mut self) {
+        if !self.accepted {
+            self.discarder.count_refused(&self.tenant, self.read);
+        }
     }
 }
 
@@ -101,19 +224,71 @@ mod tests {
     use std::task::{Context, Poll};
     use tokio::sync::mpsc;
 
+    /// Budgets of `rate` bytes per second holding `burst` bytes (four bodies of a quarter of
+    /// it), and what they count as refused.
+    fn budgets(rate: u64, burst: u64) -> (Arc<Discarder>, Family<TenantLabel, Counter>) {
+        let refused = Family::default();
+        let d = Discarder::new(rate, burst / BURST_BODIES, refused.clone());
+        (Arc::new(d), refused)
+    }
+
+    fn refused(family: &Family<TenantLabel, Counter>, tenant: &str) -> u64 {
+        family
+            .get_or_create(&TenantLabel {
+                tenant: tenant.to_owned(),
+            })
+            .get()
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn every_body_shares_one_rate() {
-        let pace = Discarder::new(1 << 20);
+    async fn each_tenant_has_a_budget_of_its_own() {
+        let (d, _) = budgets(1 << 20, 1 << 20);
         let t0 = Instant::now();
-        // 1 MiB at 1 MiB/s: paid a second later; another right after waits behind it.
-        assert_eq!(pace.pay(1 << 20, t0), t0 + Duration::from_secs(1));
-        assert_eq!(pace.pay(512 << 10, t0), t0 + Duration::from_millis(1500));
-        // Idle time is not saved up: after a pause, reading starts from now.
+        let ms = Duration::from_millis;
+        // The budget holds 1 MiB: spending it all costs no wait, half a MiB more waits half a
+        // second, and another tenant's budget is still full.
+        assert_eq!(d.charge("a", 1 << 20, t0), t0);
+        assert_eq!(d.charge("a", 512 << 10, t0), t0 + ms(500));
+        assert_eq!(d.charge("b", 1 << 20, t0), t0);
+        // Given back: the half MiB is no longer owed.
+        d.give_back("a", 512 << 10, t0);
+        assert_eq!(d.charge("a", 0, t0), t0);
+        // Idle time refills the budget, but not past full: 10 s later, 1.5 MiB waits 0.5 s.
         let later = t0 + Duration::from_secs(10);
+        assert_eq!(d.charge("a", 1536 << 10, later), later + ms(500));
+        // Nor does a give-back after the refill make it fuller than full.
+        d.give_back("b", 1 << 20, later);
+        assert_eq!(d.charge("b", 1536 << 10, later), later + ms(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_is_charged_past_its_free_bytes_kept_when_refused_given_back_when_accepted() {
+        let (d, counted) = budgets(1 << 20, 0);
+        let free = FREE_BYTES as u64;
+        let t0 = Instant::now();
+        let mut body = d.charge_body("a");
+        // The free bytes cost nothing and wait for nothing.
+        assert_eq!(body.read(free), None);
+        // 256 KiB past them, with an empty budget: read on a quarter of a second later.
         assert_eq!(
-            pace.pay(1 << 10, later),
-            later + Duration::from_nanos(976_562)
+            body.read(free + (256 << 10)),
+            Some(t0 + Duration::from_millis(250))
         );
+        drop(body);
+        assert_eq!(refused(&counted, "a"), free + (256 << 10));
+        // An accepted body's charge goes back: the next one waits only for what it charges.
+        let mut body = d.charge_body("b");
+        assert!(body.read(free + (512 << 10)).is_some());
+        body.accept();
+        assert_eq!(refused(&counted, "b"), 0);
+        let mut body = d.charge_body("b");
+        assert_eq!(
+            body.read(free + (128 << 10)),
+            Some(t0 + Duration::from_millis(125))
+        );
+        body.accept();
+        // And "a" still owes its refused body.
+        assert_eq!(d.charge("a", 0, t0), t0 + Duration::from_millis(250));
     }
 
     /// A body of `frames` frames of `size` bytes declared `declared` bytes long (of unknown
@@ -147,61 +322,87 @@ mod tests {
         }
     }
 
-    /// Discards `frames` frames of `size` bytes declared `declared` long, within `timeout`:
-    /// whether it was read, and when each frame was, from the call.
-    async fn discard(
-        pace: &Arc<Discarder>,
+    /// Starts discarding `frames` frames of `size` bytes declared `declared` long for
+    /// `tenant`, within `timeout`: whether it is read, and where its frames' times arrive.
+    fn start_discard(
+        d: &Arc<Discarder>,
+        tenant: &str,
         (frames, size, declared): (usize, usize, Option<u64>),
         timeout: Duration,
-    ) -> (bool, Vec<Duration>) {
-        let (read, mut reads) = mpsc::unbounded_channel();
-        let t0 = Instant::now();
+    ) -> (bool, mpsc::UnboundedReceiver<Instant>) {
+        let (read, reads) = mpsc::unbounded_channel();
         let body = Frames {
             frames,
             size,
             declared,
             read,
         };
-        let drained = pace.discard(body, timeout, DRAIN_BYTES);
+        (d.discard(tenant, body, timeout, DRAIN_BYTES), reads)
+    }
+
+    /// When each frame was read, from `t0`.
+    async fn times(mut reads: mpsc::UnboundedReceiver<Instant>, t0: Instant) -> Vec<Duration> {
         let mut at = Vec::new();
         while let Some(t) = reads.recv().await {
             at.push(t - t0);
         }
-        (drained, at)
+        at
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_short_body_is_read_at_the_pace_within_its_bounds() {
-        let pace = Arc::new(Discarder::new(64 << 10));
+    async fn a_short_body_is_drained_at_its_tenants_pace_within_its_bounds() {
         let ms = Duration::from_millis;
-        // Each 16 KiB frame is read once the one before is paid for.
         let short = (4, 16 << 10, Some(DRAIN_BYTES));
-        let (drained, at) = discard(&pace, short, Duration::from_secs(30)).await;
-        assert!(drained);
-        assert_eq!(at, [ms(0), ms(250), ms(500), ms(750)]);
+        // Each 16 KiB frame is read once the one before is paid for; another tenant's body,
+        // drained at the same time, at its own pace, not after the first.
+        let (d, counted) = budgets(64 << 10, 0);
+        let t0 = Instant::now();
+        let (drained_a, a) = start_discard(&d, "a", short, Duration::from_secs(30));
+        let (drained_b, b) = start_discard(&d, "b", short, Duration::from_secs(30));
+        assert!(drained_a && drained_b);
+        let every_quarter = [ms(0), ms(250), ms(500), ms(750)];
+        assert_eq!(times(a, t0).await, every_quarter);
+        assert_eq!(times(b, t0).await, every_quarter);
+        assert_eq!(refused(&counted, "a"), DRAIN_BYTES);
         // A body that takes longer than the timeout is dropped at the timeout: 3 frames read
         // in 600 ms, the 4th would be at 750 ms.
-        let pace = Arc::new(Discarder::new(64 << 10));
-        let (drained, at) = discard(&pace, short, ms(600)).await;
+        let (d, _) = budgets(64 << 10, 0);
+        let t0 = Instant::now();
+        let (drained, reads) = start_discard(&d, "a", short, ms(600));
         assert!(drained);
-        assert_eq!(at, [ms(0), ms(250), ms(500)]);
+        assert_eq!(times(reads, t0).await, [ms(0), ms(250), ms(500)]);
         // A body that sends more than it declared is cut at the bound: 4 frames fit it, the
         // 5th is handed out and refused.
-        let pace = Arc::new(Discarder::new(64 << 10));
-        let (_, at) = discard(&pace, (8, 16 << 10, Some(DRAIN_BYTES)), ms(5000)).await;
-        assert_eq!(at, [ms(0), ms(250), ms(500), ms(750), ms(1000)]);
+        let (d, _) = budgets(64 << 10, 0);
+        let t0 = Instant::now();
+        let (_, reads) = start_discard(&d, "a", (8, 16 << 10, Some(DRAIN_BYTES)), ms(5000));
+        assert_eq!(
+            times(reads, t0).await,
+            [ms(0), ms(250), ms(500), ms(750), ms(1000)]
+        );
+        // A budget with room drains at once.
+        let (d, _) = budgets(64 << 10, DRAIN_BYTES);
+        let t0 = Instant::now();
+        let (_, reads) = start_discard(&d, "a", short, ms(5000));
+        assert_eq!(times(reads, t0).await, [ms(0); 4]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_long_body_or_one_of_unknown_length_is_not_read() {
-        let pace = Arc::new(Discarder::new(64 << 10));
+        let (d, counted) = budgets(64 << 10, 0);
         let timeout = Duration::from_secs(30);
+        let t0 = Instant::now();
         for body in [(5, 16 << 10, Some(DRAIN_BYTES + 1)), (1, 1, None)] {
-            let (drained, at) = discard(&pace, body, timeout).await;
-            assert_eq!((drained, at), (false, vec![]), "{body:?}");
+            let (drained, reads) = start_discard(&d, "a", body, timeout);
+            assert_eq!(
+                (drained, times(reads, t0).await),
+                (false, vec![]),
+                "{body:?}"
+            );
         }
-        // Nothing was paid for: the pace is where it started.
+        // Nothing was charged: the budget is where it started.
         let now = Instant::now();
-        assert_eq!(pace.pay(0, now), now);
+        assert_eq!(d.charge("a", 0, now), now);
+        assert_eq!(refused(&counted, "a"), 0);
     }
 }

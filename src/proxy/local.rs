@@ -41,10 +41,10 @@ where
     gw.check_content_type(req.headers())?;
     // A tenant without a request left is refused before its body is read, as a generation is.
     if let Err(e) = gw.check_at_least(&tenant, ONE_REQUEST, [true; 3]).await {
-        return Err(gw.refuse_unread(req, e));
+        return Err(gw.refuse_unread(&tenant.name, req, e));
     }
     let config = gw.config.clone();
-    let prompt = gw
+    let (prompt, body_charge) = gw
         .read_body_json(&tenant.name, req.into_body(), move |body| {
             let body = body.object;
             if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
@@ -76,6 +76,7 @@ where
         .await
         // No answer: the request is given back.
         .inspect_err(|_| charge.refund_all())?;
+    body_charge.accept();
     Ok(json_text_response(
         StatusCode::OK,
         tokenize_answer(&ids, max_len),

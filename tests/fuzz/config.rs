@@ -44,6 +44,7 @@ fn server() -> impl Strategy<Value = Table> {
         ("idle_timeout", duration().boxed()),
         ("client_write_timeout", duration().boxed()),
         ("body_read_timeout", duration().boxed()),
+        ("refused_body_bytes_per_second", int(1..=1 << 30).boxed()),
         ("shutdown_grace", duration().boxed()),
         ("max_connections", int(1..=100_000).boxed()),
         (
@@ -469,6 +470,7 @@ fn invalid() -> impl Strategy<Value = Mutation> {
         ("limiter", "key_prefix", "a{b".into()),
         ("limiter", "redis_url", "http://127.0.0.1:6379".into()),
         ("server", "max_connections", zero()),
+        ("server", "refused_body_bytes_per_second", zero()),
         ("server", "admin_token", "".into()),
         ("tenants", "name", "".into()),
         ("tenants", "api_keys", Value::Array(vec!["".into()])),
