@@ -1,5 +1,6 @@
 //! Step 3's body side: a request's content type, checked before its body is read; its body read
-//! within the size and time bounds and parsed as a JSON object (where it arrived when small, on
+//! within the size and time bounds, at the pace of the tenant's budget for refused bodies
+//! ([`super::discard`]), and parsed as a JSON object (where it arrived when small, on
 //! the tenant's share of the worker pool when large); and the body of a request refused unread,
 //! drained or left unread as [`super::discard`] decides.
 
@@ -56,13 +57,13 @@ impl Gateway {
         let limit = self.config.server.max_body_bytes;
         let timeout = self.config.server.body_read_timeout;
         let mut charge = self.discarder.charge_body(tenant);
-        let bytes = read_paced(body, limit, timeout, |read| charge.read(read))
-            .await
-            .map_err(|error| BodyError {
-                error,
-                max_bytes: limit,
-                timeout,
-            })?;
+        let read = read_paced(body, limit, timeout, &mut charge).await;
+        charge.read_all();
+        let bytes = read.map_err(|error| BodyError {
+            error,
+            max_bytes: limit,
+            timeout,
+        })?;
         let bytes_len = bytes.len();
         let job = move || {
             let (object, keys_unique) = openai::parse_body(&bytes)?;

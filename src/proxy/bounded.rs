@@ -6,7 +6,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use http_body::Body;
 use http_body_util::BodyExt;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Why a bounded read stopped short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,16 +24,28 @@ where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    read_paced(body, max_bytes, timeout, |_| None).await
+    read_paced(body, max_bytes, timeout, &mut Unpaced).await
 }
 
-/// [`read_bounded`], and after each frame, given the bytes read so far, `pace` says until when
-/// to wait before reading the next (`None`: no wait). The waits count in `timeout`.
+/// What a paced read waits on after each frame.
+pub trait Pace {
+    /// Returns once the frame after the first `read` bytes may be read.
+    fn wait(&mut self, read: u64) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// Reading at the network's speed.
+struct Unpaced;
+
+impl Pace for Unpaced {
+    async fn wait(&mut self, _: u64) {}
+}
+
+/// [`read_bounded`], waiting on `pace` after each frame. The waits count in `timeout`.
 pub async fn read_paced<B>(
     body: B,
     max_bytes: u64,
     timeout: Duration,
-    mut pace: impl FnMut(u64) -> Option<Instant>,
+    pace: &mut impl Pace,
 ) -> Result<Bytes, ReadError>
 where
     B: Body,
@@ -63,9 +74,7 @@ where
                 return Err(ReadError::TooLarge);
             }
             chunks.push(data.copy_to_bytes(data.remaining()));
-            if let Some(until) = pace(len) {
-                tokio::time::sleep_until(until).await;
-            }
+            pace.wait(len).await;
         }
         Ok(match chunks.len() {
             0 => Bytes::new(),
@@ -130,31 +139,40 @@ mod tests {
         drop(tx);
     }
 
+    /// Waits 100 ms after every frame once more than `after` bytes are read, and notes what
+    /// it was told.
+    struct Every100ms {
+        after: u64,
+        seen: Vec<u64>,
+    }
+
+    impl Pace for Every100ms {
+        async fn wait(&mut self, read: u64) {
+            self.seen.push(read);
+            if read > self.after {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_paced_read_waits_where_its_pace_says_and_the_waits_count_in_the_timeout() {
         let t0 = tokio::time::Instant::now();
-        let mut seen = Vec::new();
-        // 100 ms after every frame but the first.
-        let pace = |read: u64| {
-            seen.push(read);
-            (read > 3).then(|| tokio::time::Instant::now() + Duration::from_millis(100))
+        let mut pace = Every100ms {
+            after: 3,
+            seen: vec![],
         };
-        let read = read_paced(
-            chunks(&["abc", "de", "f"]),
-            10,
-            Duration::from_secs(1),
-            pace,
-        );
+        let body = chunks(&["abc", "de", "f"]);
+        let read = read_paced(body, 10, Duration::from_secs(1), &mut pace);
         assert_eq!(read.await, Ok(Bytes::from("abcdef")));
-        assert_eq!(seen, [3, 5, 6]);
+        assert_eq!(pace.seen, [3, 5, 6]);
         assert_eq!(t0.elapsed(), Duration::from_millis(200));
-        let pace = |_| Some(tokio::time::Instant::now() + Duration::from_millis(100));
-        let read = read_paced(
-            chunks(&["abc", "de", "f"]),
-            10,
-            Duration::from_millis(150),
-            pace,
-        );
+        let mut pace = Every100ms {
+            after: 0,
+            seen: vec![],
+        };
+        let body = chunks(&["abc", "de", "f"]);
+        let read = read_paced(body, 10, Duration::from_millis(150), &mut pace);
         assert_eq!(read.await, Err(ReadError::TimedOut));
     }
 

@@ -6,9 +6,9 @@
 //! | `forward.rs` | steps 10-11: the leaf service under the layers (see [`crate::layers`] for 5-9) |
 //! | `meter.rs` | step 11: the metered answer that owns the request's ticket and settles it |
 //! | `upstream.rs` | the backend client: timeouts, bounded reads, error policy, headers |
-//! | `body.rs` | a request body: content type, bounded read, JSON parse, paced discard |
+//! | `body.rs` | a request body: content type, bounded read at the tenant's pace, JSON parse, discard |
 //! | `local.rs` | `POST /tokenize` and `GET /v1/models` |
-//! | `bounded.rs`, `discard.rs`, `tls.rs` | bounded reads, the discard pace, backend TLS |
+//! | `bounded.rs`, `discard.rs`, `tls.rs` | bounded (and paced) reads, each tenant's budget for refused bodies, backend TLS |
 
 pub mod body;
 pub mod bounded;
@@ -96,7 +96,7 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Where every settled request is recorded: the workload profile.
     pub recorder: Arc<crate::record::Recorder>,
-    /// Where the bodies of requests refused unread are read and dropped.
+    /// Each tenant's budget for bodies read to no purpose: the pace of refused bodies.
     pub discarder: Arc<discard::Discarder>,
     /// The backends' metrics as last scraped (backend feedback); dropping it stops the scrapes.
     pub feedback: crate::feedback::Scrapers,
