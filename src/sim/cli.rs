@@ -87,6 +87,21 @@ pub struct SimArgs {
     /// was told: the engine queues and preempts what the gateway's ledger admits).
     #[arg(long, default_value_t = 1.0)]
     pub cache_fraction: f64,
+    /// As vLLM's flag: `qwen3` sends a thinking chat's reasoning (the first half of its
+    /// output) in `reasoning`, apart from `content`.
+    #[arg(long, value_enum)]
+    pub reasoning_parser: Option<ReasoningParser>,
+    /// As vLLM's flag: usage reports `prompt_tokens_details.cached_tokens`, the prompt's start
+    /// shared with an earlier prompt in whole 16-token blocks.
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
+}
+
+/// The reasoning parsers the simulated backend knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningParser {
+    /// Qwen3's `<think>` ... `</think>` (Qwen3.5 too).
+    Qwen3,
 }
 
 impl SimArgs {
@@ -106,6 +121,8 @@ impl SimArgs {
         cfg.time_scale = self.time_scale;
         cfg.seed = self.seed;
         cfg.mean_output_tokens = self.mean_output_tokens;
+        cfg.reasoning_parser = self.reasoning_parser.is_some();
+        cfg.prompt_tokens_details = self.enable_prompt_tokens_details;
         cfg.engine.chunked_prefill = self.chunked_prefill;
         cfg.engine.max_partial_prefills = self.max_partial_prefills;
         cfg.engine.long_prefill_threshold = self.long_prefill_threshold;

@@ -4,6 +4,7 @@
 
 use super::engine::{EngineConfig, SeqRequest};
 use super::metrics::SimMetrics;
+use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
 use super::wire::{parse_openai, parse_tgi, Api, Finish, Job, Meta};
@@ -47,6 +48,9 @@ pub struct Shared {
     pub(super) faults: Mutex<Faults>,
     lengths: Mutex<(StdRng, LogNormal<f64>)>,
     next_id: AtomicU64,
+    reasoning_parser: bool,
+    /// With `--enable-prompt-tokens-details`.
+    prefix_cache: Option<Mutex<PrefixCache>>,
 }
 
 impl Shared {
@@ -72,6 +76,10 @@ impl Shared {
             faults: Mutex::new(cfg.faults),
             lengths: Mutex::new((StdRng::seed_from_u64(cfg.seed), dist)),
             next_id: AtomicU64::new(1),
+            reasoning_parser: cfg.reasoning_parser,
+            prefix_cache: cfg
+                .prompt_tokens_details
+                .then(|| Mutex::new(PrefixCache::default())),
         }
     }
 
@@ -153,7 +161,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         .await
         .map_err(|_| ApiError::payload_too_large(BODY_LIMIT_BYTES as u64))?
         .to_bytes();
-    let job = match api {
+    let (mut job, prompt) = match api {
         (Api::Tgi, stream) => parse_tgi(&body, stream, shared.counter.as_ref())?,
         (api, _) => parse_openai(
             api,
@@ -163,6 +171,12 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             shared.counter.as_ref(),
         )?,
     };
+    if let (Some(cache), Api::Chat | Api::Completion) = (&shared.prefix_cache, job.api) {
+        let mut cache = cache.lock().expect("prefix cache lock poisoned");
+        let cached = cache.serve(&prompt, job.prompt_tokens, shared.counter.as_ref());
+        job.cached_tokens = Some(cached);
+    }
+    job.thinking &= shared.reasoning_parser;
     generate(shared, job).await
 }
 
@@ -278,6 +292,7 @@ async fn generate(shared: &Shared, job: Job) -> Result<Response<Body>, ApiError>
             job,
             meta,
             finish,
+            output,
             fail_after: faults.fail_after_tokens,
             pending: VecDeque::new(),
             done: false,
@@ -299,8 +314,7 @@ async fn generate(shared: &Shared, job: Job) -> Result<Response<Body>, ApiError>
     if generated != output {
         return Err(ApiError::internal());
     }
-    let text = completion_text(0, generated);
-    let body = job.api.full(&meta, &job, &text, finish, generated);
+    let body = job.api.full(&meta, &job, finish, generated);
     Ok(json_response(StatusCode::OK, &body))
 }
 
@@ -309,6 +323,8 @@ struct StreamState {
     job: Job,
     meta: Meta,
     finish: Finish,
+    /// Tokens the answer will have.
+    output: u64,
     fail_after: Option<u64>,
     pending: VecDeque<String>,
     done: bool,
@@ -335,15 +351,11 @@ impl StreamState {
             let api = self.job.api;
             let text = completion_text(index - 1, 1);
             let finish = last.then(|| (self.finish, completion_text(0, index), index));
+            let reasoning = index <= self.job.reasoning_tokens(self.output);
             self.pending
-                .extend(api.token_events(&self.meta, index, &text, finish));
+                .extend(api.token_events(&self.meta, index, &text, reasoning, finish));
             if last {
-                let end = api.stream_end(
-                    &self.meta,
-                    self.job.include_usage,
-                    self.job.prompt_tokens,
-                    index,
-                );
+                let end = api.stream_end(&self.meta, &self.job, index);
                 self.pending.extend(end);
                 self.done = true;
             }

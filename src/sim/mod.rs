@@ -11,6 +11,7 @@ pub mod cli;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod prefix;
 pub mod shell;
 pub mod text;
 pub mod timing;
@@ -60,6 +61,12 @@ pub struct SimConfig {
     pub mean_output_tokens: f64,
     /// Injected failures at start (changeable later through [`SimHandle::set_faults`]).
     pub faults: Faults,
+    /// vLLM's `--reasoning-parser qwen3`: a chat that thinks (`enable_thinking` not false)
+    /// sends the first half of its output (rounded up) as `reasoning`, the rest as `content`.
+    pub reasoning_parser: bool,
+    /// vLLM's `--enable-prompt-tokens-details`: usage carries
+    /// `prompt_tokens_details.cached_tokens` from a prefix cache ([`prefix`]).
+    pub prompt_tokens_details: bool,
 }
 
 /// The served model names by default: the capacity profile's name, then the Hugging Face
@@ -85,6 +92,8 @@ impl SimConfig {
             seed: 0,
             mean_output_tokens: 150.0,
             faults: Faults::default(),
+            reasoning_parser: false,
+            prompt_tokens_details: false,
         }
     }
 

@@ -176,6 +176,110 @@ async fn chats_are_counted_as_vllm_renders_them() {
     assert_eq!(prompt(plain).await, 21);
 }
 
+/// With `--reasoning-parser qwen3`, as vLLM 0.32: a chat that thinks (Qwen3.5's default) sends
+/// the first half of its output in `delta.reasoning` / `message.reasoning` and the rest in
+/// `content`; one with `enable_thinking: false` only content; completions never reasoning.
+/// Usage counts both.
+#[tokio::test(start_paused = true)]
+async fn a_reasoning_parser_splits_a_thinking_chat_into_reasoning_and_content() {
+    let s = sim(SimConfig {
+        reasoning_parser: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let stream = json!({"max_tokens": 5, "ignore_eos": true, "stream": true,
+                        "stream_options": {"include_usage": true}});
+    let a = post(
+        s.addr(),
+        "/v1/chat/completions",
+        chat(HELLO, stream.clone()),
+    )
+    .await;
+    let deltas: Vec<Value> = a.events()[1..6]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"].clone())
+        .collect();
+    let words = |from, n| text::completion_text(from, n);
+    assert_eq!(
+        deltas,
+        [
+            json!({"reasoning": words(0, 1)}),
+            json!({"reasoning": words(1, 1)}),
+            json!({"reasoning": words(2, 1)}),
+            json!({"content": words(3, 1)}),
+            json!({"content": words(4, 1)}),
+        ]
+    );
+    let usage: Value = serde_json::from_str(&a.events()[6]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+
+    let whole = json!({"max_tokens": 5, "ignore_eos": true});
+    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, whole.clone())).await;
+    assert_eq!(
+        a.json()["choices"][0]["message"],
+        json!({"role": "assistant", "reasoning": words(0, 3), "content": words(3, 2)})
+    );
+    // One token: all reasoning, no content.
+    let one = json!({"max_tokens": 1, "ignore_eos": true});
+    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, one)).await;
+    assert_eq!(
+        a.json()["choices"][0]["message"],
+        json!({"role": "assistant", "reasoning": words(0, 1), "content": null})
+    );
+    let mut off = whole.clone();
+    off["chat_template_kwargs"] = json!({"enable_thinking": false});
+    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, off)).await;
+    assert_eq!(
+        a.json()["choices"][0]["message"],
+        json!({"role": "assistant", "content": words(0, 5)})
+    );
+    let body = json!({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 5, "ignore_eos": true});
+    let a = post(s.addr(), "/v1/completions", body).await;
+    assert_eq!(a.json()["choices"][0]["text"], words(0, 5));
+    // Without the parser the same chat is all content.
+    let plain = sim(SimConfig::default()).await;
+    let a = post(plain.addr(), "/v1/chat/completions", chat(HELLO, whole)).await;
+    assert_eq!(
+        a.json()["choices"][0]["message"],
+        json!({"role": "assistant", "content": words(0, 5)})
+    );
+}
+
+/// With `--enable-prompt-tokens-details`, as vLLM: usage carries
+/// `prompt_tokens_details.cached_tokens`, the prompt's start served before in whole 16-token
+/// blocks (never the whole prompt); 0 for a prompt the cache has not seen.
+#[tokio::test(start_paused = true)]
+async fn prompt_tokens_details_report_the_prefix_the_cache_held() {
+    let s = sim(SimConfig {
+        prompt_tokens_details: true,
+        ..SimConfig::default()
+    })
+    .await;
+    let usage = |prompt: String| {
+        let addr = s.addr();
+        async move {
+            let body = json!({"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 1});
+            post(addr, "/v1/completions", body).await.json()["usage"].clone()
+        }
+    };
+    // 40 one-token words, then the same 40 and 10 more.
+    let first = usage(text::completion_text(0, 40)).await;
+    assert_eq!(first["prompt_tokens"], 40);
+    assert_eq!(first["prompt_tokens_details"], json!({"cached_tokens": 0}));
+    let longer = usage(text::completion_text(0, 50)).await;
+    assert_eq!(
+        longer["prompt_tokens_details"],
+        json!({"cached_tokens": 32})
+    );
+    let again = usage(text::completion_text(0, 48)).await;
+    assert_eq!(again["prompt_tokens_details"], json!({"cached_tokens": 32}));
+    // Without the flag, no details.
+    let plain = sim(SimConfig::default()).await;
+    let body = json!({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 1});
+    let a = post(plain.addr(), "/v1/completions", body).await;
+    assert_eq!(a.json()["usage"].get("prompt_tokens_details"), None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn chat_stream_sends_one_token_per_chunk_then_usage_like_vllm() {
     let s = sim(SimConfig::default()).await;

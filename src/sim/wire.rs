@@ -2,6 +2,7 @@
 //! emits them (SSE chunks, `usage`, `stream_options.include_usage`), and MindIE's TGI-style
 //! `/generate`, `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
+use super::text::completion_text;
 use crate::error::ApiError;
 use crate::tokenize::chat::{ChatPrompt, ChatRoute, ChatTemplate, CountTokens};
 use serde::Deserialize;
@@ -35,6 +36,24 @@ pub struct Job {
     pub ignore_eos: bool,
     /// TGI `parameters.details` (always on in a TGI stream's last event).
     pub details: bool,
+    /// A chat that thinks (`enable_thinking` not false) on a backend with a reasoning parser:
+    /// the first half of its output is reasoning ([`Job::reasoning_tokens`]).
+    pub thinking: bool,
+    /// With `--enable-prompt-tokens-details`: the prompt's tokens the prefix cache held.
+    pub cached_tokens: Option<u64>,
+}
+
+impl Job {
+    /// Of an answer of `output` tokens, how many (the first) are reasoning: half, rounded up,
+    /// when it thinks. The sim's reasoning ends without a `</think>` token of its own, so the
+    /// text of reasoning and content re-tokenizes to exactly `output`.
+    pub fn reasoning_tokens(&self, output: u64) -> u64 {
+        if self.thinking {
+            output.div_ceil(2)
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -97,21 +116,22 @@ fn bad_json(e: serde_json::Error) -> ApiError {
 // ApiError is the crate's one error type, returned as is on every path (as in the limiter).
 #[allow(clippy::result_large_err)]
 /// Parses an OpenAI chat or completions body and counts its prompt (a chat rendered with
-/// `template`, as vLLM renders it before tokenizing).
+/// `template`, as vLLM renders it before tokenizing); the job, and the prompt's text.
 pub fn parse_openai(
     api: Api,
     body: &[u8],
     served_names: &[String],
     template: &ChatTemplate,
     counter: &dyn CountTokens,
-) -> Result<Job, ApiError> {
+) -> Result<(Job, String), ApiError> {
     let req: OpenAiRequest = serde_json::from_slice(body).map_err(bad_json)?;
     if let Some(model) = &req.model {
         if !served_names.contains(model) {
             return Err(ApiError::model_not_found(model));
         }
     }
-    let prompt_tokens = match api {
+    let mut thinking = false;
+    let prompt = match api {
         Api::Chat => {
             let messages = req
                 .messages
@@ -125,11 +145,13 @@ pub fn parse_openai(
             };
             // As vLLM: developer messages as system, system messages merged, reasoning renamed.
             prompt.normalize_like_vllm(ChatRoute::ChatCompletions)?;
-            counter.count(&template.render(&prompt)?) as u64
+            // Qwen3.5's template thinks unless told not to.
+            thinking = prompt.enable_thinking != Some(false);
+            template.render(&prompt)?
         }
         _ => match req.prompt {
-            Some(Prompt::One(p)) => counter.count(&p) as u64,
-            Some(Prompt::Many(ps)) if ps.len() == 1 => counter.count(&ps[0]) as u64,
+            Some(Prompt::One(p)) => p,
+            Some(Prompt::Many(mut ps)) if ps.len() == 1 => ps.remove(0),
             Some(Prompt::Many(_)) => {
                 return Err(ApiError::invalid_param(
                     "prompt",
@@ -139,27 +161,31 @@ pub fn parse_openai(
             None => return Err(ApiError::invalid_param("prompt", "`prompt` is required")),
         },
     };
-    Ok(Job {
+    let job = Job {
         api,
         stream: req.stream,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-        prompt_tokens,
+        prompt_tokens: counter.count(&prompt) as u64,
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         ignore_eos: req.ignore_eos,
         details: false,
-    })
+        thinking,
+        cached_tokens: None,
+    };
+    Ok((job, prompt))
 }
 
 #[allow(clippy::result_large_err)]
 /// Parses a TGI-style body (`/generate`, `/generate_stream`, `/infer`); `stream` is the
-/// endpoint's mode, `None` for `/infer`, which reads it from the body.
+/// endpoint's mode, `None` for `/infer`, which reads it from the body; the job, and the
+/// prompt's text.
 pub fn parse_tgi(
     body: &[u8],
     stream: Option<bool>,
     counter: &dyn CountTokens,
-) -> Result<Job, ApiError> {
+) -> Result<(Job, String), ApiError> {
     let req: TgiRequest = serde_json::from_slice(body).map_err(bad_json)?;
-    Ok(Job {
+    let job = Job {
         api: Api::Tgi,
         stream: stream.or(req.stream).unwrap_or(false),
         include_usage: false,
@@ -167,7 +193,10 @@ pub fn parse_tgi(
         max_tokens: req.parameters.max_new_tokens,
         ignore_eos: req.parameters.ignore_eos,
         details: req.parameters.details,
-    })
+        thinking: false,
+        cached_tokens: None,
+    };
+    Ok((job, req.inputs))
 }
 
 /// What every response of one request shares.
@@ -206,12 +235,19 @@ impl Finish {
     }
 }
 
-fn usage(prompt: u64, completion: u64) -> Value {
-    json!({
+/// `job`'s usage once `completion` tokens are generated (with `prompt_tokens_details` when the
+/// backend reports cached tokens).
+fn usage(job: &Job, completion: u64) -> Value {
+    let prompt = job.prompt_tokens;
+    let mut usage = json!({
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-    })
+    });
+    if let Some(cached) = job.cached_tokens {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+    }
+    usage
 }
 
 /// What every OpenAI answer and chunk starts with: its id, `object`, creation time and model,
@@ -239,12 +275,14 @@ fn completion(meta: &Meta, text: &str, finish: Option<&str>) -> Value {
 }
 
 impl Api {
-    /// The SSE events carrying token number `index` (1-based) with `text`; `finish` on the last.
+    /// The SSE events carrying token number `index` (1-based) with `text` (a chat's in
+    /// `delta.reasoning` when it is `reasoning`); `finish` on the last.
     pub fn token_events(
         self,
         meta: &Meta,
         index: u64,
         text: &str,
+        reasoning: bool,
         finish: Option<(Finish, String, u64)>,
     ) -> Vec<String> {
         match self {
@@ -257,11 +295,12 @@ impl Api {
                         None,
                     )));
                 }
-                out.push(sse(&chat_chunk(
-                    meta,
-                    json!({"content": text}),
-                    finish.map(|f| f.0.openai()),
-                )));
+                let delta = if reasoning {
+                    json!({"reasoning": text})
+                } else {
+                    json!({"content": text})
+                };
+                out.push(sse(&chat_chunk(meta, delta, finish.map(|f| f.0.openai()))));
                 out
             }
             Api::Completion => vec![sse(&completion(meta, text, finish.map(|f| f.0.openai())))],
@@ -284,20 +323,21 @@ impl Api {
         }
     }
 
-    /// The SSE events after the last token: the usage chunk if asked, and `[DONE]` (OpenAI).
-    pub fn stream_end(self, meta: &Meta, include_usage: bool, prompt: u64, n: u64) -> Vec<String> {
+    /// The SSE events after `job`'s last token (`n` generated): the usage chunk if asked,
+    /// and `[DONE]` (OpenAI).
+    pub fn stream_end(self, meta: &Meta, job: &Job, n: u64) -> Vec<String> {
         match self {
             Api::Tgi => Vec::new(),
             Api::Chat | Api::Completion => {
                 let mut out = Vec::new();
-                if include_usage {
+                if job.include_usage {
                     let object = if self == Api::Chat {
                         "chat.completion.chunk"
                     } else {
                         "text_completion"
                     };
                     let mut chunk = envelope(meta, object, json!([]));
-                    chunk["usage"] = usage(prompt, n);
+                    chunk["usage"] = usage(job, n);
                     out.push(sse(&chunk));
                 }
                 out.push("data: [DONE]\n\n".to_string());
@@ -306,23 +346,37 @@ impl Api {
         }
     }
 
-    /// The whole answer of a non-streamed request.
-    pub fn full(self, meta: &Meta, job: &Job, text: &str, finish: Finish, n: u64) -> Value {
+    /// The whole answer of a non-streamed request of `n` tokens (a thinking chat's first ones
+    /// in `message.reasoning`, as vLLM 0.32 with a reasoning parser; its `content` null when
+    /// nothing is left).
+    pub fn full(self, meta: &Meta, job: &Job, finish: Finish, n: u64) -> Value {
+        let text = completion_text(0, n);
         match self {
             Api::Chat => {
+                let reasoning = job.reasoning_tokens(n);
+                let mut message = json!({"role": "assistant", "content": text});
+                if job.thinking {
+                    let content = completion_text(reasoning, n - reasoning);
+                    message["reasoning"] = json!(completion_text(0, reasoning));
+                    message["content"] = if content.is_empty() {
+                        Value::Null
+                    } else {
+                        json!(content)
+                    };
+                }
                 let choice = json!({
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": null,
                     "finish_reason": finish.openai(),
                 });
                 let mut answer = envelope(meta, "chat.completion", json!([choice]));
-                answer["usage"] = usage(job.prompt_tokens, n);
+                answer["usage"] = usage(job, n);
                 answer
             }
             Api::Completion => {
-                let mut answer = completion(meta, text, Some(finish.openai()));
-                answer["usage"] = usage(job.prompt_tokens, n);
+                let mut answer = completion(meta, &text, Some(finish.openai()));
+                answer["usage"] = usage(job, n);
                 answer
             }
             Api::Tgi if job.details => {

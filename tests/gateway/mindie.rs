@@ -20,7 +20,7 @@ fn sim_config(pace: Duration) -> SimConfig {
 }
 
 /// The simulated backend on a free port.
-async fn start_sim(cfg: SimConfig) -> SimHandle {
+pub(super) async fn start_sim(cfg: SimConfig) -> SimHandle {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let counter: sim::text::SharedCounter = tokenizer();
     sim::start(cfg, counter, listener).await.unwrap()

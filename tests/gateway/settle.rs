@@ -4,18 +4,22 @@
 use super::profile::fixed;
 use super::*;
 
+/// `cfg` writing its usage log to `dir`.
+fn log_usage(cfg: &mut tokengate::config::Config, dir: &TempDir) {
+    cfg.usage_log = Some(tokengate::usage_log::UsageLogConfig {
+        path: dir.0.join("usage.jsonl").display().to_string(),
+        buffer_records: 16,
+    });
+}
+
 /// A gateway in front of a fake backend that writes its usage log to `dir`.
 async fn logged_gateway(
     spec: FakeSpec,
     dir: &TempDir,
     tweak: impl FnOnce(&mut tokengate::config::Config),
 ) -> (TestGateway, FakeBackend) {
-    let path = dir.0.join("usage.jsonl");
     gateway_with(spec, |cfg| {
-        cfg.usage_log = Some(tokengate::usage_log::UsageLogConfig {
-            path: path.display().to_string(),
-            buffer_records: 16,
-        });
+        log_usage(cfg, dir);
         tweak(cfg);
     })
     .await
@@ -314,5 +318,73 @@ async fn cached_prompt_tokens_are_charged_at_their_weight() {
             &lines[0]["cached_prompt_tokens"]
         ),
         (&json!(counted), &json!(counted), &json!(96))
+    );
+}
+
+/// The simulator started with vLLM's flags (`--reasoning-parser qwen3
+/// --enable-prompt-tokens-details`) behind the gateway: a thinking chat's answer, half of it
+/// `delta.reasoning`, is metered whole; the same chat again finds its prompt in the prefix cache
+/// (all but its last token, in whole 16-token blocks) and is charged it at
+/// `limiter.cached_prefill_weight`.
+#[tokio::test]
+async fn in_front_of_the_simulator_reasoning_is_metered_and_a_cached_prompt_charged_at_its_weight()
+{
+    use tokengate::sim::SimConfig;
+    let dir = TempDir::new("settle-sim");
+    let sim = super::mindie::start_sim(SimConfig {
+        reasoning_parser: true,
+        prompt_tokens_details: true,
+        ..SimConfig::pace(Duration::from_millis(1))
+    })
+    .await;
+    let mut cfg = config(&[sim.addr()]);
+    log_usage(&mut cfg, &dir);
+    let gw = TestGateway::start(cfg).await;
+    let content = "a ".repeat(120).trim_end().to_string();
+    let prompt = chat_tokens(&content);
+    let mut body = chat(&content, 10, true);
+    body["ignore_eos"] = json!(true);
+    let r = gw.chat("sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    let deltas: Vec<Value> = sse_data(&r.body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .map(|c| c["choices"][0]["delta"].clone())
+        .filter(|d| d.get("role").is_none())
+        .collect();
+    let reasoning = deltas.iter().filter(|d| d.get("reasoning").is_some());
+    assert_eq!((reasoning.count(), deltas.len()), (5, 10), "{deltas:?}");
+    body["stream"] = json!(false);
+    let r = gw.chat("sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    let cached = (prompt - 1) / 16 * 16;
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "2",
+    )
+    .await;
+    let lines = usage_lines(&gw, &dir).await;
+    let seen: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["prompt_tokens"].clone(),
+                l["cached_prompt_tokens"].clone(),
+                l["output_tokens"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (json!(prompt), json!(0), json!(10)),
+            (json!(prompt), json!(cached), json!(10)),
+        ]
+    );
+    // The second prompt: what was not cached, and a tenth of a token per cached one.
+    let weighted = (cached as f64 * 0.1).ceil() as u64;
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - (prompt + prompt - cached + weighted) as f64
     );
 }
