@@ -1,5 +1,5 @@
 //! Listeners, the tower stacks and graceful shutdown. The request path of DESIGN.md is written
-//! once, here: [`main_service`] (steps 1-4: request id, panic -> 500, route) and
+//! once, here: [`outer`] and [`route`] (steps 1-4: request id, panic -> 500, route) and
 //! [`generation_service`] (steps 5-11, one layer each: authenticate, count, charge, admit, then
 //! the leaf that forwards and meters; see [`crate::layers`] for what each leaves in the
 //! request's extensions).
@@ -12,6 +12,7 @@ use crate::metrics::ListenerLabel;
 use crate::proxy::forward::Forward;
 use crate::proxy::{error_response, error_response_in, local, Gateway, GatewayBody, REQUEST_ID};
 use crate::request_id::RequestIds;
+use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -188,11 +189,13 @@ async fn route<G: Handler, T: Handler, M: Handler>(
     resp
 }
 
-/// The main listener's service: the whole stack, outermost first. Its request ids come from
-/// `ids`, which the workers share.
-fn main_service(
-    gw: Arc<Gateway>,
-    ids: RequestIds,
+/// Steps 1-2, every listener's outermost: every request gets an id (the client's when fit, see
+/// `request_id`), echoed in the response, and a panic becomes a 500 in OpenAI's shape (guards
+/// dropped while unwinding settle); then `serve` runs in the request's span (the listener, its
+/// id, method and path).
+fn outer<F, Fut, B>(
+    listener: &'static str,
+    serve: F,
 ) -> impl tower::Service<
     Request<Incoming>,
     Response = Response<
@@ -206,50 +209,46 @@ fn main_service(
     Future = impl Future + Send + 'static,
 > + Clone
        + Send
-       + 'static {
-    let routes = routes(gw);
+       + 'static
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     ServiceBuilder::new()
-        // 1. every request gets an id (the client's when fit, see `request_id`), echoed in
-        //    the response
-        .map_request(move |req: Request<Incoming>| ids.assign(req))
+        .map_request(|req: Request<Incoming>| RequestIds.assign(req))
         .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
             REQUEST_ID,
         )))
-        // 2. a panic becomes a 500 in OpenAI's shape; guards dropped while unwinding settle
         .layer(CatchPanicLayer::custom(panic_response))
-        // 3-4. body limit and timeouts (in the layers that read bodies), route: the routes run
-        //      steps 5-11 (see `generation_service`)
         .service_fn(move |req: Request<Incoming>| {
-            let routes = routes.clone();
             let rid = req
                 .headers()
                 .get(REQUEST_ID)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            let span = tracing::info_span!("request", id = %rid, method = %req.method(), path = %req.uri().path());
-            async move { Ok::<_, std::convert::Infallible>(route(routes, req).instrument(span).await) }
+            let span = tracing::info_span!("request", listener, id = %rid, method = %req.method(), path = %req.uri().path());
+            let answer = serve(req).instrument(span);
+            async move { Ok::<_, std::convert::Infallible>(answer.await) }
         })
 }
 
-fn admin_service(
+/// The admin listener's routes (under [`outer`], as the main listener's), every refusal in
+/// OpenAI's shape.
+fn admin_route(
     gw: Arc<Gateway>,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<GatewayBody>,
-    Error = std::convert::Infallible,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static {
-    tower::service_fn(move |req: Request<Incoming>| {
+) -> impl Fn(Request<Incoming>) -> BoxFuture<'static, Response<GatewayBody>> + Clone + Send + 'static
+{
+    move |req| {
         let gw = gw.clone();
-        async move {
-            Ok::<_, std::convert::Infallible>(match admin::route(&gw, req).await {
+        Box::pin(async move {
+            match admin::route(&gw, req).await {
                 Ok(r) => r,
                 Err(e) => error_response(&e),
-            })
-        }
-    })
+            }
+        })
+    }
 }
 
 /// How long shutdown waits for the usage log to write its last lines.
@@ -419,7 +418,7 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
         workers,
     )));
     let admin_serving = serving("admin", ADMIN_MAX_CONNECTIONS, true);
-    let here = Connections::new(admin_service(gw.clone()), &admin_serving);
+    let here = Connections::new(outer("admin", admin_route(gw.clone())), &admin_serving);
     tasks.push(tokio::spawn(async move {
         accept_loop(admin, rx, admin_serving, &here).await;
         here.shut_down().await;
@@ -637,10 +636,14 @@ impl Workers {
     ) -> std::io::Result<(Self, Vec<tokio::task::JoinHandle<()>>)> {
         let mut workers = Vec::new();
         let mut tasks = Vec::new();
-        let ids = RequestIds;
         for index in 1..=count.max(1) {
             let (handoff, mut connections) = mpsc::unbounded_channel();
-            let here = Connections::new(main_service(gw.clone(), ids), serving);
+            // The whole stack, outermost first: steps 1-2 (`outer`), then 3-4, body limit and
+            // timeouts (in the layers that read bodies), and the route: the routes run steps
+            // 5-11 (see `generation_service`).
+            let routes = routes(gw.clone());
+            let stack = outer("main", move |req| route(routes.clone(), req));
+            let here = Connections::new(stack, serving);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

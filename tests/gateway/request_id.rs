@@ -162,3 +162,31 @@ async fn an_unauthenticated_clients_id_never_reaches_the_usage_log() {
         "{text}"
     );
 }
+
+/// The admin listener gives ids as the main one does: its answers carry one (a fit client id
+/// echoed, anything else replaced), so a probe's or a scraper's request can be found in the
+/// logs. Before, admin answers carried none.
+#[tokio::test]
+async fn admin_answers_carry_request_ids_too() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let url = format!("http://{}/healthz", gw.running.admin_addr);
+    let r = send(&url, "GET", None, &[]).await;
+    assert_eq!(r.status, 200);
+    let made = r.headers["x-request-id"].to_str().unwrap();
+    assert!(is_gateway_id(made), "{made}");
+    let r = send(&url, "GET", None, &[("x-request-id", "probe-7")]).await;
+    assert_eq!(r.headers["x-request-id"], "probe-7");
+    let long = "x".repeat(129);
+    let r = send(&url, "GET", None, &[("x-request-id", long.as_str())]).await;
+    assert!(is_gateway_id(r.headers["x-request-id"].to_str().unwrap()));
+    // An admin refusal too (a path the admin listener does not serve).
+    let r = send(
+        &format!("http://{}/nowhere", gw.running.admin_addr),
+        "GET",
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    assert!(is_gateway_id(r.headers["x-request-id"].to_str().unwrap()));
+}
