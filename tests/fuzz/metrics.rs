@@ -414,7 +414,8 @@ fn bad_line() -> impl Strategy<Value = (String, Vec<&'static str>)> {
         // the line a sample, not garbage: the campaign's first million found `a... inf`.
         "[a-z]{70,200}( [a-z]{1,5})?"
             .prop_filter("a float's spelling is a value", |l| {
-                l.split_once(' ').is_none_or(|(_, v)| v.parse::<f64>().is_err())
+                l.split_once(' ')
+                    .is_none_or(|(_, v)| v.parse::<f64>().is_err())
             })
             .prop_map(|l| (l, vec![NO_VALUE, NAN])),
     ]
