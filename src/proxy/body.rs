@@ -44,12 +44,12 @@ impl Gateway {
     /// [`BodyCharge::accept`] once the request is accepted (kept if it is dropped).
     /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a
     /// millisecond), on the tenant's share of the worker pool for larger ones.
-    pub async fn read_body_json<B, T: Send + 'static>(
-        &self,
-        tenant: &str,
+    pub async fn read_body_json<'a, B, T: Send + 'static>(
+        &'a self,
+        tenant: &'a str,
         body: B,
         parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<(T, BodyCharge), ApiError>
+    ) -> Result<(T, BodyCharge<'a>), ApiError>
     where
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -103,19 +103,19 @@ impl Discarder {
         f(budget)
     }
 
-    /// When reading may go on after `budget` is charged `cost` at `now`: now, or once the
-    /// budget holds everything charged again.
-    fn resume_at(&self, refilled_at: Instant, cost: Duration, now: Instant) -> Instant {
-        let refilled = refilled_at.max(now) + cost;
-        refilled.checked_sub(self.burst).map_or(now, |t| t.max(now))
+    /// When a budget charged `bytes` at `now` will be refilled, and when reading may go on:
+    /// now, or once the budget holds everything charged again.
+    fn after_charge(&self, budget: &Budget, bytes: u64, now: Instant) -> (Instant, Instant) {
+        let refilled = budget.refilled_at.max(now) + Self::time_for(self.bytes_per_second, bytes);
+        let resume = refilled.checked_sub(self.burst).map_or(now, |t| t.max(now));
+        (refilled, resume)
     }
 
     /// Charges `tenant` `bytes` read at `now`: returns when reading may go on.
     fn charge(&self, tenant: &str, bytes: u64, now: Instant) -> Instant {
-        let cost = Self::time_for(self.bytes_per_second, bytes);
         self.with_budget(tenant, now, |b| {
-            let resume = self.resume_at(b.refilled_at, cost, now);
-            b.refilled_at = b.refilled_at.max(now) + cost;
+            let (refilled, resume) = self.after_charge(b, bytes, now);
+            b.refilled_at = refilled;
             resume
         })
     }
@@ -128,9 +128,8 @@ impl Discarder {
         bytes: u64,
         now: Instant,
     ) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        let cost = Self::time_for(self.bytes_per_second, bytes);
         self.with_budget(tenant, now, |b| {
-            (self.resume_at(b.refilled_at, cost, now) > now).then(|| Arc::clone(&b.turn))
+            (self.after_charge(b, bytes, now).1 > now).then(|| Arc::clone(&b.turn))
         })
     }
 
@@ -153,11 +152,12 @@ impl Discarder {
         }
     }
 
-    /// The charge of one body of `tenant`'s being read: the [`Pace`] of its read.
-    pub fn charge_body(self: &Arc<Self>, tenant: &str) -> BodyCharge {
+    /// The charge of one body of `tenant`'s being read: the [`Pace`] of its read. Nothing is
+    /// allocated or locked until the body passes its free bytes.
+    pub fn charge_body<'a>(&'a self, tenant: &'a str) -> BodyCharge<'a> {
         BodyCharge {
-            discarder: Arc::clone(self),
-            tenant: tenant.to_owned(),
+            discarder: self,
+            tenant,
             read: 0,
             charged: 0,
             turn: None,
@@ -205,9 +205,9 @@ impl Discarder {
 /// What one body being read has been charged to its tenant's budget: kept when dropped (the
 /// request was refused), given back by [`BodyCharge::accept`].
 #[derive(Debug)]
-pub struct BodyCharge {
-    discarder: Arc<Discarder>,
-    tenant: String,
+pub struct BodyCharge<'a> {
+    discarder: &'a Discarder,
+    tenant: &'a str,
     /// Bytes of the body read so far.
     read: u64,
     /// Of them, charged (those past [`FREE_BYTES`]).
@@ -217,7 +217,7 @@ pub struct BodyCharge {
     accepted: bool,
 }
 
-impl Pace for BodyCharge {
+impl Pace for BodyCharge<'_> {
     /// Charges what is new past the free bytes. Where that must wait on the pace, the body
     /// first waits its turn: a tenant's paced bodies are read one after the other (each at the
     /// pace), so they arrive, and are parsed and counted, one at a time. Read side by side they
@@ -234,13 +234,13 @@ impl Pace for BodyCharge {
         if self.turn.is_none() {
             let turn = self
                 .discarder
-                .turn_if_paced(&self.tenant, new, Instant::now());
+                .turn_if_paced(self.tenant, new, Instant::now());
             if let Some(turn) = turn {
                 self.turn = Some(turn.lock_owned().await);
             }
         }
         let now = Instant::now();
-        let resume = self.discarder.charge(&self.tenant, new, now);
+        let resume = self.discarder.charge(self.tenant, new, now);
         self.charged = chargeable;
         if resume > now {
             tokio::time::sleep_until(resume).await;
@@ -248,7 +248,7 @@ impl Pace for BodyCharge {
     }
 }
 
-impl BodyCharge {
+impl BodyCharge<'_> {
     /// The whole body is read: the tenant's next paced body may take its turn.
     pub fn read_all(&mut self) {
         self.turn = None;
@@ -257,15 +257,17 @@ impl BodyCharge {
     /// The request was accepted: its charge goes back to the tenant.
     pub fn accept(mut self) {
         self.accepted = true;
-        self.discarder
-            .give_back(&self.tenant, self.charged, Instant::now());
+        if self.charged > 0 {
+            self.discarder
+                .give_back(self.tenant, self.charged, Instant::now());
+        }
     }
 }
 
-impl Drop for BodyCharge {
+impl Drop for BodyCharge<'_> {
     fn drop(&mut self) {
         if !self.accepted {
-            self.discarder.count_refused(&self.tenant, self.read);
+            self.discarder.count_refused(self.tenant, self.read);
         }
     }
 }

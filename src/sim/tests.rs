@@ -189,12 +189,7 @@ async fn a_reasoning_parser_splits_a_thinking_chat_into_reasoning_and_content() 
     .await;
     let stream = json!({"max_tokens": 5, "ignore_eos": true, "stream": true,
                         "stream_options": {"include_usage": true}});
-    let a = post(
-        s.addr(),
-        "/v1/chat/completions",
-        chat(HELLO, stream.clone()),
-    )
-    .await;
+    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, stream)).await;
     let deltas: Vec<Value> = a.events()[1..6]
         .iter()
         .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"].clone())

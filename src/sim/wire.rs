@@ -353,17 +353,15 @@ impl Api {
         let text = completion_text(0, n);
         match self {
             Api::Chat => {
-                let reasoning = job.reasoning_tokens(n);
-                let mut message = json!({"role": "assistant", "content": text});
-                if job.thinking {
+                let message = if job.thinking {
+                    let reasoning = job.reasoning_tokens(n);
                     let content = completion_text(reasoning, n - reasoning);
-                    message["reasoning"] = json!(completion_text(0, reasoning));
-                    message["content"] = if content.is_empty() {
-                        Value::Null
-                    } else {
-                        json!(content)
-                    };
-                }
+                    let content = (!content.is_empty()).then_some(content);
+                    let reasoning = completion_text(0, reasoning);
+                    json!({"role": "assistant", "reasoning": reasoning, "content": content})
+                } else {
+                    json!({"role": "assistant", "content": text})
+                };
                 let choice = json!({
                     "index": 0,
                     "message": message,
