@@ -2,6 +2,7 @@
 //! (no global statics), so tests can run many gateways in one process. Gauges that mirror
 //! state owned elsewhere (KV ledger, queue, buckets) are refreshed when `/metrics` is scraped.
 
+use crate::error::ErrorCode;
 use crate::tokenize::cache::CacheStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -39,7 +40,7 @@ pub enum Outcome {
     ClientDisconnect,
     /// Refused, or cut short by the backend, with this error code (`rate_limit_exceeded`,
     /// `upstream_error`, ...).
-    Failed(&'static str),
+    Failed(ErrorCode),
 }
 
 impl Outcome {
@@ -48,7 +49,7 @@ impl Outcome {
         match self {
             Outcome::Ok => "ok",
             Outcome::ClientDisconnect => "client_disconnect",
-            Outcome::Failed(code) => code,
+            Outcome::Failed(code) => code.as_str(),
         }
     }
 }
@@ -778,7 +779,7 @@ mod tests {
         m.prefill_tokens.get_or_create(&tenant("alice")).inc();
         alice.outcome(&m, Outcome::Ok);
         alice.outcome(&m, Outcome::Ok);
-        alice.outcome(&m, Outcome::Failed("rate_limit_exceeded"));
+        alice.outcome(&m, Outcome::Failed(ErrorCode::RateLimitExceeded));
         alice.inflight(&m).inc();
         alice.output_tokens(&m).observe(20.0);
         let text = m.encode();

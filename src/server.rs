@@ -175,7 +175,7 @@ async fn route<G: Handler, T: Handler, M: Handler>(
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
-            tracing::info!(status = e.status.as_u16(), code = e.code, message = %e.message, "refused");
+            tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), message = %e.message, "refused");
             // MindIE's native clients read TGI's error shape; everyone else OpenAI's.
             let wire = route.map_or(Wire::OpenAi, Route::wire);
             error_response_in(&e, wire)

@@ -313,9 +313,15 @@ mod tests {
         assert_eq!(dir.authenticate(&bearer("sk-alice")).unwrap().name, "alice");
         assert_eq!(dir.authenticate(&bearer("sk-bob")).unwrap().name, "bob");
         let e = dir.authenticate(&bearer("sk-carol")).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (401, "invalid_api_key"));
+        assert_eq!(
+            (e.status.as_u16(), e.code),
+            (401, crate::error::ErrorCode::InvalidApiKey)
+        );
         let e = dir.authenticate(&HeaderMap::new()).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (401, "invalid_api_key"));
+        assert_eq!(
+            (e.status.as_u16(), e.code),
+            (401, crate::error::ErrorCode::InvalidApiKey)
+        );
     }
 
     #[test]

@@ -144,7 +144,7 @@ mod tests {
             (e.status, e.code, e.param.as_deref()),
             (
                 StatusCode::BAD_REQUEST,
-                "invalid_request",
+                crate::error::ErrorCode::InvalidRequest,
                 Some(PRIORITY_HEADER)
             )
         );

@@ -1117,7 +1117,7 @@ mod tests {
         assert_eq!(
             (e.code, e.param.as_deref(), e.message.as_str()),
             (
-                "invalid_request",
+                crate::error::ErrorCode::InvalidRequest,
                 Some("messages"),
                 "`messages` carries 3 images; at most 2 images may be sent in one request (vision.max_media_per_request)"
             )

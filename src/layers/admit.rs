@@ -244,7 +244,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             (e.status, e.code),
-            (StatusCode::BAD_REQUEST, "exceeds_kv_capacity")
+            (
+                StatusCode::BAD_REQUEST,
+                crate::error::ErrorCode::ExceedsKvCapacity
+            )
         );
         assert_eq!(
             e.message,
@@ -272,7 +275,7 @@ mod tests {
             (e.status, e.code, e.retry_after),
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "capacity_exhausted",
+                crate::error::ErrorCode::CapacityExhausted,
                 Some(Duration::from_secs(7))
             )
         );
@@ -309,7 +312,7 @@ mod tests {
         let mut req = request(cost(200, 1));
         req.extensions_mut().insert(Priority::Sheddable);
         let e = svc.clone().oneshot(req).await.unwrap_err();
-        assert_eq!(e.code, "capacity_exhausted");
+        assert_eq!(e.code, crate::error::ErrorCode::CapacityExhausted);
         let refused = |class: &str| {
             metrics
                 .queue_refusals

@@ -190,7 +190,7 @@ mod tests {
             (e.status, e.code, e.param.as_deref()),
             (
                 StatusCode::BAD_REQUEST,
-                "invalid_request",
+                crate::error::ErrorCode::InvalidRequest,
                 Some("x-tokengate-priority")
             )
         );
@@ -212,7 +212,10 @@ mod tests {
         let e = svc.oneshot(with_key("sk-mallory")).await.unwrap_err();
         assert_eq!(
             (e.status, e.code),
-            (StatusCode::UNAUTHORIZED, "invalid_api_key")
+            (
+                StatusCode::UNAUTHORIZED,
+                crate::error::ErrorCode::InvalidApiKey
+            )
         );
         assert_eq!(outcomes_of(&gw.metrics, "unknown", "invalid_api_key"), 1);
 
@@ -220,7 +223,7 @@ mod tests {
             .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
             .service_fn(|req| names_tenant(req, Some(ApiError::invalid("no"))));
         let e = refusing.oneshot(with_key("sk-alice")).await.unwrap_err();
-        assert_eq!(e.code, "invalid_request");
+        assert_eq!(e.code, crate::error::ErrorCode::InvalidRequest);
         assert_eq!(outcomes_of(&gw.metrics, "alice", "invalid_request"), 1);
         // Not counting: the same refusal leaves the counter as it was.
         let quiet = ServiceBuilder::new()

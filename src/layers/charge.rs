@@ -525,7 +525,7 @@ mod tests {
                 Err::<Response<Full<Bytes>>, _>(ApiError::upstream("the backend is gone"))
             });
         let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
-        assert_eq!(e.code, "upstream_error");
+        assert_eq!(e.code, crate::error::ErrorCode::UpstreamError);
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         // The error's outcome is counted with the error response, not by the ticket.
         assert_eq!(outcomes(&metrics, "client_disconnect"), 0);
@@ -606,7 +606,7 @@ mod tests {
                 Err::<Response<Full<Bytes>>, _>(ticket.refuse(ApiError::upstream("reset")))
             });
         let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
-        assert_eq!(e.code, "upstream_error");
+        assert_eq!(e.code, crate::error::ErrorCode::UpstreamError);
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
     }
 
@@ -657,7 +657,7 @@ mod tests {
             (e.status, e.code, e.message.as_str(), e.retry_after),
             (
                 StatusCode::TOO_MANY_REQUESTS,
-                "concurrency_exceeded",
+                crate::error::ErrorCode::ConcurrencyExceeded,
                 "tenant a has 1 requests in flight; max_inflight is 1",
                 Some(Duration::from_secs(1))
             )
@@ -668,7 +668,7 @@ mod tests {
         assert!(held.await.unwrap_err().is_cancelled());
         assert_eq!((capped.in_flight.current(), gauge()), (0, 0));
         let e = call("fail").await.unwrap().unwrap_err();
-        assert_eq!(e.code, "upstream_error");
+        assert_eq!(e.code, crate::error::ErrorCode::UpstreamError);
         assert_eq!((capped.in_flight.current(), gauge()), (0, 0));
         assert!(call("panic").await.unwrap_err().is_panic());
         assert_eq!((capped.in_flight.current(), gauge()), (0, 0));
@@ -688,7 +688,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             (e.status, e.code),
-            (StatusCode::BAD_REQUEST, "exceeds_tenant_burst")
+            (
+                StatusCode::BAD_REQUEST,
+                crate::error::ErrorCode::ExceedsTenantBurst
+            )
         );
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         // The decode bucket drained by a request that used it all: the next is not yet.
@@ -701,7 +704,7 @@ mod tests {
             (e.status, e.code, e.kind),
             (
                 StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
+                crate::error::ErrorCode::RateLimitExceeded,
                 "tokens"
             )
         );

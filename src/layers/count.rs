@@ -448,7 +448,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             (e.status, e.code),
-            (StatusCode::BAD_REQUEST, "context_length_exceeded")
+            (
+                StatusCode::BAD_REQUEST,
+                crate::error::ErrorCode::ContextLengthExceeded
+            )
         );
         // Counting stopped at the ceiling (4,096 - 900): the prompt's count is a lower bound.
         assert_eq!(e.message, "this model's maximum context length is 4096 tokens; the prompt is at least 3200 tokens and 900 output tokens were requested (at least 4100 in all)");
@@ -460,7 +463,10 @@ mod tests {
         let e = svc.clone().oneshot(req).await.unwrap_err();
         assert_eq!(
             (e.code, e.param.as_deref()),
-            ("exceeds_tenant_burst", Some("max_tokens"))
+            (
+                crate::error::ErrorCode::ExceedsTenantBurst,
+                Some("max_tokens")
+            )
         );
         assert_eq!(
             e.message,
@@ -470,7 +476,7 @@ mod tests {
             .oneshot(completion(&gw, "not json").await)
             .await
             .unwrap_err();
-        assert_eq!(e.code, "invalid_request");
+        assert_eq!(e.code, crate::error::ErrorCode::InvalidRequest);
         // Nothing was charged.
         let alice = alice(&gw);
         let left = gw.limiter.snapshot("alice", &alice.limits).await;

@@ -637,7 +637,7 @@ mod tests {
             },
             exact: [false, true, true],
         });
-        assert_eq!(e.code, "exceeds_tenant_burst");
+        assert_eq!(e.code, crate::error::ErrorCode::ExceedsTenantBurst);
         assert_eq!(
             e.message,
             "request needs at least 1001 prefill tokens; the tenant's prefill burst is 1000"
@@ -652,7 +652,7 @@ mod tests {
             capacity: 8000.0,
         });
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
-        assert_eq!(e.code, "exceeds_tenant_burst");
+        assert_eq!(e.code, crate::error::ErrorCode::ExceedsTenantBurst);
         assert_eq!(
             e.message,
             "request needs 9120 prefill tokens; the tenant's prefill burst is 8000"

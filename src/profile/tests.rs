@@ -1,4 +1,5 @@
 use super::*;
+use crate::error::ErrorCode;
 use crate::metrics::Outcome;
 use crate::record::Charged;
 
@@ -26,7 +27,7 @@ fn ok(tenant: &str, prompt: u64, output: u64, reserved: u64, ttft_ms: u64) -> Se
     }
 }
 
-fn refused(tenant: &str, code: &'static str) -> Settled {
+fn refused(tenant: &str, code: ErrorCode) -> Settled {
     Settled {
         request_id: None,
         tenant: tenant.to_string(),
@@ -77,9 +78,9 @@ fn outcomes_refusals_lengths_and_the_reserved_ratio_add_up_exactly() {
     let p = Profile::new(15 * MINUTE, t0);
     p.record(t0, &ok("alice", 12, 30, 100, 200));
     p.record(t0, &ok("alice", 14, 45, 100, 400));
-    p.record(t0, &refused("alice", "rate_limit_exceeded"));
-    p.record(t0, &refused("alice", "rate_limit_exceeded"));
-    p.record(t0, &refused("unknown", "invalid_api_key"));
+    p.record(t0, &refused("alice", ErrorCode::RateLimitExceeded));
+    p.record(t0, &refused("alice", ErrorCode::RateLimitExceeded));
+    p.record(t0, &refused("unknown", ErrorCode::InvalidApiKey));
     // Disconnected before the answer: its prompt counts, it has no output.
     let mut gone = ok("bob", 40, 0, 100, 0);
     gone.outcome = Outcome::ClientDisconnect;
@@ -210,7 +211,7 @@ fn the_table_shows_each_tenant_and_all() {
     let t0 = Instant::now();
     let p = Profile::new(15 * MINUTE, t0);
     p.record(t0, &ok("alice", 12, 30, 100, 200));
-    p.record(t0, &refused("alice", "rate_limit_exceeded"));
+    p.record(t0, &refused("alice", ErrorCode::RateLimitExceeded));
     let text = cli::render(&p.report(t0), false);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "workload profile, last 15m (quantiles within 1%)");

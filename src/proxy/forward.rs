@@ -298,7 +298,7 @@ mod tests {
             (e.status, e.code, e.message.as_str()),
             (
                 StatusCode::BAD_GATEWAY,
-                "upstream_error",
+                crate::error::ErrorCode::UpstreamError,
                 "the backend failed with status 500 Internal Server Error"
             )
         );

@@ -209,19 +209,29 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn injected_status(status: u16, retry_after: Option<std::time::Duration>) -> ApiError {
-    ApiError {
-        status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        code: "injected_failure",
-        kind: "server_error",
-        message: format!("the simulated backend was told to answer {status}"),
-        param: None,
-        retry_after,
-        rate_limit: None,
-        allow: None,
-        closes_connection: false,
-        recorded: false,
+/// A failure it was told to inject, answered as a backend answers one, in the shape of the
+/// API the request came in on; its code is the simulator's own, none of the gateway's.
+fn injected_status(
+    status: u16,
+    retry_after: Option<std::time::Duration>,
+    api: Api,
+) -> Response<Body> {
+    let message = format!("the simulated backend was told to answer {status}");
+    let body = match api {
+        Api::Tgi => serde_json::json!({"error": message, "error_type": "injected_failure"}),
+        Api::Chat | Api::Completion => serde_json::json!({"error": {
+            "message": message, "type": "server_error", "param": null, "code": "injected_failure"
+        }}),
+    };
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut resp = json_response(status, &body);
+    if let Some(wait) = retry_after {
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(crate::error::retry_after_secs(wait)),
+        );
     }
+    resp
 }
 
 /// Why a response was cut short on purpose.
@@ -241,7 +251,7 @@ async fn generate(shared: &Shared, job: Job) -> Result<Response<Body>, ApiError>
         stats.max_tokens.push(job.max_tokens);
     }
     if let Some(status) = faults.status {
-        return Err(injected_status(status, faults.retry_after));
+        return Ok(injected_status(status, faults.retry_after, job.api));
     }
     let cfg = &shared.engine_cfg;
     let max_tokens = job

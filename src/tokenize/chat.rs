@@ -493,7 +493,7 @@ mod tests {
         );
         let api: ApiError = err.into();
         assert_eq!(api.status, http::StatusCode::BAD_REQUEST);
-        assert_eq!(api.code, "invalid_request");
+        assert_eq!(api.code, crate::error::ErrorCode::InvalidRequest);
         assert_eq!(api.param.as_deref(), Some("messages"));
         assert_eq!(api.message, "System message must be at the beginning.");
         let missing = ChatTemplate::from_jinja_file("no/such/template.jinja").unwrap_err();

@@ -49,7 +49,7 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
         request_id: Some("tg-2".into()),
         tenant: "bob".into(),
         model: None,
-        outcome: Outcome::Failed("rate_limit_exceeded"),
+        outcome: Outcome::Failed(crate::error::ErrorCode::RateLimitExceeded),
         arrived: Some(a.instant + ms(10)),
         charge: None,
     };

@@ -840,7 +840,10 @@ fn check(case: Case) -> Result<(), TestCaseError> {
 fn check_error_shape(e: &ApiError) -> Result<(), TestCaseError> {
     let status = e.status.as_u16();
     prop_assert!(status == 400 || status == 404, "status {}", status);
-    prop_assert_eq!(status == 404, e.code == "model_not_found");
+    prop_assert_eq!(
+        status == 404,
+        e.code == tokengate::error::ErrorCode::ModelNotFound
+    );
     prop_assert_eq!(e.kind, "invalid_request_error");
     prop_assert!(!e.message.is_empty());
     let body = e.body_json();

@@ -5,6 +5,10 @@
 //! [`PoolError`], [`BodyError`], [`UpstreamFailure`]); they all become an [`ApiError`] here, and
 //! nowhere else.
 
+pub mod code;
+
+pub use code::ErrorCode;
+
 use crate::admission::{AdmitError, ClassShares};
 use crate::api::Wire;
 use crate::limiter::{BucketKind, Denial, LowerBound};
@@ -39,7 +43,7 @@ pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
     /// OpenAI `error.code`.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// OpenAI `error.type`.
     pub kind: &'static str,
     /// Human message naming the field and the numbers.
@@ -81,11 +85,13 @@ impl Allow {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, kind: &'static str, message: String) -> Self {
+    /// An error answered with `code`'s status and `type`.
+    fn new(code: ErrorCode, message: String) -> Self {
         Self {
-            status,
+            // upstream_rejected's status is the backend's, which its constructor sets.
+            status: code.status().unwrap_or(StatusCode::BAD_REQUEST),
             code,
-            kind,
+            kind: code.kind(),
             message,
             param: None,
             retry_after: None,
@@ -98,12 +104,7 @@ impl ApiError {
 
     /// 400 `invalid_request`.
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::InvalidRequest, message.into())
     }
 
     /// 400 `invalid_request` about one parameter.
@@ -113,70 +114,38 @@ impl ApiError {
 
     /// 400 `context_length_exceeded`.
     pub fn context_length(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "context_length_exceeded",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::ContextLengthExceeded, message.into())
     }
 
     /// 400 `exceeds_tenant_burst`: the request can never fit the tenant's bucket.
     pub fn exceeds_burst(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "exceeds_tenant_burst",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::ExceedsTenantBurst, message.into())
     }
 
     /// 400 `exceeds_kv_capacity`: the request can never fit any backend's KV cache.
     pub fn exceeds_kv(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "exceeds_kv_capacity",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::ExceedsKvCapacity, message.into())
     }
 
     /// 401 `invalid_api_key`.
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_api_key",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::InvalidApiKey, message.into())
     }
 
     /// 401 `invalid_admin_token`: the admin listener's token is missing or wrong.
     pub fn admin_unauthorized(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_admin_token",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::InvalidAdminToken, message.into())
     }
 
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::NotFound, message.into())
     }
 
     /// 404 `model_not_found`.
     pub fn model_not_found(model: &str) -> Self {
         Self::new(
-            StatusCode::NOT_FOUND,
-            "model_not_found",
-            "invalid_request_error",
+            ErrorCode::ModelNotFound,
             format!("The model `{model}` does not exist or you do not have access to it."),
         )
         .with_param("model")
@@ -185,9 +154,7 @@ impl ApiError {
     /// 405 `method_not_allowed`, with `allow` naming the method `path` answers.
     pub fn method_not_allowed(method: &http::Method, path: &str, allow: Allow) -> Self {
         let mut e = Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "invalid_request_error",
+            ErrorCode::MethodNotAllowed,
             format!(
                 "{method} is not allowed on {path}; it answers {}",
                 allow.as_str()
@@ -199,54 +166,32 @@ impl ApiError {
 
     /// 408 `request_timeout`: the body did not arrive in time.
     pub fn request_timeout(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::RequestTimeout, message.into())
     }
 
     /// 409 `restart_required` (admin reload): the config file changes settings only a restart
     /// applies, or the gateway was not started from a file; the running config is kept.
     pub fn restart_required(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::CONFLICT,
-            "restart_required",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::RestartRequired, message.into())
     }
 
     /// 422 `invalid_config` (admin reload): the config file cannot be read, parsed or
     /// validated; the running config is kept.
     pub fn invalid_config(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_config",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::InvalidConfig, message.into())
     }
 
     /// 413 `payload_too_large`.
     pub fn payload_too_large(limit_bytes: u64) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            "invalid_request_error",
+            ErrorCode::PayloadTooLarge,
             format!("request body is larger than the limit of {limit_bytes} bytes"),
         )
     }
 
     /// 415 `unsupported_media_type`.
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "invalid_request_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::UnsupportedMediaType, message.into())
     }
 
     /// 429 `rate_limit_exceeded`, whose `type` says which kind of bucket refused, as OpenAI's
@@ -257,12 +202,8 @@ impl ApiError {
         retry_after: Duration,
         headers: RateLimitHeaders,
     ) -> Self {
-        let mut e = Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_exceeded",
-            unit(bucket),
-            message.into(),
-        );
+        let mut e = Self::new(ErrorCode::RateLimitExceeded, message.into());
+        e.kind = unit(bucket);
         e.retry_after = Some(retry_after);
         e.rate_limit = Some(Box::new(headers));
         e
@@ -271,36 +212,22 @@ impl ApiError {
     /// 429 `concurrency_exceeded`: the tenant has `max_inflight` requests in flight or
     /// `max_queued` places in the KV queue already.
     pub fn concurrency_exceeded(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "concurrency_exceeded",
-            "requests",
-            message.into(),
-        );
+        let mut e = Self::new(ErrorCode::ConcurrencyExceeded, message.into());
+        e.kind = unit(BucketKind::Requests);
         e.retry_after = Some(retry_after);
         e
     }
 
     /// 503 `capacity_exhausted`: the KV queue is full or the wait passed its deadline.
     pub fn capacity_exhausted(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "capacity_exhausted",
-            "server_error",
-            message.into(),
-        );
+        let mut e = Self::new(ErrorCode::CapacityExhausted, message.into());
         e.retry_after = Some(retry_after);
         e
     }
 
     /// 503 `overloaded`: a local resource (the tokenizer pool) is saturated.
     pub fn overloaded(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            "server_error",
-            message.into(),
-        );
+        let mut e = Self::new(ErrorCode::Overloaded, message.into());
         e.retry_after = Some(retry_after);
         e
     }
@@ -308,53 +235,33 @@ impl ApiError {
     /// 503 `limiter_unavailable`: the shared limiter store (Redis) cannot be reached and the
     /// policy is to refuse (`limiter.on_store_error = "fail_closed"`).
     pub fn limiter_unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "limiter_unavailable",
-            "server_error",
-            message.into(),
-        );
+        let mut e = Self::new(ErrorCode::LimiterUnavailable, message.into());
         e.retry_after = Some(retry_after);
         e
     }
 
     /// 502 `upstream_error`.
     pub fn upstream(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_GATEWAY,
-            "upstream_error",
-            "server_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::UpstreamError, message.into())
     }
 
     /// A backend's 4xx passed on: its status, `upstream_rejected`, the backend's message.
     pub fn upstream_rejected(status: StatusCode, message: impl Into<String>) -> Self {
         debug_assert!(status.is_client_error(), "only a 4xx is passed on");
-        Self::new(
-            status,
-            "upstream_rejected",
-            "invalid_request_error",
-            message.into(),
-        )
+        let mut e = Self::new(ErrorCode::UpstreamRejected, message.into());
+        e.status = status;
+        e
     }
 
     /// 504 `upstream_timeout`.
     pub fn upstream_timeout(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "upstream_timeout",
-            "server_error",
-            message.into(),
-        )
+        Self::new(ErrorCode::UpstreamTimeout, message.into())
     }
 
     /// 500 `internal_error`: a bug; the message never carries internals.
     pub fn internal() -> Self {
         Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal_error",
-            "server_error",
+            ErrorCode::InternalError,
             "internal error in the gateway; see its logs".to_string(),
         )
     }
@@ -397,12 +304,12 @@ impl ApiError {
                     "message": self.message,
                     "type": self.kind,
                     "param": self.param,
-                    "code": self.code,
+                    "code": self.code.as_str(),
                 }
             }),
             Wire::Tgi => serde_json::json!({
                 "error": self.message,
-                "error_type": self.code,
+                "error_type": self.code.as_str(),
             }),
         }
     }
@@ -965,7 +872,7 @@ mod tests {
             (e.status, e.code, e.kind),
             (
                 StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
+                crate::error::ErrorCode::RateLimitExceeded,
                 "requests"
             )
         );
@@ -993,7 +900,11 @@ mod tests {
         });
         assert_eq!(
             (e.status, e.code, e.retry_after),
-            (StatusCode::BAD_REQUEST, "exceeds_kv_capacity", None)
+            (
+                StatusCode::BAD_REQUEST,
+                crate::error::ErrorCode::ExceedsKvCapacity,
+                None
+            )
         );
         assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
         let e = refusal(AdmitError::NeverFits {
@@ -1012,7 +923,7 @@ mod tests {
             (e.status, e.code, e.retry_after),
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "capacity_exhausted",
+                crate::error::ErrorCode::CapacityExhausted,
                 Some(deadline)
             )
         );
@@ -1022,7 +933,7 @@ mod tests {
             (e.status, e.code, e.retry_after),
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "capacity_exhausted",
+                crate::error::ErrorCode::CapacityExhausted,
                 Some(deadline)
             )
         );
@@ -1037,7 +948,7 @@ mod tests {
             (e.status, e.code, e.retry_after),
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "capacity_exhausted",
+                crate::error::ErrorCode::CapacityExhausted,
                 Some(deadline)
             )
         );
@@ -1061,7 +972,10 @@ mod tests {
             body(ReadError::TimedOut).message,
             "the request body did not arrive within 3s"
         );
-        assert_eq!(body(ReadError::Broken).code, "invalid_request");
+        assert_eq!(
+            body(ReadError::Broken).code,
+            crate::error::ErrorCode::InvalidRequest
+        );
         let up = |f| ApiError::from(f);
         assert_eq!(
             up(UpstreamFailure::NoAnswer(Duration::from_secs(2))).status,
@@ -1069,7 +983,7 @@ mod tests {
         );
         assert_eq!(
             up(UpstreamFailure::Stalled(Duration::from_secs(2))).code,
-            "upstream_timeout"
+            crate::error::ErrorCode::UpstreamTimeout
         );
         assert_eq!(
             up(UpstreamFailure::Status(StatusCode::SERVICE_UNAVAILABLE)).message,
