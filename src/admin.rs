@@ -4,7 +4,8 @@
 
 use crate::digest::hash_key;
 use crate::error::{Allow, ApiError};
-use crate::metrics::{BackendLabel, BucketLabels};
+use crate::limiter::BucketLabels;
+use crate::metrics::BackendLabel;
 use crate::profile::advice::advise;
 use crate::proxy::upstream::Health;
 use crate::proxy::{json_response, Gateway, GatewayBody};

@@ -3,6 +3,7 @@
 //! state owned elsewhere (KV ledger, queue, buckets) are refreshed when `/metrics` is scraped.
 
 use crate::error::ErrorCode;
+use crate::limiter::BucketLabels;
 use crate::tokenize::cache::CacheStats;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -86,15 +87,6 @@ pub struct ScrapeFailureLabels {
 pub struct ListenerLabel {
     /// `main` or `admin`.
     pub listener: String,
-}
-
-/// `{tenant, bucket}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BucketLabels {
-    /// Tenant name.
-    pub tenant: String,
-    /// `prefill`, `decode` or `requests`.
-    pub bucket: String,
 }
 
 /// `{class}`: a priority class.

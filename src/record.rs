@@ -5,7 +5,7 @@
 //!
 //! [`Ticket`]: crate::layers::Ticket
 
-use crate::api::openai::GenerationRequest;
+use crate::api::GenerationRequest;
 use crate::clock::SharedClock;
 use crate::layers::Arrived;
 use crate::metrics::Outcome;

@@ -18,10 +18,10 @@ use support::*;
 use tokengate::config::Config;
 use tokengate::limiter::config::{LimiterConfig, LocalFirst, OnStoreError, StoreKind};
 use tokengate::limiter::redis::{RedisStore, StoreMetrics, StoreOpLabel};
+use tokengate::limiter::BucketLabels;
 use tokengate::limiter::{
     BucketSpec, BucketStore, Cost, Denial, LeaseId, LocalStore, TenantLimits,
 };
-use tokengate::metrics::BucketLabels;
 use tokio::time::Instant;
 
 fn store_config(url: &str, prefix: &str) -> LimiterConfig {

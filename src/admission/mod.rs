@@ -16,7 +16,7 @@ pub mod queue;
 pub mod shared;
 
 pub use ledger::{ClassShares, KvLedger};
-pub use priority::{Priority, PRIORITY_HEADER};
+pub use priority::{ClassRefused, Priority, PRIORITY_HEADER};
 pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
 pub use shared::{LedgerStore, SharedSnapshot};
 

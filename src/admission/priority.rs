@@ -7,13 +7,17 @@
 //! that is not a class, is a 400 `invalid_request` naming the header, the value and the tenant's
 //! class, and changes nothing.
 
-use crate::error::ApiError;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// The header a request lowers its class with.
 pub const PRIORITY_HEADER: &str = "x-tokengate-priority";
+
+/// A request's header asked for a class it may not have (a 400 naming the header).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ClassRefused(pub String);
 
 /// A priority class, lowest first (so `Ord` compares by precedence).
 #[derive(
@@ -53,7 +57,7 @@ impl Priority {
 
     /// The class of a request from `tenant` (whose class is `self`), given its `headers`; a 400
     /// naming the header when it asks for more than the tenant's class or for no class at all.
-    pub fn for_request(self, tenant: &str, headers: &HeaderMap) -> Result<Priority, ApiError> {
+    pub fn for_request(self, tenant: &str, headers: &HeaderMap) -> Result<Priority, ClassRefused> {
         let Some(value) = headers.get(PRIORITY_HEADER) else {
             return Ok(self);
         };
@@ -69,21 +73,15 @@ impl Priority {
             .find(|p| p.as_str().eq_ignore_ascii_case(text));
         match asked {
             Some(asked) if asked <= self => Ok(asked),
-            Some(asked) => Err(ApiError::invalid_param(
-                PRIORITY_HEADER,
-                format!(
+            Some(asked) => Err(ClassRefused(format!(
                     "header {PRIORITY_HEADER} asks for class {asked}, above tenant {tenant}'s class {self}; a request may only lower its class: send {}",
                     allowed()
-                ),
-            )),
-            None => Err(ApiError::invalid_param(
-                PRIORITY_HEADER,
-                format!(
+                ))),
+            None => Err(ClassRefused(format!(
                     "header {PRIORITY_HEADER} is {:?}, not a priority class; tenant {tenant}'s class is {self}: send {} (or leave the header out)",
                     String::from_utf8_lossy(value.as_bytes()),
                     allowed()
-                ),
-            )),
+                ))),
         }
     }
 }
@@ -97,7 +95,12 @@ impl fmt::Display for Priority {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ApiError;
     use http::StatusCode;
+
+    fn refusal(class: Priority, tenant: &str, value: &[u8]) -> ApiError {
+        ApiError::from(class.for_request(tenant, &asking(value)).unwrap_err())
+    }
 
     fn asking(value: &[u8]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -137,9 +140,7 @@ mod tests {
 
     #[test]
     fn raising_the_class_is_a_400_naming_the_header_and_the_tenants_class() {
-        let e = Priority::Standard
-            .for_request("bob", &asking(b"critical"))
-            .unwrap_err();
+        let e = refusal(Priority::Standard, "bob", b"critical");
         assert_eq!(
             (e.status, e.code, e.param.as_deref()),
             (
@@ -152,9 +153,7 @@ mod tests {
             e.message,
             "header x-tokengate-priority asks for class critical, above tenant bob's class standard; a request may only lower its class: send standard or sheddable"
         );
-        let e = Priority::Sheddable
-            .for_request("eve", &asking(b"standard"))
-            .unwrap_err();
+        let e = refusal(Priority::Sheddable, "eve", b"standard");
         assert_eq!(
             e.message,
             "header x-tokengate-priority asks for class standard, above tenant eve's class sheddable; a request may only lower its class: send sheddable"
@@ -163,9 +162,7 @@ mod tests {
 
     #[test]
     fn an_unknown_value_is_a_400_listing_the_classes_allowed() {
-        let e = Priority::Critical
-            .for_request("ops", &asking(b"urgent"))
-            .unwrap_err();
+        let e = refusal(Priority::Critical, "ops", b"urgent");
         assert_eq!(
             (e.status, e.param.as_deref()),
             (StatusCode::BAD_REQUEST, Some(PRIORITY_HEADER))
@@ -174,9 +171,7 @@ mod tests {
             e.message,
             "header x-tokengate-priority is \"urgent\", not a priority class; tenant ops's class is critical: send critical or standard or sheddable (or leave the header out)"
         );
-        let e = Priority::Standard
-            .for_request("bob", &asking(b"\xff"))
-            .unwrap_err();
+        let e = refusal(Priority::Standard, "bob", b"\xff");
         assert_eq!(
             e.message,
             "header x-tokengate-priority is \"\u{fffd}\", not a priority class; tenant bob's class is standard: send standard or sheddable (or leave the header out)"

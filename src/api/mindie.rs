@@ -4,57 +4,17 @@
 //! prompt (`inputs`) is raw text: the engine runs no chat template over it, nor does the
 //! gateway's count.
 
-use super::openai::{
-    optional_bool, positive_int, wrong_type, GenerationRequest, MaxTokensField, ParseLimits, Prompt,
+use super::request::{
+    optional_bool, positive_int, splice_body, wrong_type, GenerationRequest, MaxTokensField,
+    ParseLimits, Prompt,
 };
+use super::route::{Native, Route};
 use super::sse::{self, Loose};
-use super::Route;
 use crate::error::ApiError;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
-
-/// A native route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Native {
-    /// `POST /infer`: streamed when the body's `stream` is true.
-    Infer,
-    /// `POST /generate`: one whole answer.
-    Generate,
-    /// `POST /generate_stream`: always streamed.
-    GenerateStream,
-}
-
-impl Native {
-    /// The native route at `path`, if it is one.
-    pub fn from_path(path: &str) -> Option<Native> {
-        match path {
-            "/infer" => Some(Native::Infer),
-            "/generate" => Some(Native::Generate),
-            "/generate_stream" => Some(Native::GenerateStream),
-            _ => None,
-        }
-    }
-
-    /// Its path (the backend's too).
-    pub fn path(self) -> &'static str {
-        match self {
-            Native::Infer => "/infer",
-            Native::Generate => "/generate",
-            Native::GenerateStream => "/generate_stream",
-        }
-    }
-
-    /// Whether the route itself streams (`None`: the body's `stream` says).
-    fn streams(self) -> Option<bool> {
-        match self {
-            Native::Infer => None,
-            Native::Generate => Some(false),
-            Native::GenerateStream => Some(true),
-        }
-    }
-}
 
 /// Validates a native body for `native`: `inputs` a non-empty string, `stream` a boolean
 /// (on `/generate` and `/generate_stream` only the route's own mode, so the answer's shape
@@ -171,7 +131,7 @@ pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Bytes 
     if req.stream {
         parameters.insert("details".into(), Value::Bool(true));
     }
-    super::splice_body(req, vec![("parameters", Value::Object(parameters))])
+    splice_body(req, vec![("parameters", Value::Object(parameters))])
 }
 
 /// A whole answer or one stream event, as far as metering reads it: a stream event's token
@@ -401,7 +361,7 @@ mod tests {
     fn rewrite_keeps_the_clients_bytes_outside_parameters() {
         let rewritten = |native, text: &str, reserved| {
             let raw = Bytes::copy_from_slice(text.as_bytes());
-            let body = Value::Object(crate::api::openai::parse_object(&raw).unwrap());
+            let body = Value::Object(crate::api::request::parse_object(&raw).unwrap());
             let mut r = GenerationRequest {
                 raw: raw.clone(),
                 ..parse(native, body).unwrap()

@@ -3,203 +3,17 @@
 //! generate at what was reserved. Validation happens before anything is charged: a bad request
 //! changes nothing.
 
-use super::Route;
+use super::request::{
+    optional_bool, positive_int, splice_body, wrong_type, GenerationRequest, JsonBody,
+    MaxTokensField, ParseLimits, Prompt,
+};
+use super::route::{Endpoint, Route};
 use crate::error::ApiError;
 use crate::tokenize::chat::{ChatPrompt, ChatRoute};
 use crate::vision::{Media, Modality, VisionRules};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
-
-/// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    Completions,
-}
-
-impl Endpoint {
-    /// The backend path of this endpoint.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-        }
-    }
-}
-
-/// What must be tokenized to know a request's prefill cost.
-#[derive(Debug, Clone)]
-pub enum Prompt {
-    /// A chat, rendered with the chat template before counting, and what its images and videos
-    /// become in the engine's prompt (in the order the template renders them).
-    Chat {
-        /// What the template renders (media parts reduced to `{"type": "image"}` / `"video"`).
-        prompt: ChatPrompt,
-        /// Each image's and video's tokens beyond the template's placeholder.
-        media: Vec<Media>,
-    },
-    /// A completion prompt given as text (special tokens recognized, as vLLM does).
-    Text(String),
-    /// A completion prompt given as token ids: its count is its length.
-    TokenIds(Vec<u32>),
-}
-
-/// Which output-length field the client used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MaxTokensField {
-    /// `max_tokens`.
-    MaxTokens,
-    /// `max_completion_tokens` (newer OpenAI name).
-    MaxCompletionTokens,
-    /// MindIE's (TGI's) `parameters.max_new_tokens`.
-    MaxNewTokens,
-}
-
-impl MaxTokensField {
-    /// The field as errors name it.
-    pub fn param(self) -> &'static str {
-        match self {
-            MaxTokensField::MaxTokens => "max_tokens",
-            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
-            MaxTokensField::MaxNewTokens => "parameters.max_new_tokens",
-        }
-    }
-}
-
-/// A validated generation request.
-#[derive(Debug, Clone)]
-pub struct GenerationRequest {
-    /// The route it came to.
-    pub endpoint: Route,
-    /// The model the client named.
-    pub model: String,
-    /// Whether the answer is streamed (SSE).
-    pub stream: bool,
-    /// Whether the client itself asked for the usage chunk of a stream.
-    pub client_wants_usage: bool,
-    /// The output limit the client asked for, if any, and where.
-    pub requested_max_tokens: Option<(MaxTokensField, u64)>,
-    /// What to count.
-    pub prompt: Prompt,
-    /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
-    /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`]).
-    pub body: Map<String, Value>,
-    /// The bytes `body` was parsed from, when known (empty for a request built from a parsed
-    /// map): the rewrite for the backend keeps them, changed only where it must.
-    pub raw: Bytes,
-    /// Whether each top-level key is known to come once in `raw` ([`parse_body`] counted
-    /// them): when nothing is to change, the rewrite then sends `raw` without reading it again.
-    /// `false` when not known.
-    pub raw_keys_unique: bool,
-}
-
-/// Limits that validation needs.
-#[derive(Debug, Clone)]
-pub struct ParseLimits<'a> {
-    /// Model names the gateway serves.
-    pub served_names: &'a [String],
-    /// Context length (prompt + output).
-    pub max_model_len: u64,
-    /// How images and video are accepted and counted.
-    pub vision: &'a VisionRules,
-}
-
-/// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
-/// non-object bodies (serde_json also bounds nesting depth at 128).
-pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    parse_body(bytes).map(|(map, _)| map)
-}
-
-/// [`parse_object`], and whether each top-level key came once (a key sent twice is kept once in
-/// the map, with its last value).
-pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> {
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return Err(ApiError::invalid("the request body is not valid UTF-8"));
-    };
-    match serde_json::from_str::<super::Top>(text) {
-        Ok(super::Top { map, members }) => {
-            let unique = members == map.len();
-            Ok((map, unique))
-        }
-        // Refused input only: read again to say what it is instead.
-        Err(_) => match serde_json::from_str::<Value>(text) {
-            Ok(other) => Err(ApiError::invalid(format!(
-                "the request body must be a JSON object, got {}",
-                type_name(&other)
-            ))),
-            Err(e) => Err(ApiError::invalid(format!(
-                "the request body is not valid JSON: {e}"
-            ))),
-        },
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
-    ApiError::invalid_param(
-        param,
-        format!("`{param}` must be {expected}, got {}", type_name(got)),
-    )
-}
-
-pub(crate) fn optional_bool(
-    body: &Map<String, Value>,
-    param: &str,
-) -> Result<Option<bool>, ApiError> {
-    match body.get(param) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(wrong_type(param, "a boolean", other)),
-    }
-}
-
-/// A positive whole number no larger than `max`; floats like `10.5` and negatives are refused.
-pub(crate) fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiError> {
-    let n = v.as_u64().ok_or_else(|| match v {
-        Value::Number(_) => ApiError::invalid_param(
-            param,
-            format!("`{param}` must be a whole number of at least 1, got {v}"),
-        ),
-        other => wrong_type(param, "an integer", other),
-    })?;
-    if n == 0 {
-        return Err(ApiError::invalid_param(
-            param,
-            format!("`{param}` must be at least 1, got 0"),
-        ));
-    }
-    if n > max {
-        return Err(ApiError::invalid_param(
-            param,
-            format!("`{param}` is {n}, more than the model's context length of {max} tokens"),
-        ));
-    }
-    Ok(n)
-}
-
-/// A request body read whole and parsed as a JSON object.
-#[derive(Debug)]
-pub struct JsonBody {
-    /// The object.
-    pub object: Map<String, Value>,
-    /// The bytes it was parsed from.
-    pub raw: Bytes,
-    /// Whether each top-level key came once in `raw` (the object keeps a repeated key once).
-    pub keys_unique: bool,
-}
 
 /// Validates a generation request body for `endpoint` (its bytes not known: see
 /// [`parse_generation_from`]).
@@ -775,12 +589,13 @@ pub fn rewrite_for_backend(
         opts.insert("include_usage".into(), Value::Bool(true));
         set.push(("stream_options", Value::Object(opts)));
     }
-    super::splice_body(req, set)
+    splice_body(req, set)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::request::{parse_body, parse_object};
     use serde_json::json;
 
     fn limits() -> (Vec<String>, u64) {

@@ -6,6 +6,7 @@
 //! sustainable token rates that sizes the gateway. Pure: no I/O, no clock; `cli` prints.
 
 mod derive;
+mod error;
 mod profile;
 mod roofline;
 pub mod seed;
@@ -15,6 +16,7 @@ mod validation;
 pub mod cli;
 
 pub use derive::{derive_backend, derived_table, tenant_rates, DerivedBackend, Workload};
+pub use error::CapacityError;
 pub use profile::{
     gb_to_bytes, HardwareProfile, ModelArch, ModelProfile, ProfileOverrides, StateDtype, GB,
     SEED_HARDWARE,
@@ -27,41 +29,6 @@ pub use roofline::{
 pub use seed::{estimate_llm_performance_v3, SeedInputs, SeedReport};
 pub use table::{scenario_table, Scenario, ScenarioFigures, ScenarioRow, SCENARIOS};
 pub use validation::{validation_markdown, validation_table, Published, ValidationRow, PUBLISHED};
-
-/// Why capacity inputs were refused.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CapacityError {
-    /// No built-in hardware profile by that name.
-    #[error("unknown hardware profile {name:?} (known: {known})")]
-    UnknownHardware {
-        /// The name asked for.
-        name: String,
-        /// The built-in names.
-        known: String,
-    },
-    /// No built-in model profile by that name.
-    #[error("unknown model profile {name:?} (known: {known})")]
-    UnknownModel {
-        /// The name asked for.
-        name: String,
-        /// The built-in names.
-        known: String,
-    },
-    /// An input outside the range the formulas hold for.
-    #[error("invalid {field}: {message}")]
-    Invalid {
-        /// The offending input.
-        field: &'static str,
-        /// What is wrong with it.
-        message: String,
-    },
-}
-
-impl CapacityError {
-    fn invalid(field: &'static str, message: String) -> Self {
-        CapacityError::Invalid { field, message }
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! CLI can override it; lookups accept the usual spellings (`910B3`, `Ascend 910B3`,
 //! `Qwen/Qwen3.5-27B`). Units are bytes, FLOP/s and bytes/s; GB means 1e9 bytes.
 
-use super::CapacityError;
+use super::error::CapacityError;
 use serde::{Deserialize, Serialize};
 
 /// One gigabyte as this module counts it: 1e9 bytes (not GiB; see `docs/capacity.md`).

@@ -11,8 +11,8 @@
 //! cache (KV and state) reads, arithmetic. Collectives and per-layer work are not modelled
 //! apart: the published rows cannot separate them from the weight reads (docs/capacity.md).
 
+use super::error::CapacityError;
 use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
-use super::CapacityError;
 use serde::{Deserialize, Serialize};
 
 /// HBM kept back for activations, framework and fragmentation, per card (the seed's 2 GB).

@@ -3,7 +3,7 @@
 //! `int` truncation and `repr` included). It is kept for side-by-side comparison only; its
 //! arithmetic is wrong in the ways DOMAIN.md section 1 lists, and the roofline is the default.
 
-use super::CapacityError;
+use super::error::CapacityError;
 use serde::Serialize;
 
 /// The article's KV bytes per token, hard-coded in the script (16 x 2 x 4 x 256 x 2).

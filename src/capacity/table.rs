@@ -2,9 +2,9 @@
 //! formula, the pure roofline and the roofline with achieved efficiency give, with one line per
 //! scenario on why they differ.
 
+use super::error::CapacityError;
 use super::roofline::{Bottleneck, CapacityInputs, Efficiency};
 use super::seed::{estimate_llm_performance_v3, SeedInputs, SEED_KV_BYTES_PER_TOKEN};
-use super::CapacityError;
 use serde::Serialize;
 
 /// One row of the article's table, as printed there.

@@ -4,9 +4,9 @@
 //! table in docs/capacity.md is [`validation_markdown`]'s output, and a test keeps the two
 //! equal, so a change to the model shows up as a changed table.
 
+use super::error::CapacityError;
 use super::profile::{ProfileOverrides, StateDtype};
 use super::roofline::{CapacityInputs, Efficiency};
-use super::CapacityError;
 use serde::Serialize;
 use std::fmt::Write as _;
 

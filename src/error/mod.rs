@@ -9,32 +9,16 @@ pub mod code;
 
 pub use code::ErrorCode;
 
-use crate::admission::{AdmitError, ClassShares};
-use crate::api::Wire;
-use crate::limiter::{BucketKind, Denial, LowerBound};
+use crate::admission::{AdmitError, ClassRefused, ClassShares, PRIORITY_HEADER};
+use crate::api::route::Wire;
+use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
 use crate::proxy::bounded::ReadError;
+use crate::tokenize::chat::TemplateError;
 use crate::tokenize::pool::PoolError;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use std::time::Duration;
-
-/// OpenAI's `x-ratelimit-*` set: sent with a 429, and with every answer the gateway charged.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RateLimitHeaders {
-    /// Decode bucket capacity (tokens).
-    pub limit_tokens: u64,
-    /// Decode tokens available now.
-    pub remaining_tokens: u64,
-    /// Time until the decode bucket is full again.
-    pub reset_tokens: Duration,
-    /// Request bucket capacity.
-    pub limit_requests: u64,
-    /// Requests available now.
-    pub remaining_requests: u64,
-    /// Time until the request bucket is full again.
-    pub reset_requests: Duration,
-}
 
 /// What went wrong, in the terms the client sees.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -551,6 +535,23 @@ impl From<NotAdmitted> for ApiError {
                 ),
                 queue_deadline,
             ),
+        }
+    }
+}
+
+impl From<ClassRefused> for ApiError {
+    /// 400 `invalid_request` naming the `x-tokengate-priority` header.
+    fn from(e: ClassRefused) -> Self {
+        ApiError::invalid_param(PRIORITY_HEADER, e.0)
+    }
+}
+
+impl From<TemplateError> for ApiError {
+    /// 400 `invalid_request` naming the field, or `messages`.
+    fn from(err: TemplateError) -> Self {
+        match err {
+            TemplateError::Invalid { param, message } => ApiError::invalid_param(&param, message),
+            other => ApiError::invalid_param("messages", other.to_string()),
         }
     }
 }

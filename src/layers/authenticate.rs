@@ -91,7 +91,10 @@ where
             .tenants
             .authenticate(req.headers())
             .map(|tenant| {
-                let class = tenant.priority.for_request(&tenant.name, req.headers());
+                let class = tenant
+                    .priority
+                    .for_request(&tenant.name, req.headers())
+                    .map_err(ApiError::from);
                 (tenant, class)
             });
         let id = count_outcomes.then(|| request_id(req.headers())).flatten();

@@ -14,8 +14,8 @@
 //! admission layer adds goes with it, freed first.
 
 use crate::admission::Lease;
-use crate::error::{ApiError, RateLimitHeaders, CONCURRENCY_RETRY_AFTER};
-use crate::limiter::{Cost, Limiter, Reservation, TenantSnapshot};
+use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
+use crate::limiter::{Cost, Limiter, RateLimitHeaders, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
 use crate::proxy::Gateway;
 use crate::record::{Charged, Recorder, RequestFacts, Settled};

@@ -14,7 +14,10 @@
 //! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
 //! checks only peek; the charge layer charges.
 
-use crate::api::openai::{Endpoint, GenerationRequest, ParseLimits, Prompt};
+use crate::api::Endpoint;
+use crate::api::GenerationRequest;
+use crate::api::ParseLimits;
+use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::error::ApiError;
 use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
@@ -418,7 +421,7 @@ mod tests {
                 svc.oneshot(req).await.expect("valid").into_body().0.decode
             }
         };
-        let native = |n| Route::MindIe(crate::api::mindie::Native::from_path(n).unwrap());
+        let native = |n| Route::MindIe(crate::api::Native::from_path(n).unwrap());
         let generate = r#"{"inputs": "hi"}"#;
         assert_eq!(decode(native("/generate"), generate).await, 20);
         assert_eq!(decode(native("/generate_stream"), generate).await, 20);

@@ -6,7 +6,7 @@
 //! | step | layer | file | needs | adds |
 //! |---|---|---|---|---|
 //! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Arrived`] |
-//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the body | [`GenerationRequest`](crate::api::openai::GenerationRequest), [`Cost`](crate::limiter::Cost) |
+//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost) |
 //! | 8 charge | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`] (the [`Ticket`]) |
 //! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` | the KV lease, in the ticket |
 //! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket |

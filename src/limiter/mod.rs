@@ -15,14 +15,15 @@ pub mod store;
 pub use bucket::{
     BucketKind, BucketSnapshot, BucketSpec, Cost, Denial, TenantLimits, TenantSnapshot,
 };
+pub use slices::BucketLabels;
 pub use store::{BucketStore, LeaseId, LocalStore};
 
 use crate::clock::SharedClock;
-use crate::error::RateLimitHeaders;
 use futures_util::FutureExt;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Called once per settled reservation with the tenant and what was given back (for the
 /// `decode_tokens_refunded_total` metric and friends).
@@ -306,6 +307,23 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         self.finish(false);
     }
+}
+
+/// OpenAI's `x-ratelimit-*` set: sent with a 429, and with every answer the gateway charged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimitHeaders {
+    /// Decode bucket capacity (tokens).
+    pub limit_tokens: u64,
+    /// Decode tokens available now.
+    pub remaining_tokens: u64,
+    /// Time until the decode bucket is full again.
+    pub reset_tokens: Duration,
+    /// Request bucket capacity.
+    pub limit_requests: u64,
+    /// Requests available now.
+    pub remaining_requests: u64,
+    /// Time until the request bucket is full again.
+    pub reset_requests: Duration,
 }
 
 impl TenantSnapshot {

@@ -13,7 +13,7 @@
 //! [`super::redis`]'s.
 
 use super::bucket::{BucketKind, TenantLimits, TenantSnapshot, TenantState};
-use crate::metrics::BucketLabels;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::HashMap;
@@ -21,6 +21,16 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// `{tenant, bucket}`: the labels of every per-bucket series (the limiter's, and the
+/// gateway's in `crate::metrics`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BucketLabels {
+    /// Tenant name.
+    pub tenant: String,
+    /// `prefill`, `decode` or `requests`.
+    pub bucket: String,
+}
 
 /// Units (10^-12 token) per bucket, in [`BucketKind::ALL`] order.
 pub(crate) type Units = [u128; 3];

@@ -6,7 +6,7 @@ use super::client::{Client, Job, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sample, Sla};
 use super::workload::{parse_mix, parse_rate, parse_trace, plan, Planned};
-use crate::api::openai::Endpoint;
+use crate::api::Endpoint;
 use crate::sim::DEFAULT_MODEL;
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::Tokenizer;

@@ -5,7 +5,7 @@
 //! answers carrying `retry-after` are retried after that wait.
 
 use super::report::{Outcome, Sample};
-use crate::api::openai::Endpoint;
+use crate::api::Endpoint;
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};

@@ -8,7 +8,7 @@ use super::client::{Client, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sla};
 use super::workload::Planned;
-use crate::api::openai::Endpoint;
+use crate::api::Endpoint;
 use crate::sim::{start, Faults, SimConfig, DEFAULT_MODEL};
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::test_tokenizer as tokenizer;

@@ -7,11 +7,11 @@
 use super::bounded::read_paced;
 use super::discard::BodyCharge;
 use super::Gateway;
-use crate::api::openai;
+use crate::api::request::parse_body;
 use crate::error::{ApiError, BodyError};
 use http::{header, HeaderMap, Request};
 
-pub use crate::api::openai::JsonBody;
+pub use crate::api::JsonBody;
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
 /// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]). As many bytes of every
@@ -66,7 +66,7 @@ impl Gateway {
         })?;
         let bytes_len = bytes.len();
         let job = move || {
-            let (object, keys_unique) = openai::parse_body(&bytes)?;
+            let (object, keys_unique) = parse_body(&bytes)?;
             parse(JsonBody {
                 object,
                 raw: bytes,

@@ -14,7 +14,8 @@
 
 use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
 use super::{full, Gateway, GatewayBody, REQUEST_ID};
-use crate::api::openai::{Endpoint, GenerationRequest};
+use crate::api::Endpoint;
+use crate::api::GenerationRequest;
 use crate::api::{self, Route};
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::{needs, Arrived, TicketSlot};
@@ -186,7 +187,7 @@ impl Gateway {
 
 #[cfg(test)]
 mod tests {
-    use crate::api::openai::Endpoint;
+    use crate::api::Endpoint;
     use crate::api::Route;
     use crate::layers::testing::{alice, gateway_to, outcomes_of};
     use crate::server::generation_service;

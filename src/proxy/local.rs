@@ -9,7 +9,8 @@
 //! hundred kilobytes cannot ask for hundreds of megabytes of ids.
 
 use super::{full, json_text_response, Gateway, GatewayBody, REQUEST_ID};
-use crate::api::openai::{self, Prompt};
+use crate::api::openai::{self};
+use crate::api::Prompt;
 use crate::error::{push_decimal, ApiError};
 use crate::layers::count::render_paired;
 use crate::limiter::Cost;

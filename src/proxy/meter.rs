@@ -12,9 +12,9 @@
 
 use crate::api::sse::{self, EventHead, SseSplitter};
 use crate::api::{Chunk, Wire};
-use crate::error::RateLimitHeaders;
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::{Forwarded, Ticket};
+use crate::limiter::RateLimitHeaders;
 use crate::metrics::{CountErrorLabels, Metrics, Outcome};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;

@@ -13,7 +13,6 @@ mod vllm;
 pub use vllm::ChatRoute;
 
 use super::TokenCount;
-use crate::error::ApiError;
 use memchr::memmem;
 use serde::Deserialize;
 use serde_json::Value;
@@ -133,15 +132,6 @@ pub enum TemplateError {
         /// What went wrong.
         message: String,
     },
-}
-
-impl From<TemplateError> for ApiError {
-    fn from(err: TemplateError) -> Self {
-        match err {
-            TemplateError::Invalid { param, message } => ApiError::invalid_param(&param, message),
-            other => ApiError::invalid_param("messages", other.to_string()),
-        }
-    }
 }
 
 /// A chat template: the built-in Qwen3.5 renderer or a Jinja template file.
@@ -491,7 +481,7 @@ mod tests {
             err,
             TemplateError::Rejected("System message must be at the beginning.".into())
         );
-        let api: ApiError = err.into();
+        let api: crate::error::ApiError = err.into();
         assert_eq!(api.status, http::StatusCode::BAD_REQUEST);
         assert_eq!(api.code, crate::error::ErrorCode::InvalidRequest);
         assert_eq!(api.param.as_deref(), Some("messages"));

@@ -45,7 +45,35 @@ use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization};
 
 use super::bpe::{Bpe, Work};
 use super::byte_level::string_to_bytes;
-use super::TokenCount;
+
+/// A token count that may have stopped early: counting with a ceiling stops as soon as the
+/// count passes it, since the rest of the text cannot change the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenCount {
+    /// The whole text was counted: exactly this many tokens, at most the ceiling.
+    Exact(usize),
+    /// Counting stopped once past the ceiling: the text has at least this many tokens, more
+    /// than the ceiling.
+    AtLeast(usize),
+}
+
+impl TokenCount {
+    /// The count of a text of `tokens` tokens, against `ceiling`.
+    pub fn of(tokens: usize, ceiling: usize) -> TokenCount {
+        if tokens > ceiling {
+            TokenCount::AtLeast(tokens)
+        } else {
+            TokenCount::Exact(tokens)
+        }
+    }
+
+    /// The tokens counted: the exact count, or the lower bound.
+    pub fn tokens(self) -> usize {
+        match self {
+            TokenCount::Exact(n) | TokenCount::AtLeast(n) => n,
+        }
+    }
+}
 
 /// Which engine [`Tokenizer::load_with`] should build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,10 +23,15 @@ use proptest::sample::{select, Index};
 use proptest::test_runner::TestCaseError;
 use serde_json::{json, Map, Value};
 use std::sync::OnceLock;
-use tokengate::api::openai::{
-    parse_body, parse_generation_from, parse_object, rewrite_for_backend, Endpoint,
-    GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt,
-};
+use tokengate::api::openai::{parse_generation_from, rewrite_for_backend};
+use tokengate::api::request::parse_body;
+use tokengate::api::request::parse_object;
+use tokengate::api::Endpoint;
+use tokengate::api::GenerationRequest;
+use tokengate::api::JsonBody;
+use tokengate::api::MaxTokensField;
+use tokengate::api::ParseLimits;
+use tokengate::api::Prompt;
 use tokengate::api::Route;
 use tokengate::error::ApiError;
 use tokengate::tokenize::cache::ChatCounter;

@@ -1,0 +1,89 @@
+//! What metering reads of a backend's answer: a whole answer or one stream event, in its
+//! route's wire format.
+
+use super::route::Wire;
+use super::{mindie, sse};
+
+impl Wire {
+    /// Reads `json`, a whole answer, in this format, as far as metering needs.
+    pub fn chunk(self, json: &[u8]) -> Chunk<'_> {
+        match self {
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
+            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
+        }
+    }
+
+    /// [`Wire::chunk`] of a stream event's [`sse::data`] (text, so not checked for UTF-8 again),
+    /// with what the stream's events begin with (an OpenAI stream's head is read once).
+    pub fn event<'a>(self, data: &'a str, head: &mut sse::EventHead) -> Chunk<'a> {
+        match self {
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
+            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
+        }
+    }
+}
+
+/// A whole answer or one stream event in its wire's format, as metering reads it.
+#[derive(Debug)]
+pub enum Chunk<'a> {
+    /// An OpenAI chunk or answer.
+    OpenAi(sse::Chunk<'a>),
+    /// A TGI event or answer.
+    Tgi(mindie::Chunk<'a>),
+}
+
+impl Chunk<'_> {
+    /// The backend's count of the tokens generated: OpenAI's `usage.completion_tokens`, TGI's
+    /// `details.generated_tokens`.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        match self {
+            Chunk::OpenAi(c) => c.completion_tokens(),
+            Chunk::Tgi(c) => c.generated_tokens(),
+        }
+    }
+
+    /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens` (TGI's answers have
+    /// none).
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        match self {
+            Chunk::OpenAi(c) => c.prompt_tokens(),
+            Chunk::Tgi(_) => None,
+        }
+    }
+
+    /// How many of the prompt's tokens the backend's prefix cache held: OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        match self {
+            Chunk::OpenAi(c) => c.cached_tokens(),
+            Chunk::Tgi(_) => None,
+        }
+    }
+
+    /// An OpenAI chunk with usage and no choices (vLLM's `include_usage` chunk), which only a
+    /// client that asked for usage gets.
+    pub fn usage_only(&self) -> bool {
+        match self {
+            Chunk::OpenAi(c) => c.usage_only(),
+            Chunk::Tgi(_) => false,
+        }
+    }
+
+    /// The generated text, piece by piece.
+    pub fn generated(&self) -> impl Iterator<Item = &str> {
+        let (openai, tgi) = match self {
+            Chunk::OpenAi(c) => (Some(c.generated()), None),
+            Chunk::Tgi(c) => (None, c.generated()),
+        };
+        openai.into_iter().flatten().chain(tgi)
+    }
+
+    /// The first choice's chat answer (reasoning left out) and whether it calls tools; `None`
+    /// when there is no choice, as in every TGI answer.
+    pub fn answer(&self) -> Option<(&str, bool)> {
+        match self {
+            Chunk::OpenAi(c) => c.answer(),
+            Chunk::Tgi(_) => None,
+        }
+    }
+}

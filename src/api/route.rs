@@ -1,0 +1,130 @@
+//! Which API a request came to: its route (OpenAI's endpoints, MindIE's native routes) and the
+//! wire format its answers and errors are written in.
+
+/// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The backend path of this endpoint.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// A native route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Native {
+    /// `POST /infer`: streamed when the body's `stream` is true.
+    Infer,
+    /// `POST /generate`: one whole answer.
+    Generate,
+    /// `POST /generate_stream`: always streamed.
+    GenerateStream,
+}
+
+impl Native {
+    /// The native route at `path`, if it is one.
+    pub fn from_path(path: &str) -> Option<Native> {
+        match path {
+            "/infer" => Some(Native::Infer),
+            "/generate" => Some(Native::Generate),
+            "/generate_stream" => Some(Native::GenerateStream),
+            _ => None,
+        }
+    }
+
+    /// Its path (the backend's too).
+    pub fn path(self) -> &'static str {
+        match self {
+            Native::Infer => "/infer",
+            Native::Generate => "/generate",
+            Native::GenerateStream => "/generate_stream",
+        }
+    }
+
+    /// Whether the route itself streams (`None`: the body's `stream` says).
+    pub(crate) fn streams(self) -> Option<bool> {
+        match self {
+            Native::Infer => None,
+            Native::Generate => Some(false),
+            Native::GenerateStream => Some(true),
+        }
+    }
+}
+
+/// A generation route of the main listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// OpenAI-compatible: `/v1/chat/completions`, `/v1/completions`.
+    OpenAi(Endpoint),
+    /// MindIE's native API: `/infer`, `/generate`, `/generate_stream`.
+    MindIe(Native),
+}
+
+impl Route {
+    /// The generation route at `path`, if it is one.
+    pub fn from_path(path: &str) -> Option<Route> {
+        match path {
+            "/v1/chat/completions" => Some(Route::OpenAi(Endpoint::Chat)),
+            "/v1/completions" => Some(Route::OpenAi(Endpoint::Completions)),
+            _ => Native::from_path(path).map(Route::MindIe),
+        }
+    }
+
+    /// The backend path: the same as the client's.
+    pub fn path(self) -> &'static str {
+        match self {
+            Route::OpenAi(e) => e.path(),
+            Route::MindIe(n) => n.path(),
+        }
+    }
+
+    /// The format of its answers and errors.
+    pub fn wire(self) -> Wire {
+        match self {
+            Route::OpenAi(_) => Wire::OpenAi,
+            Route::MindIe(_) => Wire::Tgi,
+        }
+    }
+
+    /// What the backend generates at most when a request sets no output limit, where that is
+    /// a fixed number: 16 on `/v1/completions` (vLLM's request model), 20 on MindIE's TGI
+    /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
+    /// backend allows up to the context (vLLM's chat) or its default is not known (`/infer`).
+    pub fn backend_default_max_tokens(self) -> Option<u64> {
+        match self {
+            Route::OpenAi(Endpoint::Completions) => Some(16),
+            Route::MindIe(Native::Generate | Native::GenerateStream) => Some(20),
+            Route::OpenAi(Endpoint::Chat) | Route::MindIe(Native::Infer) => None,
+        }
+    }
+
+    /// The field holding the prompt, named by errors about its length.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Route::OpenAi(Endpoint::Chat) => "messages",
+            Route::OpenAi(Endpoint::Completions) => "prompt",
+            Route::MindIe(_) => "inputs",
+        }
+    }
+}
+
+/// How a route's answers and errors are written: it decides where the output count is read,
+/// and the shape of every refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// OpenAI: `usage`, `choices`, `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// TGI as MindIE speaks it: `generated_text`, `details.generated_tokens`, one token per
+    /// stream event, `{"error": "...", "error_type": "..."}`.
+    Tgi,
+}
