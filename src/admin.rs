@@ -4,11 +4,12 @@
 
 use crate::digest::hash_key;
 use crate::error::{Allow, ApiError};
+use crate::gateway::Gateway;
 use crate::limiter::BucketLabels;
 use crate::metrics::BackendLabel;
 use crate::profile::advice::advise;
 use crate::proxy::upstream::Health;
-use crate::proxy::{json_response, Gateway, GatewayBody};
+use crate::proxy::{json_response, GatewayBody};
 use crate::tenant::{bearer, BearerKind};
 use http::{header, Request, Response, StatusCode};
 use serde_json::json;

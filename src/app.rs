@@ -4,13 +4,13 @@
 use crate::admission::{Admission, BackendSpec, LedgerStore, QueueSpec};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::ValidConfig;
+use crate::gateway::Gateway;
 use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
 use crate::proxy::discard::Discarder;
 use crate::proxy::upstream::Upstream;
-use crate::proxy::Gateway;
 use crate::record::Recorder;
 use crate::reload::LiveConfig;
 use crate::server::{self, Running};

@@ -14,7 +14,8 @@ use crate::capacity::{
 };
 use crate::digest::{example_secret, hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
-use crate::profile::ProfileConfig;
+use crate::profile::config::ProfileConfig;
+use crate::tls::BackendTls;
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
 use http::uri::{Authority, Scheme};
@@ -464,23 +465,6 @@ pub struct BackendConfig {
     pub feedback: crate::feedback::FeedbackConfig,
 }
 
-/// How the gateway speaks TLS to one backend (PEM files; relative paths are relative to the
-/// config file).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BackendTls {
-    /// The CA certificate(s) the backend's certificate must chain to (MindIE: its `tlsCaFile`'s
-    /// issuer, i.e. the CA of `tlsCert`).
-    pub ca_file: PathBuf,
-    /// The certificate (chain) the gateway presents, signed by a CA the backend trusts (MindIE:
-    /// one in its `tlsCaFile`).
-    #[serde(default)]
-    pub cert_file: Option<PathBuf>,
-    /// Its private key.
-    #[serde(default)]
-    pub key_file: Option<PathBuf>,
-}
-
 fn one() -> u32 {
     1
 }
@@ -868,8 +852,7 @@ impl Config {
                     b.url
                 ),
                 ("https", Some(tls)) => {
-                    crate::proxy::tls::client_config(Some(tls))
-                        .with_context(|| format!("{at}.tls"))?;
+                    crate::tls::client_config(Some(tls)).with_context(|| format!("{at}.tls"))?;
                 }
                 _ => bail!(
                     "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",

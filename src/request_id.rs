@@ -10,9 +10,20 @@
 //! seeded from the operating system and reseeded by itself), so making one takes no lock and no
 //! system call.
 
-use crate::proxy::REQUEST_ID;
 use http::{HeaderValue, Request};
 use rand::Rng;
+
+/// The header of a request's id (the client's, or one the gateway made): sent to the backend,
+/// and the gateway's is the one in the answer.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// The request's id, from its `x-request-id` header.
+pub fn request_id(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
 
 /// The longest client id kept.
 pub const MAX_CLIENT_ID_BYTES: usize = 128;

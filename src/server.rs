@@ -7,11 +7,13 @@
 use crate::admin;
 use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
+use crate::gateway::Gateway;
 use crate::layers::{AdmitLayer, AuthenticateLayer, ChargeLayer, CountLayer, KvGeometry};
 use crate::metrics::ListenerLabel;
 use crate::proxy::forward::Forward;
-use crate::proxy::{error_response, error_response_in, local, Gateway, GatewayBody, REQUEST_ID};
+use crate::proxy::{error_response, error_response_in, local, GatewayBody};
 use crate::request_id::RequestIds;
+use crate::request_id::REQUEST_ID;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use hyper::body::Incoming;

@@ -12,9 +12,10 @@ pub use code::ErrorCode;
 use crate::admission::{AdmitError, ClassRefused, ClassShares, PRIORITY_HEADER};
 use crate::api::route::Wire;
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
-use crate::proxy::bounded::ReadError;
 use crate::tokenize::chat::TemplateError;
 use crate::tokenize::pool::PoolError;
+use crate::util::bounded::ReadError;
+use crate::util::decimal::push_decimal;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
@@ -734,21 +735,6 @@ fn write_reset(out: &mut Vec<u8>, d: Duration) {
     out.push(b'm');
     push_decimal(out, secs);
     out.push(b's');
-}
-
-/// `n` in decimal digits onto `out`, without `fmt`.
-pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// The body type used for locally generated responses.

@@ -13,7 +13,7 @@ pub mod pressure;
 
 use crate::admission::{Admission, BackendSnapshot};
 use crate::metrics::{BackendLabel, Metrics, ScrapeFailureLabels};
-use crate::proxy::bounded::{read_bounded, ReadError};
+use crate::util::bounded::{read_bounded, ReadError};
 use bytes::Bytes;
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;

@@ -110,9 +110,9 @@ where
         std::mem::swap(&mut self.inner, &mut inner);
         let shared = self.shared.clone();
         Box::pin(async move {
-            let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
-            let cost = *super::needs::<Cost>(req.extensions())?;
-            let slot = super::needs::<TicketSlot>(req.extensions())?.clone();
+            let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+            let cost = *super::extensions::needs::<Cost>(req.extensions())?;
+            let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
             let tokens = cost.prefill + cost.decode;
             let need = Need {

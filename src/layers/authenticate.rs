@@ -11,11 +11,12 @@
 //! it ([`GatewayMade`]): an id the client chose is its own word until its key is checked, and
 //! an unauthenticated client must not write what it likes into the usage log.
 
-use super::Arrived;
 use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::metrics::Outcome;
-use crate::proxy::Gateway;
-use crate::record::{request_id, NamedModel, Settled};
+use crate::record::Arrived;
+use crate::record::{NamedModel, Settled};
+use crate::request_id::request_id;
 use crate::request_id::GatewayMade;
 use futures_util::future::BoxFuture;
 use http::Request;

@@ -15,36 +15,17 @@
 
 use crate::admission::Lease;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
+use crate::gateway::Gateway;
 use crate::limiter::{Cost, Limiter, RateLimitHeaders, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
-use crate::proxy::Gateway;
-use crate::record::{Charged, Recorder, RequestFacts, Settled};
+use crate::record::{Charged, Forwarded, Recorder, RequestFacts, Settled};
 use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::{Layer, Service};
-
-/// Whether a request was forwarded: set by whatever hands its bytes to the backend (the
-/// gateway's backend client marks it when the connection first asks for the body, so a connect
-/// failure or a refused connection leaves it unset), read by its [`Ticket`] when it settles.
-#[derive(Clone, Debug, Default)]
-pub struct Forwarded(Arc<AtomicBool>);
-
-impl Forwarded {
-    /// The request's bytes are on their way to the backend: its prefill is spent.
-    pub fn mark(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-
-    /// Whether [`Forwarded::mark`] was called.
-    pub fn is_marked(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
 
 /// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
 pub struct Ticket {
@@ -425,8 +406,8 @@ where
         std::mem::swap(&mut self.inner, &mut inner);
         let shared = self.shared.clone();
         Box::pin(async move {
-            let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
-            let cost = *super::needs::<Cost>(req.extensions())?;
+            let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+            let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let current = shared.limits.in_force(&tenant)?;
             // A place among the tenant's requests in flight before anything is charged: a
             // refusal here charges nothing.

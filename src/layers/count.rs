@@ -20,9 +20,9 @@ use crate::api::ParseLimits;
 use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
 use crate::metrics::TenantLabel;
-use crate::proxy::Gateway;
 use crate::record::NamedModel;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::{ChatCounter, LookUp};
@@ -114,8 +114,8 @@ impl Gateway {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let tenant = super::needs::<Arc<Tenant>>(req.extensions())?.clone();
-        let route = *super::needs::<Route>(req.extensions())?;
+        let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+        let route = *super::extensions::needs::<Route>(req.extensions())?;
         self.check_content_type(req.headers())?;
         // What the buckets cannot give even the least a request costs is refused before its
         // body is read.

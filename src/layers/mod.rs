@@ -5,7 +5,7 @@
 //!
 //! | step | layer | file | needs | adds |
 //! |---|---|---|---|---|
-//! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Arrived`] |
+//! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Arrived`](crate::record::Arrived) |
 //! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost) |
 //! | 8 charge | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`] (the [`Ticket`]) |
 //! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` | the KV lease, in the ticket |
@@ -20,27 +20,12 @@ pub mod admit;
 pub mod authenticate;
 pub mod charge;
 pub mod count;
+pub(crate) mod extensions;
 
 pub use admit::{AdmitLayer, KvGeometry};
 pub use authenticate::AuthenticateLayer;
-pub use charge::{AsAuthenticated, ChargeLayer, Forwarded, LimitsInForce, Ticket, TicketSlot};
+pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce, Ticket, TicketSlot};
 pub use count::CountLayer;
-
-use crate::error::ApiError;
-use http::Extensions;
-use tokio::time::Instant;
-
-/// When the request reached the first layer: its time to first token is measured from here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Arrived(pub Instant);
-
-/// What a layer needs from the request's extensions; missing, it is a stack built in the wrong
-/// order (a 500 naming the type).
-pub(crate) fn needs<T: Send + Sync + 'static>(extensions: &Extensions) -> Result<&T, ApiError> {
-    extensions
-        .get::<T>()
-        .ok_or_else(|| ApiError::missing_extension(std::any::type_name::<T>()))
-}
 
 /// What the layers' tests share: a limiter on a manual clock, one tenant, requests carrying a
 /// [`Cost`](crate::limiter::Cost) on an in-memory body.
@@ -110,7 +95,7 @@ pub(crate) mod testing {
     }
 
     /// Tenant `alice` of [`gateway`], as the config in force has it.
-    pub fn alice(gw: &crate::proxy::Gateway) -> Arc<Tenant> {
+    pub fn alice(gw: &crate::gateway::Gateway) -> Arc<Tenant> {
         gw.live
             .current()
             .tenants
@@ -122,13 +107,16 @@ pub(crate) mod testing {
     /// A whole gateway with tenant `alice` (`sk-alice`: prefill
     /// 10,000, decode 1,000 and 100 requests of burst; `requests_per_second` as given), a
     /// 4,096-token context and 100 output tokens by default.
-    pub async fn gateway(requests_per_second: f64) -> Arc<crate::proxy::Gateway> {
+    pub async fn gateway(requests_per_second: f64) -> Arc<crate::gateway::Gateway> {
         // Nothing listens there: these gateways never reach their backend.
         gateway_to("127.0.0.1:9", requests_per_second).await
     }
 
     /// [`gateway`], its backend at `backend` (`host:port`).
-    pub async fn gateway_to(backend: &str, requests_per_second: f64) -> Arc<crate::proxy::Gateway> {
+    pub async fn gateway_to(
+        backend: &str,
+        requests_per_second: f64,
+    ) -> Arc<crate::gateway::Gateway> {
         let config = crate::config::Config::parse(&format!(
             r#"
 [server]

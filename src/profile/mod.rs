@@ -13,9 +13,12 @@
 
 pub mod advice;
 pub mod cli;
+pub mod config;
 pub mod histogram;
 
-use crate::record::Settled;
+pub use config::ProfileConfig;
+
+use crate::record::settled::Settled;
 use dashmap::DashMap;
 use histogram::LogHistogram;
 use serde::{Deserialize, Serialize};
@@ -26,42 +29,6 @@ use tokio::time::Instant;
 
 /// The slots a window is cut into: it slides by `window / SLOTS` (a minute for 15 minutes).
 pub const SLOTS: u32 = 15;
-
-/// `[profile]`: the workload profile's window.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProfileConfig {
-    /// The sliding window (default 15 min): a request counts in it for between `window` and
-    /// `window + window / 15` after it settled.
-    #[serde(default = "default_window", with = "humantime_serde")]
-    pub window: Duration,
-}
-
-impl Default for ProfileConfig {
-    fn default() -> Self {
-        Self {
-            window: default_window(),
-        }
-    }
-}
-
-fn default_window() -> Duration {
-    Duration::from_secs(15 * 60)
-}
-
-impl ProfileConfig {
-    /// Checks the section: a window from 15 s (one second per slot) to a day.
-    pub fn check(&self) -> anyhow::Result<()> {
-        let (min, max) = (Duration::from_secs(15), Duration::from_secs(24 * 3600));
-        if self.window < min || self.window > max {
-            anyhow::bail!(
-                "profile.window is {}; it must be from 15s to 24h",
-                humantime::format_duration(self.window)
-            );
-        }
-        Ok(())
-    }
-}
 
 /// What one tenant's requests add up to over some span.
 #[derive(Clone, Debug, Default)]

@@ -4,11 +4,11 @@
 //! the tenant's share of the worker pool when large); and the body of a request refused unread,
 //! drained or left unread as [`super::discard`] decides.
 
-use super::bounded::read_paced;
 use super::discard::BodyCharge;
-use super::Gateway;
 use crate::api::request::parse_body;
 use crate::error::{ApiError, BodyError};
+use crate::gateway::Gateway;
+use crate::util::bounded::read_paced;
 use http::{header, HeaderMap, Request};
 
 pub use crate::api::JsonBody;

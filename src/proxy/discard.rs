@@ -24,8 +24,8 @@
 //! instead of the answer (tests/gateway.rs,
 //! `an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized`).
 
-use super::bounded::Pace;
 use crate::metrics::TenantLabel;
+use crate::util::bounded::Pace;
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use prometheus_client::metrics::counter::Counter;

@@ -6,20 +6,24 @@
 //! it ends, breaks or the client goes.
 //!
 //! Once the request's bytes are handed to the backend's connection (the backend client marks
-//! the ticket [`Forwarded`](crate::layers::Forwarded)), its prefill is spent: a client that goes
+//! the ticket [`Forwarded`](crate::record::Forwarded)), its prefill is spent: a client that goes
 //! before the first token, or a backend slower than `first_byte_timeout` (a 504), settles with
 //! every decode token back but the prompt charged. A backend that fails the request before
 //! answering (an error status, a broken connection) gives everything back. The backend's
 //! error policy is [`super::upstream`]'s.
 
 use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
-use super::{full, Gateway, GatewayBody, REQUEST_ID};
+use super::{full, GatewayBody};
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
 use crate::api::{self, Route};
 use crate::error::{ApiError, UpstreamFailure};
-use crate::layers::{needs, Arrived, TicketSlot};
+use crate::gateway::Gateway;
+use crate::layers::extensions::needs;
+use crate::layers::TicketSlot;
 use crate::limiter::Cost;
+use crate::record::Arrived;
+use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -66,7 +70,7 @@ impl<B> tower::Service<Request<B>> for Forward {
             let backend = ticket.lease().map_or(0, |l| l.backend());
             let reconcile = Reconcile {
                 backend: gw.upstreams[backend].url.clone(),
-                request_id: crate::record::request_id(req.headers()),
+                request_id: crate::request_id::request_id(req.headers()),
                 cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
             };
             let (mut parts, _) = req.into_parts();
@@ -238,7 +242,7 @@ mod tests {
         req
     }
 
-    async fn buckets(gw: &crate::proxy::Gateway) -> (f64, f64, f64) {
+    async fn buckets(gw: &crate::gateway::Gateway) -> (f64, f64, f64) {
         let alice = alice(gw);
         let s = gw.limiter.snapshot("alice", &alice.limits).await;
         (

@@ -8,15 +8,18 @@
 //! to `model.max_model_len` before any id is made, and one past it is a 400, so a body of a few
 //! hundred kilobytes cannot ask for hundreds of megabytes of ids.
 
-use super::{full, json_text_response, Gateway, GatewayBody, REQUEST_ID};
+use super::{full, json_text_response, GatewayBody};
 use crate::api::openai::{self};
 use crate::api::Prompt;
-use crate::error::{push_decimal, ApiError};
+use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::layers::count::render_paired;
 use crate::limiter::Cost;
+use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
 use crate::tokenize::chat::ChatRoute;
 use crate::tokenize::TokenCount;
+use crate::util::decimal::push_decimal;
 use crate::vision;
 use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -38,7 +41,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let tenant = crate::layers::needs::<Arc<Tenant>>(req.extensions())?.clone();
+    let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     gw.check_content_type(req.headers())?;
     // A tenant without a request left is refused before its body is read, as a generation is.
     if let Err(e) = gw.check_at_least(&tenant, ONE_REQUEST, [true; 3]).await {

@@ -13,9 +13,10 @@
 use crate::api::sse::{self, EventHead, SseSplitter};
 use crate::api::{Chunk, Wire};
 use crate::error::{ApiError, UpstreamFailure};
-use crate::layers::{Forwarded, Ticket};
+use crate::layers::Ticket;
 use crate::limiter::RateLimitHeaders;
 use crate::metrics::{CountErrorLabels, Metrics, Outcome};
+use crate::record::Forwarded;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;

@@ -12,11 +12,11 @@
 //! backend's answer, the hop-by-hop headers and those the gateway sets itself are dropped (see
 //! [`answer_headers`]).
 
-use super::bounded::{read_bounded, ReadError};
-use super::REQUEST_ID;
 use crate::config::{BackendBase, BackendConfig};
 use crate::error::{ApiError, UpstreamFailure};
-use crate::layers::Forwarded;
+use crate::record::Forwarded;
+use crate::request_id::REQUEST_ID;
+use crate::util::bounded::{read_bounded, ReadError};
 use bytes::Bytes;
 use http::{
     header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
@@ -159,7 +159,7 @@ impl Upstream {
         connector.set_connect_timeout(Some(cfg.connect_timeout));
         connector.set_nodelay(true);
         connector.enforce_http(false);
-        let tls = super::tls::client_config(cfg.tls.as_ref())?;
+        let tls = crate::tls::client_config(cfg.tls.as_ref())?;
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()

@@ -542,7 +542,7 @@ async fn mindie_over_https_with_two_way_tls_as_its_default_config_serves() {
     let front = tls_front(sim.addr()).await;
     let mut cfg = config(&[sim.addr()]);
     cfg.backends[0].url = format!("https://{front}");
-    cfg.backends[0].tls = Some(tokengate::config::BackendTls {
+    cfg.backends[0].tls = Some(tokengate::tls::BackendTls {
         ca_file: tls_fixture("ca.pem"),
         cert_file: Some(tls_fixture("client.pem")),
         key_file: Some(tls_fixture("client.key")),
@@ -574,12 +574,12 @@ async fn mindie_over_https_with_two_way_tls_as_its_default_config_serves() {
 
 #[tokio::test]
 async fn mindie_tls_settings_are_checked_with_the_field_named() {
-    let tls = |ca: &str, cert: Option<&str>, key: Option<&str>| tokengate::config::BackendTls {
+    let tls = |ca: &str, cert: Option<&str>, key: Option<&str>| tokengate::tls::BackendTls {
         ca_file: tls_fixture(ca),
         cert_file: cert.map(tls_fixture),
         key_file: key.map(tls_fixture),
     };
-    let refused = |url: &str, tls: Option<tokengate::config::BackendTls>| {
+    let refused = |url: &str, tls: Option<tokengate::tls::BackendTls>| {
         let mut cfg = config(&["127.0.0.1:1".parse().unwrap()]);
         cfg.backends[0].url = url.to_string();
         cfg.backends[0].tls = tls;

@@ -3,13 +3,30 @@
 //! (no system roots: a backend's CA is the deployment's own), and the gateway presents its own
 //! certificate when one is configured. rustls with the ring provider.
 
-use crate::config::BackendTls;
 use anyhow::{bail, Context};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
-use std::path::Path;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// How the gateway speaks TLS to one backend (PEM files; relative paths are relative to the
+/// config file).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTls {
+    /// The CA certificate(s) the backend's certificate must chain to (MindIE: its `tlsCaFile`'s
+    /// issuer, i.e. the CA of `tlsCert`).
+    pub ca_file: PathBuf,
+    /// The certificate (chain) the gateway presents, signed by a CA the backend trusts (MindIE:
+    /// one in its `tlsCaFile`).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
 
 /// The TLS client of one backend: `tls` as configured, or for a plain `http` backend (`None`)
 /// one that trusts nothing (its URLs never start a handshake).
