@@ -15,7 +15,22 @@
 //! wait for a sequence to end.
 
 use super::priority::Priority;
-use super::ClassSnapshot;
+use serde::Serialize;
+
+/// What one class's leases hold on one backend, and the most they may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ClassSnapshot {
+    /// Its share of the backend, per mille (`admission.standard_share` or `sheddable_share`).
+    pub share_permille: u32,
+    /// KV bytes its leases hold.
+    pub kv_reserved_bytes: u64,
+    /// Its live leases.
+    pub inflight: u32,
+    /// The most KV bytes it may hold: its share of the effective capacity.
+    pub kv_limit_bytes: u64,
+    /// The most sequences it may run: its share of the batch (at least one).
+    pub max_batch: u32,
+}
 
 /// Per class, the most of each backend's KV capacity and batch its leases may hold together, in
 /// per mille (1,000: all of it).

@@ -15,7 +15,7 @@ pub mod priority;
 pub mod queue;
 pub mod shared;
 
-pub use ledger::{ClassShares, KvLedger};
+pub use ledger::{ClassShares, ClassSnapshot, KvLedger};
 pub use priority::{ClassRefused, Priority, PRIORITY_HEADER};
 pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
 pub use shared::{LedgerStore, SharedSnapshot};
@@ -155,21 +155,6 @@ pub struct BackendSnapshot {
     pub max_batch: u32,
     /// What each class holds of it, and may hold (every class, lowest first).
     pub by_class: BTreeMap<Priority, ClassSnapshot>,
-}
-
-/// What one class's leases hold on one backend, and the most they may hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct ClassSnapshot {
-    /// Its share of the backend, per mille (`admission.standard_share` or `sheddable_share`).
-    pub share_permille: u32,
-    /// KV bytes its leases hold.
-    pub kv_reserved_bytes: u64,
-    /// Its live leases.
-    pub inflight: u32,
-    /// The most KV bytes it may hold: its share of the effective capacity.
-    pub kv_limit_bytes: u64,
-    /// The most sequences it may run: its share of the batch (at least one).
-    pub max_batch: u32,
 }
 
 /// Backends and the queue as seen now.
