@@ -81,7 +81,7 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
             Ok(json_response(StatusCode::OK, &profile))
         }
         "/admin/reload" => {
-            let reloaded = gw.reload().await?;
+            let reloaded = gw.reloader.reload().await?;
             let body = json!({"status": "reloaded", "changes": reloaded});
             Ok(json_response(StatusCode::OK, &body))
         }
@@ -92,9 +92,11 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
 /// Every backend's health path, asked at once, each bounded by its `health_timeout`: ready
 /// while at least one backend is.
 async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
-    let found = futures_util::future::join_all(gw.upstreams.iter().map(|u| u.probe())).await;
+    let found =
+        futures_util::future::join_all(gw.backends.upstreams.iter().map(|u| u.probe())).await;
     let ready = found.contains(&Health::Ready);
     let backends: Vec<_> = gw
+        .backends
         .upstreams
         .iter()
         .zip(&found)
@@ -133,7 +135,7 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
     let backends: Vec<_> = snap
         .backends
         .iter()
-        .zip(&gw.upstreams)
+        .zip(gw.backends.upstreams.iter())
         .zip(&live.config.backends)
         .enumerate()
         .map(|(i, ((b, u), cfg))| {
@@ -168,9 +170,15 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
 
 async fn refresh_gauges(gw: &Gateway) {
     // Asked at once, each within its health_timeout, so a scrape waits at most the longest.
-    let health = futures_util::future::join_all(gw.upstreams.iter().map(|u| u.probe())).await;
+    let health =
+        futures_util::future::join_all(gw.backends.upstreams.iter().map(|u| u.probe())).await;
     let snap = gw.admission.snapshot();
-    for ((b, u), h) in snap.backends.iter().zip(&gw.upstreams).zip(&health) {
+    for ((b, u), h) in snap
+        .backends
+        .iter()
+        .zip(gw.backends.upstreams.iter())
+        .zip(&health)
+    {
         let label = BackendLabel {
             backend: u.url.clone(),
         };

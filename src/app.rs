@@ -5,14 +5,18 @@ use crate::admission::{Admission, BackendSpec, LedgerStore, QueueSpec};
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::ValidConfig;
 use crate::gateway::Gateway;
+use crate::layers::count::Counter;
 use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
+use crate::proxy::body::Bodies;
 use crate::proxy::discard::Discarder;
+use crate::proxy::forward::Backends;
 use crate::proxy::upstream::Upstream;
 use crate::record::Recorder;
-use crate::reload::LiveConfig;
+use crate::reload::live::LiveConfig;
+use crate::reload::Reloader;
 use crate::server::{self, Running};
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::chat::ChatTemplate;
@@ -152,20 +156,49 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         metrics.refused_body_bytes.clone(),
     ));
     let config = Arc::new(config);
-    Ok(Arc::new(Gateway {
-        live: LiveConfig::new(config.clone()),
-        limiter: Limiter::new(store, deps.clock),
-        admission,
-        upstreams,
+    let live = Arc::new(LiveConfig::new(config.clone()));
+    let limiter = Limiter::new(store, deps.clock);
+    let counter = Arc::new(Counter {
+        config: config.clone(),
+        limiter: limiter.clone(),
+        bodies: Bodies {
+            discarder,
+            pool: pool.clone(),
+            max_bytes: config.server.max_body_bytes,
+            read_timeout: config.server.body_read_timeout,
+        },
+        tokenizer: tokenizer.clone(),
+        chat: chat.clone(),
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+    });
+    let backends = Arc::new(Backends {
+        upstreams: upstreams.into(),
+        config: config.clone(),
+        metrics: metrics.clone(),
         tokenizer,
-        chat,
         pool,
+        chat: chat.clone(),
         replies,
+    });
+    let reloader = Reloader {
+        live: live.clone(),
+        limiter: limiter.clone(),
+        admission: admission.clone(),
+        metrics: metrics.clone(),
+    };
+    Ok(Arc::new(Gateway {
+        config,
+        live,
+        limiter,
+        admission,
+        counter,
+        backends,
+        chat,
         metrics,
         recorder,
-        discarder,
+        reloader,
         feedback,
-        config,
     }))
 }
 

@@ -78,20 +78,23 @@ where
     let metrics = Some(gw.metrics.clone());
     ServiceBuilder::new()
         // 5. API key -> `Arc<Tenant>`; counts every refusal from here on under the tenant
-        .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+        .layer(
+            AuthenticateLayer::new(gw.live.clone())
+                .counting_outcomes(gw.recorder.clone(), gw.metrics.clone()),
+        )
         // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
         //      buckets cannot give even the least a request costs)
-        .layer(CountLayer::new(gw.clone()))
+        .layer(CountLayer::new(gw.counter.clone()))
         // 8. charge the buckets (under the limits in force now): the request's `Ticket`,
         //    recorded in the workload profile when it settles
         .layer(
-            ChargeLayer::new(gw.limiter.clone(), gw.clone(), metrics.clone())
+            ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), metrics.clone())
                 .recording(gw.recorder.clone()),
         )
         // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
         .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
         // 10-11. forward to the leased backend; the metered answer owns the ticket
-        .service(Forward::new(gw))
+        .service(Forward::new(gw.backends.clone()))
 }
 
 /// What answers one of the main listener's routes.
@@ -129,15 +132,15 @@ struct Routes<G, T, M> {
 }
 
 fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler, impl Handler> {
-    let (tokenize_gw, models_gw) = (gw.clone(), gw.clone());
+    let (counter, upstreams) = (gw.counter.clone(), gw.backends.upstreams.clone());
     Routes {
         generate: generation_service(gw.clone()),
         tokenize: ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.clone()))
-            .service_fn(move |req| local::tokenize(tokenize_gw.clone(), req)),
+            .layer(AuthenticateLayer::new(gw.live.clone()))
+            .service_fn(move |req| local::tokenize(counter.clone(), req)),
         models: ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw))
-            .service_fn(move |req| local::models(models_gw.clone(), req)),
+            .layer(AuthenticateLayer::new(gw.live.clone()))
+            .service_fn(move |req| local::models(upstreams.clone(), req)),
     }
 }
 
@@ -328,7 +331,7 @@ async fn reload_on(hangups: Hangups, gw: Arc<Gateway>) {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the config file");
             // Logged and counted by `reload` itself.
-            let _ = gw.reload().await;
+            let _ = gw.reloader.reload().await;
         }
     }
     #[cfg(not(unix))]

@@ -12,10 +12,10 @@
 //! an unauthenticated client must not write what it likes into the usage log.
 
 use crate::error::ApiError;
-use crate::gateway::Gateway;
-use crate::metrics::Outcome;
+use crate::metrics::{Metrics, Outcome};
 use crate::record::Arrived;
-use crate::record::{NamedModel, Settled};
+use crate::record::{NamedModel, Recorder, Settled};
+use crate::reload::live::LiveConfig;
 use crate::request_id::request_id;
 use crate::request_id::GatewayMade;
 use futures_util::future::BoxFuture;
@@ -28,22 +28,30 @@ use tower::{Layer, Service};
 /// Step 5 as a layer: adds `Arc<Tenant>`, [`Arrived`] and [`Priority`](crate::admission::Priority).
 #[derive(Clone, Debug)]
 pub struct AuthenticateLayer {
-    gw: Arc<Gateway>,
-    count_outcomes: bool,
+    live: Arc<LiveConfig>,
+    outcomes: Option<Outcomes>,
+}
+
+/// Where refusals are counted: the workload profile and usage log, and the metrics.
+#[derive(Clone, Debug)]
+struct Outcomes {
+    recorder: Arc<Recorder>,
+    metrics: Arc<Metrics>,
 }
 
 impl AuthenticateLayer {
-    /// Authenticates against `gw`'s tenants in force.
-    pub fn new(gw: Arc<Gateway>) -> Self {
+    /// Authenticates against the tenants in force in `live`.
+    pub fn new(live: Arc<LiveConfig>) -> Self {
         Self {
-            gw,
-            count_outcomes: false,
+            live,
+            outcomes: None,
         }
     }
 
-    /// Also counts every refusal of the request, here or in the layers after this one.
-    pub fn counting_outcomes(mut self) -> Self {
-        self.count_outcomes = true;
+    /// Also counts every refusal of the request, here or in the layers after this one, in
+    /// `recorder` and `metrics`.
+    pub fn counting_outcomes(mut self, recorder: Arc<Recorder>, metrics: Arc<Metrics>) -> Self {
+        self.outcomes = Some(Outcomes { recorder, metrics });
         self
     }
 }
@@ -85,9 +93,9 @@ where
         let arrived = Arrived(Instant::now());
         let mut inner = self.inner.clone();
         std::mem::swap(&mut self.inner, &mut inner);
-        let AuthenticateLayer { gw, count_outcomes } = self.layer.clone();
-        let authenticated = gw
-            .live
+        let AuthenticateLayer { live, outcomes } = self.layer.clone();
+        let count_outcomes = outcomes.is_some();
+        let authenticated = live
             .current()
             .tenants
             .authenticate(req.headers())
@@ -104,9 +112,12 @@ where
         let named = count_outcomes.then(NamedModel::default);
         Box::pin(async move {
             let count = |tenant: &str, id: &Option<String>, e: &ApiError| {
-                if count_outcomes && !e.recorded {
+                let Some(Outcomes { recorder, metrics }) = &outcomes else {
+                    return;
+                };
+                if !e.recorded {
                     let outcome = Outcome::Failed(e.code);
-                    gw.recorder.settle(Settled {
+                    recorder.settle(Settled {
                         request_id: id.clone(),
                         tenant: tenant.to_owned(),
                         model: named.as_ref().and_then(NamedModel::get),
@@ -114,7 +125,7 @@ where
                         arrived: Some(arrived.0),
                         charge: None,
                     });
-                    gw.metrics.outcome(tenant, outcome);
+                    metrics.outcome(tenant, outcome);
                 }
             };
             let (tenant, class) =
@@ -174,7 +185,10 @@ mod tests {
     {
         let gw = gateway(10.0).await;
         let svc = ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+            .layer(
+                AuthenticateLayer::new(gw.live.clone())
+                    .counting_outcomes(gw.recorder.clone(), gw.metrics.clone()),
+            )
             .service_fn(|req: Request<Full<Bytes>>| async move {
                 let class = req.extensions().get::<Priority>().expect("classed");
                 Ok::<_, ApiError>(Response::new(class.as_str()))
@@ -205,7 +219,10 @@ mod tests {
     async fn the_key_names_the_tenant_and_refusals_are_counted_under_it() {
         let gw = gateway(10.0).await;
         let svc = ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+            .layer(
+                AuthenticateLayer::new(gw.live.clone())
+                    .counting_outcomes(gw.recorder.clone(), gw.metrics.clone()),
+            )
             .service_fn(|req| names_tenant(req, None));
         let resp = svc
             .clone()
@@ -224,14 +241,17 @@ mod tests {
         assert_eq!(outcomes_of(&gw.metrics, "unknown", "invalid_api_key"), 1);
 
         let refusing = ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.clone()).counting_outcomes())
+            .layer(
+                AuthenticateLayer::new(gw.live.clone())
+                    .counting_outcomes(gw.recorder.clone(), gw.metrics.clone()),
+            )
             .service_fn(|req| names_tenant(req, Some(ApiError::invalid("no"))));
         let e = refusing.oneshot(with_key("sk-alice")).await.unwrap_err();
         assert_eq!(e.code, crate::error::ErrorCode::InvalidRequest);
         assert_eq!(outcomes_of(&gw.metrics, "alice", "invalid_request"), 1);
         // Not counting: the same refusal leaves the counter as it was.
         let quiet = ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.clone()))
+            .layer(AuthenticateLayer::new(gw.live.clone()))
             .service_fn(|req| names_tenant(req, Some(ApiError::invalid("no"))));
         quiet.oneshot(with_key("sk-alice")).await.unwrap_err();
         assert_eq!(outcomes_of(&gw.metrics, "alice", "invalid_request"), 1);

@@ -15,10 +15,10 @@
 
 use crate::admission::Lease;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
-use crate::gateway::Gateway;
 use crate::limiter::{Cost, Limiter, RateLimitHeaders, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
 use crate::record::{Charged, Forwarded, Recorder, RequestFacts, Settled};
+use crate::reload::live::LiveConfig;
 use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
@@ -315,9 +315,9 @@ impl LimitsInForce for AsAuthenticated {
     }
 }
 
-impl LimitsInForce for Arc<Gateway> {
+impl LimitsInForce for Arc<LiveConfig> {
     fn in_force(&self, tenant: &Arc<Tenant>) -> Result<Arc<Tenant>, ApiError> {
-        let live = self.live.current();
+        let live = self.current();
         live.tenants.named(&tenant.name).cloned().ok_or_else(|| {
             ApiError::unauthorized(format!(
                 "tenant {} was removed by a config reload while this request was read; its API keys no longer work",

@@ -19,15 +19,17 @@ use crate::api::GenerationRequest;
 use crate::api::ParseLimits;
 use crate::api::Prompt;
 use crate::api::{self, Route};
+use crate::config::ValidConfig;
 use crate::error::ApiError;
-use crate::gateway::Gateway;
-use crate::limiter::{BucketKind, Cost, Denial, LowerBound};
-use crate::metrics::TenantLabel;
+use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
+use crate::metrics::{Metrics, TenantLabel};
+use crate::proxy::body::{check_content_type, Bodies};
 use crate::record::NamedModel;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::{ChatCounter, LookUp};
 use crate::tokenize::chat::ChatPrompt;
-use crate::tokenize::TokenCount;
+use crate::tokenize::pool::TokenizePool;
+use crate::tokenize::{TokenCount, Tokenizer};
 use crate::vision;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -42,14 +44,33 @@ use tower::{Layer, Service};
 /// [`GenerationRequest`] (its prompt taken out) and [`Cost`].
 #[derive(Clone, Debug)]
 pub struct CountLayer {
-    gw: Arc<Gateway>,
+    counter: Arc<Counter>,
 }
 
 impl CountLayer {
-    /// Parses and counts with `gw`'s config, tokenizer and worker pool.
-    pub fn new(gw: Arc<Gateway>) -> Self {
-        Self { gw }
+    /// Parses and counts with `counter`.
+    pub fn new(counter: Arc<Counter>) -> Self {
+        Self { counter }
     }
+}
+
+/// What steps 6-7 read and count with.
+#[derive(Debug)]
+pub struct Counter {
+    /// The model's names and lengths, the vision rules (restart-only settings).
+    pub config: Arc<ValidConfig>,
+    /// The buckets, peeked (never charged) before the body is read and before counting.
+    pub limiter: Limiter,
+    /// How bodies are read.
+    pub bodies: Bodies,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Chat rendering and its per-message memo.
+    pub chat: Arc<ChatCounter>,
+    /// Where counting runs.
+    pub pool: Arc<TokenizePool>,
+    /// Where tokenize time and output caps are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 impl<S> Layer<S> for CountLayer {
@@ -58,7 +79,7 @@ impl<S> Layer<S> for CountLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Count {
             inner,
-            gw: self.gw.clone(),
+            counter: self.counter.clone(),
         }
     }
 }
@@ -67,7 +88,7 @@ impl<S> Layer<S> for CountLayer {
 #[derive(Clone, Debug)]
 pub struct Count<S> {
     inner: S,
-    gw: Arc<Gateway>,
+    counter: Arc<Counter>,
 }
 
 impl<S, B> Service<Request<B>> for Count<S>
@@ -90,9 +111,9 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let mut inner = self.inner.clone();
         std::mem::swap(&mut self.inner, &mut inner);
-        let gw = self.gw.clone();
+        let counter = self.counter.clone();
         Box::pin(async move {
-            let req = gw.count(req).await?;
+            let req = counter.count(req).await?;
             inner.call(req).await.map_err(Into::into)
         })
     }
@@ -105,7 +126,7 @@ const LEAST: Cost = Cost {
     requests: 1,
 };
 
-impl Gateway {
+impl Counter {
     /// Steps 6-7 on one request: its parsed form and [`Cost`] in its extensions, its body
     /// spent.
     async fn count<B>(&self, req: Request<B>) -> Result<Request<Empty<Bytes>>, ApiError>
@@ -116,20 +137,21 @@ impl Gateway {
     {
         let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
         let route = *super::extensions::needs::<Route>(req.extensions())?;
-        self.check_content_type(req.headers())?;
+        check_content_type(req.headers())?;
         // What the buckets cannot give even the least a request costs is refused before its
         // body is read.
         if let Err(e) = self
             .check_at_least(&tenant, LEAST, [false, false, true])
             .await
         {
-            return Err(self.refuse_unread(&tenant.name, req, e));
+            return Err(self.bodies.refuse_unread(&tenant.name, req, e));
         }
         let (mut parts, body) = req.into_parts();
         let config = self.config.clone();
         // Read at the tenant's pace for refused bodies; the charge is kept if this request is
         // refused before the end of this step.
         let (mut parsed, body_charge) = self
+            .bodies
             .read_body_json(&tenant.name, body, move |body| {
                 let limits = ParseLimits {
                     served_names: &config.model.served_names,
@@ -278,6 +300,23 @@ impl Gateway {
         counted?
     }
 
+    /// The ids the engine will run (for `/tokenize`): a chat rendered, encoded and its image
+    /// and video placeholders expanded, so their number is what the counting layer charges.
+    pub async fn encode_prompt(&self, tenant: &str, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+        let tok = self.tokenizer.clone();
+        let chat = self.chat.clone();
+        self.pool
+            .run(tenant, move || match prompt {
+                Prompt::Chat { prompt, media } => {
+                    let ids = tok.encode(&render_paired(&chat, &prompt, &media)?);
+                    vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
+                }
+                Prompt::Text(t) => Ok(tok.encode(&t)),
+                Prompt::TokenIds(ids) => Ok(ids),
+            })
+            .await?
+    }
+
     /// The longest prompt `req` may have: the context minus the output asked for (the prompt
     /// alone must leave room for one output token), and no more than the tenant's prefill
     /// burst. Counting stops past it: a longer prompt is refused whatever its exact count.
@@ -344,6 +383,7 @@ pub(crate) fn render_paired(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::Gateway;
     use crate::layers::testing::{alice, gateway};
     use http::{Response, StatusCode};
     use http_body_util::Full;
@@ -370,7 +410,7 @@ mod tests {
     async fn the_parsed_request_and_its_exact_cost_go_on_in_the_extensions() {
         let gw = gateway(10.0).await;
         let svc = ServiceBuilder::new()
-            .layer(CountLayer::new(gw.clone()))
+            .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
         let req = completion(
             &gw,
@@ -396,7 +436,7 @@ mod tests {
         )
         .await;
         let (cost, _) = svc.oneshot(req).await.expect("valid").into_body();
-        assert_eq!(cost.prefill, gw.tokenizer.count(text) as u64);
+        assert_eq!(cost.prefill, gw.counter.tokenizer.count(text) as u64);
         assert_eq!(
             cost.decode, 16,
             "vLLM's completions default, under default_max_tokens (100)"
@@ -411,7 +451,7 @@ mod tests {
     async fn without_max_tokens_the_backend_default_is_reserved() {
         let gw = gateway(10.0).await;
         let svc = ServiceBuilder::new()
-            .layer(CountLayer::new(gw.clone()))
+            .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
         let decode = |route: Route, body: &'static str| {
             let (gw, svc) = (gw.clone(), svc.clone());
@@ -440,7 +480,7 @@ mod tests {
     async fn bad_input_is_a_400_naming_the_numbers() {
         let gw = gateway(10.0).await;
         let svc = ServiceBuilder::new()
-            .layer(CountLayer::new(gw.clone()))
+            .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
         let ids = vec!["7"; 3200].join(", ");
         let body = format!(r#"{{"model": "qwen3.5-27b", "prompt": [{ids}], "max_tokens": 900}}"#);
@@ -507,7 +547,7 @@ mod tests {
         // Settled with nothing produced: the request stays charged.
         drop(spent);
         let svc = ServiceBuilder::new()
-            .layer(CountLayer::new(gw.clone()))
+            .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
         // Not JSON: read, it would be a 400; unread, the 429 comes first.
         let e = svc
@@ -528,7 +568,7 @@ mod tests {
     async fn without_a_route_the_stack_is_built_wrong() {
         let gw = gateway(10.0).await;
         let svc = ServiceBuilder::new()
-            .layer(CountLayer::new(gw.clone()))
+            .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
         let mut req = completion(&gw, "{}").await;
         req.extensions_mut().remove::<Route>();

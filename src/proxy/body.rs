@@ -4,17 +4,19 @@
 //! the tenant's share of the worker pool when large); and the body of a request refused unread,
 //! drained or left unread as [`super::discard`] decides.
 
-use super::discard::BodyCharge;
+use super::discard::{BodyCharge, Discarder};
 use crate::api::request::parse_body;
 use crate::error::{ApiError, BodyError};
-use crate::gateway::Gateway;
+use crate::tokenize::pool::TokenizePool;
 use crate::util::bounded::read_paced;
 use http::{header, HeaderMap, Request};
+use std::sync::Arc;
+use std::time::Duration;
 
 pub use crate::api::JsonBody;
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
-/// larger ones on the tokenizer pool (see [`Gateway::read_body_json`]). As many bytes of every
+/// larger ones on the tokenizer pool (see [`Bodies::read_body_json`]). As many bytes of every
 /// body are read free of the tenant's budget for refused bodies.
 const PARSE_INLINE_BYTES: usize = super::discard::FREE_BYTES;
 
@@ -24,20 +26,34 @@ pub(crate) fn is_json(content_type: &str) -> bool {
     mime.eq_ignore_ascii_case("application/json")
 }
 
-impl Gateway {
-    /// The content type, checked before the body is read: JSON or none.
-    pub fn check_content_type(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or_default();
-            if !is_json(ct) {
-                return Err(ApiError::unsupported_media_type(format!(
-                    "content-type must be application/json, got `{ct}`"
-                )));
-            }
-        }
-        Ok(())
-    }
+/// How request bodies are read (`server.max_body_bytes`, `server.body_read_timeout`, each
+/// tenant's budget for refused bodies) and parsed.
+#[derive(Clone, Debug)]
+pub struct Bodies {
+    /// Each tenant's budget for bodies read to no purpose.
+    pub discarder: Arc<Discarder>,
+    /// Where large bodies are parsed.
+    pub pool: Arc<TokenizePool>,
+    /// The size bound.
+    pub max_bytes: u64,
+    /// The time bound.
+    pub read_timeout: Duration,
+}
 
+/// The content type, checked before the body is read: JSON or none.
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or_default();
+        if !is_json(ct) {
+            return Err(ApiError::unsupported_media_type(format!(
+                "content-type must be application/json, got `{ct}`"
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Bodies {
     /// The body, within the size limit and read timeout and at the pace of the tenant's budget
     /// for refused bodies ([`super::discard`]), then `parse` of it as a JSON object (with its
     /// bytes); and what reading it charged that budget, to give back with
@@ -54,8 +70,7 @@ impl Gateway {
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let limit = self.config.server.max_body_bytes;
-        let timeout = self.config.server.body_read_timeout;
+        let (limit, timeout) = (self.max_bytes, self.read_timeout);
         let mut charge = self.discarder.charge_body(tenant);
         let read = read_paced(body, limit, timeout, &mut charge).await;
         charge.read_all();
@@ -94,9 +109,8 @@ impl Gateway {
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        let timeout = self.config.server.body_read_timeout;
+        let (limit, timeout) = (self.max_bytes, self.read_timeout);
         // Waiting for `100 Continue`, the client has sent nothing: there is nothing to read.
-        let limit = self.config.server.max_body_bytes;
         if !expects_continue
             && self
                 .discarder

@@ -13,18 +13,23 @@
 //! error policy is [`super::upstream`]'s.
 
 use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
+use super::upstream::Upstream;
 use super::{full, GatewayBody};
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
 use crate::api::{self, Route};
+use crate::config::ValidConfig;
 use crate::error::{ApiError, UpstreamFailure};
-use crate::gateway::Gateway;
 use crate::layers::extensions::needs;
 use crate::layers::TicketSlot;
 use crate::limiter::Cost;
+use crate::metrics::Metrics;
 use crate::record::Arrived;
 use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
+use crate::tokenize::cache::ChatCounter;
+use crate::tokenize::pool::TokenizePool;
+use crate::tokenize::Tokenizer;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response};
@@ -36,13 +41,32 @@ use std::task::{Context, Poll};
 /// [`GenerationRequest`], [`Cost`], [`TicketSlot`]); answers with the metered answer.
 #[derive(Clone, Debug)]
 pub struct Forward {
-    gw: Arc<Gateway>,
+    shared: Arc<Backends>,
+}
+
+/// What forwarding and metering use.
+#[derive(Debug)]
+pub struct Backends {
+    /// The backends, in config order (the admission's backend indices point here).
+    pub upstreams: Arc<[Upstream]>,
+    /// The served model names (the first is sent to the backend) and the cached-prefill weight.
+    pub config: Arc<ValidConfig>,
+    /// Where answers are metered.
+    pub metrics: Arc<Metrics>,
+    /// Counts what a backend's answer does not say it generated.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Where that counting runs.
+    pub pool: Arc<TokenizePool>,
+    /// Chat rendering, for answers counted ahead for their next turn.
+    pub chat: Arc<ChatCounter>,
+    /// Where chat answers are counted ahead (`None` without a memo).
+    pub replies: Option<Arc<TokenizePool>>,
 }
 
 impl Forward {
-    /// Forwards to `gw`'s backends.
-    pub fn new(gw: Arc<Gateway>) -> Self {
-        Self { gw }
+    /// Forwards to `backends`.
+    pub fn new(backends: Arc<Backends>) -> Self {
+        Self { shared: backends }
     }
 }
 
@@ -56,7 +80,7 @@ impl<B> tower::Service<Request<B>> for Forward {
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let gw = self.gw.clone();
+        let gw = self.shared.clone();
         // Everything is taken out here, so the future does not hold the body type.
         let taken = (|| {
             let tenant = needs::<Arc<Tenant>>(req.extensions())?.clone();
@@ -107,7 +131,7 @@ impl<B> tower::Service<Request<B>> for Forward {
     }
 }
 
-impl Gateway {
+impl Backends {
     /// Steps 10-11: send to the leased backend (with the request's id) and meter the answer.
     async fn forward(
         &self,

@@ -8,12 +8,13 @@
 //! to `model.max_model_len` before any id is made, and one past it is a 400, so a body of a few
 //! hundred kilobytes cannot ask for hundreds of megabytes of ids.
 
+use super::body::check_content_type;
+use super::upstream::Upstream;
 use super::{full, json_text_response, GatewayBody};
 use crate::api::openai::{self};
 use crate::api::Prompt;
 use crate::error::ApiError;
-use crate::gateway::Gateway;
-use crate::layers::count::render_paired;
+use crate::layers::count::Counter;
 use crate::limiter::Cost;
 use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
@@ -33,7 +34,7 @@ const ONE_REQUEST: Cost = Cost {
 
 /// `POST /tokenize`, answered locally in vLLM's shape: `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize<B>(
-    gw: Arc<Gateway>,
+    counter: Arc<Counter>,
     req: Request<B>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
@@ -42,13 +43,17 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-    gw.check_content_type(req.headers())?;
+    check_content_type(req.headers())?;
     // A tenant without a request left is refused before its body is read, as a generation is.
-    if let Err(e) = gw.check_at_least(&tenant, ONE_REQUEST, [true; 3]).await {
-        return Err(gw.refuse_unread(&tenant.name, req, e));
+    if let Err(e) = counter
+        .check_at_least(&tenant, ONE_REQUEST, [true; 3])
+        .await
+    {
+        return Err(counter.bodies.refuse_unread(&tenant.name, req, e));
     }
-    let config = gw.config.clone();
-    let (prompt, body_charge) = gw
+    let config = counter.config.clone();
+    let (prompt, body_charge) = counter
+        .bodies
         .read_body_json(&tenant.name, req.into_body(), move |body| {
             let body = body.object;
             if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
@@ -64,18 +69,18 @@ where
             }
         })
         .await?;
-    let max_len = gw.config.model.max_model_len;
-    let counted = gw
+    let max_len = counter.config.model.max_model_len;
+    let counted = counter
         .count_prompt(&tenant.name, prompt.clone(), max_len)
         .await?;
     if let TokenCount::AtLeast(n) = counted {
         return Err(past_the_context(&prompt, n, max_len));
     }
-    let mut charge = gw
+    let mut charge = counter
         .limiter
         .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
         .await?;
-    let ids = gw
+    let ids = counter
         .encode_prompt(&tenant.name, prompt)
         .await
         // No answer: the request is given back.
@@ -144,12 +149,12 @@ fn tokenize_answer(ids: &[u32], max_model_len: u64) -> Vec<u8> {
 /// `GET /v1/models`, from the first backend that answers with a 2xx (a 4xx is passed on in
 /// OpenAI's shape; a backend that fails is skipped).
 pub async fn models<B>(
-    gw: Arc<Gateway>,
+    upstreams: Arc<[Upstream]>,
     req: Request<B>,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let request_id = req.headers().get(REQUEST_ID);
     let mut last = ApiError::upstream("no backend is configured");
-    for upstream in &gw.upstreams {
+    for upstream in upstreams.iter() {
         let answer = async {
             let resp = upstream
                 .send(Method::GET, "/v1/models", None, request_id, None)
@@ -168,25 +173,6 @@ pub async fn models<B>(
         }
     }
     Err(last)
-}
-
-impl Gateway {
-    /// The ids the engine will run (for `/tokenize`): a chat rendered, encoded and its image
-    /// and video placeholders expanded, so their number is what the counting layer charges.
-    pub async fn encode_prompt(&self, tenant: &str, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
-        let tok = self.tokenizer.clone();
-        let chat = self.chat.clone();
-        self.pool
-            .run(tenant, move || match prompt {
-                Prompt::Chat { prompt, media } => {
-                    let ids = tok.encode(&render_paired(&chat, &prompt, &media)?);
-                    vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
-                }
-                Prompt::Text(t) => Ok(tok.encode(&t)),
-                Prompt::TokenIds(ids) => Ok(ids),
-            })
-            .await?
-    }
 }
 
 #[cfg(test)]

@@ -21,9 +21,11 @@ pub mod live;
 
 pub use live::{LiveConfig, Snapshot};
 
+use crate::admission::Admission;
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::gateway::Gateway;
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -67,7 +69,21 @@ impl From<ReloadError> for ApiError {
     }
 }
 
-impl Gateway {
+/// What a reload changes: the config in force, the buckets of the tenants it changes or
+/// removes, the backends' sizing; and where it is counted.
+#[derive(Debug)]
+pub struct Reloader {
+    /// The config in force.
+    pub live: Arc<LiveConfig>,
+    /// The buckets.
+    pub limiter: Limiter,
+    /// The KV ledgers.
+    pub admission: Admission,
+    /// Where reloads and removed tenants are counted.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Reloader {
     /// Reads the config file again and applies it (see the module docs); logs and counts the
     /// result either way.
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
