@@ -19,7 +19,7 @@ use subtle::ConstantTimeEq;
 const ADMIN_TOKEN: BearerKind = BearerKind {
     name: "admin token",
     placeholder: "TOKEN",
-    refuse: ApiError::admin_unauthorized,
+    code: crate::error::ErrorCode::InvalidAdminToken,
 };
 
 /// Paths open without the admin token, so orchestrators' probes need no secret.

@@ -7,7 +7,7 @@
 use crate::admission::Priority;
 use crate::config::{TenantConfig, ValidConfig};
 use crate::digest::hash_key;
-use crate::error::ApiError;
+use crate::error::ErrorCode;
 use crate::limiter::{BucketSpec, TenantLimits};
 use crate::metrics::TenantMetrics;
 use http::HeaderMap;
@@ -123,32 +123,46 @@ impl Drop for InFlightPlace {
     }
 }
 
-/// What a bearer credential is called in a refusal, and which 401 refuses it.
+/// What a bearer credential is called in a refusal, and the code of the 401 that refuses it.
 #[derive(Debug)]
 pub struct BearerKind {
     /// Its name in messages (`API key`).
     pub name: &'static str,
     /// The placeholder in `Authorization: Bearer KEY`.
     pub placeholder: &'static str,
-    /// Builds the 401.
-    pub refuse: fn(String) -> ApiError,
+    /// The 401's code.
+    pub code: ErrorCode,
+}
+
+/// A credential refused: a 401 with this code and message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Unauthenticated {
+    /// `invalid_api_key` or `invalid_admin_token`.
+    pub code: ErrorCode,
+    /// What is wrong with the credential.
+    pub message: String,
 }
 
 /// A tenant's API key.
 pub const API_KEY: BearerKind = BearerKind {
     name: "API key",
     placeholder: "KEY",
-    refuse: ApiError::unauthorized,
+    code: ErrorCode::InvalidApiKey,
 };
 
 /// The credential in `Authorization: Bearer CREDENTIAL`, or the 401 of `kind` saying what is
 /// wrong with the header.
-pub fn bearer<'h>(headers: &'h HeaderMap, kind: &BearerKind) -> Result<&'h str, ApiError> {
+pub fn bearer<'h>(headers: &'h HeaderMap, kind: &BearerKind) -> Result<&'h str, Unauthenticated> {
     let BearerKind {
         name,
         placeholder,
-        refuse,
+        code,
     } = kind;
+    let refuse = |message: String| Unauthenticated {
+        code: *code,
+        message,
+    };
     let value = headers
         .get(http::header::AUTHORIZATION)
         .ok_or_else(|| {
@@ -239,7 +253,7 @@ impl TenantDirectory {
     }
 
     /// The tenant whose key is in `Authorization: Bearer KEY`, or 401.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, ApiError> {
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, Unauthenticated> {
         let key = bearer(headers, &API_KEY)?;
         let digest = hash_key(key);
         // The candidates share the digest's first 8 bytes; each is compared whole in constant
@@ -253,7 +267,10 @@ impl TenantDirectory {
         self.tenants
             .get(found)
             .cloned()
-            .ok_or_else(|| ApiError::unauthorized("incorrect API key provided"))
+            .ok_or_else(|| Unauthenticated {
+                code: ErrorCode::InvalidApiKey,
+                message: "incorrect API key provided".to_string(),
+            })
     }
 }
 
@@ -312,16 +329,13 @@ mod tests {
         let dir = TenantDirectory::from_config(&cfg.validated().unwrap());
         assert_eq!(dir.authenticate(&bearer("sk-alice")).unwrap().name, "alice");
         assert_eq!(dir.authenticate(&bearer("sk-bob")).unwrap().name, "bob");
-        let e = dir.authenticate(&bearer("sk-carol")).unwrap_err();
+        let e = crate::error::ApiError::from(dir.authenticate(&bearer("sk-carol")).unwrap_err());
         assert_eq!(
-            (e.status.as_u16(), e.code),
-            (401, crate::error::ErrorCode::InvalidApiKey)
+            (e.status.as_u16(), e.code, e.message.as_str()),
+            (401, ErrorCode::InvalidApiKey, "incorrect API key provided")
         );
-        let e = dir.authenticate(&HeaderMap::new()).unwrap_err();
-        assert_eq!(
-            (e.status.as_u16(), e.code),
-            (401, crate::error::ErrorCode::InvalidApiKey)
-        );
+        let e = crate::error::ApiError::from(dir.authenticate(&HeaderMap::new()).unwrap_err());
+        assert_eq!((e.status.as_u16(), e.code), (401, ErrorCode::InvalidApiKey));
     }
 
     #[test]

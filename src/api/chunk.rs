@@ -4,25 +4,6 @@
 use super::route::Wire;
 use super::{mindie, sse};
 
-impl Wire {
-    /// Reads `json`, a whole answer, in this format, as far as metering needs.
-    pub fn chunk(self, json: &[u8]) -> Chunk<'_> {
-        match self {
-            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
-            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
-        }
-    }
-
-    /// [`Wire::chunk`] of a stream event's [`sse::data`] (text, so not checked for UTF-8 again),
-    /// with what the stream's events begin with (an OpenAI stream's head is read once).
-    pub fn event<'a>(self, data: &'a str, head: &mut sse::EventHead) -> Chunk<'a> {
-        match self {
-            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
-            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
-        }
-    }
-}
-
 /// A whole answer or one stream event in its wire's format, as metering reads it.
 #[derive(Debug)]
 pub enum Chunk<'a> {
@@ -32,7 +13,24 @@ pub enum Chunk<'a> {
     Tgi(mindie::Chunk<'a>),
 }
 
-impl Chunk<'_> {
+impl<'a> Chunk<'a> {
+    /// Reads `json`, a whole answer, in `wire`'s format, as far as metering needs.
+    pub fn of(wire: Wire, json: &'a [u8]) -> Self {
+        match wire {
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
+            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
+        }
+    }
+
+    /// [`Chunk::of`] a stream event's [`sse::data`] (text, so not checked for UTF-8 again),
+    /// with what the stream's events begin with (an OpenAI stream's head is read once).
+    pub fn of_event(wire: Wire, data: &'a str, head: &mut sse::EventHead) -> Self {
+        match wire {
+            Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
+            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
+        }
+    }
+
     /// The backend's count of the tokens generated: OpenAI's `usage.completion_tokens`, TGI's
     /// `details.generated_tokens`.
     pub fn completion_tokens(&self) -> Option<u64> {

@@ -12,6 +12,8 @@ pub use code::ErrorCode;
 use crate::admission::{AdmitError, ClassRefused, ClassShares, PRIORITY_HEADER};
 use crate::api::route::Wire;
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
+use crate::reload::ReloadError;
+use crate::tenant::Unauthenticated;
 use crate::tokenize::chat::TemplateError;
 use crate::tokenize::pool::PoolError;
 use crate::util::bounded::ReadError;
@@ -537,6 +539,25 @@ impl From<NotAdmitted> for ApiError {
                 queue_deadline,
             ),
         }
+    }
+}
+
+impl From<ReloadError> for ApiError {
+    /// 422 `invalid_config` for a file that does not load; 409 `restart_required` otherwise.
+    fn from(e: ReloadError) -> Self {
+        match e {
+            ReloadError::Invalid(_) => ApiError::invalid_config(e.to_string()),
+            ReloadError::NoFile | ReloadError::NeedsRestart(_) => {
+                ApiError::restart_required(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<Unauthenticated> for ApiError {
+    /// 401 with the credential's code (`invalid_api_key`, `invalid_admin_token`).
+    fn from(e: Unauthenticated) -> Self {
+        ApiError::new(e.code, e.message)
     }
 }
 

@@ -99,6 +99,7 @@ where
             .current()
             .tenants
             .authenticate(req.headers())
+            .map_err(ApiError::from)
             .map(|tenant| {
                 let class = tenant
                     .priority

@@ -536,6 +536,37 @@ impl TenantState {
 }
 
 /// Limits and costs shared by the limiter room's tests.
+/// OpenAI's `x-ratelimit-*` set: sent with a 429, and with every answer the gateway charged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimitHeaders {
+    /// Decode bucket capacity (tokens).
+    pub limit_tokens: u64,
+    /// Decode tokens available now.
+    pub remaining_tokens: u64,
+    /// Time until the decode bucket is full again.
+    pub reset_tokens: Duration,
+    /// Request bucket capacity.
+    pub limit_requests: u64,
+    /// Requests available now.
+    pub remaining_requests: u64,
+    /// Time until the request bucket is full again.
+    pub reset_requests: Duration,
+}
+
+impl TenantSnapshot {
+    /// The `x-ratelimit-*` headers: tokens are the decode bucket, requests the request bucket.
+    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
+        RateLimitHeaders {
+            limit_tokens: self.decode.capacity.floor() as u64,
+            remaining_tokens: self.decode.available.floor() as u64,
+            reset_tokens: self.decode.time_to_full,
+            limit_requests: self.requests.capacity.floor() as u64,
+            remaining_requests: self.requests.available.floor() as u64,
+            reset_requests: self.requests.time_to_full,
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;

@@ -229,7 +229,7 @@ impl Admitted {
 
     /// A complete non-streamed answer.
     pub fn finish_json(mut self, body: &[u8]) {
-        let answer = self.counter.wire.chunk(body);
+        let answer = Chunk::of(self.counter.wire, body);
         self.observe(&answer);
         if answer.answer().is_none() {
             self.reply = None;
@@ -499,7 +499,7 @@ fn filter(
     let mut out = BytesMut::with_capacity(split.events.iter().map(Bytes::len).sum());
     for event in split.events {
         let data = sse::data(&event);
-        let chunk = wire.event(&data, head);
+        let chunk = Chunk::of_event(wire, &data, head);
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk);
         }

@@ -23,7 +23,6 @@ pub use live::{LiveConfig, Snapshot};
 
 use crate::admission::Admission;
 use crate::config::Config;
-use crate::error::ApiError;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use serde::Serialize;
@@ -56,17 +55,6 @@ pub enum ReloadError {
     /// The file changes settings only a restart applies.
     #[error("the config file was not applied: {} changed, which only a restart applies (a reload applies tenants, workload and the backends' kv_capacity_bytes, max_batch and capacity-model inputs)", .0.join(", "))]
     NeedsRestart(Vec<String>),
-}
-
-impl From<ReloadError> for ApiError {
-    fn from(e: ReloadError) -> Self {
-        match e {
-            ReloadError::Invalid(_) => ApiError::invalid_config(e.to_string()),
-            ReloadError::NoFile | ReloadError::NeedsRestart(_) => {
-                ApiError::restart_required(e.to_string())
-            }
-        }
-    }
 }
 
 /// What a reload changes: the config in force, the buckets of the tenants it changes or
