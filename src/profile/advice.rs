@@ -3,76 +3,15 @@
 //! every figure that differs by more than [`DISAGREEMENT`] is flagged with the config field and
 //! the value the profile implies. Pure: the profile and the config in, the advice out.
 
-use super::Stats;
+use super::report::{Advice, BackendAdvice, Flag, Sizing, Stats};
 use crate::capacity::{derive_backend, sequence_footprint_bytes, Workload};
 use crate::config::Config;
-use serde::{Deserialize, Serialize};
 
 /// A configured figure more than this fraction off the one the profile implies is flagged.
 pub const DISAGREEMENT: f64 = 0.20;
 
 /// Answered requests the window needs before its lengths are trusted to size anything.
 pub const MIN_ANSWERED: u64 = 20;
-
-/// One backend's sizing: the batch ceilings and the token rates.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Sizing {
-    /// Mean prompt tokens sized for.
-    pub avg_input_tokens: u64,
-    /// Mean output tokens sized for.
-    pub avg_output_tokens: u64,
-    /// Sequences of that size the backend's cache holds (KV + state).
-    pub kv_safe_batch: u64,
-    /// Largest batch whose predicted TPOT meets the SLO (capacity-model backends only).
-    pub tpot_slo_batch: Option<u64>,
-    /// The batch cap: configured (`max_batch`), or the safe batch the profile implies.
-    pub max_batch: u64,
-    /// Sustainable prefill tokens/s (capacity-model backends only).
-    pub prefill_tokens_per_second: Option<f64>,
-    /// Sustainable decode tokens/s (capacity-model backends only).
-    pub decode_tokens_per_second: Option<f64>,
-}
-
-/// A config value the profile disagrees with.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Flag {
-    /// The config field, as written in the file (`workload.avg_output_tokens`).
-    pub field: String,
-    /// Its value.
-    pub configured: f64,
-    /// The value the profile implies.
-    pub implied: f64,
-    /// What it means, in words and numbers.
-    pub message: String,
-}
-
-/// The advice for one backend.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct BackendAdvice {
-    /// Backend URL.
-    pub backend: String,
-    /// What the config gives.
-    pub configured: Sizing,
-    /// What the observed lengths imply.
-    pub implied: Sizing,
-    /// The fields off by more than 20%.
-    pub flags: Vec<Flag>,
-}
-
-/// The advice part of `/admin/profile`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Advice {
-    /// Answered requests in the window the observed lengths come from.
-    pub answered: u64,
-    /// Observed mean prompt tokens (the model's `avg_input`).
-    pub observed_avg_input_tokens: Option<f64>,
-    /// Observed mean output tokens (the model's `avg_output`).
-    pub observed_avg_output_tokens: Option<f64>,
-    /// Per backend, in config order (empty when the window has too few answers).
-    pub backends: Vec<BackendAdvice>,
-    /// Why there is no advice, when there is none.
-    pub note: Option<String>,
-}
 
 /// Whether `configured` is more than [`DISAGREEMENT`] off `implied`.
 fn disagrees(configured: f64, implied: f64) -> bool {

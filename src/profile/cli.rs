@@ -1,7 +1,7 @@
 //! `tokengate profile --admin URL [--json] [--since-start]`: reads `GET /admin/profile` and
 //! prints it as a table (or the JSON as the gateway sent it).
 
-use super::advice::Advice;
+use super::report::Advice;
 use super::{ProfileReport, Quantiles, Stats};
 use crate::admin_client::AdminArgs;
 use std::fmt::Write;

@@ -29,8 +29,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-pub use cli::{run_sim, SimArgs};
-
 /// Failures the simulated backend injects on purpose, for the gateway's tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Faults {

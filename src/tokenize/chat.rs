@@ -10,8 +10,6 @@ pub mod pyfmt;
 mod qwen35;
 mod vllm;
 
-pub use vllm::ChatRoute;
-
 use super::TokenCount;
 use memchr::memmem;
 use serde::Deserialize;
@@ -103,6 +101,17 @@ impl ChatPrompt {
         }
         Ok(())
     }
+}
+
+/// The vLLM route a chat came to: the two read `reasoning_content` differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatRoute {
+    /// `POST /v1/chat/completions`: the request model renames a message's
+    /// `reasoning_content` to `reasoning` (when `reasoning` is unset), which is rendered.
+    ChatCompletions,
+    /// `POST /tokenize`: its request model has no such validator, so `reasoning_content` is
+    /// dropped with the message's other unknown keys (`reasoning` is rendered).
+    Tokenize,
 }
 
 /// Why a conversation could not be rendered. The gateway answers it with a 400.

@@ -4,19 +4,8 @@
 //! models), done here before either renderer, so the gateway renders the prompt the engine
 //! renders rather than the one the client wrote. Each rule names the vLLM code it follows.
 
-use super::{ChatPrompt, TemplateError};
+use super::{ChatPrompt, ChatRoute, TemplateError};
 use serde_json::{Map, Value};
-
-/// The vLLM route a chat came to: the two read `reasoning_content` differently.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChatRoute {
-    /// `POST /v1/chat/completions`: the request model renames a message's
-    /// `reasoning_content` to `reasoning` (when `reasoning` is unset), which is rendered.
-    ChatCompletions,
-    /// `POST /tokenize`: its request model has no such validator, so `reasoning_content` is
-    /// dropped with the message's other unknown keys (`reasoning` is rendered).
-    Tokenize,
-}
 
 /// The separator vLLM's `_consolidate_system_messages` joins system messages with.
 const SYSTEM_SEPARATOR: &str = "\n\n";
