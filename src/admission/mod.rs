@@ -11,14 +11,15 @@
 //! shedding) stays here, the same one, and decides on the totals of every replica.
 
 pub mod ledger;
+mod ledger_store;
 pub mod priority;
 pub mod queue;
 pub mod shared;
 
 pub use ledger::{ClassShares, ClassSnapshot, KvLedger};
+pub use ledger_store::{LedgerStore, SharedSnapshot};
 pub use priority::{ClassRefused, Priority, PRIORITY_HEADER};
 pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
-pub use shared::{LedgerStore, SharedSnapshot};
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -188,7 +189,7 @@ struct State {
     queue: FairQueue,
     pending: HashMap<WaiterId, Pending>,
     /// With a shared ledger, this replica's leases.
-    replica: Option<shared::ReplicaState>,
+    replica: Option<ledger_store::ReplicaState>,
 }
 
 struct Shared {
@@ -196,7 +197,7 @@ struct Shared {
     queue: QueueSpec,
     state: Mutex<State>,
     /// With a shared ledger, the way to it.
-    link: Option<shared::Link>,
+    link: Option<ledger_store::Link>,
 }
 
 impl Shared {
@@ -365,7 +366,7 @@ impl Admission {
     fn build(
         backends: Vec<BackendSpec>,
         queue: QueueSpec,
-        shared: Option<(shared::Link, shared::ReplicaState)>,
+        shared: Option<(ledger_store::Link, ledger_store::ReplicaState)>,
     ) -> Self {
         let ledgers = backends
             .iter()
