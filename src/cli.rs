@@ -102,7 +102,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { config } => {
             let cfg = Config::load(&config)?;
-            for line in crate::config::describe(&cfg).lines() {
+            for line in crate::config::describe::describe(&cfg).lines() {
                 tracing::info!("{line}");
             }
             runtime()?.block_on(async move {
@@ -114,7 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig { config } => {
             let cfg = Config::load(&config)?;
             println!("{}: ok", config.display());
-            print!("{}", crate::config::describe(&cfg));
+            print!("{}", crate::config::describe::describe(&cfg));
             Ok(())
         }
         Command::Tokenizer {

@@ -12,7 +12,8 @@
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use tokengate::capacity::HardwareProfile;
-use tokengate::config::{describe, Config, ValidConfig};
+use tokengate::config::describe::describe;
+use tokengate::config::{Config, ValidConfig};
 use tokengate::tenant::TenantDirectory;
 use toml::{Table, Value};
 

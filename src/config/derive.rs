@@ -1,0 +1,104 @@
+//! What the capacity model fills in of a config: backends' KV capacity and batch cap from
+//! `hardware` + `model`, tenants' rates from `share` (values given by hand win).
+
+use super::Config;
+use crate::capacity::{
+    derive_backend, tenant_rates, CapacityInputs, DerivedBackend, EfficiencyOverrides, Workload,
+};
+use anyhow::bail;
+
+impl Config {
+    /// Fills in what the capacity model derives: backends' KV capacity and batch cap from
+    /// `hardware` + `model`, tenants' rates from `share`. Values given by hand win.
+    pub(super) fn derive_capacity(&mut self) -> anyhow::Result<()> {
+        let workload = Workload {
+            avg_input: self.workload.avg_input_tokens,
+            avg_output: self.workload.avg_output_tokens,
+        };
+        for (i, b) in self.backends.iter_mut().enumerate() {
+            let at = format!("backends[{i}]");
+            let (hardware, model) = match (&b.hardware, &b.model) {
+                (None, None) => continue,
+                (Some(h), Some(m)) => (h, m),
+                _ => bail!("{at}: capacity-model sizing needs both `hardware` and `model`"),
+            };
+            let mut inputs =
+                CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
+                    .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            inputs.tp = b.tp;
+            inputs.replicas = b.replicas;
+            inputs.block_tokens = self.model.block_tokens;
+            inputs.efficiency = EfficiencyOverrides {
+                uniform: b.efficiency,
+                weights: b.weight_efficiency,
+                cache: b.cache_efficiency,
+                compute: b.compute_efficiency,
+            }
+            .resolve();
+            if let Some(ms) = b.tpot_slo_ms {
+                inputs.tpot_slo_seconds = ms / 1000.0;
+            }
+            inputs.engine_max_batch = b.engine_max_batch;
+            inputs
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            let derived = derive_backend(&inputs, workload);
+            if derived.kv_bytes_per_token != self.model.kv_bytes_per_token
+                || derived.state_bytes_per_sequence != self.model.state_bytes_per_sequence
+            {
+                bail!(
+                    "{at}: model profile `{model}` has {} KV bytes/token and {} state bytes/sequence, but [model] says {} and {}: make them agree",
+                    derived.kv_bytes_per_token,
+                    derived.state_bytes_per_sequence,
+                    self.model.kv_bytes_per_token,
+                    self.model.state_bytes_per_sequence
+                );
+            }
+            if derived.max_batch == 0 {
+                bail!(
+                    "{at}: no batch of the declared workload ({} + {} tokens) is safe (bound: {}): {}",
+                    workload.avg_input,
+                    workload.avg_output,
+                    derived.per_replica.bottleneck.label(),
+                    derived.explanation
+                );
+            }
+            if b.kv_capacity_bytes == 0 {
+                b.kv_capacity_bytes = derived.kv_capacity_bytes;
+            }
+            if b.max_batch == 0 {
+                b.max_batch = u32::try_from(derived.max_batch).unwrap_or(u32::MAX);
+            }
+            b.derived = Some(derived);
+        }
+        let derived: Vec<DerivedBackend> = self
+            .backends
+            .iter()
+            .filter_map(|b| b.derived.clone())
+            .collect();
+        for (i, t) in self.tenants.iter_mut().enumerate() {
+            let Some(share) = t.share else { continue };
+            let at = format!("tenants[{i}] ({})", t.name);
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                bail!("{at}.share must be in (0, 1], got {share}");
+            }
+            if t.prefill_tokens_per_second != 0.0 || t.decode_tokens_per_second != 0.0 {
+                bail!("{at}: give `share` or token rates, not both");
+            }
+            if derived.len() != self.backends.len() {
+                bail!("{at}.share needs every backend sized by the capacity model (`hardware` and `model`)");
+            }
+            let (prefill, decode) = tenant_rates(share, &derived);
+            t.prefill_tokens_per_second = prefill;
+            t.decode_tokens_per_second = decode;
+            if t.requests_per_second == 0.0 {
+                let qps: f64 = derived
+                    .iter()
+                    .map(|d| d.per_replica.qps * f64::from(d.replicas))
+                    .sum();
+                t.requests_per_second = share * qps;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! A human summary of what a config sets up.
+
+use super::ValidConfig;
+use crate::capacity::{derived_table, DerivedBackend};
+
+/// A human summary of what a config sets up (printed by `check-config` and at startup).
+pub fn describe(cfg: &ValidConfig) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "listen {} ({} workers; admin {}{}); model {} (max_model_len {}, default_max_tokens {})",
+        cfg.server.listen,
+        cfg.server.workers(),
+        cfg.server.admin_listen,
+        if cfg.admin_token_digest().is_some() {
+            ", token required"
+        } else {
+            ""
+        },
+        cfg.model.served_names.join(", "),
+        cfg.model.max_model_len,
+        cfg.model.default_max_tokens
+    );
+    let l = &cfg.limiter;
+    if l.store == crate::limiter::config::StoreKind::Redis {
+        let _ = writeln!(
+            s,
+            "limiter store redis: on_store_error {:?}, marked down after {} failures in a row, tried again every {}",
+            l.on_store_error,
+            l.failures_before_down,
+            humantime::format_duration(l.retry_interval)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "limiter: a prompt token the backend's prefix cache held is charged {} of a token (cached_prefill_weight)",
+        cfg.limiter.cached_prefill_weight
+    );
+    let server = &cfg.server;
+    let _ = writeln!(
+        s,
+        "client connections: at most {}; first request head within {}, idle {}, a stalled answer dropped after {}",
+        server.max_connections,
+        humantime::format_duration(server.header_read_timeout),
+        humantime::format_duration(server.idle_timeout),
+        humantime::format_duration(server.client_write_timeout),
+    );
+    let _ = match &cfg.vision_rules {
+        v if v.enabled => writeln!(
+            s,
+            "vision: images and video, at most {} of each per request",
+            v.max_media_per_request
+        ),
+        _ => writeln!(s, "vision: off (text only)"),
+    };
+    for b in &cfg.backends {
+        let _ = writeln!(
+            s,
+            "backend {}: kv_capacity_bytes {} ({:.2} GB), max_batch {}",
+            b.url,
+            b.kv_capacity_bytes,
+            b.kv_capacity_bytes as f64 / 1e9,
+            b.max_batch
+        );
+    }
+    let derived: Vec<(&str, &DerivedBackend)> = cfg
+        .backends
+        .iter()
+        .filter_map(|b| b.derived.as_ref().map(|d| (b.url.as_str(), d)))
+        .collect();
+    if !derived.is_empty() {
+        s.push_str(&derived_table(&derived));
+    }
+    for t in &cfg.tenants {
+        let _ = writeln!(
+            s,
+            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}{}{}",
+            t.name,
+            t.prefill_tokens_per_second,
+            t.decode_tokens_per_second,
+            t.requests_per_second,
+            t.burst_seconds,
+            t.share
+                .map(|x| format!(" (share {x} of the derived capacity)"))
+                .unwrap_or_default(),
+            (t.max_inflight.map(|n| format!(", max_inflight {n}"))).unwrap_or_default(),
+            (t.max_queued.map(|n| format!(", max_queued {n}"))).unwrap_or_default()
+        );
+    }
+    s
+}

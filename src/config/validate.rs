@@ -1,0 +1,257 @@
+//! The cross-field checks of a config (each message names the field) and the resolution of
+//! its relative paths.
+
+use super::{BackendBase, Config};
+use crate::digest::{example_secret, hash_key, parse_sha256_hex};
+use anyhow::{bail, Context};
+use std::path::Path;
+
+impl Config {
+    pub(super) fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_path_buf()
+            } else {
+                base.join(p)
+            }
+        };
+        self.tokenizer.path = resolve(&self.tokenizer.path);
+        for path in [
+            &mut self.tokenizer.chat_template,
+            &mut self.vision.preprocessor_config,
+            &mut self.vision.video_preprocessor_config,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *path = resolve(path);
+        }
+        for tls in self.backends.iter_mut().filter_map(|b| b.tls.as_mut()) {
+            tls.ca_file = resolve(&tls.ca_file);
+            for path in [&mut tls.cert_file, &mut tls.key_file]
+                .into_iter()
+                .flatten()
+            {
+                *path = resolve(path);
+            }
+        }
+    }
+
+    /// Checks the sections before `[tenants]`; the backends' addresses.
+    pub(super) fn check_model_and_backends(&self) -> anyhow::Result<Vec<BackendBase>> {
+        if self.tokenizer.workers == 0 {
+            bail!("tokenizer.workers must be at least 1");
+        }
+        if self.model.served_names.is_empty() {
+            bail!("model.served_names must name at least one model");
+        }
+        if self.model.max_model_len == 0 {
+            bail!("model.max_model_len must be at least 1");
+        }
+        if self.model.default_max_tokens == 0
+            || self.model.default_max_tokens >= self.model.max_model_len
+        {
+            bail!(
+                "model.default_max_tokens must be between 1 and model.max_model_len - 1 ({})",
+                self.model.max_model_len - 1
+            );
+        }
+        if self.model.block_tokens == 0 {
+            bail!("model.block_tokens must be at least 1");
+        }
+        if self.model.kv_bytes_per_token == 0 {
+            bail!("model.kv_bytes_per_token must be positive");
+        }
+        if self.admission.queue_deadline.is_zero() {
+            bail!("admission.queue_deadline must be positive");
+        }
+        for (field, share) in [
+            ("standard_share", self.admission.standard_share),
+            ("sheddable_share", self.admission.sheddable_share),
+        ] {
+            // At least one per mille: the ledger counts shares in per mille.
+            if !(0.001..=1.0).contains(&share) {
+                bail!("admission.{field} must be between 0.001 and 1 (a share of each backend's KV capacity and batch), got {share}");
+            }
+        }
+        self.limiter.validate()?;
+        if self.backends.is_empty() {
+            bail!("backends: at least one backend is needed");
+        }
+        let mut bases = Vec::with_capacity(self.backends.len());
+        for (i, b) in self.backends.iter().enumerate() {
+            let at = format!("backends[{i}]");
+            let uri: http::Uri = b
+                .url
+                .parse()
+                .with_context(|| format!("{at}.url `{}` is not a URL", b.url))?;
+            let http::uri::Parts {
+                scheme, authority, ..
+            } = uri.into_parts();
+            let (Some(scheme), Some(authority)) = (scheme, authority) else {
+                bail!(
+                    "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",
+                    b.url
+                )
+            };
+            match (scheme.as_str(), &b.tls) {
+                ("http", None) => {}
+                ("http", Some(_)) => {
+                    bail!(
+                        "{at}.tls is set, but {at}.url `{}` is http: make it https",
+                        b.url
+                    )
+                }
+                ("https", None) => bail!(
+                    "{at}.url `{}` is https: {at}.tls must name at least its ca_file",
+                    b.url
+                ),
+                ("https", Some(tls)) => {
+                    crate::tls::client_config(Some(tls)).with_context(|| format!("{at}.tls"))?;
+                }
+                _ => bail!(
+                    "{at}.url `{}` must be http://HOST:PORT or https://HOST:PORT",
+                    b.url
+                ),
+            }
+            for (field, t) in [
+                ("first_byte_timeout", b.first_byte_timeout),
+                ("stream_idle_timeout", b.stream_idle_timeout),
+                ("body_read_timeout", b.body_read_timeout),
+                ("health_timeout", b.health_timeout),
+            ] {
+                if t.is_zero() {
+                    bail!("{at}.{field} must be positive");
+                }
+            }
+            for (field, n) in [
+                ("max_response_bytes", b.max_response_bytes),
+                ("max_event_bytes", b.max_event_bytes),
+            ] {
+                if n == 0 {
+                    bail!("{at}.{field} must be at least 1");
+                }
+            }
+            if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
+                bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
+            }
+            b.feedback.check(&at)?;
+            bases.push(BackendBase { scheme, authority });
+        }
+        Ok(bases)
+    }
+
+    /// Refuses the secrets `deploy/` ships as examples ([`crate::digest::EXAMPLE_SECRETS`]) when
+    /// a listener is beyond loopback: whoever reads the repository would hold the key.
+    pub(super) fn refuse_example_secrets(
+        &self,
+        admin_token: Option<&[u8; 32]>,
+        keys: &[Vec<[u8; 32]>],
+    ) -> anyhow::Result<()> {
+        let s = &self.server;
+        let Some((field, open)) = [("listen", s.listen), ("admin_listen", s.admin_listen)]
+            .into_iter()
+            .find(|(_, addr)| !addr.ip().is_loopback())
+        else {
+            return Ok(());
+        };
+        let refusal = |what: String, example: &crate::digest::ExampleSecret| {
+            anyhow::anyhow!(
+                "{what} is the example `{}` shipped in {} and server.{field} {open} is not a loopback address: anyone who has read that file holds it; edit {} to set a secret of your own",
+                example.clear,
+                example.file,
+                example.file
+            )
+        };
+        if let Some(example) = admin_token.and_then(example_secret) {
+            let name = match s.admin_token {
+                Some(_) => "server.admin_token",
+                None => "server.admin_token_sha256",
+            };
+            return Err(refusal(name.to_string(), example));
+        }
+        for ((i, t), digests) in self.tenants.iter().enumerate().zip(keys) {
+            // `digests` holds the `api_keys` hashed, then the `api_key_sha256` parsed.
+            if let Some((at, example)) =
+                (digests.iter().enumerate()).find_map(|(k, d)| example_secret(d).map(|e| (k, e)))
+            {
+                let list = if at < t.api_keys.len() {
+                    "api_keys"
+                } else {
+                    "api_key_sha256"
+                };
+                return Err(refusal(
+                    format!("tenants[{i}] ({}).{list}", t.name),
+                    example,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `[[tenants]]`; the digests of each tenant's keys.
+    pub(super) fn check_tenants(&self) -> anyhow::Result<Vec<Vec<[u8; 32]>>> {
+        if self.tenants.is_empty() {
+            bail!("tenants: at least one tenant is needed");
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut keys = std::collections::HashSet::new();
+        let mut digests = Vec::with_capacity(self.tenants.len());
+        for (i, t) in self.tenants.iter().enumerate() {
+            let at = format!("tenants[{i}] ({})", t.name);
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                bail!("tenants[{i}].name must be non-empty and unique");
+            }
+            if t.api_keys.is_empty() && t.api_key_sha256.is_empty() {
+                bail!("{at}: give api_keys or api_key_sha256");
+            }
+            let mut own = Vec::with_capacity(t.api_keys.len() + t.api_key_sha256.len());
+            for k in &t.api_keys {
+                if k.is_empty() {
+                    bail!("{at}.api_keys: a key must not be empty");
+                }
+                let digest = hash_key(k);
+                if !keys.insert(digest) {
+                    bail!("{at}.api_keys: a key is used twice");
+                }
+                own.push(digest);
+            }
+            for h in &t.api_key_sha256 {
+                let Some(digest) = parse_sha256_hex(h) else {
+                    bail!("{at}.api_key_sha256: `{h}` is not 64 hex digits");
+                };
+                if !keys.insert(digest) {
+                    bail!("{at}.api_key_sha256: a key is used twice");
+                }
+                own.push(digest);
+            }
+            for (field, v) in [
+                ("prefill_tokens_per_second", t.prefill_tokens_per_second),
+                ("decode_tokens_per_second", t.decode_tokens_per_second),
+                ("requests_per_second", t.requests_per_second),
+                ("burst_seconds", t.burst_seconds),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    bail!("{at}.{field} must be a positive number, got {v}");
+                }
+            }
+            if t.max_inflight == Some(0) {
+                bail!("{at}.max_inflight must be at least 1 (leave it out for no cap)");
+            }
+            if t.requests_per_second * t.burst_seconds < 1.0 {
+                let derived = match t.share {
+                    Some(share) => format!(", derived from share {share}"),
+                    None => String::new(),
+                };
+                bail!(
+                    "{at}: requests_per_second ({}{derived}) x burst_seconds ({}) = {} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second",
+                    t.requests_per_second,
+                    t.burst_seconds,
+                    t.requests_per_second * t.burst_seconds
+                );
+            }
+            digests.push(own);
+        }
+        Ok(digests)
+    }
+}
