@@ -1,260 +1,29 @@
-//! Listeners, the tower stacks and graceful shutdown. The request path of DESIGN.md is written
-//! once, here: [`outer`] and [`route`] (steps 1-4: request id, panic -> 500, route) and
-//! [`generation_service`] (steps 5-11, one layer each: authenticate, count, charge, admit, then
-//! the leaf that forwards and meters; see [`crate::layers`] for what each leaves in the
-//! request's extensions).
+//! The listeners: binding, the accept loop and its backoff, the worker threads, connections
+//! and their limits, signals (reload, shutdown) and graceful shutdown. What each request goes
+//! through is [`path`]'s.
 
-use crate::admin;
-use crate::api::{Route, Wire};
-use crate::error::{Allow, ApiError};
 use crate::gateway::Gateway;
-use crate::layers::{AdmitLayer, AuthenticateLayer, ChargeLayer, CountLayer, KvGeometry};
 use crate::metrics::ListenerLabel;
-use crate::proxy::forward::Forward;
-use crate::proxy::{error_response, error_response_in, local, GatewayBody};
-use crate::request_id::RequestIds;
-use crate::request_id::REQUEST_ID;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::gauge::Gauge;
-use std::any::Any;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tower::{ServiceBuilder, ServiceExt};
-use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::request_id::PropagateRequestIdLayer;
-use tracing::Instrument;
 
 mod connection;
+pub mod path;
+
+pub use path::generation_service;
+use path::{admin_stack, main_stack};
 
 use connection::{Activity, ClientIo, Closed, Counted, Deadlines, Evictable};
-
-fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
-    tracing::error!(panic = %what, "handler panicked; its reservation and lease were released by their guards");
-    let e = ApiError::internal();
-    let (parts, _) = e
-        .to_response::<http_body_util::Full<bytes::Bytes>>()
-        .into_parts();
-    Response::from_parts(parts, e.body_json().to_string())
-}
-
-/// Steps 5-11 of a generation route (OpenAI's or MindIE's native ones), one layer per step in
-/// DESIGN.md's order; the [`Route`] is in the request's extensions.
-pub fn generation_service<B>(
-    gw: Arc<Gateway>,
-) -> impl tower::Service<
-    Request<B>,
-    Response = Response<GatewayBody>,
-    Error = ApiError,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static
-where
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let m = &gw.config.model;
-    let geometry = KvGeometry {
-        block_tokens: m.block_tokens,
-        kv_bytes_per_token: m.kv_bytes_per_token,
-        state_bytes_per_sequence: m.state_bytes_per_sequence,
-    };
-    let metrics = Some(gw.metrics.clone());
-    ServiceBuilder::new()
-        // 5. API key -> `Arc<Tenant>`; counts every refusal from here on under the tenant
-        .layer(
-            AuthenticateLayer::new(gw.live.clone())
-                .counting_outcomes(gw.recorder.clone(), gw.metrics.clone()),
-        )
-        // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
-        //      buckets cannot give even the least a request costs)
-        .layer(CountLayer::new(gw.counter.clone()))
-        // 8. charge the buckets (under the limits in force now): the request's `Ticket`,
-        //    recorded in the workload profile when it settles
-        .layer(
-            ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), metrics.clone())
-                .recording(gw.recorder.clone()),
-        )
-        // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
-        .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
-        // 10-11. forward to the leased backend; the metered answer owns the ticket
-        .service(Forward::new(gw.backends.clone()))
-}
-
-/// What answers one of the main listener's routes.
-trait Handler:
-    tower::Service<
-        Request<Incoming>,
-        Response = Response<GatewayBody>,
-        Error = ApiError,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + 'static
-{
-}
-
-impl<S> Handler for S where
-    S: tower::Service<
-            Request<Incoming>,
-            Response = Response<GatewayBody>,
-            Error = ApiError,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static
-{
-}
-
-/// The main listener's routes: generation through [`generation_service`]; `/tokenize` and
-/// `/v1/models` after authentication alone.
-#[derive(Clone)]
-struct Routes<G, T, M> {
-    generate: G,
-    tokenize: T,
-    models: M,
-}
-
-fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler, impl Handler> {
-    let (counter, upstreams) = (gw.counter.clone(), gw.backends.upstreams.clone());
-    Routes {
-        generate: generation_service(gw.clone()),
-        tokenize: ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.live.clone()))
-            .service_fn(move |req| local::tokenize(counter.clone(), req)),
-        models: ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.live.clone()))
-            .service_fn(move |req| local::models(upstreams.clone(), req)),
-    }
-}
-
-/// The method a path of the main listener answers, if it is one of its paths.
-fn allowed_method(path: &str) -> Option<Allow> {
-    match path {
-        _ if Route::from_path(path).is_some() => Some(Allow::Post),
-        "/tokenize" => Some(Allow::Post),
-        "/v1/models" => Some(Allow::Get),
-        _ => None,
-    }
-}
-
-/// Step 4: the route, and every refusal as a response in the route's shape.
-async fn route<G: Handler, T: Handler, M: Handler>(
-    routes: Routes<G, T, M>,
-    mut req: Request<Incoming>,
-) -> Response<GatewayBody> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let started = tokio::time::Instant::now();
-    let route = Route::from_path(&path);
-    let result = match allowed_method(&path) {
-        None => Err(ApiError::not_found(format!("no route {method} {path}"))),
-        Some(allow) if method.as_str() != allow.as_str() => {
-            Err(ApiError::method_not_allowed(&method, &path, allow))
-        }
-        Some(_) => match (route, path.as_str()) {
-            (Some(route), _) => {
-                req.extensions_mut().insert(route);
-                routes.generate.oneshot(req).await
-            }
-            (None, "/tokenize") => routes.tokenize.oneshot(req).await,
-            (None, _) => routes.models.oneshot(req).await,
-        },
-    };
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), message = %e.message, "refused");
-            // MindIE's native clients read TGI's error shape; everyone else OpenAI's.
-            let wire = route.map_or(Wire::OpenAi, Route::wire);
-            error_response_in(&e, wire)
-        }
-    };
-    tracing::debug!(
-        status = resp.status().as_u16(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "answered"
-    );
-    resp
-}
-
-/// Steps 1-2, every listener's outermost: every request gets an id (the client's when fit, see
-/// `request_id`), echoed in the response, and a panic becomes a 500 in OpenAI's shape (guards
-/// dropped while unwinding settle); then `serve` runs in the request's span (the listener, its
-/// id, method and path).
-fn outer<F, Fut, B>(
-    listener: &'static str,
-    serve: F,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<
-        impl http_body::Body<
-                Data = bytes::Bytes,
-                Error = impl Into<Box<dyn std::error::Error + Send + Sync>>,
-            > + Send
-            + 'static,
-    >,
-    Error = std::convert::Infallible,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static
-where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Response<B>> + Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    ServiceBuilder::new()
-        .map_request(|req: Request<Incoming>| RequestIds.assign(req))
-        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
-            REQUEST_ID,
-        )))
-        .layer(CatchPanicLayer::custom(panic_response))
-        .service_fn(move |req: Request<Incoming>| {
-            let rid = req
-                .headers()
-                .get(REQUEST_ID)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let span = tracing::info_span!("request", listener, id = %rid, method = %req.method(), path = %req.uri().path());
-            let answer = serve(req).instrument(span);
-            async move { Ok::<_, std::convert::Infallible>(answer.await) }
-        })
-}
-
-/// The admin listener's routes (under [`outer`], as the main listener's), every refusal in
-/// OpenAI's shape.
-fn admin_route(
-    gw: Arc<Gateway>,
-) -> impl Fn(Request<Incoming>) -> BoxFuture<'static, Response<GatewayBody>> + Clone + Send + 'static
-{
-    move |req| {
-        let gw = gw.clone();
-        Box::pin(async move {
-            match admin::route(&gw, req).await {
-                Ok(r) => r,
-                Err(e) => error_response(&e),
-            }
-        })
-    }
-}
 
 /// How long shutdown waits for the usage log to write its last lines.
 const USAGE_LOG_FLUSH: Duration = Duration::from_secs(5);
@@ -423,7 +192,7 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
         workers,
     )));
     let admin_serving = serving("admin", ADMIN_MAX_CONNECTIONS, true);
-    let here = Connections::new(outer("admin", admin_route(gw.clone())), &admin_serving);
+    let here = Connections::new(admin_stack(gw.clone()), &admin_serving);
     tasks.push(tokio::spawn(async move {
         accept_loop(admin, rx, admin_serving, &here).await;
         here.shut_down().await;
@@ -643,11 +412,7 @@ impl Workers {
         let mut tasks = Vec::new();
         for index in 1..=count.max(1) {
             let (handoff, mut connections) = mpsc::unbounded_channel();
-            // The whole stack, outermost first: steps 1-2 (`outer`), then 3-4, body limit and
-            // timeouts (in the layers that read bodies), and the route: the routes run steps
-            // 5-11 (see `generation_service`).
-            let routes = routes(gw.clone());
-            let stack = outer("main", move |req| route(routes.clone(), req));
+            let stack = main_stack(gw.clone());
             let here = Connections::new(stack, serving);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
