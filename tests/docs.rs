@@ -72,3 +72,26 @@ fn codes_in_reads_the_code_column() {
         ["invalid_request"]
     );
 }
+
+#[test]
+fn the_endpoint_list_names_every_route_of_the_main_listener_and_no_other() {
+    let text = readme();
+    let main = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Main listener:"))
+        .take_while(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(!main.is_empty(), "no \"Main listener:\" paragraph");
+    let documented: std::collections::BTreeSet<String> = main
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| w.starts_with("GET /") || w.starts_with("POST /"))
+        .map(str::to_string)
+        .collect();
+    let served: std::collections::BTreeSet<String> = tokengate::server::path::main_routes()
+        .map(|(path, method, _)| format!("{} {path}", method.as_str()))
+        .collect();
+    assert_eq!(documented, served);
+}

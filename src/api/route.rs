@@ -32,16 +32,6 @@ pub enum Native {
 }
 
 impl Native {
-    /// The native route at `path`, if it is one.
-    pub fn from_path(path: &str) -> Option<Native> {
-        match path {
-            "/infer" => Some(Native::Infer),
-            "/generate" => Some(Native::Generate),
-            "/generate_stream" => Some(Native::GenerateStream),
-            _ => None,
-        }
-    }
-
     /// Its path (the backend's too).
     pub fn path(self) -> &'static str {
         match self {
@@ -71,13 +61,18 @@ pub enum Route {
 }
 
 impl Route {
+    /// Every generation route, in the README's order.
+    pub const ALL: [Route; 5] = [
+        Route::OpenAi(Endpoint::Chat),
+        Route::OpenAi(Endpoint::Completions),
+        Route::MindIe(Native::Infer),
+        Route::MindIe(Native::Generate),
+        Route::MindIe(Native::GenerateStream),
+    ];
+
     /// The generation route at `path`, if it is one.
     pub fn from_path(path: &str) -> Option<Route> {
-        match path {
-            "/v1/chat/completions" => Some(Route::OpenAi(Endpoint::Chat)),
-            "/v1/completions" => Some(Route::OpenAi(Endpoint::Completions)),
-            _ => Native::from_path(path).map(Route::MindIe),
-        }
+        Route::ALL.into_iter().find(|r| r.path() == path)
     }
 
     /// The backend path: the same as the client's.

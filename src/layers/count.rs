@@ -461,7 +461,7 @@ mod tests {
                 svc.oneshot(req).await.expect("valid").into_body().0.decode
             }
         };
-        let native = |n| Route::MindIe(crate::api::Native::from_path(n).unwrap());
+        let native = |n| Route::from_path(n).unwrap();
         let generate = r#"{"inputs": "hi"}"#;
         assert_eq!(decode(native("/generate"), generate).await, 20);
         assert_eq!(decode(native("/generate_stream"), generate).await, 20);

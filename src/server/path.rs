@@ -129,14 +129,27 @@ fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler, impl Handler> 
     }
 }
 
-/// The method a path of the main listener answers, if it is one of its paths.
-fn allowed_method(path: &str) -> Option<Allow> {
-    match path {
-        _ if Route::from_path(path).is_some() => Some(Allow::Post),
-        "/tokenize" => Some(Allow::Post),
-        "/v1/models" => Some(Allow::Get),
-        _ => None,
-    }
+/// What answers a path of the main listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Steps 5-11 ([`generation_service`]) on this generation route.
+    Generate(Route),
+    /// `/tokenize`, answered here after authentication.
+    Tokenize,
+    /// `/v1/models`, from the backends after authentication.
+    Models,
+}
+
+/// The main listener's route table: each path, the one method it answers and what answers it.
+/// The router and a 405's `allow` read it; tests/docs.rs holds the README's list of endpoints
+/// against it.
+pub fn main_routes() -> impl Iterator<Item = (&'static str, Allow, Answer)> {
+    (Route::ALL.into_iter())
+        .map(|r| (r.path(), Allow::Post, Answer::Generate(r)))
+        .chain([
+            ("/tokenize", Allow::Post, Answer::Tokenize),
+            ("/v1/models", Allow::Get, Answer::Models),
+        ])
 }
 
 /// Step 4: the route, and every refusal as a response in the route's shape.
@@ -147,20 +160,22 @@ async fn route<G: Handler, T: Handler, M: Handler>(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let started = tokio::time::Instant::now();
-    let route = Route::from_path(&path);
-    let result = match allowed_method(&path) {
+    let found = main_routes().find(|(p, ..)| *p == path);
+    let route = match found {
+        Some((_, _, Answer::Generate(route))) => Some(route),
+        _ => None,
+    };
+    let result = match found {
         None => Err(ApiError::not_found(format!("no route {method} {path}"))),
-        Some(allow) if method.as_str() != allow.as_str() => {
+        Some((_, allow, _)) if method.as_str() != allow.as_str() => {
             Err(ApiError::method_not_allowed(&method, &path, allow))
         }
-        Some(_) => match (route, path.as_str()) {
-            (Some(route), _) => {
-                req.extensions_mut().insert(route);
-                routes.generate.oneshot(req).await
-            }
-            (None, "/tokenize") => routes.tokenize.oneshot(req).await,
-            (None, _) => routes.models.oneshot(req).await,
-        },
+        Some((_, _, Answer::Generate(route))) => {
+            req.extensions_mut().insert(route);
+            routes.generate.oneshot(req).await
+        }
+        Some((_, _, Answer::Tokenize)) => routes.tokenize.oneshot(req).await,
+        Some((_, _, Answer::Models)) => routes.models.oneshot(req).await,
     };
     let resp = match result {
         Ok(r) => r,
