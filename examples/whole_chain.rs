@@ -82,12 +82,7 @@ pub fn whole_chain(
     Error = ApiError,
     Future = impl Send,
 > + Clone {
-    let m = &gw.config.model;
-    let geometry = KvGeometry {
-        block_tokens: m.block_tokens,
-        kv_bytes_per_token: m.kv_bytes_per_token,
-        state_bytes_per_sequence: m.state_bytes_per_sequence,
-    };
+    let geometry = KvGeometry::from(&gw.config.model);
     ServiceBuilder::new()
         .layer(AuthenticateLayer::new(gw.live.clone()))
         .layer(CountLayer::new(gw.counter.clone()))

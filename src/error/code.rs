@@ -158,12 +158,6 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-impl serde::Serialize for ErrorCode {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

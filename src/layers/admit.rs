@@ -8,6 +8,7 @@
 use super::charge::TicketSlot;
 use crate::admission::{Admission, Need, Priority};
 use crate::capacity::sequence_footprint_bytes;
+use crate::config::ModelConfig;
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::Cost;
 use crate::metrics::Metrics;
@@ -28,6 +29,18 @@ pub struct KvGeometry {
     pub kv_bytes_per_token: u64,
     /// Fixed state per sequence (DeltaNet's), whatever its length.
     pub state_bytes_per_sequence: u64,
+}
+
+impl From<&ModelConfig> for KvGeometry {
+    /// The model's geometry as configured (`model.block_tokens`, `kv_bytes_per_token`,
+    /// `state_bytes_per_sequence`).
+    fn from(m: &ModelConfig) -> Self {
+        Self {
+            block_tokens: m.block_tokens,
+            kv_bytes_per_token: m.kv_bytes_per_token,
+            state_bytes_per_sequence: m.state_bytes_per_sequence,
+        }
+    }
 }
 
 impl KvGeometry {

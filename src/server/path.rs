@@ -54,12 +54,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let m = &gw.config.model;
-    let geometry = KvGeometry {
-        block_tokens: m.block_tokens,
-        kv_bytes_per_token: m.kv_bytes_per_token,
-        state_bytes_per_sequence: m.state_bytes_per_sequence,
-    };
+    let geometry = KvGeometry::from(&gw.config.model);
     let metrics = Some(gw.metrics.clone());
     ServiceBuilder::new()
         // 5. API key -> `Arc<Tenant>`; counts every refusal from here on under the tenant
