@@ -1,12 +1,13 @@
-//! tokengate's whole request path, steps 5-9, around a model server of your own: the API key
-//! names the tenant, the body is parsed and its prompt counted exactly with the Qwen3.5
+//! tokengate's whole request path, steps 3-9, around a model server of your own: the body is
+//! held to its size and time bounds, the request's outcome is recorded, the API key names the
+//! tenant, the body is parsed and its prompt counted exactly with the Qwen3.5
 //! tokenizer and chat template, the tenant's buckets are charged and the request's KV footprint
 //! is admitted, then your service answers instead of tokengate's proxy.
 //!
 //! `app::build` makes every part from a config, as `tokengate serve` does; each layer takes
 //! only its own part of it. Your service finds the parsed request (`GenerationRequest`) and its
 //! `Ticket` in the request's extensions and holds the ticket while it works: dropping it
-//! settles, giving back the output tokens not produced.
+//! settles, giving back the output tokens not produced, and writes the request's record.
 //!
 //! `cargo run --example whole_chain` sends a few requests through it in-process and prints the
 //! answers; `cargo test --example whole_chain` checks them. Both need the tokenizer that
@@ -24,7 +25,10 @@ use tokengate::config::Config;
 use tokengate::error::ApiError;
 use tokengate::gateway::Gateway;
 use tokengate::layers::TicketSlot;
-use tokengate::layers::{AdmitLayer, AuthenticateLayer, ChargeLayer, CountLayer, KvGeometry};
+use tokengate::layers::{
+    AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
+};
+use tokengate::metrics::Outcome;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// The gateway's config: one tenant, one backend (never called here: your service answers).
@@ -64,6 +68,8 @@ async fn my_model(req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, I
     let cost = ticket.cost();
     ticket.answered();
     ticket.record_output(cost.decode / 2);
+    // A complete answer (a ticket dropped unsettled counts as a client gone).
+    ticket.settle_as(Outcome::Ok);
     Ok(Response::new(Full::new(Bytes::from(format!(
         "{}: {} prompt tokens, {} output tokens reserved, {} generated",
         parsed.model,
@@ -73,7 +79,7 @@ async fn my_model(req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, I
     )))))
 }
 
-/// Steps 5-9 around `my_model`, each layer given its part of `gw`.
+/// Steps 3-9 around `my_model`, each layer given its part of `gw`.
 pub fn whole_chain(
     gw: &Gateway,
 ) -> impl Service<
@@ -83,7 +89,13 @@ pub fn whole_chain(
     Future = impl Send,
 > + Clone {
     let geometry = KvGeometry::from(&gw.config.model);
+    let server = &gw.config.server;
     ServiceBuilder::new()
+        .layer(BoundBodyLayer::new(
+            server.max_body_bytes,
+            server.body_read_timeout,
+        ))
+        .layer(RecordLayer::new(gw.recorder.clone(), gw.metrics.clone()))
         .layer(AuthenticateLayer::new(gw.live.clone()))
         .layer(CountLayer::new(gw.counter.clone()))
         .layer(ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), None))
@@ -210,5 +222,15 @@ mod tests {
             "request needs 2000 decode tokens; the tenant's decode burst is 1000"
         );
         assert_eq!(decode().await, 980.0);
+        // Each outcome counted once, by the record layer: the answer when its ticket went, the
+        // refusals with their codes, the unknown key's under no tenant.
+        let counted = gw.metrics.encode();
+        for line in [
+            r#"tokengate_requests_total{tenant="acme",outcome="ok"} 1"#,
+            r#"tokengate_requests_total{tenant="unknown",outcome="invalid_api_key"} 1"#,
+            r#"tokengate_requests_total{tenant="acme",outcome="exceeds_tenant_burst"} 1"#,
+        ] {
+            assert!(counted.contains(line), "{line} in {counted}");
+        }
     }
 }

@@ -66,7 +66,7 @@ pub async fn get_url(url: &str, timeout: Duration, bearer: Option<&str>) -> anyh
     let uri: http::Uri = url
         .parse()
         .with_context(|| format!("`{url}` is not a URL"))?;
-    crate::feedback::get_text(&uri, timeout, MAX_ANSWER_BYTES, bearer)
+    crate::util::get::get_text(&uri, timeout, MAX_ANSWER_BYTES, bearer)
         .await
         .map_err(|e| anyhow::anyhow!("{url}: {e}"))
 }

@@ -2,6 +2,8 @@
 //! same way (and tests can start many independent gateways in one process).
 
 use crate::admission::{Admission, BackendSpec, LedgerStore, QueueSpec};
+use crate::body::discard::Discarder;
+use crate::body::Bodies;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::ValidConfig;
 use crate::gateway::Gateway;
@@ -10,8 +12,6 @@ use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
-use crate::proxy::body::Bodies;
-use crate::proxy::discard::Discarder;
 use crate::proxy::forward::Backends;
 use crate::proxy::upstream::Upstream;
 use crate::record::Recorder;
@@ -62,9 +62,16 @@ pub async fn load_tokenizer(path: &std::path::Path) -> anyhow::Result<Arc<Tokeni
 /// Chat answers that may wait to be counted ahead for their next turn.
 const REPLY_QUEUE_DEPTH: usize = 64;
 
-/// Builds the gateway state.
-pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
-    let tokenizer = match deps.tokenizer {
+/// What steps 6-7 read and count with, for `config`: the tokenizer (`tokenizer`, or the one
+/// `tokenizer.path` names), the chat template, the worker pool and the body reader, peeking at
+/// `limiter`'s buckets and counting in `metrics`.
+pub async fn counter(
+    config: Arc<ValidConfig>,
+    tokenizer: Option<Arc<Tokenizer>>,
+    limiter: Limiter,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Counter> {
+    let tokenizer = match tokenizer {
         Some(t) => t,
         None => load_tokenizer(&config.tokenizer.path).await?,
     };
@@ -82,6 +89,28 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         config.tokenizer.workers,
         config.tokenizer.queue_depth,
     ));
+    let discarder = Arc::new(Discarder::new(
+        config.server.refused_body_bytes_per_second,
+        config.server.max_body_bytes,
+        metrics.refused_body_bytes.clone(),
+    ));
+    Ok(Counter {
+        config,
+        limiter,
+        bodies: Bodies {
+            discarder,
+            pool: pool.clone(),
+        },
+        tokenizer,
+        chat,
+        pool,
+        metrics,
+    })
+}
+
+/// Builds the gateway state.
+pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gateway>> {
+    let config = Arc::new(config);
     // Chat answers are counted ahead for their next turn by one thread of their own, so this
     // background work never takes a request's place in the pool above; when it falls behind,
     // answers are skipped and the next turn counts them itself.
@@ -150,34 +179,22 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         config.profile.window,
         usage_log,
     ));
-    let discarder = Arc::new(Discarder::new(
-        config.server.refused_body_bytes_per_second,
-        config.server.max_body_bytes,
-        metrics.refused_body_bytes.clone(),
-    ));
-    let config = Arc::new(config);
     let live = Arc::new(LiveConfig::new(config.clone()));
     let limiter = Limiter::new(store, deps.clock);
-    let counter = Arc::new(Counter {
-        config: config.clone(),
-        limiter: limiter.clone(),
-        bodies: Bodies {
-            discarder,
-            pool: pool.clone(),
-            max_bytes: config.server.max_body_bytes,
-            read_timeout: config.server.body_read_timeout,
-        },
-        tokenizer: tokenizer.clone(),
-        chat: chat.clone(),
-        pool: pool.clone(),
-        metrics: metrics.clone(),
-    });
+    let counter = counter(
+        config.clone(),
+        deps.tokenizer,
+        limiter.clone(),
+        metrics.clone(),
+    );
+    let counter = Arc::new(counter.await?);
+    let chat = counter.chat.clone();
     let backends = Arc::new(Backends {
         upstreams: upstreams.into(),
         config: config.clone(),
         metrics: metrics.clone(),
-        tokenizer,
-        pool,
+        tokenizer: counter.tokenizer.clone(),
+        pool: counter.pool.clone(),
         chat: chat.clone(),
         replies,
     });

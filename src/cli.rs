@@ -120,7 +120,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenizer {
             command: TokenizerCommand::Import(args),
         } => crate::tokenize::cli::run_import(args),
-        Command::Tokenize(args) => crate::tokenize::cli::run_tokenize(args),
+        Command::Tokenize(args) => {
+            let from_config = args.config.as_deref().map(|file| {
+                let tokenizer = crate::config::Config::load(file)?.into_inner().tokenizer;
+                anyhow::Ok((tokenizer.path, tokenizer.chat_template))
+            });
+            crate::tokenize::cli::run_tokenize(args, from_config.transpose()?)
+        }
         Command::Capacity(args) => crate::capacity::cli::run_capacity(args),
         Command::Sim(args) => crate::sim::cli::run_sim(args),
         Command::Healthcheck(args) => crate::healthcheck::run_healthcheck(args),

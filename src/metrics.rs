@@ -2,7 +2,7 @@
 //! (no global statics), so tests can run many gateways in one process. Gauges that mirror
 //! state owned elsewhere (KV ledger, queue, buckets) are refreshed when `/metrics` is scraped.
 
-use crate::error::code::ErrorCode;
+use crate::error_code::ErrorCode;
 use crate::limiter::BucketLabels;
 use crate::tokenize::cache::CacheStats;
 use prometheus_client::encoding::EncodeLabelSet;

@@ -7,7 +7,7 @@
 use crate::admission::Priority;
 use crate::config::{TenantConfig, ValidConfig};
 use crate::digest::hash_key;
-use crate::error::code::ErrorCode;
+use crate::error_code::ErrorCode;
 use crate::limiter::{BucketSpec, TenantLimits};
 use crate::metrics::TenantMetrics;
 use http::HeaderMap;

@@ -13,7 +13,7 @@
 //! `cached_prompt_tokens` at the cached price): the others were given everything back.
 
 use crate::metrics::Metrics;
-use crate::record::settled::Settled;
+use crate::settled::Settled;
 use anyhow::Context;
 use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};

@@ -1,8 +1,8 @@
 //! What metering reads of a backend's answer: a whole answer or one stream event, in its
 //! route's wire format.
 
-use super::route::Wire;
 use super::{mindie, sse};
+use crate::wire::Wire;
 
 /// A whole answer or one stream event in its wire's format, as metering reads it.
 #[derive(Debug)]

@@ -16,9 +16,10 @@ pub mod route;
 mod scan;
 pub mod sse;
 
+pub use crate::wire::Wire;
 pub use chunk::Chunk;
 pub use request::{GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt};
-pub use route::{Endpoint, Native, Route, Wire};
+pub use route::{Endpoint, Native, Route};
 
 use crate::error::ApiError;
 use bytes::Bytes;

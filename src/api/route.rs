@@ -1,5 +1,7 @@
 //! Which API a request came to: its route (OpenAI's endpoints, MindIE's native routes) and the
-//! wire format its answers and errors are written in.
+//! dialect ([`Wire`]) its answers and errors are written in.
+
+use crate::wire::Wire;
 
 /// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -111,15 +113,4 @@ impl Route {
             Route::MindIe(_) => "inputs",
         }
     }
-}
-
-/// How a route's answers and errors are written: it decides where the output count is read,
-/// and the shape of every refusal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wire {
-    /// OpenAI: `usage`, `choices`, `{"error": {"message", "type", "param", "code"}}`.
-    OpenAi,
-    /// TGI as MindIE speaks it: `generated_text`, `details.generated_tokens`, one token per
-    /// stream event, `{"error": "...", "error_type": "..."}`.
-    Tgi,
 }

@@ -14,9 +14,11 @@
 //! | `validate.rs` | the cross-field checks, relative paths |
 //! | `restart.rs` | which settings only a restart applies ([`Config::restart_only_changes`]) |
 //! | `describe.rs` | the human summary of a config ([`describe::describe`]) |
+//! | `profile.rs` | `[profile]`, the workload profile's window |
 
 mod derive;
 pub mod describe;
+pub mod profile;
 mod restart;
 mod validate;
 
@@ -24,11 +26,11 @@ use crate::admission::{ClassShares, Priority};
 use crate::capacity::{DerivedBackend, ProfileOverrides, StateDtype};
 use crate::digest::{hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
-use crate::profile::config::ProfileConfig;
 use crate::tls::BackendTls;
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
 use http::uri::{Authority, Scheme};
+use profile::ProfileConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::ops::Deref;
@@ -135,7 +137,7 @@ pub struct ServerConfig {
     pub body_read_timeout: Duration,
     /// Bytes per second of request bodies a tenant may have read to no purpose (drained after
     /// a refusal, or read and then refused); its budget holds four bodies of `max_body_bytes`,
-    /// and past it the tenant's bodies are read at this pace (`crate::proxy::discard`).
+    /// and past it the tenant's bodies are read at this pace (`crate::body::discard`).
     #[serde(default = "default_refused_body_bytes_per_second")]
     pub refused_body_bytes_per_second: u64,
     /// On SIGTERM / ctrl-c, how long in-flight streams may run before they are cut.

@@ -1,8 +1,8 @@
 //! Which settings of a config only a restart applies: what a reload refuses to change.
 
+use super::profile::ProfileConfig;
 use super::{AdmissionConfig, BackendConfig, Config, ModelConfig, ServerConfig, TokenizerConfig};
 use crate::limiter::config::LimiterConfig;
-use crate::profile::config::ProfileConfig;
 use crate::vision::VisionConfig;
 
 /// Pushes `PREFIX.field` onto `$out` for every restart-only field of a section that differs

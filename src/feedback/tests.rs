@@ -1,5 +1,6 @@
 use super::*;
 use crate::admission::{BackendSpec, ClassShares, Need, Priority, QueueSpec};
+use crate::util::get::get_text;
 
 /// 100 bytes of KV for 100 prompt tokens.
 const NEED: Need = Need {

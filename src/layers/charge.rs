@@ -17,8 +17,9 @@ use crate::admission::Lease;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter, RateLimitHeaders, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
-use crate::record::{Charged, Forwarded, Recorder, RequestFacts, Settled};
+use crate::record::{Forwarded, Pending, RecordHold};
 use crate::reload::live::LiveConfig;
+use crate::settled::Charged;
 use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
@@ -36,13 +37,11 @@ pub struct Ticket {
     /// The backend failed the request after it was forwarded: everything goes back.
     backend_failed: bool,
     answered: bool,
-    /// Recorded when the ticket goes; `None` when the request is answered with an error, which
-    /// is counted with the error.
+    /// Noted in the request's record when the ticket goes; `None` when the request is
+    /// answered with an error, whose code is its outcome.
     outcome: Option<Outcome>,
-    /// Where the outcome is counted: the gateway's metrics, in the charged tenant's series.
-    metrics: Option<(Arc<Metrics>, Arc<Tenant>)>,
-    /// Where the request is recorded when it settles, and what the record needs.
-    record: Option<(Arc<Recorder>, RequestFacts)>,
+    /// The request's record, held open until the ticket goes.
+    record: Option<RecordHold>,
     ttft: Option<Duration>,
     tpot: Option<Duration>,
     /// The request's place among its tenant's requests in flight, given back after it settles
@@ -67,9 +66,7 @@ impl std::fmt::Debug for Ticket {
 
 impl Ticket {
     /// Holds `reservation` in the first phase: everything goes back unless it is forwarded.
-    /// With `metrics`, the outcome is counted when the ticket goes (`client_disconnect` unless
-    /// told otherwise), in the series of the tenant given with them (the one charged).
-    pub fn new(reservation: Reservation, metrics: Option<(Arc<Metrics>, Arc<Tenant>)>) -> Self {
+    pub fn new(reservation: Reservation) -> Self {
         Self {
             reservation: Some(reservation),
             lease: None,
@@ -77,7 +74,6 @@ impl Ticket {
             backend_failed: false,
             answered: false,
             outcome: Some(Outcome::ClientDisconnect),
-            metrics,
             record: None,
             ttft: None,
             tpot: None,
@@ -86,10 +82,11 @@ impl Ticket {
         }
     }
 
-    /// Records the request with `recorder` when it settles (unless refused: the refusal is
-    /// recorded with its error).
-    pub fn recorded_by(&mut self, recorder: Arc<Recorder>, facts: RequestFacts) {
-        self.record = Some((recorder, facts));
+    /// Notes how the request settled, and its charge, in its record when the ticket goes
+    /// (`client_disconnect` unless told otherwise; nothing when refused: the refusal's code is
+    /// the outcome), and keeps the record open until then.
+    pub fn recorded_by(&mut self, record: RecordHold) {
+        self.record = Some(record);
     }
 
     /// The request's time to first token and per output token, for its record.
@@ -207,8 +204,8 @@ impl Ticket {
         self.outcome
     }
 
-    /// The request is answered with an error, whose outcome is counted with the error
-    /// response: the ticket counts none when it goes.
+    /// The request is answered with an error, whose code is its outcome: the ticket notes
+    /// none (and no charge) in its record when it goes.
     pub fn refused(&mut self) {
         self.outcome = None;
     }
@@ -232,24 +229,15 @@ impl Drop for Ticket {
         if !billable {
             reservation.refund_all();
         }
-        let recorded_tenant = self
-            .record
-            .is_some()
-            .then(|| reservation.tenant().to_owned());
         let cost = reservation.cost();
         let settlement = reservation.settle();
         let Some(outcome) = self.outcome else {
             return;
         };
-        // Recorded before it is counted: whoever waits for the count finds the record.
-        if let (Some((recorder, facts)), Some(tenant)) = (self.record.take(), recorded_tenant) {
-            recorder.settle(Settled {
-                request_id: facts.request_id,
-                tenant,
-                model: facts.model,
+        if let Some(record) = self.record.take() {
+            record.settled(
                 outcome,
-                arrived: facts.arrived,
-                charge: Some(Charged {
+                Charged {
                     prompt_tokens: self.reported.map_or(cost.prefill, |(prompt, _)| prompt),
                     counted_prompt_tokens: cost.prefill,
                     cached_prompt_tokens: self.reported.and_then(|(_, cached)| cached),
@@ -260,11 +248,8 @@ impl Drop for Ticket {
                     billable,
                     ttft: self.ttft,
                     tpot: self.tpot,
-                }),
-            });
-        }
-        if let Some((metrics, tenant)) = &self.metrics {
-            tenant.metrics.outcome(metrics, outcome);
+                },
+            );
         }
     }
 }
@@ -339,29 +324,18 @@ struct Shared<L> {
     limiter: Limiter,
     limits: L,
     metrics: Option<Arc<Metrics>>,
-    recorder: Option<Arc<Recorder>>,
 }
 
 impl<L: LimitsInForce> ChargeLayer<L> {
     /// Charges `limiter`'s buckets under the tenants' limits `limits` finds. With `metrics`,
-    /// each ticket counts its outcome when it goes.
+    /// each tenant's requests in flight are shown in its gauge.
     pub fn new(limiter: Limiter, limits: L, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 limiter,
                 limits,
                 metrics,
-                recorder: None,
             }),
-        }
-    }
-
-    /// Each ticket is recorded by `recorder` when it settles (see [`crate::record`]).
-    pub fn recording(self, recorder: Arc<Recorder>) -> Self {
-        let mut shared = (*self.shared).clone();
-        shared.recorder = Some(recorder);
-        Self {
-            shared: Arc::new(shared),
         }
     }
 }
@@ -429,11 +403,11 @@ where
                 .await?;
             // Later steps see the tenant as in force at the charge (its caps, its class).
             req.extensions_mut().insert(current.clone());
-            let counted = shared.metrics.clone().map(|m| (m, current));
-            let mut ticket = Ticket::new(reservation, counted);
+            let mut ticket = Ticket::new(reservation);
             ticket.in_flight = Some(place);
-            if let Some(recorder) = &shared.recorder {
-                ticket.recorded_by(recorder.clone(), RequestFacts::of(&req));
+            if let Some(pending) = req.extensions().get::<Pending>() {
+                pending.tenant(&current);
+                ticket.recorded_by(pending.hold());
             }
             let slot = TicketSlot::new(ticket);
             req.extensions_mut().insert(slot.clone());
@@ -451,7 +425,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::testing::{available, cost, limiter, outcomes, request};
+    use crate::layers::testing::{available, cost, limiter, outcomes, record_layer, request};
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::Full;
@@ -478,6 +452,7 @@ mod tests {
         let limiter = limiter();
         let metrics = Arc::new(Metrics::new());
         let svc = ServiceBuilder::new()
+            .layer(record_layer(&metrics))
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
@@ -493,10 +468,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_error_after_the_charge_gives_everything_back_and_counts_no_outcome_of_its_own() {
+    async fn an_error_after_the_charge_gives_everything_back_and_is_counted_as_the_error() {
         let limiter = limiter();
         let metrics = Arc::new(Metrics::new());
         let svc = ServiceBuilder::new()
+            .layer(record_layer(&metrics))
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
@@ -508,9 +484,9 @@ mod tests {
         let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
         assert_eq!(e.code, crate::error::ErrorCode::UpstreamError);
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
-        // The error's outcome is counted with the error response, not by the ticket.
+        // The error's code is the outcome, counted once; the ticket counts none of its own.
         assert_eq!(outcomes(&metrics, "client_disconnect"), 0);
-        assert_eq!(outcomes(&metrics, "upstream_error"), 0);
+        assert_eq!(outcomes(&metrics, "upstream_error"), 1);
     }
 
     #[tokio::test]
@@ -519,6 +495,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
         let svc = ServiceBuilder::new()
+            .layer(record_layer(&metrics))
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
@@ -558,6 +535,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
         let svc = ServiceBuilder::new()
+            .layer(record_layer(&metrics))
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,

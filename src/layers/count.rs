@@ -9,7 +9,7 @@
 //! request, one prefill and one decode token is refused (a short body read and dropped at the
 //! tenant's pace for refused bodies, a long one left unread and its connection closed; never
 //! parsed); a body read and then refused here is charged to that pace too
-//! ([`crate::proxy::discard`]), so a tenant sending bodies only to have them refused (past the
+//! ([`crate::body::discard`]), so a tenant sending bodies only to have them refused (past the
 //! context, say) has them read no faster than `server.refused_body_bytes_per_second`; and once
 //! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
 //! checks only peek; the charge layer charges.
@@ -19,17 +19,18 @@ use crate::api::GenerationRequest;
 use crate::api::ParseLimits;
 use crate::api::Prompt;
 use crate::api::{self, Route};
+use crate::body::{check_content_type, Bodies};
 use crate::config::ValidConfig;
 use crate::error::ApiError;
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
 use crate::metrics::{Metrics, TenantLabel};
-use crate::proxy::body::{check_content_type, Bodies};
-use crate::record::NamedModel;
+use crate::record::Pending;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::{ChatCounter, LookUp};
 use crate::tokenize::chat::ChatPrompt;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::{TokenCount, Tokenizer};
+use crate::util::bounded::Bounded;
 use crate::vision;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -91,7 +92,7 @@ pub struct Count<S> {
     counter: Arc<Counter>,
 }
 
-impl<S, B> Service<Request<B>> for Count<S>
+impl<S, B> Service<Request<Bounded<B>>> for Count<S>
 where
     S: Service<Request<Empty<Bytes>>> + Clone + Send + 'static,
     S::Future: Send,
@@ -108,7 +109,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, req: Request<Bounded<B>>) -> Self::Future {
         let mut inner = self.inner.clone();
         std::mem::swap(&mut self.inner, &mut inner);
         let counter = self.counter.clone();
@@ -129,7 +130,7 @@ const LEAST: Cost = Cost {
 impl Counter {
     /// Steps 6-7 on one request: its parsed form and [`Cost`] in its extensions, its body
     /// spent.
-    async fn count<B>(&self, req: Request<B>) -> Result<Request<Empty<Bytes>>, ApiError>
+    async fn count<B>(&self, req: Request<Bounded<B>>) -> Result<Request<Empty<Bytes>>, ApiError>
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,
@@ -163,8 +164,8 @@ impl Counter {
             })
             .await?;
         // A refusal from here on is recorded with the model it named.
-        if let Some(named) = parts.extensions.get::<NamedModel>() {
-            named.set(&parsed.model);
+        if let Some(pending) = parts.extensions.get::<Pending>() {
+            pending.named_model(&parsed.model);
         }
         // With max_tokens known, the decode bucket is checked before counting too.
         if let Some((_, asked)) = parsed.requested_max_tokens {
@@ -383,16 +384,33 @@ pub(crate) fn render_paired(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::Gateway;
-    use crate::layers::testing::{alice, gateway};
+    use crate::layers::testing::counter;
     use http::{Response, StatusCode};
     use http_body_util::Full;
     use tower::{ServiceBuilder, ServiceExt};
 
-    /// A completion request from alice with `body`.
-    async fn completion(gw: &Arc<Gateway>, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(body.into()));
-        let alice = alice(gw);
+    /// What the counting layer counts with, and the tenant it counts for.
+    struct Counting {
+        counter: Arc<Counter>,
+        alice: Arc<Tenant>,
+    }
+
+    /// [`Counting`] with alice's requests bucket refilling at `requests_per_second`.
+    async fn counting(requests_per_second: f64) -> Arc<Counting> {
+        let (counter, alice) = counter(requests_per_second).await;
+        Arc::new(Counting { counter, alice })
+    }
+
+    /// A completion request from alice with `body`, bounded as step 3 bounds it.
+    async fn completion(gw: &Counting, body: impl Into<Bytes>) -> Request<Bounded<Full<Bytes>>> {
+        let server = &gw.counter.config.server;
+        let body = Bounded::new(
+            Full::new(body.into()),
+            server.max_body_bytes,
+            server.body_read_timeout,
+        );
+        let mut req = Request::new(body);
+        let alice = gw.alice.clone();
         req.extensions_mut().insert(alice);
         req.extensions_mut()
             .insert(Route::OpenAi(Endpoint::Completions));
@@ -408,7 +426,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_parsed_request_and_its_exact_cost_go_on_in_the_extensions() {
-        let gw = gateway(10.0).await;
+        let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
@@ -449,7 +467,7 @@ mod tests {
     /// context, is capped at the gateway's default, and counted.
     #[tokio::test]
     async fn without_max_tokens_the_backend_default_is_reserved() {
-        let gw = gateway(10.0).await;
+        let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
@@ -467,7 +485,7 @@ mod tests {
         assert_eq!(decode(native("/generate_stream"), generate).await, 20);
         assert_eq!(decode(native("/infer"), generate).await, 100);
         let chat = r#"{"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}]}"#;
-        let capped = || gw.metrics.encode();
+        let capped = || gw.counter.metrics.encode();
         assert!(!capped().contains("tokengate_output_capped_at_default_total{"));
         assert_eq!(decode(Route::OpenAi(Endpoint::Chat), chat).await, 100);
         assert!(capped().contains(r#"tokengate_output_capped_at_default_total{tenant="alice"} 1"#));
@@ -478,7 +496,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_input_is_a_400_naming_the_numbers() {
-        let gw = gateway(10.0).await;
+        let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
@@ -521,17 +539,18 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code, crate::error::ErrorCode::InvalidRequest);
         // Nothing was charged.
-        let alice = alice(&gw);
-        let left = gw.limiter.snapshot("alice", &alice.limits).await;
+        let alice = gw.alice.clone();
+        let left = gw.counter.limiter.snapshot("alice", &alice.limits).await;
         assert_eq!(left.requests.available, 100.0);
     }
 
     #[tokio::test]
     async fn a_tenant_out_of_requests_is_refused_before_its_body_is_read() {
         // A request bucket of 1 (0.1/s x 10 s), spent by the first request.
-        let gw = gateway(0.1).await;
-        let alice = alice(&gw);
+        let gw = counting(0.1).await;
+        let alice = gw.alice.clone();
         let spent = gw
+            .counter
             .limiter
             .reserve(
                 "alice",
@@ -566,7 +585,7 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_route_the_stack_is_built_wrong() {
-        let gw = gateway(10.0).await;
+        let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);

@@ -1,40 +1,50 @@
-//! Steps 5-9 of DESIGN.md's request path, one tower layer each, in the order
-//! `server::generation_service` composes them; step 10-11's service (`proxy::forward`) is the
-//! leaf under them. Each layer reads what the ones before it put in the request's extensions
-//! and adds what it produced:
+//! The steps of DESIGN.md's request path that are the gateway's own, one tower layer each, in
+//! the order `server::path` composes them; step 10-11's service (`proxy::forward`) is the leaf
+//! under them. Each layer reads what the ones before it put in the request's extensions and
+//! adds what it produced:
 //!
 //! | step | layer | file | needs | adds |
 //! |---|---|---|---|---|
-//! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Arrived`](crate::record::Arrived) |
-//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost) |
+//! | 3 bound the body | [`BoundBodyLayer`] | `layers/bound.rs` | the body | the body, [`Bounded`](crate::util::bounded::Bounded) |
+//! | the outcome | [`RecordLayer`] | `layers/record.rs` | | [`Pending`](crate::record::Pending) (the request's record), [`Arrived`](crate::record::Arrived) |
+//! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Priority`](crate::admission::Priority) |
+//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the bounded body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost) |
 //! | 8 charge | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`] (the [`Ticket`]) |
 //! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` | the KV lease, in the ticket |
 //! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket |
 //!
-//! Every layer's error is an [`ApiError`] (its inner service's error converts into one), and
-//! none reads the body but the counting layer, so the charge and admission layers go in front
-//! of any service with any body type: the [`Cost`](crate::limiter::Cost) and the tenant can come
-//! from the user's own code (see `examples/limit_my_service.rs`).
+//! Every layer's error is an [`ApiError`](crate::error::ApiError) (its inner service's error
+//! converts into one), and none reads the body but the counting layer, so the charge and
+//! admission layers go in front of any service with any body type: the
+//! [`Cost`](crate::limiter::Cost) and the tenant can come from the user's own code (see
+//! `examples/limit_my_service.rs`). A [`Pending`](crate::record::Pending) record is optional:
+//! without the record layer nothing is recorded.
 
 pub mod admit;
 pub mod authenticate;
+pub mod bound;
 pub mod charge;
 pub mod count;
 pub(crate) mod extensions;
+pub mod record;
 
 pub use admit::{AdmitLayer, KvGeometry};
 pub use authenticate::AuthenticateLayer;
+pub use bound::BoundBodyLayer;
 pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce, Ticket, TicketSlot};
 pub use count::CountLayer;
+pub use record::RecordLayer;
 
 /// What the layers' tests share: a limiter on a manual clock, one tenant, requests carrying a
 /// [`Cost`](crate::limiter::Cost) on an in-memory body.
 #[cfg(test)]
 pub(crate) mod testing {
     use crate::clock::ManualClock;
+    use crate::layers::count::Counter;
     use crate::limiter::bucket::fixtures::limits;
     use crate::limiter::{Cost, Limiter, LocalStore};
     use crate::metrics::{Metrics, OutcomeLabels};
+    use crate::reload::live::LiveConfig;
     use crate::tenant::Tenant;
     use bytes::Bytes;
     use http::Request;
@@ -78,6 +88,15 @@ pub(crate) mod testing {
         )
     }
 
+    /// The record layer, counting outcomes in `metrics` (its records kept in a profile on a
+    /// clock that stands still).
+    pub fn record_layer(metrics: &Arc<Metrics>) -> crate::layers::RecordLayer {
+        let clock = Arc::new(ManualClock::new());
+        let window = std::time::Duration::from_secs(60);
+        let recorder = crate::record::Recorder::new(clock, window, None);
+        crate::layers::RecordLayer::new(Arc::new(recorder), metrics.clone())
+    }
+
     /// How many of `tenant`'s requests ended with `outcome`.
     pub fn outcomes_of(metrics: &Metrics, tenant: &str, outcome: &str) -> u64 {
         metrics
@@ -94,30 +113,59 @@ pub(crate) mod testing {
         outcomes_of(metrics, "a", outcome)
     }
 
-    /// Tenant `alice` of [`gateway`], as the config in force has it.
+    /// Tenant `alice` of a [`gateway_to`], as the config in force has it.
     pub fn alice(gw: &crate::gateway::Gateway) -> Arc<Tenant> {
-        gw.live
-            .current()
+        alice_in(&gw.live)
+    }
+
+    /// Tenant `alice` as `live` has it.
+    pub fn alice_in(live: &LiveConfig) -> Arc<Tenant> {
+        live.current()
             .tenants
             .named("alice")
             .expect("configured")
             .clone()
     }
 
-    /// A whole gateway with tenant `alice` (`sk-alice`: prefill
-    /// 10,000, decode 1,000 and 100 requests of burst; `requests_per_second` as given), a
-    /// 4,096-token context and 100 output tokens by default.
-    pub async fn gateway(requests_per_second: f64) -> Arc<crate::gateway::Gateway> {
-        // Nothing listens there: these gateways never reach their backend.
-        gateway_to("127.0.0.1:9", requests_per_second).await
+    /// Where the layers' own tests put the backend: nothing listens there, and they never
+    /// reach it.
+    const NO_BACKEND: &str = "127.0.0.1:9";
+
+    /// The tenants of [`gateway_to`]'s config, as the authenticate layer reads them.
+    pub fn live(requests_per_second: f64) -> Arc<LiveConfig> {
+        let config = config_to(NO_BACKEND, requests_per_second);
+        Arc::new(LiveConfig::new(Arc::new(config)))
     }
 
-    /// [`gateway`], its backend at `backend` (`host:port`).
+    /// What the counting layer of [`gateway_to`] counts with (its limiter on a clock that stands
+    /// still), and tenant `alice`.
+    pub async fn counter(requests_per_second: f64) -> (Arc<Counter>, Arc<Tenant>) {
+        let config = Arc::new(config_to(NO_BACKEND, requests_per_second));
+        let alice = alice_in(&LiveConfig::new(config.clone()));
+        let tokenizer = Some(crate::tokenize::test_tokenizer());
+        let metrics = Arc::new(Metrics::new());
+        let counter = crate::app::counter(config, tokenizer, limiter(), metrics);
+        (Arc::new(counter.await.expect("builds")), alice)
+    }
+
+    /// A whole gateway with tenant `alice` (`sk-alice`: prefill 10,000, decode 1,000 and 100
+    /// requests of burst; `requests_per_second` as given), a 4,096-token context and 100 output
+    /// tokens by default, its backend at `backend` (`host:port`).
     pub async fn gateway_to(
         backend: &str,
         requests_per_second: f64,
     ) -> Arc<crate::gateway::Gateway> {
-        let config = crate::config::Config::parse(&format!(
+        let config = config_to(backend, requests_per_second);
+        let deps = crate::app::Deps {
+            clock: Arc::new(ManualClock::new()),
+            tokenizer: Some(crate::tokenize::test_tokenizer()),
+        };
+        crate::app::build(config, deps).await.expect("builds")
+    }
+
+    /// The config of [`gateway_to`].
+    fn config_to(backend: &str, requests_per_second: f64) -> crate::config::ValidConfig {
+        crate::config::Config::parse(&format!(
             r#"
 [server]
 listen = "127.0.0.1:0"
@@ -142,11 +190,6 @@ requests_per_second = {requests_per_second}
 burst_seconds = 10
 "#
         ))
-        .expect("a valid config");
-        let deps = crate::app::Deps {
-            clock: Arc::new(ManualClock::new()),
-            tokenizer: Some(crate::tokenize::test_tokenizer()),
-        };
-        crate::app::build(config, deps).await.expect("builds")
+        .expect("a valid config")
     }
 }

@@ -13,14 +13,13 @@
 
 pub mod advice;
 pub mod cli;
-pub mod config;
 pub mod histogram;
 pub mod report;
 
-pub use config::ProfileConfig;
+pub use crate::config::profile::ProfileConfig;
 pub use report::{OverallStats, ProfileReport, Quantiles, Stats, TenantStats};
 
-use crate::record::settled::Settled;
+use crate::settled::Settled;
 use dashmap::DashMap;
 use histogram::LogHistogram;
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 use super::*;
 use crate::error::ErrorCode;
 use crate::metrics::Outcome;
-use crate::record::Charged;
+use crate::settled::Charged;
 
 const MINUTE: Duration = Duration::from_secs(60);
 

@@ -174,7 +174,7 @@ impl Backends {
             .headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|ct| ct.to_str().ok())
-            .is_some_and(super::body::is_json);
+            .is_some_and(crate::body::is_json);
         if !req.stream || answered_whole {
             let bytes = match upstream.read_answer(incoming).await {
                 Ok(bytes) => bytes,
@@ -219,12 +219,14 @@ mod tests {
     use crate::api::Route;
     use crate::layers::testing::{alice, gateway_to, outcomes_of};
     use crate::server::generation_service;
+    use crate::util::bounded::Bounded;
     use bytes::Bytes;
     use http::{Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full};
     use hyper_util::rt::TokioIo;
     use std::convert::Infallible;
     use std::net::SocketAddr;
+    use std::time::Duration;
     use tower::ServiceExt;
 
     /// A backend on 127.0.0.1 that answers every request with `status` and `body`; it lives as
@@ -255,7 +257,7 @@ mod tests {
     }
 
     /// Alice's completion of 3 token ids asking for 10 output tokens, on an in-memory body.
-    fn completion() -> Request<Full<Bytes>> {
+    fn completion() -> Request<Bounded<Full<Bytes>>> {
         let body = r#"{"model": "qwen3.5-27b", "prompt": [1, 2, 3], "max_tokens": 10}"#;
         let mut req = Request::post("/v1/completions")
             .header("authorization", "Bearer sk-alice")
@@ -263,7 +265,7 @@ mod tests {
             .expect("valid");
         req.extensions_mut()
             .insert(Route::OpenAi(Endpoint::Completions));
-        req
+        req.map(|body| Bounded::new(body, 1 << 16, Duration::from_secs(30)))
     }
 
     async fn buckets(gw: &crate::gateway::Gateway) -> (f64, f64, f64) {
@@ -301,8 +303,10 @@ mod tests {
         let gw = gateway_to(&backend(200, answer).await.to_string(), 10.0).await;
         let body =
             r#"{"model": "qwen3.5-27b", "prompt": [1, 2, 3], "max_tokens": 10, "stream": true}"#;
-        let mut req = completion();
-        *req.body_mut() = Full::new(Bytes::from_static(body.as_bytes()));
+        let req = completion().map(|b| {
+            let streamed = Full::new(Bytes::from_static(body.as_bytes()));
+            Bounded::new(streamed, b.max_bytes(), b.timeout())
+        });
         let resp = generation_service(gw.clone())
             .oneshot(req)
             .await

@@ -8,11 +8,11 @@
 //! to `model.max_model_len` before any id is made, and one past it is a 400, so a body of a few
 //! hundred kilobytes cannot ask for hundreds of megabytes of ids.
 
-use super::body::check_content_type;
 use super::upstream::Upstream;
 use super::{full, json_text_response, GatewayBody};
 use crate::api::openai::{self};
 use crate::api::Prompt;
+use crate::body::check_content_type;
 use crate::error::ApiError;
 use crate::layers::count::Counter;
 use crate::limiter::Cost;
@@ -20,6 +20,7 @@ use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
 use crate::tokenize::chat::ChatRoute;
 use crate::tokenize::TokenCount;
+use crate::util::bounded::Bounded;
 use crate::util::decimal::push_decimal;
 use crate::vision;
 use http::{Method, Request, Response, StatusCode};
@@ -35,7 +36,7 @@ const ONE_REQUEST: Cost = Cost {
 /// `POST /tokenize`, answered locally in vLLM's shape: `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize<B>(
     counter: Arc<Counter>,
-    req: Request<B>,
+    req: Request<Bounded<B>>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
     B: http_body::Body + Send + 'static,

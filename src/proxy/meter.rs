@@ -185,7 +185,7 @@ impl Admitted {
         self.ticket().forwarded()
     }
 
-    /// The backend refused or failed the request before answering (whose outcome the server
+    /// The backend refused or failed the request before answering (whose outcome the record
     /// counts): its ticket gives everything back, forwarded or not.
     pub fn refused(mut self) {
         if let Some(ticket) = self.ticket.as_mut() {
@@ -196,15 +196,13 @@ impl Admitted {
 
     /// The request ends in `e` before the backend answered. A timeout (504) keeps the
     /// prefill of a request that was forwarded charged: the backend was busy with it when the
-    /// gateway stopped waiting, and the ticket records it, billable, with its charge (`e` then
-    /// says so, and is not recorded again). Any other error is the backend failing
-    /// ([`Admitted::refused`]).
-    pub fn refuse(mut self, mut e: ApiError) -> ApiError {
+    /// gateway stopped waiting, and the ticket notes it in the request's record, billable, with
+    /// its charge. Any other error is the backend failing ([`Admitted::refused`]).
+    pub fn refuse(mut self, e: ApiError) -> ApiError {
         if e.status == http::StatusCode::GATEWAY_TIMEOUT {
             if let Some(ticket) = self.ticket.as_mut() {
                 if ticket.is_billable() {
                     ticket.settle_as(Outcome::Failed(e.code));
-                    e.recorded = true;
                 } else {
                     ticket.refused();
                 }
@@ -317,7 +315,8 @@ impl Drop for Admitted {
             tpot,
             counter: self.counter.clone(),
         };
-        // The ticket goes last: it counts the outcome once everything else is recorded.
+        // The ticket goes last: the request's record is written once everything else is
+        // counted.
         if !ticket.is_answered() {
             // Nothing was produced: every decode token goes back (and the prompt too, unless
             // it was forwarded).

@@ -6,12 +6,8 @@
 //! | `forward.rs` | steps 10-11: the leaf service under the layers (see [`crate::layers`] for 5-9) |
 //! | `meter.rs` | step 11: the metered answer that owns the request's ticket and settles it |
 //! | `upstream.rs` | the backend client: timeouts, bounded reads, error policy, headers |
-//! | `body.rs` | a request body: content type, bounded read at the tenant's pace, JSON parse, discard |
 //! | `local.rs` | `POST /tokenize` and `GET /v1/models` |
-//! | `discard.rs` | each tenant's budget for bodies read to no purpose |
 
-pub mod body;
-pub mod discard;
 pub mod forward;
 pub mod local;
 pub mod meter;

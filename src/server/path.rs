@@ -1,27 +1,159 @@
-//! The request path of DESIGN.md, written once: [`outer`] and [`route`] (steps 1-4: request id,
-//! panic -> 500, route) and [`generation_service`] (steps 5-11, one layer each: authenticate,
-//! count, charge, admit, then the leaf that forwards and meters; see [`crate::layers`] for what
-//! each leaves in the request's extensions). The listeners that serve it are [`super`]'s.
+//! The request path of DESIGN.md, written once. [`main_stack`] is the main listener's whole
+//! chain, outermost first: 1 request id and span, 2 a panic as a 500 and every refusal as its
+//! answer, 3 the body's bounds, 4 the route table; a generation route then runs
+//! [`generation_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge, 9 admit,
+//! 10-11 forward and meter (see [`crate::layers`] for what each leaves in the request's
+//! extensions). `/tokenize` and `/v1/models` are answered after step 5 alone. The admin listener
+//! has steps 1-2 around its own routes. The listeners that serve them are [`super`]'s.
 
 use crate::admin;
 use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
 use crate::gateway::Gateway;
-use crate::layers::{AdmitLayer, AuthenticateLayer, ChargeLayer, CountLayer, KvGeometry};
+use crate::layers::{
+    AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
+};
 use crate::proxy::forward::Forward;
-use crate::proxy::{error_response, error_response_in, local, GatewayBody};
+use crate::proxy::{error_response_in, local, GatewayBody};
 use crate::request_id::RequestIds;
 use crate::request_id::REQUEST_ID;
+use crate::util::bounded::Bounded;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
-use tower::{ServiceBuilder, ServiceExt};
+use std::task::{Context, Poll};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::PropagateRequestIdLayer;
+use tracing::instrument::Instrumented;
 use tracing::Instrument;
+
+/// A request's body from step 3 on.
+type Body = Bounded<Incoming>;
+
+/// Steps 1-2, every listener's outermost, around `inner` (the rest of `listener`'s stack).
+fn answered<S>(listener: &'static str, inner: S) -> impl Listened
+where
+    S: Service<Request<Incoming>, Response = Response<GatewayBody>, Error = ApiError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    ServiceBuilder::new()
+        // 1. an id for every request (the client's when fit), echoed in the answer; the
+        //    request's span
+        .map_request(|req: Request<Incoming>| RequestIds.assign(req))
+        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
+            REQUEST_ID,
+        )))
+        .layer(SpanLayer(listener))
+        // 2. a panic is a 500 in OpenAI's shape (guards dropped while unwinding settle); every
+        //    refusal from here on is answered in its route's shape
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(RespondLayer)
+        .service(inner)
+}
+
+/// The main listener's whole stack, steps 1-11 in DESIGN.md's order.
+pub(super) fn main_stack(gw: Arc<Gateway>) -> impl Listened {
+    let server = &gw.config.server;
+    let steps_3_on = ServiceBuilder::new()
+        // 3. the body held to `server.max_body_bytes` and `server.body_read_timeout`
+        .layer(BoundBodyLayer::new(
+            server.max_body_bytes,
+            server.body_read_timeout,
+        ))
+        // 4. the route table: a generation route goes on to `generation_service`
+        .service_fn(route(routes(gw.clone())));
+    answered("main", steps_3_on)
+}
+
+/// Steps 5-11 of a generation route (OpenAI's or MindIE's native ones), one layer per step in
+/// DESIGN.md's order, under the layer that records the request's outcome; the [`Route`] is in
+/// the request's extensions.
+pub fn generation_service<B>(
+    gw: Arc<Gateway>,
+) -> impl tower::Service<
+    Request<Bounded<B>>,
+    Response = Response<GatewayBody>,
+    Error = ApiError,
+    Future = impl Future + Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let geometry = KvGeometry::from(&gw.config.model);
+    let metrics = Some(gw.metrics.clone());
+    ServiceBuilder::new()
+        // the request's record: its outcome, refused or settled, written and counted once
+        .layer(RecordLayer::new(gw.recorder.clone(), gw.metrics.clone()))
+        // 5. API key -> `Arc<Tenant>`
+        .layer(AuthenticateLayer::new(gw.live.clone()))
+        // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
+        //      buckets cannot give even the least a request costs)
+        .layer(CountLayer::new(gw.counter.clone()))
+        // 8. charge the buckets (under the limits in force now): the request's `Ticket`
+        .layer(ChargeLayer::new(
+            gw.limiter.clone(),
+            gw.live.clone(),
+            metrics.clone(),
+        ))
+        // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
+        .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
+        // 10-11. forward to the leased backend; the metered answer owns the ticket
+        .service(Forward::new(gw.backends.clone()))
+}
+
+/// The admin listener's stack: steps 1-2 around its routes, every refusal in OpenAI's shape.
+pub(super) fn admin_stack(gw: Arc<Gateway>) -> impl Listened {
+    let routes = tower::service_fn(move |req: Request<Incoming>| {
+        let gw = gw.clone();
+        async move { admin::route(&gw, req).await }
+    });
+    answered("admin", routes)
+}
+
+/// What a listener serves: every request answered (a refusal or a panic included).
+pub(super) trait Listened:
+    Service<
+        Request<Incoming>,
+        Response = Response<Self::Body>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+    /// The answer's body.
+    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static;
+}
+
+impl<S, B> Listened for S
+where
+    S: Service<
+            Request<Incoming>,
+            Response = Response<B>,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>>
+        + Send
+        + 'static,
+{
+    type Body = B;
+}
 
 fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
     let what = panic
@@ -37,50 +169,103 @@ fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<String> {
     Response::from_parts(parts, e.body_json().to_string())
 }
 
-/// Steps 5-11 of a generation route (OpenAI's or MindIE's native ones), one layer per step in
-/// DESIGN.md's order; the [`Route`] is in the request's extensions.
-pub fn generation_service<B>(
-    gw: Arc<Gateway>,
-) -> impl tower::Service<
-    Request<B>,
-    Response = Response<GatewayBody>,
-    Error = ApiError,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static
+/// Step 1's span: the rest of the request runs in it (the listener, the request's id, method
+/// and path), so every log line carries them.
+#[derive(Clone, Copy, Debug)]
+struct SpanLayer(&'static str);
+
+impl<S> Layer<S> for SpanLayer {
+    type Service = Span<S>;
+
+    fn layer(&self, inner: S) -> Span<S> {
+        Span {
+            inner,
+            listener: self.0,
+        }
+    }
+}
+
+/// The service of [`SpanLayer`].
+#[derive(Clone, Debug)]
+struct Span<S> {
+    inner: S,
+    listener: &'static str,
+}
+
+impl<S: Service<Request<B>>, B> Service<Request<B>> for Span<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Instrumented<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let id = req
+            .headers()
+            .get(REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let span = tracing::info_span!("request", listener = self.listener, id = %id, method = %req.method(), path = %req.uri().path());
+        self.inner.call(req).instrument(span)
+    }
+}
+
+/// Step 2's answers: every refusal as a response, in the shape of the route it was sent to
+/// (MindIE's native clients read TGI's, everyone else OpenAI's), logged once.
+#[derive(Clone, Copy, Debug)]
+struct RespondLayer;
+
+impl<S> Layer<S> for RespondLayer {
+    type Service = Respond<S>;
+
+    fn layer(&self, inner: S) -> Respond<S> {
+        Respond(inner)
+    }
+}
+
+/// The service of [`RespondLayer`].
+#[derive(Clone, Debug)]
+struct Respond<S>(S);
+
+impl<S, B> Service<Request<B>> for Respond<S>
 where
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: Service<Request<B>, Response = Response<GatewayBody>, Error = ApiError>,
+    S::Future: Send + 'static,
 {
-    let geometry = KvGeometry::from(&gw.config.model);
-    let metrics = Some(gw.metrics.clone());
-    ServiceBuilder::new()
-        // 5. API key -> `Arc<Tenant>`; counts every refusal from here on under the tenant
-        .layer(
-            AuthenticateLayer::new(gw.live.clone())
-                .counting_outcomes(gw.recorder.clone(), gw.metrics.clone()),
-        )
-        // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
-        //      buckets cannot give even the least a request costs)
-        .layer(CountLayer::new(gw.counter.clone()))
-        // 8. charge the buckets (under the limits in force now): the request's `Ticket`,
-        //    recorded in the workload profile when it settles
-        .layer(
-            ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), metrics.clone())
-                .recording(gw.recorder.clone()),
-        )
-        // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
-        .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
-        // 10-11. forward to the leased backend; the metered answer owns the ticket
-        .service(Forward::new(gw.backends.clone()))
+    type Response = Response<GatewayBody>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<'static, Result<Response<GatewayBody>, std::convert::Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The services under this one are always ready (they make their clones ready per call).
+        self.0.poll_ready(cx).map(|_| Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let wire = Route::from_path(req.uri().path()).map_or(Wire::OpenAi, Route::wire);
+        let started = tokio::time::Instant::now();
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            let resp = answer.await.unwrap_or_else(|e| {
+                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), message = %e.message, "refused");
+                error_response_in(&e, wire)
+            });
+            tracing::debug!(
+                status = resp.status().as_u16(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "answered"
+            );
+            Ok(resp)
+        })
+    }
 }
 
 /// What answers one of the main listener's routes.
 trait Handler:
     tower::Service<
-        Request<Incoming>,
+        Request<Body>,
         Response = Response<GatewayBody>,
         Error = ApiError,
         Future: Send + 'static,
@@ -92,7 +277,7 @@ trait Handler:
 
 impl<S> Handler for S where
     S: tower::Service<
-            Request<Incoming>,
+            Request<Body>,
             Response = Response<GatewayBody>,
             Error = ApiError,
             Future: Send + 'static,
@@ -147,149 +332,29 @@ pub fn main_routes() -> impl Iterator<Item = (&'static str, Allow, Answer)> {
         ])
 }
 
-/// Step 4: the route, and every refusal as a response in the route's shape.
-async fn route<G: Handler, T: Handler, M: Handler>(
+/// Step 4: the route table's answer for the request's path and method; a 404 or a 405 (with
+/// `allow`) for anything else.
+fn route<G: Handler, T: Handler, M: Handler>(
     routes: Routes<G, T, M>,
-    mut req: Request<Incoming>,
-) -> Response<GatewayBody> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_string();
-    let started = tokio::time::Instant::now();
-    let found = main_routes().find(|(p, ..)| *p == path);
-    let route = match found {
-        Some((_, _, Answer::Generate(route))) => Some(route),
-        _ => None,
-    };
-    let result = match found {
-        None => Err(ApiError::not_found(format!("no route {method} {path}"))),
-        Some((_, allow, _)) if method.as_str() != allow.as_str() => {
-            Err(ApiError::method_not_allowed(&method, &path, allow))
-        }
-        Some((_, _, Answer::Generate(route))) => {
-            req.extensions_mut().insert(route);
-            routes.generate.oneshot(req).await
-        }
-        Some((_, _, Answer::Tokenize)) => routes.tokenize.oneshot(req).await,
-        Some((_, _, Answer::Models)) => routes.models.oneshot(req).await,
-    };
-    let resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), message = %e.message, "refused");
-            // MindIE's native clients read TGI's error shape; everyone else OpenAI's.
-            let wire = route.map_or(Wire::OpenAi, Route::wire);
-            error_response_in(&e, wire)
-        }
-    };
-    tracing::debug!(
-        status = resp.status().as_u16(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "answered"
-    );
-    resp
-}
-
-/// Steps 1-2, every listener's outermost: every request gets an id (the client's when fit, see
-/// `request_id`), echoed in the response, and a panic becomes a 500 in OpenAI's shape (guards
-/// dropped while unwinding settle); then `serve` runs in the request's span (the listener, its
-/// id, method and path).
-fn outer<F, Fut, B>(
-    listener: &'static str,
-    serve: F,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<
-        impl http_body::Body<
-                Data = bytes::Bytes,
-                Error = impl Into<Box<dyn std::error::Error + Send + Sync>>,
-            > + Send
-            + 'static,
-    >,
-    Error = std::convert::Infallible,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static
-where
-    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Response<B>> + Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    ServiceBuilder::new()
-        .map_request(|req: Request<Incoming>| RequestIds.assign(req))
-        .layer(PropagateRequestIdLayer::new(http::HeaderName::from_static(
-            REQUEST_ID,
-        )))
-        .layer(CatchPanicLayer::custom(panic_response))
-        .service_fn(move |req: Request<Incoming>| {
-            let rid = req
-                .headers()
-                .get(REQUEST_ID)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let span = tracing::info_span!("request", listener, id = %rid, method = %req.method(), path = %req.uri().path());
-            let answer = serve(req).instrument(span);
-            async move { Ok::<_, std::convert::Infallible>(answer.await) }
-        })
-}
-
-/// The admin listener's routes (under [`outer`], as the main listener's), every refusal in
-/// OpenAI's shape.
-fn admin_route(
-    gw: Arc<Gateway>,
-) -> impl Fn(Request<Incoming>) -> BoxFuture<'static, Response<GatewayBody>> + Clone + Send + 'static
-{
-    move |req| {
-        let gw = gw.clone();
+) -> impl Fn(Request<Body>) -> BoxFuture<'static, Result<Response<GatewayBody>, ApiError>> + Clone {
+    move |mut req| {
+        let routes = routes.clone();
         Box::pin(async move {
-            match admin::route(&gw, req).await {
-                Ok(r) => r,
-                Err(e) => error_response(&e),
+            let (method, path) = (req.method(), req.uri().path());
+            let Some((_, allow, answer)) = main_routes().find(|(p, ..)| *p == path) else {
+                return Err(ApiError::not_found(format!("no route {method} {path}")));
+            };
+            if method.as_str() != allow.as_str() {
+                return Err(ApiError::method_not_allowed(method, path, allow));
+            }
+            match answer {
+                Answer::Generate(route) => {
+                    req.extensions_mut().insert(route);
+                    routes.generate.oneshot(req).await
+                }
+                Answer::Tokenize => routes.tokenize.oneshot(req).await,
+                Answer::Models => routes.models.oneshot(req).await,
             }
         })
     }
-}
-
-/// The main listener's whole stack, outermost first: steps 1-2 ([`outer`]), then 3-4 (the body
-/// limit and timeouts are the layers' that read bodies) and the route, whose generation routes
-/// run steps 5-11 ([`generation_service`]).
-pub(super) fn main_stack(
-    gw: Arc<Gateway>,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<
-        impl http_body::Body<
-                Data = bytes::Bytes,
-                Error = impl Into<Box<dyn std::error::Error + Send + Sync>>,
-            > + Send
-            + 'static,
-    >,
-    Error = std::convert::Infallible,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static {
-    let routes = routes(gw);
-    outer("main", move |req| route(routes.clone(), req))
-}
-
-/// The admin listener's stack: [`outer`] around its routes.
-pub(super) fn admin_stack(
-    gw: Arc<Gateway>,
-) -> impl tower::Service<
-    Request<Incoming>,
-    Response = Response<
-        impl http_body::Body<
-                Data = bytes::Bytes,
-                Error = impl Into<Box<dyn std::error::Error + Send + Sync>>,
-            > + Send
-            + 'static,
-    >,
-    Error = std::convert::Infallible,
-    Future = impl Future + Send + 'static,
-> + Clone
-       + Send
-       + 'static {
-    outer("admin", admin_route(gw))
 }

@@ -71,13 +71,15 @@ pub struct TokenizeArgs {
 
 /// Runs `tokenize` on standard input and output. In `--jsonl` mode `{"text": ...}` lines are
 /// counted as they are and `{"messages": ...}` lines through the chat template.
-pub fn run_tokenize(args: TokenizeArgs) -> anyhow::Result<()> {
-    let (path, template_path) = match &args.config {
-        Some(file) => {
-            let cfg = crate::config::Config::load(file)?.into_inner();
-            let template = args.chat_template.clone().or(cfg.tokenizer.chat_template);
-            (cfg.tokenizer.path, template)
-        }
+///
+/// `from_config` is what `--config`'s file names, when it was given: the tokenizer and the
+/// chat template.
+pub fn run_tokenize(
+    args: TokenizeArgs,
+    from_config: Option<(PathBuf, Option<PathBuf>)>,
+) -> anyhow::Result<()> {
+    let (path, template_path) = match from_config {
+        Some((path, template)) => (path, args.chat_template.clone().or(template)),
         None => (
             args.tokenizer.clone().context(
                 "no tokenizer: pass --tokenizer PATH (a tokenizer.json) or --config FILE",

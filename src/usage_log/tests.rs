@@ -1,6 +1,6 @@
 use super::*;
 use crate::metrics::Outcome;
-use crate::record::Charged;
+use crate::settled::Charged;
 use std::sync::{Arc, Mutex};
 
 fn anchor() -> WallAnchor {

@@ -1,11 +1,16 @@
-//! Whole-body reads with a size bound and a time bound: the one way the gateway takes a body
-//! into memory, a client's request or a backend's answer. Nothing is read past the bound, and a
-//! declared length over it is refused before anything is read.
+//! Bodies bounded in size and time: [`Bounded`] holds a body to a size bound and a deadline
+//! (the request path puts every client's body in one at step 3, before anything reads it), and
+//! [`read_paced`] / [`read_bounded`] are the one way the gateway takes a body into memory, a
+//! client's request or a backend's answer. Nothing is read past the bound, and a declared
+//! length over it is refused before anything is read.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http_body::Body;
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 /// Why a bounded read stopped short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,13 +23,111 @@ pub enum ReadError {
     Broken,
 }
 
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::TooLarge => "body over its size bound",
+            Self::TimedOut => "body not complete by its deadline",
+            Self::Broken => "body broken",
+        })
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+pin_project_lite::pin_project! {
+    /// A body held to at most `max_bytes`, all of it by a deadline `timeout` after the wrapper
+    /// was made: past either it ends in a [`ReadError`] (its error type, boxed), and a declared
+    /// length over the bound is refused at the first poll, before anything is read.
+    #[derive(Debug)]
+    pub struct Bounded<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        deadline: Sleep,
+        max_bytes: u64,
+        timeout: Duration,
+        read: u64,
+    }
+}
+
+impl<B> Bounded<B> {
+    /// `inner`, held to `max_bytes` and to `timeout` from now.
+    pub fn new(inner: B, max_bytes: u64, timeout: Duration) -> Self {
+        Self {
+            inner,
+            deadline: tokio::time::sleep(timeout),
+            max_bytes,
+            timeout,
+            read: 0,
+        }
+    }
+
+    /// The size bound.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// The time bound, from when the wrapper was made.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// When the body must be complete.
+    pub fn deadline(&self) -> Instant {
+        self.deadline.deadline()
+    }
+}
+
+impl<B> Body for Bounded<B>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Data = B::Data;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, Self::Error>>> {
+        let this = self.project();
+        if *this.read == 0 && this.inner.size_hint().lower() > *this.max_bytes {
+            return Poll::Ready(Some(Err(ReadError::TooLarge.into())));
+        }
+        if std::future::Future::poll(this.deadline, cx).is_ready() {
+            return Poll::Ready(Some(Err(ReadError::TimedOut.into())));
+        }
+        let frame = match std::task::ready!(this.inner.poll_frame(cx)) {
+            None => return Poll::Ready(None),
+            Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            Some(Ok(frame)) => frame,
+        };
+        if let Some(data) = frame.data_ref() {
+            *this.read += data.remaining() as u64;
+            if *this.read > *this.max_bytes {
+                return Poll::Ready(Some(Err(ReadError::TooLarge.into())));
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Reads a whole body of at most `max_bytes`, all of it within `timeout`.
 pub async fn read_bounded<B>(body: B, max_bytes: u64, timeout: Duration) -> Result<Bytes, ReadError>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    read_paced(body, max_bytes, timeout, &mut Unpaced).await
+    read_paced(Bounded::new(body, max_bytes, timeout), &mut Unpaced).await
 }
 
 /// What a paced read waits on after each frame.
@@ -34,26 +137,20 @@ pub trait Pace {
 }
 
 /// Reading at the network's speed.
-struct Unpaced;
+pub struct Unpaced;
 
 impl Pace for Unpaced {
     async fn wait(&mut self, _: u64) {}
 }
 
-/// [`read_bounded`], waiting on `pace` after each frame. The waits count in `timeout`.
-pub async fn read_paced<B>(
-    body: B,
-    max_bytes: u64,
-    timeout: Duration,
-    pace: &mut impl Pace,
-) -> Result<Bytes, ReadError>
+/// Reads the whole of a [`Bounded`] body, waiting on `pace` after each frame; the waits count
+/// against its deadline.
+pub async fn read_paced<B>(body: Bounded<B>, pace: &mut impl Pace) -> Result<Bytes, ReadError>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if body.size_hint().lower() > max_bytes {
-        return Err(ReadError::TooLarge);
-    }
+    let deadline = body.deadline();
     let read = async {
         let mut body = std::pin::pin!(body);
         let mut chunks: Vec<Bytes> = Vec::new();
@@ -63,16 +160,18 @@ where
             // not be `Send`, so none may live across the wait below.
             let mut data = match body.frame().await {
                 None => break,
-                Some(Err(_)) => return Err(ReadError::Broken),
+                Some(Err(e)) => {
+                    return Err(e
+                        .downcast_ref::<ReadError>()
+                        .copied()
+                        .unwrap_or(ReadError::Broken))
+                }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => data,
                     Err(_) => continue,
                 },
             };
             len += data.remaining() as u64;
-            if len > max_bytes {
-                return Err(ReadError::TooLarge);
-            }
             chunks.push(data.copy_to_bytes(data.remaining()));
             pace.wait(len).await;
         }
@@ -86,7 +185,9 @@ where
             }
         })
     };
-    tokio::time::timeout(timeout, read)
+    // The body's own deadline ends a read it is polled in; this one ends a wait on the pace
+    // that outlasts it.
+    tokio::time::timeout_at(deadline, read)
         .await
         .unwrap_or(Err(ReadError::TimedOut))
 }
@@ -162,8 +263,8 @@ mod tests {
             after: 3,
             seen: vec![],
         };
-        let body = chunks(&["abc", "de", "f"]);
-        let read = read_paced(body, 10, Duration::from_secs(1), &mut pace);
+        let body = Bounded::new(chunks(&["abc", "de", "f"]), 10, Duration::from_secs(1));
+        let read = read_paced(body, &mut pace);
         assert_eq!(read.await, Ok(Bytes::from("abcdef")));
         assert_eq!(pace.seen, [3, 5, 6]);
         assert_eq!(t0.elapsed(), Duration::from_millis(200));
@@ -171,8 +272,8 @@ mod tests {
             after: 0,
             seen: vec![],
         };
-        let body = chunks(&["abc", "de", "f"]);
-        let read = read_paced(body, 10, Duration::from_millis(150), &mut pace);
+        let body = Bounded::new(chunks(&["abc", "de", "f"]), 10, Duration::from_millis(150));
+        let read = read_paced(body, &mut pace);
         assert_eq!(read.await, Err(ReadError::TimedOut));
     }
 

@@ -431,7 +431,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
             )
             .await
             .expect("KV is ample");
-        let mut ticket = Ticket::new(reservation, None);
+        let mut ticket = Ticket::new(reservation);
         ticket.admit(lease);
         let admitted = Admitted::new(
             h.tenant.clone(),

@@ -1,5 +1,5 @@
-//! What is recorded of a request once it has ended: the workload profile and the usage log
-//! take these.
+//! What is recorded of a request once it has ended ([`crate::record`] writes it): the workload
+//! profile and the usage log take these.
 
 use crate::metrics::Outcome;
 use std::time::Duration;

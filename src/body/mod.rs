@@ -1,24 +1,25 @@
-//! Step 3's body side: a request's content type, checked before its body is read; its body read
-//! within the size and time bounds, at the pace of the tenant's budget for refused bodies
-//! ([`super::discard`]), and parsed as a JSON object (where it arrived when small, on
-//! the tenant's share of the worker pool when large); and the body of a request refused unread,
-//! drained or left unread as [`super::discard`] decides.
+//! The body room: reading a request's body. Its content type is checked before it is read; the
+//! body, already held to its size and time bounds (step 3, [`Bounded`]), is read at the pace of
+//! the tenant's budget for refused bodies ([`discard`]) and parsed as a JSON object (where it
+//! arrived when small, on the tenant's share of the worker pool when large); the body of a
+//! request refused unread is drained or left unread as [`discard`] decides.
 
-use super::discard::{BodyCharge, Discarder};
+pub mod discard;
+
 use crate::api::request::parse_body;
 use crate::error::{ApiError, BodyError};
 use crate::tokenize::pool::TokenizePool;
-use crate::util::bounded::read_paced;
+use crate::util::bounded::{read_paced, Bounded};
+use discard::{BodyCharge, Discarder};
 use http::{header, HeaderMap, Request};
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use crate::api::JsonBody;
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
 /// larger ones on the tokenizer pool (see [`Bodies::read_body_json`]). As many bytes of every
 /// body are read free of the tenant's budget for refused bodies.
-const PARSE_INLINE_BYTES: usize = super::discard::FREE_BYTES;
+const PARSE_INLINE_BYTES: usize = discard::FREE_BYTES;
 
 /// Whether a `content-type` value names JSON (`application/json`, with any parameters).
 pub(crate) fn is_json(content_type: &str) -> bool {
@@ -26,18 +27,14 @@ pub(crate) fn is_json(content_type: &str) -> bool {
     mime.eq_ignore_ascii_case("application/json")
 }
 
-/// How request bodies are read (`server.max_body_bytes`, `server.body_read_timeout`, each
-/// tenant's budget for refused bodies) and parsed.
+/// How request bodies, already [`Bounded`] in size and time (step 3), are read (at the pace of
+/// each tenant's budget for refused bodies) and parsed.
 #[derive(Clone, Debug)]
 pub struct Bodies {
     /// Each tenant's budget for bodies read to no purpose.
     pub discarder: Arc<Discarder>,
     /// Where large bodies are parsed.
     pub pool: Arc<TokenizePool>,
-    /// The size bound.
-    pub max_bytes: u64,
-    /// The time bound.
-    pub read_timeout: Duration,
 }
 
 /// The content type, checked before the body is read: JSON or none.
@@ -54,8 +51,8 @@ pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 impl Bodies {
-    /// The body, within the size limit and read timeout and at the pace of the tenant's budget
-    /// for refused bodies ([`super::discard`]), then `parse` of it as a JSON object (with its
+    /// The body, within its bounds and at the pace of the tenant's budget for refused bodies
+    /// ([`discard`]), then `parse` of it as a JSON object (with its
     /// bytes); and what reading it charged that budget, to give back with
     /// [`BodyCharge::accept`] once the request is accepted (kept if it is dropped).
     /// Both parsing steps run where the body arrived for bodies up to 64 KiB (well under a
@@ -63,20 +60,20 @@ impl Bodies {
     pub async fn read_body_json<'a, B, T: Send + 'static>(
         &'a self,
         tenant: &'a str,
-        body: B,
+        body: Bounded<B>,
         parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<(T, BodyCharge<'a>), ApiError>
     where
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let (limit, timeout) = (self.max_bytes, self.read_timeout);
+        let (max_bytes, timeout) = (body.max_bytes(), body.timeout());
         let mut charge = self.discarder.charge_body(tenant);
-        let read = read_paced(body, limit, timeout, &mut charge).await;
+        let read = read_paced(body, &mut charge).await;
         charge.read_all();
         let bytes = read.map_err(|error| BodyError {
             error,
-            max_bytes: limit,
+            max_bytes,
             timeout,
         })?;
         let bytes_len = bytes.len();
@@ -96,10 +93,10 @@ impl Bodies {
     }
 
     /// `e`, the refusal of `tenant`'s `req` before its body was read, once the body is disposed
-    /// of ([`super::discard`]): a short one is drained in the background at the tenant's pace, so the connection
+    /// of ([`discard`]): a short one is drained in the background at the tenant's pace, so the connection
     /// serves the client's next request; a long one, or one the client waits for `100
     /// Continue` to send, is left unread, and `e` closes the connection.
-    pub fn refuse_unread<B>(&self, tenant: &str, req: Request<B>, e: ApiError) -> ApiError
+    pub fn refuse_unread<B>(&self, tenant: &str, req: Request<Bounded<B>>, e: ApiError) -> ApiError
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,
@@ -109,13 +106,8 @@ impl Bodies {
             .headers()
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        let (limit, timeout) = (self.max_bytes, self.read_timeout);
         // Waiting for `100 Continue`, the client has sent nothing: there is nothing to read.
-        if !expects_continue
-            && self
-                .discarder
-                .discard(tenant, req.into_body(), timeout, limit)
-        {
+        if !expects_continue && self.discarder.discard(tenant, req.into_body()) {
             return e;
         }
         e.closing_connection()

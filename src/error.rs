@@ -5,12 +5,9 @@
 //! [`PoolError`], [`BodyError`], [`UpstreamFailure`]); they all become an [`ApiError`] here, and
 //! nowhere else.
 
-pub mod code;
-
-pub use code::ErrorCode;
+pub use crate::error_code::ErrorCode;
 
 use crate::admission::{AdmitError, ClassRefused, ClassShares, PRIORITY_HEADER};
-use crate::api::route::Wire;
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
 use crate::reload::ReloadError;
 use crate::tenant::Unauthenticated;
@@ -18,6 +15,7 @@ use crate::tokenize::chat::TemplateError;
 use crate::tokenize::pool::PoolError;
 use crate::util::bounded::ReadError;
 use crate::util::decimal::push_decimal;
+use crate::wire::Wire;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
@@ -46,9 +44,6 @@ pub struct ApiError {
     /// `connection: close`: the request's body was left unread, so its connection ends with
     /// this answer (see [`ApiError::closing_connection`]).
     pub closes_connection: bool,
-    /// The request's ticket recorded its outcome and charge (a timeout after it was forwarded,
-    /// whose prefill stays charged): the refusal is not recorded again where errors are.
-    pub recorded: bool,
 }
 
 /// The one method a path answers, for a 405's `allow` (a byte, not a string: errors travel in
@@ -85,7 +80,6 @@ impl ApiError {
             rate_limit: None,
             allow: None,
             closes_connection: false,
-            recorded: false,
         }
     }
 

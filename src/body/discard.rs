@@ -25,9 +25,9 @@
 //! `an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized`).
 
 use crate::metrics::TenantLabel;
-use crate::util::bounded::Pace;
+use crate::util::bounded::{Bounded, Pace};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::collections::HashMap;
@@ -165,28 +165,26 @@ impl Discarder {
         }
     }
 
-    /// Reads and drops `body` in the background at `tenant`'s pace, within `timeout`, when it
-    /// is declared at most `limit` bytes long: returns whether it does. Otherwise `body` is
-    /// dropped here unread, and its connection must close after the answer.
-    pub fn discard<B>(
-        self: &Arc<Self>,
-        tenant: &str,
-        body: B,
-        timeout: Duration,
-        limit: u64,
-    ) -> bool
+    /// Reads and drops `body` in the background at `tenant`'s pace, by its deadline, when it
+    /// is declared at most its bound long: returns whether it does. Otherwise `body` is dropped
+    /// here unread, and its connection must close after the answer.
+    pub fn discard<B>(self: &Arc<Self>, tenant: &str, body: Bounded<B>) -> bool
     where
         B: Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        if body.size_hint().exact().is_none_or(|n| n > limit) {
+        if body
+            .size_hint()
+            .exact()
+            .is_none_or(|n| n > body.max_bytes())
+        {
             return false;
         }
         // Held to its word: a body that sends more than it declared is cut at the bound.
-        let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
         let pace = Arc::clone(self);
         let tenant = tenant.to_owned();
+        let deadline = body.deadline();
         tokio::spawn(async move {
             let mut body = std::pin::pin!(body);
             let drained = async {
@@ -196,7 +194,7 @@ impl Discarder {
                     tokio::time::sleep_until(pace.charge(&tenant, bytes, Instant::now())).await;
                 }
             };
-            let _ = tokio::time::timeout(timeout, drained).await;
+            let _ = tokio::time::timeout_at(deadline, drained).await;
         });
         true
     }
@@ -424,7 +422,10 @@ mod tests {
             declared,
             read,
         };
-        (d.discard(tenant, body, timeout, DRAIN_BYTES), reads)
+        (
+            d.discard(tenant, Bounded::new(body, DRAIN_BYTES, timeout)),
+            reads,
+        )
     }
 
     /// When each frame was read, from `t0`.

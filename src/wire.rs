@@ -1,0 +1,14 @@
+//! The two dialects the gateway speaks with clients and backends: OpenAI's (vLLM's) and TGI's
+//! (MindIE's native routes). A route names its dialect (`api::Route::wire`); the metering and
+//! every refusal follow it.
+
+/// How a route's answers and errors are written: it decides where the output count is read,
+/// and the shape of every refusal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// OpenAI: `usage`, `choices`, `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// TGI as MindIE speaks it: `generated_text`, `details.generated_tokens`, one token per
+    /// stream event, `{"error": "...", "error_type": "..."}`.
+    Tgi,
+}
