@@ -559,6 +559,26 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
     }
 }
 
+/// The ids of a `/detokenize` body: `tokens`, a list (empty or not) of token ids.
+pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    match body.get("tokens") {
+        Some(Value::Array(items)) => (items.iter().enumerate())
+            .map(|(i, v)| {
+                let id = v.as_u64().and_then(|n| u32::try_from(n).ok());
+                id.ok_or_else(|| {
+                    let max = u32::MAX;
+                    ApiError::invalid_param(
+                        "tokens",
+                        format!("`tokens[{i}]` is {v}: a token id is an integer from 0 to {max}"),
+                    )
+                })
+            })
+            .collect(),
+        None | Some(Value::Null) => Err(ApiError::invalid_param("tokens", "`tokens` is required")),
+        Some(other) => Err(wrong_type("tokens", "a list of token ids", other)),
+    }
+}
+
 /// Takes the validated body out of `req` and rewrites it so the backend generates at most
 /// `reserved` tokens, is asked for the model by the name it serves (`backend_model`; clients
 /// may use an alias) and, for a stream, reports usage in its last chunk. Everything else goes

@@ -1,5 +1,5 @@
-//! The main listener's routes answered without the backend: `POST /tokenize` (locally, in
-//! vLLM's shape) and `GET /v1/models` (from the backends). Both come after the authenticate
+//! The main listener's routes answered without the backend: `POST /tokenize` and
+//! `POST /detokenize` (locally, in vLLM's shape) and `GET /v1/models` (from the backends). Both come after the authenticate
 //! layer, whose `Arc<Tenant>` they find in the request's extensions.
 //!
 //! `/tokenize` costs one request from the tenant's requests bucket (none is taken when it is
@@ -9,11 +9,13 @@
 //! hundred kilobytes cannot ask for hundreds of megabytes of ids.
 
 use super::upstream::Upstream;
-use super::{full, json_text_response, GatewayBody};
+use super::{full, json_response, json_text_response, GatewayBody};
 use crate::api::openai::{self};
 use crate::api::Prompt;
 use crate::body::check_content_type;
-use crate::error::ApiError;
+use crate::body::discard::BodyCharge;
+use crate::config::ValidConfig;
+use crate::error::{Allow, ApiError};
 use crate::layers::count::Counter;
 use crate::limiter::Cost;
 use crate::request_id::REQUEST_ID;
@@ -24,14 +26,101 @@ use crate::util::bounded::Bounded;
 use crate::util::decimal::push_decimal;
 use crate::vision;
 use http::{Method, Request, Response, StatusCode};
+use serde_json::{Map, Value};
 use std::sync::Arc;
 
-/// What `/tokenize` costs: one request.
+/// The answers the gateway gives itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local {
+    /// `POST /tokenize`.
+    Tokenize,
+    /// `POST /detokenize`.
+    Detokenize,
+    /// `GET /v1/models`.
+    Models,
+}
+
+impl Local {
+    /// Every one.
+    pub const ALL: [Local; 3] = [Local::Tokenize, Local::Detokenize, Local::Models];
+
+    /// Its path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Local::Tokenize => "/tokenize",
+            Local::Detokenize => "/detokenize",
+            Local::Models => "/v1/models",
+        }
+    }
+
+    /// The one method it answers.
+    pub fn method(self) -> Allow {
+        match self {
+            Local::Models => Allow::Get,
+            Local::Tokenize | Local::Detokenize => Allow::Post,
+        }
+    }
+}
+
+/// The answer the [`Local`] in `req`'s extensions names (an authenticated request: its
+/// `Arc<Tenant>` is there too), from `counter` or the backends'.
+pub async fn answer<B>(
+    counter: Arc<Counter>,
+    upstreams: Arc<[Upstream]>,
+    req: Request<Bounded<B>>,
+) -> Result<Response<GatewayBody>, ApiError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match *crate::layers::extensions::needs::<Local>(req.extensions())? {
+        Local::Tokenize => tokenize(counter, req).await,
+        Local::Detokenize => detokenize(counter, req).await,
+        Local::Models => models(upstreams, req).await,
+    }
+}
+
+/// What `/tokenize` and `/detokenize` cost: one request.
 const ONE_REQUEST: Cost = Cost {
     prefill: 0,
     decode: 0,
     requests: 1,
 };
+
+/// A local answer's request, read as a generation's is: refused before its body is read when
+/// the tenant has no request left, then its body (bounded, at the tenant's pace) `parse`d into
+/// what it asks, after its `model` (when it names one) is checked; with what reading it charged.
+async fn read_local<'a, B, T: Send + 'static>(
+    counter: &'a Counter,
+    tenant: &'a Tenant,
+    req: Request<Bounded<B>>,
+    parse: impl FnOnce(&Map<String, Value>, &ValidConfig) -> Result<T, ApiError> + Send + 'static,
+) -> Result<(T, BodyCharge<'a>), ApiError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    check_content_type(req.headers())?;
+    if let Err(e) = counter.check_at_least(tenant, ONE_REQUEST, [true; 3]).await {
+        return Err(counter.bodies.refuse_unread(&tenant.name, req, e));
+    }
+    let config = counter.config.clone();
+    counter
+        .bodies
+        .read_body_json(&tenant.name, req.into_body(), move |body| {
+            let body = body.object;
+            if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
+                let m = v.as_str().unwrap_or_default();
+                if !config.model.served_names.iter().any(|n| n == m) {
+                    return Err(ApiError::model_not_found(m));
+                }
+            }
+            parse(&body, &config)
+        })
+        .await
+}
 
 /// `POST /tokenize`, answered locally in vLLM's shape: `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize<B>(
@@ -44,32 +133,14 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-    check_content_type(req.headers())?;
-    // A tenant without a request left is refused before its body is read, as a generation is.
-    if let Err(e) = counter
-        .check_at_least(&tenant, ONE_REQUEST, [true; 3])
-        .await
-    {
-        return Err(counter.bodies.refuse_unread(&tenant.name, req, e));
-    }
-    let config = counter.config.clone();
-    let (prompt, body_charge) = counter
-        .bodies
-        .read_body_json(&tenant.name, req.into_body(), move |body| {
-            let body = body.object;
-            if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
-                let m = v.as_str().unwrap_or_default();
-                if !config.model.served_names.iter().any(|n| n == m) {
-                    return Err(ApiError::model_not_found(m));
-                }
-            }
-            if body.contains_key("messages") {
-                openai::parse_chat_prompt(&body, &config.vision_rules, ChatRoute::Tokenize)
-            } else {
-                openai::parse_completion_prompt(&body)
-            }
-        })
-        .await?;
+    let (prompt, body_charge) = read_local(&counter, &tenant, req, |body, config| {
+        if body.contains_key("messages") {
+            openai::parse_chat_prompt(body, &config.vision_rules, ChatRoute::Tokenize)
+        } else {
+            openai::parse_completion_prompt(body)
+        }
+    })
+    .await?;
     let max_len = counter.config.model.max_model_len;
     let counted = counter
         .count_prompt(&tenant.name, prompt.clone(), max_len)
@@ -90,6 +161,43 @@ where
     Ok(json_text_response(
         StatusCode::OK,
         tokenize_answer(&ids, max_len),
+    ))
+}
+
+/// `POST /detokenize`, answered locally in vLLM's shape: `{"prompt": text}`, the ids decoded as
+/// vLLM decodes a prompt's (special tokens kept, invalid UTF-8 as U+FFFD, ids the tokenizer does
+/// not have left out). It costs one request, as `/tokenize` does.
+pub async fn detokenize<B>(
+    counter: Arc<Counter>,
+    req: Request<Bounded<B>>,
+) -> Result<Response<GatewayBody>, ApiError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+    let (ids, body_charge) = read_local(&counter, &tenant, req, |body, _| {
+        openai::parse_detokenize(body)
+    })
+    .await?;
+    let mut charge = counter
+        .limiter
+        .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
+        .await?;
+    let tokenizer = counter.tokenizer.clone();
+    // Decoding an id is a lookup and a copy, cheaper than tokenizing a byte: as many ids as
+    // the inline bound's bytes are decoded here.
+    let text = (counter.pool)
+        .run_maybe_inline(&tenant.name, ids.len(), move || tokenizer.decode(&ids))
+        .await
+        .map_err(ApiError::from)
+        // No answer: the request is given back.
+        .inspect_err(|_| charge.refund_all())?;
+    body_charge.accept();
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "prompt": text }),
     ))
 }
 

@@ -3,7 +3,7 @@
 //! answer, 3 the body's bounds, 4 the route table; a generation route then runs
 //! [`generation_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge, 9 admit,
 //! 10-11 forward and meter (see [`crate::layers`] for what each leaves in the request's
-//! extensions). `/tokenize` and `/v1/models` are answered after step 5 alone. The admin listener
+//! extensions). `/tokenize`, `/detokenize` and `/v1/models` are answered after step 5 alone. The admin listener
 //! has steps 1-2 around its own routes. The listeners that serve them are [`super`]'s.
 
 use crate::admin;
@@ -14,7 +14,8 @@ use crate::layers::{
     AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
 };
 use crate::proxy::forward::Forward;
-use crate::proxy::{error_response_in, local, GatewayBody};
+use crate::proxy::local::{self, Local};
+use crate::proxy::{error_response_in, GatewayBody};
 use crate::request_id::RequestIds;
 use crate::request_id::REQUEST_ID;
 use crate::util::bounded::Bounded;
@@ -287,25 +288,21 @@ impl<S> Handler for S where
 {
 }
 
-/// The main listener's routes: generation through [`generation_service`]; `/tokenize` and
-/// `/v1/models` after authentication alone.
+/// The main listener's routes: generation through [`generation_service`]; the local answers
+/// (`/tokenize`, `/detokenize`, `/v1/models`) after authentication alone.
 #[derive(Clone)]
-struct Routes<G, T, M> {
+struct Routes<G, L> {
     generate: G,
-    tokenize: T,
-    models: M,
+    local: L,
 }
 
-fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler, impl Handler> {
+fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler> {
     let (counter, upstreams) = (gw.counter.clone(), gw.backends.upstreams.clone());
     Routes {
         generate: generation_service(gw.clone()),
-        tokenize: ServiceBuilder::new()
+        local: ServiceBuilder::new()
             .layer(AuthenticateLayer::new(gw.live.clone()))
-            .service_fn(move |req| local::tokenize(counter.clone(), req)),
-        models: ServiceBuilder::new()
-            .layer(AuthenticateLayer::new(gw.live.clone()))
-            .service_fn(move |req| local::models(upstreams.clone(), req)),
+            .service_fn(move |req| local::answer(counter.clone(), upstreams.clone(), req)),
     }
 }
 
@@ -314,10 +311,8 @@ fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler, impl Handler> 
 pub enum Answer {
     /// Steps 5-11 ([`generation_service`]) on this generation route.
     Generate(Route),
-    /// `/tokenize`, answered here after authentication.
-    Tokenize,
-    /// `/v1/models`, from the backends after authentication.
-    Models,
+    /// Answered by the gateway itself after authentication.
+    Local(Local),
 }
 
 /// The main listener's route table: each path, the one method it answers and what answers it.
@@ -326,16 +321,13 @@ pub enum Answer {
 pub fn main_routes() -> impl Iterator<Item = (&'static str, Allow, Answer)> {
     (Route::ALL.into_iter())
         .map(|r| (r.path(), Allow::Post, Answer::Generate(r)))
-        .chain([
-            ("/tokenize", Allow::Post, Answer::Tokenize),
-            ("/v1/models", Allow::Get, Answer::Models),
-        ])
+        .chain(Local::ALL.map(|l| (l.path(), l.method(), Answer::Local(l))))
 }
 
 /// Step 4: the route table's answer for the request's path and method; a 404 or a 405 (with
 /// `allow`) for anything else.
-fn route<G: Handler, T: Handler, M: Handler>(
-    routes: Routes<G, T, M>,
+fn route<G: Handler, L: Handler>(
+    routes: Routes<G, L>,
 ) -> impl Fn(Request<Body>) -> BoxFuture<'static, Result<Response<GatewayBody>, ApiError>> + Clone {
     move |mut req| {
         let routes = routes.clone();
@@ -352,8 +344,10 @@ fn route<G: Handler, T: Handler, M: Handler>(
                     req.extensions_mut().insert(route);
                     routes.generate.oneshot(req).await
                 }
-                Answer::Tokenize => routes.tokenize.oneshot(req).await,
-                Answer::Models => routes.models.oneshot(req).await,
+                Answer::Local(local) => {
+                    req.extensions_mut().insert(local);
+                    routes.local.oneshot(req).await
+                }
             }
         })
     }

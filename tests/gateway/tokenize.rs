@@ -148,3 +148,60 @@ async fn images_past_the_cap_are_refused_before_any_is_read() {
     assert_eq!(backend.seen.lock().unwrap().len(), 1);
     assert_eq!(gw.bucket("alice", "requests").await, 99.0);
 }
+
+#[tokio::test]
+async fn detokenize_answers_locally_as_vllm_decodes_and_costs_one_request() {
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        // One request per 10 s: a single request empties the bucket.
+        cfg.tenants[0].requests_per_second = 0.1;
+    })
+    .await;
+    let detokenize = gw.url("/detokenize");
+    let tok = tokenizer();
+    // Special tokens kept, as vLLM's `tokenizer.decode` keeps them.
+    let mut ids = tok.encode("hello world");
+    ids.insert(0, tok.token_id("<|im_start|>").expect("a special token"));
+    let r = post(&detokenize, "sk-alice", &json!({"tokens": ids})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"prompt": "<|im_start|>hello world"}));
+    assert_eq!(gw.bucket("alice", "requests").await, 0.0);
+    // Empty: refused before its body is read.
+    let r = post(&detokenize, "sk-alice", &json!({"tokens": [1]})).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "rate_limit_exceeded"));
+
+    // Bad input costs nothing.
+    gw.clock.advance(Duration::from_secs(10));
+    for (body, message) in [
+        (json!({}), "`tokens` is required"),
+        (
+            json!({"tokens": "hi"}),
+            "`tokens` must be a list of token ids, got a string",
+        ),
+        (
+            json!({"tokens": [1, -2]}),
+            "`tokens[1]` is -2: a token id is an integer from 0 to 4294967295",
+        ),
+    ] {
+        let r = post(&detokenize, "sk-alice", &body).await;
+        assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"));
+        assert_eq!(
+            (
+                r.json()["error"]["param"].clone(),
+                r.json()["error"]["message"].clone()
+            ),
+            (json!("tokens"), json!(message))
+        );
+    }
+    let r = post(
+        &detokenize,
+        "sk-alice",
+        &json!({"model": "gpt-4", "tokens": []}),
+    )
+    .await;
+    assert_eq!((r.status, r.code().as_str()), (404, "model_not_found"));
+    assert_eq!(gw.bucket("alice", "requests").await, 1.0);
+    // No tokens: no text.
+    let r = post(&detokenize, "sk-alice", &json!({"tokens": []})).await;
+    assert_eq!((r.status, r.json()), (200, json!({"prompt": ""})));
+    assert!(backend.seen.lock().unwrap().is_empty());
+}

@@ -614,6 +614,34 @@ def cached_prefill(port, admin_port, log):
     return out
 
 
+def local_answers(port, vllm_url, seed):
+    """`/tokenize` and `/detokenize`, which the gateway answers itself: each equal to vLLM's own
+    answer to the same body (status and fields), for text, chats and id lists that cover the
+    special tokens, bytes that are not whole characters, and ids past the vocabulary."""
+    rng = random.Random(seed)
+    headers = {"authorization": f"Bearer {KEY}"}
+    bodies = [("/tokenize", {"model": MODEL, "prompt": random_text(rng)}) for _ in range(20)]
+    bodies += [("/tokenize", {"model": MODEL, "messages": random_messages(rng, False)[0]})
+               for _ in range(20)]
+    # Ids from anywhere in the vocabulary: single bytes of multi-byte characters among them.
+    specials = [248044, 248045, 248046, 248053, 248068]
+    lists = [[rng.randrange(248044) for _ in range(rng.randint(1, 40))] for _ in range(30)]
+    lists += [rng.sample(specials, 3) + [9707, 1879], [], [0], [248076], [248300], [300000]]
+    bodies += [("/detokenize", {"model": MODEL, "tokens": ids}) for ids in lists]
+    out = []
+    for path, body in bodies:
+        got = post(f"http://127.0.0.1:{port}{path}", body, headers)
+        want = post(f"{vllm_url}{path}", body)
+        fields = ["count", "max_model_len", "tokens"] if path == "/tokenize" else ["prompt"]
+        def seen(status, raw):
+            doc = json.loads(raw) if raw.startswith(b"{") else {}
+            return status, {f: doc.get(f) for f in fields} if status == 200 else None
+        if seen(got[0], got[2]) != seen(want[0], want[2]):
+            out.append(f"{path} {json.dumps(body)[:200]}: gateway {got[0]} {got[2][:200]!r}, "
+                       f"vLLM {want[0]} {want[2][:200]!r}")
+    return out
+
+
 def reconciliation(a, work):
     """A gateway whose chat template renders a word more than vLLM's (as after a template
     change on the backend): vLLM's count settles each charge, and the difference is exported."""
@@ -740,7 +768,8 @@ def main():
                 continue
             passed += 1
         t_done = time.monotonic()
-        for name, check in [("cached prefill", lambda: cached_prefill(port, admin_port, log))]:
+        for name, check in [("cached prefill", lambda: cached_prefill(port, admin_port, log)),
+                            ("local answers", lambda: local_answers(port, a.vllm_url, a.seed))]:
             found = check()
             failures += [(name, f) for f in found]
             passed += not found
