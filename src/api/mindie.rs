@@ -19,8 +19,8 @@ use std::borrow::Cow;
 /// Validates a native body for `native`: `inputs` a non-empty string, `stream` a boolean
 /// (on `/generate` and `/generate_stream` only the route's own mode, so the answer's shape
 /// is never in doubt), `parameters` an object whose `max_new_tokens` is a whole number in
-/// 1..=max_model_len, `details` a boolean, and `n` / `best_of` 1 (one sequence per request: a
-/// reservation covers one). Other parameters reach the backend as sent.
+/// 1..=max_model_len, `details` and `return_full_text` booleans, and `n` / `best_of` 1 (one
+/// sequence per request: a reservation covers one). Other parameters reach the backend as sent.
 pub fn parse_generation(
     native: Native,
     body: Map<String, Value>,
@@ -100,9 +100,13 @@ pub fn parse_generation(
             }
         }
     }
-    if let Some(v) = parameter("details").filter(|v| !v.is_boolean()) {
-        return Err(wrong_type("parameters.details", "a boolean", v));
+    for name in ["details", "return_full_text"] {
+        if let Some(v) = parameter(name).filter(|v| !v.is_boolean()) {
+            return Err(wrong_type(&format!("parameters.{name}"), "a boolean", v));
+        }
     }
+    let echoed_prompt =
+        (parameter("return_full_text") == Some(&Value::Bool(true))).then(|| inputs.clone());
     Ok(GenerationRequest {
         endpoint: Route::MindIe(native),
         model: limits.served_names[0].clone(),
@@ -110,6 +114,7 @@ pub fn parse_generation(
         client_wants_usage: false,
         requested_max_tokens,
         prompt: Prompt::Text(inputs),
+        echoed_prompt,
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,

@@ -126,6 +126,7 @@ pub fn parse_generation_from(
         client_wants_usage,
         requested_max_tokens: requested,
         prompt,
+        echoed_prompt: None,
         body,
         raw,
         raw_keys_unique: keys_unique,

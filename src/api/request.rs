@@ -69,6 +69,10 @@ pub struct GenerationRequest {
     pub requested_max_tokens: Option<(MaxTokensField, u64)>,
     /// What to count.
     pub prompt: Prompt,
+    /// The prompt's text when the answer repeats it before what was generated (TGI's
+    /// `parameters.return_full_text`): it is not output, and is left out when the answer's text
+    /// is counted.
+    pub echoed_prompt: Option<String>,
     /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
     /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`]).
     pub body: Map<String, Value>,

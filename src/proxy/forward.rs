@@ -98,11 +98,11 @@ impl<B> tower::Service<Request<B>> for Forward {
                 cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
             };
             let (mut parts, _) = req.into_parts();
-            let parsed = parts
+            let mut parsed = parts
                 .extensions
                 .remove::<GenerationRequest>()
                 .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
-            let admitted = Admitted::new(
+            let mut admitted = Admitted::new(
                 tenant,
                 ticket,
                 gw.metrics.clone(),
@@ -121,6 +121,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                 reconcile,
                 arrived,
             );
+            admitted.echoes(parsed.echoed_prompt.take());
             Ok::<_, ApiError>((parsed, max_output, admitted, request_id))
         })();
         Box::pin(async move {

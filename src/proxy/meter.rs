@@ -131,6 +131,9 @@ pub struct Admitted {
     text: String,
     /// A chat completion's answer so far; `None` when it is not one or it calls tools.
     reply: Option<String>,
+    /// The prompt the whole answer's text starts with, when the client asked for it back
+    /// (TGI's `return_full_text`).
+    echoed_prompt: Option<String>,
 }
 
 impl Admitted {
@@ -159,6 +162,7 @@ impl Admitted {
             streamed: false,
             text: String::new(),
             reply,
+            echoed_prompt: None,
         }
     }
 
@@ -225,10 +229,20 @@ impl Admitted {
         self.ticket_mut().settle_as(outcome);
     }
 
+    /// The whole answer's text will start with `prompt`, which is not output.
+    pub fn echoes(&mut self, prompt: Option<String>) {
+        self.echoed_prompt = prompt;
+    }
+
     /// A complete non-streamed answer.
     pub fn finish_json(mut self, body: &[u8]) {
         let answer = Chunk::of(self.counter.wire, body);
         self.observe(&answer);
+        if let Some(prompt) = self.echoed_prompt.take() {
+            if let Some(generated) = self.text.strip_prefix(prompt.as_str()) {
+                self.text = generated.to_owned();
+            }
+        }
         if answer.answer().is_none() {
             self.reply = None;
         }

@@ -360,7 +360,13 @@ impl StreamState {
             }
             let api = self.job.api;
             let text = completion_text(index - 1, 1);
-            let finish = last.then(|| (self.finish, completion_text(0, index), index));
+            let finish = (last).then(|| {
+                (
+                    self.finish,
+                    self.job.generated_text(completion_text(0, index)),
+                    index,
+                )
+            });
             let reasoning = index <= self.job.reasoning_tokens(self.output);
             self.pending
                 .extend(api.token_events(&self.meta, index, &text, reasoning, finish));

@@ -41,6 +41,20 @@ pub struct Job {
     pub thinking: bool,
     /// With `--enable-prompt-tokens-details`: the prompt's tokens the prefix cache held.
     pub cached_tokens: Option<u64>,
+    /// TGI `parameters.return_full_text`: the prompt, which the answer's `generated_text`
+    /// starts with.
+    pub echoed_prompt: Option<String>,
+}
+
+impl Job {
+    /// What an answer whose generated text is `generated` says it generated: the prompt
+    /// first when it is echoed.
+    pub fn generated_text(&self, generated: String) -> String {
+        match &self.echoed_prompt {
+            Some(prompt) => prompt.clone() + &generated,
+            None => generated,
+        }
+    }
 }
 
 impl Job {
@@ -107,6 +121,8 @@ struct TgiParameters {
     details: bool,
     #[serde(default)]
     ignore_eos: bool,
+    #[serde(default)]
+    return_full_text: bool,
 }
 
 fn bad_json(e: serde_json::Error) -> ApiError {
@@ -171,6 +187,7 @@ pub fn parse_openai(
         details: false,
         thinking,
         cached_tokens: None,
+        echoed_prompt: None,
     };
     Ok((job, prompt))
 }
@@ -195,6 +212,7 @@ pub fn parse_tgi(
         details: req.parameters.details,
         thinking: false,
         cached_tokens: None,
+        echoed_prompt: req.parameters.return_full_text.then(|| req.inputs.clone()),
     };
     Ok((job, req.inputs))
 }
@@ -378,9 +396,10 @@ impl Api {
                 answer
             }
             Api::Tgi if job.details => {
+                let text = job.generated_text(text);
                 json!({"generated_text": text, "details": tgi_details(finish, n)})
             }
-            Api::Tgi => json!({"generated_text": text}),
+            Api::Tgi => json!({"generated_text": job.generated_text(text)}),
         }
     }
 

@@ -617,3 +617,36 @@ async fn mindie_tls_settings_are_checked_with_the_field_named() {
         "backends[0].url `ftp://127.0.0.1:1025` must be http://HOST:PORT or https://HOST:PORT"
     );
 }
+
+#[tokio::test]
+async fn a_whole_answer_that_repeats_its_prompt_is_charged_only_what_was_generated() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    let mut decoded = 0;
+    for path in ["/generate", "/infer"] {
+        let decode = gw.bucket("alice", "decode").await;
+        let body = json!({"inputs": INPUTS, "parameters": {"max_new_tokens": 40, "return_full_text": true}});
+        let r = post(&gw.url(path), "sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        // The answer starts with the prompt, as the client asked.
+        let text = r.json()["generated_text"].as_str().unwrap().to_owned();
+        let generated = text.strip_prefix(INPUTS).expect("the prompt first");
+        let n = tokenizer().count(generated) as u64;
+        assert!((1..40).contains(&n), "{path}: {n} tokens");
+        decoded += n;
+        // Settled as what was generated, the prompt not counted as output.
+        gw.wait_metric(
+            "tokengate_decode_tokens_total{tenant=\"alice\"}",
+            &decoded.to_string(),
+        )
+        .await;
+        assert_eq!(gw.bucket("alice", "decode").await, decode - n as f64);
+    }
+    assert_eq!(sim.stats().generated_tokens, decoded);
+    let body = json!({"inputs": INPUTS, "parameters": {"return_full_text": "yes"}});
+    let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({"error": "`parameters.return_full_text` must be a boolean, got a string", "error_type": "invalid_request"})
+    );
+}
