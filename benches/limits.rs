@@ -91,6 +91,7 @@ const NEED: Need = Need {
     bytes: BYTES,
     prompt_tokens: 1000,
     output_tokens: 100,
+    sequences: 1,
 };
 
 fn admission_core() -> f64 {

@@ -55,6 +55,7 @@ const NEED: Need = Need {
     bytes: 1 << 20,
     prompt_tokens: COST.prefill,
     output_tokens: COST.decode,
+    sequences: 1,
 };
 
 /// One setup: a limiter on a store, an admission room on a ledger.

@@ -488,7 +488,13 @@ impl From<NotAdmitted> for ApiError {
             queue_deadline,
         } = refusal;
         match error {
-            AdmitError::NeverFits { bytes, largest_capacity, class, share_permille } => {
+            AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => {
+                ApiError::exceeds_kv(format!(
+                    "the request runs {sequences} sequences (`n`), more than a {class} request may run at once on any backend (largest: {largest_batch}); lower n"
+                ))
+                .with_param("n")
+            }
+            AdmitError::NeverFits { bytes, largest_capacity, class, share_permille, .. } => {
                 let whole = if share_permille < ClassShares::FULL.permille(class) {
                     format!("the share a {class} request may hold of any backend (admission.{class}_share = {}; largest: {largest_capacity} bytes)", f64::from(share_permille) / 1000.0)
                 } else {
@@ -897,6 +903,8 @@ mod tests {
         let e = refusal(AdmitError::NeverFits {
             bytes: 900,
             largest_capacity: 800,
+            sequences: 1,
+            largest_batch: 4,
             class: Priority::Standard,
             share_permille: 1000,
         });
@@ -912,11 +920,31 @@ mod tests {
         let e = refusal(AdmitError::NeverFits {
             bytes: 900,
             largest_capacity: 400,
+            sequences: 1,
+            largest_batch: 4,
             class: Priority::Sheddable,
             share_permille: 500,
         });
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the share a sheddable request may hold of any backend (admission.sheddable_share = 0.5; largest: 400 bytes); lower max_tokens or shorten the prompt");
+        // More sequences than any batch: the 400 names `n`, whatever the bytes.
+        let e = refusal(AdmitError::NeverFits {
+            bytes: 900,
+            largest_capacity: 4000,
+            sequences: 5,
+            largest_batch: 4,
+            class: Priority::Standard,
+            share_permille: 1000,
+        });
+        assert_eq!(
+            (e.status, e.code, e.param.as_deref()),
+            (
+                StatusCode::BAD_REQUEST,
+                crate::error::ErrorCode::ExceedsKvCapacity,
+                Some("n")
+            )
+        );
+        assert_eq!(e.message, "the request runs 5 sequences (`n`), more than a standard request may run at once on any backend (largest: 4); lower n");
         let e = refusal(AdmitError::DeadlineExceeded {
             waited: Duration::from_millis(10_000_400),
             deadline: Duration::from_secs(10),

@@ -613,6 +613,49 @@ async fn three_replicas_share_one_kv_ledger() {
     wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
 }
 
+/// A request of `n` choices holds `n` of the shared batch's slots: with a batch of 3 and one
+/// replica's request of 2 choices held by the backend, another replica's request of 2 waits
+/// (1 slot is free), and it runs once the first has finished; the ledger counts sequences, and
+/// ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_n_choices_holds_n_slots_of_the_shared_batch() {
+    let url = support::redis_server::url();
+    let prefix = prefix("kv-seqs");
+    let backend = FakeBackend::start(FakeSpec::held()).await;
+    let text = batch_config(backend.addr, 3, &redis_limiter(&url, &prefix, ""));
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let config = Config::parse(&text).unwrap().into_inner();
+        replicas.push(TestGateway::start(config).await);
+    }
+    let mut conn = connect(&url).await;
+    let mut body = chat("hi", 5, true);
+    body["n"] = serde_json::json!(2);
+    let first = spawn_post(
+        &replicas[0].url("/v1/chat/completions"),
+        "sk-alice",
+        body.clone(),
+    );
+    backend.wait_held(1).await;
+    assert_eq!(ledger_totals(&mut conn, &prefix, backend.addr).await.1, 2);
+    let second = spawn_post(&replicas[1].url("/v1/chat/completions"), "sk-alice", body);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queued(&replicas).await != 1 {
+        assert!(Instant::now() < deadline, "the second request never queued");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(backend.seen.lock().unwrap().len(), 1);
+    backend.release.add_permits(1);
+    backend.wait_held(2).await;
+    assert_eq!(ledger_totals(&mut conn, &prefix, backend.addr).await.1, 2);
+    backend.release.add_permits(1);
+    for a in [first, second] {
+        let r = a.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    wait_totals(&mut conn, &prefix, backend.addr, |t| t == (0, 0)).await;
+}
+
 /// Two replicas on the shared store (key prefix for `test`, returned) in front of one held
 /// backend of `max_batch` sequences, with `admission` in place of the queue's bound and alice
 /// in class critical.

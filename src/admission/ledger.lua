@@ -12,21 +12,23 @@
 --
 -- KEYS[1]: the registry, a sorted set: replica -> expiry (ms, Redis TIME)
 -- KEYS[2]: reserved KV bytes per "CLASS NAME" (hash)
--- KEYS[3]: live leases per "CLASS NAME" (hash)
--- KEYS[4]: this replica's leases (hash: lease id -> "BYTES CLASS NAME")
+-- KEYS[3]: live sequences (batch slots) per "CLASS NAME" (hash)
+-- KEYS[4]: this replica's leases (hash: lease id -> "BYTES SEQS CLASS NAME"; a value of an
+--          earlier version, "BYTES CLASS NAME", runs one sequence)
 -- ARGV[1] operation, ARGV[2] this replica, ARGV[3] lease TTL (ms), ARGV[4] the prefix of every
 -- replica's lease hash (KEYS[4] is it followed by ARGV[2]), ARGV[5] N, then N backends as
 -- NAME CAPACITY MAX_BATCH and, per class in order, its LIMIT_BYTES LIMIT_BATCH, then the
 -- operation's M and its M items:
---   acquire   M x (ID BYTES CLASS):       each reserved, in order, on the backend with the most
---                                         free bytes where it fits, its class within its share
+--   acquire   M x (ID BYTES SEQS CLASS):  each reserved, in order, on the backend with the most
+--                                         free bytes where its bytes and its SEQS sequences
+--                                         fit, its class within its share of both
 --                                         (lowest index on a tie); result: its backend's index
 --                                         (1-based), or 0 if it fits nowhere. The items come in
 --                                         the queue's order, which is strict: after one that
 --                                         fits nowhere, none is reserved (0 each)
 --   release   M x ID:                     result 1 if the lease was there (its bytes go back),
 --                                         else 0
---   heartbeat M x (ID BYTES CLASS NAME):  the replica's live leases; any missing (its replica
+--   heartbeat M x (ID BYTES SEQS CLASS NAME): the replica's live leases; any missing (its replica
 --                                         was taken for dead, or Redis restarted empty) is added
 --                                         again; result: 1 if added again, else 0
 -- Reply: the M results, then RESERVED and LIVE of each class of each of the N backends (after
@@ -55,12 +57,15 @@ end
 local at = 6 + 9 * n
 local m = tonumber(ARGV[at])
 
--- "BYTES CLASS NAME" -> bytes, class, name
+-- "BYTES SEQS CLASS NAME" (or an earlier version's "BYTES CLASS NAME") -> bytes, seqs, class,
+-- name. A NAME is a URL: it has no space.
 local function split(v)
-  local a = string.find(v, ' ', 1, true)
-  local b = string.find(v, ' ', a + 1, true)
-  return tonumber(string.sub(v, 1, a - 1)), tonumber(string.sub(v, a + 1, b - 1)),
-    string.sub(v, b + 1)
+  local f = {}
+  for w in string.gmatch(v, '[^ ]+') do f[#f + 1] = w end
+  if #f == 3 then
+    return tonumber(f[1]), 1, tonumber(f[2]), f[3]
+  end
+  return tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), f[4]
 end
 
 local function take(class, name, bytes, count)
@@ -80,8 +85,8 @@ for _, dead in ipairs(redis.call('ZRANGEBYSCORE', registry, '-inf', '(' .. now))
   local key = lease_prefix .. dead
   local all = redis.call('HGETALL', key)
   for i = 2, #all, 2 do
-    local bytes, class, name = split(all[i])
-    take(class, name, -bytes, -1)
+    local bytes, seqs, class, name = split(all[i])
+    take(class, name, -bytes, -seqs)
   end
   redis.call('DEL', key)
   redis.call('ZREM', registry, dead)
@@ -113,21 +118,21 @@ local results = {}
 if op == 'acquire' then
   local blocked = false
   for j = 1, m do
-    local id, bytes, class = ARGV[at + 3 * j - 2], tonumber(ARGV[at + 3 * j - 1]),
-      tonumber(ARGV[at + 3 * j])
+    local id, bytes = ARGV[at + 4 * j - 3], tonumber(ARGV[at + 4 * j - 2])
+    local seqs, class = tonumber(ARGV[at + 4 * j - 1]), tonumber(ARGV[at + 4 * j])
     local best, best_free = 0, -1
     for i = 1, blocked and 0 or n do
       local r, l = total(i)
       local cr, cl = usage(i, class)
       local free = capacity[i] - r
-      if l < batch[i] and bytes <= free and cl < limit_batch[i][class]
+      if l + seqs <= batch[i] and bytes <= free and cl + seqs <= limit_batch[i][class]
         and cr + bytes <= limit_bytes[i][class] and free > best_free then
         best, best_free = i, free
       end
     end
     if best > 0 then
-      redis.call('HSET', mine, id, bytes .. ' ' .. class .. ' ' .. names[best])
-      take(class, names[best], bytes, 1)
+      redis.call('HSET', mine, id, bytes .. ' ' .. seqs .. ' ' .. class .. ' ' .. names[best])
+      take(class, names[best], bytes, seqs)
     else
       blocked = true
     end
@@ -139,19 +144,19 @@ elseif op == 'release' then
     local v = redis.call('HGET', mine, id)
     results[j] = 0
     if v then
-      local bytes, class, name = split(v)
+      local bytes, seqs, class, name = split(v)
       redis.call('HDEL', mine, id)
-      take(class, name, -bytes, -1)
+      take(class, name, -bytes, -seqs)
       results[j] = 1
     end
   end
 elseif op == 'heartbeat' then
   for j = 1, m do
-    local id, bytes, class, name = ARGV[at + 4 * j - 3], ARGV[at + 4 * j - 2],
-      ARGV[at + 4 * j - 1], ARGV[at + 4 * j]
-    results[j] = redis.call('HSETNX', mine, id, bytes .. ' ' .. class .. ' ' .. name)
+    local id, bytes, seqs = ARGV[at + 5 * j - 4], ARGV[at + 5 * j - 3], ARGV[at + 5 * j - 2]
+    local class, name = ARGV[at + 5 * j - 1], ARGV[at + 5 * j]
+    results[j] = redis.call('HSETNX', mine, id, bytes .. ' ' .. seqs .. ' ' .. class .. ' ' .. name)
     if results[j] == 1 then
-      take(class, name, tonumber(bytes), 1)
+      take(class, name, tonumber(bytes), tonumber(seqs))
     end
   end
 else

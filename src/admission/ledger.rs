@@ -64,6 +64,26 @@ impl ClassShares {
     }
 }
 
+/// What one lease holds: KV bytes, and the sequences it runs (batch slots: a request asking for
+/// `n` choices runs `n`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// KV bytes.
+    pub bytes: u64,
+    /// Sequences, at least one.
+    pub sequences: u32,
+}
+
+impl From<u64> for Footprint {
+    /// `bytes` for one sequence.
+    fn from(bytes: u64) -> Self {
+        Self {
+            bytes,
+            sequences: 1,
+        }
+    }
+}
+
 /// What the leases of one class hold on one backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Held {
@@ -144,7 +164,7 @@ impl KvLedger {
         self.reserved_bytes
     }
 
-    /// Live leases.
+    /// Sequences its live leases run.
     pub fn live(&self) -> u32 {
         self.live
     }
@@ -186,7 +206,7 @@ impl KvLedger {
         self.held[p as usize].bytes
     }
 
-    /// Live leases of class `p`.
+    /// Sequences class `p`'s live leases run.
     pub fn class_live(&self, p: Priority) -> u32 {
         self.held[p as usize].live
     }
@@ -202,34 +222,38 @@ impl KvLedger {
         }
     }
 
-    /// Whether a request of class `p` and `bytes` could ever run here (alone, on an idle
+    /// Whether a request of class `p` and footprint `f` could ever run here (alone, on an idle
     /// backend at its configured capacity, within its class's share).
-    pub fn could_ever_fit(&self, bytes: u64, p: Priority) -> bool {
-        self.max_batch > 0 && bytes <= self.class_capacity_bytes(p)
+    pub fn could_ever_fit(&self, f: impl Into<Footprint>, p: Priority) -> bool {
+        let f = f.into();
+        f.sequences <= self.class_max_batch(p) && f.bytes <= self.class_capacity_bytes(p)
     }
 
-    /// Whether a request of class `p` and `bytes` fits now: reserved + bytes <= effective
-    /// capacity and a batch slot is free, and its class stays within its share of both.
-    pub fn fits(&self, bytes: u64, p: Priority) -> bool {
+    /// Whether a request of class `p` and footprint `f` fits now: reserved + its bytes <=
+    /// effective capacity and its sequences have free batch slots, and its class stays within
+    /// its share of both.
+    pub fn fits(&self, f: impl Into<Footprint>, p: Priority) -> bool {
+        let Footprint { bytes, sequences } = f.into();
         let held = self.held[p as usize];
-        self.live < self.max_batch
+        self.live.saturating_add(sequences) <= self.max_batch
             && bytes <= self.free_bytes()
-            && held.live < self.class_max_batch(p)
+            && held.live.saturating_add(sequences) <= self.class_max_batch(p)
             && held.bytes.saturating_add(bytes) <= self.class_snapshot(p).kv_limit_bytes
     }
 
-    /// Takes `bytes` and a batch slot for class `p`. Returns `false` (and changes nothing) if
-    /// they don't fit.
+    /// Takes footprint `f`'s bytes and batch slots for class `p`. Returns `false` (and changes
+    /// nothing) if they don't fit.
     #[must_use]
-    pub fn reserve(&mut self, bytes: u64, p: Priority) -> bool {
-        if !self.fits(bytes, p) {
+    pub fn reserve(&mut self, f: impl Into<Footprint>, p: Priority) -> bool {
+        let f = f.into();
+        if !self.fits(f, p) {
             return false;
         }
-        self.reserved_bytes += bytes;
-        self.live += 1;
+        self.reserved_bytes += f.bytes;
+        self.live += f.sequences;
         let held = &mut self.held[p as usize];
-        held.bytes += bytes;
-        held.live += 1;
+        held.bytes += f.bytes;
+        held.live += f.sequences;
         true
     }
 
@@ -247,28 +271,30 @@ impl KvLedger {
         }
     }
 
-    /// Gives back what one lease of class `p` and `bytes` took.
-    pub fn release(&mut self, bytes: u64, p: Priority) {
+    /// Gives back what one lease of class `p` and footprint `f` took.
+    pub fn release(&mut self, f: impl Into<Footprint>, p: Priority) {
+        let Footprint { bytes, sequences } = f.into();
         let held = &mut self.held[p as usize];
         debug_assert!(
-            held.live > 0 && bytes <= held.bytes,
+            held.live >= sequences && bytes <= held.bytes,
             "release without lease"
         );
         held.bytes = held.bytes.saturating_sub(bytes);
-        held.live = held.live.saturating_sub(1);
+        held.live = held.live.saturating_sub(sequences);
         self.reserved_bytes = self.reserved_bytes.saturating_sub(bytes);
-        self.live = self.live.saturating_sub(1);
+        self.live = self.live.saturating_sub(sequences);
     }
 }
 
-/// The backend to admit `bytes` of class `p` on now: among those where it fits, the one with the
-/// most free KV bytes (the lowest index on a tie), so that load spreads and large requests keep a
-/// chance.
-pub fn choose_backend(ledgers: &[KvLedger], bytes: u64, p: Priority) -> Option<usize> {
+/// The backend to admit footprint `f` of class `p` on now: among those where it fits, the one
+/// with the most free KV bytes (the lowest index on a tie), so that load spreads and large
+/// requests keep a chance.
+pub fn choose_backend(ledgers: &[KvLedger], f: impl Into<Footprint>, p: Priority) -> Option<usize> {
+    let f = f.into();
     ledgers
         .iter()
         .enumerate()
-        .filter(|(_, l)| l.fits(bytes, p))
+        .filter(|(_, l)| l.fits(f, p))
         // max_by_key returns the last maximum; reversing keeps the lowest index on ties.
         .rev()
         .max_by_key(|(_, l)| l.free_bytes())
@@ -319,6 +345,39 @@ mod tests {
         l.release(300, Standard);
         assert_eq!(l, KvLedger::new(500, 1));
         assert!(l.reserve(500, Standard));
+    }
+
+    #[test]
+    fn a_lease_of_several_sequences_holds_a_batch_slot_for_each() {
+        let mut l = KvLedger::with_shares(1000, 4, ClassShares::new(1000, 500));
+        let two = |bytes| Footprint {
+            bytes,
+            sequences: 2,
+        };
+        assert!(l.reserve(two(200), Standard));
+        assert_eq!((l.live(), l.class_live(Standard)), (2, 2));
+        // Three more sequences are one past the batch of 4; two fit.
+        let three = Footprint {
+            bytes: 10,
+            sequences: 3,
+        };
+        assert!(!l.fits(three, Standard));
+        assert!(l.could_ever_fit(three, Standard));
+        assert!(l.reserve(two(200), Standard));
+        assert!(!l.fits(0, Standard), "the batch is full");
+        l.release(two(200), Standard);
+        assert_eq!((l.live(), l.reserved_bytes()), (2, 200));
+        // Sheddable may run half the batch: two sequences, never three.
+        assert!(l.fits(two(100), Sheddable));
+        assert!(!l.could_ever_fit(three, Sheddable));
+        // More sequences than the batch can never run, whatever their bytes.
+        let five = Footprint {
+            bytes: 1,
+            sequences: 5,
+        };
+        assert!(!l.could_ever_fit(five, Standard));
+        assert_eq!(choose_backend(&[l.clone()], five, Standard), None);
+        assert_eq!(choose_backend(&[l], two(100), Standard), Some(0));
     }
 
     #[test]

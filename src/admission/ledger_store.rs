@@ -185,6 +185,8 @@ pub(super) struct Live {
     /// Its backend, once Redis placed it.
     pub(super) backend: Option<usize>,
     pub(super) bytes: u64,
+    /// The sequences (batch slots) it runs.
+    pub(super) sequences: u32,
     pub(super) class: Priority,
 }
 
@@ -221,6 +223,7 @@ impl ReplicaState {
         let lease = Live {
             backend: None,
             bytes: grant.need.bytes,
+            sequences: grant.need.sequences,
             class: grant.class,
         };
         self.live.insert(id, lease);
@@ -236,7 +239,7 @@ impl ReplicaState {
         lease.backend = Some(backend);
         let own = &mut self.own[backend][lease.class as usize];
         own.0 += lease.bytes;
-        own.1 += 1;
+        own.1 += lease.sequences;
     }
 }
 

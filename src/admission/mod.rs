@@ -63,6 +63,10 @@ pub enum AdmitError {
         bytes: u64,
         /// The largest backend capacity, times its class's share.
         largest_capacity: u64,
+        /// The sequences it runs.
+        sequences: u32,
+        /// The most sequences its class may run at once on any backend.
+        largest_batch: u32,
         /// The request's class.
         class: Priority,
         /// Its class's share of a backend, per mille (1,000: all of it).
@@ -324,9 +328,14 @@ fn on_arrival<A>(
             waiting,
             max_waiting: shared.queue.max_waiting,
         }),
-        Arrival::NeverFits { largest_capacity } => Err(AdmitError::NeverFits {
+        Arrival::NeverFits {
+            largest_capacity,
+            largest_batch,
+        } => Err(AdmitError::NeverFits {
             bytes: need.bytes,
             largest_capacity,
+            sequences: need.sequences,
+            largest_batch,
             class,
             share_permille: shared.queue.shares.permille(class),
         }),
@@ -627,10 +636,10 @@ impl Drop for Lease {
             state.queue.settle(tenant, class, need, self.output);
             if let (Some(link), Some(id)) = (&self.shared.link, self.id) {
                 // Given back in Redis by the background task, which then grants.
-                shared::released(link, &mut state, id, backend, need.bytes, class);
+                shared::released(link, &mut state, id, backend, need.footprint(), class);
                 return;
             }
-            state.ledgers[backend].release(need.bytes, class);
+            state.ledgers[backend].release(need.footprint(), class);
             grant_waiters(&self.shared, &mut state)
         };
         drop(orphans);
@@ -649,6 +658,7 @@ mod tests {
             bytes,
             prompt_tokens: bytes,
             output_tokens: 0,
+            sequences: 1,
         }
     }
     use tokio::task::JoinHandle;
@@ -932,6 +942,7 @@ mod tests {
             bytes: 10,
             prompt_tokens: 100,
             output_tokens: 50,
+            sequences: 1,
         };
         let counter = |adm: &Admission| adm.shared.state().queue.counter(Standard, "a");
         let mut lease = adm.admit("a", Standard, asked).await.expect("room");
@@ -1009,6 +1020,8 @@ mod tests {
             AdmitError::NeverFits {
                 bytes: 3001,
                 largest_capacity: 3000,
+                sequences: 1,
+                largest_batch: 4,
                 class: Standard,
                 share_permille: 1000,
             }

@@ -34,7 +34,7 @@
 //! not fit because its class has spent its share waits like one that does not fit at all; a
 //! request larger than its class's share of every backend could never run and is refused.
 
-use super::ledger::{choose_backend, KvLedger};
+use super::ledger::{choose_backend, Footprint, KvLedger};
 use super::priority::Priority;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -55,11 +55,21 @@ pub struct Need {
     pub bytes: u64,
     /// Prompt tokens.
     pub prompt_tokens: u64,
-    /// Output tokens reserved (`max_tokens`).
+    /// Output tokens reserved (`max_tokens`, of every sequence).
     pub output_tokens: u64,
+    /// Sequences it runs (batch slots), at least one: `n` choices run `n`.
+    pub sequences: u32,
 }
 
 impl Need {
+    /// What it holds on its backend's ledger.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            bytes: self.bytes,
+            sequences: self.sequences,
+        }
+    }
+
     /// Its cost in the fairness counters: weighted prompt + reserved output.
     pub fn cost(&self) -> u64 {
         PROMPT_WEIGHT * self.prompt_tokens + OUTPUT_WEIGHT * self.output_tokens
@@ -102,10 +112,13 @@ pub enum Arrival {
         /// Requests of higher classes waiting.
         waiting_above: usize,
     },
-    /// Larger than any backend could hold for its class even when idle.
+    /// Larger than any backend could hold for its class even when idle (its bytes, or its
+    /// sequences).
     NeverFits {
         /// The largest KV capacity its class may hold among backends that can run anything.
         largest_capacity: u64,
+        /// The most sequences its class may run at once on any backend.
+        largest_batch: u32,
     },
 }
 
@@ -319,19 +332,26 @@ impl FairQueue {
         need: Need,
         max_queued: Option<usize>,
     ) -> Arrival {
-        if !ledgers.iter().any(|l| l.could_ever_fit(need.bytes, p)) {
+        if !ledgers
+            .iter()
+            .any(|l| l.could_ever_fit(need.footprint(), p))
+        {
             let largest_capacity = ledgers
                 .iter()
                 .filter(|l| l.max_batch() > 0)
                 .map(|l| l.class_capacity_bytes(p))
                 .max()
                 .unwrap_or(0);
-            return Arrival::NeverFits { largest_capacity };
+            let largest_batch = (ledgers.iter()).map(|l| l.class_max_batch(p)).max();
+            return Arrival::NeverFits {
+                largest_capacity,
+                largest_batch: largest_batch.unwrap_or(0),
+            };
         }
         let waiting_above = self.len_above(p);
         if waiting_above + self.len_of(p) == 0 {
-            if let Some(backend) = choose_backend(ledgers, need.bytes, p) {
-                if ledgers[backend].reserve(need.bytes, p) {
+            if let Some(backend) = choose_backend(ledgers, need.footprint(), p) {
+                if ledgers[backend].reserve(need.footprint(), p) {
                     *self.class_mut(p).counter_mut(tenant) += need.cost();
                     return Arrival::Admitted { backend };
                 }
@@ -417,10 +437,10 @@ impl FairQueue {
             let class = self.class_mut(p);
             let (tenant, head) = class.next().expect("a class with waiters has a head");
             let tenant = tenant.clone();
-            let Some(backend) = choose_backend(ledgers, head.need.bytes, p) else {
+            let Some(backend) = choose_backend(ledgers, head.need.footprint(), p) else {
                 break;
             };
-            if !ledgers[backend].reserve(head.need.bytes, p) {
+            if !ledgers[backend].reserve(head.need.footprint(), p) {
                 break;
             }
             class.pop_front(&tenant);
@@ -450,6 +470,7 @@ mod tests {
             bytes,
             prompt_tokens: bytes,
             output_tokens: 0,
+            sequences: 1,
         }
     }
 
@@ -509,7 +530,8 @@ mod tests {
         assert_eq!(
             q.arrive(&mut ledgers, "a", Critical, need(3001)),
             Arrival::NeverFits {
-                largest_capacity: 3000
+                largest_capacity: 3000,
+                largest_batch: 4
             }
         );
         assert_eq!(
@@ -565,7 +587,8 @@ mod tests {
         assert_eq!(
             q.arrive(&mut ledgers, "flood", Sheddable, need(251)),
             Arrival::NeverFits {
-                largest_capacity: 250
+                largest_capacity: 250,
+                largest_batch: 1
             }
         );
         // The flood's own release lets its waiter in, and nothing else does.
@@ -685,6 +708,7 @@ mod tests {
             bytes: 10,
             prompt_tokens: 100,
             output_tokens: 500,
+            sequences: 1,
         };
         assert!(matches!(
             q.arrive(&mut ledgers, "a", Standard, asked),
@@ -812,6 +836,7 @@ mod tests {
             bytes: 1,
             prompt_tokens: 300,
             output_tokens: 100,
+            sequences: 1,
         };
         queued(q.arrive(&mut ledgers, "a", Standard, u));
         queued(q.arrive(&mut ledgers, "b", Standard, need(1)));
@@ -954,6 +979,7 @@ mod tests {
                         bytes,
                         prompt_tokens: prompt,
                         output_tokens: output,
+                        sequences: 1,
                     };
                     let above = self.waiting.iter().filter(|w| w.2 > class).count();
                     match self.q.arrive(&mut self.ledgers, &tenant, class, need) {
@@ -987,7 +1013,9 @@ mod tests {
                             prop_assert_eq!((class, waiting_above), (Sheddable, above));
                             prop_assert!(above > 0);
                         }
-                        Arrival::NeverFits { largest_capacity } => {
+                        Arrival::NeverFits {
+                            largest_capacity, ..
+                        } => {
                             prop_assert!(bytes > largest_capacity || largest_capacity == 0)
                         }
                         Arrival::TenantQueueFull { queued } => {
@@ -997,7 +1025,7 @@ mod tests {
                 }
                 Op::Finish(i, share) if !self.leases.is_empty() => {
                     let (backend, tenant, class, need) = self.leases.remove(i % self.leases.len());
-                    self.ledgers[backend].release(need.bytes, class);
+                    self.ledgers[backend].release(need.footprint(), class);
                     let output = (share < 4).then(|| need.output_tokens * u64::from(share) / 4);
                     self.q.settle(&tenant, class, need, output);
                     let grants = self.q.grant(&mut self.ledgers);
@@ -1051,7 +1079,7 @@ mod tests {
                 .max_by_key(|w| (w.2, std::cmp::Reverse((self.q.counter(w.2, &w.1), w.0))));
             if let Some((_, tenant, class, need)) = next {
                 prop_assert!(
-                    choose_backend(&self.ledgers, need.bytes, *class).is_none(),
+                    choose_backend(&self.ledgers, need.footprint(), *class).is_none(),
                     "{} {} head of {} bytes fits but waits",
                     class,
                     tenant,

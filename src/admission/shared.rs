@@ -29,6 +29,7 @@
 //! cap too, at least one). The heartbeat is then the probe: its first answer brings the
 //! shared ledger back, with this replica's leases (those admitted meanwhile too) in it.
 
+use super::ledger::Footprint;
 use super::ledger_store::{
     total, Backend, ClassUsage, HereSnapshot, LedgerStore, Link, ReplicaState, Reply,
     SharedSnapshot, Usage, CLASSES,
@@ -147,10 +148,11 @@ pub(super) fn released(
     state: &mut State,
     id: u64,
     backend: usize,
-    bytes: u64,
+    footprint: Footprint,
     class: Priority,
 ) {
-    let less = |(b, l): Usage| (b.saturating_sub(bytes), l.saturating_sub(1));
+    let Footprint { bytes, sequences } = footprint;
+    let less = |(b, l): Usage| (b.saturating_sub(bytes), l.saturating_sub(sequences));
     let replica = replica(state);
     if let Some(lease) = replica.live.remove(&id) {
         if lease.backend.is_some() {
@@ -313,10 +315,11 @@ pub(super) async fn arrive(
 }
 
 /// The script's `acquire` item for `grant` under lease `id`.
-fn acquire_item(grant: &Grant, id: u64) -> [String; 3] {
+fn acquire_item(grant: &Grant, id: u64) -> [String; 4] {
     [
         id.to_string(),
         grant.need.bytes.to_string(),
+        grant.need.sequences.to_string(),
         (grant.class as usize).to_string(),
     ]
 }
@@ -414,6 +417,7 @@ async fn beat(store: &LedgerStore, shared: &Arc<Shared>, full: bool) {
                     items.extend([
                         id.to_string(),
                         lease.bytes.to_string(),
+                        lease.sequences.to_string(),
                         (lease.class as usize).to_string(),
                         backends[b].name.clone(),
                     ]);

@@ -113,6 +113,7 @@ pub fn parse_generation(
         stream,
         client_wants_usage: false,
         requested_max_tokens,
+        sequences: 1,
         prompt: Prompt::Text(inputs),
         echoed_prompt,
         body,

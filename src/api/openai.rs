@@ -76,16 +76,18 @@ pub fn parse_generation_from(
             "`stream_options` is only allowed when `stream` is true",
         ));
     }
-    match body.get("n") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.as_u64() == Some(1) => {}
-        Some(v) => {
-            return Err(ApiError::invalid_param(
-                "n",
-                format!("`n` must be 1 (one choice per request), got {v}"),
-            ))
-        }
-    }
+    let sequences = match body.get("n") {
+        None | Some(Value::Null) => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "n",
+                    format!("`n` must be a whole number of at least 1, got {v}"),
+                ))
+            }
+        },
+    };
     refuse_uncounted_work(&body)?;
     let mut requested = None;
     for field in [
@@ -125,6 +127,7 @@ pub fn parse_generation_from(
         stream,
         client_wants_usage,
         requested_max_tokens: requested,
+        sequences,
         prompt,
         echoed_prompt: None,
         body,
@@ -1218,7 +1221,12 @@ mod tests {
                 "stream",
             ),
             (
-                json!({"model": "qwen", "messages": [{"role": "user"}], "n": 2}),
+                json!({"model": "qwen", "messages": [{"role": "user"}], "n": 0}),
+                400,
+                "n",
+            ),
+            (
+                json!({"model": "qwen", "messages": [{"role": "user"}], "n": 1.5}),
                 400,
                 "n",
             ),
@@ -1234,6 +1242,28 @@ mod tests {
             assert_eq!(e.status.as_u16(), status, "{body}");
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
+    }
+
+    #[test]
+    fn n_choices_are_sequences_each_up_to_the_output_limit() {
+        let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 7});
+        let mut r = parse(Endpoint::Chat, body).unwrap();
+        assert_eq!(
+            (r.sequences, r.requested_max_tokens.map(|m| m.1)),
+            (3, Some(7))
+        );
+        // The backend is asked for each choice's share, and for `n` as sent.
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 7, "served")).unwrap();
+        assert_eq!(
+            (out["n"].clone(), out["max_tokens"].clone()),
+            (json!(3), json!(7))
+        );
+        let one = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": "a"}),
+        )
+        .unwrap();
+        assert_eq!(one.sequences, 1);
     }
 
     #[test]

@@ -65,8 +65,11 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// Whether the client itself asked for the usage chunk of a stream.
     pub client_wants_usage: bool,
-    /// The output limit the client asked for, if any, and where.
+    /// The output limit the client asked for, if any, and where (for each sequence).
     pub requested_max_tokens: Option<(MaxTokensField, u64)>,
+    /// The sequences the backend runs for it, each up to the output limit: the `n` choices
+    /// asked for (one by default).
+    pub sequences: u32,
     /// What to count.
     pub prompt: Prompt,
     /// The prompt's text when the answer repeats it before what was generated (TGI's

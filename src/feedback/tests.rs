@@ -7,6 +7,7 @@ const NEED: Need = Need {
     bytes: 100,
     prompt_tokens: 100,
     output_tokens: 0,
+    sequences: 1,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

@@ -20,6 +20,13 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
+/// How many sequences a request runs (the `n` choices it asks for), in its extensions: one
+/// when absent. Its [`Cost`] covers them all (`decode` is their outputs together), and it is
+/// admitted as that many sequences, each of the prompt and its share of the output, and as
+/// that many of the backend's batch slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sequences(pub u32);
+
 /// What one sequence of the model holds in KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvGeometry {
@@ -127,11 +134,17 @@ where
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let tokens = cost.prefill + cost.decode;
+            let Sequences(sequences) = (req.extensions().get().copied()).unwrap_or(Sequences(1));
+            let sequences = sequences.max(1);
+            // Each sequence holds the prompt and its share of the output (the prompt's blocks
+            // are not taken as shared between them: a backend need not cache prefixes).
+            let tokens = cost.prefill + cost.decode.div_ceil(u64::from(sequences));
             let need = Need {
-                bytes: shared.geometry.footprint_bytes(tokens),
+                bytes: (shared.geometry.footprint_bytes(tokens))
+                    .saturating_mul(u64::from(sequences)),
                 prompt_tokens: cost.prefill,
                 output_tokens: cost.decode,
+                sequences,
             };
             let started = Instant::now();
             let max_queued = tenant.caps.max_queued.map(|n| n as usize);
@@ -275,6 +288,7 @@ mod tests {
                     bytes: 800,
                     prompt_tokens: 800,
                     output_tokens: 0,
+                    sequences: 1,
                 },
             )
             .await
@@ -318,6 +332,7 @@ mod tests {
                     bytes: 900,
                     prompt_tokens: 900,
                     output_tokens: 0,
+                    sequences: 1,
                 },
             )
             .await

@@ -14,6 +14,7 @@
 //! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
 //! checks only peek; the charge layer charges.
 
+use super::admit::Sequences;
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
 use crate::api::ParseLimits;
@@ -167,10 +168,12 @@ impl Counter {
         if let Some(pending) = parts.extensions.get::<Pending>() {
             pending.named_model(&parsed.model);
         }
-        // With max_tokens known, the decode bucket is checked before counting too.
+        // With max_tokens known, the decode bucket is checked before counting too (every
+        // sequence's output).
+        let sequences = u64::from(parsed.sequences);
         if let Some((_, asked)) = parsed.requested_max_tokens {
             let least = Cost {
-                decode: asked,
+                decode: asked.saturating_mul(sequences),
                 ..LEAST
             };
             self.check_at_least(&tenant, least, [false, true, true])
@@ -208,10 +211,11 @@ impl Counter {
                 })
                 .inc();
         }
+        parts.extensions.insert(Sequences(parsed.sequences));
         parts.extensions.insert(parsed);
         parts.extensions.insert(Cost {
             prefill: prompt_tokens,
-            decode: max_output,
+            decode: max_output.saturating_mul(sequences),
             requests: 1,
         });
         // A request the buckets may now charge: its body was not read to no purpose.

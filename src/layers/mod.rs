@@ -28,7 +28,7 @@ pub mod count;
 pub(crate) mod extensions;
 pub mod record;
 
-pub use admit::{AdmitLayer, KvGeometry};
+pub use admit::{AdmitLayer, KvGeometry, Sequences};
 pub use authenticate::AuthenticateLayer;
 pub use bound::BoundBodyLayer;
 pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce, Ticket, TicketSlot};

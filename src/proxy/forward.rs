@@ -86,7 +86,7 @@ impl<B> tower::Service<Request<B>> for Forward {
             let tenant = needs::<Arc<Tenant>>(req.extensions())?.clone();
             let Arrived(arrived) = *needs::<Arrived>(req.extensions())?;
             let route = *needs::<Route>(req.extensions())?;
-            let max_output = needs::<Cost>(req.extensions())?.decode;
+            let reserved = needs::<Cost>(req.extensions())?.decode;
             let request_id = req.headers().get(REQUEST_ID).cloned();
             let ticket = needs::<TicketSlot>(req.extensions())?
                 .take()
@@ -102,6 +102,8 @@ impl<B> tower::Service<Request<B>> for Forward {
                 .extensions
                 .remove::<GenerationRequest>()
                 .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
+            // Each sequence (of the `n` asked for) may write its share of the reservation.
+            let max_output = reserved / u64::from(parsed.sequences.max(1));
             let mut admitted = Admitted::new(
                 tenant,
                 ticket,
@@ -110,11 +112,15 @@ impl<B> tower::Service<Request<B>> for Forward {
                     wire: route.wire(),
                     tokenizer: gw.tokenizer.clone(),
                     pool: gw.pool.clone(),
+                    // One answer of one choice is the next turn's history; of several, which
+                    // the client keeps is not known.
                     replies: match (route, &gw.replies) {
-                        (Route::OpenAi(Endpoint::Chat), Some(pool)) => Some(ReplyMemo {
-                            chat: gw.chat.clone(),
-                            pool: pool.clone(),
-                        }),
+                        (Route::OpenAi(Endpoint::Chat), Some(pool)) if parsed.sequences == 1 => {
+                            Some(ReplyMemo {
+                                chat: gw.chat.clone(),
+                                pool: pool.clone(),
+                            })
+                        }
                         _ => None,
                     },
                 },

@@ -369,7 +369,7 @@ impl StreamState {
             });
             let reasoning = index <= self.job.reasoning_tokens(self.output);
             self.pending
-                .extend(api.token_events(&self.meta, index, &text, reasoning, finish));
+                .extend(api.token_events(&self.meta, &self.job, index, &text, reasoning, finish));
             if last {
                 let end = api.stream_end(&self.meta, &self.job, index);
                 self.pending.extend(end);

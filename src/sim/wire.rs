@@ -44,6 +44,9 @@ pub struct Job {
     /// TGI `parameters.return_full_text`: the prompt, which the answer's `generated_text`
     /// starts with.
     pub echoed_prompt: Option<String>,
+    /// OpenAI `n`: the choices of the answer. The simulated engine runs one sequence and
+    /// answers it as each of them (the same text at every index); usage counts them all.
+    pub choices: u32,
 }
 
 impl Job {
@@ -86,6 +89,7 @@ struct OpenAiRequest {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     ignore_eos: bool,
+    n: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -188,6 +192,7 @@ pub fn parse_openai(
         thinking,
         cached_tokens: None,
         echoed_prompt: None,
+        choices: req.n.unwrap_or(1).max(1),
     };
     Ok((job, prompt))
 }
@@ -213,6 +218,7 @@ pub fn parse_tgi(
         thinking: false,
         cached_tokens: None,
         echoed_prompt: req.parameters.return_full_text.then(|| req.inputs.clone()),
+        choices: 1,
     };
     Ok((job, req.inputs))
 }
@@ -253,10 +259,11 @@ impl Finish {
     }
 }
 
-/// `job`'s usage once `completion` tokens are generated (with `prompt_tokens_details` when the
-/// backend reports cached tokens).
+/// `job`'s usage once `completion` tokens are generated in each of its choices (with
+/// `prompt_tokens_details` when the backend reports cached tokens).
 fn usage(job: &Job, completion: u64) -> Value {
     let prompt = job.prompt_tokens;
+    let completion = completion * u64::from(job.choices);
     let mut usage = json!({
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
@@ -298,6 +305,7 @@ impl Api {
     pub fn token_events(
         self,
         meta: &Meta,
+        job: &Job,
         index: u64,
         text: &str,
         reasoning: bool,
@@ -307,21 +315,22 @@ impl Api {
             Api::Chat => {
                 let mut out = Vec::new();
                 if index == 1 {
-                    out.push(sse(&chat_chunk(
-                        meta,
-                        json!({"role": "assistant", "content": ""}),
-                        None,
-                    )));
+                    let role = json!({"role": "assistant", "content": ""});
+                    out.extend(each_choice(job, chat_chunk(meta, role, None)));
                 }
                 let delta = if reasoning {
                     json!({"reasoning": text})
                 } else {
                     json!({"content": text})
                 };
-                out.push(sse(&chat_chunk(meta, delta, finish.map(|f| f.0.openai()))));
+                let chunk = chat_chunk(meta, delta, finish.map(|f| f.0.openai()));
+                out.extend(each_choice(job, chunk));
                 out
             }
-            Api::Completion => vec![sse(&completion(meta, text, finish.map(|f| f.0.openai())))],
+            Api::Completion => {
+                let chunk = completion(meta, text, finish.map(|f| f.0.openai()));
+                each_choice(job, chunk)
+            }
             Api::Tgi => {
                 let (generated_text, details) = match finish {
                     Some((f, full, n)) => (json!(full), tgi_details(f, n)),
@@ -387,11 +396,13 @@ impl Api {
                     "finish_reason": finish.openai(),
                 });
                 let mut answer = envelope(meta, "chat.completion", json!([choice]));
+                every_choice(job, &mut answer);
                 answer["usage"] = usage(job, n);
                 answer
             }
             Api::Completion => {
                 let mut answer = completion(meta, &text, Some(finish.openai()));
+                every_choice(job, &mut answer);
                 answer["usage"] = usage(job, n);
                 answer
             }
@@ -415,6 +426,27 @@ impl Api {
 
 fn tgi_details(finish: Finish, n: u64) -> Value {
     json!({"finish_reason": finish.tgi(), "generated_tokens": n, "seed": null})
+}
+
+/// A chunk of one choice as the SSE event of each of `job`'s choices (its index set).
+fn each_choice(job: &Job, mut chunk: Value) -> Vec<String> {
+    (0..job.choices)
+        .map(|i| {
+            chunk["choices"][0]["index"] = i.into();
+            sse(&chunk)
+        })
+        .collect()
+}
+
+/// A whole answer's one choice as each of `job`'s choices (its index set).
+fn every_choice(job: &Job, answer: &mut Value) {
+    let one = answer["choices"][0].take();
+    let all = (0..job.choices).map(|i| {
+        let mut choice = one.clone();
+        choice["index"] = i.into();
+        choice
+    });
+    answer["choices"] = Value::Array(all.collect());
 }
 
 fn chat_chunk(meta: &Meta, delta: Value, finish: Option<&str>) -> Value {

@@ -427,6 +427,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                     bytes: 1,
                     prompt_tokens: 1,
                     output_tokens: case.reserved,
+                    sequences: 1,
                 },
             )
             .await

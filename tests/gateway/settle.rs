@@ -388,3 +388,83 @@ async fn in_front_of_the_simulator_reasoning_is_metered_and_a_cached_prompt_char
         10_000.0 - (prompt + prompt - cached + weighted) as f64
     );
 }
+
+/// `n` choices (issue 29): the decode reservation and the KV footprint are `n` sequences', the
+/// backend is asked for each choice's share, and what every choice generated is charged,
+/// whole or streamed; more choices than any backend's batch is a 400 naming `n`.
+#[tokio::test]
+async fn n_choices_are_reserved_admitted_and_metered_as_n_sequences() {
+    use tokengate::sim::SimConfig;
+    let dir = TempDir::new("settle-n");
+    let sim = super::mindie::start_sim(SimConfig::pace(Duration::from_millis(1))).await;
+    let mut cfg = config(&[sim.addr()]);
+    log_usage(&mut cfg, &dir);
+    cfg.backends[0].max_batch = 4;
+    let gw = TestGateway::start(cfg).await;
+    let prompt = chat_tokens("hi");
+    let mut body = chat("hi", 10, false);
+    body["n"] = json!(3);
+    body["ignore_eos"] = json!(true);
+    let r = gw.chat("sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Charged 3 x 10 decode tokens up front.
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "970");
+    let answer = r.json();
+    let indexes: Vec<Value> = (answer["choices"].as_array().unwrap().iter())
+        .map(|c| c["index"].clone())
+        .collect();
+    assert_eq!(indexes, [json!(0), json!(1), json!(2)]);
+    assert_eq!(answer["usage"]["completion_tokens"], 30);
+    // Streamed: every choice's tokens are counted.
+    body["stream"] = json!(true);
+    body["n"] = json!(2);
+    body["max_tokens"] = json!(5);
+    let r = gw.chat("sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    let deltas = sse_data(&r.body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count();
+    assert_eq!(deltas, 10);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "2",
+    )
+    .await;
+    let lines = usage_lines(&gw, &dir).await;
+    let seen: Vec<_> = (lines.iter())
+        .map(|l| {
+            (
+                l["prompt_tokens"].clone(),
+                l["reserved_output_tokens"].clone(),
+                l["output_tokens"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (json!(prompt), json!(30), json!(30)),
+            (json!(prompt), json!(10), json!(10)),
+        ]
+    );
+    // The backend was asked for each choice's share of the reservation.
+    assert_eq!(sim.stats().max_tokens, [Some(10), Some(5)]);
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    // Five choices on a batch of four: never, whatever the bytes.
+    body["n"] = json!(5);
+    let r = gw.chat("sk-alice", &body).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
+    assert_eq!(r.json()["error"]["param"], "n");
+    assert_eq!(
+        r.json()["error"]["message"],
+        "the request runs 5 sequences (`n`), more than a standard request may run at once on any backend (largest: 4); lower n"
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
+}

@@ -279,6 +279,12 @@ def named_cases():
             {"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]}])),
         case("n 2", chat([U], 8, n=2)),
         case("n 2, streamed", chat([U], 8, True, n=2)),
+        case("n 3, completions", {"model": MODEL, "prompt": "Once upon", "max_tokens": 4, "n": 3},
+             "/v1/completions"),
+        case("n 2, completions streamed", {"model": MODEL, "prompt": "Once upon", "max_tokens": 3,
+                                            "n": 2, "stream": True,
+                                            "stream_options": {"include_usage": True}},
+             "/v1/completions"),
         case("stream cut after 5 events", chat([U], 40, True), cut_after=5),
         case("stream cut after 59 reasoning events", chat([U], 120, True), cut_after=59),
         case("stream cut at the first event", chat([U], 40, True), cut_after=1),
@@ -395,6 +401,8 @@ def generated_cases(n, seed):
             if rng.random() < 0.3:
                 body["stream"] = True
                 body["stream_options"] = {"include_usage": True}
+            if rng.random() < 0.1:
+                body["n"] = rng.randint(2, 3)
             out.append(case(f"generated {i}: completion", body, "/v1/completions"))
             continue
         messages, tools = random_messages(rng, kind == "image")
@@ -404,6 +412,8 @@ def generated_cases(n, seed):
         if rng.random() < 0.25:
             extra["chat_template_kwargs"] = {"enable_thinking": rng.choice([True, False])}
         streamed = kind in ("chat_stream", "cut")
+        if kind != "cut" and rng.random() < 0.1:
+            extra["n"] = rng.randint(2, 3)
         body = chat(messages, rng.randint(1, 4) if kind != "cut" else 30, streamed, **extra)
         out.append(case(f"generated {i}: {kind}", body,
                         cut_after=rng.randint(1, 12) if kind == "cut" else None,
@@ -422,8 +432,6 @@ REFUSED = "gateway 400 ({}), vLLM 200"
 # Differences kept on purpose (docs/vllm-parity.md): name -> (the start of the difference
 # expected, why). A known difference that changes, or goes away, fails the suite.
 KNOWN = {
-    "n 2": ("gateway 400", "n > 1 is not built yet: refused, not charged for one choice"),
-    "n 2, streamed": ("gateway 400", "n > 1 is not built yet"),
     "chat_template_kwargs reasoning_effort": (
         "gateway 400", "template arguments the gateway does not count are refused"),
     "truncate_prompt_tokens": ("gateway 400", "the gateway charges the prompt sent: send it cut"),
