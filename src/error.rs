@@ -490,7 +490,7 @@ impl From<NotAdmitted> for ApiError {
         match error {
             AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => {
                 ApiError::exceeds_kv(format!(
-                    "the request runs {sequences} sequences (`n`), more than a {class} request may run at once on any backend (largest: {largest_batch}); lower n"
+                    "the request runs {sequences} sequences (each prompt's `n` choices), more than a {class} request may run at once on any backend (largest: {largest_batch}); lower n or send fewer prompts"
                 ))
                 .with_param("n")
             }
@@ -944,7 +944,7 @@ mod tests {
                 Some("n")
             )
         );
-        assert_eq!(e.message, "the request runs 5 sequences (`n`), more than a standard request may run at once on any backend (largest: 4); lower n");
+        assert_eq!(e.message, "the request runs 5 sequences (each prompt's `n` choices), more than a standard request may run at once on any backend (largest: 4); lower n or send fewer prompts");
         let e = refusal(AdmitError::DeadlineExceeded {
             waited: Duration::from_millis(10_000_400),
             deadline: Duration::from_secs(10),

@@ -76,7 +76,7 @@ pub fn parse_generation_from(
             "`stream_options` is only allowed when `stream` is true",
         ));
     }
-    let sequences = match body.get("n") {
+    let choices = match body.get("n") {
         None | Some(Value::Null) => 1,
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
@@ -105,6 +105,7 @@ pub fn parse_generation_from(
             }
         }
     }
+    let mut batch = Vec::new();
     let prompt = match endpoint {
         Endpoint::Chat if !raw.is_empty() => {
             chat_messages(&body, limits.vision)?;
@@ -119,7 +120,12 @@ pub fn parse_generation_from(
             )?
         }
         Endpoint::Chat => parse_chat_prompt(&body, limits.vision, ChatRoute::ChatCompletions)?,
-        Endpoint::Completions => parse_completion_prompt(&body)?,
+        Endpoint::Completions => {
+            let mut prompts = parse_completion_prompts(&body)?;
+            let first = prompts.remove(0);
+            batch = prompts;
+            first
+        }
     };
     Ok(GenerationRequest {
         endpoint: Route::OpenAi(endpoint),
@@ -127,8 +133,9 @@ pub fn parse_generation_from(
         stream,
         client_wants_usage,
         requested_max_tokens: requested,
-        sequences,
+        choices,
         prompt,
+        batch,
         echoed_prompt: None,
         body,
         raw,
@@ -526,41 +533,77 @@ fn content_part(
     Ok(serde_json::json!({ "type": kind }))
 }
 
-/// The `prompt` of a completions body: a string, a one-element list of strings, or token ids.
+/// The `prompt` of a completions body, one prompt: a string, a one-element list of strings, or
+/// token ids (for `/tokenize`, which answers one list of ids).
 pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let mut prompts = parse_completion_prompts(body)?;
+    match prompts.len() {
+        1 => Ok(prompts.remove(0)),
+        _ => Err(ApiError::invalid_param(
+            "prompt",
+            "`prompt` must be a non-empty string, a list of one string, or a list of token ids (batched prompts are not supported)",
+        )),
+    }
+}
+
+/// The prompts of a completions body, as vLLM takes them: a string, a list of strings, a list
+/// of token ids, or a list of lists of token ids; each one a sequence of its own.
+pub fn parse_completion_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
     match body.get("prompt") {
-        Some(Value::String(s)) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
+        Some(Value::String(s)) if !s.is_empty() => Ok(vec![Prompt::Text(s.clone())]),
         Some(Value::String(_)) => Err(ApiError::invalid_param(
             "prompt",
             "`prompt` must not be empty",
         )),
-        Some(Value::Array(items)) if items.len() == 1 && items[0].is_string() => {
-            parse_completion_prompt(&Map::from_iter([("prompt".to_string(), items[0].clone())]))
-        }
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-            let ids = items
-                .iter()
-                .filter_map(Value::as_u64)
-                .enumerate()
-                .map(|(i, n)| {
-                    u32::try_from(n).map_err(|_| {
-                        let max = u32::MAX;
-                        ApiError::invalid_param(
-                            "prompt",
-                            format!("`prompt[{i}]` is {n}: token ids must fit in 32 bits (at most {max})"),
-                        )
-                    })
+            Ok(vec![Prompt::TokenIds(token_ids("prompt", items)?)])
+        }
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_string) => {
+            (items.iter().enumerate())
+                .map(|(i, item)| match item.as_str() {
+                    Some(t) if !t.is_empty() => Ok(Prompt::Text(t.to_owned())),
+                    _ => Err(ApiError::invalid_param(
+                        "prompt",
+                        format!("`prompt[{i}]` must not be empty"),
+                    )),
                 })
-                .collect::<Result<Vec<u32>, ApiError>>()?;
-            Ok(Prompt::TokenIds(ids))
+                .collect()
+        }
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_array) => {
+            (items.iter().enumerate())
+                .map(|(i, item)| match item.as_array() {
+                    Some(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
+                        Ok(Prompt::TokenIds(token_ids(&format!("prompt[{i}]"), ids)?))
+                    }
+                    _ => Err(ApiError::invalid_param(
+                        "prompt",
+                        format!("`prompt[{i}]` must be a non-empty list of token ids"),
+                    )),
+                })
+                .collect()
         }
         Some(Value::Array(_)) => Err(ApiError::invalid_param(
             "prompt",
-            "`prompt` must be a non-empty string, a list of one string, or a list of token ids (batched prompts are not supported)",
+            "`prompt` must be a non-empty string, a list of strings, a list of token ids, or a list of lists of token ids",
         )),
         None | Some(Value::Null) => Err(ApiError::invalid_param("prompt", "`prompt` is required")),
         Some(other) => Err(wrong_type("prompt", "a string", other)),
     }
+}
+
+/// `items` (whole numbers, all of them) as token ids of 32 bits, the list named `param`.
+fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
+    (items.iter().filter_map(Value::as_u64).enumerate())
+        .map(|(i, n)| {
+            u32::try_from(n).map_err(|_| {
+                let max = u32::MAX;
+                ApiError::invalid_param(
+                    "prompt",
+                    format!("`{param}[{i}]` is {n}: token ids must fit in 32 bits (at most {max})"),
+                )
+            })
+        })
+        .collect()
 }
 
 /// The ids of a `/detokenize` body: `tokens`, a list (empty or not) of token ids.
@@ -1249,7 +1292,7 @@ mod tests {
         let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 7});
         let mut r = parse(Endpoint::Chat, body).unwrap();
         assert_eq!(
-            (r.sequences, r.requested_max_tokens.map(|m| m.1)),
+            (r.choices, r.requested_max_tokens.map(|m| m.1)),
             (3, Some(7))
         );
         // The backend is asked for each choice's share, and for `n` as sent.
@@ -1263,7 +1306,7 @@ mod tests {
             json!({"model": "qwen", "prompt": "a"}),
         )
         .unwrap();
-        assert_eq!(one.sequences, 1);
+        assert_eq!(one.sequences(), 1);
     }
 
     #[test]
@@ -1278,7 +1321,35 @@ mod tests {
         assert!(
             matches!(p(json!({"model": "qwen", "prompt": [1, 2, 3]})), Ok(Prompt::TokenIds(ids)) if ids == [1, 2, 3])
         );
-        assert!(p(json!({"model": "qwen", "prompt": ["a", "b"]})).is_err());
+        // Several prompts: the first, then the batch; each a sequence of its own.
+        let r = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": ["a", "b c"], "n": 2}),
+        )
+        .unwrap();
+        assert!(matches!(&r.prompt, Prompt::Text(t) if t == "a"));
+        assert!(matches!(&r.batch[..], [Prompt::Text(t)] if t == "b c"));
+        assert_eq!(r.sequences(), 4);
+        let r = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": [[1, 2], [3]]}),
+        )
+        .unwrap();
+        assert!(matches!(&r.prompt, Prompt::TokenIds(ids) if ids == &[1, 2]));
+        assert!(matches!(&r.batch[..], [Prompt::TokenIds(ids)] if ids == &[3]));
+        for (prompt, message) in [
+            (json!(["a", ""]), "`prompt[1]` must not be empty"),
+            (json!([[1], []]), "`prompt[1]` must be a non-empty list of token ids"),
+            (json!([[1], ["a"]]), "`prompt[1]` must be a non-empty list of token ids"),
+            (json!([[1, 4294967296u64]]), "`prompt[0][1]` is 4294967296: token ids must fit in 32 bits (at most 4294967295)"),
+            (json!(["a", 1]), "`prompt` must be a non-empty string, a list of strings, a list of token ids, or a list of lists of token ids"),
+        ] {
+            let e = p(json!({"model": "qwen", "prompt": prompt})).unwrap_err();
+            assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("prompt"), message));
+        }
+        // `/tokenize` answers one list of ids: a batch is refused there.
+        let one = parse_completion_prompt(&Map::from_iter([("prompt".into(), json!(["a", "b"]))]));
+        assert_eq!(one.unwrap_err().param.as_deref(), Some("prompt"));
         // Found by fuzzing (tests/fuzz, target request): the message named neither the field
         // nor the number.
         let e = p(json!({"model": "qwen", "prompt": [1, 4294967296u64]})).unwrap_err();

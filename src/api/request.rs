@@ -67,11 +67,13 @@ pub struct GenerationRequest {
     pub client_wants_usage: bool,
     /// The output limit the client asked for, if any, and where (for each sequence).
     pub requested_max_tokens: Option<(MaxTokensField, u64)>,
-    /// The sequences the backend runs for it, each up to the output limit: the `n` choices
-    /// asked for (one by default).
-    pub sequences: u32,
+    /// The choices asked for of each prompt (`n`, one by default).
+    pub choices: u32,
     /// What to count.
     pub prompt: Prompt,
+    /// The prompts after the first when several were sent (a list of prompts to
+    /// `/v1/completions`): each is counted, and runs its choices, as the first does.
+    pub batch: Vec<Prompt>,
     /// The prompt's text when the answer repeats it before what was generated (TGI's
     /// `parameters.return_full_text`): it is not output, and is left out when the answer's text
     /// is counted.
@@ -86,6 +88,14 @@ pub struct GenerationRequest {
     /// them): when nothing is to change, the rewrite then sends `raw` without reading it again.
     /// `false` when not known.
     pub raw_keys_unique: bool,
+}
+
+impl GenerationRequest {
+    /// The sequences the backend runs for it, each up to the output limit: every prompt's
+    /// choices.
+    pub fn sequences(&self) -> u64 {
+        u64::from(self.choices) * (1 + self.batch.len() as u64)
+    }
 }
 
 /// Limits that validation needs.

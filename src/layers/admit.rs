@@ -20,12 +20,25 @@ use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 
-/// How many sequences a request runs (the `n` choices it asks for), in its extensions: one
-/// when absent. Its [`Cost`] covers them all (`decode` is their outputs together), and it is
-/// admitted as that many sequences, each of the prompt and its share of the output, and as
-/// that many of the backend's batch slots.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sequences(pub u32);
+/// The sequences a request runs, in its extensions: each of its prompts (several sent as a
+/// batch to `/v1/completions`) runs its `n` choices. Absent, one sequence of its cost's prompt.
+/// Its [`Cost`] covers them all (`prefill` is the prompts' tokens together, `decode` every
+/// sequence's output), and it is admitted as every sequence's footprint, each of its prompt and
+/// its share of the output, and as that many of the backend's batch slots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sequences {
+    /// Each prompt's tokens.
+    pub prompts: Vec<u64>,
+    /// The choices of each (`n`).
+    pub choices: u32,
+}
+
+impl Sequences {
+    /// How many.
+    pub fn count(&self) -> u64 {
+        self.prompts.len() as u64 * u64::from(self.choices)
+    }
+}
 
 /// What one sequence of the model holds in KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,17 +147,28 @@ where
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let Sequences(sequences) = (req.extensions().get().copied()).unwrap_or(Sequences(1));
-            let sequences = sequences.max(1);
-            // Each sequence holds the prompt and its share of the output (the prompt's blocks
-            // are not taken as shared between them: a backend need not cache prefixes).
-            let tokens = cost.prefill + cost.decode.div_ceil(u64::from(sequences));
+            let one = || Sequences {
+                prompts: vec![cost.prefill],
+                choices: 1,
+            };
+            let runs = req
+                .extensions()
+                .get::<Sequences>()
+                .cloned()
+                .unwrap_or_else(one);
+            let sequences = runs.count().max(1);
+            // Each sequence holds its prompt and its share of the output (a prompt's blocks
+            // are not taken as shared between its choices: a backend need not cache prefixes).
+            let output = cost.decode.div_ceil(sequences);
+            let per_choice = (runs.prompts.iter())
+                .map(|p| shared.geometry.footprint_bytes(p + output))
+                .fold(0u64, u64::saturating_add);
+            let tokens = cost.prefill + cost.decode;
             let need = Need {
-                bytes: (shared.geometry.footprint_bytes(tokens))
-                    .saturating_mul(u64::from(sequences)),
+                bytes: per_choice.saturating_mul(u64::from(runs.choices)),
                 prompt_tokens: cost.prefill,
                 output_tokens: cost.decode,
-                sequences,
+                sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
             };
             let started = Instant::now();
             let max_queued = tenant.caps.max_queued.map(|n| n as usize);

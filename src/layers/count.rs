@@ -170,7 +170,7 @@ impl Counter {
         }
         // With max_tokens known, the decode bucket is checked before counting too (every
         // sequence's output).
-        let sequences = u64::from(parsed.sequences);
+        let sequences = parsed.sequences();
         if let Some((_, asked)) = parsed.requested_max_tokens {
             let least = Cost {
                 decode: asked.saturating_mul(sequences),
@@ -179,26 +179,36 @@ impl Counter {
             self.check_at_least(&tenant, least, [false, true, true])
                 .await?;
         }
-        let prompt = std::mem::replace(&mut parsed.prompt, Prompt::TokenIds(Vec::new()));
-        let ceiling = self.prompt_ceiling(&tenant, &parsed);
-        let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
-        let max_output = self.output_budget(&parsed, counted)?;
-        let prompt_tokens = match counted {
-            TokenCount::Exact(n) => n as u64,
-            // Within the context, so past the prefill burst: it can never be admitted.
-            TokenCount::AtLeast(n) => {
-                let denial = Denial::Never {
-                    bucket: BucketKind::Prefill,
-                    needed: n as u64,
-                    capacity: tenant.limits.prefill.capacity(),
-                };
-                return Err(LowerBound {
-                    denial,
-                    exact: [false, true, true],
+        // Every prompt counted (a batch's one by one), each within the context, all of them
+        // within the prefill burst; the output reserved is what fits after the longest.
+        let first = std::mem::replace(&mut parsed.prompt, Prompt::TokenIds(Vec::new()));
+        let prompts = std::iter::once(first).chain(std::mem::take(&mut parsed.batch));
+        let burst = tenant.limits.prefill.capacity().floor() as u64;
+        let context = self.prompt_ceiling(&tenant, &parsed);
+        let (mut counted_each, mut max_output) = (Vec::new(), u64::MAX);
+        for prompt in prompts {
+            let prompt_tokens: u64 = counted_each.iter().sum();
+            let ceiling = context.min(burst.saturating_sub(prompt_tokens));
+            let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
+            max_output = max_output.min(self.output_budget(&parsed, counted)?);
+            match counted {
+                TokenCount::Exact(n) => counted_each.push(n as u64),
+                // Within the context, so past the prefill burst: it can never be admitted.
+                TokenCount::AtLeast(n) => {
+                    let denial = Denial::Never {
+                        bucket: BucketKind::Prefill,
+                        needed: prompt_tokens + n as u64,
+                        capacity: tenant.limits.prefill.capacity(),
+                    };
+                    return Err(LowerBound {
+                        denial,
+                        exact: [false, true, true],
+                    }
+                    .into());
                 }
-                .into());
             }
-        };
+        }
+        let prompt_tokens: u64 = counted_each.iter().sum();
         if parsed.requested_max_tokens.is_none()
             && parsed.endpoint == Route::OpenAi(Endpoint::Chat)
             && max_output < self.config.model.max_model_len - prompt_tokens
@@ -211,7 +221,10 @@ impl Counter {
                 })
                 .inc();
         }
-        parts.extensions.insert(Sequences(parsed.sequences));
+        parts.extensions.insert(Sequences {
+            prompts: counted_each,
+            choices: parsed.choices,
+        });
         parts.extensions.insert(parsed);
         parts.extensions.insert(Cost {
             prefill: prompt_tokens,
@@ -324,7 +337,8 @@ impl Counter {
 
     /// The longest prompt `req` may have: the context minus the output asked for (the prompt
     /// alone must leave room for one output token), and no more than the tenant's prefill
-    /// burst. Counting stops past it: a longer prompt is refused whatever its exact count.
+    /// burst. Counting stops past it: a longer prompt is refused whatever its exact count (a
+    /// batch's prompts together stop at the burst).
     fn prompt_ceiling(&self, tenant: &Tenant, req: &GenerationRequest) -> u64 {
         let max_len = self.config.model.max_model_len;
         let context = match req.requested_max_tokens {

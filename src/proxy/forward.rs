@@ -21,7 +21,7 @@ use crate::api::{self, Route};
 use crate::config::ValidConfig;
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::extensions::needs;
-use crate::layers::TicketSlot;
+use crate::layers::{Sequences, TicketSlot};
 use crate::limiter::Cost;
 use crate::metrics::Metrics;
 use crate::record::Arrived;
@@ -102,8 +102,9 @@ impl<B> tower::Service<Request<B>> for Forward {
                 .extensions
                 .remove::<GenerationRequest>()
                 .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
-            // Each sequence (of the `n` asked for) may write its share of the reservation.
-            let max_output = reserved / u64::from(parsed.sequences.max(1));
+            // Each sequence (every prompt's `n` choices) may write its share of the reservation.
+            let sequences = (parts.extensions.get::<Sequences>()).map_or(1, Sequences::count);
+            let max_output = reserved / sequences.max(1);
             let mut admitted = Admitted::new(
                 tenant,
                 ticket,
@@ -115,7 +116,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                     // One answer of one choice is the next turn's history; of several, which
                     // the client keeps is not known.
                     replies: match (route, &gw.replies) {
-                        (Route::OpenAi(Endpoint::Chat), Some(pool)) if parsed.sequences == 1 => {
+                        (Route::OpenAi(Endpoint::Chat), Some(pool)) if sequences == 1 => {
                             Some(ReplyMemo {
                                 chat: gw.chat.clone(),
                                 pool: pool.clone(),

@@ -44,8 +44,9 @@ pub struct Job {
     /// TGI `parameters.return_full_text`: the prompt, which the answer's `generated_text`
     /// starts with.
     pub echoed_prompt: Option<String>,
-    /// OpenAI `n`: the choices of the answer. The simulated engine runs one sequence and
-    /// answers it as each of them (the same text at every index); usage counts them all.
+    /// OpenAI `n` (times the prompts of a batch): the choices of the answer. The simulated
+    /// engine runs one sequence and answers it as each of them (the same text at every index);
+    /// usage counts them all.
     pub choices: u32,
 }
 
@@ -151,6 +152,9 @@ pub fn parse_openai(
         }
     }
     let mut thinking = false;
+    // A batch of prompts runs each one's choices: the simulated engine runs one sequence of
+    // them all, and answers it as every choice of every prompt.
+    let (mut prompts, mut prompt_tokens) = (1, None);
     let prompt = match api {
         Api::Chat => {
             let messages = req
@@ -171,11 +175,16 @@ pub fn parse_openai(
         }
         _ => match req.prompt {
             Some(Prompt::One(p)) => p,
-            Some(Prompt::Many(mut ps)) if ps.len() == 1 => ps.remove(0),
+            Some(Prompt::Many(ps)) if !ps.is_empty() => {
+                prompts = ps.len() as u64;
+                let counted: u64 = ps.iter().map(|p| counter.count(p) as u64).sum();
+                prompt_tokens = Some(counted);
+                ps.concat()
+            }
             Some(Prompt::Many(_)) => {
                 return Err(ApiError::invalid_param(
                     "prompt",
-                    "the simulated backend takes one prompt per request",
+                    "`prompt` is an empty list",
                 ))
             }
             None => return Err(ApiError::invalid_param("prompt", "`prompt` is required")),
@@ -185,14 +194,14 @@ pub fn parse_openai(
         api,
         stream: req.stream,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-        prompt_tokens: counter.count(&prompt) as u64,
+        prompt_tokens: prompt_tokens.unwrap_or_else(|| counter.count(&prompt) as u64),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         ignore_eos: req.ignore_eos,
         details: false,
         thinking,
         cached_tokens: None,
         echoed_prompt: None,
-        choices: req.n.unwrap_or(1).max(1),
+        choices: req.n.unwrap_or(1).max(1) * u32::try_from(prompts).unwrap_or(u32::MAX),
     };
     Ok((job, prompt))
 }

@@ -464,7 +464,69 @@ async fn n_choices_are_reserved_admitted_and_metered_as_n_sequences() {
     assert_eq!(r.json()["error"]["param"], "n");
     assert_eq!(
         r.json()["error"]["message"],
-        "the request runs 5 sequences (`n`), more than a standard request may run at once on any backend (largest: 4); lower n"
+        "the request runs 5 sequences (each prompt's `n` choices), more than a standard request may run at once on any backend (largest: 4); lower n or send fewer prompts"
     );
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
+}
+
+/// A list of prompts to `/v1/completions` (issue 29): each prompt counted and charged, every
+/// prompt's choices reserved and admitted as sequences, the backend's usage for them all
+/// settling the charge; a batch past the prefill burst is refused whole.
+#[tokio::test]
+async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
+    use tokengate::sim::SimConfig;
+    let dir = TempDir::new("settle-batch");
+    let sim = super::mindie::start_sim(SimConfig::pace(Duration::from_millis(1))).await;
+    let mut cfg = config(&[sim.addr()]);
+    log_usage(&mut cfg, &dir);
+    cfg.backends[0].max_batch = 4;
+    let gw = TestGateway::start(cfg).await;
+    let prompts = ["Once upon a time", "The capital of France is"];
+    let counts: Vec<u64> = prompts
+        .iter()
+        .map(|p| tokenizer().count(p) as u64)
+        .collect();
+    let body = json!({"model": "qwen3.5-27b", "prompt": prompts, "max_tokens": 5, "n": 2, "ignore_eos": true});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // 2 prompts x 2 choices x 5 tokens reserved.
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "980");
+    assert_eq!(r.json()["choices"].as_array().unwrap().len(), 4);
+    assert_eq!(r.json()["usage"]["completion_tokens"], 20);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "1",
+    )
+    .await;
+    let line = &usage_lines(&gw, &dir).await[0];
+    let total: u64 = counts.iter().sum();
+    assert_eq!(
+        (
+            line["counted_prompt_tokens"].clone(),
+            line["prompt_tokens"].clone(),
+            line["reserved_output_tokens"].clone(),
+            line["output_tokens"].clone()
+        ),
+        (json!(total), json!(total), json!(20), json!(20))
+    );
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0 - total as f64);
+    assert_eq!(sim.stats().max_tokens, [Some(5)]);
+    // Three prompts of two choices: six sequences, more than the batch of four.
+    let body = json!({"model": "qwen3.5-27b", "prompt": ["a", "b", "c"], "max_tokens": 5, "n": 2});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
+    // Each prompt within the context, together past the prefill burst of 10,000: refused
+    // before all are counted, nothing charged.
+    let long = "hi ".repeat(3500);
+    assert!((3500..4000).contains(&(tokenizer().count(&long) as u64)));
+    let body = json!({"model": "qwen3.5-27b", "prompt": [long, long, long], "max_tokens": 5});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!(
+        (r.status, r.code().as_str()),
+        (400, "exceeds_tenant_burst"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0 - total as f64);
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 20.0);
 }

@@ -281,6 +281,13 @@ def named_cases():
         case("n 2, streamed", chat([U], 8, True, n=2)),
         case("n 3, completions", {"model": MODEL, "prompt": "Once upon", "max_tokens": 4, "n": 3},
              "/v1/completions"),
+        case("a batch of text prompts", {"model": MODEL, "prompt": ["Once upon", U["content"]],
+                                         "max_tokens": 3}, "/v1/completions"),
+        case("a batch of token-id prompts, n 2", {"model": MODEL, "prompt": [[9707, 1879], [11]],
+                                                  "max_tokens": 2, "n": 2}, "/v1/completions"),
+        case("a batch streamed", {"model": MODEL, "prompt": ["a", "b c", "<|im_start|>d"],
+                                  "max_tokens": 2, "stream": True,
+                                  "stream_options": {"include_usage": True}}, "/v1/completions"),
         case("n 2, completions streamed", {"model": MODEL, "prompt": "Once upon", "max_tokens": 3,
                                             "n": 2, "stream": True,
                                             "stream_options": {"include_usage": True}},
@@ -403,6 +410,8 @@ def generated_cases(n, seed):
                 body["stream_options"] = {"include_usage": True}
             if rng.random() < 0.1:
                 body["n"] = rng.randint(2, 3)
+            if rng.random() < 0.1:
+                body["prompt"] = [body["prompt"]] + [random_text(rng) for _ in range(rng.randint(1, 3))]
             out.append(case(f"generated {i}: completion", body, "/v1/completions"))
             continue
         messages, tools = random_messages(rng, kind == "image")
