@@ -78,13 +78,14 @@ pub fn parse_generation_from(
     }
     let choices = match body.get("n") {
         None | Some(Value::Null) => 1,
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(v) => match v.as_u64().map(u32::try_from) {
+            Some(Ok(n)) if n >= 1 => n,
             _ => {
+                let max = u32::MAX;
                 return Err(ApiError::invalid_param(
                     "n",
-                    format!("`n` must be a whole number of at least 1, got {v}"),
-                ))
+                    format!("`n` must be a whole number from 1 to {max}, got {v}"),
+                ));
             }
         },
     };

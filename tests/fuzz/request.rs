@@ -247,7 +247,10 @@ fn optional_fields(endpoint: Endpoint) -> impl Strategy<Value = Vec<(String, Val
     );
     (
         stream,
-        prop::option::of(prop_oneof![Just(Value::Null), Just(json!(1))]),
+        prop::option::of(prop_oneof![
+            Just(Value::Null),
+            (1u32..=4).prop_map(|n| json!(n))
+        ]),
         max_tokens.clone(),
         max_tokens,
         chat_only,
@@ -368,7 +371,12 @@ fn bad_token_count() -> impl Strategy<Value = Value> {
 fn bad_n() -> impl Strategy<Value = Value> {
     prop_oneof![
         json_except(&[Kind::Null, Kind::Number]),
-        number().prop_filter_map("not 1", |n| (n.as_u64() != Some(1)).then_some(n)),
+        number().prop_filter_map("not a count of choices", |n| {
+            let choices = n
+                .as_u64()
+                .is_some_and(|n| (1..=u64::from(u32::MAX)).contains(&n));
+            (!choices).then_some(n)
+        }),
     ]
 }
 
@@ -379,11 +387,13 @@ fn bad_prompt() -> impl Strategy<Value = Value> {
             json!(""),
             json!([]),
             json!([""]),
-            json!(["a", "b"]),
+            json!(["a", ""]),
             json!([1, "a"]),
+            json!([[1], []]),
+            json!([[1], ["a"]]),
+            json!([[1, -1]]),
             json!([1, -2]),
             json!([1, 1.5]),
-            json!([[1]]),
             json!([u64::from(u32::MAX) + 1]),
             json!([1, u64::MAX]),
             Value::Null,
