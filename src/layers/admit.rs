@@ -147,25 +147,21 @@ where
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let one = || Sequences {
-                prompts: vec![cost.prefill],
-                choices: 1,
+            let runs = req.extensions().get::<Sequences>();
+            let (prompts, choices) = match runs {
+                Some(runs) => (&runs.prompts[..], runs.choices),
+                None => (std::slice::from_ref(&cost.prefill), 1),
             };
-            let runs = req
-                .extensions()
-                .get::<Sequences>()
-                .cloned()
-                .unwrap_or_else(one);
-            let sequences = runs.count().max(1);
+            let sequences = (prompts.len() as u64 * u64::from(choices)).max(1);
             // Each sequence holds its prompt and its share of the output (a prompt's blocks
             // are not taken as shared between its choices: a backend need not cache prefixes).
             let output = cost.decode.div_ceil(sequences);
-            let per_choice = (runs.prompts.iter())
+            let per_choice = (prompts.iter())
                 .map(|p| shared.geometry.footprint_bytes(p + output))
                 .fold(0u64, u64::saturating_add);
             let tokens = cost.prefill + cost.decode;
             let need = Need {
-                bytes: per_choice.saturating_mul(u64::from(runs.choices)),
+                bytes: per_choice.saturating_mul(u64::from(choices)),
                 prompt_tokens: cost.prefill,
                 output_tokens: cost.decode,
                 sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
