@@ -8,9 +8,9 @@
 //! | 3 bound the body | [`BoundBodyLayer`] | `layers/bound.rs` | the body | the body, [`Bounded`](crate::util::bounded::Bounded) |
 //! | the outcome | [`RecordLayer`] | `layers/record.rs` | | [`Pending`](crate::record::Pending) (the request's record), [`Arrived`](crate::record::Arrived) |
 //! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Priority`](crate::admission::Priority) |
-//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the bounded body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost) |
+//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the bounded body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost), [`Sequences`] |
 //! | 8 charge | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`] (the [`Ticket`]) |
-//! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` | the KV lease, in the ticket |
+//! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` (and [`Sequences`], one when absent) | the KV lease, in the ticket |
 //! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket |
 //!
 //! Every layer's error is an [`ApiError`](crate::error::ApiError) (its inner service's error
