@@ -155,7 +155,7 @@ const H2_MAX_CONCURRENT_STREAMS: u32 = 128;
 
 /// Binds both listeners and serves until [`Running::shutdown`]. Both are accepted from on the
 /// caller's runtime. The admin listener's connections are served there too; the main
-/// listener's are handed to `server.workers` threads of their own (see [`Workers`]).
+/// listener's are handed to `server.workers` threads of their own (see `Workers`).
 pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let cfg = gw.config.clone();
     let main = TcpListener::bind(cfg.server.listen).await?;

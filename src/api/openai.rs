@@ -630,7 +630,7 @@ pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError>
 /// Takes the validated body out of `req` and rewrites it so the backend generates at most
 /// `reserved` tokens, is asked for the model by the name it serves (`backend_model`; clients
 /// may use an alias) and, for a stream, reports usage in its last chunk. Everything else goes
-/// as the client sent it (see [`super::splice_body`]).
+/// as the client sent it (see `splice_body`).
 pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,

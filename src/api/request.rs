@@ -1,6 +1,6 @@
 //! A generation request as every API's parser makes it: what to count, the output limit asked
 //! for, the body to forward; the JSON reading the parsers share; and the rewrite of the
-//! client's bytes for the backend ([`splice_body`]).
+//! client's bytes for the backend (`splice_body`).
 
 use super::route::Route;
 use crate::error::ApiError;
@@ -79,7 +79,7 @@ pub struct GenerationRequest {
     /// is counted.
     pub echoed_prompt: Option<String>,
     /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
-    /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`]).
+    /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`](super::openai::parse_generation_from)).
     pub body: Map<String, Value>,
     /// The bytes `body` was parsed from, when known (empty for a request built from a parsed
     /// map): the rewrite for the backend keeps them, changed only where it must.

@@ -1,7 +1,7 @@
 //! Server-sent events as backends stream them: splitting a byte stream into events, and reading
 //! what the gateway meters from each OpenAI `data:` chunk (and from a whole non-streamed answer,
 //! which has the same shape). MindIE's events and answers are read in `api::mindie`, by serde's
-//! derive over [`Loose`] fields, which this module provides.
+//! derive over `Loose` fields, which this module provides.
 //!
 //! Both are linear in the bytes. The splitter resumes its search for an event's end where the
 //! last search stopped, so an event that arrives in many reads is scanned once. A chunk is read

@@ -1,7 +1,7 @@
 //! Step 9, admit: the request's KV footprint (its [`Cost`]'s prompt + max output tokens, in
 //! whole blocks, plus the per-sequence state) is leased on a backend, at once or after waiting
 //! in the bounded queue in the request's [`Priority`] class (the one its extensions carry, else
-//! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`],
+//! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`](crate::layers::Ticket),
 //! which frees it when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
 //! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
 

@@ -2,7 +2,7 @@
 //! request to the backend its lease is on (`max_tokens` rewritten to what was reserved, usage
 //! asked for, the request's id) and answers with the backend's answer, metered: a whole answer
 //! (or a JSON one to a streamed request) read and settled at once, a stream passed on event by
-//! event by [`MeteredStream`], which owns the request's [`Ticket`] (through [`Admitted`]) until
+//! event by [`MeteredStream`], which owns the request's [`Ticket`](crate::layers::Ticket) (through [`Admitted`]) until
 //! it ends, breaks or the client goes.
 //!
 //! Once the request's bytes are handed to the backend's connection (the backend client marks

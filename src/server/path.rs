@@ -1,4 +1,4 @@
-//! The request path of DESIGN.md, written once. [`main_stack`] is the main listener's whole
+//! The request path of DESIGN.md, written once. `main_stack` is the main listener's whole
 //! chain, outermost first: 1 request id and span, 2 a panic as a 500 and every refusal as its
 //! answer, 3 the body's bounds, 4 the route table; a generation route then runs
 //! [`generation_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge, 9 admit,

@@ -5,7 +5,7 @@
 //! reproduces exactly (byte-level vocabulary with ids dense from 0, `ignore_merges`, NFC or no
 //! normalizer, one split regex that needs no look-around but the usual trailing whitespace one,
 //! then ByteLevel, plain special added tokens) the tokenizer runs a fast engine built straight
-//! from the file ([`super::bpe`]: the file's merge list over flat tables); otherwise it loads
+//! from the file (`super::bpe`: the file's merge list over flat tables); otherwise it loads
 //! the `tokenizers` object and says why at load.
 //!
 //! The fast path reads the small sections (normalizer, pre-tokenizer, decoder, post-processor,

@@ -1,7 +1,7 @@
 //! Image sizes from file headers (vision room): PNG (IHDR), JPEG (the SOF segment), WebP
 //! (VP8, VP8L, VP8X) and GIF (logical screen and first image descriptor), read without decoding
 //! a pixel. The header is read
-//! through [`Window`] so a base64 data URL is decoded only where the parser looks (a JPEG's EXIF
+//! through `Window` so a base64 data URL is decoded only where the parser looks (a JPEG's EXIF
 //! block of any size is skipped without being decoded).
 
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
