@@ -122,6 +122,24 @@ where
         .await
 }
 
+/// `work`, the answer of a local request whose body was read with `body_charge`, charged the
+/// one request it costs: with no answer (`work` fails) the request is given back, with one the
+/// body's charge is.
+async fn charged<T>(
+    counter: &Counter,
+    tenant: &Tenant,
+    body_charge: BodyCharge<'_>,
+    work: impl std::future::Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let mut charge = counter
+        .limiter
+        .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
+        .await?;
+    let answer = work.await.inspect_err(|_| charge.refund_all())?;
+    body_charge.accept();
+    Ok(answer)
+}
+
 /// `POST /tokenize`, answered locally in vLLM's shape: `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize<B>(
     counter: Arc<Counter>,
@@ -148,16 +166,10 @@ where
     if let TokenCount::AtLeast(n) = counted {
         return Err(past_the_context(&prompt, n, max_len));
     }
-    let mut charge = counter
-        .limiter
-        .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
-        .await?;
-    let ids = counter
-        .encode_prompt(&tenant.name, prompt)
-        .await
-        // No answer: the request is given back.
-        .inspect_err(|_| charge.refund_all())?;
-    body_charge.accept();
+    let ids = charged(&counter, &tenant, body_charge, async {
+        counter.encode_prompt(&tenant.name, prompt).await
+    })
+    .await?;
     Ok(json_text_response(
         StatusCode::OK,
         tokenize_answer(&ids, max_len),
@@ -181,20 +193,15 @@ where
         openai::parse_detokenize(body)
     })
     .await?;
-    let mut charge = counter
-        .limiter
-        .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
-        .await?;
     let tokenizer = counter.tokenizer.clone();
     // Decoding an id is a lookup and a copy, cheaper than tokenizing a byte: as many ids as
     // the inline bound's bytes are decoded here.
-    let text = (counter.pool)
-        .run_maybe_inline(&tenant.name, ids.len(), move || tokenizer.decode(&ids))
-        .await
-        .map_err(ApiError::from)
-        // No answer: the request is given back.
-        .inspect_err(|_| charge.refund_all())?;
-    body_charge.accept();
+    let decode =
+        (counter.pool).run_maybe_inline(&tenant.name, ids.len(), move || tokenizer.decode(&ids));
+    let text = charged(&counter, &tenant, body_charge, async {
+        decode.await.map_err(ApiError::from)
+    })
+    .await?;
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "prompt": text }),
