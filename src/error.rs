@@ -276,8 +276,9 @@ impl ApiError {
         self.body_in(Wire::OpenAi)
     }
 
-    /// The error body in `wire`'s shape: OpenAI's, or TGI's `{"error", "error_type"}` (what
-    /// MindIE's native clients read), whose `error_type` is the OpenAI `code`.
+    /// The error body in `wire`'s shape: OpenAI's, TGI's `{"error", "error_type"}` (what
+    /// MindIE's native clients read), whose `error_type` is the OpenAI `code`, or Anthropic's
+    /// `{"type": "error", "error": {"type", "message"}}` with the type its status has there.
     pub fn body_in(&self, wire: Wire) -> serde_json::Value {
         match wire {
             Wire::OpenAi => serde_json::json!({
@@ -291,6 +292,13 @@ impl ApiError {
             Wire::Tgi => serde_json::json!({
                 "error": self.message,
                 "error_type": self.code.as_str(),
+            }),
+            Wire::Anthropic => serde_json::json!({
+                "type": "error",
+                "error": {
+                    "type": anthropic_type(self.status),
+                    "message": self.message,
+                }
             }),
         }
     }
@@ -322,7 +330,7 @@ impl ApiError {
             );
         }
         if let Some(rl) = &self.rate_limit {
-            rl.apply(h);
+            rl.apply_in(h, wire);
         }
         if let Some(allow) = self.allow {
             h.insert(header::ALLOW, HeaderValue::from_static(allow.as_str()));
@@ -342,6 +350,41 @@ enum Field {
 }
 
 impl RateLimitHeaders {
+    /// [`RateLimitHeaders::apply`], and for Anthropic's clients the same limits under
+    /// Anthropic's names ([`RateLimitHeaders::apply_anthropic`]).
+    pub fn apply_in(&self, h: &mut HeaderMap, wire: Wire) {
+        self.apply(h);
+        if wire == Wire::Anthropic {
+            self.apply_anthropic(h, std::time::SystemTime::now());
+        }
+    }
+
+    /// Anthropic's `anthropic-ratelimit-{requests,output-tokens}-{limit,remaining,reset}`
+    /// (the request bucket, and the decode bucket: what the answer may generate), each reset
+    /// the RFC 3339 time, from `now`, at which its bucket is full again.
+    pub fn apply_anthropic(&self, h: &mut HeaderMap, now: std::time::SystemTime) {
+        let buckets = [
+            ("requests", self.limit_requests, self.remaining_requests, self.reset_requests),
+            ("output-tokens", self.limit_tokens, self.remaining_tokens, self.reset_tokens),
+        ];
+        for (unit, limit, remaining, reset) in buckets {
+            // Whole seconds, rounded up: the bucket is full by then.
+            let reset = now + Duration::from_secs(reset.as_nanos().div_ceil(1_000_000_000) as u64);
+            let reset = humantime::format_rfc3339_seconds(reset).to_string();
+            for (field, value) in [
+                ("limit", limit.to_string()),
+                ("remaining", remaining.to_string()),
+                ("reset", reset),
+            ] {
+                let name = format!("anthropic-ratelimit-{unit}-{field}");
+                h.insert(
+                    HeaderName::try_from(name).expect("a header name"),
+                    HeaderValue::try_from(value).expect("digits and a time"),
+                );
+            }
+        }
+    }
+
     /// Sets the six `x-ratelimit-*` headers.
     pub fn apply(&self, h: &mut HeaderMap) {
         // This runs on every answer: the six values are written without `fmt` into one buffer,
@@ -760,6 +803,21 @@ fn write_reset(out: &mut Vec<u8>, d: Duration) {
 
 /// The body type used for locally generated responses.
 pub type FullBody = Full<Bytes>;
+
+/// The error type Anthropic's API gives a status (what its SDKs' users read; the SDKs pick
+/// their exception by the status).
+fn anthropic_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -144,6 +144,9 @@ pub struct Unauthenticated {
     pub message: String,
 }
 
+/// The header Anthropic's clients send their API key in.
+const X_API_KEY: &str = "x-api-key";
+
 /// A tenant's API key.
 pub const API_KEY: BearerKind = BearerKind {
     name: "API key",
@@ -252,9 +255,21 @@ impl TenantDirectory {
         self.by_name.get(name).map(|&i| &self.tenants[i])
     }
 
-    /// The tenant whose key is in `Authorization: Bearer KEY`, or 401.
+    /// The tenant whose key is in `Authorization: Bearer KEY`, or in `x-api-key: KEY` (how
+    /// Anthropic's clients send it) when there is no `Authorization`; else 401.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Tenant>, Unauthenticated> {
-        let key = bearer(headers, &API_KEY)?;
+        let key = match headers.get(X_API_KEY) {
+            Some(key) if !headers.contains_key(http::header::AUTHORIZATION) => key
+                .to_str()
+                .ok()
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| Unauthenticated {
+                    code: ErrorCode::InvalidApiKey,
+                    message: "the x-api-key header must be the API key, in ASCII".to_string(),
+                })?,
+            _ => bearer(headers, &API_KEY)?,
+        };
         let digest = hash_key(key);
         // The candidates share the digest's first 8 bytes; each is compared whole in constant
         // time, all of them whatever matches.
@@ -336,6 +351,14 @@ mod tests {
         );
         let e = crate::error::ApiError::from(dir.authenticate(&HeaderMap::new()).unwrap_err());
         assert_eq!((e.status.as_u16(), e.code), (401, ErrorCode::InvalidApiKey));
+        // Anthropic's clients send `x-api-key`; `Authorization` wins when both come.
+        let mut h = HeaderMap::new();
+        h.insert(X_API_KEY, "sk-bob".parse().unwrap());
+        assert_eq!(dir.authenticate(&h).unwrap().name, "bob");
+        h.insert(http::header::AUTHORIZATION, "Bearer sk-alice".parse().unwrap());
+        assert_eq!(dir.authenticate(&h).unwrap().name, "alice");
+        h.insert(http::header::AUTHORIZATION, "Bearer sk-carol".parse().unwrap());
+        assert!(dir.authenticate(&h).is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The two dialects the gateway speaks with clients and backends: OpenAI's (vLLM's) and TGI's
-//! (MindIE's native routes). A route names its dialect (`api::Route::wire`); the metering and
+//! The dialects the gateway speaks with clients and backends: OpenAI's (vLLM's), Anthropic's
+//! (vLLM's `/v1/messages`) and TGI's (MindIE's native routes). A route names its dialect (`api::Route::wire`); the metering and
 //! every refusal follow it.
 
 /// How a route's answers and errors are written: it decides where the output count is read,
@@ -11,4 +11,8 @@ pub enum Wire {
     /// TGI as MindIE speaks it: `generated_text`, `details.generated_tokens`, one token per
     /// stream event, `{"error": "...", "error_type": "..."}`.
     Tgi,
+    /// Anthropic's Messages API: `usage.input_tokens` / `output_tokens`, stream events
+    /// (`message_start`, `content_block_delta`, `message_delta`),
+    /// `{"type": "error", "error": {"type", "message"}}`.
+    Anthropic,
 }

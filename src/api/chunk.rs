@@ -1,7 +1,7 @@
 //! What metering reads of a backend's answer: a whole answer or one stream event, in its
 //! route's wire format.
 
-use super::{mindie, sse};
+use super::{anthropic, mindie, sse};
 use crate::wire::Wire;
 
 /// A whole answer or one stream event in its wire's format, as metering reads it.
@@ -11,6 +11,8 @@ pub enum Chunk<'a> {
     OpenAi(sse::Chunk<'a>),
     /// A TGI event or answer.
     Tgi(mindie::Chunk<'a>),
+    /// An Anthropic event or answer.
+    Anthropic(anthropic::Chunk<'a>),
 }
 
 impl<'a> Chunk<'a> {
@@ -19,6 +21,7 @@ impl<'a> Chunk<'a> {
         match wire {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
+            Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse(json)),
         }
     }
 
@@ -28,6 +31,7 @@ impl<'a> Chunk<'a> {
         match wire {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
+            Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse_text(data)),
         }
     }
 
@@ -37,23 +41,26 @@ impl<'a> Chunk<'a> {
         match self {
             Chunk::OpenAi(c) => c.completion_tokens(),
             Chunk::Tgi(c) => c.generated_tokens(),
+            Chunk::Anthropic(c) => c.completion_tokens(),
         }
     }
 
-    /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens` (TGI's answers have
-    /// none).
+    /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens`, Anthropic's input
+    /// and cache tokens (TGI's answers have none).
     pub fn prompt_tokens(&self) -> Option<u64> {
         match self {
             Chunk::OpenAi(c) => c.prompt_tokens(),
+            Chunk::Anthropic(c) => c.prompt_tokens(),
             Chunk::Tgi(_) => None,
         }
     }
 
     /// How many of the prompt's tokens the backend's prefix cache held: OpenAI's
-    /// `usage.prompt_tokens_details.cached_tokens`.
+    /// `usage.prompt_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens`.
     pub fn cached_tokens(&self) -> Option<u64> {
         match self {
             Chunk::OpenAi(c) => c.cached_tokens(),
+            Chunk::Anthropic(c) => c.cached_tokens(),
             Chunk::Tgi(_) => None,
         }
     }
@@ -63,25 +70,28 @@ impl<'a> Chunk<'a> {
     pub fn usage_only(&self) -> bool {
         match self {
             Chunk::OpenAi(c) => c.usage_only(),
-            Chunk::Tgi(_) => false,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) => false,
         }
     }
 
     /// The generated text, piece by piece.
     pub fn generated(&self) -> impl Iterator<Item = &str> {
-        let (openai, tgi) = match self {
-            Chunk::OpenAi(c) => (Some(c.generated()), None),
-            Chunk::Tgi(c) => (None, c.generated()),
+        let (openai, tgi, anthropic) = match self {
+            Chunk::OpenAi(c) => (Some(c.generated()), None, None),
+            Chunk::Tgi(c) => (None, c.generated(), None),
+            Chunk::Anthropic(c) => (None, None, Some(c.generated())),
         };
-        openai.into_iter().flatten().chain(tgi)
+        (openai.into_iter().flatten())
+            .chain(tgi)
+            .chain(anthropic.into_iter().flatten())
     }
 
     /// The first choice's chat answer (reasoning left out) and whether it calls tools; `None`
-    /// when there is no choice, as in every TGI answer.
+    /// when there is no choice, as in every TGI and Anthropic answer.
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),
-            Chunk::Tgi(_) => None,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) => None,
         }
     }
 }

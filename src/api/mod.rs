@@ -5,9 +5,10 @@
 //! |---|---|
 //! | `route.rs` | the routes (OpenAI's endpoints, MindIE's native routes) and their wire formats |
 //! | `request.rs` | the validated [`GenerationRequest`], the JSON reading the parsers share, the body rewrite |
-//! | `openai.rs`, `mindie.rs` | each API's parsing, validation and rewrite |
+//! | `openai.rs`, `anthropic.rs`, `mindie.rs` | each API's parsing, validation and rewrite |
 //! | `sse.rs`, `scan.rs`, `chunk.rs` | reading the backends' answers and stream events for metering |
 
+pub mod anthropic;
 pub mod chunk;
 pub mod mindie;
 pub mod openai;
@@ -38,6 +39,7 @@ pub fn parse_generation(
             raw_keys_unique: body.keys_unique,
             ..mindie::parse_generation(native, body.object, limits)?
         }),
+        Route::Messages => anthropic::parse_generation(body, limits),
     }
 }
 
@@ -51,5 +53,6 @@ pub fn rewrite_for_backend(
     match req.endpoint {
         Route::OpenAi(_) => openai::rewrite_for_backend(req, reserved, backend_model),
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
+        Route::Messages => anthropic::rewrite_for_backend(req, reserved, backend_model),
     }
 }

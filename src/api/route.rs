@@ -1,4 +1,5 @@
-//! Which API a request came to: its route (OpenAI's endpoints, MindIE's native routes) and the
+//! Which API a request came to: its route (OpenAI's endpoints, Anthropic's Messages, MindIE's
+//! native routes) and the
 //! dialect ([`Wire`]) its answers and errors are written in.
 
 use crate::wire::Wire;
@@ -60,13 +61,16 @@ pub enum Route {
     OpenAi(Endpoint),
     /// MindIE's native API: `/infer`, `/generate`, `/generate_stream`.
     MindIe(Native),
+    /// Anthropic's Messages API: `/v1/messages`.
+    Messages,
 }
 
 impl Route {
     /// Every generation route, in the README's order.
-    pub const ALL: [Route; 5] = [
+    pub const ALL: [Route; 6] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::Completions),
+        Route::Messages,
         Route::MindIe(Native::Infer),
         Route::MindIe(Native::Generate),
         Route::MindIe(Native::GenerateStream),
@@ -82,6 +86,7 @@ impl Route {
         match self {
             Route::OpenAi(e) => e.path(),
             Route::MindIe(n) => n.path(),
+            Route::Messages => "/v1/messages",
         }
     }
 
@@ -90,25 +95,27 @@ impl Route {
         match self {
             Route::OpenAi(_) => Wire::OpenAi,
             Route::MindIe(_) => Wire::Tgi,
+            Route::Messages => Wire::Anthropic,
         }
     }
 
     /// What the backend generates at most when a request sets no output limit, where that is
     /// a fixed number: 16 on `/v1/completions` (vLLM's request model), 20 on MindIE's TGI
     /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
-    /// backend allows up to the context (vLLM's chat) or its default is not known (`/infer`).
+    /// backend allows up to the context (vLLM's chat) or its default is not known (`/infer`);
+    /// `/v1/messages` requires `max_tokens`.
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
             Route::MindIe(Native::Generate | Native::GenerateStream) => Some(20),
-            Route::OpenAi(Endpoint::Chat) | Route::MindIe(Native::Infer) => None,
+            Route::OpenAi(Endpoint::Chat) | Route::MindIe(Native::Infer) | Route::Messages => None,
         }
     }
 
     /// The field holding the prompt, named by errors about its length.
     pub fn prompt_param(self) -> &'static str {
         match self {
-            Route::OpenAi(Endpoint::Chat) => "messages",
+            Route::OpenAi(Endpoint::Chat) | Route::Messages => "messages",
             Route::OpenAi(Endpoint::Completions) => "prompt",
             Route::MindIe(_) => "inputs",
         }

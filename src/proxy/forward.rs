@@ -175,7 +175,7 @@ impl Backends {
         // What every answer from here carries: the backend's end-to-end headers and the
         // tenant's rate limits.
         super::upstream::answer_headers(&mut parts.headers);
-        admitted.rate_limit_headers().apply(&mut parts.headers);
+        (admitted.rate_limit_headers()).apply_in(&mut parts.headers, req.endpoint.wire());
         // A stream the backend answered whole (JSON, not events) is metered as the whole answer
         // it is: read as events it holds none, and would settle as if nothing was generated.
         let answered_whole = parts

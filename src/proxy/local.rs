@@ -1,5 +1,6 @@
-//! The main listener's routes answered without the backend: `POST /tokenize` and
-//! `POST /detokenize` (locally, in vLLM's shape) and `GET /v1/models` (from the backends). Both come after the authenticate
+//! The main listener's routes answered without the backend: `POST /tokenize`,
+//! `POST /detokenize` and `POST /v1/messages/count_tokens` (locally, in vLLM's shape) and
+//! `GET /v1/models` (from the backends). Both come after the authenticate
 //! layer, whose `Arc<Tenant>` they find in the request's extensions.
 //!
 //! `/tokenize` costs one request from the tenant's requests bucket (none is taken when it is
@@ -10,7 +11,7 @@
 
 use super::upstream::Upstream;
 use super::{full, json_response, json_text_response, GatewayBody};
-use crate::api::openai::{self};
+use crate::api::{anthropic, openai};
 use crate::api::Prompt;
 use crate::body::check_content_type;
 use crate::body::discard::BodyCharge;
@@ -25,6 +26,7 @@ use crate::tokenize::TokenCount;
 use crate::util::bounded::Bounded;
 use crate::util::decimal::push_decimal;
 use crate::vision;
+use crate::wire::Wire;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -38,11 +40,18 @@ pub enum Local {
     Detokenize,
     /// `GET /v1/models`.
     Models,
+    /// `POST /v1/messages/count_tokens` (Anthropic's).
+    CountTokens,
 }
 
 impl Local {
     /// Every one.
-    pub const ALL: [Local; 3] = [Local::Tokenize, Local::Detokenize, Local::Models];
+    pub const ALL: [Local; 4] = [
+        Local::Tokenize,
+        Local::Detokenize,
+        Local::CountTokens,
+        Local::Models,
+    ];
 
     /// Its path.
     pub fn path(self) -> &'static str {
@@ -50,6 +59,15 @@ impl Local {
             Local::Tokenize => "/tokenize",
             Local::Detokenize => "/detokenize",
             Local::Models => "/v1/models",
+            Local::CountTokens => "/v1/messages/count_tokens",
+        }
+    }
+
+    /// The dialect of its answers and refusals.
+    pub fn wire(self) -> Wire {
+        match self {
+            Local::CountTokens => Wire::Anthropic,
+            Local::Tokenize | Local::Detokenize | Local::Models => Wire::OpenAi,
         }
     }
 
@@ -57,7 +75,7 @@ impl Local {
     pub fn method(self) -> Allow {
         match self {
             Local::Models => Allow::Get,
-            Local::Tokenize | Local::Detokenize => Allow::Post,
+            Local::Tokenize | Local::Detokenize | Local::CountTokens => Allow::Post,
         }
     }
 }
@@ -77,11 +95,12 @@ where
     match *crate::layers::extensions::needs::<Local>(req.extensions())? {
         Local::Tokenize => tokenize(counter, req).await,
         Local::Detokenize => detokenize(counter, req).await,
+        Local::CountTokens => count_tokens(counter, req).await,
         Local::Models => models(upstreams, req).await,
     }
 }
 
-/// What `/tokenize` and `/detokenize` cost: one request.
+/// What `/tokenize`, `/detokenize` and `/v1/messages/count_tokens` cost: one request.
 const ONE_REQUEST: Cost = Cost {
     prefill: 0,
     decode: 0,
@@ -173,6 +192,39 @@ where
     Ok(json_text_response(
         StatusCode::OK,
         tokenize_answer(&ids, max_len),
+    ))
+}
+
+/// `POST /v1/messages/count_tokens`, answered locally in vLLM's shape
+/// ([`anthropic::count_tokens_answer`]): the prompt `/v1/messages` would be charged, counted
+/// exactly up to the context (one past it is a 400, as the generation's is). It costs one
+/// request.
+pub async fn count_tokens<B>(
+    counter: Arc<Counter>,
+    req: Request<Bounded<B>>,
+) -> Result<Response<GatewayBody>, ApiError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+    let (prompt, body_charge) = read_local(&counter, &tenant, req, |body, config| {
+        anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
+    })
+    .await?;
+    let max_len = counter.config.model.max_model_len;
+    let counted = counter
+        .count_prompt(&tenant.name, prompt.clone(), max_len)
+        .await?;
+    let tokens = match counted {
+        TokenCount::Exact(n) => n as u64,
+        TokenCount::AtLeast(n) => return Err(past_the_context(&prompt, n, max_len)),
+    };
+    charged(&counter, &tenant, body_charge, async { Ok(()) }).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &anthropic::count_tokens_answer(tokens),
     ))
 }
 

@@ -245,7 +245,8 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let wire = Route::from_path(req.uri().path()).map_or(Wire::OpenAi, Route::wire);
+        let path = req.uri().path();
+        let wire = (main_routes().find(|(p, ..)| *p == path)).map_or(Wire::OpenAi, |r| r.2.wire());
         let started = tokio::time::Instant::now();
         let answer = self.0.call(req);
         Box::pin(async move {
@@ -313,6 +314,16 @@ pub enum Answer {
     Generate(Route),
     /// Answered by the gateway itself after authentication.
     Local(Local),
+}
+
+impl Answer {
+    /// The dialect of its answers and refusals.
+    pub fn wire(self) -> Wire {
+        match self {
+            Answer::Generate(route) => route.wire(),
+            Answer::Local(local) => local.wire(),
+        }
+    }
 }
 
 /// The main listener's route table: each path, the one method it answers and what answers it.

@@ -7,7 +7,7 @@ use super::metrics::SimMetrics;
 use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
-use super::wire::{parse_openai, parse_tgi, Api, Finish, Job, Meta};
+use super::wire::{parse_messages, parse_openai, parse_tgi, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
 use crate::api::{Route, Wire};
 use crate::error::ApiError;
@@ -154,6 +154,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         (&Method::POST, "/generate") => (Api::Tgi, Some(false)),
         (&Method::POST, "/generate_stream") => (Api::Tgi, Some(true)),
         (&Method::POST, "/infer") => (Api::Tgi, None),
+        (&Method::POST, "/v1/messages") => (Api::Messages, None),
         _ => return Err(ApiError::not_found(format!("no route for {path}"))),
     };
     let body = Limited::new(req.into_body(), BODY_LIMIT_BYTES)
@@ -163,6 +164,12 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         .to_bytes();
     let (mut job, prompt) = match api {
         (Api::Tgi, stream) => parse_tgi(&body, stream, shared.counter.as_ref())?,
+        (Api::Messages, _) => parse_messages(
+            &body,
+            &shared.served_names,
+            &shared.template,
+            shared.counter.as_ref(),
+        )?,
         (api, _) => parse_openai(
             api,
             &body,
@@ -171,7 +178,8 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             shared.counter.as_ref(),
         )?,
     };
-    if let (Some(cache), Api::Chat | Api::Completion) = (&shared.prefix_cache, job.api) {
+    if let (Some(cache), Api::Chat | Api::Completion | Api::Messages) =
+        (&shared.prefix_cache, job.api) {
         let mut cache = cache.lock().expect("prefix cache lock poisoned");
         let cached = cache.serve(&prompt, job.prompt_tokens, shared.counter.as_ref());
         job.cached_tokens = Some(cached);
@@ -219,6 +227,9 @@ fn injected_status(
     let message = format!("the simulated backend was told to answer {status}");
     let body = match api {
         Api::Tgi => serde_json::json!({"error": message, "error_type": "injected_failure"}),
+        Api::Messages => serde_json::json!({"type": "error", "error": {
+            "type": "api_error", "message": message
+        }}),
         Api::Chat | Api::Completion => serde_json::json!({"error": {
             "message": message, "type": "server_error", "param": null, "code": "injected_failure"
         }}),
@@ -367,9 +378,18 @@ impl StreamState {
                     index,
                 )
             });
-            let reasoning = index <= self.job.reasoning_tokens(self.output);
-            self.pending
-                .extend(api.token_events(&self.meta, &self.job, index, &text, reasoning, finish));
+            let thought = self.job.reasoning_tokens(self.output);
+            let reasoning = index <= thought;
+            let block_starts = index == 1 || (thought > 0 && index == thought + 1);
+            self.pending.extend(api.token_events(
+                &self.meta,
+                &self.job,
+                index,
+                &text,
+                reasoning,
+                block_starts,
+                finish,
+            ));
             if last {
                 let end = api.stream_end(&self.meta, &self.job, index);
                 self.pending.extend(end);

@@ -1,6 +1,7 @@
 //! Room `sim`: the wire formats the simulated backend speaks: OpenAI chat and completions as vLLM
-//! emits them (SSE chunks, `usage`, `stream_options.include_usage`), and MindIE's TGI-style
-//! `/generate`, `/generate_stream` and `/infer` (with `details.generated_tokens`).
+//! emits them (SSE chunks, `usage`, `stream_options.include_usage`), Anthropic's `/v1/messages`
+//! as vLLM serves it (its events and `usage`), and MindIE's TGI-style `/generate`,
+//! `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
 use super::text::completion_text;
 use crate::error::ApiError;
@@ -17,6 +18,8 @@ pub enum Api {
     Completion,
     /// MindIE / TGI `/generate`, `/generate_stream`, `/infer`.
     Tgi,
+    /// Anthropic's `POST /v1/messages`.
+    Messages,
 }
 
 /// A parsed generation request.
@@ -232,6 +235,38 @@ pub fn parse_tgi(
     Ok((job, req.inputs))
 }
 
+#[allow(clippy::result_large_err)]
+/// Parses a `/v1/messages` body and counts its prompt: the chat vLLM converts it to
+/// ([`crate::api::anthropic`]), rendered with `template`; the job, and the prompt's text.
+pub fn parse_messages(
+    body: &[u8],
+    served_names: &[String],
+    template: &ChatTemplate,
+    counter: &dyn CountTokens,
+) -> Result<(Job, String), ApiError> {
+    let body = crate::api::request::parse_object(body)?;
+    let vision = crate::vision::VisionRules::default();
+    let prompt = crate::api::anthropic::parse_count_tokens(&body, served_names, &vision)?;
+    let crate::api::Prompt::Chat { prompt, .. } = prompt else {
+        unreachable!("a conversation is a chat")
+    };
+    let text = template.render(&prompt)?;
+    let job = Job {
+        api: Api::Messages,
+        stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: false,
+        prompt_tokens: counter.count(&text) as u64,
+        max_tokens: body.get("max_tokens").and_then(Value::as_u64),
+        ignore_eos: body.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
+        details: false,
+        thinking: prompt.enable_thinking != Some(false),
+        cached_tokens: None,
+        echoed_prompt: None,
+        choices: 1,
+    };
+    Ok((job, text))
+}
+
 /// What every response of one request shares.
 #[derive(Debug, Clone)]
 pub struct Meta {
@@ -265,6 +300,42 @@ impl Finish {
             Finish::Length => "length",
             Finish::Stop => "eos_token",
         }
+    }
+
+    fn anthropic(self) -> &'static str {
+        match self {
+            Finish::Length => "max_tokens",
+            Finish::Stop => "end_turn",
+        }
+    }
+}
+
+/// `job`'s usage in Anthropic's shape once `completion` tokens are generated, as vLLM writes
+/// it: `input_tokens` is the prompt less what the prefix cache held
+/// (`cache_read_input_tokens`).
+fn anthropic_usage(job: &Job, completion: u64) -> Value {
+    let cached = job.cached_tokens.unwrap_or(0);
+    let mut usage = json!({
+        "input_tokens": job.prompt_tokens - cached,
+        "output_tokens": completion,
+    });
+    if let Some(cached) = job.cached_tokens {
+        usage["cache_read_input_tokens"] = cached.into();
+    }
+    usage
+}
+
+/// An Anthropic stream event: its `event:` line and its data.
+fn event(kind: &str, data: Value) -> String {
+    format!("event: {kind}\ndata: {data}\n\n")
+}
+
+/// The content block kind, and its delta's type and field, of reasoning or text.
+fn block_of(reasoning: bool) -> (&'static str, &'static str, &'static str) {
+    if reasoning {
+        ("thinking", "thinking_delta", "thinking")
+    } else {
+        ("text", "text_delta", "text")
     }
 }
 
@@ -310,7 +381,9 @@ fn completion(meta: &Meta, text: &str, finish: Option<&str>) -> Value {
 
 impl Api {
     /// The SSE events carrying token number `index` (1-based) with `text` (a chat's in
-    /// `delta.reasoning` when it is `reasoning`); `finish` on the last.
+    /// `delta.reasoning` when it is `reasoning`); `finish` on the last. `block_starts`: the
+    /// token is the first, or the first after the reasoning (a new Anthropic content block).
+    #[allow(clippy::too_many_arguments)]
     pub fn token_events(
         self,
         meta: &Meta,
@@ -318,9 +391,43 @@ impl Api {
         index: u64,
         text: &str,
         reasoning: bool,
+        block_starts: bool,
         finish: Option<(Finish, String, u64)>,
     ) -> Vec<String> {
         match self {
+            Api::Messages => {
+                let mut out = Vec::new();
+                if index == 1 {
+                    let message = json!({
+                        "id": meta.id, "type": "message", "role": "assistant", "content": [],
+                        "model": meta.model, "stop_reason": null, "stop_sequence": null,
+                        "usage": anthropic_usage(job, 0),
+                    });
+                    out.push(event("message_start", json!({"type": "message_start", "message": message})));
+                }
+                let (kind, delta_type, field) = block_of(reasoning);
+                let block = u64::from(!reasoning && job.thinking);
+                if block_starts {
+                    if block == 1 {
+                        out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+                    }
+                    let start = json!({"type": "content_block_start", "index": block,
+                        "content_block": {"type": kind, field: ""}});
+                    out.push(event("content_block_start", start));
+                }
+                let delta = json!({"type": "content_block_delta", "index": block,
+                    "delta": {"type": delta_type, field: text}});
+                out.push(event("content_block_delta", delta));
+                if let Some((finish, _, n)) = finish {
+                    out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": block})));
+                    let end = json!({"type": "message_delta",
+                        "delta": {"stop_reason": finish.anthropic(), "stop_sequence": null},
+                        "usage": anthropic_usage(job, n)});
+                    out.push(event("message_delta", end));
+                    out.push(event("message_stop", json!({"type": "message_stop"})));
+                }
+                out
+            }
             Api::Chat => {
                 let mut out = Vec::new();
                 if index == 1 {
@@ -363,7 +470,7 @@ impl Api {
     /// and `[DONE]` (OpenAI).
     pub fn stream_end(self, meta: &Meta, job: &Job, n: u64) -> Vec<String> {
         match self {
-            Api::Tgi => Vec::new(),
+            Api::Tgi | Api::Messages => Vec::new(),
             Api::Chat | Api::Completion => {
                 let mut out = Vec::new();
                 if job.include_usage {
@@ -420,6 +527,23 @@ impl Api {
                 json!({"generated_text": text, "details": tgi_details(finish, n)})
             }
             Api::Tgi => json!({"generated_text": job.generated_text(text)}),
+            Api::Messages => {
+                let reasoning = job.reasoning_tokens(n);
+                let mut content = Vec::new();
+                if reasoning > 0 {
+                    let thinking = completion_text(0, reasoning);
+                    content.push(json!({"type": "thinking", "thinking": thinking, "signature": "sim"}));
+                }
+                if n > reasoning || content.is_empty() {
+                    let text = completion_text(reasoning, n - reasoning);
+                    content.push(json!({"type": "text", "text": text}));
+                }
+                json!({
+                    "id": meta.id, "type": "message", "role": "assistant", "content": content,
+                    "model": meta.model, "stop_reason": finish.anthropic(), "stop_sequence": null,
+                    "usage": anthropic_usage(job, n),
+                })
+            }
         }
     }
 
@@ -429,6 +553,7 @@ impl Api {
             Api::Chat => "chatcmpl-",
             Api::Completion => "cmpl-",
             Api::Tgi => "gen-",
+            Api::Messages => "msg_",
         }
     }
 }

@@ -110,7 +110,7 @@ def stream(host, port, path, body, headers, cut_after):
                         events.append(data if data == "[DONE]" else json.loads(data))
                 if status != 200:
                     continue
-                chosen = [e for e in events if isinstance(e, dict) and e.get("choices")]
+                chosen = [e for e in events if isinstance(e, dict) and delivers(e)]
                 if cut_after is not None and len(chosen) >= cut_after:
                     cut = True
                     raise StopIteration
@@ -119,6 +119,23 @@ def stream(host, port, path, body, headers, cut_after):
     finally:
         s.close()
     return status, events, cut
+
+
+def delivers(event):
+    """Whether a stream event carries output: an OpenAI chunk with a choice, or an Anthropic
+    `content_block_delta`."""
+    return bool(event.get("choices")) or event.get("type") == "content_block_delta"
+
+
+def as_openai_usage(u):
+    """Usage in OpenAI's terms: Anthropic's (vLLM's `/v1/messages`) prompt is its input plus
+    what the cache read and wrote."""
+    if u is None or "input_tokens" not in u:
+        return u
+    prompt = u["input_tokens"] + (u.get("cache_read_input_tokens") or 0) \
+        + (u.get("cache_creation_input_tokens") or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": u.get("output_tokens"),
+            "prompt_tokens_details": {"cached_tokens": u.get("cache_read_input_tokens")}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,10 +372,90 @@ def named_cases():
                                                 "stream_options": {"include_usage": True}},
              "/v1/completions", cut_after=3),
     ]
-    return cases
+    return cases + messages_cases()
 
 
-KINDS = ["chat", "chat", "chat", "chat_stream", "cut", "completion", "image"]
+MESSAGES = "/v1/messages"
+
+
+def messages(msgs, max_tokens=2, stream_=False, **extra):
+    """An Anthropic Messages body."""
+    body = {"model": MODEL, "messages": msgs, "max_tokens": max_tokens, "stream": stream_}
+    body.update(extra)
+    return body
+
+
+def anthropic_image(width, height, fmt="PNG"):
+    url = image_url(width, height, fmt)
+    media_type, _, data = url.removeprefix("data:").partition(";base64,")
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def messages_cases():
+    """`/v1/messages` (issue 29), which vLLM converts to a chat before its template renders it:
+    each conversion rule by name."""
+    u = {"role": "user", "content": "What is the capital of France?"}
+    weather = {"name": "get_weather", "description": "Get the weather for a city.",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}
+    call = {"role": "assistant", "content": [
+        {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]}
+    result = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1",
+         "content": [{"type": "text", "text": "Sunny"}, {"type": "text", "text": "21 C"}]}]}
+    thought = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": " ".join(material.REASONINGS), "signature": "sig"},
+        {"type": "redacted_thinking", "data": "opaque"},
+        {"type": "text", "text": "Paris."}]}
+    m = lambda name, body: case(f"messages: {name}", body, MESSAGES)
+    return [
+        m("plain", messages([u])),
+        m("plain, streamed", messages([u], 4, True)),
+        m("system string", messages([u], system="You are terse.")),
+        m("system blocks with Claude Code's billing header",
+          messages([u], system=[{"type": "text", "text": "x-anthropic-billing-header: cc=1"},
+                                {"type": "text", "text": "You are terse."},
+                                {"type": "text", "text": " Answer in French."}])),
+        m("a system message mid-conversation", messages(
+            [u, {"role": "assistant", "content": "Paris."},
+             {"role": "system", "content": "Now answer in French."},
+             {"role": "user", "content": "And of Italy?"}], system="Be brief.")),
+        m("text blocks, one empty", messages([{"role": "user", "content": [
+            {"type": "text", "text": "What is the capital"}, {"type": "text", "text": ""},
+            {"type": "text", "text": " of France?"}]}])),
+        m("tools, a tool use and its result", messages([u, call, result], tools=[weather])),
+        m("tools, streamed", messages([u, call, result], 4, True, tools=[weather])),
+        m("tool without description or schema type", messages([u], tools=[
+            {"name": "ping", "input_schema": {"properties": {}}}])),
+        m("tool_use without input", messages([u, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_2", "name": "ping"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2"}]}],
+            tools=[{"name": "ping", "input_schema": {"type": "object"}}])),
+        m("tool_result with text then a user text", messages([u, call, {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 21 C"},
+            {"type": "text", "text": "Thanks. And tomorrow?"}]}], tools=[weather])),
+        m("tool_result with an image", messages([u, call, {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "A map:"}, anthropic_image(64, 48)]}]}],
+            tools=[weather])),
+        m("image block", messages([{"role": "user", "content": [
+            anthropic_image(120, 80), {"type": "text", "text": "What is this?"}]}])),
+        m("thinking and redacted thinking in history", messages(
+            [u, thought, {"role": "user", "content": "And of Italy?"}])),
+        m("thinking disabled", messages([u], thinking={"type": "disabled"})),
+        m("thinking enabled with a budget", messages([u], 1100, thinking={
+            "type": "enabled", "budget_tokens": 1024})),
+        m("output_config effort", messages([u], output_config={"effort": "low"})),
+        m("chat_template_kwargs enable_thinking false",
+          messages([u], chat_template_kwargs={"enable_thinking": False})),
+        m("stop_sequences, temperature, metadata", messages(
+            [u], stop_sequences=["\n\n"], temperature=0.5, top_k=5, metadata={"user_id": "u1"})),
+        m("without max_tokens", {"model": MODEL, "messages": [u]}),
+    ]
+
+
+KINDS = ["chat", "chat", "chat", "chat_stream", "cut", "completion", "image", "messages"]
 
 
 def random_text(rng):
@@ -398,6 +495,34 @@ def random_messages(rng, images):
     return messages, tools
 
 
+def as_messages_body(rng, chat_messages, tools):
+    """A random chat as an Anthropic Messages body: its first system (or developer) text as
+    `system`, a reasoning turn's reasoning as a thinking block, text as a string or as blocks."""
+    body = {"model": MODEL, "max_tokens": rng.randint(1, 4), "messages": []}
+    for m in chat_messages:
+        if m["role"] in ("system", "developer"):
+            body["system"] = m["content"]
+            continue
+        reasoning = m.get("reasoning") or m.get("reasoning_content")
+        if reasoning or rng.random() < 0.3:
+            blocks = [{"type": "text", "text": m["content"]}]
+            if reasoning:
+                blocks.insert(0, {"type": "thinking", "thinking": reasoning, "signature": "s"})
+            body["messages"].append({"role": m["role"], "content": blocks})
+        else:
+            body["messages"].append({"role": m["role"], "content": m["content"]})
+    if tools:
+        body["tools"] = [{"name": t["function"]["name"],
+                          "description": t["function"].get("description"),
+                          "input_schema": t["function"].get("parameters") or {"type": "object"}}
+                         for t in tools]
+    if rng.random() < 0.3:
+        body["stream"] = True
+    if rng.random() < 0.25:
+        body["thinking"] = {"type": rng.choice(["disabled", "adaptive"])}
+    return body
+
+
 def generated_cases(n, seed):
     rng = random.Random(seed)
     out = []
@@ -413,6 +538,10 @@ def generated_cases(n, seed):
             if rng.random() < 0.1:
                 body["prompt"] = [body["prompt"]] + [random_text(rng) for _ in range(rng.randint(1, 3))]
             out.append(case(f"generated {i}: completion", body, "/v1/completions"))
+            continue
+        if kind == "messages":
+            body = as_messages_body(rng, *random_messages(rng, False))
+            out.append(case(f"generated {i}: messages", body, MESSAGES))
             continue
         messages, tools = random_messages(rng, kind == "image")
         extra = {}
@@ -460,13 +589,15 @@ def vllm_usage(c, status, events_or_body):
         return None
     if isinstance(events_or_body, list):
         usages = [e["usage"] for e in events_or_body if isinstance(e, dict) and e.get("usage")]
-        return usages[-1] if usages else None
-    return json.loads(events_or_body).get("usage")
+        return as_openai_usage(usages[-1]) if usages else None
+    return as_openai_usage(json.loads(events_or_body).get("usage"))
 
 
 def run_case(c, gw_host, gw_port, vllm_url, index):
     rid = f"parity-{index}"
-    headers = {"authorization": f"Bearer {KEY}", "x-request-id": rid}
+    # Anthropic's clients send their key as x-api-key.
+    auth = {"x-api-key": KEY} if c["path"] == MESSAGES else {"authorization": f"Bearer {KEY}"}
+    headers = {**auth, "x-request-id": rid}
     body = c["body"]
     result = {"case": c, "rid": rid}
     if body.get("stream"):
@@ -475,7 +606,7 @@ def run_case(c, gw_host, gw_port, vllm_url, index):
             result.update(status=status, cut=False, error=events)
         else:
             result.update(status=status, cut=cut,
-                          delivered=[e for e in events if isinstance(e, dict) and e.get("choices")])
+                          delivered=[e for e in events if isinstance(e, dict) and delivers(e)])
             result["usage"] = vllm_usage(c, status, events)
             if cut and not c["continuous"]:
                 ref = dict(body)
@@ -497,7 +628,8 @@ def run_case(c, gw_host, gw_port, vllm_url, index):
         direct.pop("stream_options", None)
         d_status, _, d_raw = post(f"{vllm_url}{c['path']}", direct)
         result["vllm_status"] = d_status
-        result["vllm_usage"] = json.loads(d_raw).get("usage") if d_status == 200 else None
+        result["vllm_usage"] = (as_openai_usage(json.loads(d_raw).get("usage"))
+                                if d_status == 200 else None)
     return result
 
 
@@ -632,9 +764,10 @@ def cached_prefill(port, admin_port, log):
 
 
 def local_answers(port, vllm_url, seed):
-    """`/tokenize` and `/detokenize`, which the gateway answers itself: each equal to vLLM's own
-    answer to the same body (status and fields), for text, chats and id lists that cover the
-    special tokens, bytes that are not whole characters, and ids past the vocabulary."""
+    """`/tokenize`, `/detokenize` and `/v1/messages/count_tokens`, which the gateway answers
+    itself: each equal to vLLM's own answer to the same body (status and fields), for text, chats
+    and id lists that cover the special tokens, bytes that are not whole characters, and ids past
+    the vocabulary, and every conversation of the Messages cases."""
     rng = random.Random(seed)
     headers = {"authorization": f"Bearer {KEY}"}
     bodies = [("/tokenize", {"model": MODEL, "prompt": random_text(rng)}) for _ in range(20)]
@@ -645,11 +778,18 @@ def local_answers(port, vllm_url, seed):
     lists = [[rng.randrange(248044) for _ in range(rng.randint(1, 40))] for _ in range(30)]
     lists += [rng.sample(specials, 3) + [9707, 1879], [], [0], [248076], [248300], [300000]]
     bodies += [("/detokenize", {"model": MODEL, "tokens": ids}) for ids in lists]
+    for c in messages_cases():
+        body = {k: v for k, v in c["body"].items()
+                if k in ("model", "messages", "system", "tools", "thinking", "output_config",
+                         "chat_template_kwargs")}
+        bodies.append((MESSAGES + "/count_tokens", body))
+    fields_of = {"/tokenize": ["count", "max_model_len", "tokens"], "/detokenize": ["prompt"],
+                 MESSAGES + "/count_tokens": ["input_tokens", "context_management"]}
     out = []
     for path, body in bodies:
         got = post(f"http://127.0.0.1:{port}{path}", body, headers)
         want = post(f"{vllm_url}{path}", body)
-        fields = ["count", "max_model_len", "tokens"] if path == "/tokenize" else ["prompt"]
+        fields = fields_of[path]
         def seen(status, raw):
             doc = json.loads(raw) if raw.startswith(b"{") else {}
             return status, {f: doc.get(f) for f in fields} if status == 200 else None

@@ -1,0 +1,833 @@
+//! Anthropic's Messages API (`POST /v1/messages`, `POST /v1/messages/count_tokens`) as vLLM
+//! 0.32 serves it: the body is turned into the chat completion vLLM turns it into
+//! (`vllm/entrypoints/anthropic/serving.py`, `to_chat_completion_request`), whose prompt is then
+//! counted as any chat's is; the rewrite caps `max_tokens` at what was reserved; and metering
+//! reads the answer's `usage` and its stream's events (`message_start`, `content_block_delta`,
+//! `message_delta`).
+//!
+//! What vLLM's conversion does, and this one with it, for the Qwen3.5 chat template (which
+//! refuses a system message that is not first, so vLLM merges them):
+//! - every system text (the top-level `system`, then each `system` message's, in order) is
+//!   joined, with nothing between them, into one first system message; a text block starting
+//!   with Claude Code's `x-anthropic-billing-header` is left out;
+//! - a message's blocks: `text` (an empty one left out), `image` (its `source` as a URL, base64
+//!   as a `data:` URL), `thinking` (the assistant's reasoning, joined), `redacted_thinking`
+//!   (left out), `tool_use` (an OpenAI tool call), `tool_result` in a user message (a `tool`
+//!   message before it, its text parts joined with newlines, its images in a user message
+//!   after it); one text block alone becomes the content string; a user message left with no
+//!   content is left out;
+//! - `tools` become functions (`input_schema` as `parameters`, given `"type": "object"` when
+//!   it has no type); `thinking.type = "disabled"` is `reasoning_effort: "none"`,
+//!   `output_config.effort` the effort (the first wins).
+//!
+//! What the conversion would render in ways the gateway does not count is refused with a 400
+//! naming it: `tool_addition` and `tool_removal` blocks, a `tool_result` in an assistant
+//! message (vLLM renders it as Python's `str` of its content) and `tool_reference` items.
+
+use super::openai;
+use super::request::{
+    optional_bool, positive_int, splice_body, wrong_type, GenerationRequest, JsonBody,
+    MaxTokensField, ParseLimits, Prompt,
+};
+use super::route::Route;
+use super::sse::{self, Loose};
+use crate::error::ApiError;
+use crate::tokenize::chat::ChatRoute;
+use crate::vision::VisionRules;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::borrow::Cow;
+
+/// The prefix of the attribution text Claude Code sends as a system block; vLLM leaves such a
+/// block out.
+const BILLING_HEADER: &str = "x-anthropic-billing-header";
+
+/// The efforts `output_config.effort` may name (vLLM's `AnthropicEffort`).
+const EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
+
+/// Validates a `/v1/messages` body read with its bytes: `model`, `max_tokens` (required, as
+/// Anthropic's API has it), `stream`, and the conversation, counted as the chat vLLM makes of
+/// it (see the module's notes).
+pub fn parse_generation(
+    body: JsonBody,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let JsonBody {
+        object: body,
+        raw,
+        keys_unique,
+    } = body;
+    let model = served_model(&body, limits.served_names)?;
+    let max_tokens = match body.get("max_tokens") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                "`max_tokens` is required",
+            ))
+        }
+        Some(v) => positive_int("max_tokens", v, limits.max_model_len)?,
+    };
+    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    if let Some(Value::Object(thinking)) = body.get("thinking") {
+        if thinking.get("type").and_then(Value::as_str) == Some("enabled") {
+            let budget = thinking.get("budget_tokens").and_then(Value::as_u64);
+            match budget {
+                Some(b) if (1024..max_tokens).contains(&b) => {}
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        "thinking.budget_tokens",
+                        format!("`thinking.budget_tokens` must be a whole number of at least 1024 and less than `max_tokens` ({max_tokens})"),
+                    ))
+                }
+            }
+        }
+    }
+    let prompt = parse_prompt(&body, limits.vision)?;
+    Ok(GenerationRequest {
+        endpoint: Route::Messages,
+        model,
+        stream,
+        // Its stream always reports usage (`message_delta`): nothing is left out for the client.
+        client_wants_usage: true,
+        requested_max_tokens: Some((MaxTokensField::MaxTokens, max_tokens)),
+        choices: 1,
+        prompt,
+        batch: Vec::new(),
+        echoed_prompt: None,
+        body,
+        raw,
+        raw_keys_unique: keys_unique,
+    })
+}
+
+/// The `model` of a Messages body, when the gateway serves it.
+fn served_model(body: &Map<String, Value>, served: &[String]) -> Result<String, ApiError> {
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param("model", "`model` is required"))
+        }
+        Some(other) => return Err(wrong_type("model", "a string", other)),
+    };
+    if !served.iter().any(|n| n == &model) {
+        return Err(ApiError::model_not_found(&model));
+    }
+    Ok(model)
+}
+
+/// The prompt of a `/v1/messages/count_tokens` body (the model checked as a generation's is).
+pub fn parse_count_tokens(
+    body: &Map<String, Value>,
+    served: &[String],
+    vision: &VisionRules,
+) -> Result<Prompt, ApiError> {
+    served_model(body, served)?;
+    parse_prompt(body, vision)
+}
+
+/// The conversation of a Messages body as the prompt vLLM renders: the chat it converts it to,
+/// counted as a chat.
+fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, ApiError> {
+    let chat = to_chat(body)?;
+    openai::parse_chat_prompt(&chat, vision, ChatRoute::ChatCompletions)
+}
+
+/// The chat completion body vLLM makes of a Messages body, as far as its prompt goes:
+/// `messages`, `tools`, `reasoning_effort` and `chat_template_kwargs`.
+fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    let messages = match body.get("messages") {
+        Some(Value::Array(m)) => m,
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "`messages` is required",
+            ))
+        }
+        Some(other) => return Err(wrong_type("messages", "an array", other)),
+    };
+    let mut system = match body.get("system") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => system_text(blocks, "system")?.unwrap_or_default(),
+        Some(other) => {
+            return Err(wrong_type(
+                "system",
+                "a string or an array of content blocks",
+                other,
+            ))
+        }
+    };
+    let mut converted = Vec::with_capacity(messages.len() + 1);
+    for (i, message) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(m) = message else {
+            return Err(wrong_type(&at, "an object", message));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) if ["user", "assistant", "system"].contains(&r.as_str()) => {
+                r.as_str()
+            }
+            Some(Value::String(r)) => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.role"),
+                    format!("`{at}.role` must be one of \"user\", \"assistant\", \"system\", got `{r}`"),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.role"),
+                    format!("`{at}.role` is required"),
+                ))
+            }
+            Some(other) => return Err(wrong_type(&format!("{at}.role"), "a string", other)),
+        };
+        let content = &format!("{at}.content");
+        match (role, m.get("content")) {
+            ("system", Some(Value::String(s))) => {
+                if !s.starts_with(BILLING_HEADER) {
+                    system.push_str(s);
+                }
+            }
+            ("system", Some(Value::Array(blocks))) => {
+                system.push_str(&system_text(blocks, content)?.unwrap_or_default());
+            }
+            (_, Some(Value::String(s))) => converted.push(json!({"role": role, "content": s})),
+            (_, Some(Value::Array(blocks))) => {
+                convert_blocks(role, blocks, content, &mut converted)?
+            }
+            (_, None | Some(Value::Null)) => {
+                return Err(ApiError::invalid_param(
+                    content,
+                    format!("`{content}` is required"),
+                ))
+            }
+            (_, Some(other)) => {
+                return Err(wrong_type(
+                    content,
+                    "a string or an array of content blocks",
+                    other,
+                ))
+            }
+        }
+    }
+    if !system.is_empty() {
+        converted.insert(0, json!({"role": "system", "content": system}));
+    }
+    let mut chat = Map::new();
+    chat.insert("messages".into(), Value::Array(converted));
+    if let Some(tools) = tools(body)? {
+        chat.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(effort) = reasoning_effort(body)? {
+        chat.insert("reasoning_effort".into(), Value::from(effort));
+    }
+    if let Some(kwargs) = body.get("chat_template_kwargs") {
+        chat.insert("chat_template_kwargs".into(), kwargs.clone());
+    }
+    Ok(chat)
+}
+
+/// The texts of system blocks at `at`, joined (Claude Code's billing header left out); `None`
+/// when there is none.
+fn system_text(blocks: &[Value], at: &str) -> Result<Option<String>, ApiError> {
+    let mut text = String::new();
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        let (kind, block) = block_kind(block, &at)?;
+        refuse_tool_changes(kind, &at, true)?;
+        if kind == "text" {
+            let t = text_field(block, &at, "text")?;
+            if !t.starts_with(BILLING_HEADER) {
+                text.push_str(t);
+            }
+        }
+    }
+    Ok((!text.is_empty()).then_some(text))
+}
+
+/// A content block's `type`, and the block.
+fn block_kind<'a>(
+    block: &'a Value,
+    at: &str,
+) -> Result<(&'a str, &'a Map<String, Value>), ApiError> {
+    const KINDS: [&str; 9] = [
+        "text",
+        "image",
+        "tool_use",
+        "tool_result",
+        "tool_reference",
+        "thinking",
+        "redacted_thinking",
+        "tool_addition",
+        "tool_removal",
+    ];
+    let Value::Object(o) = block else {
+        return Err(wrong_type(at, "a content block", block));
+    };
+    match o.get("type") {
+        Some(Value::String(k)) if KINDS.contains(&k.as_str()) => Ok((k.as_str(), o)),
+        Some(Value::String(k)) => Err(ApiError::invalid_param(
+            &format!("{at}.type"),
+            format!("`{at}.type` must be one of {KINDS:?}, got `{k}`"),
+        )),
+        _ => Err(ApiError::invalid_param(
+            &format!("{at}.type"),
+            format!("`{at}.type` is required"),
+        )),
+    }
+}
+
+/// Refuses the blocks that change the tools (the gateway counts the request's `tools` only);
+/// vLLM itself refuses them outside system messages.
+fn refuse_tool_changes(kind: &str, at: &str, in_system: bool) -> Result<(), ApiError> {
+    if kind != "tool_addition" && kind != "tool_removal" {
+        return Ok(());
+    }
+    let why = if in_system {
+        "the gateway counts the tools the request's `tools` declare, not changes to them"
+    } else {
+        "they are only allowed in system messages"
+    };
+    Err(ApiError::invalid_param(
+        at,
+        format!("`{at}` is a {kind} block, which is not accepted: {why}"),
+    ))
+}
+
+/// A string field of a block (null or absent as `""`).
+fn text_field<'a>(block: &'a Map<String, Value>, at: &str, key: &str) -> Result<&'a str, ApiError> {
+    match block.get(key) {
+        None | Some(Value::Null) => Ok(""),
+        Some(Value::String(s)) => Ok(s),
+        Some(other) => Err(wrong_type(&format!("{at}.{key}"), "a string", other)),
+    }
+}
+
+/// An image block's `source` as the URL vLLM hands the chat: a `url` source's URL, else a
+/// `data:` URL of its `media_type` (default `image/jpeg`) and `data`.
+fn image_url(source: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
+    if source.get("type").and_then(Value::as_str) == Some("url") {
+        return Ok(text_field(source, at, "url")?.to_owned());
+    }
+    let media_type = match text_field(source, at, "media_type")? {
+        "" => "image/jpeg",
+        t => t,
+    };
+    let data = text_field(source, at, "data")?;
+    Ok(format!("data:{media_type};base64,{data}"))
+}
+
+/// The chat messages of one user or assistant message's `blocks` (at `at`), pushed to `out`:
+/// the `tool` messages of its tool results first, then the message itself.
+fn convert_blocks(
+    role: &str,
+    blocks: &[Value],
+    at: &str,
+    out: &mut Vec<Value>,
+) -> Result<(), ApiError> {
+    let mut parts: Vec<Value> = Vec::new();
+    let mut calls: Vec<Value> = Vec::new();
+    let mut reasoning: Option<String> = None;
+    for (j, block) in blocks.iter().enumerate() {
+        let at = format!("{at}[{j}]");
+        let (kind, block) = block_kind(block, &at)?;
+        refuse_tool_changes(kind, &at, false)?;
+        match kind {
+            "text" => {
+                let text = text_field(block, &at, "text")?;
+                if !text.is_empty() {
+                    parts.push(json!({"type": "text", "text": text}));
+                }
+            }
+            "image" => match block.get("source") {
+                Some(Value::Object(source)) if !source.is_empty() => {
+                    let url = image_url(source, &format!("{at}.source"))?;
+                    parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                }
+                None | Some(Value::Null) | Some(Value::Object(_)) => {}
+                Some(other) => return Err(wrong_type(&format!("{at}.source"), "an object", other)),
+            },
+            "thinking" => match block.get("thinking") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(t)) => reasoning.get_or_insert_with(String::new).push_str(t),
+                Some(other) => {
+                    return Err(wrong_type(&format!("{at}.thinking"), "a string", other))
+                }
+            },
+            "tool_use" => calls.push(tool_call(block, &at)?),
+            "tool_result" if role == "user" => tool_result(block, &at, out)?,
+            "tool_result" => {
+                return Err(ApiError::invalid_param(
+                    &at,
+                    format!("`{at}` is a tool_result in an assistant message, which is not accepted: tool results come in user messages"),
+                ))
+            }
+            // redacted_thinking is opaque, tool_reference is read inside tool results: vLLM
+            // renders neither.
+            _ => {}
+        }
+    }
+    let mut message = Map::new();
+    message.insert("role".into(), Value::from(role));
+    if let Some(reasoning) = reasoning {
+        message.insert("reasoning".into(), Value::String(reasoning));
+    }
+    if !calls.is_empty() {
+        message.insert("tool_calls".into(), Value::Array(calls));
+    }
+    match parts.as_mut_slice() {
+        [] => {}
+        [one] if one["type"] == "text" => {
+            let text = one["text"].take();
+            message.insert("content".into(), text);
+        }
+        _ => {
+            message.insert("content".into(), Value::Array(parts));
+        }
+    }
+    if role != "user" || message.contains_key("content") {
+        out.push(Value::Object(message));
+    }
+    Ok(())
+}
+
+/// A `tool_use` block as an OpenAI tool call (its `input` as the arguments, which vLLM
+/// serializes and the template reads back as a mapping).
+fn tool_call(block: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+    let name = text_field(block, at, "name")?;
+    let arguments = match block.get("input") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(other) => return Err(wrong_type(&format!("{at}.input"), "an object", other)),
+    };
+    let id = match text_field(block, at, "id")? {
+        "" => "call_0",
+        id => id,
+    };
+    Ok(json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }))
+}
+
+/// A user message's `tool_result` block as vLLM converts it: a `tool` message of its text (its
+/// text items joined with newlines), then a user message of its images, if any.
+fn tool_result(block: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let id = text_field(block, at, "tool_use_id")?;
+    let mut images = Vec::new();
+    let text = match block.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => {
+            let mut texts = Vec::new();
+            for (k, item) in items.iter().enumerate() {
+                let at = format!("{at}.content[{k}]");
+                let Value::Object(item) = item else {
+                    continue;
+                };
+                match item.get("type").and_then(Value::as_str) {
+                    Some("text") => texts.push(text_field(item, &at, "text")?),
+                    Some("image") => {
+                        let source = match item.get("source") {
+                            Some(Value::Object(s)) => Cow::Borrowed(s),
+                            _ => Cow::Owned(Map::new()),
+                        };
+                        let url = image_url(&source, &format!("{at}.source"))?;
+                        if !url.is_empty() {
+                            images.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                        }
+                    }
+                    Some("tool_reference") => {
+                        return Err(ApiError::invalid_param(
+                            &at,
+                            format!("`{at}` is a tool_reference, which is not accepted: the gateway counts the tools the request's `tools` declare"),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            texts.join("\n")
+        }
+        Some(other) => {
+            return Err(wrong_type(
+                &format!("{at}.content"),
+                "a string or an array of content items",
+                other,
+            ))
+        }
+    };
+    out.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+    if !images.is_empty() {
+        out.push(json!({"role": "user", "content": images}));
+    }
+    Ok(())
+}
+
+/// `tools` as the chat's functions.
+fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(t)) => t,
+        Some(other) => return Err(wrong_type("tools", "an array of tools", other)),
+    };
+    let mut functions = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Value::Object(tool) = tool else {
+            return Err(wrong_type(&at, "an object", tool));
+        };
+        let name = match tool.get("name") {
+            Some(Value::String(n)) => n,
+            _ => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.name"),
+                    format!("`{at}.name` is required, a string"),
+                ))
+            }
+        };
+        let mut schema = match tool.get("input_schema") {
+            Some(Value::Object(s)) => s.clone(),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.input_schema"),
+                    format!("`{at}.input_schema` is required, an object"),
+                ))
+            }
+        };
+        schema
+            .entry("type")
+            .or_insert_with(|| Value::from("object"));
+        let mut function = Map::new();
+        function.insert("name".into(), Value::from(name.as_str()));
+        function.insert(
+            "description".into(),
+            tool.get("description").cloned().unwrap_or(Value::Null),
+        );
+        function.insert("parameters".into(), Value::Object(schema));
+        for key in ["strict", "defer_loading"] {
+            function.insert(key.into(), tool.get(key).cloned().unwrap_or(Value::Null));
+        }
+        functions.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Some(functions))
+}
+
+/// The `reasoning_effort` vLLM sets: `"none"` for `thinking.type = "disabled"`, else
+/// `output_config.effort`.
+fn reasoning_effort(body: &Map<String, Value>) -> Result<Option<&str>, ApiError> {
+    match body.get("thinking") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(t)) => match t.get("type").and_then(Value::as_str) {
+            Some("disabled") => return Ok(Some("none")),
+            Some("enabled" | "adaptive") => {}
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "thinking.type",
+                    "`thinking.type` must be one of \"enabled\", \"disabled\", \"adaptive\"",
+                ))
+            }
+        },
+        Some(other) => return Err(wrong_type("thinking", "an object", other)),
+    }
+    let effort = match body.get("output_config") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(o)) => o.get("effort").filter(|e| !e.is_null()),
+        Some(other) => return Err(wrong_type("output_config", "an object", other)),
+    };
+    match effort {
+        None => Ok(None),
+        Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Ok(Some(e.as_str())),
+        Some(other) => Err(ApiError::invalid_param(
+            "output_config.effort",
+            format!("`output_config.effort` must be one of {EFFORTS:?}, got {other}"),
+        )),
+    }
+}
+
+/// The body for the backend: the client's, asking for the model by the name the backend
+/// serves, with `max_tokens` capped at `reserved`.
+pub fn rewrite_for_backend(
+    req: &mut GenerationRequest,
+    reserved: u64,
+    backend_model: &str,
+) -> Bytes {
+    splice_body(
+        req,
+        vec![
+            ("model", Value::from(backend_model)),
+            ("max_tokens", Value::from(reserved)),
+        ],
+    )
+}
+
+/// A whole answer or one stream event, as far as metering reads it: `usage` (a whole answer's
+/// and `message_delta`'s; `message_start`'s is inside its `message` and counts no output yet),
+/// the text of a whole answer's `content` blocks and of a `content_block_delta`. Read loosely,
+/// as OpenAI's chunks are ([`sse::Chunk`]).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Chunk<'a> {
+    usage: Loose<Usage>,
+    message: Loose<Box<Message>>,
+    #[serde(borrow)]
+    delta: Loose<Delta<'a>>,
+    #[serde(borrow)]
+    content: Loose<Vec<Loose<Delta<'a>>>>,
+}
+
+/// Anthropic's usage: the prompt is `input_tokens` plus what the cache read and wrote.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Usage {
+    input_tokens: Loose<u64>,
+    output_tokens: Loose<u64>,
+    cache_read_input_tokens: Loose<u64>,
+    cache_creation_input_tokens: Loose<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Message {
+    usage: Loose<Usage>,
+}
+
+/// A delta or a content block: its text, reasoning or tool-call JSON.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Delta<'a> {
+    #[serde(borrow)]
+    text: Loose<Cow<'a, str>>,
+    #[serde(borrow)]
+    thinking: Loose<Cow<'a, str>>,
+    #[serde(borrow)]
+    partial_json: Loose<Cow<'a, str>>,
+}
+
+sse::object_shape!(Chunk<'a>, Delta<'a>; Usage, Message);
+
+impl<'a> Chunk<'a> {
+    /// Reads `json` (a whole answer), borrowing its strings.
+    pub fn parse(json: &'a [u8]) -> Self {
+        sse::read_object(json)
+    }
+
+    /// [`Chunk::parse`] of an event's [`sse::data`].
+    pub fn parse_text(json: &'a str) -> Self {
+        sse::read_text(json)
+    }
+
+    /// The usage that counts the prompt: the chunk's own, else `message_start`'s.
+    fn prompt_usage(&self) -> Option<&Usage> {
+        (self.usage.get()).or_else(|| self.message.get()?.usage.get())
+    }
+
+    /// `usage.output_tokens` of a whole answer or a `message_delta`.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        self.usage.get()?.output_tokens.get().copied()
+    }
+
+    /// The whole prompt: `input_tokens` plus the cache's reads and writes.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        let u = self.prompt_usage()?;
+        let input = *u.input_tokens.get()?;
+        let cache = [&u.cache_read_input_tokens, &u.cache_creation_input_tokens];
+        Some(cache.iter().filter_map(|c| c.get()).fold(input, |a, b| a + b))
+    }
+
+    /// `cache_read_input_tokens`: the prompt's tokens the prefix cache held.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.prompt_usage()?.cache_read_input_tokens.get().copied()
+    }
+
+    /// The text generated: a delta's, or a whole answer's blocks'.
+    pub fn generated(&self) -> impl Iterator<Item = &str> {
+        let blocks = self.content.get().into_iter().flatten().filter_map(Loose::get);
+        self.delta.get().into_iter().chain(blocks).flat_map(|d| {
+            [&d.text, &d.thinking, &d.partial_json]
+                .into_iter()
+                .filter_map(|t| t.get().map(Cow::as_ref))
+        })
+    }
+}
+
+/// The count_tokens answer vLLM gives: `{"input_tokens": N, "context_management":
+/// {"original_input_tokens": N}}`.
+pub fn count_tokens_answer(tokens: u64) -> Value {
+    json!({
+        "input_tokens": tokens,
+        "context_management": {"original_input_tokens": tokens},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::request::parse_object;
+    use crate::tokenize::chat::ChatPrompt;
+
+    fn limits_with<'a>(names: &'a [String], vision: &'a VisionRules) -> ParseLimits<'a> {
+        ParseLimits {
+            served_names: names,
+            max_model_len: 1000,
+            vision,
+        }
+    }
+
+    fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
+        let names = vec!["qwen".to_string()];
+        let vision = VisionRules::default();
+        let raw = Bytes::from(v.to_string());
+        let body = JsonBody {
+            object: parse_object(&raw).unwrap(),
+            raw,
+            keys_unique: true,
+        };
+        parse_generation(body, &limits_with(&names, &vision))
+    }
+
+    fn chat(v: Value) -> ChatPrompt {
+        match parse(v).unwrap().prompt {
+            Prompt::Chat { prompt, .. } => prompt,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn refusal(v: Value) -> (String, String) {
+        let e = parse(v).unwrap_err();
+        (e.param.unwrap_or_default(), e.message)
+    }
+
+    #[test]
+    fn system_texts_merge_first_and_blocks_become_chat_messages() {
+        let p = chat(json!({
+            "model": "qwen", "max_tokens": 8,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: h"}, {"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "look it up", "signature": "s"},
+                    {"type": "tool_use", "id": "t1", "name": "get", "input": {"city": "Paris"}}
+                ]},
+                {"role": "system", "content": " Reply in French."},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "20C"}]},
+                    {"type": "text", "text": ""}
+                ]}
+            ]
+        }));
+        assert_eq!(
+            p.messages,
+            [
+                json!({"role": "system", "content": "Be brief. Reply in French."}),
+                json!({"role": "user", "content": "weather?"}),
+                json!({"role": "assistant", "reasoning": "look it up", "reasoning_content": "look it up",
+                       "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "get", "arguments": {"city": "Paris"}}}]}),
+                json!({"role": "tool", "tool_call_id": "t1", "content": "sunny\n20C"}),
+            ]
+        );
+        assert_eq!(p.enable_thinking, None);
+    }
+
+    #[test]
+    fn tools_become_functions_and_disabled_thinking_turns_it_off() {
+        let p = chat(json!({
+            "model": "qwen", "max_tokens": 8,
+            "thinking": {"type": "disabled"},
+            "output_config": {"effort": "high"},
+            "tools": [{"name": "get", "input_schema": {"properties": {}}}],
+            "messages": [{"role": "user", "content": "hi"}]
+        }));
+        assert_eq!(p.enable_thinking, Some(false));
+        assert_eq!(
+            p.tools.unwrap(),
+            [json!({"type": "function", "function": {"name": "get", "description": null,
+                "parameters": {"properties": {}, "type": "object"}}})]
+        );
+        let p = chat(json!({
+            "model": "qwen", "max_tokens": 8, "output_config": {"effort": "low"},
+            "messages": [{"role": "user", "content": "hi"}]
+        }));
+        assert_eq!(p.enable_thinking, Some(true));
+    }
+
+    #[test]
+    fn a_message_request_is_charged_its_max_tokens_and_capped_by_the_rewrite() {
+        let mut r = parse(json!({"model": "qwen", "max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}))
+        .unwrap();
+        assert_eq!(r.endpoint, Route::Messages);
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxTokens, 50))
+        );
+        assert!(r.stream);
+        let sent = rewrite_for_backend(&mut r, 20, "served");
+        assert_eq!(
+            std::str::from_utf8(&sent).unwrap(),
+            r#"{"model":"served","max_tokens":20,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+        );
+    }
+
+    #[test]
+    fn what_the_gateway_cannot_count_is_refused_naming_it() {
+        let base = |extra: Value| {
+            let mut b = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+            b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            refusal(b)
+        };
+        assert_eq!(base(json!({})).0, "max_tokens");
+        assert_eq!(
+            base(json!({"max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024}})).0,
+            "max_tokens"
+        );
+        assert_eq!(
+            base(json!({"max_tokens": 900, "thinking": {"type": "enabled", "budget_tokens": 900}})).0,
+            "thinking.budget_tokens"
+        );
+        let (param, message) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}
+        ]}));
+        assert_eq!(param, "messages[1].content[0]");
+        assert!(message.contains("assistant message"), "{message}");
+        let (param, _) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "x"}}]}
+        ]}));
+        assert_eq!(param, "messages[0].content[0]");
+        let (param, _) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
+            {"role": "user", "content": [{"type": "video", "url": "x"}]}
+        ]}));
+        assert_eq!(param, "messages[0].content[0].type");
+        assert_eq!(
+            refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                "output_config": {"effort": "none"}})).0,
+            "output_config.effort"
+        );
+    }
+
+    #[test]
+    fn metering_reads_usage_and_every_delta() {
+        let whole = br#"{"id":"m","type":"message","content":[{"type":"thinking","thinking":"hm"},{"type":"text","text":"Hi"}],
+            "usage":{"input_tokens":10,"cache_read_input_tokens":2,"output_tokens":7}}"#;
+        let c = Chunk::parse(whole);
+        assert_eq!(
+            (c.prompt_tokens(), c.cached_tokens(), c.completion_tokens()),
+            (Some(12), Some(2), Some(7))
+        );
+        assert_eq!(c.generated().collect::<Vec<_>>(), ["hm", "Hi"]);
+        let start = Chunk::parse_text(
+            r#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":0}}}"#,
+        );
+        assert_eq!((start.prompt_tokens(), start.completion_tokens()), (Some(12), None));
+        let delta = Chunk::parse_text(
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}"#,
+        );
+        assert_eq!(delta.generated().collect::<Vec<_>>(), ["lo"]);
+        let end = Chunk::parse_text(
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":12,"output_tokens":5}}"#,
+        );
+        assert_eq!(end.completion_tokens(), Some(5));
+    }
+}
