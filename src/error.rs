@@ -364,8 +364,18 @@ impl RateLimitHeaders {
     /// the RFC 3339 time, from `now`, at which its bucket is full again.
     pub fn apply_anthropic(&self, h: &mut HeaderMap, now: std::time::SystemTime) {
         let buckets = [
-            ("requests", self.limit_requests, self.remaining_requests, self.reset_requests),
-            ("output-tokens", self.limit_tokens, self.remaining_tokens, self.reset_tokens),
+            (
+                "requests",
+                self.limit_requests,
+                self.remaining_requests,
+                self.reset_requests,
+            ),
+            (
+                "output-tokens",
+                self.limit_tokens,
+                self.remaining_tokens,
+                self.reset_tokens,
+            ),
         ];
         for (unit, limit, remaining, reset) in buckets {
             // Whole seconds, rounded up: the bucket is full by then.
@@ -900,6 +910,64 @@ mod tests {
                 ("x-ratelimit-limit-requests", "18446744073709551615"),
                 ("x-ratelimit-remaining-requests", "7"),
                 ("x-ratelimit-reset-requests", "12ms"),
+            ]
+        );
+    }
+
+    #[test]
+    fn anthropic_rate_limit_headers_say_when_each_bucket_is_full_again() {
+        let mut h = HeaderMap::new();
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        RateLimitHeaders {
+            limit_tokens: 300,
+            remaining_tokens: 50,
+            reset_tokens: Duration::from_millis(12_500),
+            limit_requests: 15,
+            remaining_requests: 15,
+            reset_requests: Duration::ZERO,
+        }
+        .apply_anthropic(&mut h, now);
+        let got: Vec<(&str, &str)> = h
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("anthropic-ratelimit-requests-limit", "15"),
+                ("anthropic-ratelimit-requests-remaining", "15"),
+                ("anthropic-ratelimit-requests-reset", "2027-01-15T08:00:00Z"),
+                ("anthropic-ratelimit-output-tokens-limit", "300"),
+                ("anthropic-ratelimit-output-tokens-remaining", "50"),
+                // 12.5 s, rounded up to whole seconds.
+                (
+                    "anthropic-ratelimit-output-tokens-reset",
+                    "2027-01-15T08:00:13Z"
+                ),
+            ]
+        );
+        let e = ApiError::invalid_param("max_tokens", "`max_tokens` is required");
+        assert_eq!(
+            e.body_in(Wire::Anthropic),
+            serde_json::json!({"type": "error", "error": {
+                "type": "invalid_request_error", "message": "`max_tokens` is required"}})
+        );
+        let statuses = [401, 403, 404, 413, 429, 500, 502, 503, 504];
+        let types: Vec<_> = statuses
+            .map(|s| anthropic_type(StatusCode::from_u16(s).unwrap()))
+            .into();
+        assert_eq!(
+            types,
+            [
+                "authentication_error",
+                "permission_error",
+                "not_found_error",
+                "request_too_large",
+                "rate_limit_error",
+                "api_error",
+                "api_error",
+                "overloaded_error",
+                "api_error",
             ]
         );
     }

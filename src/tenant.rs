@@ -355,9 +355,15 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(X_API_KEY, "sk-bob".parse().unwrap());
         assert_eq!(dir.authenticate(&h).unwrap().name, "bob");
-        h.insert(http::header::AUTHORIZATION, "Bearer sk-alice".parse().unwrap());
+        h.insert(
+            http::header::AUTHORIZATION,
+            "Bearer sk-alice".parse().unwrap(),
+        );
         assert_eq!(dir.authenticate(&h).unwrap().name, "alice");
-        h.insert(http::header::AUTHORIZATION, "Bearer sk-carol".parse().unwrap());
+        h.insert(
+            http::header::AUTHORIZATION,
+            "Bearer sk-carol".parse().unwrap(),
+        );
         assert!(dir.authenticate(&h).is_err());
     }
 

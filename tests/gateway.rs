@@ -1901,6 +1901,8 @@ mod mindie;
 mod caps;
 #[path = "gateway/diagnose.rs"]
 mod diagnose;
+#[path = "gateway/messages.rs"]
+mod messages;
 #[path = "gateway/priority.rs"]
 mod priority;
 #[path = "gateway/profile.rs"]

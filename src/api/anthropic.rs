@@ -26,8 +26,8 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, splice_body, wrong_type, GenerationRequest, JsonBody,
-    MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, served_model, splice_body, wrong_type, GenerationRequest,
+    JsonBody, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
@@ -101,21 +101,6 @@ pub fn parse_generation(
     })
 }
 
-/// The `model` of a Messages body, when the gateway serves it.
-fn served_model(body: &Map<String, Value>, served: &[String]) -> Result<String, ApiError> {
-    let model = match body.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param("model", "`model` is required"))
-        }
-        Some(other) => return Err(wrong_type("model", "a string", other)),
-    };
-    if !served.iter().any(|n| n == &model) {
-        return Err(ApiError::model_not_found(&model));
-    }
-    Ok(model)
-}
-
 /// The prompt of a `/v1/messages/count_tokens` body (the model checked as a generation's is).
 pub fn parse_count_tokens(
     body: &Map<String, Value>,
@@ -171,7 +156,9 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
             Some(Value::String(r)) => {
                 return Err(ApiError::invalid_param(
                     &format!("{at}.role"),
-                    format!("`{at}.role` must be one of \"user\", \"assistant\", \"system\", got `{r}`"),
+                    format!(
+                        "`{at}.role` must be one of \"user\", \"assistant\", \"system\", got `{r}`"
+                    ),
                 ))
             }
             None => {
@@ -633,7 +620,12 @@ impl<'a> Chunk<'a> {
         let u = self.prompt_usage()?;
         let input = *u.input_tokens.get()?;
         let cache = [&u.cache_read_input_tokens, &u.cache_creation_input_tokens];
-        Some(cache.iter().filter_map(|c| c.get()).fold(input, |a, b| a + b))
+        Some(
+            cache
+                .iter()
+                .filter_map(|c| c.get())
+                .fold(input, |a, b| a + b),
+        )
     }
 
     /// `cache_read_input_tokens`: the prompt's tokens the prefix cache held.
@@ -643,7 +635,12 @@ impl<'a> Chunk<'a> {
 
     /// The text generated: a delta's, or a whole answer's blocks'.
     pub fn generated(&self) -> impl Iterator<Item = &str> {
-        let blocks = self.content.get().into_iter().flatten().filter_map(Loose::get);
+        let blocks = self
+            .content
+            .get()
+            .into_iter()
+            .flatten()
+            .filter_map(Loose::get);
         self.delta.get().into_iter().chain(blocks).flat_map(|d| {
             [&d.text, &d.thinking, &d.partial_json]
                 .into_iter()
@@ -742,8 +739,10 @@ mod tests {
         assert_eq!(p.enable_thinking, Some(false));
         assert_eq!(
             p.tools.unwrap(),
-            [json!({"type": "function", "function": {"name": "get", "description": null,
-                "parameters": {"properties": {}, "type": "object"}}})]
+            [
+                json!({"type": "function", "function": {"name": "get", "description": null,
+                "parameters": {"properties": {}, "type": "object"}}})
+            ]
         );
         let p = chat(json!({
             "model": "qwen", "max_tokens": 8, "output_config": {"effort": "low"},
@@ -774,16 +773,22 @@ mod tests {
     fn what_the_gateway_cannot_count_is_refused_naming_it() {
         let base = |extra: Value| {
             let mut b = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
-            b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             refusal(b)
         };
         assert_eq!(base(json!({})).0, "max_tokens");
         assert_eq!(
-            base(json!({"max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024}})).0,
+            base(
+                json!({"max_tokens": 2000, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+            )
+            .0,
             "max_tokens"
         );
         assert_eq!(
-            base(json!({"max_tokens": 900, "thinking": {"type": "enabled", "budget_tokens": 900}})).0,
+            base(json!({"max_tokens": 900, "thinking": {"type": "enabled", "budget_tokens": 900}}))
+                .0,
             "thinking.budget_tokens"
         );
         let (param, message) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
@@ -820,7 +825,10 @@ mod tests {
         let start = Chunk::parse_text(
             r#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":0}}}"#,
         );
-        assert_eq!((start.prompt_tokens(), start.completion_tokens()), (Some(12), None));
+        assert_eq!(
+            (start.prompt_tokens(), start.completion_tokens()),
+            (Some(12), None)
+        );
         let delta = Chunk::parse_text(
             r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}"#,
         );

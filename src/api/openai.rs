@@ -4,8 +4,8 @@
 //! changes nothing.
 
 use super::request::{
-    optional_bool, positive_int, splice_body, wrong_type, GenerationRequest, JsonBody,
-    MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, served_model, splice_body, wrong_type, GenerationRequest,
+    JsonBody, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
 use crate::error::ApiError;
@@ -44,16 +44,7 @@ pub fn parse_generation_from(
         raw,
         keys_unique,
     } = body;
-    let model = match body.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
-        Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param("model", "`model` is required"))
-        }
-        Some(other) => return Err(wrong_type("model", "a string", other)),
-    };
-    if !limits.served_names.iter().any(|n| n == &model) {
-        return Err(ApiError::model_not_found(&model));
-    }
+    let model = served_model(&body, limits.served_names)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
     let client_wants_usage = match body.get("stream_options") {
         None | Some(Value::Null) => false,

@@ -150,6 +150,25 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// A body's `model`, when the gateway serves it: a 400 when it is missing or not a string, a
+/// 404 when it names a model not served.
+pub(crate) fn served_model(
+    body: &Map<String, Value>,
+    served: &[String],
+) -> Result<String, ApiError> {
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param("model", "`model` is required"))
+        }
+        Some(other) => return Err(wrong_type("model", "a string", other)),
+    };
+    if !served.iter().any(|n| n == &model) {
+        return Err(ApiError::model_not_found(&model));
+    }
+    Ok(model)
+}
+
 pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
     ApiError::invalid_param(
         param,

@@ -11,8 +11,8 @@
 
 use super::upstream::Upstream;
 use super::{full, json_response, json_text_response, GatewayBody};
-use crate::api::{anthropic, openai};
 use crate::api::Prompt;
+use crate::api::{anthropic, openai};
 use crate::body::check_content_type;
 use crate::body::discard::BodyCharge;
 use crate::config::ValidConfig;

@@ -179,7 +179,8 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         )?,
     };
     if let (Some(cache), Api::Chat | Api::Completion | Api::Messages) =
-        (&shared.prefix_cache, job.api) {
+        (&shared.prefix_cache, job.api)
+    {
         let mut cache = cache.lock().expect("prefix cache lock poisoned");
         let cached = cache.serve(&prompt, job.prompt_tokens, shared.counter.as_ref());
         job.cached_tokens = Some(cached);

@@ -257,7 +257,10 @@ pub fn parse_messages(
         include_usage: false,
         prompt_tokens: counter.count(&text) as u64,
         max_tokens: body.get("max_tokens").and_then(Value::as_u64),
-        ignore_eos: body.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
+        ignore_eos: body
+            .get("ignore_eos")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         details: false,
         thinking: prompt.enable_thinking != Some(false),
         cached_tokens: None,
@@ -403,13 +406,19 @@ impl Api {
                         "model": meta.model, "stop_reason": null, "stop_sequence": null,
                         "usage": anthropic_usage(job, 0),
                     });
-                    out.push(event("message_start", json!({"type": "message_start", "message": message})));
+                    out.push(event(
+                        "message_start",
+                        json!({"type": "message_start", "message": message}),
+                    ));
                 }
                 let (kind, delta_type, field) = block_of(reasoning);
                 let block = u64::from(!reasoning && job.thinking);
                 if block_starts {
                     if block == 1 {
-                        out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+                        out.push(event(
+                            "content_block_stop",
+                            json!({"type": "content_block_stop", "index": 0}),
+                        ));
                     }
                     let start = json!({"type": "content_block_start", "index": block,
                         "content_block": {"type": kind, field: ""}});
@@ -419,7 +428,10 @@ impl Api {
                     "delta": {"type": delta_type, field: text}});
                 out.push(event("content_block_delta", delta));
                 if let Some((finish, _, n)) = finish {
-                    out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": block})));
+                    out.push(event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": block}),
+                    ));
                     let end = json!({"type": "message_delta",
                         "delta": {"stop_reason": finish.anthropic(), "stop_sequence": null},
                         "usage": anthropic_usage(job, n)});
@@ -532,7 +544,9 @@ impl Api {
                 let mut content = Vec::new();
                 if reasoning > 0 {
                     let thinking = completion_text(0, reasoning);
-                    content.push(json!({"type": "thinking", "thinking": thinking, "signature": "sim"}));
+                    content.push(
+                        json!({"type": "thinking", "thinking": thinking, "signature": "sim"}),
+                    );
                 }
                 if n > reasoning || content.is_empty() {
                     let text = completion_text(reasoning, n - reasoning);

@@ -383,6 +383,9 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
         max.min(spec.natural_length)
     };
     let chat = path == "/v1/chat/completions";
+    if path == "/v1/messages" {
+        return messages_answer(fake, body, n).await;
+    }
     let mut usage = json!({"completion_tokens": n, "total_tokens": n});
     if let Some(prompt) = spec.prompt_tokens {
         usage["prompt_tokens"] = json!(prompt);
@@ -455,6 +458,64 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
         let _ = tx
             .send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n"))))
             .await;
+    });
+    streamed(channel_body(rx), "text/event-stream")
+}
+
+/// A `/v1/messages` answer of `n` tokens in vLLM's Anthropic shape: whole, or as its stream's
+/// events (`message_start`, a `content_block_delta` per token, `message_delta` with the usage
+/// when the spec sends usage, `message_stop`); held as the spec says.
+async fn messages_answer(fake: &Fake, body: &Value, n: u64) -> Response<FakeBody> {
+    let spec = fake.spec;
+    // Without a prompt count in the spec, the usage has only the output's (as OpenAI's does).
+    let input = spec
+        .prompt_tokens
+        .map(|p| p - spec.cached_tokens.unwrap_or(0));
+    let mut usage = json!({"output_tokens": n});
+    if let Some(input) = input {
+        usage["input_tokens"] = json!(input);
+    }
+    if let Some(cached) = spec.cached_tokens {
+        usage["cache_read_input_tokens"] = json!(cached);
+    }
+    if body["stream"].as_bool() != Some(true) {
+        let mut v = json!({"id": "msg-1", "type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": WORD.repeat(n as usize)}], "stop_reason": "max_tokens"});
+        if spec.usage {
+            v["usage"] = usage;
+        }
+        return answer_with(200, Bytes::from(v.to_string()), "application/json");
+    }
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+    let (release, held) = (fake.release.clone(), fake.held.clone());
+    let event = |kind: &str, data: Value| Bytes::from(format!("event: {kind}\ndata: {data}\n\n"));
+    let mut start = json!({"type": "message_start", "message": {"id": "msg-1", "type": "message",
+        "role": "assistant", "content": [], "usage": {"output_tokens": 0}}});
+    if let Some(input) = input {
+        start["message"]["usage"]["input_tokens"] = json!(input);
+    }
+    let mut events = vec![event("message_start", start)];
+    events.extend((0..n).map(|_| {
+        let delta = json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": WORD}});
+        event("content_block_delta", delta)
+    }));
+    if spec.usage {
+        let end = json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": usage});
+        events.push(event("message_delta", end));
+    }
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    tokio::spawn(async move {
+        for (i, e) in events.into_iter().enumerate() {
+            if tx.send(Ok(Frame::data(e))).await.is_err() {
+                return;
+            }
+            // Held after the first token's event (the second event).
+            if i == 1 && spec.hold {
+                held.send_modify(|h| *h += 1);
+                release.acquire().await.unwrap().forget();
+            }
+        }
     });
     streamed(channel_body(rx), "text/event-stream")
 }

@@ -1,0 +1,146 @@
+//! Anthropic's `/v1/messages` end to end (issue 29): counted as the chat vLLM converts it to,
+//! charged its `max_tokens`, metered from its usage or its events, refunded; the key in
+//! `x-api-key`; refusals and rate-limit headers in Anthropic's shape; `count_tokens` answered
+//! locally for one request.
+
+use super::*;
+
+/// POSTs `body` to `path` with the key in `x-api-key`, as Anthropic's clients send it.
+async fn post_anthropic(gw: &TestGateway, path: &str, key: &str, body: &Value) -> Received {
+    let headers = [("content-type", "application/json"), ("x-api-key", key)];
+    send(
+        &gw.url(path),
+        "POST",
+        Some(body.to_string().into_bytes()),
+        &headers,
+    )
+    .await
+}
+
+fn hello(max_tokens: u64, stream: bool) -> Value {
+    json!({"model": "qwen3.5-27b", "max_tokens": max_tokens, "stream": stream,
+           "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// The prompt of [`hello`] as vLLM renders its chat: the system text first.
+fn hello_tokens() -> u64 {
+    let rendered = format!("<|im_start|>system\nBe brief.<|im_end|>\n{USER_FRAME}hi{GEN_PROMPT}");
+    tokenizer().count(&rendered) as u64
+}
+
+#[tokio::test]
+async fn a_message_is_charged_metered_and_refunded() {
+    let (gw, backend) = gateway(FakeSpec {
+        natural_length: 3,
+        ..FakeSpec::default()
+    })
+    .await;
+    // More than the context leaves: the backend is asked for what fits, which is reserved.
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &hello(4096, false)).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &hello(1000, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The reservation was the 1,000 asked for, and 3 were generated.
+    let sent = backend.seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        (sent["max_tokens"].clone(), sent["system"].clone()),
+        (json!(1000), json!("Be brief."))
+    );
+    assert_eq!(r.json()["usage"]["output_tokens"], 3);
+    gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "3")
+        .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 997.0);
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - hello_tokens() as f64
+    );
+    // Anthropic's rate-limit headers beside OpenAI's, as the answer began (all 1,000 reserved).
+    assert_eq!(r.headers["anthropic-ratelimit-output-tokens-limit"], "1000");
+    assert_eq!(
+        r.headers["anthropic-ratelimit-output-tokens-remaining"],
+        "0"
+    );
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "0");
+    assert!(r.headers.contains_key("anthropic-ratelimit-requests-reset"));
+
+    // count_tokens says what was charged, for one request and nothing else.
+    let requests = gw.bucket("alice", "requests").await;
+    let body = json!({"model": "qwen3.5-27b", "system": "Be brief.",
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let r = post_anthropic(&gw, "/v1/messages/count_tokens", "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let n = hello_tokens();
+    assert_eq!(
+        r.json(),
+        json!({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+    );
+    assert_eq!(gw.bucket("alice", "requests").await, requests - 1.0);
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0 - n as f64);
+    assert_eq!(backend.seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_stream_without_usage_is_charged_the_text_of_its_deltas() {
+    let (gw, _backend) = gateway(FakeSpec {
+        natural_length: 5,
+        usage: false,
+        ..FakeSpec::default()
+    })
+    .await;
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &hello(50, true)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text().matches("content_block_delta").count(), 5 * 2);
+    let used = tokenizer().count(&WORD.repeat(5));
+    assert_eq!(used, 5);
+    gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "5")
+        .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 995.0);
+}
+
+#[tokio::test]
+async fn refusals_are_in_anthropics_shape_and_cost_nothing() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let no_max = json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}]});
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &no_max).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "`max_tokens` is required"}})
+    );
+    let r = post_anthropic(&gw, "/v1/messages", "sk-nobody", &hello(5, false)).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["type"], "authentication_error");
+    // Without any key, the 401 is Anthropic's too, on count_tokens as well.
+    let headers = [("content-type", "application/json")];
+    let body = Some(hello(5, false).to_string().into_bytes());
+    let r = send(&gw.url("/v1/messages/count_tokens"), "POST", body, &headers).await;
+    assert_eq!((r.status, r.json()["type"].clone()), (401, json!("error")));
+    // A block the gateway cannot count, named.
+    let mut body = hello(5, false);
+    body["messages"][0]["content"] =
+        json!([{"type": "tool_removal", "tool": {"type": "tool_reference", "name": "x"}}]);
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &body).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json()["error"]["message"],
+        "`messages[0].content[0]` is a tool_removal block, which is not accepted: they are only allowed in system messages"
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert!(backend.seen.lock().unwrap().is_empty());
+    // A 429 has Anthropic's type and headers.
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &hello(1000, false)).await;
+    assert_eq!(r.status, 200);
+    let r = post_anthropic(&gw, "/v1/messages", "sk-alice", &hello(1000, false)).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["type"].clone()),
+        (429, json!("rate_limit_error"))
+    );
+    assert_eq!(
+        r.headers["anthropic-ratelimit-output-tokens-remaining"],
+        "0"
+    );
+    assert!(r.headers.contains_key("retry-after"));
+}
