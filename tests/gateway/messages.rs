@@ -4,6 +4,7 @@
 //! locally for one request.
 
 use super::*;
+use http_body_util::BodyExt;
 
 /// POSTs `body` to `path` with the key in `x-api-key`, as Anthropic's clients send it.
 async fn post_anthropic(gw: &TestGateway, path: &str, key: &str, body: &Value) -> Received {
@@ -143,4 +144,38 @@ async fn refusals_are_in_anthropics_shape_and_cost_nothing() {
         "0"
     );
     assert!(r.headers.contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn a_stream_the_client_leaves_is_charged_what_it_delivered() {
+    let (gw, backend) = gateway(FakeSpec {
+        hold: true,
+        ..FakeSpec::default()
+    })
+    .await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-api-key", "sk-alice"),
+    ];
+    let body = Some(hello(100, true).to_string().into_bytes());
+    let resp = start_request(&gw.url("/v1/messages"), "POST", body, &headers).await;
+    assert_eq!(resp.status(), 200);
+    // The backend holds after its first token: read until the client has that token's delta.
+    let mut body = resp.into_body();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("text_delta") {
+        let frame = body.frame().await.expect("a frame").expect("no error");
+        seen.extend_from_slice(&frame.into_data().unwrap_or_default());
+    }
+    drop(body);
+    gw.wait_metric(
+        r#"tokengate_requests_total{tenant="alice",outcome="client_disconnect"}"#,
+        "1",
+    )
+    .await;
+    gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "1")
+        .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 999.0);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    backend.release.add_permits(1);
 }
