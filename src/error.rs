@@ -276,12 +276,12 @@ impl ApiError {
         self.body_in(Wire::OpenAi)
     }
 
-    /// The error body in `wire`'s shape: OpenAI's, TGI's `{"error", "error_type"}` (what
+    /// The error body in `wire`'s shape: OpenAI's (the Responses API's too), TGI's `{"error", "error_type"}` (what
     /// MindIE's native clients read), whose `error_type` is the OpenAI `code`, or Anthropic's
     /// `{"type": "error", "error": {"type", "message"}}` with the type its status has there.
     pub fn body_in(&self, wire: Wire) -> serde_json::Value {
         match wire {
-            Wire::OpenAi => serde_json::json!({
+            Wire::OpenAi | Wire::Responses => serde_json::json!({
                 "error": {
                     "message": self.message,
                     "type": self.kind,

@@ -322,7 +322,7 @@ impl Metrics {
         );
         r.register(
             "output_capped_at_default",
-            "Chats without max_tokens capped at model.default_max_tokens (vLLM would allow up to the context)",
+            "Chats and responses without an output limit capped at model.default_max_tokens (vLLM would allow up to the context)",
             m.output_capped_at_default.clone(),
         );
         r.register(

@@ -1909,6 +1909,8 @@ mod priority;
 mod profile;
 #[path = "gateway/request_id.rs"]
 mod request_id;
+#[path = "gateway/responses.rs"]
+mod responses;
 #[path = "gateway/settle.rs"]
 mod settle;
 #[path = "gateway/tokenize.rs"]

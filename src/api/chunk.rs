@@ -1,7 +1,7 @@
 //! What metering reads of a backend's answer: a whole answer or one stream event, in its
 //! route's wire format.
 
-use super::{anthropic, mindie, sse};
+use super::{anthropic, mindie, responses, sse};
 use crate::wire::Wire;
 
 /// A whole answer or one stream event in its wire's format, as metering reads it.
@@ -13,6 +13,8 @@ pub enum Chunk<'a> {
     Tgi(mindie::Chunk<'a>),
     /// An Anthropic event or answer.
     Anthropic(anthropic::Chunk<'a>),
+    /// A Responses API event or answer.
+    Responses(responses::Chunk<'a>),
 }
 
 impl<'a> Chunk<'a> {
@@ -22,6 +24,7 @@ impl<'a> Chunk<'a> {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse(json)),
+            Wire::Responses => Chunk::Responses(responses::Chunk::parse(json)),
         }
     }
 
@@ -32,6 +35,7 @@ impl<'a> Chunk<'a> {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse_text(data)),
+            Wire::Responses => Chunk::Responses(responses::Chunk::parse_text(data)),
         }
     }
 
@@ -42,15 +46,17 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.completion_tokens(),
             Chunk::Tgi(c) => c.generated_tokens(),
             Chunk::Anthropic(c) => c.completion_tokens(),
+            Chunk::Responses(c) => c.completion_tokens(),
         }
     }
 
-    /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens`, Anthropic's input
-    /// and cache tokens (TGI's answers have none).
+    /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens`, the Responses API's
+    /// `usage.input_tokens`, Anthropic's input and cache tokens (TGI's answers have none).
     pub fn prompt_tokens(&self) -> Option<u64> {
         match self {
             Chunk::OpenAi(c) => c.prompt_tokens(),
             Chunk::Anthropic(c) => c.prompt_tokens(),
+            Chunk::Responses(c) => c.prompt_tokens(),
             Chunk::Tgi(_) => None,
         }
     }
@@ -61,6 +67,7 @@ impl<'a> Chunk<'a> {
         match self {
             Chunk::OpenAi(c) => c.cached_tokens(),
             Chunk::Anthropic(c) => c.cached_tokens(),
+            Chunk::Responses(c) => c.cached_tokens(),
             Chunk::Tgi(_) => None,
         }
     }
@@ -70,20 +77,22 @@ impl<'a> Chunk<'a> {
     pub fn usage_only(&self) -> bool {
         match self {
             Chunk::OpenAi(c) => c.usage_only(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) => false,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) => false,
         }
     }
 
     /// The generated text, piece by piece.
     pub fn generated(&self) -> impl Iterator<Item = &str> {
-        let (openai, tgi, anthropic) = match self {
-            Chunk::OpenAi(c) => (Some(c.generated()), None, None),
-            Chunk::Tgi(c) => (None, c.generated(), None),
-            Chunk::Anthropic(c) => (None, None, Some(c.generated())),
+        let (openai, tgi, anthropic, responses) = match self {
+            Chunk::OpenAi(c) => (Some(c.generated()), None, None, None),
+            Chunk::Tgi(c) => (None, c.generated(), None, None),
+            Chunk::Anthropic(c) => (None, None, Some(c.generated()), None),
+            Chunk::Responses(c) => (None, None, None, Some(c.generated())),
         };
         (openai.into_iter().flatten())
             .chain(tgi)
             .chain(anthropic.into_iter().flatten())
+            .chain(responses.into_iter().flatten())
     }
 
     /// The first choice's chat answer (reasoning left out) and whether it calls tools; `None`
@@ -91,7 +100,7 @@ impl<'a> Chunk<'a> {
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) => None,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) => None,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `route.rs` | the routes (OpenAI's endpoints, MindIE's native routes) and their wire formats |
 //! | `request.rs` | the validated [`GenerationRequest`], the JSON reading the parsers share, the body rewrite |
-//! | `openai.rs`, `anthropic.rs`, `mindie.rs` | each API's parsing, validation and rewrite |
+//! | `openai.rs`, `responses.rs`, `anthropic.rs`, `mindie.rs` | each API's parsing, validation and rewrite |
 //! | `sse.rs`, `scan.rs`, `chunk.rs` | reading the backends' answers and stream events for metering |
 
 pub mod anthropic;
@@ -13,6 +13,7 @@ pub mod chunk;
 pub mod mindie;
 pub mod openai;
 pub mod request;
+pub mod responses;
 pub mod route;
 mod scan;
 pub mod sse;
@@ -40,6 +41,7 @@ pub fn parse_generation(
             ..mindie::parse_generation(native, body.object, limits)?
         }),
         Route::Messages => anthropic::parse_generation(body, limits),
+        Route::Responses => responses::parse_generation(body, limits),
     }
 }
 
@@ -54,5 +56,6 @@ pub fn rewrite_for_backend(
         Route::OpenAi(_) => openai::rewrite_for_backend(req, reserved, backend_model),
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
         Route::Messages => anthropic::rewrite_for_backend(req, reserved, backend_model),
+        Route::Responses => responses::rewrite_for_backend(req, reserved, backend_model),
     }
 }

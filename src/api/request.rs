@@ -41,6 +41,8 @@ pub enum MaxTokensField {
     MaxCompletionTokens,
     /// MindIE's (TGI's) `parameters.max_new_tokens`.
     MaxNewTokens,
+    /// The Responses API's `max_output_tokens`.
+    MaxOutputTokens,
 }
 
 impl MaxTokensField {
@@ -50,6 +52,7 @@ impl MaxTokensField {
             MaxTokensField::MaxTokens => "max_tokens",
             MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
             MaxTokensField::MaxNewTokens => "parameters.max_new_tokens",
+            MaxTokensField::MaxOutputTokens => "max_output_tokens",
         }
     }
 }

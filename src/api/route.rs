@@ -1,5 +1,5 @@
-//! Which API a request came to: its route (OpenAI's endpoints, Anthropic's Messages, MindIE's
-//! native routes) and the
+//! Which API a request came to: its route (OpenAI's endpoints and Responses, Anthropic's
+//! Messages, MindIE's native routes) and the
 //! dialect ([`Wire`]) its answers and errors are written in.
 
 use crate::wire::Wire;
@@ -63,13 +63,16 @@ pub enum Route {
     MindIe(Native),
     /// Anthropic's Messages API: `/v1/messages`.
     Messages,
+    /// OpenAI's Responses API: `/v1/responses`.
+    Responses,
 }
 
 impl Route {
     /// Every generation route, in the README's order.
-    pub const ALL: [Route; 6] = [
+    pub const ALL: [Route; 7] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::Completions),
+        Route::Responses,
         Route::Messages,
         Route::MindIe(Native::Infer),
         Route::MindIe(Native::Generate),
@@ -87,6 +90,7 @@ impl Route {
             Route::OpenAi(e) => e.path(),
             Route::MindIe(n) => n.path(),
             Route::Messages => "/v1/messages",
+            Route::Responses => "/v1/responses",
         }
     }
 
@@ -96,19 +100,24 @@ impl Route {
             Route::OpenAi(_) => Wire::OpenAi,
             Route::MindIe(_) => Wire::Tgi,
             Route::Messages => Wire::Anthropic,
+            Route::Responses => Wire::Responses,
         }
     }
 
     /// What the backend generates at most when a request sets no output limit, where that is
     /// a fixed number: 16 on `/v1/completions` (vLLM's request model), 20 on MindIE's TGI
     /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
-    /// backend allows up to the context (vLLM's chat) or its default is not known (`/infer`);
+    /// backend allows up to the context (vLLM's chat and responses) or its default is not known
+    /// (`/infer`);
     /// `/v1/messages` requires `max_tokens`.
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
             Route::MindIe(Native::Generate | Native::GenerateStream) => Some(20),
-            Route::OpenAi(Endpoint::Chat) | Route::MindIe(Native::Infer) | Route::Messages => None,
+            Route::OpenAi(Endpoint::Chat)
+            | Route::MindIe(Native::Infer)
+            | Route::Messages
+            | Route::Responses => None,
         }
     }
 
@@ -116,6 +125,7 @@ impl Route {
     pub fn prompt_param(self) -> &'static str {
         match self {
             Route::OpenAi(Endpoint::Chat) | Route::Messages => "messages",
+            Route::Responses => "input",
             Route::OpenAi(Endpoint::Completions) => "prompt",
             Route::MindIe(_) => "inputs",
         }

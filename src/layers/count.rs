@@ -210,7 +210,10 @@ impl Counter {
         }
         let prompt_tokens: u64 = counted_each.iter().sum();
         if parsed.requested_max_tokens.is_none()
-            && parsed.endpoint == Route::OpenAi(Endpoint::Chat)
+            && matches!(
+                parsed.endpoint,
+                Route::OpenAi(Endpoint::Chat) | Route::Responses
+            )
             && max_output < self.config.model.max_model_len - prompt_tokens
         {
             // vLLM alone would let this chat write up to the context: the gateway's cap shows.

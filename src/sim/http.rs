@@ -7,7 +7,7 @@ use super::metrics::SimMetrics;
 use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
-use super::wire::{parse_messages, parse_openai, parse_tgi, Api, Finish, Job, Meta};
+use super::wire::{parse_converted, parse_openai, parse_tgi, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
 use crate::api::{Route, Wire};
 use crate::error::ApiError;
@@ -155,6 +155,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         (&Method::POST, "/generate_stream") => (Api::Tgi, Some(true)),
         (&Method::POST, "/infer") => (Api::Tgi, None),
         (&Method::POST, "/v1/messages") => (Api::Messages, None),
+        (&Method::POST, "/v1/responses") => (Api::Responses, None),
         _ => return Err(ApiError::not_found(format!("no route for {path}"))),
     };
     let body = Limited::new(req.into_body(), BODY_LIMIT_BYTES)
@@ -164,7 +165,8 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         .to_bytes();
     let (mut job, prompt) = match api {
         (Api::Tgi, stream) => parse_tgi(&body, stream, shared.counter.as_ref())?,
-        (Api::Messages, _) => parse_messages(
+        (api @ (Api::Messages | Api::Responses), _) => parse_converted(
+            api,
             &body,
             &shared.served_names,
             &shared.template,
@@ -178,7 +180,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             shared.counter.as_ref(),
         )?,
     };
-    if let (Some(cache), Api::Chat | Api::Completion | Api::Messages) =
+    if let (Some(cache), Api::Chat | Api::Completion | Api::Messages | Api::Responses) =
         (&shared.prefix_cache, job.api)
     {
         let mut cache = cache.lock().expect("prefix cache lock poisoned");
@@ -231,7 +233,7 @@ fn injected_status(
         Api::Messages => serde_json::json!({"type": "error", "error": {
             "type": "api_error", "message": message
         }}),
-        Api::Chat | Api::Completion => serde_json::json!({"error": {
+        Api::Chat | Api::Completion | Api::Responses => serde_json::json!({"error": {
             "message": message, "type": "server_error", "param": null, "code": "injected_failure"
         }}),
     };

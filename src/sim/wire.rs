@@ -1,6 +1,6 @@
 //! Room `sim`: the wire formats the simulated backend speaks: OpenAI chat and completions as vLLM
-//! emits them (SSE chunks, `usage`, `stream_options.include_usage`), Anthropic's `/v1/messages`
-//! as vLLM serves it (its events and `usage`), and MindIE's TGI-style `/generate`,
+//! emits them (SSE chunks, `usage`, `stream_options.include_usage`), the Responses API and
+//! Anthropic's `/v1/messages` as vLLM serves them (its events and `usage`), and MindIE's TGI-style `/generate`,
 //! `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
 use super::text::completion_text;
@@ -20,6 +20,8 @@ pub enum Api {
     Tgi,
     /// Anthropic's `POST /v1/messages`.
     Messages,
+    /// OpenAI's `POST /v1/responses`.
+    Responses,
 }
 
 /// A parsed generation request.
@@ -236,9 +238,11 @@ pub fn parse_tgi(
 }
 
 #[allow(clippy::result_large_err)]
-/// Parses a `/v1/messages` body and counts its prompt: the chat vLLM converts it to
-/// ([`crate::api::anthropic`]), rendered with `template`; the job, and the prompt's text.
-pub fn parse_messages(
+/// Parses a `/v1/messages` (`api` [`Api::Messages`]) or `/v1/responses` body and counts its
+/// prompt: the chat vLLM converts it to ([`crate::api::anthropic`], [`crate::api::responses`]),
+/// rendered with `template`; the job, and the prompt's text.
+pub fn parse_converted(
+    api: Api,
     body: &[u8],
     served_names: &[String],
     template: &ChatTemplate,
@@ -246,17 +250,24 @@ pub fn parse_messages(
 ) -> Result<(Job, String), ApiError> {
     let body = crate::api::request::parse_object(body)?;
     let vision = crate::vision::VisionRules::default();
-    let prompt = crate::api::anthropic::parse_count_tokens(&body, served_names, &vision)?;
+    let (prompt, max_tokens) = if api == Api::Responses {
+        crate::api::request::served_model(&body, served_names)?;
+        let prompt = crate::api::responses::parse_prompt(&body, &vision)?;
+        (prompt, "max_output_tokens")
+    } else {
+        let prompt = crate::api::anthropic::parse_count_tokens(&body, served_names, &vision)?;
+        (prompt, "max_tokens")
+    };
     let crate::api::Prompt::Chat { prompt, .. } = prompt else {
         unreachable!("a conversation is a chat")
     };
     let text = template.render(&prompt)?;
     let job = Job {
-        api: Api::Messages,
+        api,
         stream: body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: false,
         prompt_tokens: counter.count(&text) as u64,
-        max_tokens: body.get("max_tokens").and_then(Value::as_u64),
+        max_tokens: body.get(max_tokens).and_then(Value::as_u64),
         ignore_eos: body
             .get("ignore_eos")
             .and_then(Value::as_bool)
@@ -326,6 +337,53 @@ fn anthropic_usage(job: &Job, completion: u64) -> Value {
         usage["cache_read_input_tokens"] = cached.into();
     }
     usage
+}
+
+/// `job`'s usage in the Responses API's shape once `completion` tokens are generated
+/// (`reasoning` of them reasoning).
+fn responses_usage(job: &Job, completion: u64, reasoning: u64) -> Value {
+    json!({
+        "input_tokens": job.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": job.cached_tokens.unwrap_or(0)},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": reasoning},
+        "total_tokens": job.prompt_tokens + completion,
+    })
+}
+
+/// A Responses API answer: its `output` items (`reasoning` then the message, as vLLM with a
+/// reasoning parser sends them) and, once complete, its usage.
+fn response_object(meta: &Meta, job: &Job, n: u64, done: Option<Finish>) -> Value {
+    let reasoning = job.reasoning_tokens(n);
+    let mut output = Vec::new();
+    if reasoning > 0 {
+        let text = completion_text(0, reasoning);
+        output.push(
+            json!({"type": "reasoning", "id": format!("rs_{}", meta.id), "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}),
+        );
+    }
+    let text = completion_text(reasoning, n - reasoning);
+    output.push(
+        json!({"type": "message", "id": format!("msg_{}", meta.id), "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}),
+    );
+    let (status, incomplete, usage) = match done {
+        None => ("in_progress", Value::Null, Value::Null),
+        Some(Finish::Stop) => ("completed", Value::Null, responses_usage(job, n, reasoning)),
+        Some(Finish::Length) => (
+            "incomplete",
+            json!({"reason": "max_output_tokens"}),
+            responses_usage(job, n, reasoning),
+        ),
+    };
+    json!({
+        "id": meta.id, "object": "response", "created_at": meta.created, "model": meta.model,
+        "status": status, "incomplete_details": incomplete,
+        "output": if done.is_some() { Value::Array(output) } else { json!([]) },
+        "parallel_tool_calls": true, "tool_choice": "auto", "tools": [], "usage": usage,
+    })
 }
 
 /// An Anthropic stream event: its `event:` line and its data.
@@ -398,6 +456,29 @@ impl Api {
         finish: Option<(Finish, String, u64)>,
     ) -> Vec<String> {
         match self {
+            Api::Responses => {
+                let mut out = Vec::new();
+                if index == 1 {
+                    let created = json!({"type": "response.created", "sequence_number": 0,
+                        "response": response_object(meta, job, 0, None)});
+                    out.push(event("response.created", created));
+                }
+                let (kind, item) = if reasoning {
+                    ("response.reasoning_text.delta", format!("rs_{}", meta.id))
+                } else {
+                    ("response.output_text.delta", format!("msg_{}", meta.id))
+                };
+                let delta = json!({"type": kind, "sequence_number": index, "item_id": item,
+                    "output_index": u64::from(!reasoning && job.thinking), "content_index": 0,
+                    "delta": text, "logprobs": []});
+                out.push(event(kind, delta));
+                if let Some((finish, _, n)) = finish {
+                    let completed = json!({"type": "response.completed", "sequence_number": index + 1,
+                        "response": response_object(meta, job, n, Some(finish))});
+                    out.push(event("response.completed", completed));
+                }
+                out
+            }
             Api::Messages => {
                 let mut out = Vec::new();
                 if index == 1 {
@@ -482,7 +563,7 @@ impl Api {
     /// and `[DONE]` (OpenAI).
     pub fn stream_end(self, meta: &Meta, job: &Job, n: u64) -> Vec<String> {
         match self {
-            Api::Tgi | Api::Messages => Vec::new(),
+            Api::Tgi | Api::Messages | Api::Responses => Vec::new(),
             Api::Chat | Api::Completion => {
                 let mut out = Vec::new();
                 if job.include_usage {
@@ -539,6 +620,7 @@ impl Api {
                 json!({"generated_text": text, "details": tgi_details(finish, n)})
             }
             Api::Tgi => json!({"generated_text": job.generated_text(text)}),
+            Api::Responses => response_object(meta, job, n, Some(finish)),
             Api::Messages => {
                 let reasoning = job.reasoning_tokens(n);
                 let mut content = Vec::new();
@@ -568,6 +650,7 @@ impl Api {
             Api::Completion => "cmpl-",
             Api::Tgi => "gen-",
             Api::Messages => "msg_",
+            Api::Responses => "resp_",
         }
     }
 }

@@ -1,7 +1,8 @@
 """The official OpenAI Python SDK against a running gateway (started by scripts/sdk-test).
 
-Checks that an unmodified client works: non-streamed and streamed chats, completions, and that
-the gateway's errors surface as the SDK's typed exceptions.
+Checks that an unmodified client works: non-streamed and streamed chats, two choices,
+completions, the Responses API streamed and not, and that the gateway's errors surface as the
+SDK's typed exceptions.
 """
 import os
 import unittest
@@ -43,6 +44,35 @@ class OpenAISdk(unittest.TestCase):
         r = client().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5,
                                         extra_body={"ignore_eos": True})
         self.assertEqual(r.usage.completion_tokens, 5)
+
+    def test_chat_of_two_choices(self):
+        r = client("sk-codex").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=4, n=2,
+            extra_body={"ignore_eos": True})
+        self.assertEqual([c.index for c in r.choices], [0, 1])
+        self.assertEqual(r.usage.completion_tokens, 8)
+
+    def test_responses_non_streamed(self):
+        r = client("sk-codex").responses.create(
+            model=MODEL, input="Hello!", instructions="Be brief.", max_output_tokens=8,
+            extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.output_tokens, 8)
+        self.assertTrue(r.output_text)
+
+    def test_responses_streamed(self):
+        events = list(client("sk-codex").responses.create(
+            model=MODEL, input=[{"role": "user", "content": "Hello!"}], max_output_tokens=6,
+            stream=True, extra_body={"ignore_eos": True}))
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        self.assertEqual(len(deltas), 6)
+        self.assertEqual(events[-1].type, "response.completed")
+        self.assertEqual(events[-1].response.usage.output_tokens, 6)
+
+    def test_responses_previous_response_id_is_bad_request_error(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client("sk-codex").responses.create(model=MODEL, input="Hi",
+                                                previous_response_id="resp_1")
+        self.assertEqual(cm.exception.param, "previous_response_id")
 
     def test_bad_key_is_authentication_error(self):
         with self.assertRaises(openai.AuthenticationError) as cm:

@@ -122,16 +122,21 @@ def stream(host, port, path, body, headers, cut_after):
 
 
 def delivers(event):
-    """Whether a stream event carries output: an OpenAI chunk with a choice, or an Anthropic
-    `content_block_delta`."""
-    return bool(event.get("choices")) or event.get("type") == "content_block_delta"
+    """Whether a stream event carries output: an OpenAI chunk with a choice, an Anthropic
+    `content_block_delta`, a Responses API `*.delta` event."""
+    return bool(event.get("choices")) or event.get("type") == "content_block_delta" \
+        or str(event.get("type", "")).endswith(".delta")
 
 
 def as_openai_usage(u):
-    """Usage in OpenAI's terms: Anthropic's (vLLM's `/v1/messages`) prompt is its input plus
-    what the cache read and wrote."""
+    """Usage in OpenAI's terms: the Responses API's `input_tokens` is the whole prompt;
+    Anthropic's (vLLM's `/v1/messages`) is its input plus what the cache read and wrote."""
     if u is None or "input_tokens" not in u:
         return u
+    if "input_tokens_details" in u:
+        # The Responses API's: `input_tokens` is the whole prompt.
+        return {"prompt_tokens": u["input_tokens"], "completion_tokens": u.get("output_tokens"),
+                "prompt_tokens_details": u["input_tokens_details"]}
     prompt = u["input_tokens"] + (u.get("cache_read_input_tokens") or 0) \
         + (u.get("cache_creation_input_tokens") or 0)
     return {"prompt_tokens": prompt, "completion_tokens": u.get("output_tokens"),
@@ -372,7 +377,61 @@ def named_cases():
                                                 "stream_options": {"include_usage": True}},
              "/v1/completions", cut_after=3),
     ]
-    return cases + messages_cases()
+    return cases + messages_cases() + responses_cases()
+
+
+RESPONSES = "/v1/responses"
+
+
+def responses_cases():
+    """`/v1/responses` (issue 29), which vLLM converts to a chat: each rule of the conversion
+    by name."""
+    u = {"role": "user", "content": "What is the capital of France?"}
+    weather = {"type": "function", "name": "get_weather", "description": "Get the weather.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": "{\"city\": \"Paris\"}"}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"}
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": " ".join(material.REASONINGS)}]}
+    said = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": "Paris.", "annotations": []}]}
+    r = lambda name, body, **kw: case(f"responses: {name}", body, RESPONSES, **kw)
+    base = lambda inp, n=2, **extra: {"model": MODEL, "input": inp, "max_output_tokens": n,
+                                      **extra}
+    return [
+        r("a string", base("What is the capital of France?")),
+        r("a string, streamed", base("What is the capital of France?", 4, stream=True)),
+        r("instructions", base("What is the capital of France?", instructions="Be terse.")),
+        r("message items with input_text parts", base([
+            {"role": "system", "content": "Be terse."},
+            {"role": "user", "content": [{"type": "input_text", "text": "What is the capital"},
+                                         {"type": "input_text", "text": " of France?"}]}])),
+        r("an earlier answer as an output message", base(
+            [u, said, {"role": "user", "content": "And of Italy?"}])),
+        r("an earlier answer as an assistant role item", base(
+            [u, {"role": "assistant", "content": "Paris."},
+             {"role": "user", "content": "And of Italy?"}])),
+        r("reasoning, a function call and its output", base(
+            [u, reasoning, call, output], tools=[weather])),
+        r("a function call, its output and the answer", base(
+            [u, call, output, said, {"role": "user", "content": "Thanks."}], tools=[weather])),
+        r("tools, streamed", base([u, call, output], 4, stream=True, tools=[weather])),
+        r("a built-in tool beside a function", base([u], tools=[weather, {"type": "web_search"}])),
+        r("developer item", base([{"role": "developer", "content": "Answer in French."}, u])),
+        r("reasoning effort none", base([u], reasoning={"effort": "none"})),
+        r("reasoning effort high", base([u], reasoning={"effort": "high"})),
+        r("enable_thinking false", base([u], chat_template_kwargs={"enable_thinking": False})),
+        r("an input image", base([{"role": "user", "content": [
+            {"type": "input_image", "image_url": image_url(96, 64), "detail": "auto"},
+            {"type": "input_text", "text": "What is this?"}]}])),
+        r("a partial answer continued", base(
+            [u, {"type": "message", "id": "msg_2", "role": "assistant", "status": "incomplete",
+                 "content": [{"type": "output_text", "text": "The capital is", "annotations": []}]}])),
+        r("store true", base("Hi", store=True)),
+        r("previous_response_id", base("Hi", previous_response_id="resp_x")),
+    ]
 
 
 MESSAGES = "/v1/messages"
@@ -455,7 +514,8 @@ def messages_cases():
     ]
 
 
-KINDS = ["chat", "chat", "chat", "chat_stream", "cut", "completion", "image", "messages"]
+KINDS = ["chat", "chat", "chat", "chat_stream", "cut", "completion", "image", "messages",
+         "responses"]
 
 
 def random_text(rng):
@@ -523,6 +583,41 @@ def as_messages_body(rng, chat_messages, tools):
     return body
 
 
+def as_responses_body(rng, chat_messages, tools):
+    """A random chat as a Responses body: a first system text as `instructions` or as an item,
+    text as a string or as `input_text` parts, an earlier answer as an output message or a role
+    item, its reasoning as a reasoning item before it."""
+    body = {"model": MODEL, "max_output_tokens": rng.randint(1, 4), "input": []}
+    for m in chat_messages:
+        reasoning = m.get("reasoning") or m.get("reasoning_content")
+        if m["role"] in ("system", "developer") and "instructions" not in body \
+                and rng.random() < 0.5:
+            body["instructions"] = m["content"]
+        elif m["role"] == "assistant":
+            if reasoning:
+                body["input"].append({"type": "reasoning", "id": "rs_0", "summary": [],
+                                      "content": [{"type": "reasoning_text", "text": reasoning}]})
+            if rng.random() < 0.5:
+                body["input"].append({"type": "message", "id": "msg_0", "role": "assistant",
+                                      "status": "completed", "content": [
+                                          {"type": "output_text", "text": m["content"],
+                                           "annotations": []}]})
+            else:
+                body["input"].append({"role": "assistant", "content": m["content"]})
+        elif rng.random() < 0.3:
+            body["input"].append({"role": m["role"], "content": [
+                {"type": "input_text", "text": m["content"]}]})
+        else:
+            body["input"].append({"role": m["role"], "content": m["content"]})
+    if tools:
+        body["tools"] = [{"type": "function", **t["function"]} for t in tools]
+    if rng.random() < 0.3:
+        body["stream"] = True
+    if rng.random() < 0.25:
+        body["reasoning"] = {"effort": rng.choice(["none", "low", "high"])}
+    return body
+
+
 def generated_cases(n, seed):
     rng = random.Random(seed)
     out = []
@@ -538,6 +633,10 @@ def generated_cases(n, seed):
             if rng.random() < 0.1:
                 body["prompt"] = [body["prompt"]] + [random_text(rng) for _ in range(rng.randint(1, 3))]
             out.append(case(f"generated {i}: completion", body, "/v1/completions"))
+            continue
+        if kind == "responses":
+            body = as_responses_body(rng, *random_messages(rng, False))
+            out.append(case(f"generated {i}: responses", body, RESPONSES))
             continue
         if kind == "messages":
             body = as_messages_body(rng, *random_messages(rng, False))
@@ -589,6 +688,8 @@ def vllm_usage(c, status, events_or_body):
         return None
     if isinstance(events_or_body, list):
         usages = [e["usage"] for e in events_or_body if isinstance(e, dict) and e.get("usage")]
+        usages += [e["response"]["usage"] for e in events_or_body if isinstance(e, dict)
+                   and isinstance(e.get("response"), dict) and e["response"].get("usage")]
         return as_openai_usage(usages[-1]) if usages else None
     return as_openai_usage(json.loads(events_or_body).get("usage"))
 

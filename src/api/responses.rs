@@ -1,0 +1,700 @@
+//! OpenAI's Responses API (`POST /v1/responses`) as vLLM 0.32 serves it without a response
+//! store: the body's `instructions` and `input` are turned into the chat vLLM renders
+//! (`construct_input_messages` in `vllm/entrypoints/openai/responses/utils.py`), counted as any
+//! chat's is; the rewrite caps `max_output_tokens` at what was reserved; metering reads the
+//! answer's `usage` (a stream's `response.completed`) and its events' `delta`s.
+//!
+//! The conversion, as vLLM makes it:
+//! - `instructions` is a first system message; `input` as a string is one user message;
+//! - an item with a `role` (user, system, developer) is a chat message as it is, its
+//!   `input_text` and `output_text` parts read as text and `input_image` parts as images;
+//! - assistant text (a `message` item of the assistant, or an assistant `role` item: its first
+//!   part's text) fills the previous assistant message's content when it has none, else starts
+//!   one; a `reasoning` item (its first `content` text, else its first `summary` text) fills the
+//!   previous assistant message's reasoning the same way; a `function_call` joins the previous
+//!   assistant message's tool calls, or starts one;
+//! - `function_call_output` (and `custom_tool_call_output`) is a tool message;
+//! - function tools become chat tools; other tools (built-in ones, which vLLM serves only with
+//!   a tool server) are not rendered;
+//! - `reasoning.effort` is the chat's `reasoning_effort`; a last `message` or `reasoning` item
+//!   whose `status` is `in_progress` or `incomplete` is continued (`continue_final_message`).
+//!
+//! What depends on state the gateway cannot count is refused with a 400 that says so:
+//! `previous_response_id`, `conversation`, `prompt` (a stored prompt), `background`. So are
+//! items vLLM refuses or renders from a server's state (`item_reference`, built-in tool calls,
+//! encrypted reasoning, namespaced and custom tools).
+
+use super::openai;
+use super::request::{
+    optional_bool, positive_int, served_model, splice_body, wrong_type, GenerationRequest,
+    JsonBody, MaxTokensField, ParseLimits, Prompt,
+};
+use super::route::Route;
+use super::sse::{self, Loose};
+use crate::error::ApiError;
+use crate::tokenize::chat::ChatRoute;
+use crate::vision::VisionRules;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::borrow::Cow;
+
+/// Validates a `/v1/responses` body read with its bytes: `model`, `max_output_tokens`,
+/// `stream`, the fields that need a response store, and the conversation, counted as the chat
+/// vLLM makes of it (see the module's notes).
+pub fn parse_generation(
+    body: JsonBody,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let JsonBody {
+        object: body,
+        raw,
+        keys_unique,
+    } = body;
+    let model = served_model(&body, limits.served_names)?;
+    refuse_stored_state(&body)?;
+    let requested = match body.get("max_output_tokens") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some((
+            MaxTokensField::MaxOutputTokens,
+            positive_int("max_output_tokens", v, limits.max_model_len)?,
+        )),
+    };
+    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    let chat = to_chat(&body)?;
+    let prompt = openai::parse_chat_prompt(&chat, limits.vision, ChatRoute::ChatCompletions)
+        .map_err(|e| rename_messages(e, "input"))?;
+    Ok(GenerationRequest {
+        endpoint: Route::Responses,
+        model,
+        stream,
+        // Its stream always ends with the usage (`response.completed`).
+        client_wants_usage: true,
+        requested_max_tokens: requested,
+        choices: 1,
+        prompt,
+        batch: Vec::new(),
+        echoed_prompt: None,
+        body,
+        raw,
+        raw_keys_unique: keys_unique,
+    })
+}
+
+/// The prompt of a Responses body, counted as its generation would be (the simulated
+/// backend counts with it).
+pub fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, ApiError> {
+    openai::parse_chat_prompt(&to_chat(body)?, vision, ChatRoute::ChatCompletions)
+}
+
+/// A refusal about the converted chat's `messages` names the field the client sent.
+fn rename_messages(mut e: ApiError, field: &str) -> ApiError {
+    if e.param.as_deref() == Some("messages") {
+        e.param = Some(field.to_owned());
+    }
+    e
+}
+
+/// Refuses what reads or writes a response store: the gateway cannot count a conversation it
+/// does not see, and vLLM keeps none unless started with `VLLM_ENABLE_RESPONSES_API_STORE`.
+/// `store` itself is accepted: without a store vLLM ignores it, and it changes nothing this
+/// request is charged.
+fn refuse_stored_state(body: &Map<String, Value>) -> Result<(), ApiError> {
+    for (param, why) in [
+        ("previous_response_id", "it continues a conversation stored on the server, whose tokens the gateway cannot count; send the whole conversation in `input`"),
+        ("conversation", "it continues a conversation stored on the server, whose tokens the gateway cannot count; send the whole conversation in `input`"),
+        ("prompt", "a stored prompt is rendered on the server, where the gateway cannot count it; send its text in `input` or `instructions`"),
+    ] {
+        if body.get(param).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("`{param}` is not accepted: {why}"),
+            ));
+        }
+    }
+    if optional_bool(body, "background")? == Some(true) {
+        return Err(ApiError::invalid_param(
+            "background",
+            "`background` is not accepted: a background response is fetched from a store later, which the gateway does not meter",
+        ));
+    }
+    Ok(())
+}
+
+/// The chat completion body vLLM renders for a Responses body: `messages`, `tools`,
+/// `reasoning_effort`, `chat_template_kwargs` and the generation-prompt switches.
+fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    let mut messages: Vec<Value> = Vec::new();
+    match body.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
+        Some(other) => return Err(wrong_type("instructions", "a string", other)),
+    }
+    let mut continue_final = false;
+    match body.get("input") {
+        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => {
+            let first = messages.len();
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("input[{i}]");
+                let Value::Object(item) = item else {
+                    return Err(wrong_type(&at, "an input item", item));
+                };
+                convert_item(item, &at, &mut messages, first)?;
+            }
+            continue_final = items.last().is_some_and(is_partial);
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param("input", "`input` is required"))
+        }
+        Some(other) => {
+            return Err(wrong_type(
+                "input",
+                "a string or an array of input items",
+                other,
+            ))
+        }
+    }
+    let mut chat = Map::new();
+    chat.insert("messages".into(), Value::Array(messages));
+    if let Some(tools) = tools(body)? {
+        chat.insert("tools".into(), Value::Array(tools));
+    }
+    match body.get("reasoning") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(r)) => {
+            if let Some(effort) = r.get("effort").filter(|e| !e.is_null()) {
+                chat.insert("reasoning_effort".into(), effort.clone());
+            }
+        }
+        Some(other) => return Err(wrong_type("reasoning", "an object", other)),
+    }
+    if let Some(kwargs) = body.get("chat_template_kwargs") {
+        chat.insert("chat_template_kwargs".into(), kwargs.clone());
+    }
+    if continue_final {
+        chat.insert("add_generation_prompt".into(), Value::Bool(false));
+        chat.insert("continue_final_message".into(), Value::Bool(true));
+    }
+    Ok(chat)
+}
+
+/// vLLM's `should_continue_final_message`: a last `message` or `reasoning` item (a `message`
+/// when it has no type) that is `in_progress` or `incomplete`.
+fn is_partial(item: &Value) -> bool {
+    let kind = item
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
+    let status = item.get("status").and_then(Value::as_str);
+    matches!(kind, "message" | "reasoning") && matches!(status, Some("in_progress" | "incomplete"))
+}
+
+/// A string field of an item (`None` when absent or null).
+fn string<'a>(
+    item: &'a Map<String, Value>,
+    at: &str,
+    key: &str,
+) -> Result<Option<&'a str>, ApiError> {
+    match item.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(wrong_type(&format!("{at}.{key}"), "a string", other)),
+    }
+}
+
+/// A required string field of an item.
+fn required<'a>(item: &'a Map<String, Value>, at: &str, key: &str) -> Result<&'a str, ApiError> {
+    string(item, at, key)?.ok_or_else(|| {
+        ApiError::invalid_param(&format!("{at}.{key}"), format!("`{at}.{key}` is required"))
+    })
+}
+
+/// The messages built from the items so far (after `first`): the last one, when it is the
+/// assistant's.
+fn last_assistant(messages: &mut [Value], first: usize) -> Option<&mut Map<String, Value>> {
+    let last = messages[first..].last_mut()?.as_object_mut()?;
+    (last.get("role").and_then(Value::as_str) == Some("assistant")).then_some(last)
+}
+
+/// Sets `key` of the previous assistant message when it has none, else pushes a new assistant
+/// message with it (vLLM's merging of consecutive assistant items).
+fn fill_or_push(messages: &mut Vec<Value>, first: usize, key: &str, value: Value) {
+    if let Some(prev) = last_assistant(messages, first) {
+        if prev.get(key).is_none_or(Value::is_null) {
+            prev.insert(key.into(), value);
+            return;
+        }
+    }
+    messages.push(json!({"role": "assistant", key: value}));
+}
+
+/// One input item at `at`, converted into `messages` (the items' messages start at `first`).
+fn convert_item(
+    item: &Map<String, Value>,
+    at: &str,
+    messages: &mut Vec<Value>,
+    first: usize,
+) -> Result<(), ApiError> {
+    let kind = string(item, at, "type")?;
+    match kind {
+        Some("function_call") => {
+            if item.get("namespace").is_some_and(|n| !n.is_null()) {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.namespace"),
+                    format!("`{at}.namespace` is not accepted: the gateway counts function tools without a namespace"),
+                ));
+            }
+            let call = json!({
+                "id": required(item, at, "call_id")?,
+                "type": "function",
+                "function": {
+                    "name": required(item, at, "name")?,
+                    "arguments": required(item, at, "arguments")?,
+                },
+            });
+            if let Some(prev) = last_assistant(messages, first) {
+                match prev.get_mut("tool_calls") {
+                    Some(Value::Array(calls)) => calls.push(call),
+                    _ => {
+                        prev.insert("tool_calls".into(), Value::Array(vec![call]));
+                    }
+                }
+                return Ok(());
+            }
+            messages.push(json!({"role": "assistant", "tool_calls": [call]}));
+        }
+        Some("reasoning") => {
+            if item.get("encrypted_content").is_some_and(|c| !c.is_null()) {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.encrypted_content"),
+                    format!("`{at}.encrypted_content` is not accepted: encrypted reasoning cannot be rendered (vLLM refuses it too)"),
+                ));
+            }
+            let first_text = |key: &str| {
+                item.get(key)
+                    .and_then(Value::as_array)
+                    .and_then(|parts| parts.first())
+                    .and_then(|p| p.get("text"))
+                    .and_then(Value::as_str)
+            };
+            let text = first_text("content").or_else(|| first_text("summary"));
+            fill_or_push(messages, first, "reasoning", Value::from(text.unwrap_or("")));
+        }
+        Some("function_call_output" | "custom_tool_call_output") => {
+            let output = match item.get("output") {
+                Some(Value::Array(parts)) => Value::Array(parts_of(parts, &format!("{at}.output"))?),
+                Some(v) => v.clone(),
+                None => Value::Null,
+            };
+            let id = item.get("call_id").cloned().unwrap_or(Value::Null);
+            messages.push(json!({"role": "tool", "content": output, "tool_call_id": id}));
+        }
+        None | Some("message") => convert_message(item, at, messages, first)?,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.type"),
+                format!("`{at}.type` is `{other}`, which the gateway does not accept: input items are messages, `reasoning`, `function_call` and `function_call_output`"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// A message item: the assistant's text merged as vLLM merges it, any other role's message as
+/// it is, its parts read as chat parts.
+fn convert_message(
+    item: &Map<String, Value>,
+    at: &str,
+    messages: &mut Vec<Value>,
+    first: usize,
+) -> Result<(), ApiError> {
+    const ROLES: [&str; 4] = ["user", "system", "developer", "assistant"];
+    let role = match string(item, at, "role")? {
+        Some(r) if ROLES.contains(&r) => r,
+        Some(r) => {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.role"),
+                format!("`{at}.role` must be one of {ROLES:?}, got `{r}`"),
+            ))
+        }
+        None => {
+            return Err(ApiError::invalid_param(
+                &format!("{at}.role"),
+                format!("`{at}.role` is required"),
+            ))
+        }
+    };
+    let content = item.get("content");
+    if role == "assistant" {
+        let text = match content {
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(Value::Array(parts)) => parts.first().and_then(|p| p.get("text")?.as_str()),
+            _ => None,
+        };
+        if let Some(text) = text {
+            fill_or_push(messages, first, "content", Value::from(text));
+            return Ok(());
+        }
+    }
+    let mut message = Map::new();
+    message.insert("role".into(), Value::from(role));
+    match content {
+        Some(Value::Array(parts)) => {
+            let parts = parts_of(parts, &format!("{at}.content"))?;
+            message.insert("content".into(), Value::Array(parts));
+        }
+        Some(v) => {
+            message.insert("content".into(), v.clone());
+        }
+        None => {}
+    }
+    messages.push(Value::Object(message));
+    Ok(())
+}
+
+/// Content parts of the Responses API as the chat parts vLLM reads them as: `input_text` and
+/// `output_text` as text, `input_image` as an image (its `image_url`, or its `file_id`, which
+/// the gateway cannot read and refuses).
+fn parts_of(parts: &[Value], at: &str) -> Result<Vec<Value>, ApiError> {
+    parts
+        .iter()
+        .enumerate()
+        .map(|(j, part)| {
+            let at = format!("{at}[{j}]");
+            let kind = part.get("type").and_then(Value::as_str);
+            match kind {
+                Some("input_text" | "output_text" | "text") => {
+                    let text = part.get("text").cloned().unwrap_or(Value::Null);
+                    Ok(json!({"type": "text", "text": text}))
+                }
+                Some("input_image") => match part.get("image_url") {
+                    Some(Value::String(url)) => {
+                        Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+                    }
+                    _ => Err(ApiError::invalid_param(
+                        &format!("{at}.image_url"),
+                        format!("`{at}.image_url` is required: the gateway counts images sent by URL or data URL, not by `file_id`"),
+                    )),
+                },
+                _ => Err(ApiError::invalid_param(
+                    &format!("{at}.type"),
+                    format!("`{at}` must be an `input_text`, `output_text` or `input_image` part"),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Function tools as chat tools; other tools are not rendered (vLLM's
+/// `construct_tool_dicts`).
+fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(t)) => t,
+        Some(other) => return Err(wrong_type("tools", "an array of tools", other)),
+    };
+    let mut functions = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Value::Object(tool) = tool else {
+            return Err(wrong_type(&at, "an object", tool));
+        };
+        match tool.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            Some(kind @ ("namespace" | "custom")) => {
+                return Err(ApiError::invalid_param(
+                    &format!("{at}.type"),
+                    format!("`{at}.type` is `{kind}`, which the gateway does not count: declare function tools"),
+                ))
+            }
+            _ => continue,
+        }
+        let function: Map<String, Value> = (tool.iter())
+            .filter(|(k, _)| k.as_str() != "type")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        functions.push(json!({"type": "function", "function": function}));
+    }
+    Ok((!functions.is_empty()).then_some(functions))
+}
+
+/// The body for the backend: the client's, asking for the model by the name the backend
+/// serves, with `max_output_tokens` capped at `reserved`.
+pub fn rewrite_for_backend(
+    req: &mut GenerationRequest,
+    reserved: u64,
+    backend_model: &str,
+) -> Bytes {
+    splice_body(
+        req,
+        vec![
+            ("model", Value::from(backend_model)),
+            ("max_output_tokens", Value::from(reserved)),
+        ],
+    )
+}
+
+/// A whole answer or one stream event, as far as metering reads it: `usage` (a whole
+/// answer's, or inside the `response` of `response.completed`), a delta event's `delta`
+/// (output text, reasoning text, function-call arguments) and a whole answer's `output` items.
+/// Read loosely, as OpenAI's chunks are ([`sse::Chunk`]).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Chunk<'a> {
+    usage: Loose<Usage>,
+    response: Loose<Box<Answer>>,
+    #[serde(borrow)]
+    delta: Loose<Cow<'a, str>>,
+    #[serde(borrow)]
+    output: Loose<Vec<Loose<Item<'a>>>>,
+}
+
+/// The Responses API's usage: `input_tokens` is the whole prompt.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Usage {
+    input_tokens: Loose<u64>,
+    output_tokens: Loose<u64>,
+    input_tokens_details: Loose<Details>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Details {
+    cached_tokens: Loose<u64>,
+}
+
+/// The `response` of a stream event: its usage (its output repeats the deltas).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Answer {
+    usage: Loose<Usage>,
+}
+
+/// An output item: a message's or reasoning's parts, a function call's arguments.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Item<'a> {
+    #[serde(borrow)]
+    content: Loose<Vec<Loose<Part<'a>>>>,
+    #[serde(borrow)]
+    arguments: Loose<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Part<'a> {
+    #[serde(borrow)]
+    text: Loose<Cow<'a, str>>,
+}
+
+sse::object_shape!(Chunk<'a>, Item<'a>, Part<'a>; Answer, Usage, Details);
+
+impl<'a> Chunk<'a> {
+    /// Reads `json` (a whole answer), borrowing its strings.
+    pub fn parse(json: &'a [u8]) -> Self {
+        sse::read_object(json)
+    }
+
+    /// [`Chunk::parse`] of an event's [`sse::data`].
+    pub fn parse_text(json: &'a str) -> Self {
+        sse::read_text(json)
+    }
+
+    fn usage(&self) -> Option<&Usage> {
+        (self.usage.get()).or_else(|| self.response.get()?.usage.get())
+    }
+
+    /// `usage.output_tokens`.
+    pub fn completion_tokens(&self) -> Option<u64> {
+        self.usage()?.output_tokens.get().copied()
+    }
+
+    /// `usage.input_tokens`: the whole prompt.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.usage()?.input_tokens.get().copied()
+    }
+
+    /// `usage.input_tokens_details.cached_tokens`.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        let details = self.usage()?.input_tokens_details.get()?;
+        details.cached_tokens.get().copied()
+    }
+
+    /// The text generated: a delta's, or a whole answer's output items' (a stream's
+    /// `response.completed` repeats its deltas in its `response`, which is not read for text).
+    pub fn generated(&self) -> impl Iterator<Item = &str> {
+        let items = (self.output.get().into_iter().flatten()).filter_map(Loose::get);
+        let texts = items.flat_map(|item| {
+            let parts = (item.content.get().into_iter().flatten()).filter_map(Loose::get);
+            (parts.filter_map(|p| p.text.get()))
+                .chain(item.arguments.get())
+                .map(Cow::as_ref)
+        });
+        (self.delta.get().map(Cow::as_ref)).into_iter().chain(texts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::request::parse_object;
+    use crate::tokenize::chat::ChatPrompt;
+
+    fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
+        let names = vec!["qwen".to_string()];
+        let vision = VisionRules::default();
+        let raw = Bytes::from(v.to_string());
+        let body = JsonBody {
+            object: parse_object(&raw).unwrap(),
+            raw,
+            keys_unique: true,
+        };
+        let limits = ParseLimits {
+            served_names: &names,
+            max_model_len: 1000,
+            vision: &vision,
+        };
+        parse_generation(body, &limits)
+    }
+
+    fn chat(v: Value) -> ChatPrompt {
+        match parse(v).unwrap().prompt {
+            Prompt::Chat { prompt, .. } => prompt,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn items_become_the_chat_vllm_renders() {
+        let p = chat(json!({
+            "model": "qwen", "instructions": "Be brief.",
+            "reasoning": {"effort": "low"},
+            "tools": [{"type": "function", "name": "get", "parameters": {"type": "object"}},
+                      {"type": "web_search"}],
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+                {"type": "reasoning", "id": "rs", "summary": [], "content": [{"type": "reasoning_text", "text": "look"}]},
+                {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{\"city\": \"Paris\"}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {"type": "message", "id": "m", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]}
+            ]
+        }));
+        assert_eq!(
+            p.messages,
+            [
+                json!({"role": "system", "content": "Be brief."}),
+                json!({"role": "user", "content": [{"type": "text", "text": "weather?"}]}),
+                json!({"role": "assistant", "reasoning": "look", "reasoning_content": "look",
+                       "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get", "arguments": {"city": "Paris"}}}]}),
+                json!({"role": "tool", "content": "sunny", "tool_call_id": "c1"}),
+                json!({"role": "assistant", "content": "Sunny."}),
+            ]
+        );
+        assert_eq!(p.enable_thinking, Some(true));
+        assert_eq!(
+            p.tools.unwrap(),
+            [
+                json!({"type": "function", "function": {"name": "get", "description": null, "parameters": {"type": "object"}}})
+            ]
+        );
+        assert!(p.add_generation_prompt);
+    }
+
+    #[test]
+    fn a_string_input_is_a_user_message_and_the_output_limit_is_reserved() {
+        let mut r =
+            parse(json!({"model": "qwen", "input": "Say hi", "max_output_tokens": 8})).unwrap();
+        assert_eq!(r.endpoint, Route::Responses);
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxOutputTokens, 8))
+        );
+        let Prompt::Chat { prompt, .. } = &r.prompt else {
+            panic!()
+        };
+        assert_eq!(
+            prompt.messages,
+            [json!({"role": "user", "content": "Say hi"})]
+        );
+        let sent = rewrite_for_backend(&mut r, 5, "served");
+        assert_eq!(
+            std::str::from_utf8(&sent).unwrap(),
+            r#"{"model":"served","input":"Say hi","max_output_tokens":5}"#
+        );
+    }
+
+    #[test]
+    fn a_partial_last_message_is_continued() {
+        let p = chat(json!({"model": "qwen", "input": [
+            {"role": "user", "content": "Count to 3"},
+            {"type": "message", "role": "assistant", "status": "incomplete", "content": [{"type": "output_text", "text": "1, 2,"}]}
+        ]}));
+        assert!(!p.add_generation_prompt);
+        assert!(p.continue_final_message);
+    }
+
+    #[test]
+    fn stored_state_and_uncountable_items_are_refused_naming_them() {
+        let refused = |extra: Value| {
+            let mut b = json!({"model": "qwen", "input": "hi"});
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(b).unwrap_err().param.unwrap_or_default()
+        };
+        assert_eq!(
+            refused(json!({"previous_response_id": "resp_1"})),
+            "previous_response_id"
+        );
+        assert_eq!(refused(json!({"conversation": "conv_1"})), "conversation");
+        assert_eq!(refused(json!({"background": true})), "background");
+        assert_eq!(
+            refused(json!({"input": [{"type": "item_reference", "id": "x"}]})),
+            "input[0].type"
+        );
+        assert_eq!(
+            refused(
+                json!({"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "x"}]})
+            ),
+            "input[0].encrypted_content"
+        );
+        assert_eq!(refused(json!({"input": []})), "input");
+        assert_eq!(
+            refused(json!({"max_output_tokens": 0})),
+            "max_output_tokens"
+        );
+        // store is accepted: without a store vLLM ignores it.
+        assert!(parse(json!({"model": "qwen", "input": "hi", "store": true})).is_ok());
+    }
+
+    #[test]
+    fn metering_reads_usage_deltas_and_output_items() {
+        let whole = br#"{"id":"r","output":[{"type":"reasoning","content":[{"type":"reasoning_text","text":"hm"}]},
+            {"type":"message","content":[{"type":"output_text","text":"Hi"}]},{"type":"function_call","arguments":"{}"}],
+            "usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":4},"output_tokens":7}}"#;
+        let c = Chunk::parse(whole);
+        assert_eq!(
+            (c.prompt_tokens(), c.cached_tokens(), c.completion_tokens()),
+            (Some(12), Some(4), Some(7))
+        );
+        assert_eq!(c.generated().collect::<Vec<_>>(), ["hm", "Hi", "{}"]);
+        let delta = Chunk::parse_text(
+            r#"{"type":"response.output_text.delta","delta":"lo","item_id":"m"}"#,
+        );
+        assert_eq!(delta.generated().collect::<Vec<_>>(), ["lo"]);
+        assert_eq!(delta.completion_tokens(), None);
+        let done = Chunk::parse_text(
+            r#"{"type":"response.completed","response":{"usage":{"input_tokens":12,"output_tokens":5}}}"#,
+        );
+        assert_eq!(
+            (done.prompt_tokens(), done.completion_tokens()),
+            (Some(12), Some(5))
+        );
+        let created = Chunk::parse_text(r#"{"type":"response.created","response":{"usage":null}}"#);
+        assert_eq!(created.completion_tokens(), None);
+    }
+}
