@@ -1,6 +1,6 @@
 //! The main listener's routes answered without the backend: `POST /tokenize`,
 //! `POST /detokenize` and `POST /v1/messages/count_tokens` (locally, in vLLM's shape) and
-//! `GET /v1/models` (from the backends). Both come after the authenticate
+//! `GET /v1/models` (from the backends) and TGI's `GET /info` (from the config). Both come after the authenticate
 //! layer, whose `Arc<Tenant>` they find in the request's extensions.
 //!
 //! `/tokenize` costs one request from the tenant's requests bucket (none is taken when it is
@@ -42,15 +42,18 @@ pub enum Local {
     Models,
     /// `POST /v1/messages/count_tokens` (Anthropic's).
     CountTokens,
+    /// `GET /info` (TGI's, as MindIE's TGI-style routes' clients ask it).
+    Info,
 }
 
 impl Local {
     /// Every one.
-    pub const ALL: [Local; 4] = [
+    pub const ALL: [Local; 5] = [
         Local::Tokenize,
         Local::Detokenize,
         Local::CountTokens,
         Local::Models,
+        Local::Info,
     ];
 
     /// Its path.
@@ -60,6 +63,7 @@ impl Local {
             Local::Detokenize => "/detokenize",
             Local::Models => "/v1/models",
             Local::CountTokens => "/v1/messages/count_tokens",
+            Local::Info => "/info",
         }
     }
 
@@ -67,6 +71,7 @@ impl Local {
     pub fn wire(self) -> Wire {
         match self {
             Local::CountTokens => Wire::Anthropic,
+            Local::Info => Wire::Tgi,
             Local::Tokenize | Local::Detokenize | Local::Models => Wire::OpenAi,
         }
     }
@@ -74,7 +79,7 @@ impl Local {
     /// The one method it answers.
     pub fn method(self) -> Allow {
         match self {
-            Local::Models => Allow::Get,
+            Local::Models | Local::Info => Allow::Get,
             Local::Tokenize | Local::Detokenize | Local::CountTokens => Allow::Post,
         }
     }
@@ -97,6 +102,7 @@ where
         Local::Detokenize => detokenize(counter, req).await,
         Local::CountTokens => count_tokens(counter, req).await,
         Local::Models => models(upstreams, req).await,
+        Local::Info => Ok(json_response(StatusCode::OK, &info(&counter.config))),
     }
 }
 
@@ -226,6 +232,26 @@ where
         StatusCode::OK,
         &anthropic::count_tokens_answer(tokens),
     ))
+}
+
+/// TGI's `GET /info`, from the gateway's config: the model (its first served name), the
+/// context (`max_total_tokens`, and `max_input_tokens` one less: the answer needs a token), the
+/// requests the backends run at once (their `max_batch`es), one sequence per request
+/// (`max_best_of`), and who answers. It costs nothing, as `/v1/models` does.
+fn info(config: &ValidConfig) -> Value {
+    let model = &config.model;
+    let concurrent: u64 = (config.backends.iter())
+        .map(|b| u64::from(b.max_batch))
+        .sum();
+    serde_json::json!({
+        "model_id": model.served_names[0],
+        "max_input_tokens": model.max_model_len.saturating_sub(1),
+        "max_total_tokens": model.max_model_len,
+        "max_concurrent_requests": concurrent,
+        "max_best_of": 1,
+        "router": "tokengate",
+        "version": env!("CARGO_PKG_VERSION"),
+    })
 }
 
 /// `POST /detokenize`, answered locally in vLLM's shape: `{"prompt": text}`, the ids decoded as

@@ -650,3 +650,37 @@ async fn a_whole_answer_that_repeats_its_prompt_is_charged_only_what_was_generat
         json!({"error": "`parameters.return_full_text` must be a boolean, got a string", "error_type": "invalid_request"})
     );
 }
+
+#[tokio::test]
+async fn info_says_the_model_and_its_limits_from_the_config() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    let headers = [("authorization", "Bearer sk-alice")];
+    let r = send(&gw.url("/info"), "GET", None, &headers).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({
+            "model_id": "qwen3.5-27b",
+            "max_input_tokens": 4095,
+            "max_total_tokens": 4096,
+            "max_concurrent_requests": 32,
+            "max_best_of": 1,
+            "router": "tokengate",
+            "version": env!("CARGO_PKG_VERSION"),
+        })
+    );
+    // Free, and not the backend's to answer.
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(sim.stats().requests, 0);
+    // Without a key, a 401 in TGI's shape; POST is not its method.
+    let r = send(&gw.url("/info"), "GET", None, &[]).await;
+    assert_eq!(
+        (r.status, r.json()["error_type"].clone()),
+        (401, json!("invalid_api_key"))
+    );
+    let r = send(&gw.url("/info"), "POST", None, &headers).await;
+    assert_eq!(
+        (r.status, r.headers["allow"].clone()),
+        (405, "GET".parse().unwrap())
+    );
+}
