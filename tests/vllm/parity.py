@@ -424,7 +424,8 @@ def responses_cases():
         r("reasoning effort high", base([u], reasoning={"effort": "high"})),
         r("enable_thinking false", base([u], chat_template_kwargs={"enable_thinking": False})),
         r("an input image", base([{"role": "user", "content": [
-            {"type": "input_image", "image_url": image_url(96, 64), "detail": "auto"},
+            {"type": "input_image", "image_url": image_url(96, 64, rng=random.Random("responses")),
+             "detail": "auto"},
             {"type": "input_text", "text": "What is this?"}]}])),
         r("a partial answer continued", base(
             [u, {"type": "message", "id": "msg_2", "role": "assistant", "status": "incomplete",
@@ -445,7 +446,9 @@ def messages(msgs, max_tokens=2, stream_=False, **extra):
 
 
 def anthropic_image(width, height, fmt="PNG"):
-    url = image_url(width, height, fmt)
+    # Pixels of its own (a seed no other case uses): vLLM 0.32's /v1/messages answers 500 when
+    # its multimodal cache drifts on an image an earlier request sent (docs/vllm-parity.md).
+    url = image_url(width, height, fmt, random.Random(f"messages {width}x{height}"))
     media_type, _, data = url.removeprefix("data:").partition(";base64,")
     return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
 
