@@ -26,15 +26,14 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, served_model, splice_body, wrong_type, GenerationRequest,
-    JsonBody, MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, JsonBody,
+    MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatRoute;
 use crate::vision::VisionRules;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -533,22 +532,6 @@ fn reasoning_effort(body: &Map<String, Value>) -> Result<Option<&str>, ApiError>
     }
 }
 
-/// The body for the backend: the client's, asking for the model by the name the backend
-/// serves, with `max_tokens` capped at `reserved`.
-pub fn rewrite_for_backend(
-    req: &mut GenerationRequest,
-    reserved: u64,
-    backend_model: &str,
-) -> Bytes {
-    splice_body(
-        req,
-        vec![
-            ("model", Value::from(backend_model)),
-            ("max_tokens", Value::from(reserved)),
-        ],
-    )
-}
-
 /// A whole answer or one stream event, as far as metering reads it: `usage` (a whole answer's
 /// and `message_delta`'s; `message_start`'s is inside its `message` and counts no output yet),
 /// the text of a whole answer's `content` blocks and of a `content_block_delta`. Read loosely,
@@ -662,6 +645,7 @@ pub fn count_tokens_answer(tokens: u64) -> Value {
 mod tests {
     use super::*;
     use crate::api::request::parse_object;
+    use bytes::Bytes;
     use crate::tokenize::chat::ChatPrompt;
 
     fn limits_with<'a>(names: &'a [String], vision: &'a VisionRules) -> ParseLimits<'a> {
@@ -762,7 +746,7 @@ mod tests {
             Some((MaxTokensField::MaxTokens, 50))
         );
         assert!(r.stream);
-        let sent = rewrite_for_backend(&mut r, 20, "served");
+        let sent = crate::api::rewrite_for_backend(&mut r, 20, "served");
         assert_eq!(
             std::str::from_utf8(&sent).unwrap(),
             r#"{"model":"served","max_tokens":20,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#

@@ -46,7 +46,8 @@ pub fn parse_generation(
 }
 
 /// The body sent to the backend: the client's, with the output capped at `reserved` tokens
-/// (see [`openai::rewrite_for_backend`] and [`mindie::rewrite_for_backend`]).
+/// (see [`openai::rewrite_for_backend`] and [`mindie::rewrite_for_backend`]; on
+/// `/v1/messages` its `max_tokens`, on `/v1/responses` its `max_output_tokens`).
 pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,
@@ -55,7 +56,17 @@ pub fn rewrite_for_backend(
     match req.endpoint {
         Route::OpenAi(_) => openai::rewrite_for_backend(req, reserved, backend_model),
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
-        Route::Messages => anthropic::rewrite_for_backend(req, reserved, backend_model),
-        Route::Responses => responses::rewrite_for_backend(req, reserved, backend_model),
+        // The client's body, the model by the name the backend serves, the limit capped.
+        Route::Messages | Route::Responses => {
+            let limit = match req.endpoint {
+                Route::Messages => "max_tokens",
+                _ => "max_output_tokens",
+            };
+            let set = vec![
+                ("model", serde_json::Value::from(backend_model)),
+                (limit, serde_json::Value::from(reserved)),
+            ];
+            request::splice_body(req, set)
+        }
     }
 }

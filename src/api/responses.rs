@@ -26,15 +26,14 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, served_model, splice_body, wrong_type, GenerationRequest,
-    JsonBody, MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, JsonBody,
+    MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatRoute;
 use crate::vision::VisionRules;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -420,22 +419,6 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
     Ok((!functions.is_empty()).then_some(functions))
 }
 
-/// The body for the backend: the client's, asking for the model by the name the backend
-/// serves, with `max_output_tokens` capped at `reserved`.
-pub fn rewrite_for_backend(
-    req: &mut GenerationRequest,
-    reserved: u64,
-    backend_model: &str,
-) -> Bytes {
-    splice_body(
-        req,
-        vec![
-            ("model", Value::from(backend_model)),
-            ("max_output_tokens", Value::from(reserved)),
-        ],
-    )
-}
-
 /// A whole answer or one stream event, as far as metering reads it: `usage` (a whole
 /// answer's, or inside the `response` of `response.completed`), a delta event's `delta`
 /// (output text, reasoning text, function-call arguments) and a whole answer's `output` items.
@@ -541,6 +524,7 @@ impl<'a> Chunk<'a> {
 mod tests {
     use super::*;
     use crate::api::request::parse_object;
+    use bytes::Bytes;
     use crate::tokenize::chat::ChatPrompt;
 
     fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
@@ -620,7 +604,7 @@ mod tests {
             prompt.messages,
             [json!({"role": "user", "content": "Say hi"})]
         );
-        let sent = rewrite_for_backend(&mut r, 5, "served");
+        let sent = crate::api::rewrite_for_backend(&mut r, 5, "served");
         assert_eq!(
             std::str::from_utf8(&sent).unwrap(),
             r#"{"model":"served","input":"Say hi","max_output_tokens":5}"#

@@ -185,12 +185,7 @@ where
     })
     .await?;
     let max_len = counter.config.model.max_model_len;
-    let counted = counter
-        .count_prompt(&tenant.name, prompt.clone(), max_len)
-        .await?;
-    if let TokenCount::AtLeast(n) = counted {
-        return Err(past_the_context(&prompt, n, max_len));
-    }
+    within_the_context(&counter, &tenant, &prompt).await?;
     let ids = charged(&counter, &tenant, body_charge, async {
         counter.encode_prompt(&tenant.name, prompt).await
     })
@@ -219,14 +214,7 @@ where
         anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
     })
     .await?;
-    let max_len = counter.config.model.max_model_len;
-    let counted = counter
-        .count_prompt(&tenant.name, prompt.clone(), max_len)
-        .await?;
-    let tokens = match counted {
-        TokenCount::Exact(n) => n as u64,
-        TokenCount::AtLeast(n) => return Err(past_the_context(&prompt, n, max_len)),
-    };
+    let tokens = within_the_context(&counter, &tenant, &prompt).await?;
     charged(&counter, &tenant, body_charge, async { Ok(()) }).await?;
     Ok(json_response(
         StatusCode::OK,
@@ -284,6 +272,23 @@ where
         StatusCode::OK,
         &serde_json::json!({ "prompt": text }),
     ))
+}
+
+/// The tokens of `prompt`, counted up to `model.max_model_len`: one past it is the 400 of
+/// [`past_the_context`].
+async fn within_the_context(
+    counter: &Counter,
+    tenant: &Tenant,
+    prompt: &Prompt,
+) -> Result<u64, ApiError> {
+    let max_len = counter.config.model.max_model_len;
+    let counted = counter
+        .count_prompt(&tenant.name, prompt.clone(), max_len)
+        .await?;
+    match counted {
+        TokenCount::Exact(n) => Ok(n as u64),
+        TokenCount::AtLeast(n) => Err(past_the_context(prompt, n, max_len)),
+    }
 }
 
 /// The 400 of a prompt of at least `tokens` tokens, past the context.
