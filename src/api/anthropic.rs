@@ -645,8 +645,8 @@ pub fn count_tokens_answer(tokens: u64) -> Value {
 mod tests {
     use super::*;
     use crate::api::request::parse_object;
-    use bytes::Bytes;
     use crate::tokenize::chat::ChatPrompt;
+    use bytes::Bytes;
 
     fn limits_with<'a>(names: &'a [String], vision: &'a VisionRules) -> ParseLimits<'a> {
         ParseLimits {

@@ -524,8 +524,8 @@ impl<'a> Chunk<'a> {
 mod tests {
     use super::*;
     use crate::api::request::parse_object;
-    use bytes::Bytes;
     use crate::tokenize::chat::ChatPrompt;
+    use bytes::Bytes;
 
     fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
         let names = vec!["qwen".to_string()];
