@@ -276,9 +276,10 @@ impl ApiError {
         self.body_in(Wire::OpenAi)
     }
 
-    /// The error body in `wire`'s shape: OpenAI's (the Responses API's too), TGI's `{"error", "error_type"}` (what
-    /// MindIE's native clients read), whose `error_type` is the OpenAI `code`, or Anthropic's
-    /// `{"type": "error", "error": {"type", "message"}}` with the type its status has there.
+    /// The error body in `wire`'s shape: OpenAI's (the Responses API's too), TGI's
+    /// `{"error", "error_type"}` (what MindIE's native clients read), whose `error_type` is the
+    /// OpenAI `code`, or Anthropic's `{"type": "error", "error": {"type", "message"}}` with the
+    /// type its status has there.
     pub fn body_in(&self, wire: Wire) -> serde_json::Value {
         match wire {
             Wire::OpenAi | Wire::Responses => serde_json::json!({
@@ -363,35 +364,41 @@ impl RateLimitHeaders {
     /// (the request bucket, and the decode bucket: what the answer may generate), each reset
     /// the RFC 3339 time, from `now`, at which its bucket is full again.
     pub fn apply_anthropic(&self, h: &mut HeaderMap, now: std::time::SystemTime) {
+        // The names are made at compile time, as `apply`'s are.
+        const REQUESTS: [HeaderName; 3] = [
+            HeaderName::from_static("anthropic-ratelimit-requests-limit"),
+            HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
+            HeaderName::from_static("anthropic-ratelimit-requests-reset"),
+        ];
+        const OUTPUT_TOKENS: [HeaderName; 3] = [
+            HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
+            HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
+            HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
+        ];
         let buckets = [
             (
-                "requests",
+                REQUESTS,
                 self.limit_requests,
                 self.remaining_requests,
                 self.reset_requests,
             ),
             (
-                "output-tokens",
+                OUTPUT_TOKENS,
                 self.limit_tokens,
                 self.remaining_tokens,
                 self.reset_tokens,
             ),
         ];
-        for (unit, limit, remaining, reset) in buckets {
+        for ([limit_name, remaining_name, reset_name], limit, remaining, reset) in buckets {
             // Whole seconds, rounded up: the bucket is full by then.
             let reset = now + Duration::from_secs(reset.as_nanos().div_ceil(1_000_000_000) as u64);
             let reset = humantime::format_rfc3339_seconds(reset).to_string();
-            for (field, value) in [
-                ("limit", limit.to_string()),
-                ("remaining", remaining.to_string()),
-                ("reset", reset),
-            ] {
-                let name = format!("anthropic-ratelimit-{unit}-{field}");
-                h.insert(
-                    HeaderName::try_from(name).expect("a header name"),
-                    HeaderValue::try_from(value).expect("digits and a time"),
-                );
-            }
+            h.insert(limit_name, HeaderValue::from(limit));
+            h.insert(remaining_name, HeaderValue::from(remaining));
+            h.insert(
+                reset_name,
+                HeaderValue::try_from(reset).expect("an RFC 3339 time"),
+            );
         }
     }
 

@@ -113,8 +113,8 @@ pub fn parse_count_tokens(
 /// The conversation of a Messages body as the prompt vLLM renders: the chat it converts it to,
 /// counted as a chat.
 fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, ApiError> {
-    let chat = to_chat(body)?;
-    openai::parse_chat_prompt(&chat, vision, ChatRoute::ChatCompletions)
+    let mut chat = to_chat(body)?;
+    openai::take_chat_prompt(&mut chat, vision, ChatRoute::ChatCompletions)
 }
 
 /// The chat completion body vLLM makes of a Messages body, as far as its prompt goes:

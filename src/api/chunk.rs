@@ -96,7 +96,7 @@ impl<'a> Chunk<'a> {
     }
 
     /// The first choice's chat answer (reasoning left out) and whether it calls tools; `None`
-    /// when there is no choice, as in every TGI and Anthropic answer.
+    /// when there is no choice, as in every TGI, Anthropic and Responses answer.
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),

@@ -56,17 +56,22 @@ pub fn rewrite_for_backend(
     match req.endpoint {
         Route::OpenAi(_) => openai::rewrite_for_backend(req, reserved, backend_model),
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
-        // The client's body, the model by the name the backend serves, the limit capped.
-        Route::Messages | Route::Responses => {
-            let limit = match req.endpoint {
-                Route::Messages => "max_tokens",
-                _ => "max_output_tokens",
-            };
-            let set = vec![
-                ("model", serde_json::Value::from(backend_model)),
-                (limit, serde_json::Value::from(reserved)),
-            ];
-            request::splice_body(req, set)
-        }
+        Route::Messages => model_and_limit(req, "max_tokens", reserved, backend_model),
+        Route::Responses => model_and_limit(req, "max_output_tokens", reserved, backend_model),
     }
+}
+
+/// The client's body asking for the model by the name the backend serves (`backend_model`),
+/// with its output limit `field` set to `reserved`.
+fn model_and_limit(
+    req: &mut GenerationRequest,
+    field: &'static str,
+    reserved: u64,
+    backend_model: &str,
+) -> Bytes {
+    let set = vec![
+        ("model", serde_json::Value::from(backend_model)),
+        (field, serde_json::Value::from(reserved)),
+    ];
+    request::splice_body(req, set)
 }

@@ -100,16 +100,7 @@ pub fn parse_generation_from(
     let mut batch = Vec::new();
     let prompt = match endpoint {
         Endpoint::Chat if !raw.is_empty() => {
-            chat_messages(&body, limits.vision)?;
-            let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
-                unreachable!("chat_messages found an array")
-            };
-            chat_prompt(
-                messages.into_iter().map(Cow::Owned),
-                &body,
-                limits.vision,
-                ChatRoute::ChatCompletions,
-            )?
+            take_chat_prompt(&mut body, limits.vision, ChatRoute::ChatCompletions)?
         }
         Endpoint::Chat => parse_chat_prompt(&body, limits.vision, ChatRoute::ChatCompletions)?,
         Endpoint::Completions => {
@@ -196,6 +187,20 @@ pub fn parse_chat_prompt(
 ) -> Result<Prompt, ApiError> {
     let messages = chat_messages(body, vision)?;
     chat_prompt(messages.iter().map(Cow::Borrowed), body, vision, route)
+}
+
+/// [`parse_chat_prompt`], its messages moved out of `body` into the prompt (`null` is left in
+/// their place) rather than copied.
+pub(crate) fn take_chat_prompt(
+    body: &mut Map<String, Value>,
+    vision: &VisionRules,
+    route: ChatRoute,
+) -> Result<Prompt, ApiError> {
+    chat_messages(body, vision)?;
+    let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
+        unreachable!("chat_messages found an array")
+    };
+    chat_prompt(messages.into_iter().map(Cow::Owned), body, vision, route)
 }
 
 /// The chat template switches the gateway counts, from `chat_template_kwargs` and

@@ -60,9 +60,7 @@ pub fn parse_generation(
         )),
     };
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
-    let chat = to_chat(&body)?;
-    let prompt = openai::parse_chat_prompt(&chat, limits.vision, ChatRoute::ChatCompletions)
-        .map_err(|e| rename_messages(e, "input"))?;
+    let prompt = parse_prompt(&body, limits.vision).map_err(|e| rename_messages(e, "input"))?;
     Ok(GenerationRequest {
         endpoint: Route::Responses,
         model,
@@ -80,10 +78,11 @@ pub fn parse_generation(
     })
 }
 
-/// The prompt of a Responses body, counted as its generation would be (the simulated
-/// backend counts with it).
+/// The prompt of a Responses body: the chat vLLM builds of it, counted as a chat (the
+/// simulated backend counts with it too).
 pub fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, ApiError> {
-    openai::parse_chat_prompt(&to_chat(body)?, vision, ChatRoute::ChatCompletions)
+    let mut chat = to_chat(body)?;
+    openai::take_chat_prompt(&mut chat, vision, ChatRoute::ChatCompletions)
 }
 
 /// A refusal about the converted chat's `messages` names the field the client sent.

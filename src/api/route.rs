@@ -1,6 +1,6 @@
 //! Which API a request came to: its route (OpenAI's endpoints and Responses, Anthropic's
-//! Messages, MindIE's native routes) and the
-//! dialect ([`Wire`]) its answers and errors are written in.
+//! Messages, MindIE's native routes) and the dialect ([`Wire`]) its answers and errors are
+//! written in.
 
 use crate::wire::Wire;
 
@@ -108,8 +108,7 @@ impl Route {
     /// a fixed number: 16 on `/v1/completions` (vLLM's request model), 20 on MindIE's TGI
     /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
     /// backend allows up to the context (vLLM's chat and responses) or its default is not known
-    /// (`/infer`);
-    /// `/v1/messages` requires `max_tokens`.
+    /// (`/infer`); `/v1/messages` requires `max_tokens`.
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
