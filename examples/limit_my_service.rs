@@ -102,6 +102,7 @@ pub fn limited_service(
                 block_tokens: 16,
                 kv_bytes_per_token: 1,
                 state_bytes_per_sequence: 0,
+                shared_prompt_blocks: false,
             },
             None,
         ))

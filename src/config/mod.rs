@@ -327,6 +327,11 @@ pub struct ModelConfig {
     /// Fixed state per running sequence (Qwen3.5-27B DeltaNet, fp32: 153,944,064 B).
     #[serde(default = "default_state_bytes")]
     pub state_bytes_per_sequence: u64,
+    /// Whether the backends cache prefixes (vLLM's prefix caching, on by default since V1;
+    /// MindIE's prefix cache), so that the `n` choices of one prompt share its whole blocks.
+    /// Off, each choice is reserved the whole prompt.
+    #[serde(default)]
+    pub prefix_caching: bool,
 }
 
 /// The KV admission queue.

@@ -86,6 +86,7 @@ impl Config {
                 block_tokens,
                 kv_bytes_per_token,
                 state_bytes_per_sequence,
+                prefix_caching,
             ]
         );
         restart_only!(

@@ -49,16 +49,20 @@ pub struct KvGeometry {
     pub kv_bytes_per_token: u64,
     /// Fixed state per sequence (DeltaNet's), whatever its length.
     pub state_bytes_per_sequence: u64,
+    /// Whether the backend caches prefixes, so that the `n` choices of one prompt hold its
+    /// whole blocks once (`model.prefix_caching`).
+    pub shared_prompt_blocks: bool,
 }
 
 impl From<&ModelConfig> for KvGeometry {
     /// The model's geometry as configured (`model.block_tokens`, `kv_bytes_per_token`,
-    /// `state_bytes_per_sequence`).
+    /// `state_bytes_per_sequence`, `prefix_caching`).
     fn from(m: &ModelConfig) -> Self {
         Self {
             block_tokens: m.block_tokens,
             kv_bytes_per_token: m.kv_bytes_per_token,
             state_bytes_per_sequence: m.state_bytes_per_sequence,
+            shared_prompt_blocks: m.prefix_caching,
         }
     }
 }
@@ -72,6 +76,22 @@ impl KvGeometry {
             self.kv_bytes_per_token,
             self.state_bytes_per_sequence,
         )
+    }
+
+    /// The KV bytes the `choices` sequences of one prompt of `prompt` tokens hold, each with
+    /// `output` tokens of output. Each holds the whole prompt, unless the backend shares
+    /// prefixes: then the prompt's whole blocks are held once, and each choice holds the rest of
+    /// the prompt (its last, partial block, which the engine copies), its output and its state.
+    pub fn choices_footprint_bytes(&self, prompt: u64, output: u64, choices: u32) -> u64 {
+        let choices = u64::from(choices);
+        if !self.shared_prompt_blocks || choices < 2 {
+            return (self.footprint_bytes(prompt.saturating_add(output))).saturating_mul(choices);
+        }
+        let block = self.block_tokens.max(1);
+        let shared = prompt - prompt % block;
+        let each = self.footprint_bytes((prompt - shared).saturating_add(output));
+        (shared.saturating_mul(self.kv_bytes_per_token))
+            .saturating_add(each.saturating_mul(choices))
     }
 }
 
@@ -153,15 +173,14 @@ where
                 None => (std::slice::from_ref(&cost.prefill), 1),
             };
             let sequences = (prompts.len() as u64 * u64::from(choices)).max(1);
-            // Each sequence holds its prompt and its share of the output (a prompt's blocks
-            // are not taken as shared between its choices: a backend need not cache prefixes).
+            // Each sequence holds its prompt (or its part of it) and its share of the output.
             let output = cost.decode.div_ceil(sequences);
-            let per_choice = (prompts.iter())
-                .map(|p| shared.geometry.footprint_bytes(p + output))
+            let bytes = (prompts.iter())
+                .map(|&p| shared.geometry.choices_footprint_bytes(p, output, choices))
                 .fold(0u64, u64::saturating_add);
             let tokens = cost.prefill + cost.decode;
             let need = Need {
-                bytes: per_choice.saturating_mul(u64::from(choices)),
+                bytes,
                 prompt_tokens: cost.prefill,
                 output_tokens: cost.decode,
                 sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
@@ -215,15 +234,21 @@ mod tests {
         block_tokens: 1,
         kv_bytes_per_token: 1,
         state_bytes_per_sequence: 0,
+        shared_prompt_blocks: false,
     };
 
     /// One backend of 1,000 bytes and 4 sequences; nobody waits.
     fn admission() -> Admission {
+        admission_of(4)
+    }
+
+    /// One backend of 1,000 bytes and `max_batch` sequences; nobody waits.
+    fn admission_of(max_batch: u32) -> Admission {
         Admission::new(
             vec![BackendSpec {
                 name: "b".to_string(),
                 kv_capacity_bytes: 1000,
-                max_batch: 4,
+                max_batch,
             }],
             QueueSpec {
                 max_waiting: 0,
@@ -274,6 +299,66 @@ mod tests {
             metrics.decode_tokens_reserved.get_or_create(&label).get(),
             100
         );
+    }
+
+    #[test]
+    fn a_prompts_choices_share_its_whole_blocks_only_when_the_backend_caches_prefixes() {
+        let apart = KvGeometry {
+            block_tokens: 16,
+            kv_bytes_per_token: 2,
+            state_bytes_per_sequence: 5,
+            shared_prompt_blocks: false,
+        };
+        let shared = KvGeometry {
+            shared_prompt_blocks: true,
+            ..apart
+        };
+        // 40 prompt tokens + 10 output: 4 blocks of 16 each, x 2 bytes, + 5 of state.
+        assert_eq!(apart.choices_footprint_bytes(40, 10, 3), 3 * (64 * 2 + 5));
+        // Its 2 whole blocks (32 tokens) once; each choice 8 + 10 tokens, 2 blocks, + state.
+        assert_eq!(
+            shared.choices_footprint_bytes(40, 10, 3),
+            32 * 2 + 3 * (32 * 2 + 5)
+        );
+        // One choice shares with nobody; a prompt of whole blocks leaves each its output.
+        assert_eq!(shared.choices_footprint_bytes(40, 10, 1), 64 * 2 + 5);
+        assert_eq!(
+            shared.choices_footprint_bytes(32, 10, 2),
+            32 * 2 + 2 * (16 * 2 + 5)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_prompts_with_n_choices_leases_every_sequence_sharing_when_told() {
+        for shared_prompt_blocks in [false, true] {
+            let (limiter, admission) = (limiter(), admission_of(6));
+            let geometry = KvGeometry {
+                block_tokens: 16,
+                shared_prompt_blocks,
+                ..BYTES
+            };
+            let svc = ServiceBuilder::new()
+                .layer(ChargeLayer::new(limiter, AsAuthenticated, None))
+                .layer(AdmitLayer::new(admission.clone(), geometry, None))
+                .service_fn(leased);
+            // Prompts of 100 and 20 tokens, 3 choices each, 60 output tokens: 10 each.
+            let mut req = request(cost(120, 60));
+            req.extensions_mut().insert(Sequences {
+                prompts: vec![100, 20],
+                choices: 3,
+            });
+            let resp = svc.oneshot(req).await.expect("fits");
+            let body = resp.into_body().collect().await.expect("in memory");
+            // Apart: 110 tokens are 7 blocks (112), 30 are 2 (32). Shared: 96 once, then 4 + 10
+            // (1 block) per choice; 16 of the short prompt once, then 4 + 10 per choice.
+            let expected = if shared_prompt_blocks {
+                96 + 3 * 16 + 16 + 3 * 16
+            } else {
+                3 * 112 + 3 * 32
+            };
+            assert_eq!(body.to_bytes(), expected.to_string());
+            assert_eq!(reserved(&admission), 0);
+        }
     }
 
     #[tokio::test]
