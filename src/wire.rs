@@ -1,5 +1,5 @@
 //! The dialects the gateway speaks with clients and backends: OpenAI's (vLLM's), OpenAI's
-//! Responses API, Anthropic's (vLLM's `/v1/messages`) and TGI's (MindIE's native routes). A route names its dialect (`api::Route::wire`); the metering and
+//! Responses API, Anthropic's (vLLM's `/v1/messages`), TGI's (MindIE's native routes) and MindIE's vLLM-compatible `/generate`. A route names its dialect (`api::Route::wire`); the metering and
 //! every refusal follow it.
 
 /// How a route's answers and errors are written: it decides where the output count is read,
@@ -18,4 +18,36 @@ pub enum Wire {
     /// OpenAI's Responses API: `usage.input_tokens` / `output_tokens`, stream events with a
     /// `delta` and a last `response.completed`; errors in OpenAI's shape.
     Responses,
+    /// MindIE's vLLM-compatible `/generate`: `{"text": [...]}`, a text per sequence and no
+    /// count (a whole answer's texts begin with the prompt); stream events are such objects,
+    /// each ended by a NUL byte rather than a blank line, with each sequence's new text; errors
+    /// as TGI's.
+    VllmGenerate,
+}
+
+impl Wire {
+    /// How its stream's events end.
+    pub fn framing(self) -> Framing {
+        match self {
+            Wire::VllmGenerate => Framing::Nul,
+            Wire::OpenAi | Wire::Tgi | Wire::Anthropic | Wire::Responses => Framing::Sse,
+        }
+    }
+
+    /// `json` as one event of its stream.
+    pub fn event(self, json: &serde_json::Value) -> String {
+        match self.framing() {
+            Framing::Sse => format!("data: {json}\n\n"),
+            Framing::Nul => format!("{json}\0"),
+        }
+    }
+}
+
+/// How a stream's events are cut apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Server-sent events: each ends with a blank line, its payload in `data:` lines.
+    Sse,
+    /// Each event is a JSON object followed by a NUL byte (MindIE's vLLM-compatible stream).
+    Nul,
 }

@@ -15,6 +15,8 @@ pub enum Chunk<'a> {
     Anthropic(anthropic::Chunk<'a>),
     /// A Responses API event or answer.
     Responses(responses::Chunk<'a>),
+    /// An event or answer of MindIE's vLLM-compatible `/generate`.
+    VllmGenerate(mindie::Texts<'a>),
 }
 
 impl<'a> Chunk<'a> {
@@ -25,6 +27,7 @@ impl<'a> Chunk<'a> {
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse(json)),
             Wire::Responses => Chunk::Responses(responses::Chunk::parse(json)),
+            Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse(json)),
         }
     }
 
@@ -36,6 +39,7 @@ impl<'a> Chunk<'a> {
             Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse_text(data)),
             Wire::Responses => Chunk::Responses(responses::Chunk::parse_text(data)),
+            Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse_text(data)),
         }
     }
 
@@ -47,6 +51,7 @@ impl<'a> Chunk<'a> {
             Chunk::Tgi(c) => c.generated_tokens(),
             Chunk::Anthropic(c) => c.completion_tokens(),
             Chunk::Responses(c) => c.completion_tokens(),
+            Chunk::VllmGenerate(_) => None,
         }
     }
 
@@ -57,7 +62,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.prompt_tokens(),
             Chunk::Anthropic(c) => c.prompt_tokens(),
             Chunk::Responses(c) => c.prompt_tokens(),
-            Chunk::Tgi(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
         }
     }
 
@@ -68,7 +73,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.cached_tokens(),
             Chunk::Anthropic(c) => c.cached_tokens(),
             Chunk::Responses(c) => c.cached_tokens(),
-            Chunk::Tgi(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
         }
     }
 
@@ -77,22 +82,29 @@ impl<'a> Chunk<'a> {
     pub fn usage_only(&self) -> bool {
         match self {
             Chunk::OpenAi(c) => c.usage_only(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) => false,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
+                false
+            }
         }
     }
 
-    /// The generated text, piece by piece.
-    pub fn generated(&self) -> impl Iterator<Item = &str> {
-        let (openai, tgi, anthropic, responses) = match self {
-            Chunk::OpenAi(c) => (Some(c.generated()), None, None, None),
-            Chunk::Tgi(c) => (None, c.generated(), None, None),
-            Chunk::Anthropic(c) => (None, None, Some(c.generated()), None),
-            Chunk::Responses(c) => (None, None, None, Some(c.generated())),
+    /// The generated text, piece by piece, each with the index of the sequence it belongs to
+    /// where the answer says it apart from the others (MindIE's vLLM-compatible `/generate`;
+    /// 0 in the other APIs, whose pieces are counted together).
+    pub fn generated(&self) -> impl Iterator<Item = (usize, &str)> {
+        let (openai, tgi, anthropic, responses, texts) = match self {
+            Chunk::OpenAi(c) => (Some(c.generated()), None, None, None, None),
+            Chunk::Tgi(c) => (None, c.generated(), None, None, None),
+            Chunk::Anthropic(c) => (None, None, Some(c.generated()), None, None),
+            Chunk::Responses(c) => (None, None, None, Some(c.generated()), None),
+            Chunk::VllmGenerate(c) => (None, None, None, None, Some(c.sequences())),
         };
-        (openai.into_iter().flatten())
+        let first = (openai.into_iter().flatten())
             .chain(tgi)
             .chain(anthropic.into_iter().flatten())
             .chain(responses.into_iter().flatten())
+            .map(|piece| (0, piece));
+        first.chain(texts.into_iter().flatten())
     }
 
     /// The first choice's chat answer (reasoning left out) and whether it calls tools; `None`
@@ -100,7 +112,9 @@ impl<'a> Chunk<'a> {
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) => None,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
+                None
+            }
         }
     }
 }

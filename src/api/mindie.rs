@@ -4,54 +4,67 @@
 //! prompt (`inputs`) is raw text: the engine runs no chat template over it, nor does the
 //! gateway's count.
 
+use super::openai::{take_chat_prompt, token_ids};
 use super::request::{
-    optional_bool, positive_int, splice_body, wrong_type, GenerationRequest, MaxTokensField,
-    ParseLimits, Prompt,
+    optional_bool, positive_int, sequence_count, splice_body, wrong_type, Echo, GenerationRequest,
+    MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::{Native, Route};
 use super::sse::{self, Loose};
 use crate::error::ApiError;
+use crate::tokenize::chat::ChatRoute;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 
-/// Validates a native body for `native`: `inputs` a non-empty string, `stream` a boolean
-/// (on `/generate` and `/generate_stream` only the route's own mode, so the answer's shape
-/// is never in doubt), `parameters` an object whose `max_new_tokens` is a whole number in
-/// 1..=max_model_len, `details` and `return_full_text` booleans, and `n` / `best_of` 1 (one
-/// sequence per request: a reservation covers one). Other parameters reach the backend as sent.
+/// Validates a native body for `native`: `inputs` a non-empty string or list of parts (a
+/// multimodal prompt, [`parts_prompt`]), or on `/infer` `input_id` a list of token ids;
+/// `stream` a boolean (on `/generate` and `/generate_stream` only the route's own mode, so the
+/// answer's shape is never in doubt), `parameters` an object whose `max_new_tokens` is a whole
+/// number in 1..=max_model_len, `details` and `return_full_text` booleans, and `n` / `best_of`
+/// 1 (one sequence per request: a reservation covers one). Other parameters reach the backend
+/// as sent. A `/generate` body with a `prompt` is MindIE's vLLM-compatible request
+/// ([`parse_vllm_generate`]), as MindIE tells them apart.
 pub fn parse_generation(
     native: Native,
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
-    let inputs = match body.get("inputs") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(Value::String(_)) => {
-            return Err(ApiError::invalid_param(
-                "inputs",
-                "`inputs` must not be empty",
-            ))
-        }
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid_param(
-                "inputs",
-                "`inputs` is a list (a multimodal request): the gateway counts text prompts on this route; send images to /v1/chat/completions",
-            ))
-        }
-        None | Some(Value::Null) => {
-            let hint = if body.contains_key("prompt") {
-                " (`prompt` is the field of the OpenAI and vLLM APIs)"
-            } else {
-                ""
-            };
-            return Err(ApiError::invalid_param(
-                "inputs",
-                format!("`inputs` is required{hint}"),
-            ));
-        }
-        Some(other) => return Err(wrong_type("inputs", "a string", other)),
+    let has = |key: &str| body.get(key).is_some_and(|v| !v.is_null());
+    if native == Native::Generate && has("prompt") {
+        return parse_vllm_generate(body, limits);
+    }
+    let (prompt, echo) = if native == Native::Infer && !has("inputs") && has("input_id") {
+        let ids = match &body["input_id"] {
+            Value::Array(items) if !items.is_empty() => token_ids("input_id", items)?,
+            Value::Array(_) => {
+                return Err(ApiError::invalid_param(
+                    "input_id",
+                    "`input_id` is an empty list",
+                ))
+            }
+            other => return Err(wrong_type("input_id", "a list of token ids", other)),
+        };
+        (Prompt::TokenIds(ids), None)
+    } else if !has("inputs") {
+        let hint = if has("prompt") {
+            " (`prompt` is the field of the OpenAI and vLLM APIs)"
+        } else {
+            ""
+        };
+        return Err(ApiError::invalid_param(
+            "inputs",
+            format!("`inputs` is required{hint}"),
+        ));
+    } else {
+        let (prompt, text) = native_prompt("inputs", &body["inputs"], limits)?;
+        // TGI's `return_full_text` repeats `inputs` as sent: a list as the backend writes it.
+        let echo = match text {
+            NativeText::Whole(t) => Echo::Text(t),
+            NativeText::Parts(_) => Echo::Json,
+        };
+        (prompt, Some(echo))
     };
     let asked = optional_bool(&body, "stream")?;
     let stream = match (native.streams(), asked) {
@@ -105,8 +118,7 @@ pub fn parse_generation(
             return Err(wrong_type(&format!("parameters.{name}"), "a boolean", v));
         }
     }
-    let echoed_prompt =
-        (parameter("return_full_text") == Some(&Value::Bool(true))).then(|| inputs.clone());
+    let full_text = parameter("return_full_text") == Some(&Value::Bool(true));
     Ok(GenerationRequest {
         endpoint: Route::MindIe(native),
         model: limits.served_names[0].clone(),
@@ -114,21 +126,174 @@ pub fn parse_generation(
         client_wants_usage: false,
         requested_max_tokens,
         choices: 1,
-        prompt: Prompt::Text(inputs),
+        prompt,
         batch: Vec::new(),
-        echoed_prompt,
+        echoed_prompt: echo.filter(|_| full_text),
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,
     })
 }
 
-/// Takes the validated body out of `req` and sets `parameters.max_new_tokens` to `reserved`,
+/// The most sequences MindIE's vLLM-compatible `/generate` runs for one request (its
+/// `best_of` bound).
+const MAX_VLLM_SEQUENCES: u32 = 128;
+
+/// Validates MindIE's vLLM-compatible `/generate` body: `prompt` a non-empty string or list
+/// of parts, `stream` a boolean, `max_tokens` a whole number in 1..=max_model_len, `n` and
+/// `best_of` whole numbers up to 128 with `best_of` at least `n`. The backend runs `best_of`
+/// sequences when it is set, else `n`, and answers every one of them. Other fields reach it as
+/// sent (`model` is a LoRA adapter's name there, not checked against the served names).
+pub fn parse_vllm_generate(
+    body: Map<String, Value>,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let (prompt, text) = native_prompt("prompt", &body["prompt"], limits)?;
+    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    let field = MaxTokensField::MaxTokens;
+    let requested_max_tokens = match body.get(field.param()).filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => Some((field, positive_int(field.param(), v, limits.max_model_len)?)),
+    };
+    let n = sequence_count(&body, "n", MAX_VLLM_SEQUENCES)?;
+    let best_of = sequence_count(&body, "best_of", MAX_VLLM_SEQUENCES)?;
+    if let (Some(n), Some(best_of)) = (n, best_of) {
+        if best_of < n {
+            return Err(ApiError::invalid_param(
+                "best_of",
+                format!("`best_of` ({best_of}) must be at least `n` ({n})"),
+            ));
+        }
+    }
+    // A whole answer's every text is the prompt's text (a list's first text part), a space,
+    // then the sequence's; a stream's texts are only what was generated.
+    let echo = match text {
+        NativeText::Whole(t) => t,
+        NativeText::Parts(first) => first,
+    };
+    Ok(GenerationRequest {
+        endpoint: Route::MindIe(Native::VllmGenerate),
+        model: limits.served_names[0].clone(),
+        stream,
+        client_wants_usage: false,
+        requested_max_tokens,
+        choices: best_of.or(n).unwrap_or(1),
+        prompt,
+        batch: Vec::new(),
+        echoed_prompt: (!stream).then_some(Echo::Text(echo)),
+        body,
+        raw: Bytes::new(),
+        raw_keys_unique: false,
+    })
+}
+
+/// The text of a native prompt, as an answer may repeat it.
+enum NativeText {
+    /// The prompt was this string.
+    Whole(String),
+    /// The prompt was a list of parts whose first text part is this ("" without one).
+    Parts(String),
+}
+
+/// A native prompt at `field`: a non-empty string, counted as raw text (no chat template), or
+/// a non-empty list of parts, counted as [`parts_prompt`] says.
+fn native_prompt(
+    field: &str,
+    value: &Value,
+    limits: &ParseLimits<'_>,
+) -> Result<(Prompt, NativeText), ApiError> {
+    match value {
+        Value::String(s) if !s.is_empty() => {
+            Ok((Prompt::Text(s.clone()), NativeText::Whole(s.clone())))
+        }
+        Value::String(_) => Err(ApiError::invalid_param(
+            field,
+            format!("`{field}` must not be empty"),
+        )),
+        Value::Array(parts) if !parts.is_empty() => {
+            let first_text = parts
+                .iter()
+                .find(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+                .and_then(|p| p.get("text")?.as_str())
+                .unwrap_or_default()
+                .to_owned();
+            Ok((
+                parts_prompt(field, parts, limits)?,
+                NativeText::Parts(first_text),
+            ))
+        }
+        Value::Array(_) => Err(ApiError::invalid_param(
+            field,
+            format!("`{field}` is an empty list"),
+        )),
+        other => Err(wrong_type(field, "a string or a list of parts", other)),
+    }
+}
+
+/// A multimodal native prompt: parts `{"type": "text", "text"}`, `{"type": "image_url",
+/// "image_url"}` and `{"type": "video_url", "video_url"}`, each media given as a URL string or
+/// as `{"url": ...}`. MindIE renders such a list as one user message with these parts, through
+/// the model's chat template with the generation prompt (its Qwen3-VL router does), so it is
+/// counted as that chat, its images and videos as vLLM's processor counts them. Audio is
+/// refused: Qwen3.5 takes none. Errors name the parts by `field`.
+fn parts_prompt(
+    field: &str,
+    parts: &[Value],
+    limits: &ParseLimits<'_>,
+) -> Result<Prompt, ApiError> {
+    let mut content = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let Value::Object(part) = part else {
+            return Err(wrong_type(&format!("{field}[{i}]"), "an object", part));
+        };
+        let mut part = part.clone();
+        match part.get("type").and_then(Value::as_str) {
+            Some(kind @ ("image_url" | "video_url")) => {
+                let kind = kind.to_owned();
+                if let Some(Value::String(url)) = part.get(&kind) {
+                    let url = serde_json::json!({ "url": url });
+                    part.insert(kind, url);
+                }
+            }
+            Some(kind @ ("audio_url" | "input_audio")) => {
+                return Err(ApiError::invalid_param(
+                    &format!("{field}[{i}]"),
+                    format!("`{field}[{i}]` is a `{kind}` part: Qwen3.5 takes no audio, and the gateway does not count it"),
+                ))
+            }
+            _ => {}
+        }
+        content.push(Value::Object(part));
+    }
+    let mut chat = Map::new();
+    let message = serde_json::json!([{ "role": "user", "content": content }]);
+    chat.insert("messages".into(), message);
+    take_chat_prompt(&mut chat, limits.vision, ChatRoute::ChatCompletions)
+        .map_err(|e| named_by(e, field))
+}
+
+/// `e`, about the chat a list of parts was made into, naming the parts as the client sent them.
+fn named_by(mut e: ApiError, field: &str) -> ApiError {
+    const PARTS: &str = "messages[0].content";
+    e.message = e.message.replace(PARTS, field);
+    e.param = e.param.map(|p| match p.as_str() {
+        "messages" => field.to_owned(),
+        _ => p.replace(PARTS, field),
+    });
+    e
+}
+
+/// Takes the validated body out of `req` and sets `parameters.max_new_tokens` to `reserved`
+/// (`max_tokens` on the vLLM-compatible `/generate`, which never counts tokens),
 /// so the backend generates at most what was reserved, and for a stream `parameters.details`
 /// to true, so its last event says how many tokens were generated (MindIE sends `details`
 /// only when asked; a whole answer's text is counted instead, since its `details` would list
 /// every token). Everything else is sent as it came.
 pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Bytes {
+    if req.endpoint == Route::MindIe(Native::VllmGenerate) {
+        // Each sequence up to what was reserved for each.
+        return splice_body(req, vec![("max_tokens", Value::from(reserved))]);
+    }
     let mut parameters = match req.body.get("parameters") {
         Some(Value::Object(p)) => p.clone(),
         // Absent or null: `parse_generation` refused anything else.
@@ -198,6 +363,36 @@ impl<'a> Chunk<'a> {
     }
 }
 
+/// A whole answer or one stream event of MindIE's vLLM-compatible `/generate`, as metering
+/// reads it: `text`, each sequence's text (of the whole answer, or what is new in the event).
+/// It never carries a count. Read like [`Chunk`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Texts<'a> {
+    #[serde(borrow)]
+    text: Loose<Vec<Loose<Cow<'a, str>>>>,
+}
+
+sse::object_shape!(Texts<'a>;);
+
+impl<'a> Texts<'a> {
+    /// Reads `json` (a whole answer), borrowing its strings.
+    pub fn parse(json: &'a [u8]) -> Self {
+        sse::read_object(json)
+    }
+
+    /// [`Texts::parse`] of text (an event).
+    pub fn parse_text(json: &'a str) -> Self {
+        sse::read_text(json)
+    }
+
+    /// Each sequence's text, with its index (a text of another type skipped).
+    pub fn sequences(&self) -> impl Iterator<Item = (usize, &str)> {
+        let texts = self.text.get().into_iter().flatten().enumerate();
+        texts.filter_map(|(i, t)| Some((i, t.get()?.as_ref())))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,13 +451,51 @@ mod tests {
         let cases = [
             (Native::Generate, json!({}), "inputs", "`inputs` is required"),
             (
-                Native::Generate,
+                Native::GenerateStream,
                 json!({"prompt": "hi"}),
                 "inputs",
                 "`inputs` is required (`prompt` is the field of the OpenAI and vLLM APIs)",
             ),
             (Native::Generate, json!({"inputs": ""}), "inputs", "`inputs` must not be empty"),
-            (Native::Generate, json!({"inputs": 3}), "inputs", "`inputs` must be a string, got a number"),
+            (Native::Generate, json!({"inputs": 3}), "inputs", "`inputs` must be a string or a list of parts, got a number"),
+            (Native::Generate, json!({"inputs": []}), "inputs", "`inputs` is an empty list"),
+            (
+                Native::Infer,
+                json!({"inputs": [{"type": "text", "text": "hi"}, {"type": "audio_url", "audio_url": "a.wav"}]}),
+                "inputs[1]",
+                "`inputs[1]` is a `audio_url` part: Qwen3.5 takes no audio, and the gateway does not count it",
+            ),
+            (
+                Native::Infer,
+                json!({"input_id": []}),
+                "input_id",
+                "`input_id` is an empty list",
+            ),
+            (Native::Generate, json!({"prompt": ""}), "prompt", "`prompt` must not be empty"),
+            (
+                Native::Generate,
+                json!({"prompt": "hi", "n": 3, "best_of": 2}),
+                "best_of",
+                "`best_of` (2) must be at least `n` (3)",
+            ),
+            (
+                Native::Generate,
+                json!({"prompt": "hi", "best_of": 129}),
+                "best_of",
+                "`best_of` must be a whole number from 1 to 128, got 129",
+            ),
+            (
+                Native::Generate,
+                json!({"prompt": "hi", "max_tokens": 0}),
+                "max_tokens",
+                "`max_tokens` must be at least 1, got 0",
+            ),
+            (
+                Native::Generate,
+                json!({"prompt": "hi", "stream": 1}),
+                "stream",
+                "`stream` must be a boolean, got a number",
+            ),
             (
                 Native::Infer,
                 json!({"inputs": "hi", "stream": "yes"}),
@@ -324,11 +557,92 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
             assert_eq!(e.message, message, "{body}");
         }
-        let list = parse(
-            Native::Infer,
-            json!({"inputs": [{"type": "text", "text": "hi"}]}),
+    }
+
+    #[test]
+    fn a_list_of_parts_is_one_user_message_and_echoed_as_json() {
+        let image = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+        let body = json!({
+            "inputs": [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": image}],
+            "parameters": {"return_full_text": true},
+        });
+        let r = parse(Native::Generate, body).unwrap();
+        let Prompt::Chat { prompt, media } = &r.prompt else {
+            panic!("a chat: {:?}", r.prompt)
+        };
+        assert_eq!(prompt.messages.len(), 1);
+        assert_eq!(prompt.messages[0]["role"], "user");
+        assert_eq!(prompt.messages[0]["content"][0]["text"], "What is it?");
+        assert_eq!(prompt.messages[0]["content"][1]["type"], "image");
+        assert!(prompt.add_generation_prompt);
+        assert_eq!(media.len(), 1);
+        assert_eq!(r.echoed_prompt, Some(Echo::Json));
+        // A part the chat cannot take is named as the client sent it.
+        let bad = json!({"inputs": [{"type": "image_url", "image_url": "/data/cat.png"}]});
+        let e = parse(Native::Infer, bad).unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("inputs[0].image_url"),
+            "{}",
+            e.message
         );
-        assert_eq!(list.unwrap_err().param.as_deref(), Some("inputs"));
+        assert!(!e.message.contains("messages"), "{}", e.message);
+        // Token ids on /infer are counted by number.
+        let r = parse(Native::Infer, json!({"input_id": [1, 2, 3]})).unwrap();
+        assert!(matches!(r.prompt, Prompt::TokenIds(ref ids) if ids == &[1, 2, 3]));
+    }
+
+    #[test]
+    fn a_generate_body_with_a_prompt_is_the_vllm_compatible_request() {
+        let body = json!({"prompt": "My name is", "max_tokens": 5, "n": 2, "best_of": 3, "model": "lora-1"});
+        let mut r = parse(Native::Generate, body).unwrap();
+        assert_eq!(r.endpoint, Route::MindIe(Native::VllmGenerate));
+        assert_eq!(r.endpoint.wire(), crate::wire::Wire::VllmGenerate);
+        assert_eq!(r.requested_max_tokens, Some((MaxTokensField::MaxTokens, 5)));
+        // MindIE runs and answers `best_of` sequences when both are set.
+        assert_eq!(r.choices, 3);
+        assert!(!r.stream);
+        assert_eq!(r.echoed_prompt, Some(Echo::Text("My name is".into())));
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 4)).unwrap();
+        assert_eq!(
+            out,
+            json!({"prompt": "My name is", "max_tokens": 4, "n": 2, "best_of": 3, "model": "lora-1"})
+        );
+        // A stream's texts do not repeat the prompt; a list's answer repeats its first text.
+        let r = parse(Native::Generate, json!({"prompt": "hi", "stream": true})).unwrap();
+        assert_eq!((r.stream, r.choices, r.echoed_prompt), (true, 1, None));
+        let parts = json!({"prompt": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "n": 2});
+        let r = parse(Native::Generate, parts).unwrap();
+        assert_eq!(
+            (r.choices, r.echoed_prompt),
+            (2, Some(Echo::Text("a".into())))
+        );
+        // `prompt` wins over `inputs`, as in MindIE; a null one does not count.
+        let both = json!({"prompt": "p", "inputs": "i"});
+        assert_eq!(
+            parse(Native::Generate, both).unwrap().endpoint,
+            Route::MindIe(Native::VllmGenerate)
+        );
+        let null = json!({"prompt": null, "inputs": "i"});
+        assert_eq!(
+            parse(Native::Generate, null).unwrap().endpoint,
+            Route::MindIe(Native::Generate)
+        );
+    }
+
+    #[test]
+    fn reads_each_sequences_text_of_a_vllm_compatible_answer() {
+        let read = |json: &[u8]| -> Vec<(usize, String)> {
+            let t = Texts::parse(json);
+            t.sequences().map(|(i, s)| (i, s.to_owned())).collect()
+        };
+        assert_eq!(
+            read(br#"{"text":["My name is a"," b\u00e9"]}"#),
+            vec![(0, "My name is a".into()), (1, " b\u{e9}".into())]
+        );
+        assert_eq!(read(br#"{"text":[1,"x"]}"#), vec![(1, "x".into())]);
+        assert_eq!(read(br#"{"text":"x"}"#), vec![]);
+        assert_eq!(read(b"{\"error\":\"x\",\"error_type\":\"y\"}"), vec![]);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod sse;
 
 pub use crate::wire::Wire;
 pub use chunk::Chunk;
-pub use request::{GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt};
+pub use request::{Echo, GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt};
 pub use route::{Endpoint, Native, Route};
 
 use crate::error::ApiError;

@@ -4,8 +4,8 @@
 //! changes nothing.
 
 use super::request::{
-    optional_bool, positive_int, served_model, splice_body, wrong_type, GenerationRequest,
-    JsonBody, MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, sequence_count, served_model, splice_body, wrong_type,
+    GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
 use crate::error::ApiError;
@@ -67,19 +67,7 @@ pub fn parse_generation_from(
             "`stream_options` is only allowed when `stream` is true",
         ));
     }
-    let choices = match body.get("n") {
-        None | Some(Value::Null) => 1,
-        Some(v) => match v.as_u64().map(u32::try_from) {
-            Some(Ok(n)) if n >= 1 => n,
-            _ => {
-                let max = u32::MAX;
-                return Err(ApiError::invalid_param(
-                    "n",
-                    format!("`n` must be a whole number from 1 to {max}, got {v}"),
-                ));
-            }
-        },
-    };
+    let choices = sequence_count(&body, "n", u32::MAX)?.unwrap_or(1);
     refuse_uncounted_work(&body)?;
     let mut requested = None;
     for field in [
@@ -589,7 +577,7 @@ pub fn parse_completion_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>
 }
 
 /// `items` (whole numbers, all of them) as token ids of 32 bits, the list named `param`.
-fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
     (items.iter().filter_map(Value::as_u64).enumerate())
         .map(|(i, n)| {
             u32::try_from(n).map_err(|_| {

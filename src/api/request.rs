@@ -32,6 +32,35 @@ pub enum Prompt {
     TokenIds(Vec<u32>),
 }
 
+/// The prompt as a whole answer repeats it before the generated text, and one space after it
+/// (as MindIE writes `prompt + " " + text`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Echo {
+    /// This text.
+    Text(String),
+    /// A JSON value: a multimodal prompt's list of parts, as the backend serializes it.
+    Json,
+}
+
+impl Echo {
+    /// `answer` without the prompt it begins with and the space after it; as it is when it
+    /// does not begin with the prompt.
+    pub fn strip<'t>(&self, answer: &'t str) -> &'t str {
+        let rest = match self {
+            Echo::Text(prompt) => answer.strip_prefix(prompt.as_str()),
+            Echo::Json => {
+                let mut values =
+                    serde_json::Deserializer::from_str(answer).into_iter::<serde::de::IgnoredAny>();
+                match values.next() {
+                    Some(Ok(_)) => Some(&answer[values.byte_offset()..]),
+                    _ => None,
+                }
+            }
+        };
+        rest.map_or(answer, |r| r.strip_prefix(' ').unwrap_or(r))
+    }
+}
+
 /// Which output-length field the client used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MaxTokensField {
@@ -77,10 +106,10 @@ pub struct GenerationRequest {
     /// The prompts after the first when several were sent (a list of prompts to
     /// `/v1/completions`): each is counted, and runs its choices, as the first does.
     pub batch: Vec<Prompt>,
-    /// The prompt's text when the answer repeats it before what was generated (TGI's
-    /// `parameters.return_full_text`): it is not output, and is left out when the answer's text
-    /// is counted.
-    pub echoed_prompt: Option<String>,
+    /// What a whole answer's texts begin with when they repeat the prompt before what was
+    /// generated (TGI's `parameters.return_full_text`, MindIE's vLLM-compatible `/generate`):
+    /// it is not output, and is left out when the answer's text is counted.
+    pub echoed_prompt: Option<Echo>,
     /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
     /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`](super::openai::parse_generation_from)).
     pub body: Map<String, Value>,
@@ -177,6 +206,25 @@ pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
         param,
         format!("`{param}` must be {expected}, got {}", type_name(got)),
     )
+}
+
+/// A count of sequences at `param` (`n`, `best_of`): absent or null, or a whole number from 1
+/// to `max`.
+pub(crate) fn sequence_count(
+    body: &Map<String, Value>,
+    param: &str,
+    max: u32,
+) -> Result<Option<u32>, ApiError> {
+    match body.get(param) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().map(u32::try_from) {
+            Some(Ok(n)) if (1..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(ApiError::invalid_param(
+                param,
+                format!("`{param}` must be a whole number from 1 to {max}, got {v}"),
+            )),
+        },
+    }
 }
 
 pub(crate) fn optional_bool(
@@ -375,5 +423,26 @@ impl<'de> Deserialize<'de> for Key<'de> {
             }
         }
         d.deserialize_str(Text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Echo;
+
+    #[test]
+    fn an_echo_strips_the_prompt_and_one_space_or_nothing() {
+        let text = Echo::Text("My name is".into());
+        assert_eq!(text.strip("My name is  Olivier"), " Olivier");
+        assert_eq!(text.strip("My name isOlivier"), "Olivier");
+        assert_eq!(text.strip("Olivier"), "Olivier");
+        assert_eq!(Echo::Text(String::new()).strip(" Olivier"), "Olivier");
+        let json = Echo::Json;
+        assert_eq!(
+            json.strip(r#"[{"text":"a ] b","type":"text"}] it is"#),
+            "it is"
+        );
+        assert_eq!(json.strip("[1, 2]"), "");
+        assert_eq!(json.strip("not json"), "not json");
     }
 }

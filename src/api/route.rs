@@ -32,6 +32,10 @@ pub enum Native {
     Generate,
     /// `POST /generate_stream`: always streamed.
     GenerateStream,
+    /// `POST /generate` with a `prompt` (MindIE's vLLM-compatible API): streamed when the
+    /// body's `stream` is true. Not a route of its own: a `/generate` body is parsed as this
+    /// one when it has a `prompt`, as MindIE tells the two apart.
+    VllmGenerate,
 }
 
 impl Native {
@@ -39,7 +43,7 @@ impl Native {
     pub fn path(self) -> &'static str {
         match self {
             Native::Infer => "/infer",
-            Native::Generate => "/generate",
+            Native::Generate | Native::VllmGenerate => "/generate",
             Native::GenerateStream => "/generate_stream",
         }
     }
@@ -47,7 +51,7 @@ impl Native {
     /// Whether the route itself streams (`None`: the body's `stream` says).
     pub(crate) fn streams(self) -> Option<bool> {
         match self {
-            Native::Infer => None,
+            Native::Infer | Native::VllmGenerate => None,
             Native::Generate => Some(false),
             Native::GenerateStream => Some(true),
         }
@@ -59,7 +63,7 @@ impl Native {
 pub enum Route {
     /// OpenAI-compatible: `/v1/chat/completions`, `/v1/completions`.
     OpenAi(Endpoint),
-    /// MindIE's native API: `/infer`, `/generate`, `/generate_stream`.
+    /// MindIE's native API: `/infer`, `/generate` (TGI's and vLLM's), `/generate_stream`.
     MindIe(Native),
     /// Anthropic's Messages API: `/v1/messages`.
     Messages,
@@ -98,6 +102,7 @@ impl Route {
     pub fn wire(self) -> Wire {
         match self {
             Route::OpenAi(_) => Wire::OpenAi,
+            Route::MindIe(Native::VllmGenerate) => Wire::VllmGenerate,
             Route::MindIe(_) => Wire::Tgi,
             Route::Messages => Wire::Anthropic,
             Route::Responses => Wire::Responses,
@@ -108,13 +113,14 @@ impl Route {
     /// a fixed number: 16 on `/v1/completions` (vLLM's request model), 20 on MindIE's TGI
     /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
     /// backend allows up to the context (vLLM's chat and responses) or its default is not known
-    /// (`/infer`); `/v1/messages` requires `max_tokens`.
+    /// (`/infer`, and MindIE's `maxIterTimes` on its vLLM-style `/generate`); `/v1/messages`
+    /// requires `max_tokens`.
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
             Route::MindIe(Native::Generate | Native::GenerateStream) => Some(20),
             Route::OpenAi(Endpoint::Chat)
-            | Route::MindIe(Native::Infer)
+            | Route::MindIe(Native::Infer | Native::VllmGenerate)
             | Route::Messages
             | Route::Responses => None,
         }
@@ -125,7 +131,7 @@ impl Route {
         match self {
             Route::OpenAi(Endpoint::Chat) | Route::Messages => "messages",
             Route::Responses => "input",
-            Route::OpenAi(Endpoint::Completions) => "prompt",
+            Route::OpenAi(Endpoint::Completions) | Route::MindIe(Native::VllmGenerate) => "prompt",
             Route::MindIe(_) => "inputs",
         }
     }

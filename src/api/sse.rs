@@ -11,6 +11,7 @@
 //! per stream ([`Chunk::parse_event`]).
 
 use super::scan::{self, Kind, Scan};
+use crate::wire::Framing;
 use bytes::{Bytes, BytesMut};
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -22,6 +23,7 @@ use std::marker::PhantomData;
 /// than a bound: the buffer of an unfinished event never grows past it.
 #[derive(Debug)]
 pub struct SseSplitter {
+    framing: Framing,
     buf: BytesMut,
     /// How much of `buf` has been searched: no event ends within it.
     searched: usize,
@@ -43,7 +45,14 @@ pub struct Split {
 impl SseSplitter {
     /// A splitter for events of at most `max_event_bytes` (blank line included).
     pub fn new(max_event_bytes: u64) -> Self {
+        Self::framed(max_event_bytes, Framing::Sse)
+    }
+
+    /// A splitter for events framed as `framing` says, of at most `max_event_bytes` (their end
+    /// included).
+    pub fn framed(max_event_bytes: u64, framing: Framing) -> Self {
         Self {
+            framing,
             buf: BytesMut::new(),
             searched: 0,
             max_event_bytes: usize::try_from(max_event_bytes).unwrap_or(usize::MAX),
@@ -88,6 +97,13 @@ impl SseSplitter {
     /// read; what precedes a `\n` is already in the buffer, so no `\n` needs a second look.
     fn event_end(&mut self) -> Option<usize> {
         let from = self.searched;
+        if self.framing == Framing::Nul {
+            let end = memchr::memchr(0, &self.buf[from..]).map(|i| from + i + 1);
+            if end.is_none() {
+                self.searched = self.buf.len();
+            }
+            return end;
+        }
         for at in memchr::memchr_iter(b'\n', &self.buf[from..]).map(|i| from + i) {
             let before = &self.buf[..at];
             if before.ends_with(b"\n") || before.ends_with(b"\r\n\r") {
@@ -96,6 +112,18 @@ impl SseSplitter {
         }
         self.searched = self.buf.len();
         None
+    }
+}
+
+/// The payload of an event framed as `framing` says: an SSE event's [`data`], a NUL-ended
+/// event's text before its NUL (empty when it is not UTF-8).
+pub fn payload(framing: Framing, event: &[u8]) -> Cow<'_, str> {
+    match framing {
+        Framing::Sse => data(event),
+        Framing::Nul => {
+            let text = event.strip_suffix(b"\0").unwrap_or(event);
+            Cow::Borrowed(std::str::from_utf8(text).unwrap_or(""))
+        }
     }
 }
 
@@ -1186,6 +1214,40 @@ mod tests {
         );
         assert_eq!(s.push(b"data: d\r\n"), Split::default());
         assert_eq!(s.finish(), Some(Bytes::from("data: d\r\n")));
+    }
+
+    #[test]
+    fn nul_framed_events_end_at_their_nul_across_pushes_and_bounded() {
+        let mut s = SseSplitter::framed(1 << 20, Framing::Nul);
+        assert_eq!(
+            s.push(b"{\"text\":[\"a\"]}\0{\"text\":"),
+            Split {
+                events: vec![Bytes::from("{\"text\":[\"a\"]}\0")],
+                too_large: false,
+            }
+        );
+        // A blank line is not an end here.
+        let split = s.push(b"[\"\\n\\n\"]}\n\n\0");
+        assert_eq!(
+            split.events,
+            vec![Bytes::from("{\"text\":[\"\\n\\n\"]}\n\n\0")]
+        );
+        assert_eq!(
+            payload(Framing::Nul, &split.events[0]),
+            "{\"text\":[\"\\n\\n\"]}\n\n"
+        );
+        assert_eq!(s.push(b"{\"te"), Split::default());
+        assert_eq!(s.finish(), Some(Bytes::from("{\"te")));
+        let mut s = SseSplitter::framed(4, Framing::Nul);
+        assert_eq!(
+            s.push(b"abc\0abcde"),
+            Split {
+                events: vec![Bytes::from("abc\0")],
+                too_large: true,
+            }
+        );
+        assert_eq!(payload(Framing::Nul, b"\xff\0"), "");
+        assert_eq!(payload(Framing::Sse, b"data: x\n\n"), "x");
     }
 
     #[test]

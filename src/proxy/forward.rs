@@ -110,7 +110,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                 ticket,
                 gw.metrics.clone(),
                 OutputCounter {
-                    wire: route.wire(),
+                    wire: parsed.endpoint.wire(),
                     tokenizer: gw.tokenizer.clone(),
                     pool: gw.pool.clone(),
                     // One answer of one choice is the next turn's history; of several, which

@@ -11,7 +11,7 @@
 //! request's id ([`Reconcile`]).
 
 use crate::api::sse::{self, EventHead, SseSplitter};
-use crate::api::{Chunk, Wire};
+use crate::api::{Chunk, Echo, Wire};
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::Ticket;
 use crate::limiter::RateLimitHeaders;
@@ -106,6 +106,10 @@ impl Reconcile {
     }
 }
 
+/// The most sequences whose texts are kept apart for counting (MindIE's vLLM-compatible
+/// `best_of` is at most 128).
+const MAX_TEXTS_APART: usize = 128;
+
 /// An admitted request, from admission to settlement.
 pub struct Admitted {
     tenant: Arc<Tenant>,
@@ -126,14 +130,15 @@ pub struct Admitted {
     /// The answer is a stream: its events that carried text are the gateway's count of its
     /// output (one token each, as engines stream them).
     streamed: bool,
-    /// The generated text so far, to count when the backend sends no usage; kept only until it
-    /// does.
-    text: String,
+    /// The generated text so far, to count when the backend sends no usage, each sequence's
+    /// apart where the answer tells them apart (the others all in the first); kept only until
+    /// the backend sends its count.
+    texts: Vec<String>,
     /// A chat completion's answer so far; `None` when it is not one or it calls tools.
     reply: Option<String>,
-    /// The prompt the whole answer's text starts with, when the client asked for it back
-    /// (TGI's `return_full_text`).
-    echoed_prompt: Option<String>,
+    /// The prompt a whole answer's texts start with, when they repeat it (TGI's
+    /// `return_full_text`, MindIE's vLLM-compatible `/generate`).
+    echoed_prompt: Option<Echo>,
 }
 
 impl Admitted {
@@ -160,7 +165,7 @@ impl Admitted {
             usage_tokens: None,
             usage_prompt: None,
             streamed: false,
-            text: String::new(),
+            texts: Vec::new(),
             reply,
             echoed_prompt: None,
         }
@@ -229,8 +234,8 @@ impl Admitted {
         self.ticket_mut().settle_as(outcome);
     }
 
-    /// The whole answer's text will start with `prompt`, which is not output.
-    pub fn echoes(&mut self, prompt: Option<String>) {
+    /// The whole answer's texts will start with `prompt`, which is not output.
+    pub fn echoes(&mut self, prompt: Option<Echo>) {
         self.echoed_prompt = prompt;
     }
 
@@ -239,8 +244,11 @@ impl Admitted {
         let answer = Chunk::of(self.counter.wire, body);
         self.observe(&answer);
         if let Some(prompt) = self.echoed_prompt.take() {
-            if let Some(generated) = self.text.strip_prefix(prompt.as_str()) {
-                self.text = generated.to_owned();
+            for text in &mut self.texts {
+                let generated = prompt.strip(text);
+                if generated.len() < text.len() {
+                    *text = generated.to_owned();
+                }
             }
         }
         if answer.answer().is_none() {
@@ -279,16 +287,21 @@ impl Admitted {
         if let Some(n) = chunk.completion_tokens() {
             self.usage_tokens = Some(n);
             // The backend's count settles the request: the text kept to count is not needed.
-            self.text = String::new();
+            self.texts = Vec::new();
         }
         if let Some(prompt) = chunk.prompt_tokens() {
             self.usage_prompt = Some((prompt, chunk.cached_tokens()));
         }
         let mut generated = false;
-        for piece in chunk.generated().filter(|p| !p.is_empty()) {
+        for (sequence, piece) in chunk.generated().filter(|(_, p)| !p.is_empty()) {
             generated = true;
             if self.usage_tokens.is_none() {
-                self.text.push_str(piece);
+                // Sequences past the bound share the last text (a count a token or so apart).
+                let at = sequence.min(MAX_TEXTS_APART - 1);
+                if self.texts.len() <= at {
+                    self.texts.resize_with(at + 1, String::new);
+                }
+                self.texts[at].push_str(piece);
             }
         }
         match chunk.answer() {
@@ -353,13 +366,13 @@ impl Drop for Admitted {
                 ticket.record_output(n);
                 settle.record(n.min(reserved), reserved);
             }
-            None if self.text.is_empty() => {
+            None if self.texts.iter().all(String::is_empty) => {
                 ticket.record_output(0);
                 settle.record(0, reserved);
             }
             None => {
                 // No usage from the backend: count what streamed, on the tokenizer pool.
-                let text = std::mem::take(&mut self.text);
+                let texts = std::mem::take(&mut self.texts);
                 let fallback = self.token_events;
                 let Ok(rt) = tokio::runtime::Handle::try_current() else {
                     ticket.record_output(fallback);
@@ -371,7 +384,9 @@ impl Drop for Admitted {
                     let counted = settle
                         .counter
                         .pool
-                        .run(&settle.tenant.name, move || tok.count(&text))
+                        .run(&settle.tenant.name, move || {
+                            texts.iter().map(|t| tok.count(t)).sum::<usize>()
+                        })
                         .await;
                     let n = match counted {
                         Ok(n) => n as u64,
@@ -463,7 +478,7 @@ impl<B> MeteredStream<B> {
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
             waiting: false,
-            splitter: SseSplitter::new(max_event_bytes),
+            splitter: SseSplitter::framed(max_event_bytes, wire.framing()),
             head: EventHead::default(),
             max_event_bytes,
             admitted: Some(admitted),
@@ -511,7 +526,7 @@ fn filter(
     // Room for every event once: the client's bytes are copied in one go, not grown into.
     let mut out = BytesMut::with_capacity(split.events.iter().map(Bytes::len).sum());
     for event in split.events {
-        let data = sse::data(&event);
+        let data = sse::payload(wire.framing(), &event);
         let chunk = Chunk::of_event(wire, &data, head);
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk);
@@ -541,7 +556,7 @@ fn cut_short(admitted: &mut Option<Admitted>, wire: Wire, err: ApiError) -> Byte
         a.settle_as(Outcome::Failed(err.code));
         drop(a);
     }
-    Bytes::from(format!("data: {}\n\n", err.body_in(wire)))
+    Bytes::from(wire.event(&err.body_in(wire)))
 }
 
 impl<B> Body for MeteredStream<B>

@@ -7,8 +7,9 @@ use super::metrics::SimMetrics;
 use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
-use super::wire::{parse_converted, parse_openai, parse_tgi, Api, Finish, Job, Meta};
+use super::wire::{parse_converted, parse_native, parse_openai, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
+use crate::api::Native;
 use crate::api::{Route, Wire};
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatTemplate;
@@ -151,9 +152,9 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         }
         (&Method::POST, "/v1/chat/completions") => (Api::Chat, None),
         (&Method::POST, "/v1/completions") => (Api::Completion, None),
-        (&Method::POST, "/generate") => (Api::Tgi, Some(false)),
-        (&Method::POST, "/generate_stream") => (Api::Tgi, Some(true)),
-        (&Method::POST, "/infer") => (Api::Tgi, None),
+        (&Method::POST, "/generate") => (Api::Tgi, Some(Native::Generate)),
+        (&Method::POST, "/generate_stream") => (Api::Tgi, Some(Native::GenerateStream)),
+        (&Method::POST, "/infer") => (Api::Tgi, Some(Native::Infer)),
         (&Method::POST, "/v1/messages") => (Api::Messages, None),
         (&Method::POST, "/v1/responses") => (Api::Responses, None),
         _ => return Err(ApiError::not_found(format!("no route for {path}"))),
@@ -164,7 +165,13 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         .map_err(|_| ApiError::payload_too_large(BODY_LIMIT_BYTES as u64))?
         .to_bytes();
     let (mut job, prompt) = match api {
-        (Api::Tgi, stream) => parse_tgi(&body, stream, shared.counter.as_ref())?,
+        (_, Some(native)) => parse_native(
+            native,
+            &body,
+            &shared.served_names,
+            &shared.template,
+            shared.counter.as_ref(),
+        )?,
         (api @ (Api::Messages | Api::Responses), _) => parse_converted(
             api,
             &body,
@@ -229,7 +236,9 @@ fn injected_status(
 ) -> Response<Body> {
     let message = format!("the simulated backend was told to answer {status}");
     let body = match api {
-        Api::Tgi => serde_json::json!({"error": message, "error_type": "injected_failure"}),
+        Api::Tgi | Api::VllmGenerate => {
+            serde_json::json!({"error": message, "error_type": "injected_failure"})
+        }
         Api::Messages => serde_json::json!({"type": "error", "error": {
             "type": "api_error", "message": message
         }}),

@@ -4,6 +4,7 @@
 //! `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
 use super::text::completion_text;
+use crate::api::{Echo, Native, ParseLimits, Route};
 use crate::error::ApiError;
 use crate::tokenize::chat::{ChatPrompt, ChatRoute, ChatTemplate, CountTokens};
 use serde::Deserialize;
@@ -18,6 +19,8 @@ pub enum Api {
     Completion,
     /// MindIE / TGI `/generate`, `/generate_stream`, `/infer`.
     Tgi,
+    /// MindIE's vLLM-compatible `/generate` (a body with `prompt`).
+    VllmGenerate,
     /// Anthropic's `POST /v1/messages`.
     Messages,
     /// OpenAI's `POST /v1/responses`.
@@ -116,25 +119,6 @@ enum Prompt {
     Many(Vec<String>),
 }
 
-#[derive(Deserialize)]
-struct TgiRequest {
-    inputs: String,
-    stream: Option<bool>,
-    #[serde(default)]
-    parameters: TgiParameters,
-}
-
-#[derive(Deserialize, Default)]
-struct TgiParameters {
-    max_new_tokens: Option<u64>,
-    #[serde(default)]
-    details: bool,
-    #[serde(default)]
-    ignore_eos: bool,
-    #[serde(default)]
-    return_full_text: bool,
-}
-
 fn bad_json(e: serde_json::Error) -> ApiError {
     ApiError::invalid(format!("request body is not valid JSON for this API: {e}"))
 }
@@ -212,29 +196,68 @@ pub fn parse_openai(
 }
 
 #[allow(clippy::result_large_err)]
-/// Parses a TGI-style body (`/generate`, `/generate_stream`, `/infer`); `stream` is the
-/// endpoint's mode, `None` for `/infer`, which reads it from the body; the job, and the
-/// prompt's text.
-pub fn parse_tgi(
+/// Parses a MindIE native body sent to `native` (`/generate`, TGI's or, with a `prompt`,
+/// vLLM's; `/generate_stream`; `/infer`) as the gateway does ([`crate::api::mindie`]) and
+/// counts its prompt: text as it is, token ids by number, a list of parts as the one user
+/// message MindIE renders it as, with `template`; the job, and the prompt's text.
+pub fn parse_native(
+    native: Native,
     body: &[u8],
-    stream: Option<bool>,
+    served_names: &[String],
+    template: &ChatTemplate,
     counter: &dyn CountTokens,
 ) -> Result<(Job, String), ApiError> {
-    let req: TgiRequest = serde_json::from_slice(body).map_err(bad_json)?;
+    let body = crate::api::request::parse_object(body)?;
+    let vision = crate::vision::VisionRules::default();
+    let limits = ParseLimits {
+        served_names,
+        // The engine checks lengths itself, once the prompt is counted.
+        max_model_len: u64::MAX,
+        vision: &vision,
+    };
+    let req = crate::api::mindie::parse_generation(native, body, &limits)?;
+    let (text, prompt_tokens) = match &req.prompt {
+        crate::api::Prompt::Text(text) => (text.clone(), counter.count(text) as u64),
+        crate::api::Prompt::TokenIds(ids) => (String::new(), ids.len() as u64),
+        crate::api::Prompt::Chat { prompt, .. } => {
+            let text = template.render(prompt)?;
+            let n = counter.count(&text) as u64;
+            (text, n)
+        }
+    };
+    let vllm = req.endpoint == Route::MindIe(Native::VllmGenerate);
+    let parameters = req.body.get("parameters");
+    let flag = |name: &str| {
+        let at = if vllm {
+            Some(&req.body)
+        } else {
+            parameters.and_then(Value::as_object)
+        };
+        at.and_then(|o| o.get(name))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    };
+    // What MindIE writes before a whole answer's text: the prompt (as `return_full_text` or
+    // the vLLM-compatible answer repeat it) and a space.
+    let echoed_prompt = match &req.echoed_prompt {
+        Some(Echo::Text(prompt)) => Some(format!("{prompt} ")),
+        Some(Echo::Json) => Some(format!("{} ", req.body["inputs"])),
+        None => None,
+    };
     let job = Job {
-        api: Api::Tgi,
-        stream: stream.or(req.stream).unwrap_or(false),
+        api: if vllm { Api::VllmGenerate } else { Api::Tgi },
+        stream: req.stream,
         include_usage: false,
-        prompt_tokens: counter.count(&req.inputs) as u64,
-        max_tokens: req.parameters.max_new_tokens,
-        ignore_eos: req.parameters.ignore_eos,
-        details: req.parameters.details,
+        prompt_tokens,
+        max_tokens: req.requested_max_tokens.map(|(_, n)| n),
+        ignore_eos: flag("ignore_eos"),
+        details: !vllm && flag("details"),
         thinking: false,
         cached_tokens: None,
-        echoed_prompt: req.parameters.return_full_text.then(|| req.inputs.clone()),
-        choices: 1,
+        echoed_prompt,
+        choices: req.choices,
     };
-    Ok((job, req.inputs))
+    Ok((job, text))
 }
 
 #[allow(clippy::result_large_err)]
@@ -540,6 +563,8 @@ impl Api {
                 let chunk = completion(meta, text, finish.map(|f| f.0.openai()));
                 each_choice(job, chunk)
             }
+            // Each sequence's new text, then a NUL; nothing marks the last.
+            Api::VllmGenerate => vec![format!("{}\0", json!({"text": each_text(job, text)}))],
             Api::Tgi => {
                 let (generated_text, details) = match finish {
                     Some((f, full, n)) => (json!(full), tgi_details(f, n)),
@@ -563,7 +588,7 @@ impl Api {
     /// and `[DONE]` (OpenAI).
     pub fn stream_end(self, meta: &Meta, job: &Job, n: u64) -> Vec<String> {
         match self {
-            Api::Tgi | Api::Messages | Api::Responses => Vec::new(),
+            Api::Tgi | Api::VllmGenerate | Api::Messages | Api::Responses => Vec::new(),
             Api::Chat | Api::Completion => {
                 let mut out = Vec::new();
                 if job.include_usage {
@@ -620,6 +645,7 @@ impl Api {
                 json!({"generated_text": text, "details": tgi_details(finish, n)})
             }
             Api::Tgi => json!({"generated_text": job.generated_text(text)}),
+            Api::VllmGenerate => json!({"text": each_text(job, &job.generated_text(text))}),
             Api::Responses => response_object(meta, job, n, Some(finish)),
             Api::Messages => {
                 let reasoning = job.reasoning_tokens(n);
@@ -648,11 +674,16 @@ impl Api {
         match self {
             Api::Chat => "chatcmpl-",
             Api::Completion => "cmpl-",
-            Api::Tgi => "gen-",
+            Api::Tgi | Api::VllmGenerate => "gen-",
             Api::Messages => "msg_",
             Api::Responses => "resp_",
         }
     }
+}
+
+/// `text` as the text of each of `job`'s sequences (MindIE's vLLM-compatible answers).
+fn each_text(job: &Job, text: &str) -> Vec<String> {
+    vec![text.to_owned(); job.choices as usize]
 }
 
 fn tgi_details(finish: Finish, n: u64) -> Value {

@@ -628,8 +628,10 @@ async fn a_whole_answer_that_repeats_its_prompt_is_charged_only_what_was_generat
         let r = post(&gw.url(path), "sk-alice", &body).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         // The answer starts with the prompt, as the client asked.
+        // MindIE writes the prompt, a space, then what was generated.
         let text = r.json()["generated_text"].as_str().unwrap().to_owned();
         let generated = text.strip_prefix(INPUTS).expect("the prompt first");
+        let generated = generated.strip_prefix(' ').expect("a space after it");
         let n = tokenizer().count(generated) as u64;
         assert!((1..40).contains(&n), "{path}: {n} tokens");
         decoded += n;
@@ -649,6 +651,175 @@ async fn a_whole_answer_that_repeats_its_prompt_is_charged_only_what_was_generat
         r.json(),
         json!({"error": "`parameters.return_full_text` must be a boolean, got a string", "error_type": "invalid_request"})
     );
+}
+
+/// The texts of a stream of MindIE's vLLM-compatible `/generate`: its NUL-ended events, each
+/// sequence's pieces joined.
+fn nul_event_texts(body: &[u8]) -> Vec<String> {
+    let mut texts: Vec<String> = Vec::new();
+    let body = std::str::from_utf8(body).unwrap();
+    let (events, rest) = body.rsplit_once('\0').expect("NUL-ended events");
+    assert_eq!(rest, "", "nothing after the last event");
+    for event in events.split('\0') {
+        let v: Value = serde_json::from_str(event).unwrap();
+        for (i, piece) in v["text"].as_array().unwrap().iter().enumerate() {
+            if texts.len() <= i {
+                texts.resize(i + 1, String::new());
+            }
+            texts[i].push_str(piece.as_str().unwrap());
+        }
+    }
+    texts
+}
+
+#[tokio::test]
+async fn a_vllm_compatible_generate_charges_every_sequence_and_counts_each_text() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    let prompt = tokenizer().count(INPUTS) as u64;
+    let mut decoded = 0;
+    for stream in [false, true] {
+        let (prefill, decode, _) = buckets(&gw).await;
+        // `best_of` 3 sequences run (and are answered) for `n` 2.
+        let body = json!({"prompt": INPUTS, "max_tokens": 30, "n": 2, "best_of": 3, "stream": stream, "temperature": 0.5});
+        let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+        assert_eq!(
+            r.headers["x-ratelimit-remaining-tokens"],
+            (decode - 90.0).to_string().as_str(),
+            "{body}"
+        );
+        let texts: Vec<String> = if stream {
+            nul_event_texts(&r.body)
+        } else {
+            // A whole answer's texts repeat the prompt and a space first.
+            let v = r.json();
+            let texts = v["text"].as_array().unwrap().iter();
+            let texts = texts.map(|t| {
+                t.as_str()
+                    .unwrap()
+                    .strip_prefix(&format!("{INPUTS} "))
+                    .unwrap()
+                    .to_owned()
+            });
+            texts.collect()
+        };
+        assert_eq!(texts.len(), 3, "{body}");
+        let n: u64 = texts.iter().map(|t| tokenizer().count(t) as u64).sum();
+        assert!((3..90).contains(&n), "{body}: {n}");
+        decoded += n;
+        gw.wait_metric(
+            "tokengate_decode_tokens_total{tenant=\"alice\"}",
+            &decoded.to_string(),
+        )
+        .await;
+        assert_eq!(buckets(&gw).await.0, prefill - prompt as f64, "{body}");
+        assert_eq!(
+            gw.bucket("alice", "decode").await,
+            decode - n as f64,
+            "{body}"
+        );
+        assert_eq!(gw.kv_reserved(0).await, 0);
+    }
+    // Each sequence was asked for what was reserved for each.
+    assert_eq!(sim.stats().max_tokens, vec![Some(30), Some(30)]);
+    // A refusal in MindIE's shape changes nothing.
+    let (prefill, decode, requests) = buckets(&gw).await;
+    let body = json!({"prompt": INPUTS, "n": 3, "best_of": 2});
+    let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json(),
+        json!({"error": "`best_of` (2) must be at least `n` (3)", "error_type": "invalid_request"})
+    );
+    assert_eq!(buckets(&gw).await, (prefill, decode, requests));
+}
+
+#[tokio::test]
+async fn a_broken_vllm_compatible_stream_ends_with_a_nul_ended_error_and_charges_each_text() {
+    // Slow passes, as for the TGI stream above.
+    let (gw, sim) = sim_gateway(Duration::from_millis(200)).await;
+    sim.set_faults(Faults {
+        fail_after_tokens: Some(3),
+        ..Faults::default()
+    });
+    let body = json!({"prompt": "a", "max_tokens": 20, "n": 2, "stream": true, "ignore_eos": true});
+    let r = post(&gw.url("/generate"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    let (events, error) = text.trim_end_matches('\0').rsplit_once('\0').unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(error).unwrap(),
+        json!({"error": "the backend stream broke before it finished", "error_type": "upstream_error"})
+    );
+    let texts = nul_event_texts(format!("{events}\0").as_bytes());
+    let streamed: u64 = texts.iter().map(|t| tokenizer().count(t) as u64).sum();
+    assert_eq!(texts.len(), 2, "{text}");
+    assert!((2..=6).contains(&streamed), "{text}");
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"upstream_error\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - streamed as f64);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
+async fn a_list_of_parts_is_charged_as_the_user_message_mindie_renders() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    let parts = json!([{"type": "text", "text": INPUTS}]);
+    let chat = chat_tokens(INPUTS);
+    let mut decoded = 0;
+    for (path, body) in [
+        (
+            "/generate_stream",
+            json!({"inputs": parts, "parameters": {"max_new_tokens": 20}}),
+        ),
+        ("/generate", json!({"prompt": parts, "max_tokens": 20})),
+        (
+            "/infer",
+            json!({"inputs": parts, "parameters": {"max_new_tokens": 20, "return_full_text": true}}),
+        ),
+    ] {
+        let prefill = gw.bucket("alice", "prefill").await;
+        let decode = gw.bucket("alice", "decode").await;
+        let r = post(&gw.url(path), "sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let n = match path {
+            "/generate_stream" => generated(&r, true),
+            "/generate" => {
+                let text = r.json()["text"][0].as_str().unwrap().to_owned();
+                let text = text.strip_prefix(&format!("{INPUTS} ")).unwrap().to_owned();
+                tokenizer().count(&text) as u64
+            }
+            _ => {
+                // `return_full_text` repeats the list as the backend writes it, then a space.
+                let text = r.json()["generated_text"].as_str().unwrap().to_owned();
+                let generated = text
+                    .strip_prefix(&format!("{parts} "))
+                    .expect("the list first");
+                tokenizer().count(generated) as u64
+            }
+        };
+        decoded += n;
+        gw.wait_metric(
+            "tokengate_decode_tokens_total{tenant=\"alice\"}",
+            &decoded.to_string(),
+        )
+        .await;
+        assert_eq!(
+            gw.bucket("alice", "prefill").await,
+            prefill - chat as f64,
+            "{path}"
+        );
+        assert_eq!(
+            gw.bucket("alice", "decode").await,
+            decode - n as f64,
+            "{path}"
+        );
+    }
+    // The backend counted the same prompt.
+    assert_eq!(sim.stats().prompt_tokens, 3 * chat);
 }
 
 #[tokio::test]
