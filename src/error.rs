@@ -290,7 +290,7 @@ impl ApiError {
                     "code": self.code.as_str(),
                 }
             }),
-            Wire::Tgi | Wire::VllmGenerate => serde_json::json!({
+            Wire::Tgi | Wire::VllmGenerate | Wire::Triton => serde_json::json!({
                 "error": self.message,
                 "error_type": self.code.as_str(),
             }),

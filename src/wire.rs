@@ -23,6 +23,9 @@ pub enum Wire {
     /// each ended by a NUL byte rather than a blank line, with each sequence's new text; errors
     /// as TGI's.
     VllmGenerate,
+    /// MindIE's Triton generate extension: `text_output` (never the prompt) and, when asked,
+    /// `details.generated_tokens` (a stream's running total); SSE events; errors as TGI's.
+    Triton,
 }
 
 impl Wire {
@@ -30,7 +33,9 @@ impl Wire {
     pub fn framing(self) -> Framing {
         match self {
             Wire::VllmGenerate => Framing::Nul,
-            Wire::OpenAi | Wire::Tgi | Wire::Anthropic | Wire::Responses => Framing::Sse,
+            Wire::OpenAi | Wire::Tgi | Wire::Anthropic | Wire::Responses | Wire::Triton => {
+                Framing::Sse
+            }
         }
     }
 

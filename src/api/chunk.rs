@@ -17,6 +17,8 @@ pub enum Chunk<'a> {
     Responses(responses::Chunk<'a>),
     /// An event or answer of MindIE's vLLM-compatible `/generate`.
     VllmGenerate(mindie::Texts<'a>),
+    /// An event or answer of MindIE's Triton routes.
+    Triton(mindie::Triton<'a>),
 }
 
 impl<'a> Chunk<'a> {
@@ -28,6 +30,7 @@ impl<'a> Chunk<'a> {
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse(json)),
             Wire::Responses => Chunk::Responses(responses::Chunk::parse(json)),
             Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse(json)),
+            Wire::Triton => Chunk::Triton(mindie::Triton::parse(json)),
         }
     }
 
@@ -40,6 +43,7 @@ impl<'a> Chunk<'a> {
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse_text(data)),
             Wire::Responses => Chunk::Responses(responses::Chunk::parse_text(data)),
             Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse_text(data)),
+            Wire::Triton => Chunk::Triton(mindie::Triton::parse_text(data)),
         }
     }
 
@@ -51,6 +55,7 @@ impl<'a> Chunk<'a> {
             Chunk::Tgi(c) => c.generated_tokens(),
             Chunk::Anthropic(c) => c.completion_tokens(),
             Chunk::Responses(c) => c.completion_tokens(),
+            Chunk::Triton(c) => c.generated_tokens(),
             Chunk::VllmGenerate(_) => None,
         }
     }
@@ -62,7 +67,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.prompt_tokens(),
             Chunk::Anthropic(c) => c.prompt_tokens(),
             Chunk::Responses(c) => c.prompt_tokens(),
-            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) | Chunk::Triton(_) => None,
         }
     }
 
@@ -73,7 +78,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.cached_tokens(),
             Chunk::Anthropic(c) => c.cached_tokens(),
             Chunk::Responses(c) => c.cached_tokens(),
-            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) | Chunk::Triton(_) => None,
         }
     }
 
@@ -82,9 +87,11 @@ impl<'a> Chunk<'a> {
     pub fn usage_only(&self) -> bool {
         match self {
             Chunk::OpenAi(c) => c.usage_only(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
-                false
-            }
+            Chunk::Tgi(_)
+            | Chunk::Anthropic(_)
+            | Chunk::Responses(_)
+            | Chunk::VllmGenerate(_)
+            | Chunk::Triton(_) => false,
         }
     }
 
@@ -95,6 +102,7 @@ impl<'a> Chunk<'a> {
         let (openai, tgi, anthropic, responses, texts) = match self {
             Chunk::OpenAi(c) => (Some(c.generated()), None, None, None, None),
             Chunk::Tgi(c) => (None, c.generated(), None, None, None),
+            Chunk::Triton(c) => (None, c.generated(), None, None, None),
             Chunk::Anthropic(c) => (None, None, Some(c.generated()), None, None),
             Chunk::Responses(c) => (None, None, None, Some(c.generated()), None),
             Chunk::VllmGenerate(c) => (None, None, None, None, Some(c.sequences())),
@@ -112,9 +120,11 @@ impl<'a> Chunk<'a> {
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
-                None
-            }
+            Chunk::Tgi(_)
+            | Chunk::Anthropic(_)
+            | Chunk::Responses(_)
+            | Chunk::VllmGenerate(_)
+            | Chunk::Triton(_) => None,
         }
     }
 }

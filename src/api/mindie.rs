@@ -18,8 +18,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::borrow::Cow;
 
-/// Validates a native body for `native`: `inputs` a non-empty string or list of parts (a
-/// multimodal prompt, [`parts_prompt`]), or on `/infer` `input_id` a list of token ids;
+/// Validates a native body for `native`: `inputs` (Triton's `text_input`) a non-empty string
+/// or list of parts (a multimodal prompt, [`parts_prompt`]), or on `/infer` `input_id` a list
+/// of token ids;
 /// `stream` a boolean (on `/generate` and `/generate_stream` only the route's own mode, so the
 /// answer's shape is never in doubt), `parameters` an object whose `max_new_tokens` is a whole
 /// number in 1..=max_model_len, `details` and `return_full_text` booleans, and `n` / `best_of`
@@ -35,6 +36,7 @@ pub fn parse_generation(
     if native == Native::Generate && has("prompt") {
         return parse_vllm_generate(body, limits);
     }
+    let field = Route::MindIe(native).prompt_param();
     let (prompt, echo) = if native == Native::Infer && !has("inputs") && has("input_id") {
         let ids = match &body["input_id"] {
             Value::Array(items) if !items.is_empty() => token_ids("input_id", items)?,
@@ -47,18 +49,18 @@ pub fn parse_generation(
             other => return Err(wrong_type("input_id", "a list of token ids", other)),
         };
         (Prompt::TokenIds(ids), None)
-    } else if !has("inputs") {
+    } else if !has(field) {
         let hint = if has("prompt") {
             " (`prompt` is the field of the OpenAI and vLLM APIs)"
         } else {
             ""
         };
         return Err(ApiError::invalid_param(
-            "inputs",
-            format!("`inputs` is required{hint}"),
+            field,
+            format!("`{field}` is required{hint}"),
         ));
     } else {
-        let (prompt, text) = native_prompt("inputs", &body["inputs"], limits)?;
+        let (prompt, text) = native_prompt(field, &body[field], limits)?;
         // TGI's `return_full_text` repeats `inputs` as sent: a list as the backend writes it.
         let echo = match text {
             NativeText::Whole(t) => Echo::Text(t),
@@ -69,6 +71,8 @@ pub fn parse_generation(
     let asked = optional_bool(&body, "stream")?;
     let stream = match (native.streams(), asked) {
         (None, asked) => asked.unwrap_or(false),
+        // Triton's routes read no `stream` (MindIE's neither): the path says.
+        (Some(mode), _) if native.is_triton() => mode,
         (Some(mode), Some(asked)) if asked != mode => {
             let (path, other) = (
                 native.path(),
@@ -128,7 +132,8 @@ pub fn parse_generation(
         choices: 1,
         prompt,
         batch: Vec::new(),
-        echoed_prompt: echo.filter(|_| full_text),
+        // Triton's answers never repeat the prompt.
+        echoed_prompt: echo.filter(|_| full_text && !native.is_triton()),
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,
@@ -360,6 +365,41 @@ impl<'a> Chunk<'a> {
             token => token.get()?.text.get(),
         };
         text.map(Cow::as_ref)
+    }
+}
+
+/// A whole answer or one stream event of MindIE's Triton routes, as metering reads it:
+/// `text_output` (an event's new text) and `details.generated_tokens` (a stream's running
+/// total). Read like [`Chunk`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Triton<'a> {
+    #[serde(borrow)]
+    text_output: Loose<Cow<'a, str>>,
+    details: Loose<Details>,
+}
+
+sse::object_shape!(Triton<'a>;);
+
+impl<'a> Triton<'a> {
+    /// Reads `json` (a whole answer), borrowing its strings.
+    pub fn parse(json: &'a [u8]) -> Self {
+        sse::read_object(json)
+    }
+
+    /// [`Triton::parse`] of text (an event).
+    pub fn parse_text(json: &'a str) -> Self {
+        sse::read_text(json)
+    }
+
+    /// `details.generated_tokens`: in a stream, of every event so far.
+    pub fn generated_tokens(&self) -> Option<u64> {
+        self.details.get()?.generated_tokens.get().copied()
+    }
+
+    /// `text_output`.
+    pub fn generated(&self) -> Option<&str> {
+        self.text_output.get().map(Cow::as_ref)
     }
 }
 
@@ -628,6 +668,48 @@ mod tests {
             parse(Native::Generate, null).unwrap().endpoint,
             Route::MindIe(Native::Generate)
         );
+    }
+
+    #[test]
+    fn tritons_routes_read_text_input_and_their_own_mode() {
+        let body = json!({"id": "a1", "text_input": "hi", "stream": true, "parameters": {"max_new_tokens": 7, "return_full_text": true}});
+        let mut r = parse(Native::TritonGenerate, body).unwrap();
+        assert_eq!(r.endpoint.wire(), crate::wire::Wire::Triton);
+        assert!(matches!(r.prompt, Prompt::Text(ref t) if t == "hi"));
+        assert_eq!((r.stream, r.echoed_prompt.clone()), (false, None));
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxNewTokens, 7))
+        );
+        let out = String::from_utf8(rewrite_for_backend(&mut r, 5).to_vec()).unwrap();
+        assert_eq!(
+            out,
+            r#"{"id":"a1","text_input":"hi","stream":true,"parameters":{"max_new_tokens":5,"return_full_text":true}}"#
+        );
+        let mut r = parse(Native::TritonGenerateStream, json!({"text_input": "hi"})).unwrap();
+        assert!(r.stream);
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 5)).unwrap();
+        assert_eq!(
+            out["parameters"],
+            json!({"max_new_tokens": 5, "details": true})
+        );
+        let e = parse(Native::TritonGenerate, json!({"inputs": "hi"})).unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("text_input"), "`text_input` is required")
+        );
+    }
+
+    #[test]
+    fn reads_tritons_text_and_running_count() {
+        let read = |json: &[u8]| {
+            let c = Triton::parse(json);
+            (c.generated().map(str::to_owned), c.generated_tokens())
+        };
+        let event = br#"{"id":"a1","model_name":"qwen","model_version":null,"text_output":" fox","details":{"generated_tokens":3,"first_token_cost":null}}"#;
+        assert_eq!(read(event), (Some(" fox".into()), Some(3)));
+        assert_eq!(read(br#"{"text_output":"x"}"#), (Some("x".into()), None));
+        assert_eq!(read(br#"{"text_output":1,"details":[]}"#), (None, None));
     }
 
     #[test]

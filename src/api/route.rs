@@ -36,24 +36,35 @@ pub enum Native {
     /// body's `stream` is true. Not a route of its own: a `/generate` body is parsed as this
     /// one when it has a `prompt`, as MindIE tells the two apart.
     VllmGenerate,
+    /// `POST /v2/models/{model}/generate` (Triton's generate extension): one whole answer.
+    TritonGenerate,
+    /// `POST /v2/models/{model}/generate_stream`: always streamed.
+    TritonGenerateStream,
 }
 
 impl Native {
-    /// Its path (the backend's too).
+    /// Its path (the backend's too), Triton's with a `{model}` segment.
     pub fn path(self) -> &'static str {
         match self {
             Native::Infer => "/infer",
             Native::Generate | Native::VllmGenerate => "/generate",
             Native::GenerateStream => "/generate_stream",
+            Native::TritonGenerate => "/v2/models/{model}/generate",
+            Native::TritonGenerateStream => "/v2/models/{model}/generate_stream",
         }
+    }
+
+    /// Whether it is one of Triton's routes, which name the model in their path.
+    pub fn is_triton(self) -> bool {
+        matches!(self, Native::TritonGenerate | Native::TritonGenerateStream)
     }
 
     /// Whether the route itself streams (`None`: the body's `stream` says).
     pub(crate) fn streams(self) -> Option<bool> {
         match self {
             Native::Infer | Native::VllmGenerate => None,
-            Native::Generate => Some(false),
-            Native::GenerateStream => Some(true),
+            Native::Generate | Native::TritonGenerate => Some(false),
+            Native::GenerateStream | Native::TritonGenerateStream => Some(true),
         }
     }
 }
@@ -63,7 +74,8 @@ impl Native {
 pub enum Route {
     /// OpenAI-compatible: `/v1/chat/completions`, `/v1/completions`.
     OpenAi(Endpoint),
-    /// MindIE's native API: `/infer`, `/generate` (TGI's and vLLM's), `/generate_stream`.
+    /// MindIE's native API: `/infer`, `/generate` (TGI's and vLLM's), `/generate_stream`,
+    /// Triton's `/v2/models/{model}/generate` and `generate_stream`.
     MindIe(Native),
     /// Anthropic's Messages API: `/v1/messages`.
     Messages,
@@ -73,7 +85,7 @@ pub enum Route {
 
 impl Route {
     /// Every generation route, in the README's order.
-    pub const ALL: [Route; 7] = [
+    pub const ALL: [Route; 9] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::Completions),
         Route::Responses,
@@ -81,14 +93,39 @@ impl Route {
         Route::MindIe(Native::Infer),
         Route::MindIe(Native::Generate),
         Route::MindIe(Native::GenerateStream),
+        Route::MindIe(Native::TritonGenerate),
+        Route::MindIe(Native::TritonGenerateStream),
     ];
 
     /// The generation route at `path`, if it is one.
     pub fn from_path(path: &str) -> Option<Route> {
-        Route::ALL.into_iter().find(|r| r.path() == path)
+        Route::ALL
+            .into_iter()
+            .find(|r| path_matches(r.path(), path))
     }
 
-    /// The backend path: the same as the client's.
+    /// The model a Triton route's `path` names (its `{model}` segment); `None` on the others.
+    pub fn path_model(self, path: &str) -> Option<&str> {
+        match self {
+            Route::MindIe(n) if n.is_triton() => {
+                path.strip_prefix("/v2/models/")?.split('/').next()
+            }
+            _ => None,
+        }
+    }
+
+    /// The path on the backend: the client's, with the model it serves (`backend_model`) in a
+    /// Triton route's path.
+    pub fn backend_path(self, backend_model: &str) -> std::borrow::Cow<'static, str> {
+        match self {
+            Route::MindIe(n) if n.is_triton() => {
+                self.path().replace("{model}", backend_model).into()
+            }
+            _ => self.path().into(),
+        }
+    }
+
+    /// Its path: the client's and the backend's (a Triton route's as a pattern, with `{model}`).
     pub fn path(self) -> &'static str {
         match self {
             Route::OpenAi(e) => e.path(),
@@ -103,6 +140,7 @@ impl Route {
         match self {
             Route::OpenAi(_) => Wire::OpenAi,
             Route::MindIe(Native::VllmGenerate) => Wire::VllmGenerate,
+            Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => Wire::Triton,
             Route::MindIe(_) => Wire::Tgi,
             Route::Messages => Wire::Anthropic,
             Route::Responses => Wire::Responses,
@@ -118,7 +156,12 @@ impl Route {
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
-            Route::MindIe(Native::Generate | Native::GenerateStream) => Some(20),
+            Route::MindIe(
+                Native::Generate
+                | Native::GenerateStream
+                | Native::TritonGenerate
+                | Native::TritonGenerateStream,
+            ) => Some(20),
             Route::OpenAi(Endpoint::Chat)
             | Route::MindIe(Native::Infer | Native::VllmGenerate)
             | Route::Messages
@@ -132,7 +175,63 @@ impl Route {
             Route::OpenAi(Endpoint::Chat) | Route::Messages => "messages",
             Route::Responses => "input",
             Route::OpenAi(Endpoint::Completions) | Route::MindIe(Native::VllmGenerate) => "prompt",
+            Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => "text_input",
             Route::MindIe(_) => "inputs",
         }
+    }
+}
+
+/// Whether `path` is the route `pattern`: the same, a `{model}` segment matching any one
+/// segment of MindIE's model-name characters (letters, digits, `_`, `-`, `.`).
+pub fn path_matches(pattern: &str, path: &str) -> bool {
+    let Some((before, after)) = pattern.split_once("{model}") else {
+        return pattern == path;
+    };
+    let Some(model) = (path.strip_prefix(before)).and_then(|rest| rest.strip_suffix(after)) else {
+        return false;
+    };
+    !model.is_empty()
+        && (model.bytes()).all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_triton_path_names_its_model_in_one_segment() {
+        let generate = Route::MindIe(Native::TritonGenerate);
+        assert!(path_matches(
+            generate.path(),
+            "/v2/models/qwen3.5-27b/generate"
+        ));
+        assert_eq!(
+            Route::from_path("/v2/models/qwen_1/generate_stream"),
+            Some(Route::MindIe(Native::TritonGenerateStream))
+        );
+        for path in [
+            "/v2/models//generate",
+            "/v2/models/a/b/generate",
+            "/v2/models/a%20b/generate",
+            "/v2/models/qwen/versions/1/generate",
+            "/v2/models/qwen/generate/",
+        ] {
+            assert_eq!(Route::from_path(path), None, "{path}");
+        }
+        assert_eq!(
+            generate.path_model("/v2/models/qwen3.5-27b/generate"),
+            Some("qwen3.5-27b")
+        );
+        assert_eq!(
+            generate.backend_path("served"),
+            "/v2/models/served/generate"
+        );
+        let chat = Route::OpenAi(Endpoint::Chat);
+        assert_eq!(chat.path_model("/v1/chat/completions"), None);
+        assert_eq!(chat.backend_path("served"), "/v1/chat/completions");
+        assert_eq!(
+            Route::from_path("/generate"),
+            Some(Route::MindIe(Native::Generate))
+        );
     }
 }

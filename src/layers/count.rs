@@ -140,6 +140,13 @@ impl Counter {
         let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
         let route = *super::extensions::needs::<Route>(req.extensions())?;
         check_content_type(req.headers())?;
+        // A Triton route names its model in the path: one not served is refused unread.
+        if let Some(model) = route.path_model(req.uri().path()) {
+            if !self.config.model.served_names.iter().any(|n| n == model) {
+                let e = ApiError::model_not_found(model);
+                return Err(self.bodies.refuse_unread(&tenant.name, req, e));
+            }
+        }
         // What the buckets cannot give even the least a request costs is refused before its
         // body is read.
         if let Err(e) = self

@@ -150,13 +150,13 @@ impl Backends {
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
         let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
-        let body =
-            api::rewrite_for_backend(&mut req, max_output, &self.config.model.served_names[0]);
+        let backend_model = &self.config.model.served_names[0];
+        let body = api::rewrite_for_backend(&mut req, max_output, backend_model);
         let forwarded = Some(admitted.forwarded());
         let resp = match upstream
             .send(
                 Method::POST,
-                req.endpoint.path(),
+                &req.endpoint.backend_path(backend_model),
                 Some(body),
                 request_id,
                 forwarded,

@@ -225,20 +225,34 @@ where
 /// TGI's `GET /info`, from the gateway's config: the model (its first served name), the
 /// context (`max_total_tokens`, and `max_input_tokens` one less: the answer needs a token), the
 /// requests the backends run at once (their `max_batch`es), one sequence per request
-/// (`max_best_of`), and who answers. It costs nothing, as `/v1/models` does.
+/// (`max_best_of`), and who answers; and the same as MindIE's `/info` says them, for its
+/// clients (`models` with `max_total_tokens`, `max_input_length`; what the gateway does not know
+/// of the engine, as its prefill budget and weights' dtype, is null, as MindIE writes what it
+/// does not support). It costs nothing, as `/v1/models` does.
 fn info(config: &ValidConfig) -> Value {
     let model = &config.model;
     let concurrent: u64 = (config.backends.iter())
         .map(|b| u64::from(b.max_batch))
         .sum();
+    let max_input = model.max_model_len.saturating_sub(1);
     serde_json::json!({
         "model_id": model.served_names[0],
-        "max_input_tokens": model.max_model_len.saturating_sub(1),
+        "max_input_tokens": max_input,
         "max_total_tokens": model.max_model_len,
         "max_concurrent_requests": concurrent,
         "max_best_of": 1,
         "router": "tokengate",
         "version": env!("CARGO_PKG_VERSION"),
+        "max_input_length": max_input,
+        "max_batch_total_tokens": null,
+        "models": [{
+            "model_id": model.served_names[0],
+            "model_device_type": "npu",
+            "model_dtype": null,
+            "model_pipeline_tag": "text-generation",
+            "model_sha": null,
+            "max_total_tokens": model.max_model_len,
+        }],
     })
 }
 

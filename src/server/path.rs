@@ -7,6 +7,7 @@
 //! has steps 1-2 around its own routes. The listeners that serve them are [`super`]'s.
 
 use crate::admin;
+use crate::api::route::path_matches;
 use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
 use crate::gateway::Gateway;
@@ -246,7 +247,8 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let path = req.uri().path();
-        let wire = (main_routes().find(|(p, ..)| *p == path)).map_or(Wire::OpenAi, |r| r.2.wire());
+        let wire = (main_routes().find(|(p, ..)| path_matches(p, path)))
+            .map_or(Wire::OpenAi, |r| r.2.wire());
         let started = tokio::time::Instant::now();
         let answer = self.0.call(req);
         Box::pin(async move {
@@ -344,7 +346,8 @@ fn route<G: Handler, L: Handler>(
         let routes = routes.clone();
         Box::pin(async move {
             let (method, path) = (req.method(), req.uri().path());
-            let Some((_, allow, answer)) = main_routes().find(|(p, ..)| *p == path) else {
+            let Some((_, allow, answer)) = main_routes().find(|(p, ..)| path_matches(p, path))
+            else {
                 return Err(ApiError::not_found(format!("no route {method} {path}")));
             };
             if method.as_str() != allow.as_str() {

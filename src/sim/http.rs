@@ -157,6 +157,19 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         (&Method::POST, "/infer") => (Api::Tgi, Some(Native::Infer)),
         (&Method::POST, "/v1/messages") => (Api::Messages, None),
         (&Method::POST, "/v1/responses") => (Api::Responses, None),
+        (&Method::POST, path) if path.starts_with("/v2/models/") => {
+            let route = Route::from_path(path)
+                .ok_or_else(|| ApiError::not_found(format!("no route for {path}")))?;
+            let model = route.path_model(path).unwrap_or_default();
+            if !shared.served_names.iter().any(|n| n == model) {
+                // MindIE's words.
+                return Err(ApiError::not_found(format!("Model {model} not found.")));
+            }
+            let Route::MindIe(native) = route else {
+                unreachable!("only Triton's routes are under /v2/models")
+            };
+            (Api::Triton, Some(native))
+        }
         _ => return Err(ApiError::not_found(format!("no route for {path}"))),
     };
     let body = Limited::new(req.into_body(), BODY_LIMIT_BYTES)
@@ -236,7 +249,7 @@ fn injected_status(
 ) -> Response<Body> {
     let message = format!("the simulated backend was told to answer {status}");
     let body = match api {
-        Api::Tgi | Api::VllmGenerate => {
+        Api::Tgi | Api::VllmGenerate | Api::Triton => {
             serde_json::json!({"error": message, "error_type": "injected_failure"})
         }
         Api::Messages => serde_json::json!({"type": "error", "error": {

@@ -21,6 +21,8 @@ pub enum Api {
     Tgi,
     /// MindIE's vLLM-compatible `/generate` (a body with `prompt`).
     VllmGenerate,
+    /// MindIE's Triton `/v2/models/{model}/generate` and `generate_stream`.
+    Triton,
     /// Anthropic's `POST /v1/messages`.
     Messages,
     /// OpenAI's `POST /v1/responses`.
@@ -244,8 +246,15 @@ pub fn parse_native(
         Some(Echo::Json) => Some(format!("{} ", req.body["inputs"])),
         None => None,
     };
+    let api = if vllm {
+        Api::VllmGenerate
+    } else if native.is_triton() {
+        Api::Triton
+    } else {
+        Api::Tgi
+    };
     let job = Job {
-        api: if vllm { Api::VllmGenerate } else { Api::Tgi },
+        api,
         stream: req.stream,
         include_usage: false,
         prompt_tokens,
@@ -565,6 +574,13 @@ impl Api {
             }
             // Each sequence's new text, then a NUL; nothing marks the last.
             Api::VllmGenerate => vec![format!("{}\0", json!({"text": each_text(job, text)}))],
+            // `data:` without a space, as MindIE writes Triton's events.
+            Api::Triton => {
+                let details = job
+                    .details
+                    .then(|| triton_details(finish.map(|f| f.0), index));
+                vec![format!("data:{}\n\n", triton_answer(meta, text, details))]
+            }
             Api::Tgi => {
                 let (generated_text, details) = match finish {
                     Some((f, full, n)) => (json!(full), tgi_details(f, n)),
@@ -588,7 +604,9 @@ impl Api {
     /// and `[DONE]` (OpenAI).
     pub fn stream_end(self, meta: &Meta, job: &Job, n: u64) -> Vec<String> {
         match self {
-            Api::Tgi | Api::VllmGenerate | Api::Messages | Api::Responses => Vec::new(),
+            Api::Tgi | Api::VllmGenerate | Api::Triton | Api::Messages | Api::Responses => {
+                Vec::new()
+            }
             Api::Chat | Api::Completion => {
                 let mut out = Vec::new();
                 if job.include_usage {
@@ -646,6 +664,10 @@ impl Api {
             }
             Api::Tgi => json!({"generated_text": job.generated_text(text)}),
             Api::VllmGenerate => json!({"text": each_text(job, &job.generated_text(text))}),
+            Api::Triton => {
+                let details = job.details.then(|| triton_details(Some(finish), n));
+                triton_answer(meta, &text, details)
+            }
             Api::Responses => response_object(meta, job, n, Some(finish)),
             Api::Messages => {
                 let reasoning = job.reasoning_tokens(n);
@@ -674,11 +696,31 @@ impl Api {
         match self {
             Api::Chat => "chatcmpl-",
             Api::Completion => "cmpl-",
-            Api::Tgi | Api::VllmGenerate => "gen-",
+            Api::Tgi | Api::VllmGenerate | Api::Triton => "gen-",
             Api::Messages => "msg_",
             Api::Responses => "resp_",
         }
     }
+}
+
+/// A Triton answer or event: its new text, and `details` when asked (left out otherwise).
+fn triton_answer(meta: &Meta, text: &str, details: Option<Value>) -> Value {
+    let mut answer = json!({"id": meta.id, "model_name": meta.model, "model_version": null,
+        "text_output": text});
+    if let Some(details) = details {
+        answer["details"] = details;
+    }
+    answer
+}
+
+/// Triton's `details`: the tokens generated so far, and how it ended once it has.
+fn triton_details(finish: Option<Finish>, generated: u64) -> Value {
+    let mut details = json!({"generated_tokens": generated, "first_token_cost": null,
+        "decode_cost": null});
+    if let Some(f) = finish {
+        details["finish_reason"] = f.tgi().into();
+    }
+    details
 }
 
 /// `text` as the text of each of `job`'s sequences (MindIE's vLLM-compatible answers).

@@ -823,6 +823,103 @@ async fn a_list_of_parts_is_charged_as_the_user_message_mindie_renders() {
 }
 
 #[tokio::test]
+async fn tritons_routes_charge_the_prompt_and_settle_on_the_running_count() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
+    let prompt = tokenizer().count(INPUTS) as u64;
+    let mut decoded = 0;
+    for (path, details) in [
+        ("/v2/models/qwen3.5-27b/generate", false),
+        ("/v2/models/qwen3.5-27b/generate", true),
+        ("/v2/models/qwen3.5-27b/generate_stream", false),
+    ] {
+        let (prefill, decode, _) = buckets(&gw).await;
+        let body = json!({"id": "a1", "text_input": INPUTS, "parameters": {"max_new_tokens": 30, "details": details}});
+        let r = post(&gw.url(path), "sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        let n = if path.ends_with("_stream") {
+            // Asked for `details` by the gateway: each event's running count, the last the
+            // whole.
+            let events = events(&r.body);
+            let counts: Vec<u64> = (events.iter())
+                .map(|e| e["details"]["generated_tokens"].as_u64().unwrap())
+                .collect();
+            assert_eq!(counts, (1..=events.len() as u64).collect::<Vec<_>>());
+            events.len() as u64
+        } else {
+            let v = r.json();
+            assert_eq!(v["model_name"], "qwen3.5-27b");
+            let text = v["text_output"].as_str().unwrap();
+            let n = tokenizer().count(text) as u64;
+            if details {
+                assert_eq!(v["details"]["generated_tokens"].as_u64(), Some(n));
+            } else {
+                assert_eq!(v.get("details"), None);
+            }
+            n
+        };
+        assert!((1..30).contains(&n), "{path}: {n}");
+        decoded += n;
+        gw.wait_metric(
+            "tokengate_decode_tokens_total{tenant=\"alice\"}",
+            &decoded.to_string(),
+        )
+        .await;
+        assert_eq!(buckets(&gw).await.0, prefill - prompt as f64, "{path}");
+        assert_eq!(
+            gw.bucket("alice", "decode").await,
+            decode - n as f64,
+            "{path}"
+        );
+        assert_eq!(gw.kv_reserved(0).await, 0);
+    }
+    assert_eq!(sim.stats().max_tokens, vec![Some(30); 3]);
+    // A model the gateway does not serve: a 404 in MindIE's shape, nothing charged, nothing
+    // forwarded.
+    let before = buckets(&gw).await;
+    let body = json!({"text_input": INPUTS});
+    let r = post(&gw.url("/v2/models/llama/generate"), "sk-alice", &body).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error_type"], "model_not_found", "{}", r.text());
+    assert_eq!(buckets(&gw).await, before);
+    assert_eq!(sim.stats().requests, 3);
+}
+
+#[tokio::test]
+async fn a_broken_triton_stream_is_charged_the_last_running_count_that_arrived() {
+    let (gw, sim) = sim_gateway(Duration::from_millis(200)).await;
+    sim.set_faults(Faults {
+        fail_after_tokens: Some(3),
+        ..Faults::default()
+    });
+    let body = json!({"text_input": "a", "parameters": {"max_new_tokens": 20, "ignore_eos": true}});
+    let r = post(
+        &gw.url("/v2/models/qwen3.5-27b/generate_stream"),
+        "sk-alice",
+        &body,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let mut events = events(&r.body);
+    assert_eq!(
+        events.pop().unwrap(),
+        json!({"error": "the backend stream broke before it finished", "error_type": "upstream_error"})
+    );
+    let streamed = events.len() as u64;
+    assert!((1..=3).contains(&streamed), "{}", r.text());
+    assert_eq!(
+        events.last().unwrap()["details"]["generated_tokens"].as_u64(),
+        Some(streamed)
+    );
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"upstream_error\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - streamed as f64);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
+#[tokio::test]
 async fn info_says_the_model_and_its_limits_from_the_config() {
     let (gw, sim) = sim_gateway(Duration::from_millis(1)).await;
     let headers = [("authorization", "Bearer sk-alice")];
@@ -838,6 +935,16 @@ async fn info_says_the_model_and_its_limits_from_the_config() {
             "max_best_of": 1,
             "router": "tokengate",
             "version": env!("CARGO_PKG_VERSION"),
+            "max_input_length": 4095,
+            "max_batch_total_tokens": null,
+            "models": [{
+                "model_id": "qwen3.5-27b",
+                "model_device_type": "npu",
+                "model_dtype": null,
+                "model_pipeline_tag": "text-generation",
+                "model_sha": null,
+                "max_total_tokens": 4096,
+            }],
         })
     );
     // Free, and not the backend's to answer.
