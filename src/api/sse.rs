@@ -1319,6 +1319,37 @@ mod tests {
             }
             prop_assert_eq!((events, s.finish()), events_by_definition(&bytes));
         }
+
+        #[test]
+        fn splits_nul_framed_events_at_each_nul_however_the_stream_is_cut(
+            parts in prop::collection::vec(
+                prop::sample::select(vec!["\0", "\n\n", "{\"text\":[\"x\"]}", "é", "\r\n\r\n"]),
+                0..40,
+            ),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        ) {
+            let bytes = parts.concat().into_bytes();
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            at.sort_unstable();
+            let mut s = SseSplitter::framed(1 << 20, Framing::Nul);
+            let (mut events, mut start) = (Vec::new(), 0);
+            for end in at.into_iter().chain([bytes.len()]) {
+                let split = s.push(&bytes[start..end]);
+                prop_assert!(!split.too_large);
+                events.extend(split.events);
+                start = end;
+            }
+            // By the definition: every event ends just after a NUL, the rest is unfinished.
+            let ends = (bytes.iter().enumerate()).filter(|(_, &b)| b == 0).map(|(p, _)| p + 1);
+            let mut expected = Vec::new();
+            let mut from = 0;
+            for end in ends {
+                expected.push(Bytes::copy_from_slice(&bytes[from..end]));
+                from = end;
+            }
+            let rest = (from < bytes.len()).then(|| Bytes::copy_from_slice(&bytes[from..]));
+            prop_assert_eq!((events, s.finish()), (expected, rest));
+        }
     }
 
     #[test]
