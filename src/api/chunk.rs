@@ -9,7 +9,7 @@ use crate::wire::Wire;
 pub enum Chunk<'a> {
     /// An OpenAI chunk or answer.
     OpenAi(sse::Chunk<'a>),
-    /// A TGI event or answer.
+    /// A TGI event or answer (or a Triton one, of MindIE's).
     Tgi(mindie::Chunk<'a>),
     /// An Anthropic event or answer.
     Anthropic(anthropic::Chunk<'a>),
@@ -17,8 +17,6 @@ pub enum Chunk<'a> {
     Responses(responses::Chunk<'a>),
     /// An event or answer of MindIE's vLLM-compatible `/generate`.
     VllmGenerate(mindie::Texts<'a>),
-    /// An event or answer of MindIE's Triton routes.
-    Triton(mindie::Triton<'a>),
 }
 
 impl<'a> Chunk<'a> {
@@ -26,11 +24,10 @@ impl<'a> Chunk<'a> {
     pub fn of(wire: Wire, json: &'a [u8]) -> Self {
         match wire {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
-            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse(json)),
+            Wire::Tgi | Wire::Triton => Chunk::Tgi(mindie::Chunk::parse(json)),
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse(json)),
             Wire::Responses => Chunk::Responses(responses::Chunk::parse(json)),
             Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse(json)),
-            Wire::Triton => Chunk::Triton(mindie::Triton::parse(json)),
         }
     }
 
@@ -39,11 +36,10 @@ impl<'a> Chunk<'a> {
     pub fn of_event(wire: Wire, data: &'a str, head: &mut sse::EventHead) -> Self {
         match wire {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
-            Wire::Tgi => Chunk::Tgi(mindie::Chunk::parse_text(data)),
+            Wire::Tgi | Wire::Triton => Chunk::Tgi(mindie::Chunk::parse_text(data)),
             Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse_text(data)),
             Wire::Responses => Chunk::Responses(responses::Chunk::parse_text(data)),
             Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse_text(data)),
-            Wire::Triton => Chunk::Triton(mindie::Triton::parse_text(data)),
         }
     }
 
@@ -55,7 +51,6 @@ impl<'a> Chunk<'a> {
             Chunk::Tgi(c) => c.generated_tokens(),
             Chunk::Anthropic(c) => c.completion_tokens(),
             Chunk::Responses(c) => c.completion_tokens(),
-            Chunk::Triton(c) => c.generated_tokens(),
             Chunk::VllmGenerate(_) => None,
         }
     }
@@ -67,7 +62,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.prompt_tokens(),
             Chunk::Anthropic(c) => c.prompt_tokens(),
             Chunk::Responses(c) => c.prompt_tokens(),
-            Chunk::Tgi(_) | Chunk::VllmGenerate(_) | Chunk::Triton(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
         }
     }
 
@@ -78,7 +73,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.cached_tokens(),
             Chunk::Anthropic(c) => c.cached_tokens(),
             Chunk::Responses(c) => c.cached_tokens(),
-            Chunk::Tgi(_) | Chunk::VllmGenerate(_) | Chunk::Triton(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
         }
     }
 
@@ -87,11 +82,9 @@ impl<'a> Chunk<'a> {
     pub fn usage_only(&self) -> bool {
         match self {
             Chunk::OpenAi(c) => c.usage_only(),
-            Chunk::Tgi(_)
-            | Chunk::Anthropic(_)
-            | Chunk::Responses(_)
-            | Chunk::VllmGenerate(_)
-            | Chunk::Triton(_) => false,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
+                false
+            }
         }
     }
 
@@ -102,7 +95,6 @@ impl<'a> Chunk<'a> {
         let (openai, tgi, anthropic, responses, texts) = match self {
             Chunk::OpenAi(c) => (Some(c.generated()), None, None, None, None),
             Chunk::Tgi(c) => (None, c.generated(), None, None, None),
-            Chunk::Triton(c) => (None, c.generated(), None, None, None),
             Chunk::Anthropic(c) => (None, None, Some(c.generated()), None, None),
             Chunk::Responses(c) => (None, None, None, Some(c.generated()), None),
             Chunk::VllmGenerate(c) => (None, None, None, None, Some(c.sequences())),
@@ -120,11 +112,9 @@ impl<'a> Chunk<'a> {
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),
-            Chunk::Tgi(_)
-            | Chunk::Anthropic(_)
-            | Chunk::Responses(_)
-            | Chunk::VllmGenerate(_)
-            | Chunk::Triton(_) => None,
+            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
+                None
+            }
         }
     }
 }

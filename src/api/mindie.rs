@@ -313,7 +313,8 @@ pub fn rewrite_for_backend(req: &mut GenerationRequest, reserved: u64) -> Bytes 
 
 /// A whole answer or one stream event, as far as metering reads it: a stream event's token
 /// (one per event), a whole answer's `generated_text`, and `details.generated_tokens` (in a
-/// whole answer and a stream's last event). Read like an OpenAI chunk ([`sse::Chunk`]): borrowed,
+/// whole answer and a stream's last event); and the same of MindIE's Triton routes,
+/// `text_output` and `details.generated_tokens` (a stream's running total). Read like an OpenAI chunk ([`sse::Chunk`]): borrowed,
 /// a field of an unexpected type ignored as if absent, anything not a JSON object empty.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -322,6 +323,9 @@ pub struct Chunk<'a> {
     token: Loose<Token<'a>>,
     #[serde(borrow)]
     generated_text: Loose<Cow<'a, str>>,
+    /// Triton's text (its answers have no `token` and no `generated_text`).
+    #[serde(borrow)]
+    text_output: Loose<Cow<'a, str>>,
     details: Loose<Details>,
 }
 
@@ -358,48 +362,14 @@ impl<'a> Chunk<'a> {
     }
 
     /// The text generated: a stream event's token when it has one (the last event's
-    /// `generated_text` repeats the whole answer), else a whole answer's `generated_text`.
+    /// `generated_text` repeats the whole answer), else a whole answer's `generated_text`, else
+    /// Triton's `text_output` (an event's new text, or the whole answer).
     pub fn generated(&self) -> Option<&str> {
         let text = match &self.token {
-            Loose::Absent => self.generated_text.get(),
+            Loose::Absent => (self.generated_text.get()).or(self.text_output.get()),
             token => token.get()?.text.get(),
         };
         text.map(Cow::as_ref)
-    }
-}
-
-/// A whole answer or one stream event of MindIE's Triton routes, as metering reads it:
-/// `text_output` (an event's new text) and `details.generated_tokens` (a stream's running
-/// total). Read like [`Chunk`].
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct Triton<'a> {
-    #[serde(borrow)]
-    text_output: Loose<Cow<'a, str>>,
-    details: Loose<Details>,
-}
-
-sse::object_shape!(Triton<'a>;);
-
-impl<'a> Triton<'a> {
-    /// Reads `json` (a whole answer), borrowing its strings.
-    pub fn parse(json: &'a [u8]) -> Self {
-        sse::read_object(json)
-    }
-
-    /// [`Triton::parse`] of text (an event).
-    pub fn parse_text(json: &'a str) -> Self {
-        sse::read_text(json)
-    }
-
-    /// `details.generated_tokens`: in a stream, of every event so far.
-    pub fn generated_tokens(&self) -> Option<u64> {
-        self.details.get()?.generated_tokens.get().copied()
-    }
-
-    /// `text_output`.
-    pub fn generated(&self) -> Option<&str> {
-        self.text_output.get().map(Cow::as_ref)
     }
 }
 
@@ -703,7 +673,7 @@ mod tests {
     #[test]
     fn reads_tritons_text_and_running_count() {
         let read = |json: &[u8]| {
-            let c = Triton::parse(json);
+            let c = Chunk::parse(json);
             (c.generated().map(str::to_owned), c.generated_tokens())
         };
         let event = br#"{"id":"a1","model_name":"qwen","model_version":null,"text_output":" fox","details":{"generated_tokens":3,"first_token_cost":null}}"#;

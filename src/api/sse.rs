@@ -1269,6 +1269,26 @@ mod tests {
         assert_eq!(s.finish(), None);
     }
 
+    /// The events a splitter framed as `framing` makes of `bytes` pushed in pieces cut at
+    /// `cuts`, and what is left unfinished.
+    fn split_at(
+        framing: Framing,
+        bytes: &[u8],
+        cuts: &[prop::sample::Index],
+    ) -> (Vec<Bytes>, Option<Bytes>) {
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+        at.sort_unstable();
+        let mut s = SseSplitter::framed(1 << 20, framing);
+        let (mut events, mut start) = (Vec::new(), 0);
+        for end in at.into_iter().chain([bytes.len()]) {
+            let split = s.push(&bytes[start..end]);
+            assert!(!split.too_large);
+            events.extend(split.events);
+            start = end;
+        }
+        (events, s.finish())
+    }
+
     /// The events of `bytes` by the definition: each ends at the earliest `\n\n` or
     /// `\r\n\r\n` from its start, searched afresh.
     fn events_by_definition(mut bytes: &[u8]) -> (Vec<Bytes>, Option<Bytes>) {
@@ -1307,17 +1327,8 @@ mod tests {
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
         ) {
             let bytes = parts.concat().into_bytes();
-            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
-            at.sort_unstable();
-            let mut s = SseSplitter::new(1 << 20);
-            let (mut events, mut start) = (Vec::new(), 0);
-            for end in at.into_iter().chain([bytes.len()]) {
-                let split = s.push(&bytes[start..end]);
-                prop_assert!(!split.too_large);
-                events.extend(split.events);
-                start = end;
-            }
-            prop_assert_eq!((events, s.finish()), events_by_definition(&bytes));
+            let split = split_at(Framing::Sse, &bytes, &cuts);
+            prop_assert_eq!(split, events_by_definition(&bytes));
         }
 
         #[test]
@@ -1329,16 +1340,7 @@ mod tests {
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
         ) {
             let bytes = parts.concat().into_bytes();
-            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
-            at.sort_unstable();
-            let mut s = SseSplitter::framed(1 << 20, Framing::Nul);
-            let (mut events, mut start) = (Vec::new(), 0);
-            for end in at.into_iter().chain([bytes.len()]) {
-                let split = s.push(&bytes[start..end]);
-                prop_assert!(!split.too_large);
-                events.extend(split.events);
-                start = end;
-            }
+            let split = split_at(Framing::Nul, &bytes, &cuts);
             // By the definition: every event ends just after a NUL, the rest is unfinished.
             let ends = (bytes.iter().enumerate()).filter(|(_, &b)| b == 0).map(|(p, _)| p + 1);
             let mut expected = Vec::new();
@@ -1348,7 +1350,7 @@ mod tests {
                 from = end;
             }
             let rest = (from < bytes.len()).then(|| Bytes::copy_from_slice(&bytes[from..]));
-            prop_assert_eq!((events, s.finish()), (expected, rest));
+            prop_assert_eq!(split, (expected, rest));
         }
     }
 

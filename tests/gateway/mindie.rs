@@ -653,6 +653,42 @@ async fn a_whole_answer_that_repeats_its_prompt_is_charged_only_what_was_generat
     );
 }
 
+/// Waits until Alice's settled output reaches `decoded` in all, then checks that the request
+/// just settled left her buckets `before` less its `prompt` and its `n` generated tokens (and
+/// one request), and holds no KV.
+async fn assert_settled(
+    gw: &TestGateway,
+    decoded: u64,
+    before: (f64, f64, f64),
+    (prompt, n): (u64, u64),
+    what: &str,
+) {
+    gw.wait_metric(
+        "tokengate_decode_tokens_total{tenant=\"alice\"}",
+        &decoded.to_string(),
+    )
+    .await;
+    let (prefill, decode, requests) = before;
+    assert_eq!(
+        buckets(gw).await,
+        (prefill - prompt as f64, decode - n as f64, requests - 1.0),
+        "{what}"
+    );
+    assert_eq!(gw.kv_reserved(0).await, 0, "{what}");
+}
+
+/// Waits until Alice's stream cut short by the backend is settled, then checks that it was
+/// charged the `streamed` tokens that reached her (of 1,000) and holds no KV.
+async fn assert_cut_short_settled(gw: &TestGateway, streamed: u64) {
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"upstream_error\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - streamed as f64);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
 /// The texts of a stream of MindIE's vLLM-compatible `/generate`: its NUL-ended events, each
 /// sequence's pieces joined.
 fn nul_event_texts(body: &[u8]) -> Vec<String> {
@@ -678,7 +714,8 @@ async fn a_vllm_compatible_generate_charges_every_sequence_and_counts_each_text(
     let prompt = tokenizer().count(INPUTS) as u64;
     let mut decoded = 0;
     for stream in [false, true] {
-        let (prefill, decode, _) = buckets(&gw).await;
+        let before = buckets(&gw).await;
+        let decode = before.1;
         // `best_of` 3 sequences run (and are answered) for `n` 2.
         let body = json!({"prompt": INPUTS, "max_tokens": 30, "n": 2, "best_of": 3, "stream": stream, "temperature": 0.5});
         let r = post(&gw.url("/generate"), "sk-alice", &body).await;
@@ -707,18 +744,7 @@ async fn a_vllm_compatible_generate_charges_every_sequence_and_counts_each_text(
         let n: u64 = texts.iter().map(|t| tokenizer().count(t) as u64).sum();
         assert!((3..90).contains(&n), "{body}: {n}");
         decoded += n;
-        gw.wait_metric(
-            "tokengate_decode_tokens_total{tenant=\"alice\"}",
-            &decoded.to_string(),
-        )
-        .await;
-        assert_eq!(buckets(&gw).await.0, prefill - prompt as f64, "{body}");
-        assert_eq!(
-            gw.bucket("alice", "decode").await,
-            decode - n as f64,
-            "{body}"
-        );
-        assert_eq!(gw.kv_reserved(0).await, 0);
+        assert_settled(&gw, decoded, before, (prompt, n), &body.to_string()).await;
     }
     // Each sequence was asked for what was reserved for each.
     assert_eq!(sim.stats().max_tokens, vec![Some(30), Some(30)]);
@@ -755,13 +781,7 @@ async fn a_broken_vllm_compatible_stream_ends_with_a_nul_ended_error_and_charges
     let streamed: u64 = texts.iter().map(|t| tokenizer().count(t) as u64).sum();
     assert_eq!(texts.len(), 2, "{text}");
     assert!((2..=6).contains(&streamed), "{text}");
-    gw.wait_metric(
-        "tokengate_requests_total{tenant=\"alice\",outcome=\"upstream_error\"}",
-        "1",
-    )
-    .await;
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - streamed as f64);
-    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_cut_short_settled(&gw, streamed).await;
 }
 
 #[tokio::test]
@@ -781,8 +801,7 @@ async fn a_list_of_parts_is_charged_as_the_user_message_mindie_renders() {
             json!({"inputs": parts, "parameters": {"max_new_tokens": 20, "return_full_text": true}}),
         ),
     ] {
-        let prefill = gw.bucket("alice", "prefill").await;
-        let decode = gw.bucket("alice", "decode").await;
+        let before = buckets(&gw).await;
         let r = post(&gw.url(path), "sk-alice", &body).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
         let n = match path {
@@ -802,21 +821,7 @@ async fn a_list_of_parts_is_charged_as_the_user_message_mindie_renders() {
             }
         };
         decoded += n;
-        gw.wait_metric(
-            "tokengate_decode_tokens_total{tenant=\"alice\"}",
-            &decoded.to_string(),
-        )
-        .await;
-        assert_eq!(
-            gw.bucket("alice", "prefill").await,
-            prefill - chat as f64,
-            "{path}"
-        );
-        assert_eq!(
-            gw.bucket("alice", "decode").await,
-            decode - n as f64,
-            "{path}"
-        );
+        assert_settled(&gw, decoded, before, (chat, n), path).await;
     }
     // The backend counted the same prompt.
     assert_eq!(sim.stats().prompt_tokens, 3 * chat);
@@ -832,7 +837,7 @@ async fn tritons_routes_charge_the_prompt_and_settle_on_the_running_count() {
         ("/v2/models/qwen3.5-27b/generate", true),
         ("/v2/models/qwen3.5-27b/generate_stream", false),
     ] {
-        let (prefill, decode, _) = buckets(&gw).await;
+        let before = buckets(&gw).await;
         let body = json!({"id": "a1", "text_input": INPUTS, "parameters": {"max_new_tokens": 30, "details": details}});
         let r = post(&gw.url(path), "sk-alice", &body).await;
         assert_eq!(r.status, 200, "{path}: {}", r.text());
@@ -859,18 +864,7 @@ async fn tritons_routes_charge_the_prompt_and_settle_on_the_running_count() {
         };
         assert!((1..30).contains(&n), "{path}: {n}");
         decoded += n;
-        gw.wait_metric(
-            "tokengate_decode_tokens_total{tenant=\"alice\"}",
-            &decoded.to_string(),
-        )
-        .await;
-        assert_eq!(buckets(&gw).await.0, prefill - prompt as f64, "{path}");
-        assert_eq!(
-            gw.bucket("alice", "decode").await,
-            decode - n as f64,
-            "{path}"
-        );
-        assert_eq!(gw.kv_reserved(0).await, 0);
+        assert_settled(&gw, decoded, before, (prompt, n), path).await;
     }
     assert_eq!(sim.stats().max_tokens, vec![Some(30); 3]);
     // A model the gateway does not serve: a 404 in MindIE's shape, nothing charged, nothing
@@ -910,13 +904,7 @@ async fn a_broken_triton_stream_is_charged_the_last_running_count_that_arrived()
         events.last().unwrap()["details"]["generated_tokens"].as_u64(),
         Some(streamed)
     );
-    gw.wait_metric(
-        "tokengate_requests_total{tenant=\"alice\",outcome=\"upstream_error\"}",
-        "1",
-    )
-    .await;
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - streamed as f64);
-    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_cut_short_settled(&gw, streamed).await;
 }
 
 #[tokio::test]
