@@ -360,9 +360,11 @@ impl RateLimitHeaders {
         }
     }
 
-    /// Anthropic's `anthropic-ratelimit-{requests,output-tokens}-{limit,remaining,reset}`
-    /// (the request bucket, and the decode bucket: what the answer may generate), each reset
-    /// the RFC 3339 time, from `now`, at which its bucket is full again.
+    /// Anthropic's `anthropic-ratelimit-{requests,input-tokens,output-tokens,tokens}-{limit,
+    /// remaining,reset}`: the request bucket, the prefill bucket (what prompts may cost), the
+    /// decode bucket (what answers may generate), and of those two the one with fewer tokens
+    /// left (Anthropic's `tokens` are its most restrictive token limit), each reset the RFC 3339
+    /// time, from `now`, at which its bucket is full again.
     pub fn apply_anthropic(&self, h: &mut HeaderMap, now: std::time::SystemTime) {
         // The names are made at compile time, as `apply`'s are.
         const REQUESTS: [HeaderName; 3] = [
@@ -370,26 +372,40 @@ impl RateLimitHeaders {
             HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
             HeaderName::from_static("anthropic-ratelimit-requests-reset"),
         ];
+        const INPUT_TOKENS: [HeaderName; 3] = [
+            HeaderName::from_static("anthropic-ratelimit-input-tokens-limit"),
+            HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining"),
+            HeaderName::from_static("anthropic-ratelimit-input-tokens-reset"),
+        ];
         const OUTPUT_TOKENS: [HeaderName; 3] = [
             HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
             HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
             HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
         ];
-        let buckets = [
-            (
-                REQUESTS,
-                self.limit_requests,
-                self.remaining_requests,
-                self.reset_requests,
-            ),
-            (
-                OUTPUT_TOKENS,
-                self.limit_tokens,
-                self.remaining_tokens,
-                self.reset_tokens,
-            ),
+        const TOKENS: [HeaderName; 3] = [
+            HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
+            HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
+            HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
         ];
-        for ([limit_name, remaining_name, reset_name], limit, remaining, reset) in buckets {
+        let input = (
+            self.limit_input_tokens,
+            self.remaining_input_tokens,
+            self.reset_input_tokens,
+        );
+        let output = (self.limit_tokens, self.remaining_tokens, self.reset_tokens);
+        let tighter = if input.1 < output.1 { input } else { output };
+        let requests = (
+            self.limit_requests,
+            self.remaining_requests,
+            self.reset_requests,
+        );
+        let buckets = [
+            (REQUESTS, requests),
+            (INPUT_TOKENS, input),
+            (OUTPUT_TOKENS, output),
+            (TOKENS, tighter),
+        ];
+        for ([limit_name, remaining_name, reset_name], (limit, remaining, reset)) in buckets {
             // Whole seconds, rounded up: the bucket is full by then.
             let reset = now + Duration::from_secs(reset.as_nanos().div_ceil(1_000_000_000) as u64);
             let reset = humantime::format_rfc3339_seconds(reset).to_string();
@@ -902,6 +918,9 @@ mod tests {
             limit_requests: 18_446_744_073_709_551_615,
             remaining_requests: 7,
             reset_requests: Duration::from_millis(12),
+            limit_input_tokens: 99,
+            remaining_input_tokens: 98,
+            reset_input_tokens: Duration::from_millis(97),
         }
         .apply(&mut h);
         let got: Vec<(&str, &str)> = h
@@ -932,6 +951,9 @@ mod tests {
             limit_requests: 15,
             remaining_requests: 15,
             reset_requests: Duration::ZERO,
+            limit_input_tokens: 20_000,
+            remaining_input_tokens: 19_000,
+            reset_input_tokens: Duration::from_millis(1),
         }
         .apply_anthropic(&mut h, now);
         let got: Vec<(&str, &str)> = h
@@ -944,6 +966,12 @@ mod tests {
                 ("anthropic-ratelimit-requests-limit", "15"),
                 ("anthropic-ratelimit-requests-remaining", "15"),
                 ("anthropic-ratelimit-requests-reset", "2027-01-15T08:00:00Z"),
+                ("anthropic-ratelimit-input-tokens-limit", "20000"),
+                ("anthropic-ratelimit-input-tokens-remaining", "19000"),
+                (
+                    "anthropic-ratelimit-input-tokens-reset",
+                    "2027-01-15T08:00:01Z"
+                ),
                 ("anthropic-ratelimit-output-tokens-limit", "300"),
                 ("anthropic-ratelimit-output-tokens-remaining", "50"),
                 // 12.5 s, rounded up to whole seconds.
@@ -951,6 +979,10 @@ mod tests {
                     "anthropic-ratelimit-output-tokens-reset",
                     "2027-01-15T08:00:13Z"
                 ),
+                // The output tokens: fewer are left of them.
+                ("anthropic-ratelimit-tokens-limit", "300"),
+                ("anthropic-ratelimit-tokens-remaining", "50"),
+                ("anthropic-ratelimit-tokens-reset", "2027-01-15T08:00:13Z"),
             ]
         );
         let e = ApiError::invalid_param("max_tokens", "`max_tokens` is required");

@@ -551,10 +551,17 @@ pub struct RateLimitHeaders {
     pub remaining_requests: u64,
     /// Time until the request bucket is full again.
     pub reset_requests: Duration,
+    /// Prefill bucket capacity (tokens): Anthropic's clients read it as their input tokens.
+    pub limit_input_tokens: u64,
+    /// Prefill tokens available now.
+    pub remaining_input_tokens: u64,
+    /// Time until the prefill bucket is full again.
+    pub reset_input_tokens: Duration,
 }
 
 impl TenantSnapshot {
-    /// The `x-ratelimit-*` headers: tokens are the decode bucket, requests the request bucket.
+    /// The `x-ratelimit-*` headers: tokens are the decode bucket, requests the request bucket
+    /// (and, for Anthropic's names, input tokens the prefill bucket).
     pub fn rate_limit_headers(&self) -> RateLimitHeaders {
         RateLimitHeaders {
             limit_tokens: self.decode.capacity.floor() as u64,
@@ -563,6 +570,9 @@ impl TenantSnapshot {
             limit_requests: self.requests.capacity.floor() as u64,
             remaining_requests: self.requests.available.floor() as u64,
             reset_requests: self.requests.time_to_full,
+            limit_input_tokens: self.prefill.capacity.floor() as u64,
+            remaining_input_tokens: self.prefill.available.floor() as u64,
+            reset_input_tokens: self.prefill.time_to_full,
         }
     }
 }

@@ -586,6 +586,9 @@ mod tests {
                 limit_requests: 5,
                 remaining_requests: 4,
                 reset_requests: Duration::from_millis(750),
+                limit_input_tokens: 1000,
+                remaining_input_tokens: 1000,
+                reset_input_tokens: Duration::ZERO,
             })
         );
     }

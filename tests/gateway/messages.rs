@@ -64,6 +64,16 @@ async fn a_message_is_charged_metered_and_refunded() {
     );
     assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "0");
     assert!(r.headers.contains_key("anthropic-ratelimit-requests-reset"));
+    // The prompt was charged to the prefill bucket: the input tokens; the decode bucket has
+    // fewer left, so it is the tokens limit too.
+    assert_eq!(r.headers["anthropic-ratelimit-input-tokens-limit"], "10000");
+    let input_left = (10_000 - hello_tokens()).to_string();
+    assert_eq!(
+        r.headers["anthropic-ratelimit-input-tokens-remaining"],
+        input_left.as_str()
+    );
+    assert_eq!(r.headers["anthropic-ratelimit-tokens-limit"], "1000");
+    assert_eq!(r.headers["anthropic-ratelimit-tokens-remaining"], "0");
 
     // count_tokens says what was charged, for one request and nothing else.
     let requests = gw.bucket("alice", "requests").await;
