@@ -4,6 +4,7 @@
 
 use crate::gateway::Gateway;
 use crate::metrics::ListenerLabel;
+use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -158,8 +159,13 @@ const H2_MAX_CONCURRENT_STREAMS: u32 = 128;
 /// listener's are handed to `server.workers` threads of their own (see `Workers`).
 pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
     let cfg = gw.config.clone();
-    let main = TcpListener::bind(cfg.server.listen).await?;
-    let admin = TcpListener::bind(cfg.server.admin_listen).await?;
+    // A refusal names the address and the setting that asked for it.
+    let bind = |addr: SocketAddr, setting: &'static str| async move {
+        (TcpListener::bind(addr).await)
+            .with_context(|| format!("listening on {addr} (server.{setting})"))
+    };
+    let main = bind(cfg.server.listen, "listen").await?;
+    let admin = bind(cfg.server.admin_listen, "admin_listen").await?;
     let (addr, admin_addr) = (main.local_addr()?, admin.local_addr()?);
     let (tx, rx) = watch::channel(false);
     let serving = |name: &'static str, max_connections: usize, evict_idle: bool| Serving {

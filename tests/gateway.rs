@@ -1915,3 +1915,24 @@ mod responses;
 mod settle;
 #[path = "gateway/tokenize.rs"]
 mod tokenize;
+
+#[tokio::test]
+async fn an_address_in_use_is_named_with_its_setting() {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = taken.local_addr().unwrap();
+    for setting in ["listen", "admin_listen"] {
+        let mut cfg = config(&[addr]);
+        match setting {
+            "listen" => cfg.server.listen = addr,
+            _ => cfg.server.admin_listen = addr,
+        }
+        let Err(e) = TestGateway::try_start(cfg).await else {
+            panic!("started on {addr}, which is taken");
+        };
+        assert_eq!(
+            e.to_string(),
+            format!("listening on {addr} (server.{setting})"),
+            "{e:#}"
+        );
+    }
+}

@@ -630,17 +630,21 @@ pub struct TestGateway {
 impl TestGateway {
     /// Starts a gateway for `config` (validated here).
     pub async fn start(config: Config) -> TestGateway {
+        Self::try_start(config).await.unwrap()
+    }
+
+    /// [`TestGateway::start`], or why it could not start.
+    pub async fn try_start(config: Config) -> anyhow::Result<TestGateway> {
         let clock = ManualClock::new();
         let running = app::start(
-            config.validated().unwrap(),
+            config.validated()?,
             Deps {
                 clock: Arc::new(clock.clone()),
                 tokenizer: Some(tokenizer()),
             },
         )
-        .await
-        .unwrap();
-        TestGateway { running, clock }
+        .await?;
+        Ok(TestGateway { running, clock })
     }
 
     /// `http://addr` of the main listener.
