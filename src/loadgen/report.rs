@@ -258,8 +258,8 @@ impl Report {
     pub fn table(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         let mut out = format!(
-            "{:<10} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9}\n",
-            "tenant", "sent", "ok", "rej", "ttft p50", "ttft p95", "ttft p99", "tpot p50",
+            "{:<10} {:>6} {:>6} {:>6} {:>5} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9}\n",
+            "tenant", "sent", "ok", "rej", "t/o", "err", "ttft p50", "ttft p95", "ttft p99", "tpot p50",
             "tpot p95", "tpot p99", "req/s", "prefill/s", "decode/s", "sla", "goodput/s"
         );
         let rows = self
@@ -269,11 +269,13 @@ impl Report {
             .chain(std::iter::once(("all", &self.overall)));
         for (name, s) in rows {
             out.push_str(&format!(
-                "{:<10} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8.2} {:>9.0} {:>9.0} {:>5.1}% {:>9.0}\n",
+                "{:<10} {:>6} {:>6} {:>6} {:>5} {:>5} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8.2} {:>9.0} {:>9.0} {:>5.1}% {:>9.0}\n",
                 name,
                 s.requests,
                 s.requests_ok,
                 s.requests_rejected,
+                s.timeouts,
+                s.client_errors + s.server_errors,
                 ms(s.ttft_p50_ms),
                 ms(s.ttft_p95_ms),
                 ms(s.ttft_p99_ms),
@@ -288,7 +290,7 @@ impl Report {
             ));
         }
         out.push_str(&format!(
-            "latencies in ms; SLA: TTFT <= {} ms and TPOT <= {} ms; elapsed {:.1} s\n",
+            "rej: 429 or 503; t/o: given up at the client's timeout; err: other 4xx, 5xx and failures\nlatencies in ms; SLA: TTFT <= {} ms and TPOT <= {} ms; elapsed {:.1} s\n",
             self.sla.ttft_ms, self.sla.tpot_ms, self.elapsed_s
         ));
         out
@@ -368,5 +370,27 @@ mod tests {
         assert_eq!(r.overall.sla_attainment, 3.0 / 6.0);
         assert_eq!(r.overall.served_share, 5.0 / 6.0);
         assert!(r.table().lines().any(|l| l.starts_with("bob ")));
+    }
+
+    #[test]
+    fn the_table_shows_timeouts_and_errors_beside_refusals() {
+        let sla = Sla {
+            ttft_ms: 800.0,
+            tpot_ms: 50.0,
+        };
+        let samples = vec![
+            sample("alice", Outcome::Ok, 200.0, Some(30.0), 10),
+            sample("alice", Outcome::Timeout, 0.0, None, 0),
+            sample("alice", Outcome::Timeout, 0.0, None, 0),
+            sample("alice", Outcome::Unavailable, 0.0, None, 0),
+            sample("alice", Outcome::ClientError, 0.0, None, 0),
+            sample("alice", Outcome::ServerError, 0.0, None, 0),
+        ];
+        let table = Report::new(samples, Duration::from_secs(10), sla).table();
+        let mut lines = table.lines();
+        let head: Vec<&str> = lines.next().unwrap().split_whitespace().take(6).collect();
+        assert_eq!(head, ["tenant", "sent", "ok", "rej", "t/o", "err"]);
+        let alice: Vec<&str> = lines.next().unwrap().split_whitespace().take(6).collect();
+        assert_eq!(alice, ["alice", "6", "1", "1", "2", "2"]);
     }
 }
