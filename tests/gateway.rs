@@ -1936,3 +1936,31 @@ async fn an_address_in_use_is_named_with_its_setting() {
         );
     }
 }
+
+#[tokio::test]
+async fn tokenize_jsonl_counts_a_chat_as_the_gateway_charges_it() {
+    use tokengate::tokenize::chat::ChatTemplate;
+    use tokengate::tokenize::cli::count_line;
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let template = ChatTemplate::builtin_qwen35();
+    let bodies = [
+        json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 5}),
+        json!({"model": "qwen3.5-27b", "messages": [{"role": "system", "content": "Be brief."}, {"role": "developer", "content": "Really."},
+            {"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": false}, "max_tokens": 5}),
+        json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "none", "max_tokens": 5}),
+    ];
+    for body in bodies {
+        let prefill = gw.bucket("alice", "prefill").await;
+        let r = gw.chat("sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let charged = prefill - gw.bucket("alice", "prefill").await;
+        let counted = count_line(&tokenizer(), &template, &body).unwrap();
+        assert_eq!(counted as f64, charged, "{body}");
+    }
+    // The thinking switch goes where a request has it.
+    let line = json!({"messages": [{"role": "user", "content": "hi"}], "enable_thinking": false});
+    assert_eq!(
+        count_line(&tokenizer(), &template, &line).unwrap_err(),
+        "\"enable_thinking\" goes in \"chat_template_kwargs\", as in a request to the gateway"
+    );
+}

@@ -7,10 +7,13 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::chat::{ChatPrompt, ChatTemplate};
+use super::chat::{ChatRoute, ChatTemplate};
 use super::engine::Tokenizer;
 use super::import::import_file;
 use super::preset::{preset, PRESETS};
+use crate::api::openai::parse_chat_prompt;
+use crate::api::Prompt;
+use crate::vision::{self, VisionRules};
 
 /// `tokengate tokenizer import --tiktoken FILE --preset qwen3.5 --out PATH`
 #[derive(Debug, Clone, clap::Args)]
@@ -63,8 +66,9 @@ pub struct TokenizeArgs {
     /// Print only the number of tokens of the whole input (taken as is, final newline included).
     #[arg(long, conflicts_with = "jsonl")]
     pub count: bool,
-    /// Read JSON lines `{"text": "..."}` and print `{"count": N}` (or `{"error": "..."}`) for each,
-    /// in order.
+    /// Read JSON lines, `{"text": "..."}` or a chat completions body `{"messages": [...], ...}`
+    /// (counted as the gateway charges it), and print `{"count": N}` (or `{"error": "..."}`) for
+    /// each, in order.
     #[arg(long)]
     pub jsonl: bool,
 }
@@ -148,8 +152,11 @@ pub fn run_jsonl<R: BufRead, W: Write>(
     Ok(())
 }
 
-/// Counts a `{"text": "..."}` line as is, or a `{"messages": [...], "tools": [...],
-/// "add_generation_prompt": bool, "enable_thinking": bool}` line as its rendered prompt.
+/// Counts a `{"text": "..."}` line as is, or a `{"messages": [...], ...}` line as the gateway
+/// charges that body sent to `/v1/chat/completions`: the same fields read the same way (`tools`,
+/// `add_generation_prompt` true unless false, `chat_template_kwargs.enable_thinking`,
+/// `reasoning_effort`, vLLM's normalization of the messages), images and videos expanded as
+/// the engine expands them.
 pub fn count_line(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
@@ -159,10 +166,23 @@ pub fn count_line(
         (Some(Value::String(text)), None) => Ok(tokenizer.count(text)),
         (Some(_), None) => Err("\"text\" must be a string".to_owned()),
         (None, Some(_)) => {
-            let prompt: ChatPrompt = serde_json::from_value(line.clone())
-                .map_err(|e| format!("invalid chat line: {e}"))?;
+            let Value::Object(body) = line else {
+                unreachable!("a line with a member is an object")
+            };
+            if body.contains_key("enable_thinking") {
+                return Err("\"enable_thinking\" goes in \"chat_template_kwargs\", as in a request to the gateway".to_owned());
+            }
+            let vision = VisionRules::default();
+            let prompt = parse_chat_prompt(body, &vision, ChatRoute::ChatCompletions)
+                .map_err(|e| e.message)?;
+            let Prompt::Chat { prompt, media } = prompt else {
+                unreachable!("a chat's prompt is a chat")
+            };
             let text = template.render(&prompt).map_err(|e| e.to_string())?;
-            Ok(tokenizer.count(&text))
+            vision::check_placeholders(&text, &media)?;
+            let media =
+                usize::try_from(vision::extra_tokens(&media, tokenizer)).unwrap_or(usize::MAX);
+            Ok(tokenizer.count(&text).saturating_add(media))
         }
         (Some(_), Some(_)) => Err("give \"text\" or \"messages\", not both".to_owned()),
         (None, None) => Err("expected {\"text\": \"...\"} or {\"messages\": [...]}".to_owned()),
