@@ -226,18 +226,19 @@ fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
     use tokengate::tokenize::cli::{count_line, run_jsonl};
     let template = ChatTemplate::builtin_qwen35();
     let input: &[u8] = b"{\"text\": \"Hello, world!\"}\n{\"text\": 5}\n\
-        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true}\n\
-        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": true, \"enable_thinking\": false}\n";
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}]}\n\
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"chat_template_kwargs\": {\"enable_thinking\": false}}\n\
+        {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}], \"add_generation_prompt\": false}\n";
     let mut output = Vec::new();
     run_jsonl(input, &mut output, |line| {
         count_line(fast(), &template, line)
     })
     .unwrap();
-    // A user message costs its content + 5 framing tokens; the generation prompt 5, or 7 with
-    // thinking disabled (DOMAIN.md section 3).
+    // A user message costs its content + 5 framing tokens; the generation prompt (there unless
+    // the line says false, as in a request) 5, or 7 with thinking disabled.
     assert_eq!(
         String::from_utf8(output).unwrap(),
-        "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n{\"count\":14}\n{\"count\":16}\n"
+        "{\"count\":4}\n{\"error\":\"\\\"text\\\" must be a string\"}\n{\"count\":14}\n{\"count\":16}\n{\"count\":9}\n"
     );
 }
 
