@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 
 /// Validates a native body for `native`: `inputs` (Triton's `text_input`) a non-empty string
-/// or list of parts (a multimodal prompt, [`parts_prompt`]), or on `/infer` `input_id` a list
+/// or list of parts (a multimodal prompt, counted as one user message), or on `/infer` `input_id` a list
 /// of token ids;
 /// `stream` a boolean (on `/generate` and `/generate_stream` only the route's own mode, so the
 /// answer's shape is never in doubt), `parameters` an object whose `max_new_tokens` is a whole
