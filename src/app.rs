@@ -7,7 +7,8 @@ use crate::body::Bodies;
 use crate::clock::{SharedClock, SystemClock};
 use crate::config::ValidConfig;
 use crate::gateway::Gateway;
-use crate::layers::count::Counter;
+use crate::layers::admit::KvGeometry;
+use crate::layers::count::{Counter, KvCheck};
 use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
@@ -70,6 +71,7 @@ pub async fn counter(
     tokenizer: Option<Arc<Tokenizer>>,
     limiter: Limiter,
     metrics: Arc<Metrics>,
+    kv: Option<KvCheck>,
 ) -> anyhow::Result<Counter> {
     let tokenizer = match tokenizer {
         Some(t) => t,
@@ -105,6 +107,7 @@ pub async fn counter(
         chat,
         pool,
         metrics,
+        kv,
     })
 }
 
@@ -181,11 +184,16 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     ));
     let live = Arc::new(LiveConfig::new(config.clone()));
     let limiter = Limiter::new(store, deps.clock);
+    let kv = KvCheck {
+        admission: admission.clone(),
+        geometry: KvGeometry::from(&config.model),
+    };
     let counter = counter(
         config.clone(),
         deps.tokenizer,
         limiter.clone(),
         metrics.clone(),
+        Some(kv),
     );
     let counter = Arc::new(counter.await?);
     let chat = counter.chat.clone();

@@ -550,6 +550,8 @@ pub struct NotAdmitted {
     pub error: AdmitError,
     /// The request's prompt + max output tokens.
     pub tokens: u64,
+    /// `tokens` is a lower bound: the prompt was not counted yet (one token each was taken).
+    pub tokens_at_least: bool,
     /// `admission.queue_deadline`: the `retry-after` of a 503.
     pub queue_deadline: Duration,
 }
@@ -561,8 +563,10 @@ impl From<NotAdmitted> for ApiError {
         let NotAdmitted {
             error,
             tokens,
+            tokens_at_least,
             queue_deadline,
         } = refusal;
+        let at_least = if tokens_at_least { "at least " } else { "" };
         match error {
             AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => {
                 ApiError::exceeds_kv(format!(
@@ -577,7 +581,7 @@ impl From<NotAdmitted> for ApiError {
                     format!("the KV capacity of every backend (largest: {largest_capacity} bytes)")
                 };
                 ApiError::exceeds_kv(format!(
-                    "the request's KV footprint ({tokens} tokens of prompt + max output = {bytes} bytes) is larger than {whole}; lower max_tokens or shorten the prompt"
+                    "the request's KV footprint ({at_least}{tokens} tokens of prompt + max output = {at_least}{bytes} bytes) is larger than {whole}; lower max_tokens or shorten the prompt"
                 ))
             }
             AdmitError::QueueFull { waiting, max_waiting } => ApiError::capacity_exhausted(
@@ -1062,6 +1066,7 @@ mod tests {
             ApiError::from(NotAdmitted {
                 error,
                 tokens: 300,
+                tokens_at_least: false,
                 queue_deadline: deadline,
             })
         };
@@ -1082,6 +1087,21 @@ mod tests {
             )
         );
         assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
+        // Refused before its prompt was counted: the numbers are lower bounds, and say so.
+        let e = ApiError::from(NotAdmitted {
+            error: AdmitError::NeverFits {
+                bytes: 900,
+                largest_capacity: 800,
+                sequences: 1,
+                largest_batch: 4,
+                class: Priority::Standard,
+                share_permille: 1000,
+            },
+            tokens: 300,
+            tokens_at_least: true,
+            queue_deadline: deadline,
+        });
+        assert_eq!(e.message, "the request's KV footprint (at least 300 tokens of prompt + max output = at least 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
         let e = refusal(AdmitError::NeverFits {
             bytes: 900,
             largest_capacity: 400,

@@ -1964,3 +1964,49 @@ async fn tokenize_jsonl_counts_a_chat_as_the_gateway_charges_it() {
         "\"enable_thinking\" goes in \"chat_template_kwargs\", as in a request to the gateway"
     );
 }
+
+#[tokio::test]
+async fn a_request_that_could_never_be_admitted_is_a_400_before_any_retry_advice() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    assert_eq!(
+        post(&url, "sk-alice", &chat("a", 600, false)).await.status,
+        200
+    );
+    let before = (
+        gw.bucket("alice", "prefill").await,
+        gw.bucket("alice", "decode").await,
+        gw.bucket("alice", "requests").await,
+    );
+    assert_eq!(before.1, 400.0);
+    // 33 choices of 20 tokens: more than the 400 decode tokens left (a 429 for a request that
+    // could run later), but also more sequences than the backend's batch of 32 ever runs.
+    let mut body = chat("a", 20, false);
+    body["n"] = json!(33);
+    let r = post(&url, "sk-alice", &body).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "exceeds_kv_capacity".to_owned()),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.json()["error"]["param"], "n");
+    assert_eq!(r.headers.get("retry-after"), None);
+    // With the decode bucket full again the same 400 comes after counting, before any charge.
+    gw.clock.advance(Duration::from_secs(10));
+    let full = gw.bucket("alice", "decode").await;
+    assert_eq!(full, 1000.0);
+    let r = post(&url, "sk-alice", &body).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "exceeds_kv_capacity".to_owned())
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, full);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    // Neither reached the backend, and the prefill bucket was never charged.
+    assert_eq!(backend.seen.lock().unwrap().len(), 1);
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        (before.0 + 10.0 * 1000.0).min(10_000.0)
+    );
+}

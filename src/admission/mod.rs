@@ -331,14 +331,30 @@ fn on_arrival<A>(
         Arrival::NeverFits {
             largest_capacity,
             largest_batch,
-        } => Err(AdmitError::NeverFits {
-            bytes: need.bytes,
-            largest_capacity,
-            sequences: need.sequences,
-            largest_batch,
+        } => Err(never_fits_error(
+            shared,
             class,
-            share_permille: shared.queue.shares.permille(class),
-        }),
+            need,
+            (largest_capacity, largest_batch),
+        )),
+    }
+}
+
+/// The refusal of `need` in `class`, which fits nowhere: the largest capacity and batch of the
+/// class anywhere are `largest`.
+fn never_fits_error(
+    shared: &Shared,
+    class: Priority,
+    need: Need,
+    (largest_capacity, largest_batch): (u64, u32),
+) -> AdmitError {
+    AdmitError::NeverFits {
+        bytes: need.bytes,
+        largest_capacity,
+        sequences: need.sequences,
+        largest_batch,
+        class,
+        share_permille: shared.queue.shares.permille(class),
     }
 }
 
@@ -395,6 +411,15 @@ impl Admission {
                 link,
             }),
         }
+    }
+
+    /// The refusal `need` would get in `class` because it fits no backend even with nothing
+    /// else held (a 400, never worth a retry); `None` when it could fit. Nothing is reserved:
+    /// requests are told this before they are charged.
+    pub fn never_fits(&self, class: Priority, need: Need) -> Option<AdmitError> {
+        let state = self.shared.state();
+        let largest = queue::never_fits(&state.ledgers, class, need)?;
+        Some(never_fits_error(&self.shared, class, need, largest))
     }
 
     /// How long a request may wait for KV space (the `retry-after` of a 503 that refuses one).

@@ -332,20 +332,10 @@ impl FairQueue {
         need: Need,
         max_queued: Option<usize>,
     ) -> Arrival {
-        if !ledgers
-            .iter()
-            .any(|l| l.could_ever_fit(need.footprint(), p))
-        {
-            let largest_capacity = ledgers
-                .iter()
-                .filter(|l| l.max_batch() > 0)
-                .map(|l| l.class_capacity_bytes(p))
-                .max()
-                .unwrap_or(0);
-            let largest_batch = (ledgers.iter()).map(|l| l.class_max_batch(p)).max();
+        if let Some((largest_capacity, largest_batch)) = never_fits(ledgers, p, need) {
             return Arrival::NeverFits {
                 largest_capacity,
-                largest_batch: largest_batch.unwrap_or(0),
+                largest_batch,
             };
         }
         let waiting_above = self.len_above(p);
@@ -455,6 +445,25 @@ impl FairQueue {
         }
         grants
     }
+}
+
+/// When `need` fits no backend of `ledgers` in class `p`'s share even with nothing else held:
+/// the largest capacity and batch that class has anywhere.
+pub(super) fn never_fits(ledgers: &[KvLedger], p: Priority, need: Need) -> Option<(u64, u32)> {
+    if ledgers
+        .iter()
+        .any(|l| l.could_ever_fit(need.footprint(), p))
+    {
+        return None;
+    }
+    let largest_capacity = ledgers
+        .iter()
+        .filter(|l| l.max_batch() > 0)
+        .map(|l| l.class_capacity_bytes(p))
+        .max()
+        .unwrap_or(0);
+    let largest_batch = (ledgers.iter()).map(|l| l.class_max_batch(p)).max();
+    Some((largest_capacity, largest_batch.unwrap_or(0)))
 }
 
 #[cfg(test)]

@@ -78,6 +78,27 @@ impl KvGeometry {
         )
     }
 
+    /// What a request of `cost` running `runs` holds while it runs (absent, one sequence of
+    /// its cost's prompt): every sequence's footprint, each of its prompt (or its part of it)
+    /// and its share of the output, and that many of the backend's batch slots.
+    pub fn need(&self, cost: &Cost, runs: Option<&Sequences>) -> Need {
+        let (prompts, choices) = match runs {
+            Some(runs) => (&runs.prompts[..], runs.choices),
+            None => (std::slice::from_ref(&cost.prefill), 1),
+        };
+        let sequences = (prompts.len() as u64 * u64::from(choices)).max(1);
+        let output = cost.decode.div_ceil(sequences);
+        let bytes = (prompts.iter())
+            .map(|&p| self.choices_footprint_bytes(p, output, choices))
+            .fold(0u64, u64::saturating_add);
+        Need {
+            bytes,
+            prompt_tokens: cost.prefill,
+            output_tokens: cost.decode,
+            sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
+        }
+    }
+
     /// The KV bytes the `choices` sequences of one prompt of `prompt` tokens hold, each with
     /// `output` tokens of output. Each holds the whole prompt, unless the backend shares
     /// prefixes: then the prompt's whole blocks are held once, and each choice holds the rest of
@@ -167,24 +188,10 @@ where
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let runs = req.extensions().get::<Sequences>();
-            let (prompts, choices) = match runs {
-                Some(runs) => (&runs.prompts[..], runs.choices),
-                None => (std::slice::from_ref(&cost.prefill), 1),
-            };
-            let sequences = (prompts.len() as u64 * u64::from(choices)).max(1);
-            // Each sequence holds its prompt (or its part of it) and its share of the output.
-            let output = cost.decode.div_ceil(sequences);
-            let bytes = (prompts.iter())
-                .map(|&p| shared.geometry.choices_footprint_bytes(p, output, choices))
-                .fold(0u64, u64::saturating_add);
+            let need = shared
+                .geometry
+                .need(&cost, req.extensions().get::<Sequences>());
             let tokens = cost.prefill + cost.decode;
-            let need = Need {
-                bytes,
-                prompt_tokens: cost.prefill,
-                output_tokens: cost.decode,
-                sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
-            };
             let started = Instant::now();
             let max_queued = tenant.caps.max_queued.map(|n| n as usize);
             let admitted = (shared.admission)
@@ -201,6 +208,7 @@ where
             let lease = admitted.map_err(|error| NotAdmitted {
                 error,
                 tokens,
+                tokens_at_least: false,
                 queue_deadline: shared.admission.queue_deadline(),
             })?;
             if slot.with(|ticket| ticket.admit(lease)).is_none() {

@@ -14,7 +14,8 @@
 //! `max_tokens` is parsed the decode bucket is checked the same way, before counting. These
 //! checks only peek; the charge layer charges.
 
-use super::admit::Sequences;
+use super::admit::{KvGeometry, Sequences};
+use crate::admission::{Admission, Priority};
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
 use crate::api::ParseLimits;
@@ -22,7 +23,7 @@ use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::body::{check_content_type, Bodies};
 use crate::config::ValidConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
 use crate::metrics::{Metrics, TenantLabel};
 use crate::record::Pending;
@@ -73,6 +74,20 @@ pub struct Counter {
     pub pool: Arc<TokenizePool>,
     /// Where tokenize time and output caps are counted.
     pub metrics: Arc<Metrics>,
+    /// The backends' admission, asked whether a request could ever be admitted before it is
+    /// charged or told to retry (`None` where nothing is admitted, as for the local answers
+    /// alone).
+    pub kv: Option<KvCheck>,
+}
+
+/// What tells a request that could never be admitted so, before it is charged: the backends'
+/// admission and the model's KV geometry.
+#[derive(Clone, Debug)]
+pub struct KvCheck {
+    /// The backends' admission.
+    pub admission: Admission,
+    /// What a sequence holds.
+    pub geometry: KvGeometry,
 }
 
 impl<S> Layer<S> for CountLayer {
@@ -129,6 +144,26 @@ const LEAST: Cost = Cost {
 };
 
 impl Counter {
+    /// The 400 of a request of `cost` running `runs` in `class` that fits no backend even
+    /// alone (`at_least`: the prompts' tokens are a lower bound); `None` when it could fit.
+    fn never_admitted(
+        &self,
+        class: Priority,
+        cost: &Cost,
+        runs: &Sequences,
+        at_least: bool,
+    ) -> Option<ApiError> {
+        let kv = self.kv.as_ref()?;
+        let error = (kv.admission).never_fits(class, kv.geometry.need(cost, Some(runs)))?;
+        let refusal = NotAdmitted {
+            error,
+            tokens: cost.prefill + cost.decode,
+            tokens_at_least: at_least,
+            queue_deadline: kv.admission.queue_deadline(),
+        };
+        Some(refusal.into())
+    }
+
     /// Steps 6-7 on one request: its parsed form and [`Cost`] in its extensions, its body
     /// spent.
     async fn count<B>(&self, req: Request<Bounded<B>>) -> Result<Request<Empty<Bytes>>, ApiError>
@@ -178,13 +213,27 @@ impl Counter {
         // With max_tokens known, the decode bucket is checked before counting too (every
         // sequence's output).
         let sequences = parsed.sequences();
+        let class = (parts.extensions.get::<Priority>().copied()).unwrap_or(tenant.priority);
         if let Some((_, asked)) = parsed.requested_max_tokens {
             let least = Cost {
                 decode: asked.saturating_mul(sequences),
                 ..LEAST
             };
-            self.check_at_least(&tenant, least, [false, true, true])
-                .await?;
+            if let Err(e) = self
+                .check_at_least(&tenant, least, [false, true, true])
+                .await
+            {
+                // Told to retry only if it could ever be admitted: with a token of each prompt.
+                let runs = Sequences {
+                    prompts: vec![1; 1 + parsed.batch.len()],
+                    choices: parsed.choices,
+                };
+                let least = Cost {
+                    prefill: runs.prompts.len() as u64,
+                    ..least
+                };
+                return Err(self.never_admitted(class, &least, &runs, true).unwrap_or(e));
+            }
         }
         // Every prompt counted (a batch's one by one), each within the context, all of them
         // within the prefill burst; the output reserved is what fits after the longest.
@@ -231,16 +280,22 @@ impl Counter {
                 })
                 .inc();
         }
-        parts.extensions.insert(Sequences {
+        let runs = Sequences {
             prompts: counted_each,
             choices: parsed.choices,
-        });
-        parts.extensions.insert(parsed);
-        parts.extensions.insert(Cost {
+        };
+        let cost = Cost {
             prefill: prompt_tokens,
             decode: max_output.saturating_mul(sequences),
             requests: 1,
-        });
+        };
+        // What could never be admitted is refused before any bucket is charged.
+        if let Some(e) = self.never_admitted(class, &cost, &runs, false) {
+            return Err(e);
+        }
+        parts.extensions.insert(runs);
+        parts.extensions.insert(parsed);
+        parts.extensions.insert(cost);
         // A request the buckets may now charge: its body was not read to no purpose.
         body_charge.accept();
         Ok(Request::from_parts(parts, Empty::new()))

@@ -144,7 +144,7 @@ pub(crate) mod testing {
         let alice = alice_in(&LiveConfig::new(config.clone()));
         let tokenizer = Some(crate::tokenize::test_tokenizer());
         let metrics = Arc::new(Metrics::new());
-        let counter = crate::app::counter(config, tokenizer, limiter(), metrics);
+        let counter = crate::app::counter(config, tokenizer, limiter(), metrics, None);
         (Arc::new(counter.await.expect("builds")), alice)
     }
 
