@@ -1062,22 +1062,24 @@ mod tests {
     #[test]
     fn kv_refusals_name_the_tokens_and_wait_the_queue_deadline() {
         let deadline = Duration::from_secs(10);
-        let refusal = |error| {
+        let refusal_of = |error, tokens_at_least| {
             ApiError::from(NotAdmitted {
                 error,
                 tokens: 300,
-                tokens_at_least: false,
+                tokens_at_least,
                 queue_deadline: deadline,
             })
         };
-        let e = refusal(AdmitError::NeverFits {
+        let refusal = |error| refusal_of(error, false);
+        let too_big = AdmitError::NeverFits {
             bytes: 900,
             largest_capacity: 800,
             sequences: 1,
             largest_batch: 4,
             class: Priority::Standard,
             share_permille: 1000,
-        });
+        };
+        let e = refusal(too_big.clone());
         assert_eq!(
             (e.status, e.code, e.retry_after),
             (
@@ -1088,19 +1090,7 @@ mod tests {
         );
         assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
         // Refused before its prompt was counted: the numbers are lower bounds, and say so.
-        let e = ApiError::from(NotAdmitted {
-            error: AdmitError::NeverFits {
-                bytes: 900,
-                largest_capacity: 800,
-                sequences: 1,
-                largest_batch: 4,
-                class: Priority::Standard,
-                share_permille: 1000,
-            },
-            tokens: 300,
-            tokens_at_least: true,
-            queue_deadline: deadline,
-        });
+        let e = refusal_of(too_big, true);
         assert_eq!(e.message, "the request's KV footprint (at least 300 tokens of prompt + max output = at least 900 bytes) is larger than the KV capacity of every backend (largest: 800 bytes); lower max_tokens or shorten the prompt");
         let e = refusal(AdmitError::NeverFits {
             bytes: 900,
