@@ -367,26 +367,19 @@ impl RateLimitHeaders {
     /// time, from `now`, at which its bucket is full again.
     pub fn apply_anthropic(&self, h: &mut HeaderMap, now: std::time::SystemTime) {
         // The names are made at compile time, as `apply`'s are.
-        const REQUESTS: [HeaderName; 3] = [
-            HeaderName::from_static("anthropic-ratelimit-requests-limit"),
-            HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
-            HeaderName::from_static("anthropic-ratelimit-requests-reset"),
-        ];
-        const INPUT_TOKENS: [HeaderName; 3] = [
-            HeaderName::from_static("anthropic-ratelimit-input-tokens-limit"),
-            HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining"),
-            HeaderName::from_static("anthropic-ratelimit-input-tokens-reset"),
-        ];
-        const OUTPUT_TOKENS: [HeaderName; 3] = [
-            HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
-            HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
-            HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
-        ];
-        const TOKENS: [HeaderName; 3] = [
-            HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
-            HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
-            HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
-        ];
+        macro_rules! names {
+            ($limit:literal) => {
+                [
+                    HeaderName::from_static(concat!("anthropic-ratelimit-", $limit, "-limit")),
+                    HeaderName::from_static(concat!("anthropic-ratelimit-", $limit, "-remaining")),
+                    HeaderName::from_static(concat!("anthropic-ratelimit-", $limit, "-reset")),
+                ]
+            };
+        }
+        const REQUESTS: [HeaderName; 3] = names!("requests");
+        const INPUT_TOKENS: [HeaderName; 3] = names!("input-tokens");
+        const OUTPUT_TOKENS: [HeaderName; 3] = names!("output-tokens");
+        const TOKENS: [HeaderName; 3] = names!("tokens");
         let input = (
             self.limit_input_tokens,
             self.remaining_input_tokens,

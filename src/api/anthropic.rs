@@ -578,16 +578,6 @@ struct Delta<'a> {
 sse::object_shape!(Chunk<'a>, Delta<'a>; Usage, Message);
 
 impl<'a> Chunk<'a> {
-    /// Reads `json` (a whole answer), borrowing its strings.
-    pub fn parse(json: &'a [u8]) -> Self {
-        sse::read_object(json)
-    }
-
-    /// [`Chunk::parse`] of an event's [`sse::data`].
-    pub fn parse_text(json: &'a str) -> Self {
-        sse::read_text(json)
-    }
-
     /// The usage that counts the prompt: the chunk's own, else `message_start`'s.
     fn prompt_usage(&self) -> Option<&Usage> {
         (self.usage.get()).or_else(|| self.message.get()?.usage.get())
@@ -800,24 +790,24 @@ mod tests {
     fn metering_reads_usage_and_every_delta() {
         let whole = br#"{"id":"m","type":"message","content":[{"type":"thinking","thinking":"hm"},{"type":"text","text":"Hi"}],
             "usage":{"input_tokens":10,"cache_read_input_tokens":2,"output_tokens":7}}"#;
-        let c = Chunk::parse(whole);
+        let c = sse::read_object::<Chunk>(whole);
         assert_eq!(
             (c.prompt_tokens(), c.cached_tokens(), c.completion_tokens()),
             (Some(12), Some(2), Some(7))
         );
         assert_eq!(c.generated().collect::<Vec<_>>(), ["hm", "Hi"]);
-        let start = Chunk::parse_text(
+        let start = sse::read_text::<Chunk>(
             r#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":0}}}"#,
         );
         assert_eq!(
             (start.prompt_tokens(), start.completion_tokens()),
             (Some(12), None)
         );
-        let delta = Chunk::parse_text(
+        let delta = sse::read_text::<Chunk>(
             r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}"#,
         );
         assert_eq!(delta.generated().collect::<Vec<_>>(), ["lo"]);
-        let end = Chunk::parse_text(
+        let end = sse::read_text::<Chunk>(
             r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":12,"output_tokens":5}}"#,
         );
         assert_eq!(end.completion_tokens(), Some(5));

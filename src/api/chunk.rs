@@ -24,10 +24,10 @@ impl<'a> Chunk<'a> {
     pub fn of(wire: Wire, json: &'a [u8]) -> Self {
         match wire {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse(json)),
-            Wire::Tgi | Wire::Triton => Chunk::Tgi(mindie::Chunk::parse(json)),
-            Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse(json)),
-            Wire::Responses => Chunk::Responses(responses::Chunk::parse(json)),
-            Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse(json)),
+            Wire::Tgi | Wire::Triton => Chunk::Tgi(sse::read_object(json)),
+            Wire::Anthropic => Chunk::Anthropic(sse::read_object(json)),
+            Wire::Responses => Chunk::Responses(sse::read_object(json)),
+            Wire::VllmGenerate => Chunk::VllmGenerate(sse::read_object(json)),
         }
     }
 
@@ -36,10 +36,10 @@ impl<'a> Chunk<'a> {
     pub fn of_event(wire: Wire, data: &'a str, head: &mut sse::EventHead) -> Self {
         match wire {
             Wire::OpenAi => Chunk::OpenAi(sse::Chunk::parse_event(data, head)),
-            Wire::Tgi | Wire::Triton => Chunk::Tgi(mindie::Chunk::parse_text(data)),
-            Wire::Anthropic => Chunk::Anthropic(anthropic::Chunk::parse_text(data)),
-            Wire::Responses => Chunk::Responses(responses::Chunk::parse_text(data)),
-            Wire::VllmGenerate => Chunk::VllmGenerate(mindie::Texts::parse_text(data)),
+            Wire::Tgi | Wire::Triton => Chunk::Tgi(sse::read_text(data)),
+            Wire::Anthropic => Chunk::Anthropic(sse::read_text(data)),
+            Wire::Responses => Chunk::Responses(sse::read_text(data)),
+            Wire::VllmGenerate => Chunk::VllmGenerate(sse::read_text(data)),
         }
     }
 

@@ -345,17 +345,6 @@ struct Details {
 sse::object_shape!(Chunk<'a>, Token<'a>; Details);
 
 impl<'a> Chunk<'a> {
-    /// Reads `json` (a whole answer), borrowing its strings.
-    pub fn parse(json: &'a [u8]) -> Self {
-        sse::read_object(json)
-    }
-
-    /// [`Chunk::parse`] of text (an event's [`sse::data`]): its strings are not checked for
-    /// UTF-8 again.
-    pub fn parse_text(json: &'a str) -> Self {
-        sse::read_text(json)
-    }
-
     /// `details.generated_tokens`.
     pub fn generated_tokens(&self) -> Option<u64> {
         self.details.get()?.generated_tokens.get().copied()
@@ -386,16 +375,6 @@ pub struct Texts<'a> {
 sse::object_shape!(Texts<'a>;);
 
 impl<'a> Texts<'a> {
-    /// Reads `json` (a whole answer), borrowing its strings.
-    pub fn parse(json: &'a [u8]) -> Self {
-        sse::read_object(json)
-    }
-
-    /// [`Texts::parse`] of text (an event).
-    pub fn parse_text(json: &'a str) -> Self {
-        sse::read_text(json)
-    }
-
     /// Each sequence's text, with its index (a text of another type skipped).
     pub fn sequences(&self) -> impl Iterator<Item = (usize, &str)> {
         let texts = self.text.get().into_iter().flatten().enumerate();
@@ -673,7 +652,7 @@ mod tests {
     #[test]
     fn reads_tritons_text_and_running_count() {
         let read = |json: &[u8]| {
-            let c = Chunk::parse(json);
+            let c = sse::read_object::<Chunk>(json);
             (c.generated().map(str::to_owned), c.generated_tokens())
         };
         let event = br#"{"id":"a1","model_name":"qwen","model_version":null,"text_output":" fox","details":{"generated_tokens":3,"first_token_cost":null}}"#;
@@ -685,7 +664,7 @@ mod tests {
     #[test]
     fn reads_each_sequences_text_of_a_vllm_compatible_answer() {
         let read = |json: &[u8]| -> Vec<(usize, String)> {
-            let t = Texts::parse(json);
+            let t = sse::read_object::<Texts>(json);
             t.sequences().map(|(i, s)| (i, s.to_owned())).collect()
         };
         assert_eq!(
@@ -766,7 +745,7 @@ mod tests {
     #[test]
     fn reads_tokens_from_events_and_answers() {
         let read = |json: &[u8]| {
-            let c = Chunk::parse(json);
+            let c = sse::read_object::<Chunk>(json);
             (c.generated().map(str::to_owned), c.generated_tokens())
         };
         let e = br#"{"index":2,"token":{"id":0,"text":" fox","logprob":0.0,"special":false},"generated_text":null,"details":null}"#;

@@ -475,16 +475,6 @@ struct Part<'a> {
 sse::object_shape!(Chunk<'a>, Item<'a>, Part<'a>; Answer, Usage, Details);
 
 impl<'a> Chunk<'a> {
-    /// Reads `json` (a whole answer), borrowing its strings.
-    pub fn parse(json: &'a [u8]) -> Self {
-        sse::read_object(json)
-    }
-
-    /// [`Chunk::parse`] of an event's [`sse::data`].
-    pub fn parse_text(json: &'a str) -> Self {
-        sse::read_text(json)
-    }
-
     fn usage(&self) -> Option<&Usage> {
         (self.usage.get()).or_else(|| self.response.get()?.usage.get())
     }
@@ -659,25 +649,26 @@ mod tests {
         let whole = br#"{"id":"r","output":[{"type":"reasoning","content":[{"type":"reasoning_text","text":"hm"}]},
             {"type":"message","content":[{"type":"output_text","text":"Hi"}]},{"type":"function_call","arguments":"{}"}],
             "usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":4},"output_tokens":7}}"#;
-        let c = Chunk::parse(whole);
+        let c = sse::read_object::<Chunk>(whole);
         assert_eq!(
             (c.prompt_tokens(), c.cached_tokens(), c.completion_tokens()),
             (Some(12), Some(4), Some(7))
         );
         assert_eq!(c.generated().collect::<Vec<_>>(), ["hm", "Hi", "{}"]);
-        let delta = Chunk::parse_text(
+        let delta = sse::read_text::<Chunk>(
             r#"{"type":"response.output_text.delta","delta":"lo","item_id":"m"}"#,
         );
         assert_eq!(delta.generated().collect::<Vec<_>>(), ["lo"]);
         assert_eq!(delta.completion_tokens(), None);
-        let done = Chunk::parse_text(
+        let done = sse::read_text::<Chunk>(
             r#"{"type":"response.completed","response":{"usage":{"input_tokens":12,"output_tokens":5}}}"#,
         );
         assert_eq!(
             (done.prompt_tokens(), done.completion_tokens()),
             (Some(12), Some(5))
         );
-        let created = Chunk::parse_text(r#"{"type":"response.created","response":{"usage":null}}"#);
+        let created =
+            sse::read_text::<Chunk>(r#"{"type":"response.created","response":{"usage":null}}"#);
         assert_eq!(created.completion_tokens(), None);
     }
 }
