@@ -259,7 +259,7 @@ fn main() {
                 .expect("redis-server answers"),
         };
         let redis = RedisStore::new(&config, StoreMetrics::default()).expect("store");
-        let ledger = |c: &LimiterConfig| LedgerStore::new(c, StoreMetrics::default());
+        let ledger = |c: &LimiterConfig| LedgerStore::new(c, "", StoreMetrics::default());
         // A slice of 12 requests' worth of the requests and decode buckets (120 of prefill's).
         let sliced = LimiterConfig {
             local_first: Some(LocalFirst {

@@ -2,13 +2,14 @@
 //! buckets, the backends' KV ledgers and the workload profile, and `POST /admin/reload`. With `server.admin_token`
 //! set, every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
+use crate::config::Runner;
 use crate::digest::hash_key;
 use crate::error::{Allow, ApiError};
 use crate::gateway::Gateway;
 use crate::limiter::BucketLabels;
 use crate::metrics::BackendLabel;
 use crate::profile::advice::advise;
-use crate::proxy::upstream::Health;
+use crate::proxy::upstream::{Health, Upstream};
 use crate::proxy::{json_response, GatewayBody};
 use crate::tenant::{bearer, BearerKind};
 use http::{header, Request, Response, StatusCode};
@@ -92,13 +93,12 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
 /// Every backend's health path, asked at once, each bounded by its `health_timeout`: ready
 /// while at least one backend is.
 async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
-    let found =
-        futures_util::future::join_all(gw.backends.upstreams.iter().map(|u| u.probe())).await;
+    let upstreams: Vec<&Upstream> = (gw.lanes())
+        .flat_map(|(_, _, b)| b.upstreams.iter())
+        .collect();
+    let found = futures_util::future::join_all(upstreams.iter().map(|u| u.probe())).await;
     let ready = found.contains(&Health::Ready);
-    let backends: Vec<_> = gw
-        .backends
-        .upstreams
-        .iter()
+    let backends: Vec<_> = (upstreams.iter())
         .zip(&found)
         .map(
             |(u, h)| json!({"url": u.url, "state": h.state(), "detail": h.detail(u.health_path())}),
@@ -132,15 +132,24 @@ async fn tenants_json(gw: &Gateway) -> serde_json::Value {
 fn backends_json(gw: &Gateway) -> serde_json::Value {
     let snap = gw.admission.snapshot();
     let live = gw.live.current();
-    let backends: Vec<_> = snap
-        .backends
-        .iter()
-        .zip(gw.backends.upstreams.iter())
-        .zip(&live.config.backends)
-        .enumerate()
-        .map(|(i, ((b, u), cfg))| {
-            json!({
+    let mut backends = Vec::new();
+    for (runner, admission, lane) in gw.lanes() {
+        let lane_snap = admission.snapshot();
+        let configs = (live.config.backends.iter()).filter(|b| b.runner == runner);
+        for (i, ((b, u), cfg)) in (lane_snap.backends.iter())
+            .zip(lane.upstreams.iter())
+            .zip(configs)
+            .enumerate()
+        {
+            // What the backend's own metrics said last (null with feedback off, and on the
+            // pooling backends, which have none).
+            let observed = match runner {
+                Runner::Generate => json!(gw.feedback.observed.observed(i)),
+                Runner::Pooling => serde_json::Value::Null,
+            };
+            backends.push(json!({
                 "url": u.url,
+                "runner": runner.as_str(),
                 "kv_capacity_bytes": b.kv_capacity_bytes,
                 "kv_effective_capacity_bytes": b.kv_effective_capacity_bytes,
                 "kv_reserved_bytes": b.kv_reserved_bytes,
@@ -148,14 +157,14 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 "max_batch": b.max_batch,
                 // Per priority class: what its leases hold and the most its share allows.
                 "by_class": b.by_class,
-                "queued": snap.queued,
+                // Waiting for the backends of its runner.
+                "queued": lane_snap.queued,
                 "sizing": if cfg.derived.is_some() { "capacity model" } else { "config" },
                 "derived": cfg.derived,
-                // What the backend's own metrics said last (null with feedback off).
-                "observed": gw.feedback.observed.observed(i),
-            })
-        })
-        .collect();
+                "observed": observed,
+            }));
+        }
+    }
     let mut out = json!({
         "backends": backends,
         "queued": snap.queued,
@@ -170,15 +179,15 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
 
 async fn refresh_gauges(gw: &Gateway) {
     // Asked at once, each within its health_timeout, so a scrape waits at most the longest.
-    let health =
-        futures_util::future::join_all(gw.backends.upstreams.iter().map(|u| u.probe())).await;
+    let upstreams: Vec<&Upstream> = (gw.lanes())
+        .flat_map(|(_, _, b)| b.upstreams.iter())
+        .collect();
+    let health = futures_util::future::join_all(upstreams.iter().map(|u| u.probe())).await;
+    let ledgers: Vec<_> = (gw.lanes())
+        .flat_map(|(_, admission, _)| admission.snapshot().backends)
+        .collect();
     let snap = gw.admission.snapshot();
-    for ((b, u), h) in snap
-        .backends
-        .iter()
-        .zip(gw.backends.upstreams.iter())
-        .zip(&health)
-    {
+    for ((b, u), h) in ledgers.iter().zip(upstreams).zip(&health) {
         let label = BackendLabel {
             backend: u.url.clone(),
         };

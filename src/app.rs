@@ -5,8 +5,8 @@ use crate::admission::{Admission, BackendSpec, LedgerStore, QueueSpec};
 use crate::body::discard::Discarder;
 use crate::body::Bodies;
 use crate::clock::{SharedClock, SystemClock};
-use crate::config::ValidConfig;
-use crate::gateway::Gateway;
+use crate::config::{Runner, ValidConfig};
+use crate::gateway::{Gateway, Lane};
 use crate::layers::admit::KvGeometry;
 use crate::layers::count::{Counter, KvCheck};
 use crate::limiter::config::StoreKind;
@@ -119,50 +119,25 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     // answers are skipped and the next turn counts them itself.
     let replies = (config.tokenizer.cache_bytes > 0)
         .then(|| Arc::new(TokenizePool::new("tokenize-replies", 1, REPLY_QUEUE_DEPTH)));
-    let backends = config
-        .backends
-        .iter()
-        .map(|b| BackendSpec {
-            name: b.url.clone(),
-            kv_capacity_bytes: b.kv_capacity_bytes,
-            max_batch: b.max_batch,
-        })
-        .collect();
     let queue = QueueSpec {
         max_waiting: config.admission.queue_max_waiting,
         deadline: config.admission.queue_deadline,
         shares: config.admission.class_shares(),
     };
-    let upstreams = config
-        .backends_with_base()
-        // Pool 0 for the process's own runtime (health checks), one for each worker.
-        .map(|(backend, base)| Upstream::new(backend, base, config.server.workers() + 1))
-        .collect::<anyhow::Result<Vec<_>>>()?;
     let metrics = Arc::new(Metrics::new());
     metrics.config_loaded();
-    // Replicas sharing the buckets share the KV ledger too (backends named by their url).
-    let (store, admission): (Arc<dyn BucketStore>, _) = match config.limiter.store {
-        StoreKind::Local => (
-            Arc::new(LocalStore::default()),
-            Admission::new(backends, queue),
-        ),
-        StoreKind::Redis => (
-            Arc::new(RedisStore::new(
-                &config.limiter,
-                metrics.limiter_store.clone(),
-            )?),
-            Admission::shared(
-                backends,
-                queue,
-                LedgerStore::new(&config.limiter, metrics.limiter_store.clone())?,
-            ),
-        ),
+    let store: Arc<dyn BucketStore> = match config.limiter.store {
+        StoreKind::Local => Arc::new(LocalStore::default()),
+        StoreKind::Redis => Arc::new(RedisStore::new(
+            &config.limiter,
+            metrics.limiter_store.clone(),
+        )?),
     };
+    let admission = admit_on(&config, Runner::Generate, queue, &metrics)?;
+    // Feedback reads generation engines (validation refuses it on a pooling backend).
     let feedback = crate::feedback::spawn(
-        &config
-            .backends
-            .iter()
-            .map(|b| (b.url.clone(), b.feedback.clone()))
+        &(config.running(Runner::Generate))
+            .map(|(b, _)| (b.url.clone(), b.feedback.clone()))
             .collect::<Vec<_>>(),
         &admission,
         &metrics,
@@ -198,7 +173,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     let counter = Arc::new(counter.await?);
     let chat = counter.chat.clone();
     let backends = Arc::new(Backends {
-        upstreams: upstreams.into(),
+        upstreams: upstreams_of(&config, Runner::Generate)?,
         config: config.clone(),
         metrics: metrics.clone(),
         tokenizer: counter.tokenizer.clone(),
@@ -206,10 +181,37 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         chat: chat.clone(),
         replies,
     });
+    // The pooling backends, when there are any: admitted on their own, in their own queue.
+    let pooling = match config.running(Runner::Pooling).next() {
+        None => None,
+        Some(_) => {
+            let admission = admit_on(&config, Runner::Pooling, queue, &metrics)?;
+            let kv = KvCheck {
+                admission: admission.clone(),
+                geometry: KvGeometry::from(&config.model),
+            };
+            // Nothing is generated there: no answer to count ahead.
+            let backends = Backends {
+                upstreams: upstreams_of(&config, Runner::Pooling)?,
+                config: config.clone(),
+                metrics: metrics.clone(),
+                tokenizer: counter.tokenizer.clone(),
+                pool: counter.pool.clone(),
+                chat: chat.clone(),
+                replies: None,
+            };
+            Some(Lane {
+                admission,
+                counter: Arc::new(counter.with_kv(kv)),
+                backends: Arc::new(backends),
+            })
+        }
+    };
     let reloader = Reloader {
         live: live.clone(),
         limiter: limiter.clone(),
         admission: admission.clone(),
+        pooling: (pooling.as_ref()).map(|l| l.admission.clone()),
         metrics: metrics.clone(),
     };
     Ok(Arc::new(Gateway {
@@ -224,7 +226,46 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         recorder,
         reloader,
         feedback,
+        pooling,
     }))
+}
+
+/// The admission over the backends that run `runner`, in config order: local, or shared through
+/// Redis with the other replicas (backends named by their url) when the buckets are.
+fn admit_on(
+    config: &ValidConfig,
+    runner: Runner,
+    queue: QueueSpec,
+    metrics: &Metrics,
+) -> anyhow::Result<Admission> {
+    let backends = (config.running(runner))
+        .map(|(b, _)| BackendSpec {
+            name: b.url.clone(),
+            kv_capacity_bytes: b.kv_capacity_bytes,
+            max_batch: b.max_batch,
+        })
+        .collect();
+    Ok(match config.limiter.store {
+        StoreKind::Local => Admission::new(backends, queue),
+        StoreKind::Redis => {
+            let namespace = match runner {
+                Runner::Generate => "",
+                Runner::Pooling => "pooling:",
+            };
+            let store =
+                LedgerStore::new(&config.limiter, namespace, metrics.limiter_store.clone())?;
+            Admission::shared(backends, queue, store)
+        }
+    })
+}
+
+/// A client for each backend that runs `runner`, in config order (the indices of its
+/// admission's leases).
+fn upstreams_of(config: &ValidConfig, runner: Runner) -> anyhow::Result<Arc<[Upstream]>> {
+    (config.running(runner))
+        // Pool 0 for the process's own runtime (health checks), one for each worker.
+        .map(|(backend, base)| Upstream::new(backend, base, config.server.workers() + 1))
+        .collect()
 }
 
 /// Builds and serves a gateway.

@@ -2,7 +2,7 @@
 //! route and listener takes (each takes only its own), and the state the admin listener reads.
 
 use crate::admission::Admission;
-use crate::config::ValidConfig;
+use crate::config::{Runner, ValidConfig};
 use crate::layers::count::Counter;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -22,7 +22,7 @@ pub struct Gateway {
     pub live: Arc<LiveConfig>,
     /// Per-tenant buckets.
     pub limiter: Limiter,
-    /// KV ledgers and the fair queue.
+    /// KV ledgers and the fair queue of the generation backends.
     pub admission: Admission,
     /// Steps 6-7: reading bodies, parsing and counting.
     pub counter: Arc<Counter>,
@@ -38,6 +38,39 @@ pub struct Gateway {
     pub reloader: Reloader,
     /// The backends' metrics as last scraped (backend feedback); dropping it stops the scrapes.
     pub feedback: crate::feedback::Scrapers,
+    /// The pooling backends' own admission, counting and forwarding (`None` without any
+    /// backend declared `runner = "pooling"`); `admission`, `counter` and `backends` above are
+    /// the generation backends'.
+    pub pooling: Option<Lane>,
+}
+
+impl Gateway {
+    /// Each kind of backend with its admission and backends: the generation ones, then the
+    /// pooling ones when there are any.
+    pub fn lanes(&self) -> impl Iterator<Item = (Runner, &Admission, &Backends)> {
+        let pooling = (self.pooling.iter()).map(|l| (Runner::Pooling, &l.admission, &*l.backends));
+        std::iter::once((Runner::Generate, &self.admission, &*self.backends)).chain(pooling)
+    }
+
+    /// The generation backends' part of the request path.
+    pub fn generation_lane(&self) -> Lane {
+        Lane {
+            admission: self.admission.clone(),
+            counter: self.counter.clone(),
+            backends: self.backends.clone(),
+        }
+    }
+}
+
+/// The part of the request path one kind of backend has to itself: its admission (ledgers and
+/// queue), the counting layer that asks that admission, and forwarding to its backends.
+pub struct Lane {
+    /// KV ledgers and the fair queue of its backends.
+    pub admission: Admission,
+    /// Steps 6-7, asking `admission` whether a request could ever be admitted.
+    pub counter: Arc<Counter>,
+    /// Steps 10-11: its backends (`admission`'s lease indices point into them).
+    pub backends: Arc<Backends>,
 }
 
 impl std::fmt::Debug for Gateway {

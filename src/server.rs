@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 mod connection;
 pub mod path;
 
-pub use path::generation_service;
+pub use path::lane_service;
 use path::{admin_stack, main_stack};
 
 use connection::{Activity, ClientIo, Closed, Counted, Deadlines, Evictable};

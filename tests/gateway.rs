@@ -1903,6 +1903,8 @@ mod caps;
 mod diagnose;
 #[path = "gateway/messages.rs"]
 mod messages;
+#[path = "gateway/pooling.rs"]
+mod pooling;
 #[path = "gateway/priority.rs"]
 mod priority;
 #[path = "gateway/profile.rs"]

@@ -49,11 +49,16 @@ impl std::fmt::Debug for LedgerStore {
 }
 
 impl LedgerStore {
-    /// The ledger for `config` (validated, `store = "redis"`): its keys are
-    /// `PREFIX{kv-ledger}:...` (one hash tag, so one script may touch every backend's totals
-    /// on a Redis Cluster). Connects lazily.
-    pub fn new(config: &LimiterConfig, metrics: StoreMetrics) -> anyhow::Result<Self> {
-        let base = format!("{}{{kv-ledger}}:", config.key_prefix);
+    /// The ledger for `config` (validated, `store = "redis"`) of one set of backends: its keys
+    /// are `PREFIX{kv-ledger}:NAMESPACE...` (one hash tag, so one script may touch every
+    /// backend's totals on a Redis Cluster; `namespace` is empty for the generation backends,
+    /// `pooling:` for the pooling ones). Connects lazily.
+    pub fn new(
+        config: &LimiterConfig,
+        namespace: &str,
+        metrics: StoreMetrics,
+    ) -> anyhow::Result<Self> {
+        let base = format!("{}{{kv-ledger}}:{namespace}", config.key_prefix);
         let replica = format!("{:016x}", rand::random::<u64>());
         let lease_prefix = format!("{base}leases:");
         Ok(Self {

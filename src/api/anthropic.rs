@@ -26,8 +26,8 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, JsonBody,
-    MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, MaxTokensField,
+    ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
@@ -49,14 +49,9 @@ const EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
 /// Anthropic's API has it), `stream`, and the conversation, counted as the chat vLLM makes of
 /// it (see the module's notes).
 pub fn parse_generation(
-    body: JsonBody,
+    body: Map<String, Value>,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
-    let JsonBody {
-        object: body,
-        raw,
-        keys_unique,
-    } = body;
     let model = served_model(&body, limits.served_names)?;
     let max_tokens = match body.get("max_tokens") {
         None | Some(Value::Null) => {
@@ -94,9 +89,11 @@ pub fn parse_generation(
         prompt,
         batch: Vec::new(),
         echoed_prompt: None,
+        truncate_to: None,
         body,
-        raw,
-        raw_keys_unique: keys_unique,
+        // Filled in by [`super::parse_generation`], which has the bytes.
+        raw: bytes::Bytes::new(),
+        raw_keys_unique: false,
     })
 }
 
@@ -636,7 +633,6 @@ mod tests {
     use super::*;
     use crate::api::request::parse_object;
     use crate::tokenize::chat::ChatPrompt;
-    use bytes::Bytes;
 
     fn limits_with<'a>(names: &'a [String], vision: &'a VisionRules) -> ParseLimits<'a> {
         ParseLimits {
@@ -649,12 +645,7 @@ mod tests {
     fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
         let names = vec!["qwen".to_string()];
         let vision = VisionRules::default();
-        let raw = Bytes::from(v.to_string());
-        let body = JsonBody {
-            object: parse_object(&raw).unwrap(),
-            raw,
-            keys_unique: true,
-        };
+        let body = parse_object(v.to_string().as_bytes()).unwrap();
         parse_generation(body, &limits_with(&names, &vision))
     }
 

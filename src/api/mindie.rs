@@ -134,6 +134,7 @@ pub fn parse_generation(
         batch: Vec::new(),
         // Triton's answers never repeat the prompt.
         echoed_prompt: echo.filter(|_| full_text && !native.is_triton()),
+        truncate_to: None,
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,
@@ -186,6 +187,7 @@ pub fn parse_vllm_generate(
         prompt,
         batch: Vec::new(),
         echoed_prompt: (!stream).then_some(Echo::Text(echo)),
+        truncate_to: None,
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,

@@ -5,13 +5,14 @@
 //! |---|---|
 //! | `route.rs` | the routes (OpenAI's endpoints, MindIE's native routes) and their wire formats |
 //! | `request.rs` | the validated [`GenerationRequest`], the JSON reading the parsers share, the body rewrite |
-//! | `openai.rs`, `responses.rs`, `anthropic.rs`, `mindie.rs` | each API's parsing, validation and rewrite |
+//! | `openai.rs`, `responses.rs`, `anthropic.rs`, `mindie.rs`, `pooling.rs` | each API's parsing, validation and rewrite |
 //! | `sse.rs`, `scan.rs`, `chunk.rs` | reading the backends' answers and stream events for metering |
 
 pub mod anthropic;
 pub mod chunk;
 pub mod mindie;
 pub mod openai;
+pub mod pooling;
 pub mod request;
 pub mod responses;
 pub mod route;
@@ -21,7 +22,7 @@ pub mod sse;
 pub use crate::wire::Wire;
 pub use chunk::Chunk;
 pub use request::{Echo, GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt};
-pub use route::{Endpoint, Native, Route};
+pub use route::{Endpoint, Native, Pooled, Route};
 
 use crate::error::ApiError;
 use bytes::Bytes;
@@ -33,21 +34,36 @@ pub fn parse_generation(
     body: JsonBody,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
-    match route {
-        Route::OpenAi(endpoint) => openai::parse_generation_from(endpoint, body, limits),
-        Route::MindIe(native) => Ok(GenerationRequest {
-            raw: body.raw,
-            raw_keys_unique: body.keys_unique,
-            ..mindie::parse_generation(native, body.object, limits)?
-        }),
-        Route::Messages => anthropic::parse_generation(body, limits),
-        Route::Responses => responses::parse_generation(body, limits),
-    }
+    let JsonBody {
+        object,
+        raw,
+        keys_unique,
+    } = body;
+    let parsed = match route {
+        Route::OpenAi(endpoint) => {
+            let body = JsonBody {
+                object,
+                raw,
+                keys_unique,
+            };
+            return openai::parse_generation_from(endpoint, body, limits);
+        }
+        Route::MindIe(native) => mindie::parse_generation(native, object, limits),
+        Route::Messages => anthropic::parse_generation(object, limits),
+        Route::Responses => responses::parse_generation(object, limits),
+        Route::Pooling(pooled) => pooling::parse_generation(pooled, object, limits),
+    }?;
+    Ok(GenerationRequest {
+        raw,
+        raw_keys_unique: keys_unique,
+        ..parsed
+    })
 }
 
 /// The body sent to the backend: the client's, with the output capped at `reserved` tokens
 /// (see [`openai::rewrite_for_backend`] and [`mindie::rewrite_for_backend`]; on
-/// `/v1/messages` its `max_tokens`, on `/v1/responses` its `max_output_tokens`).
+/// `/v1/messages` its `max_tokens`, on `/v1/responses` its `max_output_tokens`; a pooling
+/// route's body only asks for the model by the backend's name).
 pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,
@@ -58,6 +74,9 @@ pub fn rewrite_for_backend(
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
         Route::Messages => model_and_limit(req, "max_tokens", reserved, backend_model),
         Route::Responses => model_and_limit(req, "max_output_tokens", reserved, backend_model),
+        Route::Pooling(_) => {
+            request::splice_body(req, vec![("model", serde_json::Value::from(backend_model))])
+        }
     }
 }
 

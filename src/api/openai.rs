@@ -92,7 +92,7 @@ pub fn parse_generation_from(
         }
         Endpoint::Chat => parse_chat_prompt(&body, limits.vision, ChatRoute::ChatCompletions)?,
         Endpoint::Completions => {
-            let mut prompts = parse_completion_prompts(&body)?;
+            let mut prompts = parse_prompts(&body, "prompt")?;
             let first = prompts.remove(0);
             batch = prompts;
             first
@@ -108,6 +108,7 @@ pub fn parse_generation_from(
         prompt,
         batch,
         echoed_prompt: None,
+        truncate_to: None,
         body,
         raw,
         raw_keys_unique: keys_unique,
@@ -117,9 +118,7 @@ pub fn parse_generation_from(
 /// Refuses the generation fields that change the backend's work in ways one reservation does
 /// not cover: `use_beam_search` and `best_of` above 1 (several sequences decoded, each with its
 /// KV), `truncate_prompt_tokens` (the engine prefills a cut prompt; the gateway charges the
-/// prompt sent), and a negative body `priority`, which with vLLM's priority scheduling would
-/// put the request ahead of its class (lower is earlier; a class is lowered with the
-/// `x-tokengate-priority` header, and 0 or above never overtakes anyone's default).
+/// prompt sent), and a negative body `priority` ([`refuse_negative_priority`]).
 fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
     if optional_bool(body, "use_beam_search")? == Some(true) {
         return Err(ApiError::invalid_param(
@@ -146,18 +145,22 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
             ))
         }
     }
+    refuse_negative_priority(body)
+}
+
+/// Refuses a negative body `priority`: with vLLM's priority scheduling it would put the
+/// request ahead of its class (lower is earlier; a class is lowered with the
+/// `x-tokengate-priority` header, and 0 or above never overtakes anyone's default).
+pub(crate) fn refuse_negative_priority(body: &Map<String, Value>) -> Result<(), ApiError> {
     match body.get("priority") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.as_u64().is_some() => {}
-        Some(v @ Value::Number(_)) if v.as_i64().is_some() => {
-            return Err(ApiError::invalid_param(
-                "priority",
-                format!("`priority` is {v}: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"),
-            ))
-        }
-        Some(other) => return Err(wrong_type("priority", "an integer", other)),
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v.as_u64().is_some() => Ok(()),
+        Some(v @ Value::Number(_)) if v.as_i64().is_some() => Err(ApiError::invalid_param(
+            "priority",
+            format!("`priority` is {v}: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"),
+        )),
+        Some(other) => Err(wrong_type("priority", "an integer", other)),
     }
-    Ok(())
 }
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -396,14 +399,20 @@ fn chat_prompt<'a>(
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
     };
     let enable_thinking = template_switches(body)?;
-    let add_generation_prompt = optional_bool(body, "add_generation_prompt")?.unwrap_or(true);
+    let add_generation_prompt =
+        optional_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
     let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
     if continue_final_message && add_generation_prompt {
-        // vLLM's request model and transformers both refuse the pair; add_generation_prompt
-        // is true unless sent as false.
+        // vLLM's request model and transformers both refuse the pair.
+        let default = match route.adds_generation_prompt() {
+            true => " (`add_generation_prompt` is true unless sent as false)",
+            false => "",
+        };
         return Err(ApiError::invalid_param(
             "continue_final_message",
-            "`continue_final_message` and `add_generation_prompt` cannot both be true (`add_generation_prompt` is true unless sent as false)",
+            format!(
+                "`continue_final_message` and `add_generation_prompt` cannot both be true{default}"
+            ),
         ));
     }
     let documents = match body.get("documents") {
@@ -521,7 +530,7 @@ fn content_part(
 /// The `prompt` of a completions body, one prompt: a string, a one-element list of strings, or
 /// token ids (for `/tokenize`, which answers one list of ids).
 pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiError> {
-    let mut prompts = parse_completion_prompts(body)?;
+    let mut prompts = parse_prompts(body, "prompt")?;
     match prompts.len() {
         1 => Ok(prompts.remove(0)),
         _ => Err(ApiError::invalid_param(
@@ -531,25 +540,26 @@ pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiE
     }
 }
 
-/// The prompts of a completions body, as vLLM takes them: a string, a list of strings, a list
-/// of token ids, or a list of lists of token ids; each one a sequence of its own.
-pub fn parse_completion_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
-    match body.get("prompt") {
+/// The prompts at `param` of a body (a completions body's `prompt`, an embeddings body's
+/// `input`), as vLLM takes them: a string, a list of strings, a list of token ids, or a list of
+/// lists of token ids; each one a sequence of its own.
+pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, ApiError> {
+    match body.get(param) {
         Some(Value::String(s)) if !s.is_empty() => Ok(vec![Prompt::Text(s.clone())]),
         Some(Value::String(_)) => Err(ApiError::invalid_param(
-            "prompt",
-            "`prompt` must not be empty",
+            param,
+            format!("`{param}` must not be empty"),
         )),
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-            Ok(vec![Prompt::TokenIds(token_ids("prompt", items)?)])
+            Ok(vec![Prompt::TokenIds(token_ids(param, items)?)])
         }
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_string) => {
             (items.iter().enumerate())
                 .map(|(i, item)| match item.as_str() {
                     Some(t) if !t.is_empty() => Ok(Prompt::Text(t.to_owned())),
                     _ => Err(ApiError::invalid_param(
-                        "prompt",
-                        format!("`prompt[{i}]` must not be empty"),
+                        param,
+                        format!("`{param}[{i}]` must not be empty"),
                     )),
                 })
                 .collect()
@@ -558,21 +568,21 @@ pub fn parse_completion_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>
             (items.iter().enumerate())
                 .map(|(i, item)| match item.as_array() {
                     Some(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
-                        Ok(Prompt::TokenIds(token_ids(&format!("prompt[{i}]"), ids)?))
+                        Ok(Prompt::TokenIds(token_ids(&format!("{param}[{i}]"), ids)?))
                     }
                     _ => Err(ApiError::invalid_param(
-                        "prompt",
-                        format!("`prompt[{i}]` must be a non-empty list of token ids"),
+                        param,
+                        format!("`{param}[{i}]` must be a non-empty list of token ids"),
                     )),
                 })
                 .collect()
         }
         Some(Value::Array(_)) => Err(ApiError::invalid_param(
-            "prompt",
-            "`prompt` must be a non-empty string, a list of strings, a list of token ids, or a list of lists of token ids",
+            param,
+            format!("`{param}` must be a non-empty string, a list of strings, a list of token ids, or a list of lists of token ids"),
         )),
-        None | Some(Value::Null) => Err(ApiError::invalid_param("prompt", "`prompt` is required")),
-        Some(other) => Err(wrong_type("prompt", "a string", other)),
+        None | Some(Value::Null) => Err(ApiError::invalid_param(param, format!("`{param}` is required"))),
+        Some(other) => Err(wrong_type(param, "a string", other)),
     }
 }
 

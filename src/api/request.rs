@@ -110,6 +110,9 @@ pub struct GenerationRequest {
     /// generated (TGI's `parameters.return_full_text`, MindIE's vLLM-compatible `/generate`):
     /// it is not output, and is left out when the answer's text is counted.
     pub echoed_prompt: Option<Echo>,
+    /// The most tokens of each prompt the backend runs, when it cuts longer ones
+    /// (`truncate_prompt_tokens` on the pooling routes): each is counted up to it.
+    pub truncate_to: Option<u64>,
     /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
     /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`](super::openai::parse_generation_from)).
     pub body: Map<String, Value>,

@@ -26,8 +26,8 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, JsonBody,
-    MaxTokensField, ParseLimits, Prompt,
+    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, MaxTokensField,
+    ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
@@ -42,14 +42,9 @@ use std::borrow::Cow;
 /// `stream`, the fields that need a response store, and the conversation, counted as the chat
 /// vLLM makes of it (see the module's notes).
 pub fn parse_generation(
-    body: JsonBody,
+    body: Map<String, Value>,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
-    let JsonBody {
-        object: body,
-        raw,
-        keys_unique,
-    } = body;
     let model = served_model(&body, limits.served_names)?;
     refuse_stored_state(&body)?;
     let requested = match body.get("max_output_tokens") {
@@ -72,9 +67,11 @@ pub fn parse_generation(
         prompt,
         batch: Vec::new(),
         echoed_prompt: None,
+        truncate_to: None,
         body,
-        raw,
-        raw_keys_unique: keys_unique,
+        // Filled in by [`super::parse_generation`], which has the bytes.
+        raw: bytes::Bytes::new(),
+        raw_keys_unique: false,
     })
 }
 
@@ -514,17 +511,11 @@ mod tests {
     use super::*;
     use crate::api::request::parse_object;
     use crate::tokenize::chat::ChatPrompt;
-    use bytes::Bytes;
 
     fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
         let names = vec!["qwen".to_string()];
         let vision = VisionRules::default();
-        let raw = Bytes::from(v.to_string());
-        let body = JsonBody {
-            object: parse_object(&raw).unwrap(),
-            raw,
-            keys_unique: true,
-        };
+        let body = parse_object(v.to_string().as_bytes()).unwrap();
         let limits = ParseLimits {
             served_names: &names,
             max_model_len: 1000,

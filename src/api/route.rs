@@ -69,7 +69,63 @@ impl Native {
     }
 }
 
-/// A generation route of the main listener.
+/// A pooling route: prompts run through a pooling model (vLLM's `--runner pooling`) for their
+/// embeddings or scores; nothing is generated. Served by the backends declared with
+/// `runner = "pooling"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooled {
+    /// `POST /v1/embeddings`: OpenAI's embeddings (`input`, or `messages` as vLLM takes them).
+    Embeddings,
+    /// `POST /pooling`: vLLM's raw pooler output, asked as embeddings are.
+    Pooling,
+    /// `POST /score`: vLLM's scores of `queries` against `documents`.
+    Score,
+    /// `POST /v1/score`: the same.
+    ScoreV1,
+    /// `POST /rerank`: Jina's and Cohere's rerank (`query`, `documents`), as vLLM serves it.
+    Rerank,
+    /// `POST /v1/rerank`: the same.
+    RerankV1,
+    /// `POST /v2/rerank`: the same.
+    RerankV2,
+}
+
+impl Pooled {
+    /// Its path (the backend's too).
+    pub fn path(self) -> &'static str {
+        match self {
+            Pooled::Embeddings => "/v1/embeddings",
+            Pooled::Pooling => "/pooling",
+            Pooled::Score => "/score",
+            Pooled::ScoreV1 => "/v1/score",
+            Pooled::Rerank => "/rerank",
+            Pooled::RerankV1 => "/v1/rerank",
+            Pooled::RerankV2 => "/v2/rerank",
+        }
+    }
+
+    /// What its body asks: embeddings of inputs, or scores of documents against queries.
+    pub fn kind(self) -> PooledKind {
+        match self {
+            Pooled::Embeddings | Pooled::Pooling => PooledKind::Embed,
+            Pooled::Score | Pooled::ScoreV1 => PooledKind::Score,
+            Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2 => PooledKind::Rerank,
+        }
+    }
+}
+
+/// The three request bodies of the pooling routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PooledKind {
+    /// `input` (texts or token ids) or `messages`.
+    Embed,
+    /// `queries` and `documents` (or their older names).
+    Score,
+    /// `query` and `documents`.
+    Rerank,
+}
+
+/// A route of the main listener that the backends answer: generation, or pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// OpenAI-compatible: `/v1/chat/completions`, `/v1/completions`.
@@ -81,11 +137,14 @@ pub enum Route {
     Messages,
     /// OpenAI's Responses API: `/v1/responses`.
     Responses,
+    /// A pooling route: `/v1/embeddings`, `/pooling`, `/score`, `/rerank` (and their other
+    /// paths).
+    Pooling(Pooled),
 }
 
 impl Route {
-    /// Every generation route, in the README's order.
-    pub const ALL: [Route; 9] = [
+    /// Every route the backends answer, in the README's order.
+    pub const ALL: [Route; 16] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::Completions),
         Route::Responses,
@@ -95,9 +154,21 @@ impl Route {
         Route::MindIe(Native::GenerateStream),
         Route::MindIe(Native::TritonGenerate),
         Route::MindIe(Native::TritonGenerateStream),
+        Route::Pooling(Pooled::Embeddings),
+        Route::Pooling(Pooled::Pooling),
+        Route::Pooling(Pooled::Score),
+        Route::Pooling(Pooled::ScoreV1),
+        Route::Pooling(Pooled::Rerank),
+        Route::Pooling(Pooled::RerankV1),
+        Route::Pooling(Pooled::RerankV2),
     ];
 
-    /// The generation route at `path`, if it is one.
+    /// Whether it generates (the others pool: no output, nothing decoded).
+    pub fn generates(self) -> bool {
+        !matches!(self, Route::Pooling(_))
+    }
+
+    /// The route at `path`, if it is one.
     pub fn from_path(path: &str) -> Option<Route> {
         Route::ALL
             .into_iter()
@@ -132,13 +203,14 @@ impl Route {
             Route::MindIe(n) => n.path(),
             Route::Messages => "/v1/messages",
             Route::Responses => "/v1/responses",
+            Route::Pooling(p) => p.path(),
         }
     }
 
     /// The format of its answers and errors.
     pub fn wire(self) -> Wire {
         match self {
-            Route::OpenAi(_) => Wire::OpenAi,
+            Route::OpenAi(_) | Route::Pooling(_) => Wire::OpenAi,
             Route::MindIe(Native::VllmGenerate) => Wire::VllmGenerate,
             Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => Wire::Triton,
             Route::MindIe(_) => Wire::Tgi,
@@ -152,7 +224,7 @@ impl Route {
     /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
     /// backend allows up to the context (vLLM's chat and responses) or its default is not known
     /// (`/infer`, and MindIE's `maxIterTimes` on its vLLM-style `/generate`); `/v1/messages`
-    /// requires `max_tokens`.
+    /// requires `max_tokens`; the pooling routes generate nothing.
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
@@ -165,7 +237,8 @@ impl Route {
             Route::OpenAi(Endpoint::Chat)
             | Route::MindIe(Native::Infer | Native::VllmGenerate)
             | Route::Messages
-            | Route::Responses => None,
+            | Route::Responses
+            | Route::Pooling(_) => None,
         }
     }
 
@@ -173,7 +246,9 @@ impl Route {
     pub fn prompt_param(self) -> &'static str {
         match self {
             Route::OpenAi(Endpoint::Chat) | Route::Messages => "messages",
-            Route::Responses => "input",
+            Route::Responses | Route::Pooling(Pooled::Embeddings | Pooled::Pooling) => "input",
+            Route::Pooling(Pooled::Score | Pooled::ScoreV1) => "queries",
+            Route::Pooling(Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2) => "query",
             Route::OpenAi(Endpoint::Completions) | Route::MindIe(Native::VllmGenerate) => "prompt",
             Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => "text_input",
             Route::MindIe(_) => "inputs",

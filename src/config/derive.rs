@@ -1,7 +1,7 @@
 //! What the capacity model fills in of a config: backends' KV capacity and batch cap from
 //! `hardware` + `model`, tenants' rates from `share` (values given by hand win).
 
-use super::Config;
+use super::{Config, Runner};
 use crate::capacity::{
     derive_backend, tenant_rates, CapacityInputs, DerivedBackend, EfficiencyOverrides, Workload,
 };
@@ -71,11 +71,10 @@ impl Config {
             }
             b.derived = Some(derived);
         }
-        let derived: Vec<DerivedBackend> = self
-            .backends
-            .iter()
-            .filter_map(|b| b.derived.clone())
-            .collect();
+        // Tenants' shares are of the generation backends' token rates.
+        let generating = || (self.backends.iter()).filter(|b| b.runner == Runner::Generate);
+        let generators = generating().count();
+        let derived: Vec<DerivedBackend> = generating().filter_map(|b| b.derived.clone()).collect();
         for (i, t) in self.tenants.iter_mut().enumerate() {
             let Some(share) = t.share else { continue };
             let at = format!("tenants[{i}] ({})", t.name);
@@ -85,8 +84,8 @@ impl Config {
             if t.prefill_tokens_per_second != 0.0 || t.decode_tokens_per_second != 0.0 {
                 bail!("{at}: give `share` or token rates, not both");
             }
-            if derived.len() != self.backends.len() {
-                bail!("{at}.share needs every backend sized by the capacity model (`hardware` and `model`)");
+            if derived.len() != generators {
+                bail!("{at}.share needs every generation backend sized by the capacity model (`hardware` and `model`)");
             }
             let (prefill, decode) = tenant_rates(share, &derived);
             t.prefill_tokens_per_second = prefill;

@@ -1,6 +1,6 @@
 //! A human summary of what a config sets up.
 
-use super::ValidConfig;
+use super::{Runner, ValidConfig};
 use crate::capacity::{derived_table, DerivedBackend};
 
 /// A human summary of what a config sets up (printed by `check-config` and at startup).
@@ -67,8 +67,12 @@ pub fn describe(cfg: &ValidConfig) -> String {
     for b in &cfg.backends {
         let _ = writeln!(
             s,
-            "backend {}: kv_capacity_bytes {} ({:.2} GB), max_batch {}",
+            "backend {}{}: kv_capacity_bytes {} ({:.2} GB), max_batch {}",
             b.url,
+            match b.runner {
+                Runner::Generate => "",
+                Runner::Pooling => " (pooling)",
+            },
             b.kv_capacity_bytes,
             b.kv_capacity_bytes as f64 / 1e9,
             b.max_batch

@@ -390,12 +390,38 @@ fn default_queue_deadline() -> Duration {
     Duration::from_secs(10)
 }
 
+/// What a backend runs (`backends[].runner`), as vLLM's `--runner` says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Runner {
+    /// Generation: chat, completions, the Responses and Messages APIs, MindIE's routes.
+    #[default]
+    Generate,
+    /// A pooling model: embeddings, pooling, score and rerank.
+    Pooling,
+}
+
+impl Runner {
+    /// Its name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runner::Generate => "generate",
+            Runner::Pooling => "pooling",
+        }
+    }
+}
+
 /// One inference backend.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     /// Base URL, e.g. `http://127.0.0.1:9000`, or `https://...` with `tls`.
     pub url: String,
+    /// What it serves: `generate` (the default; every generation route) or `pooling` (a
+    /// pooling model, vLLM's `--runner pooling`: `/v1/embeddings`, `/pooling`, `/score`,
+    /// `/rerank`). Each kind is admitted on its own backends, in its own queue.
+    #[serde(default)]
+    pub runner: Runner,
     /// TLS for an `https` URL: the CA that signed the backend's certificate, and the
     /// gateway's own certificate for backends that verify their clients (MindIE does).
     #[serde(default)]
@@ -609,6 +635,11 @@ impl ValidConfig {
     /// The backends in config order, each with its parsed address.
     pub fn backends_with_base(&self) -> impl Iterator<Item = (&BackendConfig, &BackendBase)> {
         self.config.backends.iter().zip(&self.backend_bases)
+    }
+
+    /// The backends that run `runner`, in config order, each with its parsed address.
+    pub fn running(&self, runner: Runner) -> impl Iterator<Item = (&BackendConfig, &BackendBase)> {
+        (self.backends_with_base()).filter(move |(b, _)| b.runner == runner)
     }
 
     /// The tenants in config order, each with the digests of all its keys (`api_keys` hashed,

@@ -1,7 +1,7 @@
 //! The cross-field checks of a config (each message names the field) and the resolution of
 //! its relative paths.
 
-use super::{BackendBase, Config};
+use super::{BackendBase, Config, Runner};
 use crate::digest::{example_secret, hash_key, parse_sha256_hex};
 use anyhow::{bail, Context};
 use std::path::Path;
@@ -75,12 +75,22 @@ impl Config {
             }
         }
         self.limiter.validate()?;
-        if self.backends.is_empty() {
-            bail!("backends: at least one backend is needed");
+        if !self.backends.iter().any(|b| b.runner == Runner::Generate) {
+            bail!(
+                "backends: at least one backend with runner = \"generate\" (the default) is needed"
+            );
         }
         let mut bases = Vec::with_capacity(self.backends.len());
         for (i, b) in self.backends.iter().enumerate() {
             let at = format!("backends[{i}]");
+            if let Some(j) =
+                (self.backends[..i].iter()).position(|o| o.url == b.url && o.runner != b.runner)
+            {
+                bail!("{at}.url `{}` is also backends[{j}]'s, which runs {}: one engine runs one runner; give each its own url", b.url, self.backends[j].runner.as_str());
+            }
+            if b.runner == Runner::Pooling && b.feedback.enabled {
+                bail!("{at}.feedback is enabled, but {at} is a pooling backend: feedback reads a generation engine's queue and preemptions; turn it off");
+            }
             let uri: http::Uri = b
                 .url
                 .parse()

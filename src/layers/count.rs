@@ -144,6 +144,20 @@ const LEAST: Cost = Cost {
 };
 
 impl Counter {
+    /// The same counting, asking `kv` whether a request could ever be admitted.
+    pub fn with_kv(&self, kv: KvCheck) -> Counter {
+        Counter {
+            config: self.config.clone(),
+            limiter: self.limiter.clone(),
+            bodies: self.bodies.clone(),
+            tokenizer: self.tokenizer.clone(),
+            chat: self.chat.clone(),
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            kv: Some(kv),
+        }
+    }
+
     /// The 400 of a request of `cost` running `runs` in `class` that fits no backend even
     /// alone (`at_least`: the prompts' tokens are a lower bound); `None` when it could fit.
     fn never_admitted(
@@ -183,9 +197,13 @@ impl Counter {
             }
         }
         // What the buckets cannot give even the least a request costs is refused before its
-        // body is read.
+        // body is read (a pooling route decodes nothing).
+        let least = match route.generates() {
+            true => LEAST,
+            false => Cost { decode: 0, ..LEAST },
+        };
         if let Err(e) = self
-            .check_at_least(&tenant, LEAST, [false, false, true])
+            .check_at_least(&tenant, least, [false, false, true])
             .await
         {
             return Err(self.bodies.refuse_unread(&tenant.name, req, e));
@@ -244,8 +262,16 @@ impl Counter {
         let (mut counted_each, mut max_output) = (Vec::new(), u64::MAX);
         for prompt in prompts {
             let prompt_tokens: u64 = counted_each.iter().sum();
-            let ceiling = context.min(burst.saturating_sub(prompt_tokens));
+            let burst_left = burst.saturating_sub(prompt_tokens);
+            let ceiling = context.min(burst_left);
             let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
+            let counted = match (counted, parsed.truncate_to) {
+                // Past the cut the backend makes, only the cut runs.
+                (TokenCount::AtLeast(_), Some(cut)) if cut <= burst_left => {
+                    TokenCount::Exact(usize::try_from(cut).unwrap_or(usize::MAX))
+                }
+                (counted, _) => counted,
+            };
             max_output = max_output.min(self.output_budget(&parsed, counted)?);
             match counted {
                 TokenCount::Exact(n) => counted_each.push(n as u64),
@@ -407,14 +433,16 @@ impl Counter {
     fn prompt_ceiling(&self, tenant: &Tenant, req: &GenerationRequest) -> u64 {
         let max_len = self.config.model.max_model_len;
         let context = match req.requested_max_tokens {
+            // A pooling route's prompt may fill the context, or is cut where the request says.
+            _ if !req.endpoint.generates() => req.truncate_to.unwrap_or(max_len),
             Some((_, asked)) => max_len.saturating_sub(asked),
             None => max_len - 1,
         };
         context.min(tenant.limits.prefill.capacity().floor() as u64)
     }
 
-    /// Output tokens to reserve: what the client asked for, or else the default clamped to the
-    /// context: `model.default_max_tokens`, or the backend's own default where it is smaller
+    /// Output tokens to reserve (none on a pooling route): what the client asked for, or else
+    /// the default clamped to the context: `model.default_max_tokens`, or the backend's own default where it is smaller
     /// (vLLM's completions generate 16, MindIE's TGI routes 20: see
     /// [`Route::backend_default_max_tokens`]), which is then also what the backend is sent; more than the context allows is a 400 naming both numbers (the prompt's "at
     /// least" when its count stopped at the ceiling).
@@ -428,6 +456,15 @@ impl Counter {
             TokenCount::Exact(n) => (n as u64, ""),
             TokenCount::AtLeast(n) => (n as u64, "at least "),
         };
+        if !req.endpoint.generates() {
+            return match prompt_tokens > max_len {
+                true => Err(ApiError::context_length(format!(
+                    "this model's maximum context length is {max_len} tokens; the prompt is {least}{prompt_tokens} tokens"
+                ))
+                .with_param(req.endpoint.prompt_param())),
+                false => Ok(0),
+            };
+        }
         match req.requested_max_tokens {
             Some((field, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
                 "this model's maximum context length is {max_len} tokens; the prompt is {least}{prompt_tokens} tokens and {asked} output tokens were requested ({least}{} in all)",

@@ -5,7 +5,7 @@
 
 use super::report::{Advice, BackendAdvice, Flag, Sizing, Stats};
 use crate::capacity::{derive_backend, sequence_footprint_bytes, Workload};
-use crate::config::Config;
+use crate::config::{Config, Runner};
 
 /// A configured figure more than this fraction off the one the profile implies is flagged.
 pub const DISAGREEMENT: f64 = 0.20;
@@ -98,7 +98,10 @@ pub fn advise(config: &Config, observed: &Stats) -> Advice {
         }
     }
     let m = &config.model;
-    for (i, b) in config.backends.iter().enumerate() {
+    // The workload is generation's: pooling backends are not sized by it.
+    let generating =
+        (config.backends.iter().enumerate()).filter(|(_, b)| b.runner == Runner::Generate);
+    for (i, b) in generating {
         let footprint = |w: Workload| {
             sequence_footprint_bytes(
                 w.avg_input + w.avg_output,

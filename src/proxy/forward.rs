@@ -226,7 +226,7 @@ mod tests {
     use crate::api::Endpoint;
     use crate::api::Route;
     use crate::layers::testing::{alice, gateway_to, outcomes_of};
-    use crate::server::generation_service;
+    use crate::server::lane_service;
     use crate::util::bounded::Bounded;
     use bytes::Bytes;
     use http::{Request, Response, StatusCode};
@@ -290,7 +290,7 @@ mod tests {
     async fn a_whole_answer_is_passed_on_and_settles_what_it_used() {
         let answer = r#"{"choices": [{"index": 0, "text": "abc", "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}"#;
         let gw = gateway_to(&backend(200, answer).await.to_string(), 10.0).await;
-        let resp = generation_service(gw.clone())
+        let resp = lane_service(&gw, &gw.generation_lane())
             .oneshot(completion())
             .await
             .expect("answered");
@@ -315,7 +315,7 @@ mod tests {
             let streamed = Full::new(Bytes::from_static(body.as_bytes()));
             Bounded::new(streamed, b.max_bytes(), b.timeout())
         });
-        let resp = generation_service(gw.clone())
+        let resp = lane_service(&gw, &gw.generation_lane())
             .oneshot(req)
             .await
             .expect("answered");
@@ -331,7 +331,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_backend_is_a_502_that_charges_nothing() {
         let gw = gateway_to(&backend(500, "{}").await.to_string(), 10.0).await;
-        let e = generation_service(gw.clone())
+        let e = lane_service(&gw, &gw.generation_lane())
             .oneshot(completion())
             .await
             .unwrap_err();

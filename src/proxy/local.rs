@@ -15,7 +15,7 @@ use crate::api::Prompt;
 use crate::api::{anthropic, openai};
 use crate::body::check_content_type;
 use crate::body::discard::BodyCharge;
-use crate::config::ValidConfig;
+use crate::config::{Runner, ValidConfig};
 use crate::error::{Allow, ApiError};
 use crate::layers::count::Counter;
 use crate::limiter::Cost;
@@ -231,8 +231,8 @@ where
 /// does not support). It costs nothing, as `/v1/models` does.
 fn info(config: &ValidConfig) -> Value {
     let model = &config.model;
-    let concurrent: u64 = (config.backends.iter())
-        .map(|b| u64::from(b.max_batch))
+    let concurrent: u64 = (config.running(Runner::Generate))
+        .map(|(b, _)| u64::from(b.max_batch))
         .sum();
     let max_input = model.max_model_len.saturating_sub(1);
     serde_json::json!({

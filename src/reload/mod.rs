@@ -22,7 +22,7 @@ pub mod live;
 pub use live::{LiveConfig, Snapshot};
 
 use crate::admission::Admission;
-use crate::config::Config;
+use crate::config::{Config, Runner};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use serde::Serialize;
@@ -65,8 +65,10 @@ pub struct Reloader {
     pub live: Arc<LiveConfig>,
     /// The buckets.
     pub limiter: Limiter,
-    /// The KV ledgers.
+    /// The generation backends' KV ledgers.
     pub admission: Admission,
+    /// The pooling backends' (when there are any).
+    pub pooling: Option<Admission>,
     /// Where reloads and removed tenants are counted.
     pub metrics: Arc<Metrics>,
 }
@@ -113,13 +115,16 @@ impl Reloader {
                 self.limiter.rebase(&tenant.name, &tenant.limits);
             }
         }
-        let capacities: Vec<(u64, u32)> = new
-            .config
-            .backends
-            .iter()
-            .map(|b| (b.kv_capacity_bytes, b.max_batch))
-            .collect();
-        self.admission.resize(&capacities);
+        let capacities = |runner: Runner| {
+            (new.config.backends.iter())
+                .filter(|b| b.runner == runner)
+                .map(|b| (b.kv_capacity_bytes, b.max_batch))
+                .collect::<Vec<(u64, u32)>>()
+        };
+        self.admission.resize(&capacities(Runner::Generate));
+        if let Some(pooling) = &self.pooling {
+            pooling.resize(&capacities(Runner::Pooling));
+        }
         self.live.replace(new);
         for name in &changes.tenants_removed {
             self.limiter.forget(name);

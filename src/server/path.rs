@@ -1,7 +1,7 @@
 //! The request path of DESIGN.md, written once. `main_stack` is the main listener's whole
 //! chain, outermost first: 1 request id and span, 2 a panic as a 500 and every refusal as its
 //! answer, 3 the body's bounds, 4 the route table; a generation route then runs
-//! [`generation_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge, 9 admit,
+//! [`lane_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge, 9 admit,
 //! 10-11 forward and meter (see [`crate::layers`] for what each leaves in the request's
 //! extensions). `/tokenize`, `/detokenize` and `/v1/models` are answered after step 5 alone. The admin listener
 //! has steps 1-2 around its own routes. The listeners that serve them are [`super`]'s.
@@ -10,7 +10,7 @@ use crate::admin;
 use crate::api::route::path_matches;
 use crate::api::{Route, Wire};
 use crate::error::{Allow, ApiError};
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Lane};
 use crate::layers::{
     AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
 };
@@ -69,16 +69,18 @@ pub(super) fn main_stack(gw: Arc<Gateway>) -> impl Listened {
             server.max_body_bytes,
             server.body_read_timeout,
         ))
-        // 4. the route table: a generation route goes on to `generation_service`
+        // 4. the route table: a generation route goes on to `lane_service`
         .service_fn(route(routes(gw.clone())));
     answered("main", steps_3_on)
 }
 
-/// Steps 5-11 of a generation route (OpenAI's or MindIE's native ones), one layer per step in
-/// DESIGN.md's order, under the layer that records the request's outcome; the [`Route`] is in
-/// the request's extensions.
-pub fn generation_service<B>(
-    gw: Arc<Gateway>,
+/// Steps 5-11 of a route the backends of `lane` answer (the generation backends'
+/// [`Gateway::generation_lane`], or the pooling backends'), one layer per step in DESIGN.md's
+/// order, under the layer that records the request's outcome; the [`Route`] is in the
+/// request's extensions.
+pub fn lane_service<B>(
+    gw: &Gateway,
+    lane: &Lane,
 ) -> impl tower::Service<
     Request<Bounded<B>>,
     Response = Response<GatewayBody>,
@@ -101,7 +103,7 @@ where
         .layer(AuthenticateLayer::new(gw.live.clone()))
         // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
         //      buckets cannot give even the least a request costs)
-        .layer(CountLayer::new(gw.counter.clone()))
+        .layer(CountLayer::new(lane.counter.clone()))
         // 8. charge the buckets (under the limits in force now): the request's `Ticket`
         .layer(ChargeLayer::new(
             gw.limiter.clone(),
@@ -109,9 +111,9 @@ where
             metrics.clone(),
         ))
         // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
-        .layer(AdmitLayer::new(gw.admission.clone(), geometry, metrics))
+        .layer(AdmitLayer::new(lane.admission.clone(), geometry, metrics))
         // 10-11. forward to the leased backend; the metered answer owns the ticket
-        .service(Forward::new(gw.backends.clone()))
+        .service(Forward::new(lane.backends.clone()))
 }
 
 /// The admin listener's stack: steps 1-2 around its routes, every refusal in OpenAI's shape.
@@ -291,18 +293,21 @@ impl<S> Handler for S where
 {
 }
 
-/// The main listener's routes: generation through [`generation_service`]; the local answers
-/// (`/tokenize`, `/detokenize`, `/v1/models`) after authentication alone.
+/// The main listener's routes: generation and pooling each through [`lane_service`] on their
+/// own backends (no pooling one without pooling backends); the local answers (`/tokenize`,
+/// `/detokenize`, `/v1/models`) after authentication alone.
 #[derive(Clone)]
 struct Routes<G, L> {
     generate: G,
+    pool: Option<G>,
     local: L,
 }
 
 fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler> {
     let (counter, upstreams) = (gw.counter.clone(), gw.backends.upstreams.clone());
     Routes {
-        generate: generation_service(gw.clone()),
+        generate: lane_service(&gw, &gw.generation_lane()),
+        pool: (gw.pooling.as_ref()).map(|lane| lane_service(&gw, lane)),
         local: ServiceBuilder::new()
             .layer(AuthenticateLayer::new(gw.live.clone()))
             .service_fn(move |req| local::answer(counter.clone(), upstreams.clone(), req)),
@@ -312,7 +317,8 @@ fn routes(gw: Arc<Gateway>) -> Routes<impl Handler, impl Handler> {
 /// What answers a path of the main listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
-    /// Steps 5-11 ([`generation_service`]) on this generation route.
+    /// Steps 5-11 on this route: [`lane_service`] on the generation backends, or on the
+    /// pooling backends' when it pools.
     Generate(Route),
     /// Answered by the gateway itself after authentication.
     Local(Local),
@@ -355,8 +361,17 @@ fn route<G: Handler, L: Handler>(
             }
             match answer {
                 Answer::Generate(route) => {
+                    let lane = match (route.generates(), routes.pool) {
+                        (true, _) => routes.generate,
+                        (false, Some(pool)) => pool,
+                        (false, None) => {
+                            return Err(ApiError::not_found(format!(
+                                "no backend serves {path}: it needs a pooling backend (`runner = \"pooling\"` in [[backends]])"
+                            )))
+                        }
+                    };
                     req.extensions_mut().insert(route);
-                    routes.generate.oneshot(req).await
+                    lane.oneshot(req).await
                 }
                 Answer::Local(local) => {
                     req.extensions_mut().insert(local);

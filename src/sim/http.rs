@@ -170,13 +170,15 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             };
             (Api::Triton, Some(native))
         }
+        (&Method::POST, path) if Route::from_path(path).is_some_and(|r| !r.generates()) => {
+            let Some(Route::Pooling(pooled)) = Route::from_path(path) else {
+                unreachable!("only the pooling routes do not generate")
+            };
+            return pool(shared, pooled, req).await;
+        }
         _ => return Err(ApiError::not_found(format!("no route for {path}"))),
     };
-    let body = Limited::new(req.into_body(), BODY_LIMIT_BYTES)
-        .collect()
-        .await
-        .map_err(|_| ApiError::payload_too_large(BODY_LIMIT_BYTES as u64))?
-        .to_bytes();
+    let body = read_body(req).await?;
     let (mut job, prompt) = match api {
         (_, Some(native)) => parse_native(
             native,
@@ -211,6 +213,40 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
     generate(shared, job).await
 }
 
+/// A pooling route's answer ([`super::pooled`]), at once; an injected status as on the
+/// generation routes.
+async fn pool(
+    shared: &Shared,
+    pooled: crate::api::Pooled,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let body = read_body(req).await?;
+    shared.stats.lock().expect("stats lock poisoned").requests += 1;
+    let faults = shared.faults();
+    if let Some(status) = faults.status {
+        return Ok(injected_status(status, faults.retry_after, Api::Chat));
+    }
+    let answer = super::pooled::answer(
+        pooled,
+        &body,
+        &shared.served_names,
+        shared.engine_cfg.max_model_len,
+        &shared.template,
+        shared.counter.as_ref(),
+        shared.next_id.fetch_add(1, Ordering::Relaxed),
+    )?;
+    Ok(json_response(StatusCode::OK, &answer))
+}
+
+/// A request's body, up to [`BODY_LIMIT_BYTES`].
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    Ok(Limited::new(req.into_body(), BODY_LIMIT_BYTES)
+        .collect()
+        .await
+        .map_err(|_| ApiError::payload_too_large(BODY_LIMIT_BYTES as u64))?
+        .to_bytes())
+}
+
 fn models(shared: &Shared) -> Response<Body> {
     let created = unix_now();
     let data: Vec<serde_json::Value> = shared
@@ -234,7 +270,7 @@ fn models(shared: &Shared) -> Response<Body> {
     )
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

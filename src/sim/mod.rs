@@ -4,13 +4,14 @@
 //! HTTP with vLLM's and MindIE's APIs and vLLM's metric names.
 //!
 //! Layout: [`engine`] is the pure scheduler core; [`shell`] drives it on scaled tokio time;
-//! [`http`] and [`wire`] are the HTTP face; [`text`] counts prompts and makes output text;
+//! [`http`] and [`wire`] are the HTTP face ([`pooled`] its pooling routes); [`text`] counts prompts and makes output text;
 //! [`cli`] is `tokengate sim`.
 
 pub mod cli;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod pooled;
 pub mod prefix;
 pub mod shell;
 pub mod text;

@@ -58,30 +58,23 @@ fn common_start(a: &str, b: &str) -> usize {
 mod tests {
     use super::*;
 
-    /// One token per byte.
-    struct Bytes;
-
-    impl CountTokens for Bytes {
-        fn count(&self, text: &str) -> usize {
-            text.len()
-        }
-    }
+    use crate::tokenize::chat::ByteTokens;
 
     #[test]
     fn a_shared_start_is_cached_in_whole_blocks_and_never_the_whole_prompt() {
         let mut cache = PrefixCache::default();
         let first = "a".repeat(40);
-        assert_eq!(cache.serve(&first, 40, &Bytes), 0);
+        assert_eq!(cache.serve(&first, 40, &ByteTokens), 0);
         // 40 bytes in common: two whole blocks.
         let longer = format!("{first}bbbbbbbbbb");
-        assert_eq!(cache.serve(&longer, 50, &Bytes), 32);
+        assert_eq!(cache.serve(&longer, 50, &ByteTokens), 32);
         // The same prompt again: all but its last token, in whole blocks.
-        assert_eq!(cache.serve(&first, 40, &Bytes), 32);
+        assert_eq!(cache.serve(&first, 40, &ByteTokens), 32);
         let exact = "c".repeat(32);
-        assert_eq!(cache.serve(&exact, 32, &Bytes), 0);
-        assert_eq!(cache.serve(&exact, 32, &Bytes), 16);
+        assert_eq!(cache.serve(&exact, 32, &ByteTokens), 0);
+        assert_eq!(cache.serve(&exact, 32, &ByteTokens), 16);
         // A different start shares nothing; a split character is not shared.
-        assert_eq!(cache.serve(&"d".repeat(40), 40, &Bytes), 0);
+        assert_eq!(cache.serve(&"d".repeat(40), 40, &ByteTokens), 0);
         assert_eq!(common_start("aé", "aè"), 1);
     }
 
@@ -89,10 +82,10 @@ mod tests {
     fn the_oldest_prompts_are_forgotten_past_the_bound() {
         let mut cache = PrefixCache::default();
         let big = "x".repeat(MAX_BYTES / 2);
-        cache.serve(&big, 100, &Bytes);
-        cache.serve(&"y".repeat(MAX_BYTES / 2), 100, &Bytes);
-        cache.serve(&"z".repeat(10), 10, &Bytes);
+        cache.serve(&big, 100, &ByteTokens);
+        cache.serve(&"y".repeat(MAX_BYTES / 2), 100, &ByteTokens);
+        cache.serve(&"z".repeat(10), 10, &ByteTokens);
         assert_eq!(cache.bytes, MAX_BYTES / 2 + 10);
-        assert_eq!(cache.serve(&big, 100, &Bytes), 0);
+        assert_eq!(cache.serve(&big, 100, &ByteTokens), 0);
     }
 }

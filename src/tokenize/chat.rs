@@ -30,6 +30,17 @@ pub trait CountTokens {
     }
 }
 
+/// A counter of one token per byte, for tests that count without the Qwen tokenizer.
+#[cfg(test)]
+pub(crate) struct ByteTokens;
+
+#[cfg(test)]
+impl CountTokens for ByteTokens {
+    fn count(&self, text: &str) -> usize {
+        text.len()
+    }
+}
+
 /// The input of a chat template: what transformers' `apply_chat_template` receives.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ChatPrompt {
@@ -103,7 +114,8 @@ impl ChatPrompt {
     }
 }
 
-/// The vLLM route a chat came to: the two read `reasoning_content` differently.
+/// The vLLM route a chat came to: they read `reasoning_content` differently, and open the
+/// assistant's turn by default or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChatRoute {
     /// `POST /v1/chat/completions`: the request model renames a message's
@@ -112,6 +124,16 @@ pub enum ChatRoute {
     /// `POST /tokenize`: its request model has no such validator, so `reasoning_content` is
     /// dropped with the message's other unknown keys (`reasoning` is rendered).
     Tokenize,
+    /// The pooling routes (`/v1/embeddings`, `/pooling`): `reasoning_content` as on
+    /// `/tokenize`, and no assistant turn opened unless `add_generation_prompt` asks for one.
+    Pooling,
+}
+
+impl ChatRoute {
+    /// Whether `add_generation_prompt` is true when a request leaves it out.
+    pub fn adds_generation_prompt(self) -> bool {
+        !matches!(self, ChatRoute::Pooling)
+    }
 }
 
 /// Why a conversation could not be rendered. The gateway answers it with a 400.

@@ -85,7 +85,7 @@ fn reasoning(
     if !reasoning.is_string() {
         let field = match route {
             ChatRoute::ChatCompletions => "reasoning` (or `reasoning_content",
-            ChatRoute::Tokenize => "reasoning",
+            ChatRoute::Tokenize | ChatRoute::Pooling => "reasoning",
         };
         return Err(invalid(
             format!("messages[{i}].reasoning"),

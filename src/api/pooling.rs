@@ -1,0 +1,380 @@
+//! The pooling routes' bodies, as vLLM's pooling runner (`vllm serve --runner pooling`) takes
+//! them: `/v1/embeddings` and `/pooling` (`input`: texts or token ids, or `messages`),
+//! `/score` (`queries` and `documents`, or their older names) and `/rerank` (`query` and
+//! `documents`). Each text is a prompt of its own, run as one sequence and counted as vLLM
+//! tokenizes it: a text with the tokenizer alone, a conversation through the chat template
+//! without an assistant turn. A bi-encoder scores by embedding each query and each document
+//! once, so a score's prompts are its queries and then its documents. Nothing is generated.
+
+use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority};
+use super::request::{served_model, wrong_type};
+use super::route::{Pooled, PooledKind, Route};
+use super::{GenerationRequest, ParseLimits, Prompt};
+use crate::error::ApiError;
+use crate::tokenize::chat::ChatRoute;
+use serde_json::{Map, Value};
+
+/// Validates a body sent to the pooling route `pooled`: its prompts (the first, then the
+/// rest as a batch), each one sequence; `truncate_prompt_tokens` kept as the most tokens of
+/// each the backend runs.
+pub fn parse_generation(
+    pooled: Pooled,
+    body: Map<String, Value>,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, ApiError> {
+    let model = served_model(&body, limits.served_names)?;
+    refuse_negative_priority(&body)?;
+    refuse_padding(&body)?;
+    let mut prompts = match pooled.kind() {
+        PooledKind::Embed => embed_prompts(&body, limits)?,
+        PooledKind::Score => score_prompts(&body)?,
+        PooledKind::Rerank => {
+            let query = score_inputs(&body, "query")?;
+            if query.len() != 1 {
+                return Err(ApiError::invalid_param("query", "`query` must be one text"));
+            }
+            query
+                .into_iter()
+                .chain(score_inputs(&body, "documents")?)
+                .collect()
+        }
+    };
+    let truncate_to = truncation(&body, limits.max_model_len)?;
+    let first = prompts.remove(0);
+    Ok(GenerationRequest {
+        endpoint: Route::Pooling(pooled),
+        model,
+        stream: false,
+        client_wants_usage: false,
+        requested_max_tokens: None,
+        choices: 1,
+        prompt: first,
+        batch: prompts,
+        echoed_prompt: None,
+        truncate_to,
+        body,
+        // Filled in by [`super::parse_generation`], which has the bytes.
+        raw: bytes::Bytes::new(),
+        raw_keys_unique: false,
+    })
+}
+
+/// An embeddings body's prompts: `messages` (a conversation, or a list of them, each rendered
+/// through the chat template as one prompt), or else `input`: a text, texts, token ids, lists
+/// of them, or conversations as vLLM also takes them there. As in vLLM, `messages` that hold
+/// a conversation win over an `input` beside them, and `messages` that do not are ignored
+/// when there is an `input`.
+fn embed_prompts(
+    body: &Map<String, Value>,
+    limits: &ParseLimits<'_>,
+) -> Result<Vec<Prompt>, ApiError> {
+    let messages = body.get("messages").filter(|m| !m.is_null());
+    let input = body.get("input").filter(|m| !m.is_null());
+    let render = |conversations: Vec<&Value>| {
+        let mut one = body.clone();
+        (conversations.into_iter())
+            .map(|conv| {
+                one.insert("messages".into(), conv.clone());
+                chat(&one, limits)
+            })
+            .collect()
+    };
+    let from_messages = messages.and_then(conversations);
+    let from_input = input.filter(|_| messages.is_none()).and_then(conversations);
+    match (from_messages.or(from_input), messages, input) {
+        (Some(convs), _, _) => render(convs),
+        (None, Some(other), None) => Err(wrong_type(
+            "messages",
+            "a list of messages, or a list of such lists",
+            other,
+        )),
+        _ => parse_prompts(body, "input"),
+    }
+}
+
+/// `v` as conversations: one (a list of messages) or several (a list of such lists).
+fn conversations(v: &Value) -> Option<Vec<&Value>> {
+    let conversation =
+        |v: &Value| (v.as_array()).is_some_and(|m| !m.is_empty() && m.iter().all(is_message));
+    if conversation(v) {
+        return Some(vec![v]);
+    }
+    let batch = v.as_array().filter(|b| !b.is_empty())?;
+    batch
+        .iter()
+        .all(conversation)
+        .then(|| batch.iter().collect())
+}
+
+/// Whether `v` is a chat message (an object with a string `role`), as vLLM tells one apart.
+fn is_message(v: &Value) -> bool {
+    v.get("role").is_some_and(Value::is_string)
+}
+
+/// `body`'s `messages` as one prompt, rendered as the pooling routes render it.
+fn chat(body: &Map<String, Value>, limits: &ParseLimits<'_>) -> Result<Prompt, ApiError> {
+    parse_chat_prompt(body, limits.vision, ChatRoute::Pooling)
+}
+
+/// A score body's prompts: its queries, then its documents. One query is scored against
+/// every document, or each query against its own (as many of each).
+fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
+    const NAMES: [(&str, &str); 4] = [
+        ("queries", "documents"),
+        ("queries", "items"),
+        ("data_1", "data_2"),
+        ("text_1", "text_2"),
+    ];
+    let given = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
+    let Some((first, second)) = NAMES.into_iter().find(|(a, b)| given(a) && given(b)) else {
+        return Err(ApiError::invalid_param(
+            "queries",
+            "`queries` and `documents` are required (or `queries` and `items`, `data_1` and `data_2`, `text_1` and `text_2`)",
+        ));
+    };
+    let queries = score_inputs(body, first)?;
+    let documents = score_inputs(body, second)?;
+    if queries.len() > 1 && queries.len() != documents.len() {
+        return Err(ApiError::invalid_param(
+            first,
+            format!(
+                "`{first}` has {} texts and `{second}` {}: send one {first} text, or one for each",
+                queries.len(),
+                documents.len()
+            ),
+        ));
+    }
+    Ok(queries.into_iter().chain(documents).collect())
+}
+
+/// The texts at `param` of a score or rerank body: a text, or a non-empty list of texts.
+/// Multimodal inputs (`{"content": [...]}`) are refused: a pooling backend's images are not
+/// counted by the gateway.
+fn score_inputs(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, ApiError> {
+    let text = |v: &Value, at: &str| {
+        match v {
+        Value::String(s) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
+        Value::String(_) => Err(ApiError::invalid_param(
+            param,
+            format!("`{at}` must not be empty"),
+        )),
+        Value::Object(_) => Err(ApiError::invalid_param(
+            param,
+            format!("`{at}` is a multimodal input, which the gateway does not count on the pooling routes; send text"),
+        )),
+        other => Err(wrong_type(at, "a string", other)),
+    }
+    };
+    match body.get(param) {
+        None | Some(Value::Null) => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` is required"),
+        )),
+        Some(Value::Array(items)) if items.is_empty() => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` must hold at least one text"),
+        )),
+        Some(Value::Array(items)) => (items.iter().enumerate())
+            .map(|(i, v)| text(v, &format!("{param}[{i}]")))
+            .collect(),
+        Some(v) => Ok(vec![text(v, param)?]),
+    }
+}
+
+/// `truncate_prompt_tokens`: the most tokens of each prompt the backend runs (it cuts longer
+/// ones), `-1` for the context; absent, prompts run whole.
+fn truncation(body: &Map<String, Value>, max_model_len: u64) -> Result<Option<u64>, ApiError> {
+    const PARAM: &str = "truncate_prompt_tokens";
+    match body.get(PARAM) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) if v.as_i64() == Some(-1) => Ok(Some(max_model_len)),
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=max_model_len).contains(&n) => Ok(Some(n)),
+            _ => Err(ApiError::invalid_param(
+                PARAM,
+                format!("`{PARAM}` must be -1 (the context) or a whole number from 1 to the model's context length of {max_model_len} tokens, got {v}"),
+            )),
+        },
+    }
+}
+
+/// Refuses `padding: "max_length"`: the backend would run every prompt padded to its longest
+/// length, which the gateway does not charge.
+fn refuse_padding(body: &Map<String, Value>) -> Result<(), ApiError> {
+    match body.get("padding") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(p)) if p == "do_not_pad" => Ok(()),
+        Some(other) => Err(ApiError::invalid_param(
+            "padding",
+            format!("`padding` must be \"do_not_pad\" (got {other}): padded prompts run tokens the gateway does not charge"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::request::parse_object;
+    use crate::vision::VisionRules;
+    use serde_json::json;
+
+    fn parse(pooled: Pooled, v: Value) -> Result<GenerationRequest, ApiError> {
+        let object = parse_object(v.to_string().as_bytes()).unwrap();
+        let names = vec!["qwen".to_string()];
+        let vision = VisionRules::default();
+        let limits = ParseLimits {
+            served_names: &names,
+            max_model_len: 1000,
+            vision: &vision,
+        };
+        parse_generation(pooled, object, &limits)
+    }
+
+    fn texts(req: &GenerationRequest) -> Vec<String> {
+        std::iter::once(&req.prompt)
+            .chain(&req.batch)
+            .map(|p| match p {
+                Prompt::Text(t) => t.clone(),
+                Prompt::TokenIds(ids) => format!("{ids:?}"),
+                Prompt::Chat { prompt, .. } => {
+                    format!(
+                        "chat {} gen={}",
+                        prompt.messages.len(),
+                        prompt.add_generation_prompt
+                    )
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_input_is_a_prompt_and_nothing_is_generated() {
+        let r = parse(
+            Pooled::Embeddings,
+            json!({"model": "qwen", "input": ["hello world", "What is it?"]}),
+        )
+        .unwrap();
+        assert_eq!(texts(&r), ["hello world", "What is it?"]);
+        assert_eq!(
+            (r.sequences(), r.requested_max_tokens, r.stream),
+            (2, None, false)
+        );
+        assert!(!r.endpoint.generates());
+        let ids = parse(
+            Pooled::Pooling,
+            json!({"model": "qwen", "input": [[1, 2], [3]]}),
+        );
+        assert_eq!(texts(&ids.unwrap()), ["[1, 2]", "[3]"]);
+    }
+
+    #[test]
+    fn a_conversation_is_rendered_without_an_assistant_turn_unless_asked() {
+        let conv = json!([{"role": "user", "content": "hello world"}]);
+        let r = parse(
+            Pooled::Embeddings,
+            json!({"model": "qwen", "messages": conv}),
+        )
+        .unwrap();
+        assert_eq!(texts(&r), ["chat 1 gen=false"]);
+        let asked = json!({"model": "qwen", "input": conv, "add_generation_prompt": true});
+        assert_eq!(
+            texts(&parse(Pooled::Embeddings, asked).unwrap()),
+            ["chat 1 gen=true"]
+        );
+        let batch = json!({"model": "qwen", "messages": [conv, conv]});
+        assert_eq!(texts(&parse(Pooled::Embeddings, batch).unwrap()).len(), 2);
+        let in_input = json!({"model": "qwen", "input": [conv, conv, conv]});
+        assert_eq!(
+            texts(&parse(Pooled::Embeddings, in_input).unwrap()).len(),
+            3
+        );
+        // As in vLLM: a conversation in `messages` wins over an `input` beside it, and
+        // `messages` that are not one are ignored beside an `input`.
+        let both = json!({"model": "qwen", "messages": conv, "input": "x"});
+        assert_eq!(
+            texts(&parse(Pooled::Embeddings, both).unwrap()),
+            ["chat 1 gen=false"]
+        );
+        let ignored = json!({"model": "qwen", "messages": "bad", "input": "x"});
+        assert_eq!(texts(&parse(Pooled::Embeddings, ignored).unwrap()), ["x"]);
+        let bad = json!({"model": "qwen", "messages": "bad"});
+        let e = parse(Pooled::Embeddings, bad).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+
+    #[test]
+    fn a_score_runs_its_queries_then_its_documents() {
+        let one_to_n = json!({"model": "qwen", "queries": "q", "documents": ["a", "b"]});
+        assert_eq!(
+            texts(&parse(Pooled::Score, one_to_n).unwrap()),
+            ["q", "a", "b"]
+        );
+        let old = json!({"model": "qwen", "text_1": ["q1", "q2"], "text_2": ["a", "b"]});
+        assert_eq!(
+            texts(&parse(Pooled::ScoreV1, old).unwrap()),
+            ["q1", "q2", "a", "b"]
+        );
+        let uneven =
+            json!({"model": "qwen", "queries": ["q1", "q2"], "documents": ["a", "b", "c"]});
+        let e = parse(Pooled::Score, uneven).unwrap_err();
+        assert_eq!(
+            e.message,
+            "`queries` has 2 texts and `documents` 3: send one queries text, or one for each"
+        );
+        let rerank = json!({"model": "qwen", "query": "q", "documents": ["a", "b"], "top_n": 1});
+        assert_eq!(
+            texts(&parse(Pooled::RerankV2, rerank).unwrap()),
+            ["q", "a", "b"]
+        );
+    }
+
+    #[test]
+    fn what_the_gateway_cannot_count_is_refused_naming_it() {
+        let cases = [
+            (json!({"model": "qwen", "input": ""}), "input", "`input` must not be empty"),
+            (
+                json!({"model": "qwen", "input": "x", "padding": "max_length"}),
+                "padding",
+                "`padding` must be \"do_not_pad\" (got \"max_length\"): padded prompts run tokens the gateway does not charge",
+            ),
+            (
+                json!({"model": "qwen", "input": "x", "truncate_prompt_tokens": 0}),
+                "truncate_prompt_tokens",
+                "`truncate_prompt_tokens` must be -1 (the context) or a whole number from 1 to the model's context length of 1000 tokens, got 0",
+            ),
+            (
+                json!({"model": "qwen", "query": {"content": []}, "documents": "a"}),
+                "query",
+                "`query` is a multimodal input, which the gateway does not count on the pooling routes; send text",
+            ),
+            (
+                json!({"model": "qwen", "query": ["a", "b"], "documents": "a"}),
+                "query",
+                "`query` must be one text",
+            ),
+        ];
+        for (body, param, message) in cases {
+            let route = match body.get("input") {
+                Some(_) => Pooled::Embeddings,
+                None => Pooled::Rerank,
+            };
+            let e = parse(route, body).unwrap_err();
+            assert_eq!(
+                (e.param.as_deref(), e.message.as_str()),
+                (Some(param), message)
+            );
+        }
+    }
+
+    #[test]
+    fn truncation_caps_each_prompt_at_the_context_or_the_number_sent() {
+        let at = |t: Value| {
+            let body = json!({"model": "qwen", "input": "x", "truncate_prompt_tokens": t});
+            parse(Pooled::Embeddings, body).unwrap().truncate_to
+        };
+        assert_eq!(
+            (at(json!(-1)), at(json!(7)), at(Value::Null)),
+            (Some(1000), Some(7), None)
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! Room `sim`: the pooling routes of the simulated backend, as vLLM's pooling runner answers
+//! them: `/v1/embeddings` and `/pooling` (a vector per input), `/score` (a score per
+//! document) and `/rerank` (the documents by relevance). Bodies are read with the gateway's
+//! own parser (the engine's lengths are checked after counting); each prompt is counted with
+//! the served tokenizer, cut at `truncate_prompt_tokens`, and the usage says their sum. A
+//! pooling request is answered at once: it does not take a place in the simulated engine,
+//! whose batches are generation's.
+
+use crate::api::route::{Pooled, PooledKind};
+use crate::api::{ParseLimits, Prompt};
+use crate::error::ApiError;
+use crate::tokenize::chat::{ChatTemplate, CountTokens};
+use serde_json::{json, Value};
+
+/// Dimensions of the vectors it answers.
+const DIMENSIONS: usize = 8;
+
+/// The answer to `body` sent to `pooled`, for a model of `max_model_len` served as
+/// `served_names`; `id` names it.
+// ApiError is the crate's one error type, returned as is on every path (as in the limiter).
+#[allow(clippy::result_large_err)]
+pub fn answer(
+    pooled: Pooled,
+    body: &[u8],
+    served_names: &[String],
+    max_model_len: u64,
+    template: &ChatTemplate,
+    counter: &dyn CountTokens,
+    id: u64,
+) -> Result<Value, ApiError> {
+    let object = crate::api::request::parse_object(body)?;
+    let vision = crate::vision::VisionRules::default();
+    let limits = ParseLimits {
+        served_names,
+        max_model_len,
+        vision: &vision,
+    };
+    let req = crate::api::pooling::parse_generation(pooled, object, &limits)?;
+    let prompts: Vec<(String, u64)> = std::iter::once(&req.prompt)
+        .chain(&req.batch)
+        .map(|p| {
+            let (text, n) = match p {
+                Prompt::Text(t) => (t.clone(), counter.count(t) as u64),
+                Prompt::TokenIds(ids) => (format!("{ids:?}"), ids.len() as u64),
+                Prompt::Chat { prompt, .. } => {
+                    let text = template.render(prompt)?;
+                    let n = counter.count(&text) as u64;
+                    (text, n)
+                }
+            };
+            let n = req.truncate_to.map_or(n, |cut| n.min(cut));
+            if n > max_model_len {
+                return Err(ApiError::context_length(format!(
+                    "This model's maximum context length is {max_model_len} tokens. However, you requested {n} tokens in the input"
+                )));
+            }
+            Ok((text, n))
+        })
+        .collect::<Result<_, ApiError>>()?;
+    let tokens: u64 = prompts.iter().map(|(_, n)| n).sum();
+    let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0});
+    let model = &served_names[0];
+    let created = crate::sim::http::unix_now();
+    let vectors: Vec<[f64; DIMENSIONS]> = prompts.iter().map(|(t, _)| vector(t)).collect();
+    Ok(match pooled.kind() {
+        PooledKind::Embed => {
+            let (prefix, object, field) = match pooled {
+                Pooled::Pooling => ("pool", "pooling", "data"),
+                _ => ("embd", "embedding", "embedding"),
+            };
+            let data: Vec<Value> = (vectors.iter().enumerate())
+                .map(|(i, v)| json!({"index": i, "object": object, field: v}))
+                .collect();
+            json!({"id": format!("{prefix}-sim-{id}"), "object": "list", "created": created,
+                "model": model, "data": data, "usage": usage})
+        }
+        PooledKind::Score => {
+            let scores = scores(&vectors, &score_documents(&req.body, pooled.kind()));
+            let data: Vec<Value> = (scores.iter().enumerate())
+                .map(|(i, s)| json!({"index": i, "object": "score", "score": s}))
+                .collect();
+            json!({"id": format!("score-sim-{id}"), "object": "list", "created": created,
+                "model": model, "data": data, "usage": usage})
+        }
+        PooledKind::Rerank => {
+            let documents = score_documents(&req.body, pooled.kind());
+            let scores = scores(&vectors, &documents);
+            let mut ranked: Vec<usize> = (0..scores.len()).collect();
+            ranked.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]));
+            let top_n = (req.body.get("top_n").and_then(Value::as_u64))
+                .filter(|n| *n > 0)
+                .map_or(ranked.len(), |n| n as usize);
+            let results: Vec<Value> = (ranked.iter().take(top_n))
+                .map(|&d| {
+                    json!({"index": d, "document": {"text": documents[d]},
+                        "relevance_score": scores[d]})
+                })
+                .collect();
+            json!({"id": format!("rerank-sim-{id}"), "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results})
+        }
+    })
+}
+
+/// A score or rerank body's documents, as texts (the parser checked them).
+fn score_documents(body: &serde_json::Map<String, Value>, kind: PooledKind) -> Vec<String> {
+    let names = match kind {
+        PooledKind::Rerank => &["documents"][..],
+        _ => &["documents", "items", "data_2", "text_2"][..],
+    };
+    let value = names
+        .iter()
+        .find_map(|n| body.get(*n).filter(|v| !v.is_null()));
+    match value {
+        Some(Value::Array(items)) => items
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        Some(Value::String(s)) => vec![s.clone()],
+        _ => Vec::new(),
+    }
+}
+
+/// A unit vector made from `text` alone (the same text, the same vector).
+fn vector(text: &str) -> [f64; DIMENSIONS] {
+    let mut v = [0.0; DIMENSIONS];
+    for (i, b) in text.bytes().enumerate() {
+        v[i % DIMENSIONS] += f64::from(b) * (1.0 + (i / DIMENSIONS) as f64).recip();
+    }
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f64>()
+        .sqrt()
+        .max(f64::MIN_POSITIVE);
+    v.map(|x| x / norm)
+}
+
+/// Each document's score: the cosine of its vector and its query's (the queries' vectors come
+/// first: one for all the documents, or one for each).
+fn scores(vectors: &[[f64; DIMENSIONS]], documents: &[String]) -> Vec<f64> {
+    let queries = vectors.len() - documents.len();
+    (0..documents.len())
+        .map(|d| {
+            let q = if queries == 1 { 0 } else { d };
+            cosine(&vectors[q], &vectors[queries + d])
+        })
+        .collect()
+}
+
+fn cosine(a: &[f64; DIMENSIONS], b: &[f64; DIMENSIONS]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::tokenize::chat::ByteTokens;
+
+    fn ask(pooled: Pooled, body: Value) -> Result<Value, ApiError> {
+        let names = vec!["qwen".to_string()];
+        let template = ChatTemplate::builtin_qwen35();
+        answer(
+            pooled,
+            body.to_string().as_bytes(),
+            &names,
+            100,
+            &template,
+            &ByteTokens,
+            1,
+        )
+    }
+
+    #[test]
+    fn usage_is_every_prompt_counted_and_cut_where_asked() {
+        let a = ask(
+            Pooled::Embeddings,
+            json!({"model": "qwen", "input": ["abc", "de"]}),
+        )
+        .unwrap();
+        assert_eq!(a["usage"]["prompt_tokens"], 5);
+        assert_eq!(a["data"].as_array().unwrap().len(), 2);
+        let cut = json!({"model": "qwen", "input": ["abc", "de"], "truncate_prompt_tokens": 2});
+        assert_eq!(
+            ask(Pooled::Pooling, cut).unwrap()["usage"]["prompt_tokens"],
+            4
+        );
+        let long = json!({"model": "qwen", "input": "x".repeat(101)});
+        assert_eq!(ask(Pooled::Embeddings, long).unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn a_rerank_lists_the_documents_by_score_up_to_top_n() {
+        let body = json!({"model": "qwen", "query": "abc", "documents": ["abc", "zzzz", "ab"], "top_n": 2});
+        let a = ask(Pooled::Rerank, body).unwrap();
+        assert_eq!(a["usage"]["prompt_tokens"], 3 + 3 + 4 + 2);
+        let results = a["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2);
+        assert_eq!(
+            (
+                results[0]["index"].as_u64(),
+                &results[0]["document"]["text"]
+            ),
+            (Some(0), &json!("abc"))
+        );
+        let score = ask(
+            Pooled::Score,
+            json!({"model": "qwen", "queries": "abc", "documents": ["abc", "b"]}),
+        );
+        let data = score.unwrap()["data"].as_array().unwrap().clone();
+        assert_eq!(data.len(), 2);
+        assert!((data[0]["score"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+    }
+}

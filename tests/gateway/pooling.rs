@@ -1,0 +1,154 @@
+//! The pooling routes end to end (issue 29): `/v1/embeddings`, `/pooling`, `/score` and
+//! `/rerank` go only to the backends declared `runner = "pooling"` (a simulated one here, which
+//! counts as vLLM's pooling runner does), are charged their prompts exactly and no decode, hold
+//! KV on the pooling backend alone while they run, and are refused, with nothing charged, when
+//! no pooling backend is declared, the input is bad or the backend fails.
+
+use super::mindie::start_sim;
+use super::*;
+use tokengate::config::Config;
+use tokengate::sim::{Faults, SimConfig};
+
+/// A gateway whose first backend generates (`generate`) and whose second pools (`pool`).
+async fn two_backends() -> (
+    TestGateway,
+    tokengate::sim::SimHandle,
+    tokengate::sim::SimHandle,
+) {
+    let generate = start_sim(SimConfig::pace(Duration::from_millis(1))).await;
+    let pool = start_sim(SimConfig::pace(Duration::from_millis(1))).await;
+    let text = config_text(&[generate.addr(), pool.addr()]).replacen(
+        &format!("[[backends]]\nurl = \"http://{}\"\n", pool.addr()),
+        &format!(
+            "[[backends]]\nurl = \"http://{}\"\nrunner = \"pooling\"\n",
+            pool.addr()
+        ),
+        1,
+    );
+    let config = Config::parse(&text).unwrap().into_inner();
+    (TestGateway::start(config).await, generate, pool)
+}
+
+/// Waits until alice's request settles with `counted` prefill tokens, then checks her bucket
+/// was charged exactly those.
+async fn assert_alice_charged_prefill(gw: &TestGateway, counted: u64) {
+    gw.wait_metric(
+        r#"tokengate_prefill_tokens_total{tenant="alice"}"#,
+        &counted.to_string(),
+    )
+    .await;
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - counted as f64
+    );
+}
+
+#[tokio::test]
+async fn embeddings_are_charged_their_prompts_on_the_pooling_backend_alone() {
+    let (gw, generate, pool) = two_backends().await;
+    let body =
+        json!({"model": "qwen3.5-27b", "input": ["hello world", "What is the capital of France?"]});
+    let r = post(&gw.url("/v1/embeddings"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tok = tokenizer();
+    let counted = (tok.count("hello world") + tok.count("What is the capital of France?")) as u64;
+    assert_eq!(r.json()["usage"]["prompt_tokens"], counted);
+    assert_eq!(r.json()["data"].as_array().unwrap().len(), 2);
+    assert_eq!((generate.stats().requests, pool.stats().requests), (0, 1));
+    assert_alice_charged_prefill(&gw, counted).await;
+    // Nothing is decoded: the decode bucket is untouched, and the lease is gone.
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    let backends = gw.admin("/admin/backends").await;
+    let runners: Vec<_> = (backends["backends"].as_array().unwrap().iter())
+        .map(|b| {
+            (
+                b["runner"].as_str().unwrap().to_owned(),
+                b["kv_reserved_bytes"].as_u64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runners,
+        [
+            ("generate".to_owned(), Some(0)),
+            ("pooling".to_owned(), Some(0))
+        ]
+    );
+
+    // A conversation, rendered without an assistant turn; a chat still goes to the generator.
+    let conv =
+        json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hello world"}]});
+    let r = post(&gw.url("/pooling"), "sk-bob", &conv).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let rendered = format!("{USER_FRAME}hello world<|im_end|>\n");
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens"],
+        tok.count(&rendered) as u64
+    );
+    let r = gw.chat("sk-bob", &chat("hi", 5, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!((generate.stats().requests, pool.stats().requests), (1, 2));
+}
+
+#[tokio::test]
+async fn a_rerank_is_charged_its_query_once_and_each_document() {
+    let (gw, _generate, _pool) = two_backends().await;
+    let body = json!({"model": "qwen3.5-27b", "query": "hello world",
+        "documents": ["What is the capital of France?", "Paris"], "top_n": 1});
+    let r = post(&gw.url("/v1/rerank"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tok = tokenizer();
+    let counted = ["hello world", "What is the capital of France?", "Paris"]
+        .map(|t| tok.count(t) as u64)
+        .iter()
+        .sum::<u64>();
+    assert_eq!(r.json()["usage"]["prompt_tokens"], counted);
+    assert_eq!(r.json()["results"].as_array().unwrap().len(), 1);
+    assert_alice_charged_prefill(&gw, counted).await;
+    // A cut prompt is charged the cut.
+    let cut = json!({"model": "qwen3.5-27b", "input": "What is the capital of France?",
+        "truncate_prompt_tokens": 3});
+    let r = post(&gw.url("/v1/embeddings"), "sk-bob", &cut).await;
+    assert_eq!(r.json()["usage"]["prompt_tokens"], 3);
+    gw.wait_metric(r#"tokengate_prefill_tokens_total{tenant="bob"}"#, "3")
+        .await;
+}
+
+#[tokio::test]
+async fn pooling_is_refused_with_nothing_charged_without_a_pooling_backend_on_bad_input_or_a_failing_one(
+) {
+    let sim = start_sim(SimConfig::pace(Duration::from_millis(1))).await;
+    let gw = TestGateway::start(config(&[sim.addr()])).await;
+    let body = json!({"model": "qwen3.5-27b", "input": "hi"});
+    let r = post(&gw.url("/v1/embeddings"), "sk-alice", &body).await;
+    assert_eq!((r.status, r.code()), (404, "not_found".to_owned()));
+    assert_eq!(
+        r.json()["error"]["message"],
+        "no backend serves /v1/embeddings: it needs a pooling backend (`runner = \"pooling\"` in [[backends]])"
+    );
+    assert_nothing_charged(&gw).await;
+    assert_eq!(sim.stats().requests, 0);
+
+    let (gw, _generate, pool) = two_backends().await;
+    let uneven = json!({"model": "qwen3.5-27b", "queries": ["a", "b"], "documents": ["c"]});
+    let r = post(&gw.url("/score"), "sk-alice", &uneven).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].as_str()),
+        (400, Some("queries"))
+    );
+    let long = json!({"model": "qwen3.5-27b", "input": "hi ".repeat(5000)});
+    let r = post(&gw.url("/v1/embeddings"), "sk-alice", &long).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "context_length_exceeded".to_owned())
+    );
+    pool.set_faults(Faults {
+        status: Some(500),
+        ..Faults::default()
+    });
+    let r = post(&gw.url("/v1/embeddings"), "sk-alice", &body).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_nothing_charged(&gw).await;
+    assert_eq!(gw.kv_reserved(1).await, 0);
+    assert_eq!(pool.stats().requests, 1);
+}
