@@ -12,6 +12,11 @@ each route) and `--cases` more generated from `--seed`. A difference the project
 is listed in KNOWN with its reason (docs/vllm-parity.md) and asserted to still be that difference.
 
     python tests/vllm/parity.py --gateway BINARY --vllm-url URL [--cases N] [--seed S] [--only NAME]
+    python tests/vllm/parity.py --pooling --gateway BINARY --vllm-url URL [--cases N] [--seed S]
+
+`--pooling` runs the pooling routes' cases (`/v1/embeddings`, `/pooling`, `/score`, `/rerank`)
+instead, against a vLLM serving the model with its pooling runner (scripts/vllm-serve --pooling),
+declared `runner = "pooling"` beside a simulated generator (`tokengate sim`).
 
 Run with the vLLM venv's Python (it has Pillow for the images). Prints each part's time and ends
 with `parity: N passed, M failed`; exits 1 on any failure.
@@ -131,8 +136,11 @@ def delivers(event):
 def as_openai_usage(u):
     """Usage in OpenAI's terms: the Responses API's `input_tokens` is the whole prompt;
     Anthropic's (vLLM's `/v1/messages`) is its input plus what the cache read and wrote."""
-    if u is None or "input_tokens" not in u:
+    if u is None:
         return u
+    if "input_tokens" not in u:
+        # A pooling answer generates nothing; vLLM's rerank usage leaves completion_tokens out.
+        return {"completion_tokens": 0, **u}
     if "input_tokens_details" in u:
         # The Responses API's: `input_tokens` is the whole prompt.
         return {"prompt_tokens": u["input_tokens"], "completion_tokens": u.get("output_tokens"),
@@ -621,6 +629,100 @@ def as_responses_body(rng, chat_messages, tools):
     return body
 
 
+def pooling_cases():
+    """The pooling routes (issue 29), for `--pooling`: each input form vLLM's pooling runner
+    takes on each route, and the options that change what it counts."""
+    q = "What is the capital of France?"
+    docs = ["Paris is the capital of France.", "Berlin", "The Eiffel Tower is in Paris."]
+    conv = [{"role": "system", "content": "Be terse."}, U, A, {"role": "user", "content": "Why?"}]
+    p = lambda name, path, body: case(f"pooling {path}: {name}", {"model": MODEL, **body}, path)
+    out = [
+        p("a text", EMBEDDINGS, {"input": q}),
+        p("texts", EMBEDDINGS, {"input": [q, "hello world", "  spaced\n\n"]}),
+        p("token ids", EMBEDDINGS, {"input": [9707, 1879, 248046]}),
+        p("lists of token ids", EMBEDDINGS, {"input": [[9707, 1879], [1, 2, 3]]}),
+        p("a conversation as messages", EMBEDDINGS, {"messages": [U]}),
+        p("a longer conversation", EMBEDDINGS, {"messages": conv}),
+        p("a conversation as input", EMBEDDINGS, {"input": conv}),
+        p("truncated", EMBEDDINGS, {"input": [q, "hello"], "truncate_prompt_tokens": 3}),
+        p("truncated to the context", EMBEDDINGS, {"input": q, "truncate_prompt_tokens": -1}),
+        p("base64", EMBEDDINGS, {"input": q, "encoding_format": "base64"}),
+        p("dimensions on a model without them", EMBEDDINGS, {"input": q, "dimensions": 4}),
+        p("an unknown model", EMBEDDINGS, {"input": q, "model": "nope"}),
+        p("a text", POOLING, {"input": q}),
+        p("a conversation", POOLING, {"messages": conv}),
+        p("token ids", POOLING, {"input": [[9707, 1879]]}),
+        # Both: vLLM runs the conversation and ignores the input, or, when the messages are
+        # not a conversation, runs the input.
+        p("input and messages", EMBEDDINGS, {"input": q, "messages": [U]}),
+        p("input and messages that are not a conversation", EMBEDDINGS,
+          {"input": q, "messages": "hello"}),
+        p("conversations as input", EMBEDDINGS, {"input": [[U], conv]}),
+        p("conversations as messages", EMBEDDINGS, {"messages": [[U], conv]}),
+        # Refused, by vLLM as by the gateway.
+        p("an empty text", EMBEDDINGS, {"input": ""}),
+        p("no input", EMBEDDINGS, {}),
+        p("past the context", EMBEDDINGS, {"input": "hello " * (MAX_MODEL_LEN + 10)}),
+        p("truncated past the context", EMBEDDINGS, {"input": q,
+                                                     "truncate_prompt_tokens": MAX_MODEL_LEN + 1}),
+        p("queries and documents of unequal counts", "/score", {"queries": [q, "a", "b"],
+                                                                "documents": docs[:2]}),
+        p("two queries", "/rerank", {"query": [q, "a"], "documents": docs}),
+        p("truncated to nothing", EMBEDDINGS, {"input": q, "truncate_prompt_tokens": 0}),
+        # Refused by the gateway alone (KNOWN).
+        p("padded", EMBEDDINGS, {"input": [q, "a"], "padding": "max_length"}),
+        p("a multimodal document", "/score", {"queries": q, "documents": [
+            {"content": [{"type": "text", "text": "Paris"}]}]}),
+    ]
+    for path in ("/score", "/v1/score"):
+        out += [
+            p("one text against one", path, {"text_1": q, "text_2": docs[0]}),
+            p("one query against documents", path, {"queries": q, "documents": docs}),
+            p("queries against as many documents", path, {"queries": [q, "hello"],
+                                                           "documents": docs[:2]}),
+            p("data_1 and data_2", path, {"data_1": q, "data_2": docs}),
+            p("queries and items", path, {"queries": q, "items": docs[1:]}),
+            p("truncated", path, {"queries": q, "documents": docs, "truncate_prompt_tokens": 4}),
+        ]
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        out += [
+            p("documents", path, {"query": q, "documents": docs}),
+            p("top_n", path, {"query": q, "documents": docs, "top_n": 2}),
+            p("without documents returned", path, {"query": q, "documents": docs,
+                                                   "return_documents": False}),
+        ]
+    return out
+
+
+def generated_pooling_cases(n, seed):
+    """`n` pooling requests of random texts and conversations over the routes."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = rng.choice(["embed", "embed", "chat", "score", "rerank"])
+        texts = [random_text(rng) for _ in range(rng.randint(1, 4))]
+        if kind == "embed":
+            body = {"input": texts if len(texts) > 1 else texts[0]}
+            path = rng.choice([EMBEDDINGS, POOLING])
+        elif kind == "chat":
+            body = {"messages": random_messages(rng, False)[0]}
+            path = rng.choice([EMBEDDINGS, POOLING])
+        elif kind == "score":
+            body = {"queries": texts[0], "documents": texts[1:] or [random_text(rng)]}
+            path = rng.choice(["/score", "/v1/score"])
+        else:
+            body = {"query": texts[0], "documents": texts[1:] or [random_text(rng)]}
+            path = rng.choice(["/rerank", "/v1/rerank", "/v2/rerank"])
+        if rng.random() < 0.15:
+            body["truncate_prompt_tokens"] = rng.randint(1, 12)
+        out.append(case(f"generated {i}: pooling {path}", {"model": MODEL, **body}, path))
+    return out
+
+
+EMBEDDINGS = "/v1/embeddings"
+POOLING = "/pooling"
+
+
 def generated_cases(n, seed):
     rng = random.Random(seed)
     out = []
@@ -678,6 +780,10 @@ KNOWN = {
     "best_of 2": ("gateway 400", "one sequence is reserved; vLLM 0.32 ignores best_of"),
     "use_beam_search": ("gateway 400", "a beam search decodes several sequences"),
     "body priority": ("gateway 400", "a negative priority would lift a request above its class"),
+    "pooling /v1/embeddings: padded": (
+        "gateway 400", "each text would run padded to the whole context"),
+    "pooling /score: a multimodal document": (
+        "gateway 400", "the gateway does not count a pooling backend's multimodal inputs"),
 }
 
 
@@ -943,8 +1049,23 @@ def reconciliation(a, work):
     return out
 
 
-def gateway_config(vllm_url, port, admin_port, log):
+def gateway_config(vllm_url, port, admin_port, log, generator=None):
+    """The gateway in front of `vllm_url`; with `generator` (a URL), vLLM is declared the
+    pooling backend and `generator` the generating one."""
     tokenizer = ROOT / "assets" / "qwen3.5" / "tokenizer.json"
+    backend = f"""[[backends]]
+url = "{vllm_url}"
+kv_capacity_bytes = 1000000000000
+max_batch = 64
+first_byte_timeout = "120s"
+"""
+    if generator is not None:
+        backend = f"""[[backends]]
+url = "{generator}"
+kv_capacity_bytes = 1000000000000
+max_batch = 64
+{backend}runner = "pooling"
+"""
     return f"""
 [server]
 listen = "127.0.0.1:{port}"
@@ -956,12 +1077,7 @@ path = {json.dumps(str(tokenizer))}
 served_names = ["{MODEL}"]
 max_model_len = {MAX_MODEL_LEN}
 default_max_tokens = 64
-[[backends]]
-url = "{vllm_url}"
-kv_capacity_bytes = 1000000000000
-max_batch = 64
-first_byte_timeout = "120s"
-[[tenants]]
+{backend}[[tenants]]
 name = "parity"
 api_keys = ["{KEY}"]
 prefill_tokens_per_second = 100000000
@@ -981,23 +1097,37 @@ def main():
     ap.add_argument("--seed", type=int, default=27)
     ap.add_argument("--only", help="run only the cases whose name contains this")
     ap.add_argument("--concurrency", type=int, default=3)
+    ap.add_argument("--pooling", action="store_true",
+                    help="the pooling routes' cases, against vLLM's pooling runner")
     a = ap.parse_args()
 
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="tokengate-parity-"))
     log = work / "usage.jsonl"
     port, admin_port = harness.free_port(), harness.free_port()
-    (work / "gateway.toml").write_text(gateway_config(a.vllm_url, port, admin_port, log)
-                                       + STILL_TENANT)
     procs = harness.Procs()
+    generator = None
+    if a.pooling:
+        sim_port = harness.free_port()
+        generator = f"http://127.0.0.1:{sim_port}"
+        sim = procs.start([a.gateway, "sim", "--listen", f"127.0.0.1:{sim_port}", "--tokenizer",
+                           str(ROOT / "assets" / "qwen3.5" / "tokenizer.json")],
+                          open(work / "sim.log", "w"))
+        harness.wait_http(f"{generator}/health", 30, sim)
+    (work / "gateway.toml").write_text(
+        gateway_config(a.vllm_url, port, admin_port, log, generator) + STILL_TENANT)
     failures, passed = [], 0
     try:
         gw = procs.start([a.gateway, "serve", "--config", str(work / "gateway.toml")],
                          open(work / "gateway.log", "w"))
         harness.wait_http(f"http://127.0.0.1:{admin_port}/readyz", 30, gw)
         t_gw = time.monotonic()
-        named = named_cases()
-        cases = named + generated_cases(a.cases, a.seed)
+        if a.pooling:
+            named = pooling_cases()
+            cases = named + generated_pooling_cases(a.cases, a.seed)
+        else:
+            named = named_cases()
+            cases = named + generated_cases(a.cases, a.seed)
         if a.only:
             cases = [c for c in cases if a.only in c["name"]]
         t_made = time.monotonic()
@@ -1029,16 +1159,19 @@ def main():
                 continue
             passed += 1
         t_done = time.monotonic()
-        for name, check in [("cached prefill", lambda: cached_prefill(port, admin_port, log)),
-                            ("local answers", lambda: local_answers(port, a.vllm_url, a.seed))]:
+        # The parts that need a generating vLLM.
+        for name, check in [] if a.pooling else [
+                ("cached prefill", lambda: cached_prefill(port, admin_port, log)),
+                ("local answers", lambda: local_answers(port, a.vllm_url, a.seed))]:
             found = check()
             failures += [(name, f) for f in found]
             passed += not found
     finally:
         procs.stop_all()
-    found = reconciliation(a, work)
-    failures += [("reconciliation", f) for f in found]
-    passed += not found
+    if not a.pooling:
+        found = reconciliation(a, work)
+        failures += [("reconciliation", f) for f in found]
+        passed += not found
     t_phases = time.monotonic()
     for name, diff in failures:
         print(f"DIFF {name}: {diff}")
