@@ -1,5 +1,5 @@
 //! Every code the gateway answers an error with, and the status each is answered with: the
-//! README's error table is held against [`ErrorCode::ALL`] by a test (`tests/docs.rs`), so a
+//! error table of docs/reference.md is held against [`ErrorCode::ALL`] by a test (`tests/docs.rs`), so a
 //! code cannot be added, renamed or given another status without the table.
 
 use http::StatusCode;
@@ -57,7 +57,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code, in the README table's order.
+    /// Every code, in the order of docs/reference.md's table.
     pub const ALL: [ErrorCode; 23] = [
         ErrorCode::InvalidRequest,
         ErrorCode::ContextLengthExceeded,

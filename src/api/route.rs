@@ -143,7 +143,7 @@ pub enum Route {
 }
 
 impl Route {
-    /// Every route the backends answer, in the README's order.
+    /// Every route the backends answer, in docs/reference.md's order.
     pub const ALL: [Route; 16] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::Completions),

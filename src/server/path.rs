@@ -335,7 +335,7 @@ impl Answer {
 }
 
 /// The main listener's route table: each path, the one method it answers and what answers it.
-/// The router and a 405's `allow` read it; tests/docs.rs holds the README's list of endpoints
+/// The router and a 405's `allow` read it; tests/docs.rs holds docs/reference.md's list of endpoints
 /// against it.
 pub fn main_routes() -> impl Iterator<Item = (&'static str, Allow, Answer)> {
     (Route::ALL.into_iter())
