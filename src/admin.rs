@@ -2,7 +2,7 @@
 //! buckets, the backends' KV ledgers and the workload profile, and `POST /admin/reload`. With `server.admin_token`
 //! set, every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
-use crate::config::Runner;
+use crate::config::{Runner, Source};
 use crate::digest::hash_key;
 use crate::error::{Allow, ApiError};
 use crate::gateway::Gateway;
@@ -113,17 +113,28 @@ async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
 }
 
 async fn tenants_json(gw: &Gateway) -> serde_json::Value {
+    let live = gw.live.current();
     let mut out = Vec::new();
-    for t in gw.live.current().tenants.tenants() {
+    // The directory holds the tenants in config order.
+    for (t, cfg) in live.tenants.tenants().iter().zip(&live.config.tenants) {
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
+        // Each bucket's rate as the file gives it, or derived from `share`.
+        let bucket = |snapshot, given: &Option<f64>| {
+            let mut b = json!(snapshot);
+            b["rate_source"] = json!(Source::of(given));
+            b
+        };
         out.push(json!({
             "name": t.name,
             "burst_seconds": t.limits.decode.burst_seconds,
             "buckets": {
-                "prefill": s.prefill,
-                "decode": s.decode,
-                "requests": s.requests,
+                "prefill": bucket(s.prefill, &cfg.prefill_tokens_per_second),
+                "decode": bucket(s.decode, &cfg.decode_tokens_per_second),
+                "requests": bucket(s.requests, &cfg.requests_per_second),
             },
+            "share": cfg.share,
+            // What `share` derives (null without one), in force or not.
+            "derived": cfg.derived,
         }));
     }
     json!({"tenants": out})
@@ -155,11 +166,14 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 "kv_reserved_bytes": b.kv_reserved_bytes,
                 "inflight": b.inflight,
                 "max_batch": b.max_batch,
+                // Each as the file gives it, or derived by the capacity model (`derived` holds
+                // what the model derives, in force or not).
+                "kv_capacity_bytes_source": Source::of(&cfg.kv_capacity_bytes),
+                "max_batch_source": Source::of(&cfg.max_batch),
                 // Per priority class: what its leases hold and the most its share allows.
                 "by_class": b.by_class,
                 // Waiting for the backends of its runner.
                 "queued": lane_snap.queued,
-                "sizing": if cfg.derived.is_some() { "capacity model" } else { "config" },
                 "derived": cfg.derived,
                 "observed": observed,
             }));

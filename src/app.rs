@@ -241,8 +241,8 @@ fn admit_on(
     let backends = (config.running(runner))
         .map(|(b, _)| BackendSpec {
             name: b.url.clone(),
-            kv_capacity_bytes: b.kv_capacity_bytes,
-            max_batch: b.max_batch,
+            kv_capacity_bytes: b.kv_capacity_bytes(),
+            max_batch: b.max_batch(),
         })
         .collect();
     Ok(match config.limiter.store {

@@ -35,7 +35,7 @@ enum Command {
     },
     /// Count or encode text from standard input with the model's tokenizer.
     Tokenize(crate::tokenize::cli::TokenizeArgs),
-    /// Capacity model of an accelerator + model (roofline, or the seed article's formula).
+    /// Capacity model of an accelerator + model (roofline, or the article formula docs/capacity.md corrects).
     Capacity(crate::capacity::cli::CapacityArgs),
     /// Run the simulated backend (OpenAI + MindIE APIs on a 910B3 capacity model).
     Sim(crate::sim::cli::SimArgs),
@@ -43,7 +43,7 @@ enum Command {
     Healthcheck(crate::healthcheck::HealthcheckArgs),
     /// Open-loop load generator: Poisson or trace arrivals, TTFT/TPOT percentiles, SLA, plots.
     Loadgen(crate::loadgen::LoadgenArgs),
-    /// The seed article's decision tree over a running gateway's live numbers.
+    /// A decision tree from latency symptoms to causes over a running gateway's live numbers.
     Diagnose(crate::diagnose::cli::DiagnoseArgs),
     /// The workload profile a running gateway measured (its admin `/admin/profile`).
     Profile(crate::profile::cli::ProfileArgs),

@@ -295,10 +295,11 @@ pub fn limits_of(t: &TenantConfig) -> TenantLimits {
         rate_per_second: rate,
         burst_seconds: t.burst_seconds,
     };
+    let rates = t.rates();
     TenantLimits {
-        prefill: spec(t.prefill_tokens_per_second),
-        decode: spec(t.decode_tokens_per_second),
-        requests: spec(t.requests_per_second),
+        prefill: spec(rates.prefill_tokens_per_second),
+        decode: spec(rates.decode_tokens_per_second),
+        requests: spec(rates.requests_per_second),
     }
 }
 
@@ -312,11 +313,12 @@ mod tests {
             name: name.into(),
             api_keys: keys.iter().map(|s| s.to_string()).collect(),
             api_key_sha256: hashed.iter().map(|s| s.to_string()).collect(),
-            prefill_tokens_per_second: 100.0,
-            decode_tokens_per_second: 10.0,
-            requests_per_second: 1.0,
+            prefill_tokens_per_second: Some(100.0),
+            decode_tokens_per_second: Some(10.0),
+            requests_per_second: Some(1.0),
             burst_seconds: 5.0,
             share: None,
+            derived: None,
             priority: Priority::Standard,
             max_inflight: None,
             max_queued: None,

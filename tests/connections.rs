@@ -253,8 +253,8 @@ async fn health_probes_are_answered_while_idle_sockets_fill_the_admin_cap() {
 fn for_large_answers(cfg: &mut tokengate::config::Config) {
     cfg.server.client_write_timeout = ms(500);
     cfg.model.max_model_len = 4_000_000;
-    cfg.backends[0].kv_capacity_bytes = 1 << 50;
-    cfg.tenants[0].decode_tokens_per_second = 1_000_000.0;
+    cfg.backends[0].kv_capacity_bytes = Some(1 << 50);
+    cfg.tenants[0].decode_tokens_per_second = Some(1_000_000.0);
 }
 
 /// A client socket with a 4 KiB receive buffer (set before it connects, so its window stays

@@ -244,7 +244,7 @@ async fn requests_that_can_never_fit_are_400_not_429() {
     // Within a larger decode burst, the context decides: 4,090 tokens of output leave 6 for the
     // prompt, so counting stops at its 7th token, and the message says so.
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
-        cfg.tenants[0].decode_tokens_per_second = 1000.0;
+        cfg.tenants[0].decode_tokens_per_second = Some(1000.0);
     })
     .await;
     let r = gw.chat("sk-alice", &chat("a", 4090, false)).await;
@@ -262,7 +262,7 @@ async fn requests_that_can_never_fit_are_400_not_429() {
 
     // KV: one sequence's footprint over the whole backend capacity.
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
-        cfg.backends[0].kv_capacity_bytes = 153_944_064 + 65_536 * 128; // one block of KV
+        cfg.backends[0].kv_capacity_bytes = Some(153_944_064 + 65_536 * 128); // one block of KV
     })
     .await;
     let r = gw.chat("sk-alice", &chat("a", 200, false)).await;
@@ -279,7 +279,7 @@ async fn held_gateway(
     deadline: &str,
 ) -> (TestGateway, FakeBackend) {
     gateway_with(spec, |cfg| {
-        cfg.backends[0].max_batch = max_batch;
+        cfg.backends[0].max_batch = Some(max_batch);
         cfg.admission.queue_deadline = humantime::parse_duration(deadline).unwrap();
     })
     .await
@@ -1025,7 +1025,7 @@ async fn large_bodies_get_the_answers_and_errors_small_ones_get() {
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
         cfg.server.max_body_bytes = 1 << 20;
         cfg.model.max_model_len = 1 << 20;
-        cfg.tenants[0].prefill_tokens_per_second = 100_000.0;
+        cfg.tenants[0].prefill_tokens_per_second = Some(100_000.0);
     })
     .await;
     let content = ["word"; 40_000].join(" ");
@@ -1170,7 +1170,7 @@ async fn an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized() {
     let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
         cfg.server.max_body_bytes = 4 << 20;
         // One request per 10 s: a single request empties the bucket.
-        cfg.tenants[0].requests_per_second = 0.1;
+        cfg.tenants[0].requests_per_second = Some(0.1);
     })
     .await;
     assert_eq!(
@@ -1331,7 +1331,7 @@ async fn a_long_body_refused_unread_is_answered_and_its_connection_closed() {
     let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
         cfg.server.max_body_bytes = 4 << 20;
         cfg.server.body_read_timeout = Duration::from_secs(60);
-        cfg.tenants[0].requests_per_second = 0.1;
+        cfg.tenants[0].requests_per_second = Some(0.1);
     })
     .await;
     assert_eq!(
@@ -1741,7 +1741,10 @@ requests_per_second = 2
     // predicted step within the 50 ms TPOT SLO (docs/capacity.md).
     assert_eq!(b["kv_capacity_bytes"], 70_000_000_000u64);
     assert_eq!(b["max_batch"], 45);
-    assert_eq!(b["sizing"], "capacity model");
+    assert_eq!(
+        (&b["kv_capacity_bytes_source"], &b["max_batch_source"]),
+        (&json!("derived"), &json!("derived"))
+    );
     let derived_decode = b["derived"]["decode_tps"].as_f64().unwrap();
     let derived_prefill = b["derived"]["prefill_tps"].as_f64().unwrap();
     let t = &gw.admin("/admin/tenants").await["tenants"][0]["buckets"];
@@ -1752,6 +1755,54 @@ requests_per_second = 2
     // 0.25 of the 492.7 decode and 1,847.8 prefill tokens/s the model sustains at batch 45
     assert_eq!(rate("decode"), "123.186131");
     assert_eq!(rate("prefill"), "461.947992");
+    // The share derives the token rates; requests_per_second is the file's, beside what the
+    // share would derive.
+    let tenant = &gw.admin("/admin/tenants").await["tenants"][0];
+    let sources: Vec<&Value> = ["prefill", "decode", "requests"]
+        .iter()
+        .map(|bucket| &tenant["buckets"][bucket]["rate_source"])
+        .collect();
+    assert_eq!(
+        sources,
+        [&json!("derived"), &json!("derived"), &json!("configured")]
+    );
+    assert_eq!(tenant["share"], 0.25);
+    assert_eq!(t["requests"]["rate_per_second"], 2.0);
+    let derived = &tenant["derived"];
+    assert_eq!(
+        derived["decode_tokens_per_second"],
+        t["decode"]["rate_per_second"]
+    );
+    assert_eq!(
+        format!("{:.6}", derived["requests_per_second"].as_f64().unwrap()),
+        "0.153983"
+    );
+
+    // Issue 31: a max_batch set by hand is in force, and the derived one shown beside it.
+    let hand_set = text.replace("tp = 2\n", "tp = 2\nmax_batch = 200\n");
+    let cfg = tokengate::config::Config::parse(&hand_set).unwrap();
+    let gw = TestGateway::start(cfg.into_inner()).await;
+    let b = &gw.admin("/admin/backends").await["backends"][0];
+    assert_eq!(
+        (
+            &b["kv_capacity_bytes"],
+            &b["kv_capacity_bytes_source"],
+            &b["derived"]["kv_capacity_bytes"]
+        ),
+        (
+            &json!(70_000_000_000u64),
+            &json!("derived"),
+            &json!(70_000_000_000u64)
+        )
+    );
+    assert_eq!(
+        (
+            &b["max_batch"],
+            &b["max_batch_source"],
+            &b["derived"]["max_batch"]
+        ),
+        (&json!(200), &json!("configured"), &json!(45))
+    );
 }
 
 /// The base64 of a real 1024x1024 PNG file, from tests/fixtures/vision.jsonl (Pillow made it).
@@ -1819,7 +1870,7 @@ async fn an_image_is_charged_the_tokens_the_backend_runs() {
     // sequence state) the same chat can never fit.
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
         cfg.backends[0].kv_capacity_bytes =
-            cfg.model.state_bytes_per_sequence + 1000 * cfg.model.kv_bytes_per_token;
+            Some(cfg.model.state_bytes_per_sequence + 1000 * cfg.model.kv_bytes_per_token);
     })
     .await;
     let r = gw.chat("sk-alice", &image_chat(&url, 5)).await;

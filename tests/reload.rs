@@ -184,7 +184,7 @@ async fn a_limit_raised_then_lowered_keeps_the_level_capped_by_the_new_capacity(
     let tenants = f.gw.admin("/admin/tenants").await;
     assert_eq!(
         tenants["tenants"][0]["buckets"]["decode"],
-        json!({"rate_per_second": 10.0, "capacity": 100.0, "available": 100.0})
+        json!({"rate_per_second": 10.0, "capacity": 100.0, "available": 100.0, "rate_source": "configured"})
     );
     // bob was not touched.
     assert_eq!(f.gw.bucket("bob", "decode").await, 1000.0);

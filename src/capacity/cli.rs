@@ -2,8 +2,12 @@
 //! inputs, evaluates (roofline, seed formula, four-scenario table, validation table or
 //! calibration) and renders the result as text or JSON. Only [`run_capacity`] prints.
 
+use super::fit::{Remedies, Spelling};
 use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
-use super::roofline::{Calibration, CapacityInputs, EfficiencyOverrides, RooflineReport};
+use super::roofline::{
+    trimmed, Calibration, CapacityInputs, EfficiencyOverrides, RooflineReport,
+    DEFAULT_TPOT_SLO_SECONDS,
+};
 use super::seed::{estimate_llm_performance_v3, py_float_repr, seed_line, SeedInputs, SeedReport};
 use super::table::{scenario_table, ScenarioRow};
 use super::validation::{validation_markdown, validation_table, ValidationRow};
@@ -17,7 +21,7 @@ use std::fmt::Write as _;
 pub enum Formula {
     /// The correct per-replica roofline with achieved efficiency (default).
     Roofline,
-    /// The seed article's `estimate_llm_performance_v3`, reproduced digit for digit.
+    /// The calibrator script (`estimate_llm_performance_v3`) of the article docs/capacity.md corrects, reproduced digit for digit.
     Seed,
 }
 
@@ -73,9 +77,11 @@ pub struct CapacityArgs {
     /// Achieved efficiency.
     #[command(flatten)]
     pub efficiency: EfficiencyArgs,
-    /// TPOT target, ms.
-    #[arg(long, default_value_t = super::DEFAULT_TPOT_SLO_SECONDS * 1e3)]
-    pub tpot_slo_ms: f64,
+    /// TPOT target, ms. Default: the article's 50 ms when the deployment holds a batch of
+    /// --input/--output requests at it, else the least multiple of 50 ms it holds (100 ms on
+    /// one 910B3 with bf16 Qwen3.5-27B, whose weights alone take 75 ms a step); --table: 50 ms.
+    #[arg(long)]
+    pub tpot_slo_ms: Option<f64>,
     /// TTFT target, ms (reports whether the prefill meets it and the longest prompt that does).
     #[arg(long)]
     pub ttft_slo_ms: Option<f64>,
@@ -141,7 +147,7 @@ impl EfficiencyArgs {
 #[derive(Debug, Clone, PartialEq)]
 pub enum CapacityOutput {
     /// `--formula roofline` (default).
-    Roofline(Box<RooflineReport>),
+    Roofline(Box<RooflineOutput>),
     /// `--formula seed`.
     Seed(SeedReport),
     /// `--table`.
@@ -150,6 +156,39 @@ pub enum CapacityOutput {
     Validation(Vec<ValidationRow>),
     /// `--observed-tpot-ms` with `--observed-batch`.
     Calibration(Box<CalibrationOutput>),
+}
+
+/// A roofline report, where its TPOT SLO came from, and what fits when no batch is safe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RooflineOutput {
+    /// The report.
+    pub report: RooflineReport,
+    /// Where the TPOT SLO came from.
+    pub tpot_slo_from: TpotSloFrom,
+    /// What gives the deployment a safe batch when it has none at that SLO.
+    pub fits_with: Option<Remedies>,
+}
+
+/// Where the TPOT SLO in force came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TpotSloFrom {
+    /// `--tpot-slo-ms`.
+    Flag,
+    /// The article's 50 ms, by default.
+    Article,
+    /// By default, the SLO the deployment holds: at the article's 50 ms no batch is safe, and
+    /// these are the changes that fit (the first of them taken).
+    Held(Box<Remedies>),
+}
+
+impl TpotSloFrom {
+    fn key(&self) -> &'static str {
+        match self {
+            TpotSloFrom::Flag => "flag",
+            TpotSloFrom::Article => "article",
+            TpotSloFrom::Held(_) => "held",
+        }
+    }
 }
 
 /// A calibration and the two rooflines around it.
@@ -184,7 +223,9 @@ impl CapacityArgs {
         inputs.block_tokens = self.block;
         inputs.reserve_bytes = super::gb_to_bytes(self.reserve_gb);
         inputs.efficiency = self.efficiency.overrides().resolve();
-        inputs.tpot_slo_seconds = self.tpot_slo_ms / 1e3;
+        inputs.tpot_slo_seconds = self
+            .tpot_slo_ms
+            .map_or(DEFAULT_TPOT_SLO_SECONDS, |ms| ms / 1e3);
         inputs.engine_max_batch = self.engine_max_batch;
         inputs.validate()?;
         Ok(inputs)
@@ -214,12 +255,31 @@ impl CapacityArgs {
         })
     }
 
+    /// The TPOT SLO for one deployment and `--input`/`--output`: the flag's; else the article's
+    /// 50 ms, or the SLO the deployment holds when no batch is safe at 50 ms (and one would be
+    /// at the SLO it holds).
+    fn tpot_slo(&self, inputs: &mut CapacityInputs) -> TpotSloFrom {
+        if self.tpot_slo_ms.is_some() {
+            return TpotSloFrom::Flag;
+        }
+        let Some(remedies) = inputs.fits_with(self.input, self.output) else {
+            return TpotSloFrom::Article;
+        };
+        match inputs.tpot_slo_held(self.input, self.output) {
+            Some(held) => {
+                inputs.tpot_slo_seconds = held;
+                TpotSloFrom::Held(Box::new(remedies))
+            }
+            None => TpotSloFrom::Article,
+        }
+    }
+
     /// Runs what the flags ask for.
     pub fn evaluate(&self) -> anyhow::Result<CapacityOutput> {
         if self.validate {
             return Ok(CapacityOutput::Validation(validation_table()?));
         }
-        let inputs = self.capacity_inputs()?;
+        let mut inputs = self.capacity_inputs()?;
         let ttft_slo = self.ttft_slo_ms.map(|ms| ms / 1e3);
         if self.table {
             return Ok(CapacityOutput::Table(scenario_table(
@@ -227,6 +287,7 @@ impl CapacityArgs {
                 &self.seed_inputs()?,
             )?));
         }
+        let tpot_slo_from = self.tpot_slo(&mut inputs);
         if let (Some(tpot_ms), Some(batch)) = (self.observed_tpot_ms, self.observed_batch) {
             if self.formula == Formula::Seed {
                 bail!("calibration compares with the roofline; drop --formula seed");
@@ -246,12 +307,11 @@ impl CapacityArgs {
             })));
         }
         Ok(match self.formula {
-            Formula::Roofline => CapacityOutput::Roofline(Box::new(inputs.report(
-                self.input,
-                self.output,
-                self.batch,
-                ttft_slo,
-            ))),
+            Formula::Roofline => CapacityOutput::Roofline(Box::new(RooflineOutput {
+                report: inputs.report(self.input, self.output, self.batch, ttft_slo),
+                tpot_slo_from,
+                fits_with: inputs.fits_with(self.input, self.output),
+            })),
             Formula::Seed => {
                 CapacityOutput::Seed(estimate_llm_performance_v3(&self.seed_inputs()?)?)
             }
@@ -260,12 +320,14 @@ impl CapacityArgs {
 }
 
 impl CapacityOutput {
-    /// The JSON form: the report's own keys (the article's for seed mode), `{"scenarios": [..]}`
-    /// for the table, `{"validation": [..]}` for the validation table, `{"calibration": ..,
+    /// The JSON form: for the roofline the report's own keys with `tpot_slo_from` (`flag`,
+    /// `article` or `held`), `fits_with` (what gives a safe batch when there is none, else null)
+    /// and, when `held`, `article_slo_fits_with` (what fits at the article's 50 ms); the
+    /// article's own keys for seed mode, `{"scenarios": [..]}` for the table, `{"validation": [..]}` for the validation table, `{"calibration": ..,
     /// "roofline": .., "calibrated": ..}` for a calibration.
     pub fn to_json(&self) -> Value {
         let value = match self {
-            CapacityOutput::Roofline(r) => serde_json::to_value(r),
+            CapacityOutput::Roofline(r) => roofline_json(r),
             CapacityOutput::Seed(s) => serde_json::to_value(s),
             CapacityOutput::Table(rows) => {
                 serde_json::to_value(rows).map(|v| json!({ "scenarios": v }))
@@ -322,7 +384,18 @@ fn grouped(n: u64) -> String {
     out
 }
 
-fn roofline_text(r: &RooflineReport) -> String {
+fn roofline_json(out: &RooflineOutput) -> serde_json::Result<Value> {
+    let mut v = serde_json::to_value(&out.report)?;
+    v["tpot_slo_from"] = json!(out.tpot_slo_from.key());
+    v["fits_with"] = serde_json::to_value(&out.fits_with)?;
+    if let TpotSloFrom::Held(remedies) = &out.tpot_slo_from {
+        v["article_slo_fits_with"] = serde_json::to_value(remedies)?;
+    }
+    Ok(v)
+}
+
+fn roofline_text(out: &RooflineOutput) -> String {
+    let r = &out.report;
     let mut s = String::new();
     // writing to a String cannot fail
     let _ = writeln!(
@@ -352,6 +425,30 @@ fn roofline_text(r: &RooflineReport) -> String {
         "  TPOT SLO   {:.1} ms -> SLA ceiling {}{engine} (weights alone take {:.2} ms/step)",
         r.tpot_slo_ms, r.max_batch_sla, r.weight_read_ms
     );
+    let article = trimmed(DEFAULT_TPOT_SLO_SECONDS * 1e3, 2);
+    match &out.tpot_slo_from {
+        TpotSloFrom::Flag => {}
+        TpotSloFrom::Article if out.fits_with.is_none() => {
+            let _ = writeln!(
+                s,
+                "  default    the common {article} ms TPOT SLO, which this deployment holds"
+            );
+        }
+        TpotSloFrom::Article => {
+            let _ = writeln!(s, "  default    the common {article} ms TPOT SLO");
+        }
+        TpotSloFrom::Held(remedies) => {
+            let _ = writeln!(
+                s,
+                "  default    the least multiple of the common {article} ms TPOT SLO this \
+                 deployment holds: {}; shown with the first",
+                remedies.describe(Spelling::Flags)
+            );
+        }
+    }
+    if let Some(remedies) = &out.fits_with {
+        let _ = writeln!(s, "  to fit     {}", remedies.describe(Spelling::Flags));
+    }
     let _ = writeln!(
         s,
         "  safe batch {} (bound: {})",
@@ -468,7 +565,8 @@ fn calibration_text(out: &CalibrationOutput) -> String {
     let e = &c.calibrated_efficiency;
     let _ = write!(
         s,
-        "  with it    SLA ceiling {} -> {}, safe batch {} -> {} ({}), {:.3} req/s = {:.1} prefill + {:.1} decode tok/s\n  config     weight_efficiency = {:.3}, cache_efficiency = {:.3}, compute_efficiency = {:.3} (in the backend's [[backends]] entry)\n",
+        "  with it    SLA ceiling at {} ms {} -> {}, safe batch {} -> {} ({}), {:.3} req/s = {:.1} prefill + {:.1} decode tok/s\n  config     weight_efficiency = {:.3}, cache_efficiency = {:.3}, compute_efficiency = {:.3} (in the backend's [[backends]] entry)\n",
+        trimmed(r.tpot_slo_ms, 2),
         r.max_batch_sla,
         calibrated.max_batch_sla,
         r.safe_batch,
@@ -568,7 +666,15 @@ mod tests {
 
     #[test]
     fn roofline_json_has_the_issue_keys() {
-        let v = json(&["--input", "3000", "--output", "800", "--json"]);
+        let v = json(&[
+            "--input",
+            "3000",
+            "--output",
+            "800",
+            "--tpot-slo-ms",
+            "50",
+            "--json",
+        ]);
         for key in [
             "kv_bytes_per_token",
             "state_bytes_per_sequence",
@@ -598,6 +704,9 @@ mod tests {
         assert_eq!(v["bottleneck"], "bandwidth");
         assert_eq!(v["weight_read_ms"], 75.0);
         assert_eq!(v["ttft_slo_ms"], Value::Null);
+        assert_eq!(v["tpot_slo_from"], "flag");
+        assert_eq!(v["fits_with"]["tpot_slo"]["tpot_slo_ms"], 100.0);
+        assert_eq!(v["fits_with"]["tp"]["tp"], 2);
         let v = json(&["--tp", "2", "--input", "3000", "--output", "800"]);
         assert_eq!(
             (v["max_batch_sla"].as_u64(), v["safe_batch"].as_u64()),
@@ -815,9 +924,15 @@ mod tests {
         assert_eq!(v["roofline"]["safe_batch"], 45);
         assert_eq!(v["calibrated"]["safe_batch"], 14);
         let text = args(&flags).evaluate().unwrap().to_text();
+        // docs/capacity.md shows exactly this
+        let doc = include_str!("../../docs/capacity.md");
+        assert!(doc.contains(&format!(
+            "$ tokengate capacity {}\n{text}```",
+            flags.join(" ")
+        )));
         assert_eq!(
             text,
-            "calibration at batch 45 (3000 in / 800 out):\n  observed TPOT 60.00 ms, modelled 49.73 ms (bandwidth-bound): observed/modelled 1.206 (+20.6%)\n  implies 40.6% of peak HBM bandwidth (649 GB/s) and 6.5% of peak FLOPS\n  efficiency that predicts it: weights 0.373, cache 0.506, compute 0.35 (was weights 0.45, cache 0.61, compute 0.35)\n  with it    SLA ceiling 45 -> 14, safe batch 45 -> 14 (HBM bandwidth (TPOT SLO)), 0.279 req/s = 836.4 prefill + 223.0 decode tok/s\n  config     weight_efficiency = 0.373, cache_efficiency = 0.506, compute_efficiency = 0.350 (in the backend's [[backends]] entry)\n"
+            "calibration at batch 45 (3000 in / 800 out):\n  observed TPOT 60.00 ms, modelled 49.73 ms (bandwidth-bound): observed/modelled 1.206 (+20.6%)\n  implies 40.6% of peak HBM bandwidth (649 GB/s) and 6.5% of peak FLOPS\n  efficiency that predicts it: weights 0.373, cache 0.506, compute 0.35 (was weights 0.45, cache 0.61, compute 0.35)\n  with it    SLA ceiling at 50 ms 45 -> 14, safe batch 45 -> 14 (HBM bandwidth (TPOT SLO)), 0.279 req/s = 836.4 prefill + 223.0 decode tok/s\n  config     weight_efficiency = 0.373, cache_efficiency = 0.506, compute_efficiency = 0.350 (in the backend's [[backends]] entry)\n"
         );
     }
 
@@ -825,6 +940,10 @@ mod tests {
     fn bad_flags_are_refused_with_the_field_named() {
         let err = |flags: &[&str]| args(flags).evaluate().unwrap_err().to_string();
         assert_eq!(err(&["--tp", "0"]), "invalid tp: must be >= 1");
+        assert_eq!(
+            err(&["--engine-max-batch", "0"]),
+            "invalid engine_max_batch: must be >= 1"
+        );
         assert_eq!(
             err(&["--hardware", "h100"]),
             "unknown hardware profile \"h100\" (known: 910b1, 910b2, 910b3, 910b3-seed, 910b4, atlas-300i-duo)"
@@ -888,12 +1007,112 @@ mod tests {
   cache      65,536 B/token KV + 153,944,064 B/sequence state; budget 70,000,000,000 B
   footprint  405,602,304 B/sequence -> memory ceiling 172
   TPOT SLO   50.0 ms -> SLA ceiling 45 (weights alone take 37.50 ms/step)
+  default    the common 50 ms TPOT SLO, which this deployment holds
   safe batch 45 (bound: HBM bandwidth (TPOT SLO))
   at batch 45: step = TPOT 49.73 ms (bandwidth-bound; weights 37.50 + cache 12.23 ms; ideal 24.34 ms), TTFT 739.4 ms (prefill, no queueing)
   TTFT SLO   1000.0 ms: prefill meets it; longest prompt that fits 4057
   throughput decode 904.8 tok/s (batch / step), prefill 4057.4 tok/s
   sustained  0.616 req/s = 1847.8 prefill + 492.7 decode tok/s (prefill and decode share the cards)
 "
+        );
+    }
+
+    #[test]
+    fn a_bare_capacity_shows_a_deployment_that_fits_and_why() {
+        let out = args(&[]).evaluate().unwrap();
+        // One 910B3 streams 54 GB of weights in 75 ms a step: the article's 50 ms holds no
+        // batch, the least multiple of it one card holds is 100 ms (memory binds: 40 fit), and
+        // two cards hold 50 ms (70 sequences).
+        assert_eq!(
+            out.to_text(),
+            "roofline: 910b3 x1 (TP), qwen3.5-27b, 512 in / 128 out, 128-token blocks, efficiency weights 0.45, cache 0.61, compute 0.35
+  cache      65,536 B/token KV + 153,944,064 B/sequence state; budget 8,000,000,000 B
+  footprint  195,887,104 B/sequence -> memory ceiling 40
+  TPOT SLO   100.0 ms -> SLA ceiling 70 (weights alone take 75.00 ms/step)
+  default    the least multiple of the common 50 ms TPOT SLO this deployment holds: one sequence takes 75.51 ms a step, over the 50 ms TPOT SLO; it fits with --tpot-slo-ms 100 (safe batch 40, bound: memory capacity (KV + state)) or --tp 2 (safe batch 70, bound: HBM bandwidth (TPOT SLO)); shown with the first
+  safe batch 40 (bound: memory capacity (KV + state))
+  at batch 40: step = TPOT 89.17 ms (bandwidth-bound; weights 75.00 + cache 14.17 ms; ideal 42.39 ms), TTFT 252.4 ms (prefill, no queueing)
+  throughput decode 448.6 tok/s (batch / step), prefill 2028.7 tok/s
+  sustained  1.860 req/s = 952.2 prefill + 238.0 decode tok/s (prefill and decode share the cards)
+"
+        );
+        // docs/capacity.md shows exactly this
+        let doc = include_str!("../../docs/capacity.md");
+        assert!(doc.contains(&format!("$ tokengate capacity\n{}```", out.to_text())));
+        let v = out.to_json();
+        assert_eq!(
+            (&v["tpot_slo_ms"], &v["tpot_slo_from"], &v["fits_with"]),
+            (&json!(100.0), &json!("held"), &Value::Null)
+        );
+        assert_eq!(
+            v["article_slo_fits_with"]["tp"],
+            json!({"tp": 2, "tpot_slo_ms": 50.0, "safe_batch": 70, "bottleneck": "bandwidth"})
+        );
+        // the same default elsewhere: RAG on one card holds 100 ms, on two the article's 50 ms
+        let rag = json(&["--input", "3000", "--output", "800"]);
+        assert_eq!(
+            (rag["tpot_slo_ms"].as_f64(), rag["safe_batch"].as_u64()),
+            (Some(100.0), Some(19))
+        );
+        let two = json(&["--tp", "2"]);
+        assert_eq!(
+            (
+                &two["tpot_slo_ms"],
+                &two["tpot_slo_from"],
+                &two["safe_batch"]
+            ),
+            (&json!(50.0), &json!("article"), &json!(70))
+        );
+        // --table stays at the article's 50 ms
+        assert_eq!(
+            json(&["--table"])["scenarios"][1]["expected"]["safe_batch"],
+            0
+        );
+    }
+
+    #[test]
+    fn flags_with_no_safe_batch_say_what_fits() {
+        let to_fit = |flags: &[&str]| -> String {
+            let text = args(flags).evaluate().unwrap().to_text();
+            let line = text.lines().find(|l| l.starts_with("  to fit     "));
+            line.expect("a to-fit line").to_string()
+        };
+        let flags = ["--input", "3000", "--output", "800", "--tpot-slo-ms", "50"];
+        let doc = include_str!("../../docs/capacity.md");
+        let text = args(&flags).evaluate().unwrap().to_text();
+        assert!(doc.contains(&format!(
+            "$ tokengate capacity {}\n{text}```",
+            flags.join(" ")
+        )));
+        assert_eq!(
+            to_fit(&["--tpot-slo-ms", "50"]),
+            "  to fit     one sequence takes 75.51 ms a step, over the 50 ms TPOT SLO; it fits with --tpot-slo-ms 100 (safe batch 40, bound: memory capacity (KV + state)) or --tp 2 (safe batch 70, bound: HBM bandwidth (TPOT SLO))"
+        );
+        // no card count holds 10 ms: 54 GB over 8 cards still take 9.4 ms, plus the cache
+        assert_eq!(
+            to_fit(&["--tpot-slo-ms", "10", "--input", "3000", "--output", "800"]),
+            "  to fit     one sequence takes 76.46 ms a step, over the 10 ms TPOT SLO; it fits with --tpot-slo-ms 100 (safe batch 19, bound: memory capacity (KV + state)) (no tp up to 8 holds 10 ms)"
+        );
+        // Qwen3-32B's 65.6 GB do not fit one 64 GB card: no SLO helps, two cards do
+        let flags = ["--model", "qwen3-32b", "--input", "3000", "--output", "800"];
+        assert_eq!(
+            to_fit(&flags),
+            "  to fit     a 3000+800-token sequence pins 1006632960 B, more than the 0 B cache budget; it fits with --tp 2 (safe batch 9, bound: HBM bandwidth (TPOT SLO))"
+        );
+        let v = json(&flags);
+        assert_eq!(
+            (&v["tpot_slo_ms"], &v["tpot_slo_from"], &v["safe_batch"]),
+            (&json!(50.0), &json!("article"), &json!(0))
+        );
+        assert_eq!(
+            v["fits_with"]["shortfall"],
+            json!({"bound": "memory", "footprint_bytes": 1_006_632_960u64, "kv_budget_bytes": 0})
+        );
+        // one 910B4 (32 GB, 0.8 TB/s) cannot hold the weights, two stream them in 75 ms a step,
+        // four in 37.5 ms: 37.5 + 70 x 0.177 ms of cache <= 50 ms
+        assert_eq!(
+            to_fit(&["--hardware", "910b4"]),
+            "  to fit     a 512+128-token sequence pins 195887104 B, more than the 0 B cache budget; it fits with --tp 4 (safe batch 70, bound: HBM bandwidth (TPOT SLO))"
         );
     }
 

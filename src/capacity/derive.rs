@@ -11,6 +11,7 @@
 //! one replica behind one address this is an upper bound (a sequence cannot span replicas);
 //! declaring one backend per replica is exact.
 
+use super::fit::Spelling;
 use super::roofline::{CapacityInputs, RooflineReport};
 use serde::{Deserialize, Serialize};
 
@@ -129,6 +130,26 @@ pub fn derive_backend(inputs: &CapacityInputs, workload: Workload) -> DerivedBac
     }
 }
 
+impl DerivedBackend {
+    /// Why the backend cannot serve its workload, when no batch of it is safe: the bound, the
+    /// changes that fit (as config keys, [`CapacityInputs::fits_with`]) and the derivation.
+    /// `None` when it has a safe batch.
+    pub fn refusal(&self) -> Option<String> {
+        let Workload {
+            avg_input,
+            avg_output,
+        } = self.workload;
+        let remedies = self.inputs.fits_with(avg_input, avg_output)?;
+        Some(format!(
+            "no batch of the declared workload ({avg_input} + {avg_output} tokens) is safe \
+             (bound: {}): {}. The derivation: {}",
+            self.per_replica.bottleneck.label(),
+            remedies.describe(Spelling::Config),
+            self.explanation
+        ))
+    }
+}
+
 /// A tenant's `(prefill_tokens_per_s, decode_tokens_per_s)` for `share` (0..=1) of the summed
 /// sustainable rates of `backends`.
 pub fn tenant_rates(share: f64, backends: &[DerivedBackend]) -> (f64, f64) {
@@ -138,11 +159,12 @@ pub fn tenant_rates(share: f64, backends: &[DerivedBackend]) -> (f64, f64) {
 }
 
 /// The derived figures of named backends as a small text table, for startup logs and
-/// `check-config`.
+/// `check-config`: what the capacity model derives, whether or not a figure the file gives is
+/// in force instead (the first column says so).
 pub fn derived_table(backends: &[(&str, &DerivedBackend)]) -> String {
     let mut out = format!(
         "{:<16} {:>16} {:>9} {:>11} {:>11}  derived from\n",
-        "backend", "kv_capacity_B", "max_batch", "prefill_t/s", "decode_t/s"
+        "derived for", "kv_capacity_B", "max_batch", "prefill_t/s", "decode_t/s"
     );
     for (name, b) in backends {
         let r = &b.per_replica;

@@ -2,11 +2,13 @@
 //! engines reach (how many sequences fit in the KV cache, decode step time and TPOT at a batch,
 //! prefill time, the safe batch and what binds it), the named hardware and model profiles it
 //! runs on, its validation against published measurements, the seed article's calibrator
-//! reproduced for comparison, and the derivation of a backend's KV capacity, batch cap and
-//! sustainable token rates that sizes the gateway. Pure: no I/O, no clock; `cli` prints.
+//! reproduced for comparison, the derivation of a backend's KV capacity, batch cap and
+//! sustainable token rates that sizes the gateway, and what would make a deployment that has
+//! no safe batch fit. Pure: no I/O, no clock; `cli` prints.
 
 mod derive;
 mod error;
+mod fit;
 mod profile;
 mod roofline;
 pub mod seed;
@@ -17,6 +19,7 @@ pub mod cli;
 
 pub use derive::{derive_backend, derived_table, tenant_rates, DerivedBackend, Workload};
 pub use error::CapacityError;
+pub use fit::{held_tpot_slo_seconds, Remedies, Remedy, Shortfall, Spelling, MAX_TP};
 pub use profile::{
     gb_to_bytes, HardwareProfile, ModelArch, ModelProfile, ProfileOverrides, StateDtype, GB,
     SEED_HARDWARE,

@@ -104,10 +104,7 @@ impl std::fmt::Display for Efficiency {
     /// `weights 0.45, cache 0.61, compute 0.35`; `0.5 (uniform)`; `1 (pure roofline)`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // three decimals, trailing zeros dropped: 0.45, 0.373, 1
-        let short = |x: f64| {
-            let s = format!("{x:.3}");
-            s.trim_end_matches('0').trim_end_matches('.').to_string()
-        };
+        let short = |x: f64| trimmed(x, 3);
         if *self == Self::IDEAL {
             write!(f, "1 (pure roofline)")
         } else if *self == Self::uniform(self.weights) {
@@ -121,6 +118,17 @@ impl std::fmt::Display for Efficiency {
                 short(self.compute)
             )
         }
+    }
+}
+
+/// `x` with `places` decimals, trailing zeros dropped: `trimmed(0.450, 3)` is `0.45`,
+/// `trimmed(100.0, 2)` is `100`.
+pub(super) fn trimmed(x: f64, places: usize) -> String {
+    let s = format!("{x:.places$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
     }
 }
 
@@ -352,6 +360,12 @@ impl CapacityInputs {
         }
         if self.replicas == 0 {
             return Err(CapacityError::invalid("replicas", "must be >= 1".into()));
+        }
+        if self.engine_max_batch == Some(0) {
+            return Err(CapacityError::invalid(
+                "engine_max_batch",
+                "must be >= 1".into(),
+            ));
         }
         if self.model.kv_bytes_per_token == 0 {
             return Err(CapacityError::invalid(

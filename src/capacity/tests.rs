@@ -499,7 +499,7 @@ fn derived_table_lists_each_backend() {
     let b = derive_backend(&inputs, Workload::default());
     assert_eq!(
         derived_table(&[("npu-a", &b)]),
-        "backend             kv_capacity_B max_batch prefill_t/s  decode_t/s  derived from\n\
+        "derived for         kv_capacity_B max_batch prefill_t/s  decode_t/s  derived from\n\
          npu-a                140000000000        90      3695.6       985.5  910b3 x2 TP x2 \
          replicas, qwen3.5-27b, 3000/800 tokens, safe batch 45 per replica (HBM bandwidth \
          (TPOT SLO))\n"
@@ -654,6 +654,121 @@ fn validation_table_pins_every_published_row() {
     assert!(doc.contains(&table), "docs/capacity.md lacks:\n{table}");
 }
 
+#[test]
+fn the_slo_held_is_the_article_target_or_its_least_multiple_met() {
+    let held = |step: f64| f6(held_tpot_slo_seconds(step) * 1e3);
+    assert_eq!(held(0.001), "50.000000");
+    assert_eq!(held(0.050), "50.000000");
+    assert_eq!(held(0.050_001), "100.000000");
+    assert_eq!(held(0.100), "100.000000");
+    assert_eq!(held(0.112_5), "150.000000");
+    // one 910B3: one RAG sequence steps in 75 + 1.14 (its KV heads, one core each) + 0.32
+    // (its state read and written) ms; two cards hold the article's 50 ms
+    let one = qwen(128, StateDtype::Fp32);
+    assert_eq!(one.tpot_slo_held(3000, 800).map(f6), Some(f6(0.1)));
+    assert_eq!(qwen_tp2().tpot_slo_held(3000, 800).map(f6), Some(f6(0.05)));
+    // weights at 0.3 of peak: 54e9 / (1.6e12 x 0.3) = 112.5 ms a step
+    let mut slow = one.clone();
+    slow.efficiency.weights = 0.3;
+    assert_eq!(slow.tpot_slo_held(200, 150).map(f6), Some(f6(0.15)));
+    // Qwen3-32B's 65.6 GB leave one 64 GB card no cache: no SLO is held
+    assert_eq!(qwen3_32b(1).tpot_slo_held(3000, 800), None);
+}
+
+#[test]
+fn fits_with_names_the_slo_held_and_the_fewest_cards_holding_the_asked_one() {
+    let one = qwen(128, StateDtype::Fp32);
+    let r = one.fits_with(3000, 800).unwrap();
+    let Shortfall::Tpot {
+        one_sequence_tpot_ms,
+        tpot_slo_ms,
+    } = r.shortfall
+    else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        (f6(one_sequence_tpot_ms), tpot_slo_ms),
+        (f6(76.456967), 50.0)
+    );
+    assert_eq!(
+        r.tpot_slo,
+        Some(Remedy {
+            tp: 1,
+            tpot_slo_ms: 100.0,
+            safe_batch: 19,
+            bottleneck: Bottleneck::MemoryCapacity
+        })
+    );
+    assert_eq!(
+        r.tp,
+        Some(Remedy {
+            tp: 2,
+            tpot_slo_ms: 50.0,
+            safe_batch: 45,
+            bottleneck: Bottleneck::Bandwidth
+        })
+    );
+    assert_eq!(
+        r.describe(Spelling::Config),
+        "one sequence takes 76.46 ms a step, over the 50 ms TPOT SLO; it fits with tpot_slo_ms = \
+         100 (safe batch 19, bound: memory capacity (KV + state)) or tp = 2 (safe batch 45, \
+         bound: HBM bandwidth (TPOT SLO))"
+    );
+    assert_eq!(qwen_tp2().fits_with(3000, 800), None);
+    // no cache at all: only cards help
+    let r = qwen3_32b(1).fits_with(3000, 800).unwrap();
+    assert_eq!(
+        r.shortfall,
+        Shortfall::Memory {
+            footprint_bytes: 1_006_632_960,
+            kv_budget_bytes: 0
+        }
+    );
+    assert_eq!(r.tpot_slo, None);
+    assert_eq!(r.tp.map(|t| (t.tp, t.safe_batch)), Some((2, 9)));
+    // at the most cards proposed, 5 ms: only the SLO helps. One sequence steps in 9.375 ms of
+    // weights + 1.14 ms of its KV heads (one core each, whatever the cards) + 0.04 ms of state;
+    // at 50 ms each sequence adds 0.029 ms of KV and 0.039 of state: (50 - 9.375) / 0.068 = 597
+    let mut eight = one.clone();
+    eight.tp = MAX_TP;
+    eight.tpot_slo_seconds = 0.005;
+    let r = eight.fits_with(3000, 800).unwrap();
+    assert_eq!(
+        r.describe(Spelling::Flags),
+        "one sequence takes 10.56 ms a step, over the 5 ms TPOT SLO; it fits with --tpot-slo-ms \
+         50 (safe batch 597, bound: HBM bandwidth (TPOT SLO)) (no tp up to 8 holds 5 ms)"
+    );
+    // a card too small for the weights at any proposed count
+    let mut tiny = one.clone();
+    tiny.hardware.hbm_bytes = 4_000_000_000;
+    assert_eq!(
+        tiny.fits_with(3000, 800)
+            .unwrap()
+            .describe(Spelling::Config),
+        "a 3000+800-token sequence pins 405602304 B, more than the 0 B cache budget; no tp up to \
+         8 fits it"
+    );
+}
+
+#[test]
+fn a_backend_with_no_safe_batch_is_refused_with_what_fits() {
+    let one = derive_backend(&qwen(128, StateDtype::Fp32), Workload::default());
+    assert_eq!(
+        one.refusal().unwrap(),
+        format!(
+            "no batch of the declared workload (3000 + 800 tokens) is safe (bound: HBM bandwidth \
+             (TPOT SLO)): one sequence takes 76.46 ms a step, over the 50 ms TPOT SLO; it fits \
+             with tpot_slo_ms = 100 (safe batch 19, bound: memory capacity (KV + state)) or tp = \
+             2 (safe batch 45, bound: HBM bandwidth (TPOT SLO)). The derivation: {}",
+            one.explanation
+        )
+    );
+    assert_eq!(
+        derive_backend(&qwen_tp2(), Workload::default()).refusal(),
+        None
+    );
+}
+
 fn arb_inputs() -> impl Strategy<Value = CapacityInputs> {
     (
         prop::sample::select(vec!["910b1", "910b3", "910b4", "atlas-300i-duo"]),
@@ -736,6 +851,38 @@ proptest! {
         let slo = inputs.tpot_slo_seconds;
         prop_assert!(inputs.decode_step_seconds(b + 1, ctx) > slo);
         prop_assert!(b == 0 || inputs.decode_step_seconds(b, ctx) <= slo);
+    }
+
+    #[test]
+    fn the_slo_held_gives_a_batch_and_the_multiple_below_it_none(
+        inputs in arb_inputs(),
+        input in 1u64..40_000,
+        output in 1u64..8_000,
+    ) {
+        let at = |seconds: f64| CapacityInputs { tpot_slo_seconds: seconds, ..inputs.clone() }
+            .safe_batch(input, output)
+            .batch;
+        match inputs.tpot_slo_held(input, output) {
+            Some(held) => {
+                prop_assert!(at(held) >= 1);
+                let multiple = (held / DEFAULT_TPOT_SLO_SECONDS).round();
+                prop_assert!(multiple >= 1.0);
+                prop_assert!(multiple == 1.0 || at((multiple - 1.0) * DEFAULT_TPOT_SLO_SECONDS) == 0);
+            }
+            None => prop_assert_eq!(inputs.max_batch_memory(input, output), 0),
+        }
+        // every remedy proposed gives the batch it says
+        if let Some(r) = inputs.fits_with(input, output) {
+            for remedy in r.tpot_slo.iter().chain(&r.tp) {
+                let changed = CapacityInputs {
+                    tp: remedy.tp,
+                    tpot_slo_seconds: remedy.tpot_slo_ms / 1e3,
+                    ..inputs.clone()
+                };
+                prop_assert_eq!(changed.safe_batch(input, output).batch, remedy.safe_batch);
+                prop_assert!(remedy.safe_batch >= 1);
+            }
+        }
     }
 
     #[test]

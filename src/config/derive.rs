@@ -1,15 +1,17 @@
-//! What the capacity model fills in of a config: backends' KV capacity and batch cap from
-//! `hardware` + `model`, tenants' rates from `share` (values given by hand win).
+//! What the capacity model derives for a config: backends' KV capacity and batch cap from
+//! `hardware` + `model`, tenants' rates from `share`. It is kept beside what the file gives,
+//! so each value in force can say where it comes from (values given by hand win).
 
-use super::{Config, Runner};
+use super::{Config, Runner, TenantRates};
 use crate::capacity::{
     derive_backend, tenant_rates, CapacityInputs, DerivedBackend, EfficiencyOverrides, Workload,
 };
 use anyhow::bail;
 
 impl Config {
-    /// Fills in what the capacity model derives: backends' KV capacity and batch cap from
-    /// `hardware` + `model`, tenants' rates from `share`. Values given by hand win.
+    /// Derives what the capacity model does (backends' KV capacity and batch cap from
+    /// `hardware` + `model`, tenants' rates from `share`) into their `derived`. Values given by
+    /// hand win where they are read ([`super::BackendConfig::max_batch`], ...).
     pub(super) fn derive_capacity(&mut self) -> anyhow::Result<()> {
         let workload = Workload {
             avg_input: self.workload.avg_input_tokens,
@@ -20,7 +22,12 @@ impl Config {
             let (hardware, model) = match (&b.hardware, &b.model) {
                 (None, None) => continue,
                 (Some(h), Some(m)) => (h, m),
-                _ => bail!("{at}: capacity-model sizing needs both `hardware` and `model`"),
+                (Some(_), None) => {
+                    bail!("{at}: `hardware` is given without `model`: capacity-model sizing needs both")
+                }
+                (None, Some(_)) => {
+                    bail!("{at}: `model` is given without `hardware`: capacity-model sizing needs both")
+                }
             };
             let mut inputs =
                 CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
@@ -54,20 +61,8 @@ impl Config {
                     self.model.state_bytes_per_sequence
                 );
             }
-            if derived.max_batch == 0 {
-                bail!(
-                    "{at}: no batch of the declared workload ({} + {} tokens) is safe (bound: {}): {}",
-                    workload.avg_input,
-                    workload.avg_output,
-                    derived.per_replica.bottleneck.label(),
-                    derived.explanation
-                );
-            }
-            if b.kv_capacity_bytes == 0 {
-                b.kv_capacity_bytes = derived.kv_capacity_bytes;
-            }
-            if b.max_batch == 0 {
-                b.max_batch = u32::try_from(derived.max_batch).unwrap_or(u32::MAX);
+            if let Some(why) = derived.refusal() {
+                bail!("{at}: {why}");
             }
             b.derived = Some(derived);
         }
@@ -81,22 +76,27 @@ impl Config {
             if !(share.is_finite() && share > 0.0 && share <= 1.0) {
                 bail!("{at}.share must be in (0, 1], got {share}");
             }
-            if t.prefill_tokens_per_second != 0.0 || t.decode_tokens_per_second != 0.0 {
-                bail!("{at}: give `share` or token rates, not both");
+            for (field, given) in [
+                ("prefill_tokens_per_second", t.prefill_tokens_per_second),
+                ("decode_tokens_per_second", t.decode_tokens_per_second),
+            ] {
+                if given.is_some() {
+                    bail!("{at}: `share` derives the token rates and {field} is given too: give one or the other");
+                }
             }
             if derived.len() != generators {
                 bail!("{at}.share needs every generation backend sized by the capacity model (`hardware` and `model`)");
             }
             let (prefill, decode) = tenant_rates(share, &derived);
-            t.prefill_tokens_per_second = prefill;
-            t.decode_tokens_per_second = decode;
-            if t.requests_per_second == 0.0 {
-                let qps: f64 = derived
-                    .iter()
-                    .map(|d| d.per_replica.qps * f64::from(d.replicas))
-                    .sum();
-                t.requests_per_second = share * qps;
-            }
+            let qps: f64 = derived
+                .iter()
+                .map(|d| d.per_replica.qps * f64::from(d.replicas))
+                .sum();
+            t.derived = Some(TenantRates {
+                prefill_tokens_per_second: prefill,
+                decode_tokens_per_second: decode,
+                requests_per_second: share * qps,
+            });
         }
         Ok(())
     }

@@ -65,17 +65,25 @@ pub fn describe(cfg: &ValidConfig) -> String {
         _ => writeln!(s, "vision: off (text only)"),
     };
     for b in &cfg.backends {
+        let d = b.derived.as_ref();
+        let kv = b.kv_capacity_bytes();
+        let kv_origin = origin(
+            b.kv_capacity_bytes.is_some(),
+            d.map(|d| d.kv_capacity_bytes),
+        );
+        let batch_origin = origin(b.max_batch.is_some(), d.map(|d| d.max_batch));
         let _ = writeln!(
             s,
-            "backend {}{}: kv_capacity_bytes {} ({:.2} GB), max_batch {}",
+            "backend {}{}: kv_capacity_bytes {kv} ({:.2} GB{}), max_batch {}{}",
             b.url,
             match b.runner {
                 Runner::Generate => "",
                 Runner::Pooling => " (pooling)",
             },
-            b.kv_capacity_bytes,
-            b.kv_capacity_bytes as f64 / 1e9,
-            b.max_batch
+            kv as f64 / 1e9,
+            kv_origin.map(|o| format!(", {o}")).unwrap_or_default(),
+            b.max_batch(),
+            batch_origin.map(|o| format!(" ({o})")).unwrap_or_default(),
         );
     }
     let derived: Vec<(&str, &DerivedBackend)> = cfg
@@ -87,13 +95,37 @@ pub fn describe(cfg: &ValidConfig) -> String {
         s.push_str(&derived_table(&derived));
     }
     for t in &cfg.tenants {
+        let rates = t.rates();
+        let d = t.derived;
+        let rate = |given: Option<f64>, v: f64, derived: Option<f64>, places: usize| {
+            let o = origin(given.is_some(), derived.map(|x| format!("{x:.places$}/s")));
+            format!(
+                "{v:.places$}/s{}",
+                o.map(|o| format!(" ({o})")).unwrap_or_default()
+            )
+        };
         let _ = writeln!(
             s,
-            "tenant {}: prefill {:.1}/s, decode {:.1}/s, requests {:.3}/s, burst {} s{}{}{}",
+            "tenant {}: prefill {}, decode {}, requests {}, burst {} s{}{}{}",
             t.name,
-            t.prefill_tokens_per_second,
-            t.decode_tokens_per_second,
-            t.requests_per_second,
+            rate(
+                t.prefill_tokens_per_second,
+                rates.prefill_tokens_per_second,
+                d.map(|d| d.prefill_tokens_per_second),
+                1
+            ),
+            rate(
+                t.decode_tokens_per_second,
+                rates.decode_tokens_per_second,
+                d.map(|d| d.decode_tokens_per_second),
+                1
+            ),
+            rate(
+                t.requests_per_second,
+                rates.requests_per_second,
+                d.map(|d| d.requests_per_second),
+                3
+            ),
             t.burst_seconds,
             t.share
                 .map(|x| format!(" (share {x} of the derived capacity)"))
@@ -103,4 +135,14 @@ pub fn describe(cfg: &ValidConfig) -> String {
         );
     }
     s
+}
+
+/// Where a value in force comes from, said only where the capacity model derives one
+/// (`derived` is `Some`): `derived`, or `configured; the capacity model derives D`.
+fn origin(given: bool, derived: Option<impl std::fmt::Display>) -> Option<String> {
+    let d = derived?;
+    Some(match given {
+        true => format!("configured; the capacity model derives {d}"),
+        false => "derived".to_string(),
+    })
 }

@@ -10,7 +10,7 @@
 //! | file | job |
 //! |---|---|
 //! | `mod.rs` | the schema and its defaults; [`Config::load`], [`Config::parse`], [`Config::validated`] |
-//! | `derive.rs` | what the capacity model fills in (backends' sizing, tenants' rates) |
+//! | `derive.rs` | what the capacity model derives (backends' sizing, tenants' rates), kept beside what the file gives |
 //! | `validate.rs` | the cross-field checks, relative paths |
 //! | `restart.rs` | which settings only a restart applies ([`Config::restart_only_changes`]) |
 //! | `describe.rs` | the human summary of a config ([`describe::describe`]) |
@@ -83,7 +83,7 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadConfig {
-    /// Average prompt tokens (default: the seed article's RAG profile, 3000).
+    /// Average prompt tokens (default: a RAG request's 3000).
     #[serde(default = "default_avg_input")]
     pub avg_input_tokens: u64,
     /// Average output tokens (default 800).
@@ -426,14 +426,16 @@ pub struct BackendConfig {
     /// gateway's own certificate for backends that verify their clients (MindIE does).
     #[serde(default)]
     pub tls: Option<BackendTls>,
-    /// Bytes of KV cache the backend has for sequences (KV plus per-sequence state). Derived
-    /// from `hardware` + `model` when left out.
+    /// Bytes of KV cache the backend has for sequences (KV plus per-sequence state), as the
+    /// file gives it; derived from `hardware` + `model` when left out (the one in force:
+    /// [`BackendConfig::kv_capacity_bytes`]).
     #[serde(default)]
-    pub kv_capacity_bytes: u64,
-    /// Most sequences the backend runs at once. Derived (the safe batch ceiling for the
-    /// declared workload) when left out.
+    pub kv_capacity_bytes: Option<u64>,
+    /// Most sequences the backend runs at once, as the file gives it; derived (the safe batch
+    /// ceiling for the declared workload) when left out (the one in force:
+    /// [`BackendConfig::max_batch`]).
     #[serde(default)]
-    pub max_batch: u32,
+    pub max_batch: Option<u32>,
     /// Capacity-model sizing: hardware profile (`910b3`, `910b4`, ...; see `tokengate capacity`).
     #[serde(default)]
     pub hardware: Option<String>,
@@ -472,7 +474,8 @@ pub struct BackendConfig {
     /// Figures that replace the named profiles' (`tflops`, `bandwidth_gbs`, `hbm_gb`, ...).
     #[serde(default)]
     pub overrides: ProfileOverrides,
-    /// How `kv_capacity_bytes` and `max_batch` were derived, when they were.
+    /// What the capacity model derives for the backend (`hardware` + `model`), whether or not
+    /// `kv_capacity_bytes` and `max_batch` are given by hand.
     #[serde(skip)]
     pub derived: Option<DerivedBackend>,
     /// Path answered by a ready backend on its `url` (`/health` for vLLM and the sim,
@@ -506,6 +509,47 @@ pub struct BackendConfig {
     /// Reading the backend's own metrics and adjusting its ledger from them.
     #[serde(default)]
     pub feedback: crate::feedback::FeedbackConfig,
+}
+
+impl BackendConfig {
+    /// The KV budget in force: `kv_capacity_bytes` as given, else the capacity model's (0
+    /// with neither, which the checks refuse).
+    pub fn kv_capacity_bytes(&self) -> u64 {
+        (self.kv_capacity_bytes)
+            .or_else(|| self.derived.as_ref().map(|d| d.kv_capacity_bytes))
+            .unwrap_or(0)
+    }
+
+    /// The batch cap in force: `max_batch` as given, else the capacity model's safe batch (0
+    /// with neither, which the checks refuse).
+    pub fn max_batch(&self) -> u32 {
+        (self.max_batch)
+            .or_else(|| {
+                (self.derived.as_ref()).map(|d| u32::try_from(d.max_batch).unwrap_or(u32::MAX))
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// Where a value in force comes from: the config file, or the capacity model (a backend's
+/// `hardware` + `model`, a tenant's `share`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Given in the file.
+    Configured,
+    /// Left out of the file and derived.
+    Derived,
+}
+
+impl Source {
+    /// `Configured` when the file gave the value (`given` is `Some`).
+    pub fn of<T>(given: &Option<T>) -> Source {
+        match given {
+            Some(_) => Source::Configured,
+            None => Source::Derived,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -562,20 +606,25 @@ pub struct TenantConfig {
     /// API keys stored as lowercase sha256 hex of the key.
     #[serde(default)]
     pub api_key_sha256: Vec<String>,
-    /// Prompt (prefill) tokens per second (or derived from `share`).
+    /// Prompt (prefill) tokens per second, as the file gives it (or derived from `share`; the
+    /// rates in force: [`TenantConfig::rates`]).
     #[serde(default)]
-    pub prefill_tokens_per_second: f64,
-    /// Output (decode) tokens per second, charged at max_tokens and refunded when unused (or
-    /// derived from `share`).
+    pub prefill_tokens_per_second: Option<f64>,
+    /// Output (decode) tokens per second, charged at max_tokens and refunded when unused, as
+    /// the file gives it (or derived from `share`).
     #[serde(default)]
-    pub decode_tokens_per_second: f64,
-    /// Requests per second (derived from `share` of the sustainable request rate if left out).
+    pub decode_tokens_per_second: Option<f64>,
+    /// Requests per second, as the file gives it (derived from `share` of the sustainable
+    /// request rate if left out).
     #[serde(default)]
-    pub requests_per_second: f64,
+    pub requests_per_second: Option<f64>,
     /// Instead of rates: this share of the backends' sustainable prefill and decode token rates
     /// at the safe batch for the declared `[workload]` (needs capacity-model backends).
     #[serde(default)]
     pub share: Option<f64>,
+    /// What `share` derives, all three rates, whether or not `requests_per_second` is given.
+    #[serde(skip)]
+    pub derived: Option<TenantRates>,
     /// Bucket capacity in seconds of rate (capacity = rate x burst).
     #[serde(default = "default_burst_seconds")]
     pub burst_seconds: f64,
@@ -596,6 +645,34 @@ pub struct TenantConfig {
 
 fn default_burst_seconds() -> f64 {
     10.0
+}
+
+/// A tenant's three bucket rates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct TenantRates {
+    /// Prompt tokens per second.
+    pub prefill_tokens_per_second: f64,
+    /// Output tokens per second.
+    pub decode_tokens_per_second: f64,
+    /// Requests per second.
+    pub requests_per_second: f64,
+}
+
+impl TenantConfig {
+    /// The rates in force: each as given, else as `share` derives it (0 with neither, which
+    /// the checks refuse).
+    pub fn rates(&self) -> TenantRates {
+        let derived = self.derived.unwrap_or_default();
+        TenantRates {
+            prefill_tokens_per_second: (self.prefill_tokens_per_second)
+                .unwrap_or(derived.prefill_tokens_per_second),
+            decode_tokens_per_second: (self.decode_tokens_per_second)
+                .unwrap_or(derived.decode_tokens_per_second),
+            requests_per_second: self
+                .requests_per_second
+                .unwrap_or(derived.requests_per_second),
+        }
+    }
 }
 
 /// A [`Config`] that passed every check, with what the checks parsed. Only [`Config::load`],
@@ -711,6 +788,24 @@ impl Config {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_usage_log_file_is_relative_to_the_config_file_and_standard_output_stays() {
+        let dir = std::env::temp_dir().join(format!("tokengate-usage-path-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |path: &str| {
+            let file = dir.join("gw.toml");
+            let text = format!("{}\n[usage_log]\npath = \"{path}\"\n", sized_text(2, ""));
+            std::fs::write(&file, text).unwrap();
+            let cfg = Config::load(&file).unwrap().into_inner();
+            cfg.usage_log.unwrap().path
+        };
+        let in_dir = dir.join("usage.jsonl").to_string_lossy().into_owned();
+        assert_eq!(load("usage.jsonl"), in_dir);
+        assert_eq!(load(&in_dir), in_dir);
+        assert_eq!(load("-"), "-");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A backend sized by the capacity model on `tp` 910B3s, with `extra` lines in its entry.
     fn sized_backend(tp: u32, extra: &str) -> anyhow::Result<ValidConfig> {
         Config::parse(&sized_text(tp, extra))
@@ -747,7 +842,7 @@ requests_per_second = 1
     #[test]
     fn a_backend_carries_its_measured_efficiency() {
         let fitted = sized_backend(2, "").unwrap();
-        assert_eq!(fitted.backends[0].max_batch, 45);
+        assert_eq!(fitted.backends[0].max_batch(), 45);
         // what `tokengate capacity --observed-tpot-ms 60 --observed-batch 45` reports
         let measured =
             sized_backend(2, "weight_efficiency = 0.373\ncache_efficiency = 0.506").unwrap();
@@ -760,10 +855,10 @@ requests_per_second = 1
                 ..crate::capacity::Efficiency::FITTED
             }
         );
-        assert_eq!(measured.backends[0].max_batch, 14);
+        assert_eq!(measured.backends[0].max_batch(), 14);
         assert!(
-            measured.tenants[0].decode_tokens_per_second
-                < fitted.tenants[0].decode_tokens_per_second
+            measured.tenants[0].rates().decode_tokens_per_second
+                < fitted.tenants[0].rates().decode_tokens_per_second
         );
         assert_eq!(
             sized_backend(2, "weight_efficiency = 1.5")
@@ -771,18 +866,23 @@ requests_per_second = 1
                 .to_string(),
             "backends[0]: invalid weight_efficiency: must be in (0, 1], got 1.5"
         );
-        // one card cannot hold 50 ms with bf16 weights: refused, naming the bound
+        // one card cannot hold 50 ms with bf16 weights: refused, naming the bound and the
+        // changes that fit, which do
         let err = sized_backend(1, "").unwrap_err().to_string();
-        assert!(
-            err.starts_with(
-                "backends[0]: no batch of the declared workload (3000 + 800 tokens) is safe \
-                 (bound: HBM bandwidth (TPOT SLO)): 910b3 x1 (TP) per replica"
-            ),
-            "{err}"
+        let (why, derivation) = err.split_once(". The derivation: ").unwrap();
+        assert_eq!(
+            why,
+            "backends[0]: no batch of the declared workload (3000 + 800 tokens) is safe (bound: \
+             HBM bandwidth (TPOT SLO)): one sequence takes 76.46 ms a step, over the 50 ms TPOT \
+             SLO; it fits with tpot_slo_ms = 100 (safe batch 19, bound: memory capacity (KV + \
+             state)) or tp = 2 (safe batch 45, bound: HBM bandwidth (TPOT SLO))"
         );
+        assert!(derivation.starts_with("910b3 x1 (TP) per replica"), "{err}");
+        let held = sized_backend(1, "tpot_slo_ms = 100").unwrap();
+        assert_eq!(held.backends[0].max_batch(), 19);
         // the pure roofline fits 19 RAG sequences in its 8 GB
         assert_eq!(
-            sized_backend(1, "efficiency = 1").unwrap().backends[0].max_batch,
+            sized_backend(1, "efficiency = 1").unwrap().backends[0].max_batch(),
             19
         );
     }
@@ -1056,13 +1156,115 @@ requests_per_second = 1
                 &format!("share = 0.001\nburst_seconds = {burst}"),
             )
         };
-        let rps = Config::parse(&text("1000000")).unwrap().tenants[0].requests_per_second;
+        let rps = Config::parse(&text("1000000")).unwrap().tenants[0]
+            .rates()
+            .requests_per_second;
         assert!(rps > 0.0 && rps < 1.0, "{rps}");
         assert_eq!(
             Config::parse(&text("1")).unwrap_err().to_string(),
             format!(
                 "tenants[0] (alice): requests_per_second ({rps}, derived from share 0.001) x burst_seconds (1) = {rps} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second"
             )
+        );
+    }
+
+    /// The lines of [`describe::describe`] that show the backends' sizing and the tenants' rates.
+    fn sizing_and_rates(cfg: &ValidConfig) -> Vec<String> {
+        (describe::describe(cfg).lines())
+            .filter(|l| l.starts_with("backend http") || l.starts_with("tenant "))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn describe_tells_each_value_in_force_configured_or_derived() {
+        // Issue 31: a hand-set max_batch beside the capacity model's 45, shown as neither.
+        let hand_set = sized_backend(2, "max_batch = 200").unwrap();
+        assert_eq!(
+            (
+                hand_set.backends[0].max_batch(),
+                hand_set.backends[0].max_batch
+            ),
+            (200, Some(200))
+        );
+        assert_eq!(
+            sizing_and_rates(&hand_set),
+            [
+                "backend http://127.0.0.1:9: kv_capacity_bytes 70000000000 (70.00 GB, derived), max_batch 200 (configured; the capacity model derives 45)",
+                "tenant alice: prefill 923.9/s (derived), decode 246.4/s (derived), requests 1.000/s (configured; the capacity model derives 0.308/s), burst 10 s (share 0.5 of the derived capacity)",
+            ]
+        );
+        let kv = sized_text(2, "kv_capacity_bytes = 4000000000")
+            .replace("share = 0.5\nrequests_per_second = 1", "share = 0.5");
+        assert_eq!(
+            sizing_and_rates(&Config::parse(&kv).unwrap()),
+            [
+                "backend http://127.0.0.1:9: kv_capacity_bytes 4000000000 (4.00 GB, configured; the capacity model derives 70000000000), max_batch 45 (derived)",
+                "tenant alice: prefill 923.9/s (derived), decode 246.4/s (derived), requests 0.308/s (derived), burst 10 s (share 0.5 of the derived capacity)",
+            ]
+        );
+        // Without the capacity model, every value is the file's and nothing is said of it.
+        assert_eq!(
+            sizing_and_rates(&Config::parse(&quickstart()).unwrap()),
+            [
+                "backend http://127.0.0.1:9000: kv_capacity_bytes 8000000000 (8.00 GB), max_batch 32",
+                "tenant alice: prefill 2000.0/s, decode 20.0/s, requests 1.000/s, burst 15 s",
+                "tenant bob: prefill 2000.0/s, decode 20.0/s, requests 1.000/s, burst 15 s",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_zero_or_missing_figure_is_named_and_nothing_given_is_asked_for() {
+        let err = |text: &str| Config::parse(text).unwrap_err().to_string();
+        // Issue 31: `max_batch = 0` was taken as left out beside a model, and by hand asked
+        // for kv_capacity_bytes and max_batch, both given.
+        assert_eq!(
+            err(&sized_text(2, "max_batch = 0")),
+            "backends[0].max_batch must be at least 1: it is the most sequences the backend runs at once (leave it out to use the capacity model's 45)"
+        );
+        assert_eq!(
+            err(&sized_text(2, "kv_capacity_bytes = 0")),
+            "backends[0].kv_capacity_bytes must be at least 1: it is the bytes of KV cache the backend has for sequences (leave it out to use the capacity model's 70000000000)"
+        );
+        let text = quickstart();
+        assert_eq!(
+            err(&text.replace("max_batch = 32", "max_batch = 0")),
+            "backends[0].max_batch must be at least 1: it is the most sequences the backend runs at once (or leave it out and set `hardware` and `model` to derive it)"
+        );
+        let without = |prefixes: &[&str]| {
+            (text.lines())
+                .filter(|l| !prefixes.iter().any(|p| l.starts_with(p)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert_eq!(
+            err(&without(&["max_batch"])),
+            "backends[0]: give max_batch, or `hardware` and `model` to derive it"
+        );
+        assert_eq!(
+            err(&without(&["max_batch", "kv_capacity_bytes"])),
+            "backends[0]: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them"
+        );
+        assert_eq!(
+            err(&sized_text(2, "").replace("model = \"qwen3.5-27b\"\n", "")),
+            "backends[0]: `hardware` is given without `model`: capacity-model sizing needs both"
+        );
+        // A tenant's rates: given, or all derived from `share`.
+        assert_eq!(
+            err(&without(&["decode_tokens_per_second", "requests_per_second"])),
+            "tenants[0] (alice): give decode_tokens_per_second and requests_per_second, or `share` to derive the rates from the backends the capacity model sizes"
+        );
+        let shared = |lines: &str| {
+            err(&sized_text(2, "").replace("share = 0.5\nrequests_per_second = 1", lines))
+        };
+        assert_eq!(
+            shared("share = 0.5\nprefill_tokens_per_second = 0"),
+            "tenants[0] (alice): `share` derives the token rates and prefill_tokens_per_second is given too: give one or the other"
+        );
+        assert_eq!(
+            shared("share = 0.5\nrequests_per_second = 0"),
+            "tenants[0] (alice).requests_per_second must be a positive number, got 0"
         );
     }
 

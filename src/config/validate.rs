@@ -1,10 +1,52 @@
 //! The cross-field checks of a config (each message names the field) and the resolution of
 //! its relative paths.
 
-use super::{BackendBase, Config, Runner};
+use super::{BackendBase, BackendConfig, Config, Runner};
 use crate::digest::{example_secret, hash_key, parse_sha256_hex};
 use anyhow::{bail, Context};
 use std::path::Path;
+
+impl BackendConfig {
+    /// Checks `kv_capacity_bytes` and `max_batch` (at `at`, `backends[i]`): each given as at
+    /// least 1, or left out for the capacity model to derive.
+    fn check_sizing(&self, at: &str) -> anyhow::Result<()> {
+        let derived = self.derived.as_ref();
+        let fields = [
+            (
+                "kv_capacity_bytes",
+                "the bytes of KV cache the backend has for sequences",
+                self.kv_capacity_bytes,
+                derived.map(|d| d.kv_capacity_bytes),
+            ),
+            (
+                "max_batch",
+                "the most sequences the backend runs at once",
+                self.max_batch.map(u64::from),
+                derived.map(|d| d.max_batch),
+            ),
+        ];
+        for (field, meaning, given, derived) in fields {
+            if given == Some(0) {
+                match derived {
+                    Some(d) => bail!("{at}.{field} must be at least 1: it is {meaning} (leave it out to use the capacity model's {d})"),
+                    None => bail!("{at}.{field} must be at least 1: it is {meaning} (or leave it out and set `hardware` and `model` to derive it)"),
+                }
+            }
+        }
+        let missing: Vec<&str> = (fields.iter())
+            .filter(|(_, _, given, derived)| given.is_none() && derived.is_none())
+            .map(|(field, ..)| *field)
+            .collect();
+        match missing[..] {
+            [] => Ok(()),
+            [one] => bail!("{at}: give {one}, or `hardware` and `model` to derive it"),
+            _ => bail!(
+                "{at}: give {}, or `hardware` and `model` to derive them",
+                missing.join(" and ")
+            ),
+        }
+    }
+}
 
 impl Config {
     pub(super) fn resolve_paths(&mut self, base: &Path) {
@@ -25,6 +67,10 @@ impl Config {
         .flatten()
         {
             *path = resolve(path);
+        }
+        // `-` is standard output, not a file.
+        if let Some(log) = self.usage_log.as_mut().filter(|l| l.path != "-") {
+            log.path = resolve(Path::new(&log.path)).to_string_lossy().into_owned();
         }
         for tls in self.backends.iter_mut().filter_map(|b| b.tls.as_mut()) {
             tls.ca_file = resolve(&tls.ca_file);
@@ -142,9 +188,7 @@ impl Config {
                     bail!("{at}.{field} must be at least 1");
                 }
             }
-            if b.kv_capacity_bytes == 0 || b.max_batch == 0 {
-                bail!("{at}: give kv_capacity_bytes and max_batch, or `hardware` and `model` to derive them");
-            }
+            b.check_sizing(&at)?;
             b.feedback.check(&at)?;
             bases.push(BackendBase { scheme, authority });
         }
@@ -235,29 +279,63 @@ impl Config {
                 }
                 own.push(digest);
             }
-            for (field, v) in [
-                ("prefill_tokens_per_second", t.prefill_tokens_per_second),
-                ("decode_tokens_per_second", t.decode_tokens_per_second),
-                ("requests_per_second", t.requests_per_second),
-                ("burst_seconds", t.burst_seconds),
-            ] {
+            let rates = t.rates();
+            let figures = [
+                (
+                    "prefill_tokens_per_second",
+                    t.prefill_tokens_per_second,
+                    rates.prefill_tokens_per_second,
+                ),
+                (
+                    "decode_tokens_per_second",
+                    t.decode_tokens_per_second,
+                    rates.decode_tokens_per_second,
+                ),
+                (
+                    "requests_per_second",
+                    t.requests_per_second,
+                    rates.requests_per_second,
+                ),
+                ("burst_seconds", Some(t.burst_seconds), t.burst_seconds),
+            ];
+            if t.derived.is_none() {
+                let missing: Vec<&str> = (figures.iter())
+                    .filter(|(_, given, _)| given.is_none())
+                    .map(|(field, _, _)| *field)
+                    .collect();
+                if !missing.is_empty() {
+                    bail!(
+                        "{at}: give {}, or `share` to derive the rates from the backends the capacity model sizes",
+                        missing.join(" and ")
+                    );
+                }
+            }
+            for (field, given, v) in figures {
                 if !(v.is_finite() && v > 0.0) {
-                    bail!("{at}.{field} must be a positive number, got {v}");
+                    match (given, t.share) {
+                        (None, Some(share)) => bail!(
+                            "{at}.{field} ({v}, derived from share {share}) must be a positive number"
+                        ),
+                        _ => bail!("{at}.{field} must be a positive number, got {v}"),
+                    }
                 }
             }
             if t.max_inflight == Some(0) {
                 bail!("{at}.max_inflight must be at least 1 (leave it out for no cap)");
             }
-            if t.requests_per_second * t.burst_seconds < 1.0 {
-                let derived = match t.share {
-                    Some(share) => format!(", derived from share {share}"),
-                    None => String::new(),
+            let requests = rates.requests_per_second;
+            if requests * t.burst_seconds < 1.0 {
+                let (derived, or_set) = match (t.requests_per_second, t.share) {
+                    (None, Some(share)) => (
+                        format!(", derived from share {share}"),
+                        " or set requests_per_second",
+                    ),
+                    _ => (String::new(), " or requests_per_second"),
                 };
                 bail!(
-                    "{at}: requests_per_second ({}{derived}) x burst_seconds ({}) = {} must be at least 1, else no request ever fits: raise burst_seconds or set requests_per_second",
-                    t.requests_per_second,
+                    "{at}: requests_per_second ({requests}{derived}) x burst_seconds ({}) = {} must be at least 1, else no request ever fits: raise burst_seconds{or_set}",
                     t.burst_seconds,
-                    t.requests_per_second * t.burst_seconds
+                    requests * t.burst_seconds
                 );
             }
             digests.push(own);

@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// `tokengate diagnose`: the seed article's decision tree over live metrics.
+/// `tokengate diagnose`: a decision tree from latency symptoms to causes over live metrics.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DiagnoseArgs {
     /// The gateway's admin listener, its token and the time for each fetch.

@@ -5,6 +5,7 @@
 use super::client::{Client, Job, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sample, Sla};
+use super::sla::{target_tpot_sla, TpotSla};
 use super::workload::{parse_mix, parse_rate, parse_trace, plan, Planned};
 use crate::api::Endpoint;
 use crate::sim::DEFAULT_MODEL;
@@ -20,6 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+
+/// The TTFT SLA by default, ms (the common interactive target).
+const DEFAULT_SLA_TTFT_MS: f64 = 800.0;
 
 /// `tokengate loadgen`: open-loop load with realistic token lengths, measured per tenant.
 ///
@@ -66,8 +70,10 @@ pub struct LoadgenArgs {
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// The model's `tokenizer.json` (prompts are built to exact token counts with it).
-    #[arg(long, default_value = "assets/qwen3.5/tokenizer.json")]
-    pub tokenizer: PathBuf,
+    /// Default: `qwen3.5/tokenizer.json` found beside the binary (in `assets/` next to it, in
+    /// `share/tokengate/` above its folder, or in the `assets/` of the checkout that built it).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// The server's clock runs this many times faster than real time (`tokengate sim
     /// --time-scale`): arrivals are compressed and latencies scaled back to server time.
     #[arg(long, default_value_t = 1.0)]
@@ -78,12 +84,14 @@ pub struct LoadgenArgs {
     /// Give up on one attempt after this long (real time).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// SLA on time to first token, ms.
-    #[arg(long, default_value_t = 800.0)]
-    pub sla_ttft_ms: f64,
-    /// SLA on time per output token, ms.
-    #[arg(long, default_value_t = 50.0)]
-    pub sla_tpot_ms: f64,
+    /// SLA on time to first token, ms [default: 800].
+    #[arg(long)]
+    pub sla_ttft_ms: Option<f64>,
+    /// SLA on time per output token, ms. Default: the TPOT SLO the target holds for the plan's
+    /// mean request (`tokengate sim` answers `GET /sim/tpot-slo`), else what the capacity
+    /// model's default deployment (one 910B3 with Qwen3.5-27B) holds for it.
+    #[arg(long)]
+    pub sla_tpot_ms: Option<f64>,
     /// Write the whole report (summaries and every request) as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -259,8 +267,7 @@ pub fn run_loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         !plan.is_empty(),
         "the plan has no requests: raise --rate or --duration"
     );
-    let tokenizer = Tokenizer::load(&args.tokenizer)
-        .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
+    let tokenizer = Tokenizer::load_default(args.tokenizer.as_deref(), "--tokenizer PATH")?;
     let prompts = Arc::new(PromptBuilder::new(
         &tokenizer,
         &ChatTemplate::builtin_qwen35(),
@@ -273,19 +280,32 @@ pub fn run_loadgen(args: LoadgenArgs) -> anyhow::Result<()> {
         retry: args.retry,
         timeout: args.timeout,
     };
-    let sla = Sla {
-        ttft_ms: args.sla_ttft_ms,
-        tpot_ms: args.sla_tpot_ms,
-    };
+    let client = Client::new(target);
     let runtime = tokio::runtime::Runtime::new()?;
-    let (samples, elapsed) = runtime.block_on(run_plan(
-        Client::new(target),
-        plan,
-        prompts,
-        &keys,
-        args.seed,
-        !args.quiet,
-    ));
+    let (sla, samples, elapsed) = runtime.block_on(async {
+        let tpot = match args.sla_tpot_ms {
+            Some(ms) => TpotSla {
+                ms,
+                from: "--sla-tpot-ms".into(),
+            },
+            None => target_tpot_sla(&client, &plan).await,
+        };
+        let (ttft_ms, ttft_from) = match args.sla_ttft_ms {
+            Some(ms) => (ms, "--sla-ttft-ms"),
+            None => (DEFAULT_SLA_TTFT_MS, "the default"),
+        };
+        println!(
+            "SLA: TTFT <= {ttft_ms} ms ({ttft_from}), TPOT <= {} ms ({})",
+            tpot.ms, tpot.from
+        );
+        let sla = Sla {
+            ttft_ms,
+            tpot_ms: tpot.ms,
+        };
+        let (samples, elapsed) =
+            run_plan(client, plan, prompts, &keys, args.seed, !args.quiet).await;
+        (sla, samples, elapsed)
+    });
     let report = Report::new(samples, elapsed, sla);
     print!("{}", report.table());
     if let Some(path) = &args.json {

@@ -120,6 +120,24 @@ impl Client {
             .expect("method, URL and headers are valid")
     }
 
+    /// `GET` of `path_and_query` on the target: the status and the whole body; `None` when no
+    /// answer came (a failed connection, a broken body, or nothing within the timeout).
+    pub async fn get(&self, path_and_query: &str) -> Option<(StatusCode, Bytes)> {
+        let req = Request::get(format!("{}{path_and_query}", self.target.url))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let answer = async {
+            let resp = self.http.request(req).await.ok()?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await.ok()?.to_bytes();
+            Some((status, body))
+        };
+        tokio::time::timeout(self.target.timeout, answer)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// Server time from the planned arrival to `t`, ms.
     fn server_ms(&self, planned: Instant, t: Instant) -> f64 {
         t.saturating_duration_since(planned).as_secs_f64() * self.target.time_scale * 1000.0

@@ -6,7 +6,8 @@
 //!
 //! Layout: [`arrivals`] (Poisson process), [`workload`] (profiles, `--mix`, traces, the plan),
 //! [`prompt`] (texts of exact token counts), [`client`] (the streaming client), [`report`] (the
-//! numbers), [`plot`] (the SVG), [`cli`] (arguments and the runner).
+//! numbers), [`sla`] (the TPOT SLA the target holds), [`plot`] (the SVG), [`cli`] (arguments and
+//! the runner).
 
 pub mod arrivals;
 pub mod cli;
@@ -14,6 +15,7 @@ pub mod client;
 pub mod plot;
 pub mod prompt;
 pub mod report;
+pub mod sla;
 pub mod workload;
 
 pub use cli::{run_loadgen, run_plan, LoadgenArgs};

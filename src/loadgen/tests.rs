@@ -7,6 +7,7 @@ use super::cli::{run_plan, ApiKeys};
 use super::client::{Client, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sla};
+use super::sla::target_tpot_sla;
 use super::workload::Planned;
 use crate::api::Endpoint;
 use crate::sim::{start, Faults, SimConfig, DEFAULT_MODEL};
@@ -165,4 +166,45 @@ async fn measures_latencies_in_server_time_and_classifies_outcomes() {
     });
     let (s, _) = run_plan(retrying, one(3), prompts, &keys, 1, false).await;
     assert_eq!((s[0].outcome, s[0].attempts), (Outcome::RateLimited, 1));
+}
+
+#[tokio::test]
+async fn the_default_tpot_sla_is_what_the_target_holds() {
+    let tok = tokenizer();
+    let plan = vec![planned(0, "alice", 200, 150)];
+    let target = |url: String| {
+        Client::new(Target {
+            url,
+            endpoint: Endpoint::Chat,
+            model: DEFAULT_MODEL.into(),
+            time_scale: 1.0,
+            retry: false,
+            timeout: Duration::from_secs(60),
+        })
+    };
+    // One simulated 910B3 holds 100 ms, the 1 ms fixed pace the article's 50 ms.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let card = start(SimConfig::roofline_910b3(), tok.clone(), listener)
+        .await
+        .unwrap();
+    let sla = target_tpot_sla(&target(card.url()), &plan).await;
+    assert_eq!(sla.ms, 100.0);
+    assert!(
+        sla.from
+            .starts_with("what the target holds for this plan's mean request (200 in / 150 out): one such sequence decodes in 75.41 ms a step"),
+        "{}",
+        sla.from
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let paced = start(SimConfig::default(), tok, listener).await.unwrap();
+    let sla = target_tpot_sla(&target(paced.url()), &plan).await;
+    assert_eq!(sla.ms, 50.0);
+    // Nothing listens: the capacity model's default deployment, one 910B3.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let sla = target_tpot_sla(&target(format!("http://{dead}")), &plan).await;
+    assert_eq!(sla.ms, 100.0);
+    assert!(sla.from.ends_with("got no answer)"), "{}", sla.from);
 }

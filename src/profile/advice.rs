@@ -124,19 +124,19 @@ pub fn advise(config: &Config, observed: &Stats) -> Advice {
                     decode_tokens_per_second: Some(d.decode_tps),
                 };
                 (
-                    sizing(d, u64::from(b.max_batch)),
+                    sizing(d, u64::from(b.max_batch())),
                     sizing(&now, now.max_batch),
                 )
             }
             None => {
-                let kv = |w: Workload| b.kv_capacity_bytes / footprint(w);
+                let kv = |w: Workload| b.kv_capacity_bytes() / footprint(w);
                 let implied_kv = kv(seen);
                 (
                     Sizing {
                         avg_input_tokens: declared.avg_input,
                         avg_output_tokens: declared.avg_output,
                         kv_safe_batch: kv(declared),
-                        max_batch: u64::from(b.max_batch),
+                        max_batch: u64::from(b.max_batch()),
                         ..Sizing::default()
                     },
                     Sizing {
@@ -169,11 +169,8 @@ pub fn advise(config: &Config, observed: &Stats) -> Advice {
             })
             .collect();
         // A derived cap is fixed through `[workload]` (flagged above); a hand-set one here.
-        let hand_set = b
-            .derived
-            .as_ref()
-            .is_none_or(|d| u64::from(b.max_batch) != d.max_batch);
-        if hand_set && disagrees(configured.max_batch as f64, implied.max_batch as f64) {
+        if b.max_batch.is_some() && disagrees(configured.max_batch as f64, implied.max_batch as f64)
+        {
             flags.push(Flag {
                 field: format!("backends[{i}].max_batch"),
                 configured: configured.max_batch as f64,

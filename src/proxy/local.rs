@@ -232,7 +232,7 @@ where
 fn info(config: &ValidConfig) -> Value {
     let model = &config.model;
     let concurrent: u64 = (config.running(Runner::Generate))
-        .map(|(b, _)| u64::from(b.max_batch))
+        .map(|(b, _)| u64::from(b.max_batch()))
         .sum();
     let max_input = model.max_model_len.saturating_sub(1);
     serde_json::json!({

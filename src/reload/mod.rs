@@ -118,7 +118,7 @@ impl Reloader {
         let capacities = |runner: Runner| {
             (new.config.backends.iter())
                 .filter(|b| b.runner == runner)
-                .map(|b| (b.kv_capacity_bytes, b.max_batch))
+                .map(|b| (b.kv_capacity_bytes(), b.max_batch()))
                 .collect::<Vec<(u64, u32)>>()
         };
         self.admission.resize(&capacities(Runner::Generate));
@@ -169,7 +169,9 @@ fn diff(old: &Snapshot, new: &Snapshot) -> Reloaded {
         .backends
         .iter()
         .zip(&new.config.backends)
-        .filter(|(o, n)| (o.kv_capacity_bytes, o.max_batch) != (n.kv_capacity_bytes, n.max_batch))
+        .filter(|(o, n)| {
+            (o.kv_capacity_bytes(), o.max_batch()) != (n.kv_capacity_bytes(), n.max_batch())
+        })
         .map(|(o, _)| o.url.clone())
         .collect();
     out

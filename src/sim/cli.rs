@@ -17,9 +17,11 @@ pub struct SimArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
-    /// The model's `tokenizer.json` (prompts are counted with it).
-    #[arg(long, default_value = "assets/qwen3.5/tokenizer.json")]
-    pub tokenizer: PathBuf,
+    /// The model's `tokenizer.json` (prompts are counted with it). Default:
+    /// `qwen3.5/tokenizer.json` found beside the binary (in `assets/` next to it, in
+    /// `share/tokengate/` above its folder, or in the `assets/` of the checkout that built it).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
     /// Model names served in `/v1/models` and accepted in requests (the first is the one
     /// answers carry).
     #[arg(long, num_args = 1.., default_values_t = DEFAULT_SERVED_NAMES.map(String::from))]
@@ -166,8 +168,7 @@ impl SimArgs {
 
 /// Runs `tokengate sim` until Ctrl-C.
 pub fn run_sim(args: SimArgs) -> anyhow::Result<()> {
-    let tokenizer = Tokenizer::load(&args.tokenizer)
-        .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
+    let tokenizer = Tokenizer::load_default(args.tokenizer.as_deref(), "--tokenizer PATH")?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)

@@ -1,16 +1,19 @@
 //! Room `sim`: the HTTP face of the simulated backend: routing, request validation like vLLM,
-//! streamed and whole answers, fault injection, `/metrics`, `/health`, `/v1/models`. Errors
-//! come in OpenAI's shape, and in TGI's on MindIE's native routes.
+//! streamed and whole answers, fault injection, `/metrics`, `/health`, `/v1/models`, and
+//! `/sim/tpot-slo` (the TPOT SLO this engine holds, which `tokengate loadgen` scores by).
+//! Errors come in OpenAI's shape, and in TGI's on MindIE's native routes.
 
 use super::engine::{EngineConfig, SeqRequest};
 use super::metrics::SimMetrics;
 use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
+use super::timing::StepTiming;
 use super::wire::{parse_converted, parse_native, parse_openai, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
 use crate::api::Native;
 use crate::api::{Route, Wire};
+use crate::capacity::{held_tpot_slo_seconds, mean_context_tokens};
 use crate::error::ApiError;
 use crate::tokenize::chat::ChatTemplate;
 use bytes::Bytes;
@@ -41,6 +44,7 @@ const OUTPUT_LENGTH_SIGMA: f64 = 0.8;
 pub struct Shared {
     pub(super) served_names: Vec<String>,
     pub(super) engine_cfg: EngineConfig,
+    timing: Arc<dyn StepTiming>,
     pub(super) counter: SharedCounter,
     template: ChatTemplate,
     pub(super) engine: EngineHandle,
@@ -69,6 +73,7 @@ impl Shared {
         Self {
             served_names: cfg.served_names,
             engine_cfg: cfg.engine,
+            timing: cfg.timing,
             counter,
             template: ChatTemplate::builtin_qwen35(),
             engine,
@@ -140,6 +145,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
     let api = match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => return Ok(Response::new(full_body(Bytes::new()))),
         (&Method::GET, "/v1/models") => return Ok(models(shared)),
+        (&Method::GET, "/sim/tpot-slo") => return tpot_slo(shared, req.uri().query()),
         (&Method::GET, "/metrics") => {
             // `?names=mindie`: MindIE's names alone, as its metrics port would serve them.
             let mindie_only = req.uri().query() == Some("names=mindie");
@@ -268,6 +274,41 @@ fn models(shared: &Shared) -> Response<Body> {
         StatusCode::OK,
         &serde_json::json!({"object": "list", "data": data}),
     )
+}
+
+/// `GET /sim/tpot-slo?input_tokens=I&output_tokens=O`: the TPOT SLO this engine holds for
+/// requests of that shape, by the capacity model's rule ([`held_tpot_slo_seconds`]) on the
+/// engine's own timing and cache: one such sequence alone (its mean context cached) decodes in
+/// `one_sequence_tpot_ms`; `tpot_slo_ms` is null when it does not fit in the cache.
+fn tpot_slo(shared: &Shared, query: Option<&str>) -> Result<Response<Body>, ApiError> {
+    let param = |name: &str| {
+        let value = query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .ok_or_else(|| ApiError::invalid_param(name, format!("{name} is required")))?;
+        value.parse::<u64>().map_err(|_| {
+            ApiError::invalid_param(
+                name,
+                format!("{name} must be a whole number of tokens, got {value:?}"),
+            )
+        })
+    };
+    let (input, output) = (param("input_tokens")?, param("output_tokens")?);
+    let context = mean_context_tokens(input, output).round() as u64;
+    let step = shared.timing.step(&[context], 0).as_secs_f64();
+    let kv = &shared.engine_cfg.kv;
+    let fits = kv.footprint_bytes(input.saturating_add(output)) <= kv.budget_bytes;
+    let slo = fits.then(|| held_tpot_slo_seconds(step) * 1e3);
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "input_tokens": input,
+            "output_tokens": output,
+            "one_sequence_tpot_ms": step * 1e3,
+            "tpot_slo_ms": slo,
+        }),
+    ))
 }
 
 pub(super) fn unix_now() -> u64 {

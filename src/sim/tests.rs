@@ -536,6 +536,49 @@ async fn roofline_engine_reports_simulated_times_at_any_time_scale() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn it_says_the_tpot_slo_it_holds() {
+    async fn slo(addr: SocketAddr, query: &str) -> Answer {
+        call(addr, "GET", &format!("/sim/tpot-slo?{query}"), None).await
+    }
+    // One 910B3: a chat alone steps in 75 ms of weights + 0.09 ms of its KV heads (275 tokens,
+    // one core a head) + 0.32 ms of state, over the article's 50 ms: it holds 100 ms.
+    let one = sim(SimConfig::roofline_910b3()).await;
+    let a = slo(one.addr(), "input_tokens=200&output_tokens=150").await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.json(),
+        json!({"input_tokens": 200, "output_tokens": 150, "one_sequence_tpot_ms": 75.407787, "tpot_slo_ms": 100.0})
+    );
+    // 2,000,000 tokens do not fit in its 8 GB
+    let big = slo(one.addr(), "output_tokens=1&input_tokens=2000000").await;
+    assert_eq!(big.json()["tpot_slo_ms"], Value::Null);
+    let missing = slo(one.addr(), "input_tokens=200").await;
+    assert_eq!(
+        (missing.status, missing.json()["error"]["message"].clone()),
+        (StatusCode::BAD_REQUEST, json!("output_tokens is required"))
+    );
+    let bad = slo(one.addr(), "input_tokens=2x&output_tokens=1").await;
+    assert_eq!(
+        bad.json()["error"]["message"],
+        "input_tokens must be a whole number of tokens, got \"2x\""
+    );
+    // two cards hold the article's 50 ms; the 1 ms fixed pace too
+    let two = sim(SimConfig::roofline(
+        timing::Roofline::from_names("910b3", "qwen3.5-27b", crate::capacity::StateDtype::Fp32, 2)
+            .unwrap(),
+    ))
+    .await;
+    let a = slo(two.addr(), "input_tokens=200&output_tokens=150").await;
+    assert_eq!(a.json()["tpot_slo_ms"], 50.0);
+    let paced = sim(SimConfig::default()).await;
+    let a = slo(paced.addr(), "input_tokens=200&output_tokens=150").await;
+    assert_eq!(
+        (&a.json()["one_sequence_tpot_ms"], &a.json()["tpot_slo_ms"]),
+        (&json!(1.0), &json!(50.0))
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn serves_http2_with_prior_knowledge() {
     let s = sim(SimConfig::default()).await;
     let stream = tokio::net::TcpStream::connect(s.addr()).await.unwrap();

@@ -53,7 +53,9 @@ pub fn run_import(args: ImportArgs) -> anyhow::Result<()> {
 /// `tokengate tokenize [--tokenizer PATH] [--count | --jsonl]`: tokenizes standard input.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TokenizeArgs {
-    /// The `tokenizer.json` to load.
+    /// The `tokenizer.json` to load. Default: `qwen3.5/tokenizer.json` found beside the binary
+    /// (in `assets/` next to it, in `share/tokengate/` above its folder, or in the `assets/` of
+    /// the checkout that built it).
     #[arg(long, value_name = "PATH", conflicts_with = "config")]
     pub tokenizer: Option<PathBuf>,
     /// Take the tokenizer and chat template from a gateway config file.
@@ -83,15 +85,10 @@ pub fn run_tokenize(
     from_config: Option<(PathBuf, Option<PathBuf>)>,
 ) -> anyhow::Result<()> {
     let (path, template_path) = match from_config {
-        Some((path, template)) => (path, args.chat_template.clone().or(template)),
-        None => (
-            args.tokenizer.clone().context(
-                "no tokenizer: pass --tokenizer PATH (a tokenizer.json) or --config FILE",
-            )?,
-            args.chat_template.clone(),
-        ),
+        Some((path, template)) => (Some(path), args.chat_template.clone().or(template)),
+        None => (args.tokenizer.clone(), args.chat_template.clone()),
     };
-    let tokenizer = Tokenizer::load(&path)?;
+    let tokenizer = Tokenizer::load_default(path.as_deref(), "--tokenizer PATH or --config FILE")?;
     let template = match template_path {
         Some(p) => ChatTemplate::from_jinja_file(&p)?,
         None => ChatTemplate::builtin_qwen35(),

@@ -123,6 +123,14 @@ impl Tokenizer {
         Self::load_with(path, EngineChoice::Auto)
     }
 
+    /// Loads the `tokenizer.json` a command was given (`given`, by its option `flag`), else the
+    /// Qwen3.5 one found beside the binary ([`crate::util::assets::locate`]).
+    pub fn load_default(given: Option<&Path>, flag: &str) -> anyhow::Result<Tokenizer> {
+        let path =
+            crate::util::assets::locate(given, crate::util::assets::DEFAULT_TOKENIZER, flag)?;
+        Self::load(&path)
+    }
+
     /// Loads `tokenizer.json` at `path` with the engine `choice` asks for.
     pub fn load_with(path: &Path, choice: EngineChoice) -> anyhow::Result<Tokenizer> {
         let fast = match choice {

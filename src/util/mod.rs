@@ -1,6 +1,7 @@
 //! What several rooms use and none owns: bounded (and paced) reads of a body, a bounded HTTP
-//! GET, decimal writing.
+//! GET, decimal writing, the default assets the commands find beside the binary.
 
+pub mod assets;
 pub mod bounded;
 pub mod decimal;
 pub mod get;

@@ -613,13 +613,14 @@ fn check_accepted(cfg: &ValidConfig) -> Result<(), TestCaseError> {
     let again = cfg.clone().into_inner().validated();
     prop_assert!(again.is_ok(), "{:?}", again);
     for b in &cfg.backends {
-        prop_assert!(b.kv_capacity_bytes > 0 && b.max_batch > 0, "{b:?}");
+        prop_assert!(b.kv_capacity_bytes() > 0 && b.max_batch() > 0, "{b:?}");
     }
     for t in &cfg.tenants {
+        let rates = t.rates();
         for rate in [
-            t.prefill_tokens_per_second,
-            t.decode_tokens_per_second,
-            t.requests_per_second,
+            rates.prefill_tokens_per_second,
+            rates.decode_tokens_per_second,
+            rates.requests_per_second,
         ] {
             prop_assert!(rate.is_finite() && rate > 0.0, "{t:?}");
         }
@@ -636,10 +637,10 @@ fn check_as_given(cfg: &ValidConfig, table: &Table) -> Result<(), TestCaseError>
     for (b, t) in cfg.backends.iter().zip(backends) {
         prop_assert_eq!(&b.url, t["url"].as_str().unwrap());
         if let Some(kv) = t.get("kv_capacity_bytes").and_then(Value::as_integer) {
-            prop_assert_eq!(b.kv_capacity_bytes, kv as u64);
+            prop_assert_eq!(b.kv_capacity_bytes(), kv as u64);
         }
         if let Some(batch) = t.get("max_batch").and_then(Value::as_integer) {
-            prop_assert_eq!(u64::from(b.max_batch), batch as u64);
+            prop_assert_eq!(u64::from(b.max_batch()), batch as u64);
         }
         prop_assert_eq!(b.derived.is_some(), t.get("hardware").is_some());
     }
@@ -664,7 +665,10 @@ fn check_as_given(cfg: &ValidConfig, table: &Table) -> Result<(), TestCaseError>
     for (i, (c, t)) in cfg.tenants.iter().zip(tenants).enumerate() {
         prop_assert_eq!(&c.name, t["name"].as_str().unwrap());
         if let Some(rate) = t.get("prefill_tokens_per_second") {
-            prop_assert_eq!(c.prefill_tokens_per_second, rate.as_float().unwrap());
+            prop_assert_eq!(
+                c.rates().prefill_tokens_per_second,
+                rate.as_float().unwrap()
+            );
         }
         let mut headers = http::HeaderMap::new();
         headers.insert(

@@ -67,7 +67,7 @@ async fn max_inflight_refuses_the_next_request_with_the_numbers_and_a_disconnect
 #[tokio::test]
 async fn max_queued_keeps_one_tenant_from_filling_the_kv_queue() {
     let (gw, backend) = gateway_with(FakeSpec::held(), |cfg| {
-        cfg.backends[0].max_batch = 1;
+        cfg.backends[0].max_batch = Some(1);
         cfg.admission.queue_max_waiting = 4;
         cfg.admission.queue_deadline = Duration::from_secs(30);
         cfg.tenants[0].max_queued = Some(2);

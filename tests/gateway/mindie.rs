@@ -453,7 +453,7 @@ async fn mindie_kv_queue_deadline_is_a_tgi_shaped_503_with_retry_after_and_refun
     // Room for one sequence; the first streams slowly and holds it.
     let sim = start_sim(sim_config(Duration::from_millis(200))).await;
     let mut cfg = config(&[sim.addr()]);
-    cfg.backends[0].max_batch = 1;
+    cfg.backends[0].max_batch = Some(1);
     cfg.admission.queue_deadline = Duration::from_millis(100);
     let gw = TestGateway::start(cfg).await;
     let body = json!({"inputs": "a", "parameters": {"max_new_tokens": 50, "ignore_eos": true}});

@@ -8,7 +8,7 @@ use tokengate::admission::Priority;
 /// generation, with room for `max_batch` sequences.
 async fn classes_gateway(spec: FakeSpec, max_batch: u32) -> (TestGateway, FakeBackend) {
     gateway_with(spec, |cfg| {
-        cfg.backends[0].max_batch = max_batch;
+        cfg.backends[0].max_batch = Some(max_batch);
         cfg.tenants[0].priority = Priority::Critical;
         cfg.tenants[1].priority = Priority::Sheddable;
     })
@@ -97,7 +97,7 @@ async fn a_request_over_its_class_share_is_400_naming_it_and_changes_nothing() {
     // One chat of 211 tokens holds 170,721,280 bytes (two 128-token blocks of 65,536 bytes a
     // token, plus the 153,944,064-byte state); the backend holds 200,000,000, bob's half 1e8.
     let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
-        cfg.backends[0].kv_capacity_bytes = 200_000_000;
+        cfg.backends[0].kv_capacity_bytes = Some(200_000_000);
         cfg.tenants[1].priority = Priority::Sheddable;
     })
     .await;

@@ -399,7 +399,7 @@ async fn n_choices_are_reserved_admitted_and_metered_as_n_sequences() {
     let sim = super::mindie::start_sim(SimConfig::pace(Duration::from_millis(1))).await;
     let mut cfg = config(&[sim.addr()]);
     log_usage(&mut cfg, &dir);
-    cfg.backends[0].max_batch = 4;
+    cfg.backends[0].max_batch = Some(4);
     let gw = TestGateway::start(cfg).await;
     let prompt = chat_tokens("hi");
     let mut body = chat("hi", 10, false);
@@ -479,7 +479,7 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
     let sim = super::mindie::start_sim(SimConfig::pace(Duration::from_millis(1))).await;
     let mut cfg = config(&[sim.addr()]);
     log_usage(&mut cfg, &dir);
-    cfg.backends[0].max_batch = 4;
+    cfg.backends[0].max_batch = Some(4);
     let gw = TestGateway::start(cfg).await;
     let prompts = ["Once upon a time", "The capital of France is"];
     let counts: Vec<u64> = prompts

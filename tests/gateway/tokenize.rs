@@ -64,7 +64,7 @@ async fn thousands_of_remote_images_are_refused_before_any_id_is_made() {
 async fn tokenize_costs_one_request_and_nothing_when_refused() {
     let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
         // One request per 10 s: a single request empties the bucket.
-        cfg.tenants[0].requests_per_second = 0.1;
+        cfg.tenants[0].requests_per_second = Some(0.1);
     })
     .await;
     let tokenize = gw.url("/tokenize");
@@ -153,7 +153,7 @@ async fn images_past_the_cap_are_refused_before_any_is_read() {
 async fn detokenize_answers_locally_as_vllm_decodes_and_costs_one_request() {
     let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
         // One request per 10 s: a single request empties the bucket.
-        cfg.tenants[0].requests_per_second = 0.1;
+        cfg.tenants[0].requests_per_second = Some(0.1);
     })
     .await;
     let detokenize = gw.url("/detokenize");
