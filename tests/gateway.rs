@@ -475,7 +475,7 @@ async fn a_non_streamed_answer_without_usage_is_counted_from_its_text() {
     assert_eq!(used, 10);
     gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "10")
         .await;
-    assert_eq!(gw.bucket("alice", "decode").await, 990.0);
+    gw.wait_bucket("alice", "decode", 990.0).await;
 }
 
 /// The backend had the request when the gateway stopped waiting for its first chunk: the

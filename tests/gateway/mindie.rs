@@ -641,7 +641,7 @@ async fn a_whole_answer_that_repeats_its_prompt_is_charged_only_what_was_generat
             &decoded.to_string(),
         )
         .await;
-        assert_eq!(gw.bucket("alice", "decode").await, decode - n as f64);
+        gw.wait_bucket("alice", "decode", decode - n as f64).await;
     }
     assert_eq!(sim.stats().generated_tokens, decoded);
     let body = json!({"inputs": INPUTS, "parameters": {"return_full_text": "yes"}});

@@ -54,7 +54,8 @@ async fn responses_are_charged_the_backends_count_and_refunded_what_was_not_gene
         &deltas.to_string(),
     )
     .await;
-    assert_eq!(gw.bucket("bob", "decode").await, 1000.0 - deltas as f64);
+    gw.wait_bucket("bob", "decode", 1000.0 - deltas as f64)
+        .await;
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
 

@@ -194,7 +194,7 @@ async fn a_whole_answer_of_reasoning_without_usage_is_counted_from_its_reasoning
     assert_eq!(r.json()["choices"][0]["message"]["content"], Value::Null);
     gw.wait_metric(r#"tokengate_decode_tokens_total{tenant="alice"}"#, "7")
         .await;
-    assert_eq!(gw.bucket("alice", "decode").await, 993.0);
+    gw.wait_bucket("alice", "decode", 993.0).await;
 }
 
 /// `tokengate_count_error_tokens`' `_sum` and `_count` of `kind` for the gateway's backend.

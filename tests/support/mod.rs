@@ -682,6 +682,24 @@ impl TestGateway {
             .unwrap()
     }
 
+    /// Waits until one tenant's bucket holds exactly `value` tokens: a settlement's refund lands
+    /// after the output metrics it follows are written, so a test that waited on those reads the
+    /// bucket through this.
+    pub async fn wait_bucket(&self, tenant: &str, bucket: &str, value: f64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.bucket(tenant, bucket).await;
+            if now == value {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{tenant}'s {bucket} bucket never held {value} (it holds {now})"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// KV bytes reserved on backend `i`.
     pub async fn kv_reserved(&self, i: usize) -> u64 {
         self.admin("/admin/backends").await["backends"][i]["kv_reserved_bytes"]
