@@ -58,7 +58,7 @@ impl CountLayer {
 }
 
 /// What steps 6-7 read and count with.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Counter {
     /// The model's names and lengths, the vision rules (restart-only settings).
     pub config: Arc<ValidConfig>,
@@ -147,14 +147,8 @@ impl Counter {
     /// The same counting, asking `kv` whether a request could ever be admitted.
     pub fn with_kv(&self, kv: KvCheck) -> Counter {
         Counter {
-            config: self.config.clone(),
-            limiter: self.limiter.clone(),
-            bodies: self.bodies.clone(),
-            tokenizer: self.tokenizer.clone(),
-            chat: self.chat.clone(),
-            pool: self.pool.clone(),
-            metrics: self.metrics.clone(),
             kv: Some(kv),
+            ..self.clone()
         }
     }
 
