@@ -15,6 +15,10 @@ use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
 use crate::proxy::forward::Backends;
 use crate::proxy::upstream::Upstream;
+use crate::quota::config::QuotaStoreKind;
+use crate::quota::redis::RedisQuotaStore;
+use crate::quota::store::{LocalQuotaStore, QuotaStore};
+use crate::quota::{Flusher, Prices, Quotas};
 use crate::record::Recorder;
 use crate::reload::live::LiveConfig;
 use crate::reload::Reloader;
@@ -148,7 +152,8 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
                 instant: deps.clock.now(),
                 wall: std::time::SystemTime::now(),
             };
-            Some(UsageLog::start(log, &metrics, anchor)?)
+            let prices = Prices::from_config(&config.prices, &config.model.served_names)?;
+            Some(UsageLog::start(log, &metrics, anchor, Arc::new(prices))?)
         }
         None => None,
     };
@@ -158,6 +163,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         usage_log,
     ));
     let live = Arc::new(LiveConfig::new(config.clone()));
+    let (quotas, quota_flusher) = quotas_of(&config, &deps.clock, &metrics)?;
     let limiter = Limiter::new(store, deps.clock);
     let kv = KvCheck {
         admission: admission.clone(),
@@ -227,7 +233,36 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         reloader,
         feedback,
         pooling,
+        quotas,
+        quota_flusher,
     }))
+}
+
+/// The tenants' quotas: kept in this process and written to `quotas.path` (with the task that
+/// writes them), or in the limiter's Redis.
+fn quotas_of(
+    config: &ValidConfig,
+    clock: &crate::clock::SharedClock,
+    metrics: &Metrics,
+) -> anyhow::Result<(Quotas, Option<Flusher>)> {
+    let prices = Prices::from_config(&config.prices, &config.model.served_names)?;
+    // A gateway started without any quota keeps none in a file (a reload that adds the first
+    // keeps its spend in memory until the next restart).
+    let quoted = config.tenants.iter().any(|t| !t.quota_meters.is_empty());
+    let store: Arc<dyn QuotaStore> = match config.quotas.store {
+        QuotaStoreKind::Local if quoted => {
+            Arc::new(LocalQuotaStore::persisted(&config.quotas.path)?)
+        }
+        QuotaStoreKind::Local => Arc::new(LocalQuotaStore::in_memory()),
+        QuotaStoreKind::Redis => Arc::new(RedisQuotaStore::with_metrics(
+            &config.limiter,
+            metrics.limiter_store.clone(),
+        )?),
+    };
+    let quotas = Quotas::new(store, clock.clone(), prices);
+    let flusher = (quoted && config.quotas.store == QuotaStoreKind::Local)
+        .then(|| quotas.flush_every(config.quotas.flush_interval));
+    Ok((quotas, flusher))
 }
 
 /// The admission over the backends that run `runner`, in config order: local, or shared through

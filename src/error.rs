@@ -39,6 +39,8 @@ pub struct ApiError {
     pub retry_after: Option<Duration>,
     /// `x-ratelimit-*` headers of a 429 (boxed: errors travel in `Result`s on every path).
     pub rate_limit: Option<Box<RateLimitHeaders>>,
+    /// `RateLimit-Policy` and `RateLimit` of a quota refusal.
+    pub quota: Option<Box<crate::quota::RateLimitFields>>,
     /// `allow` of a 405: the method the path answers.
     pub allow: Option<Allow>,
     /// `connection: close`: the request's body was left unread, so its connection ends with
@@ -78,6 +80,7 @@ impl ApiError {
             param: None,
             retry_after: None,
             rate_limit: None,
+            quota: None,
             allow: None,
             closes_connection: false,
         }
@@ -221,6 +224,64 @@ impl ApiError {
         e
     }
 
+    /// The refusal of a request by its tenant's quotas: 429 `quota_exceeded` with the wait to
+    /// the window's reset (or until enough of a rolling window's spend has left it), 400
+    /// `exceeds_quota` when the request alone may use more than the window allows, 503
+    /// `limiter_unavailable` when the store cannot be asked, 400 for a model without a price.
+    pub fn quota(tenant: &str, e: crate::quota::QuotaError) -> Self {
+        use crate::quota::store::QuotaRefusal;
+        use crate::quota::QuotaError;
+        let denial = match e {
+            QuotaError::Refused(QuotaRefusal::Denied(denial)) => denial,
+            QuotaError::Refused(QuotaRefusal::Unavailable(why)) => {
+                return Self::limiter_unavailable(
+                    format!("the quota store cannot be reached ({why}); nothing was charged"),
+                    Duration::from_secs(1),
+                )
+            }
+            QuotaError::Unpriced(model) => {
+                let why = format!(
+                    "tenant {tenant} has a cost quota and model {model:?} has no price in [prices]"
+                );
+                return Self::invalid_param("model", why);
+            }
+        };
+        let r = &denial.reading;
+        let m = &r.meter;
+        let window = m.window.label();
+        let mut e = if denial.never {
+            Self::new(
+                ErrorCode::ExceedsQuota,
+                format!(
+                    "tenant {tenant}'s {} quota over {window} is {}; this request may use up to {} (its prompt and all of its output limit): lower max_tokens",
+                    m.unit,
+                    m.phrase(r.limit),
+                    m.phrase(denial.needed),
+                ),
+            )
+        } else {
+            let mut e = Self::new(
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "tenant {tenant}'s {} quota over {window} is reached: limit {}, {} spent, {} held by requests in flight; this request may use up to {} (its prompt and all of its output limit); the window resets at {}, retry after {} s",
+                    m.unit,
+                    m.phrase(r.limit),
+                    m.phrase(r.spent),
+                    m.phrase(r.reserved),
+                    m.phrase(denial.needed),
+                    m.window.local_time(r.resets_at),
+                    retry_after_secs(denial.retry_after),
+                ),
+            );
+            e.retry_after = Some(denial.retry_after);
+            e
+        };
+        // OpenAI's type for a spent budget.
+        e.kind = "insufficient_quota";
+        e.quota = Some(Box::new(crate::quota::RateLimitFields::of(r)));
+        e
+    }
+
     /// 502 `upstream_error`.
     pub fn upstream(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::UpstreamError, message.into())
@@ -332,6 +393,9 @@ impl ApiError {
         }
         if let Some(rl) = &self.rate_limit {
             rl.apply_in(h, wire);
+        }
+        if let Some(fields) = &self.quota {
+            fields.apply(h);
         }
         if let Some(allow) = self.allow {
             h.insert(header::ALLOW, HeaderValue::from_static(allow.as_str()));

@@ -16,6 +16,8 @@ pub enum ErrorCode {
     ExceedsTenantBurst,
     /// 400: its KV footprint is larger than every backend's cache (or its class's share).
     ExceedsKvCapacity,
+    /// 400: the request alone may use more than one of the tenant's quotas allows in a window.
+    ExceedsQuota,
     /// 401: missing or unknown API key.
     InvalidApiKey,
     /// 401: missing or wrong admin token.
@@ -40,6 +42,8 @@ pub enum ErrorCode {
     RateLimitExceeded,
     /// 429: the tenant's in-flight or queued requests are at their limit.
     ConcurrencyExceeded,
+    /// 429: a quota window of the tenant has no room for the request until it resets.
+    QuotaExceeded,
     /// The backend's own 4xx, passed on.
     UpstreamRejected,
     /// 500: a bug in the gateway.
@@ -58,11 +62,12 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the order of docs/reference.md's table.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::InvalidRequest,
         ErrorCode::ContextLengthExceeded,
         ErrorCode::ExceedsTenantBurst,
         ErrorCode::ExceedsKvCapacity,
+        ErrorCode::ExceedsQuota,
         ErrorCode::InvalidApiKey,
         ErrorCode::InvalidAdminToken,
         ErrorCode::ModelNotFound,
@@ -75,6 +80,7 @@ impl ErrorCode {
         ErrorCode::UnsupportedMediaType,
         ErrorCode::RateLimitExceeded,
         ErrorCode::ConcurrencyExceeded,
+        ErrorCode::QuotaExceeded,
         ErrorCode::UpstreamRejected,
         ErrorCode::InternalError,
         ErrorCode::UpstreamError,
@@ -91,6 +97,7 @@ impl ErrorCode {
             ErrorCode::ContextLengthExceeded => "context_length_exceeded",
             ErrorCode::ExceedsTenantBurst => "exceeds_tenant_burst",
             ErrorCode::ExceedsKvCapacity => "exceeds_kv_capacity",
+            ErrorCode::ExceedsQuota => "exceeds_quota",
             ErrorCode::InvalidApiKey => "invalid_api_key",
             ErrorCode::InvalidAdminToken => "invalid_admin_token",
             ErrorCode::NotFound => "not_found",
@@ -103,6 +110,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::RateLimitExceeded => "rate_limit_exceeded",
             ErrorCode::ConcurrencyExceeded => "concurrency_exceeded",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
             ErrorCode::UpstreamRejected => "upstream_rejected",
             ErrorCode::InternalError => "internal_error",
             ErrorCode::UpstreamError => "upstream_error",
@@ -120,7 +128,8 @@ impl ErrorCode {
             ErrorCode::InvalidRequest
             | ErrorCode::ContextLengthExceeded
             | ErrorCode::ExceedsTenantBurst
-            | ErrorCode::ExceedsKvCapacity => StatusCode::BAD_REQUEST,
+            | ErrorCode::ExceedsKvCapacity
+            | ErrorCode::ExceedsQuota => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidApiKey | ErrorCode::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             ErrorCode::NotFound | ErrorCode::ModelNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -129,9 +138,9 @@ impl ErrorCode {
             ErrorCode::InvalidConfig => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ErrorCode::RateLimitExceeded | ErrorCode::ConcurrencyExceeded => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ErrorCode::RateLimitExceeded
+            | ErrorCode::ConcurrencyExceeded
+            | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::UpstreamRejected => return None,
             ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::UpstreamError => StatusCode::BAD_GATEWAY,

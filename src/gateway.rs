@@ -42,6 +42,11 @@ pub struct Gateway {
     /// backend declared `runner = "pooling"`); `admission`, `counter` and `backends` above are
     /// the generation backends'.
     pub pooling: Option<Lane>,
+    /// Tenants' quotas (budgets over windows), beside the buckets.
+    pub quotas: crate::quota::Quotas,
+    /// Writes the local quota store's spend to its file every `quotas.flush_interval` (`None`
+    /// for a store in Redis); dropping it stops the writes.
+    pub quota_flusher: Option<crate::quota::Flusher>,
 }
 
 impl Gateway {

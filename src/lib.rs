@@ -29,6 +29,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod profile;
 pub mod proxy;
+pub mod quota;
 pub mod record;
 pub mod reload;
 pub mod request_id;

@@ -45,7 +45,7 @@ pub struct Running {
 
 impl Running {
     /// Stops accepting, lets in-flight requests finish within the grace period, gives back
-    /// local-first slices, flushes the usage log, then returns.
+    /// local-first slices, writes the quota spend, flushes the usage log, then returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
@@ -54,6 +54,9 @@ impl Running {
         // Every request has settled: local-first slices go back to the shared buckets, and
         // the usage log gets its last lines out.
         self.gateway.limiter.give_back_slices().await;
+        if let Err(e) = self.gateway.quotas.flush().await {
+            tracing::error!(error = %format!("{e:#}"), "the last quota spend was not written");
+        }
         self.gateway.recorder.flush(USAGE_LOG_FLUSH).await;
         drop(self.release);
     }

@@ -10,6 +10,7 @@ use crate::digest::hash_key;
 use crate::error_code::ErrorCode;
 use crate::limiter::{BucketSpec, TenantLimits};
 use crate::metrics::TenantMetrics;
+use crate::quota::config::TenantQuotas;
 use http::HeaderMap;
 use prometheus_client::metrics::gauge::Gauge;
 use rustc_hash::FxHashMap;
@@ -34,6 +35,8 @@ pub struct Tenant {
     pub in_flight: Arc<InFlight>,
     /// Its series of the per-tenant metrics, looked up once.
     pub metrics: TenantMetrics,
+    /// Its quotas (none by default).
+    pub quotas: Arc<TenantQuotas>,
 }
 
 impl Tenant {
@@ -47,7 +50,14 @@ impl Tenant {
             priority: Priority::default(),
             caps: Caps::default(),
             in_flight: Arc::default(),
+            quotas: Arc::default(),
         }
+    }
+
+    /// The same tenant with `quotas`.
+    pub fn with_quotas(mut self, quotas: Arc<TenantQuotas>) -> Self {
+        self.quotas = quotas;
+        self
     }
 
     /// The same tenant in class `priority`.
@@ -226,7 +236,8 @@ impl TenantDirectory {
             };
             let mut tenant = Tenant::new(t.name.clone(), limits_of(t))
                 .with_priority(t.priority)
-                .with_caps(caps);
+                .with_caps(caps)
+                .with_quotas(t.quota_meters.clone());
             if let Some(kept) = previous.and_then(|p| p.named(&t.name)) {
                 tenant.in_flight = kept.in_flight.clone();
             }
@@ -322,6 +333,8 @@ mod tests {
             priority: Priority::Standard,
             max_inflight: None,
             max_queued: None,
+            quotas: Vec::new(),
+            quota_meters: Arc::default(),
         }
     }
 

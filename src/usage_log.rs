@@ -8,11 +8,14 @@
 //! A line (fields always present, in this order; `null` where unknown):
 //! `{"request_id", "tenant", "model", "outcome", "answered", "billable", "prompt_tokens",
 //! "counted_prompt_tokens", "cached_prompt_tokens", "reserved_output_tokens", "output_tokens",
-//! "refunded_output_tokens", "ttft_ms", "tpot_ms", "arrived", "settled"}`. Bill
-//! `prompt_tokens + output_tokens` of the lines with `"billable": true` (of the prompt,
-//! `cached_prompt_tokens` at the cached price): the others were given everything back.
+//! "refunded_output_tokens", "cost", "currency", "ttft_ms", "tpot_ms", "arrived", "settled"}`.
+//! Bill `prompt_tokens + output_tokens` of the lines with `"billable": true` (of the prompt,
+//! `cached_prompt_tokens` at the cached price): the others were given everything back. `cost`
+//! is that bill at the model's `[prices]` (0 for a line not billable; `null` without a price).
 
 use crate::metrics::Metrics;
+use crate::quota::ledger::Usage;
+use crate::quota::Prices;
 use crate::settled::Settled;
 use anyhow::Context;
 use prometheus_client::metrics::counter::Counter;
@@ -20,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
@@ -66,6 +70,8 @@ struct Line<'a> {
     reserved_output_tokens: Option<u64>,
     output_tokens: Option<u64>,
     refunded_output_tokens: Option<u64>,
+    cost: Option<f64>,
+    currency: Option<&'a str>,
     ttft_ms: Option<f64>,
     tpot_ms: Option<f64>,
     arrived: Option<String>,
@@ -99,9 +105,17 @@ fn millis(d: Duration) -> f64 {
     (d.as_micros() as f64) / 1000.0
 }
 
-/// The JSON line of `s`, settled at `settled`.
-fn line(s: &Settled, settled: Instant, anchor: &WallAnchor) -> String {
+/// The JSON line of `s`, settled at `settled`, its cost at `prices`.
+fn line(s: &Settled, settled: Instant, anchor: &WallAnchor, prices: &Prices) -> String {
     let c = s.charge.as_ref();
+    let used = c
+        .filter(|c| c.billable)
+        .map_or(Usage::default(), |c| Usage {
+            prompt: c.prompt_tokens,
+            cached: c.cached_prompt_tokens.unwrap_or(0),
+            output: c.output_tokens,
+        });
+    let cost = c.and(prices.cost(s.model.as_deref().unwrap_or(""), &used));
     let line = Line {
         request_id: s.request_id.as_deref(),
         tenant: &s.tenant,
@@ -115,6 +129,8 @@ fn line(s: &Settled, settled: Instant, anchor: &WallAnchor) -> String {
         reserved_output_tokens: c.map(|c| c.reserved_output_tokens),
         output_tokens: c.map(|c| c.output_tokens),
         refunded_output_tokens: c.map(|c| c.refunded_output_tokens),
+        cost: cost.map(|(amount, _)| amount),
+        currency: cost.map(|(_, currency)| currency),
         ttft_ms: c.and_then(|c| c.ttft).map(millis),
         tpot_ms: c.and_then(|c| c.tpot).map(millis),
         arrived: s.arrived.map(|a| anchor.rfc3339(a)),
@@ -155,6 +171,7 @@ impl UsageLog {
         config: &UsageLogConfig,
         metrics: &Metrics,
         anchor: WallAnchor,
+        prices: Arc<Prices>,
     ) -> anyhow::Result<Self> {
         let out: Box<dyn Write + Send> = if config.path == "-" {
             Box::new(std::io::stdout())
@@ -173,6 +190,7 @@ impl UsageLog {
             config.buffer_records,
             metrics,
             anchor,
+            prices,
         ))
     }
 
@@ -182,12 +200,13 @@ impl UsageLog {
         buffer: usize,
         metrics: &Metrics,
         anchor: WallAnchor,
+        prices: Arc<Prices>,
     ) -> Self {
         let (tx, rx) = sync_channel(buffer);
         let errors = metrics.usage_log_write_errors.clone();
         std::thread::Builder::new()
             .name("usage-log".into())
-            .spawn(move || write_lines(rx, out, &anchor, &errors))
+            .spawn(move || write_lines(rx, out, &anchor, &prices, &errors))
             .expect("spawning the usage-log thread");
         Self {
             tx,
@@ -234,6 +253,7 @@ fn write_lines(
     rx: Receiver<Message>,
     mut out: Box<dyn Write + Send>,
     anchor: &WallAnchor,
+    prices: &Prices,
     errors: &Counter,
 ) {
     let mut batch = Vec::new();
@@ -262,7 +282,7 @@ fn write_lines(
             match message {
                 Message::Record(r) => {
                     let (s, settled) = *r;
-                    batch.extend_from_slice(line(&s, settled, anchor).as_bytes());
+                    batch.extend_from_slice(line(&s, settled, anchor, prices).as_bytes());
                     batch.push(b'\n');
                     if batch.len() >= BATCH_BYTES {
                         write(&mut batch);

@@ -1960,6 +1960,8 @@ mod pooling;
 mod priority;
 #[path = "gateway/profile.rs"]
 mod profile;
+#[path = "gateway/quotas.rs"]
+mod quotas;
 #[path = "gateway/request_id.rs"]
 mod request_id;
 #[path = "gateway/responses.rs"]

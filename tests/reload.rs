@@ -64,6 +64,7 @@ fn reloaded(changes: Value) -> Value {
         "tenants_removed": [],
         "limits_changed": [],
         "keys_changed": [],
+        "quotas_changed": [],
         "backends_resized": [],
     });
     for (k, v) in changes.as_object().unwrap() {
@@ -150,6 +151,57 @@ async fn tenants_are_added_removed_and_keys_rotated_while_a_removed_tenants_stre
     assert!(!text.contains("tenant=\"bob\",bucket="), "{text}");
     assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 1"));
     assert!(text.contains("tokengate_config_last_reload_successful 1"));
+}
+
+#[tokio::test]
+async fn a_reload_keeps_quota_spend_and_a_changed_limit_applies_to_the_current_window() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let dir = TempDir::new("reload-quota-file");
+    let quota = |decode: u64| {
+        format!(
+            "quotas = [{{ window = \"calendar-day\", decode = {decode} }}]\nburst_seconds = 10\n"
+        )
+    };
+    let text = config_text(&[backend.addr])
+        .replacen("burst_seconds = 10\n", &quota(100), 1)
+        .replace(
+            "[tokenizer]",
+            &format!(
+                "[quotas]\npath = {:?}\n[tokenizer]",
+                dir.0.join("q.redb").display().to_string()
+            ),
+        );
+    let mut f = FromFile::start("reload-quota", &backend, Some(text)).await;
+    assert_eq!(
+        f.gw.chat("sk-alice", &chat("a", 80, false)).await.status,
+        200
+    );
+    let r = f.gw.chat("sk-alice", &chat("a", 80, false)).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "quota_exceeded"));
+    // 100 -> 200: the 80 spent stay, and 120 are left of the new limit.
+    f.edit(&[(&quota(100), &quota(200))]);
+    let r = f.reload().await;
+    assert_eq!(
+        (r.status, r.json()),
+        (200, reloaded(json!({"quotas_changed": ["alice"]})))
+    );
+    let r = f.gw.chat("sk-alice", &chat("a", 80, false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.headers["ratelimit"].to_str().unwrap().split(';').nth(1),
+        Some("r=40")
+    );
+    // -> 150: 160 spent, more than the new limit: nothing fits until the day ends.
+    f.edit(&[(&quota(200), &quota(150))]);
+    assert_eq!(f.reload().await.status, 200);
+    let r = f.gw.chat("sk-alice", &chat("a", 1, false)).await;
+    assert_eq!((r.status, r.code().as_str()), (429, "quota_exceeded"));
+    assert!(
+        r.text()
+            .contains("limit 150 decode tokens, 160 decode tokens spent"),
+        "{}",
+        r.text()
+    );
 }
 
 #[tokio::test]
@@ -587,57 +639,6 @@ async fn reload_is_a_post_behind_the_admin_token_and_needs_a_file() {
     );
 }
 
-/// The log lines of a spawned gateway, as they come.
-struct Logs(tokio::sync::mpsc::UnboundedReceiver<String>);
-
-impl Logs {
-    /// Waits (60 s at most: a debug build loads the tokenizer first) for a line containing
-    /// `needle`, and returns it without colour codes.
-    async fn wait_for(&mut self, needle: &str) -> String {
-        let found = tokio::time::timeout(Duration::from_secs(60), async {
-            while let Some(line) = self.0.recv().await {
-                let line = strip_ansi(&line);
-                if line.contains(needle) {
-                    return Some(line);
-                }
-            }
-            None
-        })
-        .await;
-        match found {
-            Ok(Some(line)) => line,
-            Ok(None) => panic!("the gateway exited before logging {needle:?}"),
-            Err(_) => panic!("no log line {needle:?} within 60 s"),
-        }
-    }
-}
-
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::new();
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters letter
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}");
-}
-
 #[tokio::test]
 async fn sighup_reloads_a_running_serve_and_a_bad_file_keeps_it_serving() {
     let backend = FakeBackend::start(FakeSpec::default()).await;
@@ -646,18 +647,7 @@ async fn sighup_reloads_a_running_serve_and_a_bad_file_keeps_it_serving() {
     // As written, the tokenizer's path filled in: the edits below start from it.
     let text = std::fs::read_to_string(&file).unwrap();
     let pid = child.id().unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let stderr = child.stderr.take().unwrap();
-    tokio::spawn(async move {
-        use tokio::io::AsyncBufReadExt;
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut logs = Logs(rx);
+    let mut logs = Logs::of(&mut child);
     let listening = logs.wait_for("tokengate listening").await;
     let (main, admin) = (
         logged_addr(&listening, "addr="),

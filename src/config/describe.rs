@@ -133,6 +133,28 @@ pub fn describe(cfg: &ValidConfig) -> String {
             (t.max_inflight.map(|n| format!(", max_inflight {n}"))).unwrap_or_default(),
             (t.max_queued.map(|n| format!(", max_queued {n}"))).unwrap_or_default()
         );
+        if !t.quota_meters.is_empty() {
+            let meters: Vec<String> = (t.quota_meters.meters.iter())
+                .map(|m| format!("{} per {}", m.phrase(m.limit), m.window.label()))
+                .collect();
+            let _ = writeln!(s, "tenant {} quotas: {}", t.name, meters.join("; "));
+        }
+    }
+    if cfg.tenants.iter().any(|t| !t.quota_meters.is_empty()) {
+        let q = &cfg.quotas;
+        let _ = match q.store {
+            crate::quota::config::QuotaStoreKind::Local => writeln!(
+                s,
+                "quota spend kept in {}, written every {} (a crash loses at most that much of it)",
+                q.path.display(),
+                humantime::format_duration(q.flush_interval)
+            ),
+            crate::quota::config::QuotaStoreKind::Redis => writeln!(
+                s,
+                "quota spend kept in the limiter's Redis, shared by the replicas with key_prefix {}",
+                cfg.limiter.key_prefix
+            ),
+        };
     }
     s
 }

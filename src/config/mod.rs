@@ -63,6 +63,13 @@ pub struct Config {
     /// The usage log (the billing record): off unless the section is given.
     #[serde(default)]
     pub usage_log: Option<crate::usage_log::UsageLogConfig>,
+    /// Where tenants' quota spend is kept (`[quotas]`).
+    #[serde(default)]
+    pub quotas: crate::quota::config::QuotaStoreConfig,
+    /// Prices per million tokens by model name (`[prices."MODEL"]`), for cost quotas and the
+    /// usage log's cost.
+    #[serde(default)]
+    pub prices: std::collections::BTreeMap<String, crate::quota::config::PriceConfig>,
     /// Inference backends (vLLM, MindIE, `tokengate sim`).
     pub backends: Vec<BackendConfig>,
     /// Tenants and their budgets.
@@ -641,6 +648,12 @@ pub struct TenantConfig {
     /// `admission.queue_max_waiting` bounds it.
     #[serde(default)]
     pub max_queued: Option<u32>,
+    /// Budgets over windows (`[[tenants.quotas]]`): each a window and its limits.
+    #[serde(default)]
+    pub quotas: Vec<crate::quota::config::QuotaConfig>,
+    /// `quotas` as meters, made by validation.
+    #[serde(skip)]
+    pub quota_meters: std::sync::Arc<crate::quota::config::TenantQuotas>,
 }
 
 fn default_burst_seconds() -> f64 {
@@ -773,6 +786,7 @@ impl Config {
         }
         let backend_bases = self.check_model_and_backends()?;
         let key_digests = self.check_tenants()?;
+        self.check_quotas()?;
         self.refuse_example_secrets(admin_token_digest.as_ref(), &key_digests)?;
         self.vision_rules = self.vision.load()?;
         Ok(ValidConfig {

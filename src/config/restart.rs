@@ -3,6 +3,7 @@
 use super::profile::ProfileConfig;
 use super::{AdmissionConfig, BackendConfig, Config, ModelConfig, ServerConfig, TokenizerConfig};
 use crate::limiter::config::LimiterConfig;
+use crate::quota::config::QuotaStoreConfig;
 use crate::vision::VisionConfig;
 
 /// Pushes `PREFIX.field` onto `$out` for every restart-only field of a section that differs
@@ -41,6 +42,8 @@ impl Config {
             vision_rules,
             profile,
             usage_log,
+            quotas,
+            prices,
             file: _,
         } = self;
         restart_only!(
@@ -148,6 +151,17 @@ impl Config {
             &new.profile,
             [window]
         );
+        restart_only!(
+            out,
+            "quotas",
+            QuotaStoreConfig,
+            quotas,
+            &new.quotas,
+            [store, path, flush_interval]
+        );
+        if prices != &new.prices {
+            out.push("prices".to_string());
+        }
         if usage_log != &new.usage_log {
             out.push("usage_log".to_string());
         }

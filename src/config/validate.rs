@@ -68,6 +68,7 @@ impl Config {
         {
             *path = resolve(path);
         }
+        self.quotas.path = resolve(&self.quotas.path);
         // `-` is standard output, not a file.
         if let Some(log) = self.usage_log.as_mut().filter(|l| l.path != "-") {
             log.path = resolve(Path::new(&log.path)).to_string_lossy().into_owned();
@@ -239,6 +240,47 @@ impl Config {
                     example,
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Checks `[prices]`, each tenant's `quotas` and the prices they need; makes each tenant's
+    /// `quota_meters`.
+    pub(super) fn check_quotas(&mut self) -> anyhow::Result<()> {
+        use crate::quota::config::{tenant_quotas, QuotaStoreKind};
+        use crate::quota::ledger::Unit;
+        let served = &self.model.served_names;
+        for (model, price) in &self.prices {
+            price.price(model)?;
+            if !served.contains(model) {
+                bail!(
+                    "prices.\"{model}\" names no model in model.served_names ({}): prices are looked up by the name a request gives",
+                    served.join(", ")
+                );
+            }
+        }
+        let mut cost_limited = None;
+        for t in &mut self.tenants {
+            let quotas = tenant_quotas(&t.name, &t.quotas, &self.prices)?;
+            if quotas.meters.iter().any(|m| m.unit == Unit::Cost) {
+                cost_limited.get_or_insert(t.name.clone());
+            }
+            t.quota_meters = std::sync::Arc::new(quotas);
+        }
+        if let Some(tenant) = cost_limited {
+            if let Some(unpriced) = served.iter().find(|n| !self.prices.contains_key(*n)) {
+                bail!(
+                    "tenant {tenant} has a cost quota, and model {unpriced:?} has no price: add [prices.\"{unpriced}\"] (every name in model.served_names needs one)"
+                );
+            }
+        }
+        let quoted = self.tenants.iter().any(|t| !t.quota_meters.is_empty());
+        if quoted && self.quotas.store == QuotaStoreKind::Redis && self.limiter.redis_url.is_none()
+        {
+            bail!("quotas.store = \"redis\" keeps spend in the [limiter] section's Redis: set limiter.redis_url");
+        }
+        if self.quotas.flush_interval.is_zero() {
+            bail!("quotas.flush_interval must be more than 0 s");
         }
         Ok(())
     }

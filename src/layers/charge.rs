@@ -14,9 +14,12 @@
 //! admission layer adds goes with it, freed first.
 
 use crate::admission::Lease;
+use crate::api::request::GenerationRequest;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter, RateLimitHeaders, Reservation, TenantSnapshot};
 use crate::metrics::{Metrics, Outcome};
+use crate::quota::ledger::Usage;
+use crate::quota::{QuotaHold, Quotas, RateLimitFields};
 use crate::record::{Forwarded, Pending, RecordHold};
 use crate::reload::live::LiveConfig;
 use crate::settled::Charged;
@@ -49,6 +52,9 @@ pub struct Ticket {
     in_flight: Option<InFlightPlace>,
     /// The backend's count of the prompt and of its cached part, once its answer said them.
     reported: Option<(u64, Option<u64>)>,
+    /// The tenant's quota reservation, settled when the ticket goes (given back whole if the
+    /// ticket goes before `drop`'s settlement tells it what was used).
+    quota: Option<QuotaHold>,
 }
 
 impl std::fmt::Debug for Ticket {
@@ -79,7 +85,20 @@ impl Ticket {
             tpot: None,
             in_flight: None,
             reported: None,
+            quota: None,
         }
+    }
+
+    /// Adds the tenant's quota reservation: it keeps what the request used when the ticket
+    /// goes (nothing unless the request is billable).
+    pub fn hold_quota(&mut self, hold: QuotaHold) {
+        self.quota = Some(hold);
+    }
+
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields of the tenant's tightest quota right
+    /// after the reservation (none without quotas).
+    pub fn quota_fields(&self) -> Option<RateLimitFields> {
+        RateLimitFields::tightest(self.quota.as_ref()?.readings())
     }
 
     /// Notes how the request settled, and its charge, in its record when the ticket goes
@@ -231,6 +250,17 @@ impl Drop for Ticket {
         }
         let cost = reservation.cost();
         let settlement = reservation.settle();
+        // The quota settles with the buckets, before the request is recorded.
+        if let Some(mut quota) = self.quota.take() {
+            if billable {
+                let (prompt, cached) = self.reported.unwrap_or((cost.prefill, None));
+                quota.used(Usage {
+                    prompt,
+                    cached: cached.unwrap_or(0),
+                    output: settlement.actual_decode,
+                });
+            }
+        }
         let Some(outcome) = self.outcome else {
             return;
         };
@@ -324,6 +354,7 @@ struct Shared<L> {
     limiter: Limiter,
     limits: L,
     metrics: Option<Arc<Metrics>>,
+    quotas: Option<Quotas>,
 }
 
 impl<L: LimitsInForce> ChargeLayer<L> {
@@ -335,7 +366,17 @@ impl<L: LimitsInForce> ChargeLayer<L> {
                 limiter,
                 limits,
                 metrics,
+                quotas: None,
             }),
+        }
+    }
+
+    /// Reserves the tenants' quotas too, before their buckets.
+    pub fn with_quotas(self, quotas: Quotas) -> Self {
+        let mut shared = Shared::clone(&self.shared);
+        shared.quotas = Some(quotas);
+        Self {
+            shared: Arc::new(shared),
         }
     }
 }
@@ -397,6 +438,25 @@ where
                     CONCURRENCY_RETRY_AFTER,
                 )
             })?;
+            // The quotas before the buckets: a refusal by the buckets drops the hold unused,
+            // which gives its reservation back.
+            let quota = match &shared.quotas {
+                Some(quotas) if !current.quotas.is_empty() => {
+                    let model = (req.extensions().get::<GenerationRequest>())
+                        .map_or("", |p| p.model.as_str());
+                    let most = Usage {
+                        prompt: cost.prefill,
+                        cached: 0,
+                        output: cost.decode,
+                    };
+                    let hold = (quotas
+                        .reserve(&current.name, &current.quotas, model, most)
+                        .await)
+                        .map_err(|e| ApiError::quota(&current.name, e))?;
+                    Some(hold)
+                }
+                _ => None,
+            };
             let reservation = shared
                 .limiter
                 .reserve(&current.name, &current.limits, cost)
@@ -405,6 +465,7 @@ where
             req.extensions_mut().insert(current.clone());
             let mut ticket = Ticket::new(reservation);
             ticket.in_flight = Some(place);
+            ticket.quota = quota;
             if let Some(pending) = req.extensions().get::<Pending>() {
                 pending.tenant(&current);
                 ticket.recorded_by(pending.hold());

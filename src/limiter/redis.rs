@@ -54,7 +54,8 @@ const SETTLE_ATTEMPTS: u32 = 3;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreOpLabel {
     /// `charge`, `check`, `settle`, `rebase`, `forget` or `ping`; the shared KV ledger's
-    /// `kv_acquire`, `kv_release` and `kv_heartbeat`.
+    /// `kv_acquire`, `kv_release` and `kv_heartbeat`; the shared quota store's
+    /// `quota_reserve`, `quota_settle`, `quota_read`, `quota_grant` and `quota_reset`.
     pub op: String,
 }
 

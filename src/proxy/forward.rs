@@ -176,6 +176,9 @@ impl Backends {
         // tenant's rate limits.
         super::upstream::answer_headers(&mut parts.headers);
         (admitted.rate_limit_headers()).apply_in(&mut parts.headers, req.endpoint.wire());
+        if let Some(fields) = admitted.quota_fields() {
+            fields.apply(&mut parts.headers);
+        }
         // A stream the backend answered whole (JSON, not events) is metered as the whole answer
         // it is: read as events it holds none, and would settle as if nothing was generated.
         let answered_whole = parts

@@ -184,6 +184,12 @@ impl Admitted {
         self.ticket().rate_limit_headers()
     }
 
+    /// The `RateLimit-Policy` and `RateLimit` fields of the tenant's tightest quota right
+    /// after this request's reservation (none without quotas).
+    pub fn quota_fields(&self) -> Option<crate::quota::RateLimitFields> {
+        self.ticket().quota_fields()
+    }
+
     /// Index of the backend the lease is on.
     pub fn backend(&self) -> usize {
         self.ticket().lease().map_or(0, |l| l.backend())

@@ -39,6 +39,9 @@ pub struct Reloaded {
     pub limits_changed: Vec<String>,
     /// Tenants whose API keys changed.
     pub keys_changed: Vec<String>,
+    /// Tenants whose quotas (windows or limits) changed: the spend of a window kept stays,
+    /// and its new limit applies to it at once.
+    pub quotas_changed: Vec<String>,
     /// Backends whose KV capacity or batch cap changed.
     pub backends_resized: Vec<String>,
 }
@@ -153,6 +156,9 @@ fn diff(old: &Snapshot, new: &Snapshot) -> Reloaded {
                 }
                 if config_of(old, &t.name) != config_of(new, &t.name) {
                     out.keys_changed.push(t.name.clone());
+                }
+                if o.quotas != t.quotas {
+                    out.quotas_changed.push(t.name.clone());
                 }
             }
         }

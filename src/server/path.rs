@@ -105,11 +105,10 @@ where
         //      buckets cannot give even the least a request costs)
         .layer(CountLayer::new(lane.counter.clone()))
         // 8. charge the buckets (under the limits in force now): the request's `Ticket`
-        .layer(ChargeLayer::new(
-            gw.limiter.clone(),
-            gw.live.clone(),
-            metrics.clone(),
-        ))
+        .layer(
+            ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), metrics.clone())
+                .with_quotas(gw.quotas.clone()),
+        )
         // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
         .layer(AdmitLayer::new(lane.admission.clone(), geometry, metrics))
         // 10-11. forward to the leased backend; the metered answer owns the ticket

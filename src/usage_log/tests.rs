@@ -1,6 +1,7 @@
 use super::*;
 use crate::metrics::Outcome;
 use crate::settled::Charged;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 fn anchor() -> WallAnchor {
@@ -42,8 +43,8 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
     let a = anchor();
     let ok = answered(&a);
     assert_eq!(
-        line(&ok, a.instant + ms(4_933), &a),
-        r#"{"request_id":"tg-1","tenant":"alice","model":"qwen3.5-27b","outcome":"ok","answered":true,"billable":true,"prompt_tokens":212,"counted_prompt_tokens":214,"cached_prompt_tokens":128,"reserved_output_tokens":800,"output_tokens":150,"refunded_output_tokens":650,"ttft_ms":85.25,"tpot_ms":32.5,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:04.933Z"}"#
+        line(&ok, a.instant + ms(4_933), &a, &Prices::default()),
+        r#"{"request_id":"tg-1","tenant":"alice","model":"qwen3.5-27b","outcome":"ok","answered":true,"billable":true,"prompt_tokens":212,"counted_prompt_tokens":214,"cached_prompt_tokens":128,"reserved_output_tokens":800,"output_tokens":150,"refunded_output_tokens":650,"cost":null,"currency":null,"ttft_ms":85.25,"tpot_ms":32.5,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:04.933Z"}"#
     );
     let refused = Settled {
         request_id: Some("tg-2".into()),
@@ -54,8 +55,8 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
         charge: None,
     };
     assert_eq!(
-        line(&refused, a.instant + ms(12), &a),
-        r#"{"request_id":"tg-2","tenant":"bob","model":null,"outcome":"rate_limit_exceeded","answered":false,"billable":false,"prompt_tokens":null,"counted_prompt_tokens":null,"cached_prompt_tokens":null,"reserved_output_tokens":null,"output_tokens":null,"refunded_output_tokens":null,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.010Z","settled":"2026-11-30T19:00:00.012Z"}"#
+        line(&refused, a.instant + ms(12), &a, &Prices::default()),
+        r#"{"request_id":"tg-2","tenant":"bob","model":null,"outcome":"rate_limit_exceeded","answered":false,"billable":false,"prompt_tokens":null,"counted_prompt_tokens":null,"cached_prompt_tokens":null,"reserved_output_tokens":null,"output_tokens":null,"refunded_output_tokens":null,"cost":null,"currency":null,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.010Z","settled":"2026-11-30T19:00:00.012Z"}"#
     );
     // Gone while queued: charged, never answered, everything given back.
     let gone = Settled {
@@ -71,8 +72,8 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
         ..answered(&a)
     };
     assert_eq!(
-        line(&gone, a.instant + ms(2_000), &a),
-        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"billable":false,"prompt_tokens":3000,"counted_prompt_tokens":3000,"cached_prompt_tokens":null,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:02.000Z"}"#
+        line(&gone, a.instant + ms(2_000), &a, &Prices::default()),
+        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"billable":false,"prompt_tokens":3000,"counted_prompt_tokens":3000,"cached_prompt_tokens":null,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"cost":null,"currency":null,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:02.000Z"}"#
     );
     // Gone after it was forwarded, before its first token: its prompt stays charged.
     let forwarded = Settled {
@@ -83,8 +84,8 @@ fn lines_are_exact_for_an_answer_a_refusal_and_a_disconnect() {
         ..gone
     };
     assert_eq!(
-        line(&forwarded, a.instant + ms(400), &a),
-        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"billable":true,"prompt_tokens":3000,"counted_prompt_tokens":3000,"cached_prompt_tokens":null,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:00.400Z"}"#
+        line(&forwarded, a.instant + ms(400), &a, &Prices::default()),
+        r#"{"request_id":null,"tenant":"alice","model":"qwen3.5-27b","outcome":"client_disconnect","answered":false,"billable":true,"prompt_tokens":3000,"counted_prompt_tokens":3000,"cached_prompt_tokens":null,"reserved_output_tokens":800,"output_tokens":0,"refunded_output_tokens":800,"cost":null,"currency":null,"ttft_ms":null,"tpot_ms":null,"arrived":"2026-11-30T19:00:00.000Z","settled":"2026-11-30T19:00:00.400Z"}"#
     );
 }
 
@@ -120,7 +121,7 @@ async fn a_full_buffer_drops_and_counts_and_never_waits() {
         go: Arc::new(Mutex::new(go_rx)),
         written: written.clone(),
     };
-    let log = UsageLog::with_writer(Box::new(gate), 1, &metrics, a);
+    let log = UsageLog::with_writer(Box::new(gate), 1, &metrics, a, Arc::default());
     log.offer(answered(&a), a.instant);
     // The writer has the first record and is stuck writing it.
     entered_rx.recv().expect("the writer writes");
@@ -157,7 +158,7 @@ impl Write for Broken {
 async fn a_failing_write_is_counted_once_per_batch_and_loses_only_that_batch() {
     let a = anchor();
     let metrics = Metrics::new();
-    let log = UsageLog::with_writer(Box::new(Broken), 8, &metrics, a);
+    let log = UsageLog::with_writer(Box::new(Broken), 8, &metrics, a, Arc::default());
     log.offer(answered(&a), a.instant);
     log.flush(Duration::from_secs(10)).await;
     assert_eq!(metrics.usage_log_write_errors.get(), 1);
@@ -174,4 +175,29 @@ fn the_section_is_checked() {
         bad.check().unwrap_err().to_string(),
         "usage_log.buffer_records is 0; it must be at least 1"
     );
+}
+
+#[test]
+fn a_billable_line_carries_its_cost_at_the_models_prices_and_others_cost_nothing() {
+    let a = anchor();
+    let price = crate::quota::ledger::Price {
+        input: 600_000,
+        cached_input: 60_000,
+        output: 3_600_000,
+        currency: "USD".into(),
+    };
+    let prices = Prices::new(
+        HashMap::from([("qwen3.5-27b".to_string(), price)]),
+        "qwen3.5-27b".into(),
+    );
+    // 84 uncached x $0.6 + 128 cached x $0.06 + 150 output x $3.6 per million tokens.
+    let ok = line(&answered(&a), a.instant + ms(4_933), &a, &prices);
+    assert!(
+        ok.contains(r#""refunded_output_tokens":650,"cost":0.00059808,"currency":"USD","#),
+        "{ok}"
+    );
+    let mut gone = answered(&a);
+    gone.charge.as_mut().unwrap().billable = false;
+    let gone = line(&gone, a.instant + ms(4_933), &a, &prices);
+    assert!(gone.contains(r#""cost":0.0,"currency":"USD","#), "{gone}");
 }

@@ -157,7 +157,8 @@ async fn the_usage_log_has_one_line_per_settled_request() {
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "ok", "answered": true,
                "billable": true, "prompt_tokens": chat_tokens("a"),
                "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null, "reserved_output_tokens": 4,
-               "output_tokens": 4, "refunded_output_tokens": 0})
+               "output_tokens": 4, "refunded_output_tokens": 0,
+               "cost": null, "currency": null})
     );
     // One token streamed before the hang-up: it stays charged, the other 3 come back.
     assert_eq!(
@@ -165,14 +166,16 @@ async fn the_usage_log_has_one_line_per_settled_request() {
         json!({"tenant": "bob", "model": "qwen3.5-27b", "outcome": "client_disconnect",
                "answered": true, "billable": true, "prompt_tokens": chat_tokens("b"),
                "counted_prompt_tokens": chat_tokens("b"), "cached_prompt_tokens": null,
-               "reserved_output_tokens": 4, "output_tokens": 1, "refunded_output_tokens": 3})
+               "reserved_output_tokens": 4, "output_tokens": 1, "refunded_output_tokens": 3,
+               "cost": null, "currency": null})
     );
     assert_eq!(
         fixed(by("invalid_api_key"), &[]),
         json!({"tenant": "unknown", "model": null, "outcome": "invalid_api_key",
                "answered": false, "billable": false, "prompt_tokens": null,
                "counted_prompt_tokens": null, "cached_prompt_tokens": null, "reserved_output_tokens": null,
-               "output_tokens": null, "refunded_output_tokens": null})
+               "output_tokens": null, "refunded_output_tokens": null,
+               "cost": null, "currency": null})
     );
     // Nothing charged, so nothing to bill; the model it named is on the line.
     assert_eq!(
@@ -180,7 +183,8 @@ async fn the_usage_log_has_one_line_per_settled_request() {
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "exceeds_tenant_burst",
                "answered": false, "billable": false, "prompt_tokens": null,
                "counted_prompt_tokens": null, "cached_prompt_tokens": null, "reserved_output_tokens": null,
-               "output_tokens": null, "refunded_output_tokens": null})
+               "output_tokens": null, "refunded_output_tokens": null,
+               "cost": null, "currency": null})
     );
     assert_eq!(
         gw.metric("tokengate_usage_log_dropped_total")

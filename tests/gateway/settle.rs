@@ -71,7 +71,8 @@ async fn a_stream_left_before_its_first_token_keeps_its_prefill_charged_and_bill
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "client_disconnect",
                "answered": false, "billable": true, "prompt_tokens": chat_tokens("a"),
                "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
-               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10})
+               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10,
+               "cost": null, "currency": null})
     );
 }
 
@@ -101,7 +102,8 @@ async fn a_whole_answer_slower_than_the_first_byte_timeout_keeps_its_prefill_cha
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "upstream_timeout",
                "answered": false, "billable": true, "prompt_tokens": chat_tokens("a"),
                "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
-               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10})
+               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10,
+               "cost": null, "currency": null})
     );
     let counted = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
     assert_eq!(gw.metric(counted).await.as_deref(), Some("1"));
@@ -175,7 +177,8 @@ async fn a_reasoning_stream_cut_by_the_client_is_charged_what_it_delivered() {
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "client_disconnect",
                "answered": true, "billable": true, "prompt_tokens": chat_tokens("a"),
                "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
-               "reserved_output_tokens": 100, "output_tokens": 59, "refunded_output_tokens": 41})
+               "reserved_output_tokens": 100, "output_tokens": 59, "refunded_output_tokens": 41,
+               "cost": null, "currency": null})
     );
 }
 

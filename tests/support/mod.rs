@@ -619,6 +619,74 @@ pub fn spawn_serve(dir: &TempDir, text: &str) -> (tokio::process::Child, PathBuf
     (child, file)
 }
 
+/// The log lines of a spawned gateway, as they come.
+pub struct Logs(tokio::sync::mpsc::UnboundedReceiver<String>);
+
+impl Logs {
+    /// Reads `child`'s standard error (piped, as [`spawn_serve`] leaves it) line by line.
+    pub fn of(child: &mut tokio::process::Child) -> Logs {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let stderr = child.stderr.take().expect("standard error piped");
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Logs(rx)
+    }
+
+    /// Waits (60 s at most: a debug build loads the tokenizer first) for a line containing
+    /// `needle`, and returns it without colour codes.
+    pub async fn wait_for(&mut self, needle: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = self.0.recv().await {
+                let line = strip_ansi(&line);
+                if line.contains(needle) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!("the gateway exited before logging {needle:?}"),
+            Err(_) => panic!("no log line {needle:?} within 60 s"),
+        }
+    }
+}
+
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters letter
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Sends the signal `name` (`HUP`, `TERM`) to process `pid` with kill(1).
+pub fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
 /// A gateway under test with a manual clock.
 pub struct TestGateway {
     /// The running gateway.
@@ -635,7 +703,16 @@ impl TestGateway {
 
     /// [`TestGateway::start`], or why it could not start.
     pub async fn try_start(config: Config) -> anyhow::Result<TestGateway> {
-        let clock = ManualClock::new();
+        Self::try_start_on(config, ManualClock::new()).await
+    }
+
+    /// [`TestGateway::start`] with its clock's wall time at `wall_ms` (Unix milliseconds):
+    /// quota windows follow it.
+    pub async fn start_at_wall(config: Config, wall_ms: i64) -> TestGateway {
+        (Self::try_start_on(config, ManualClock::at_wall(wall_ms)).await).unwrap()
+    }
+
+    async fn try_start_on(config: Config, clock: ManualClock) -> anyhow::Result<TestGateway> {
         let running = app::start(
             config.validated()?,
             Deps {
