@@ -1,19 +1,24 @@
 //! The admin listener: Prometheus metrics, liveness and readiness, JSON views of the tenants'
-//! buckets, the backends' KV ledgers and the workload profile, and `POST /admin/reload`. With `server.admin_token`
-//! set, every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
+//! buckets and quotas, the backends' KV ledgers and the workload profile, `POST /admin/reload`,
+//! and an operator's grants and resets of a tenant's quotas. With `server.admin_token` set,
+//! every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
 use crate::config::{Runner, Source};
 use crate::digest::hash_key;
-use crate::error::{Allow, ApiError};
+use crate::error::{Allow, ApiError, BodyError};
 use crate::gateway::Gateway;
 use crate::limiter::BucketLabels;
-use crate::metrics::BackendLabel;
+use crate::metrics::{BackendLabel, QuotaLabels};
 use crate::profile::advice::advise;
 use crate::proxy::upstream::{Health, Upstream};
 use crate::proxy::{json_response, GatewayBody};
-use crate::tenant::{bearer, BearerKind};
+use crate::quota::ledger::{Meter, Reading, Unit, PICO_PER_UNIT};
+use crate::quota::store::StoreDown;
+use crate::tenant::{bearer, BearerKind, Tenant};
 use http::{header, Request, Response, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
 use subtle::ConstantTimeEq;
 
 /// The admin listener's token.
@@ -44,21 +49,30 @@ fn authorize(gw: &Gateway, headers: &http::HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Routes one admin request.
-pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError> {
-    let path = req.uri().path();
-    if !is_probe(path) {
-        authorize(gw, req.headers())?;
-    }
-    let allow = if path == "/admin/reload" {
+/// The method `path` answers: POST for the routes that change something, GET for the views.
+fn allowed(path: &str) -> Allow {
+    if path == "/admin/reload" || path.starts_with(QUOTAS_PREFIX) {
         Allow::Post
     } else {
         Allow::Get
-    };
-    if req.method().as_str() != allow.as_str() {
-        return Err(ApiError::method_not_allowed(req.method(), path, allow));
     }
-    match path {
+}
+
+/// Routes one admin request.
+pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError>
+where
+    B: http_body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let path = req.uri().path().to_string();
+    if !is_probe(&path) {
+        authorize(gw, req.headers())?;
+    }
+    let allow = allowed(&path);
+    if req.method().as_str() != allow.as_str() {
+        return Err(ApiError::method_not_allowed(req.method(), &path, allow));
+    }
+    match path.as_str() {
         "/metrics" => {
             refresh_gauges(gw).await;
             let mut resp = Response::new(crate::proxy::full(gw.metrics.encode()));
@@ -71,6 +85,7 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
         "/healthz" => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
         "/readyz" => Ok(readiness(gw).await),
         "/admin/tenants" => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
+        "/admin/quotas" => Ok(json_response(StatusCode::OK, &quotas_json(gw).await?)),
         "/admin/backends" => Ok(json_response(StatusCode::OK, &backends_json(gw))),
         "/admin/profile" => {
             let mut report = gw.recorder.profile();
@@ -84,6 +99,29 @@ pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayB
         "/admin/reload" => {
             let reloaded = gw.reloader.reload().await?;
             let body = json!({"status": "reloaded", "changes": reloaded});
+            Ok(json_response(StatusCode::OK, &body))
+        }
+        quota if quota.starts_with(QUOTAS_PREFIX) => {
+            let Some((tenant, action)) = quota_target(quota) else {
+                return Err(ApiError::not_found(format!(
+                    "no admin route {path}: POST /admin/quotas/TENANT/grant or /admin/quotas/TENANT/reset"
+                )));
+            };
+            let timeout = gw.config.server.body_read_timeout;
+            let body =
+                crate::util::bounded::read_bounded(req.into_body(), QUOTA_BODY_BYTES, timeout)
+                    .await
+                    .map_err(|error| BodyError {
+                        error,
+                        max_bytes: QUOTA_BODY_BYTES,
+                        timeout,
+                    })?;
+            let change = QuotaChange::parse(&body)?;
+            let meters = match action {
+                QuotaAction::Grant => grant(gw, &tenant, change).await?,
+                QuotaAction::Reset => reset(gw, &tenant, change).await?,
+            };
+            let body = json!({"tenant": tenant, "meters": meters});
             Ok(json_response(StatusCode::OK, &body))
         }
         _ => Err(ApiError::not_found(format!("no admin route {path}"))),
@@ -191,6 +229,378 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
     out
 }
 
+/// Where the quota changes are: `/admin/quotas/{tenant}/grant` and `/admin/quotas/{tenant}/reset`.
+const QUOTAS_PREFIX: &str = "/admin/quotas/";
+
+/// The largest body a quota change reads (`{"window", "unit", "amount"}` is tens of bytes).
+const QUOTA_BODY_BYTES: u64 = 64 << 10;
+
+/// What a POST under [`QUOTAS_PREFIX`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuotaAction {
+    /// Raises one meter's limit for the rest of its window.
+    Grant,
+    /// Forgets what meters' windows have spent and been granted.
+    Reset,
+}
+
+/// The tenant (percent-decoded: a name may hold any character) and the action of
+/// `/admin/quotas/{tenant}/{grant|reset}`.
+fn quota_target(path: &str) -> Option<(String, QuotaAction)> {
+    let (tenant, action) = path.strip_prefix(QUOTAS_PREFIX)?.rsplit_once('/')?;
+    let action = match action {
+        "grant" => QuotaAction::Grant,
+        "reset" => QuotaAction::Reset,
+        _ => return None,
+    };
+    let tenant = percent_decoded(tenant)?;
+    (!tenant.is_empty()).then_some((tenant, action))
+}
+
+/// `text` with its `%XX` escapes decoded; `None` when one is broken or the result is not UTF-8.
+fn percent_decoded(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The body of a grant or a reset: which meter (or meters) and, for a grant, how much.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaChange {
+    /// The window as `GET /admin/quotas` names it (`calendar-day@Asia/Shanghai`), or without
+    /// its zone when that names one of the tenant's windows.
+    window: Option<String>,
+    /// `prefill`, `decode`, `total`, `weighted` or `cost`.
+    unit: Option<String>,
+    /// Tokens, or the currency for `cost`.
+    amount: Option<serde_json::Number>,
+}
+
+impl QuotaChange {
+    /// The body as JSON; an empty body asks nothing in particular (a reset of every meter).
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self::default());
+        }
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid(format!(
+                "the body is not the JSON expected ({e}): {{\"window\": \"calendar-day\", \"unit\": \"decode\", \"amount\": 1000}}"
+            ))
+        })
+    }
+}
+
+/// One meter as the admin API shows it: amounts in its unit (tokens, or the currency for
+/// `cost`), the reset as an RFC 3339 time in the window's zone.
+fn meter_json(r: &Reading) -> Value {
+    let m = &r.meter;
+    let amount = |v: u64| match m.unit {
+        Unit::Cost => json!(m.shown(v)),
+        _ => json!(v),
+    };
+    json!({
+        "window": m.window.label(),
+        "timezone": m.window.timezone(),
+        "unit": m.unit.name(),
+        "limit": amount(r.limit),
+        "configured_limit": amount(m.limit),
+        "granted": amount(r.granted),
+        "spent": amount(r.spent),
+        "reserved": amount(r.reserved),
+        "remaining": amount(r.remaining()),
+        "currency": m.currency,
+        "resets_at": m.window.local_time(r.resets_at),
+        "resets_in_seconds": u64::try_from(r.resets_in().as_millis().div_ceil(1000)).unwrap_or(u64::MAX),
+    })
+}
+
+/// 503 when the quota store cannot be asked (Redis down): nothing was read or changed.
+fn store_down(e: StoreDown) -> ApiError {
+    ApiError::limiter_unavailable(e.to_string(), Duration::from_secs(1))
+}
+
+/// Every tenant in force with quotas, in config order, and its meters now.
+async fn quotas_json(gw: &Gateway) -> Result<Value, ApiError> {
+    let live = gw.live.current();
+    let mut out = Vec::new();
+    for t in live
+        .tenants
+        .tenants()
+        .iter()
+        .filter(|t| !t.quotas.is_empty())
+    {
+        let readings = gw
+            .quotas
+            .read(&t.name, &t.quotas)
+            .await
+            .map_err(store_down)?;
+        let meters: Vec<Value> = readings.iter().map(meter_json).collect();
+        out.push(json!({"name": t.name, "meters": meters}));
+    }
+    Ok(json!({"tenants": out}))
+}
+
+/// The tenant in force called `name`, when it has quotas; else 404 naming those that do.
+fn quota_tenant(gw: &Gateway, name: &str) -> Result<Arc<Tenant>, ApiError> {
+    let live = gw.live.current();
+    let with: Vec<&str> = (live.tenants.tenants().iter())
+        .filter(|t| !t.quotas.is_empty())
+        .map(|t| t.name.as_str())
+        .collect();
+    let those = match with.as_slice() {
+        [] => "no tenant has quotas".to_string(),
+        names => format!("tenants with quotas: {}", names.join(", ")),
+    };
+    match live.tenants.named(name) {
+        Some(t) if !t.quotas.is_empty() => Ok(t.clone()),
+        Some(_) => Err(ApiError::not_found(format!(
+            "tenant {name} has no quotas; {those}"
+        ))),
+        None => Err(ApiError::not_found(format!("no tenant {name}; {those}"))),
+    }
+}
+
+/// `amount` in the meter's unit for a log line: tokens, or the currency.
+fn number(m: &Meter, amount: u64) -> String {
+    match m.unit {
+        Unit::Cost => m.shown(amount).to_string(),
+        _ => amount.to_string(),
+    }
+}
+
+/// `decode over calendar-day@Asia/Shanghai`.
+fn named(m: &Meter) -> String {
+    format!("{} over {}", m.unit, m.window.label())
+}
+
+/// The tenant's meters that `window` and `unit` pick (each, when given), in config order; a
+/// window or a unit the tenant has none of is a 400 naming what it has.
+fn pick<'t>(
+    tenant: &'t Tenant,
+    window: Option<&str>,
+    unit: Option<&str>,
+) -> Result<Vec<&'t Meter>, ApiError> {
+    let meters = &tenant.quotas.meters;
+    let mut labels: Vec<&str> = Vec::new();
+    for m in meters {
+        if !labels.contains(&m.window.label()) {
+            labels.push(m.window.label());
+        }
+    }
+    let mut picked: Vec<&Meter> = meters.iter().collect();
+    if let Some(window) = window {
+        let zoneless: Vec<&str> = (labels.iter().copied())
+            .filter(|l| l.split('@').next() == Some(window))
+            .collect();
+        let label = match labels.iter().find(|l| **l == window) {
+            Some(label) => *label,
+            None => match zoneless.as_slice() {
+                [label] => *label,
+                [] => {
+                    return Err(ApiError::invalid_param(
+                        "window",
+                        format!(
+                            "tenant {} has no quota window {window}; its windows: {}",
+                            tenant.name,
+                            labels.join(", ")
+                        ),
+                    ))
+                }
+                several => {
+                    return Err(ApiError::invalid_param(
+                        "window",
+                        format!(
+                            "tenant {} has several {window} windows ({}): name one with its time zone",
+                            tenant.name,
+                            several.join(", ")
+                        ),
+                    ));
+                }
+            },
+        };
+        picked.retain(|m| m.window.label() == label);
+    }
+    if let Some(unit) = unit {
+        let Some(&wanted) = Unit::ALL.iter().find(|u| u.name() == unit) else {
+            let units: Vec<&str> = Unit::ALL.iter().map(|u| u.name()).collect();
+            return Err(ApiError::invalid_param(
+                "unit",
+                format!("unit {unit} is none of {}", units.join(", ")),
+            ));
+        };
+        let had: Vec<String> = picked.iter().map(|m| named(m)).collect();
+        picked.retain(|m| m.unit == wanted);
+        if picked.is_empty() {
+            let over = window.map(|w| format!(" over {w}")).unwrap_or_default();
+            return Err(ApiError::invalid_param(
+                "unit",
+                format!(
+                    "tenant {} has no {unit} quota{over}; its quotas{over}: {}",
+                    tenant.name,
+                    had.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(picked)
+}
+
+/// `amount` of `meter`'s unit, as the meter keeps it: whole tokens, or the currency in
+/// pico-units (at most 10^7 of it, as a config's cost limit).
+fn grant_amount(meter: &Meter, amount: &serde_json::Number) -> Result<u64, ApiError> {
+    let refused = |what: &str| {
+        ApiError::invalid_param(
+            "amount",
+            format!("amount {amount} for {}: {what}", named(meter)),
+        )
+    };
+    match meter.unit {
+        Unit::Cost => {
+            let currency = meter.currency.as_deref().unwrap_or("");
+            let value = amount.as_f64().unwrap_or(f64::NAN);
+            if !(value > 0.0 && value <= 1e7) {
+                return Err(refused(&format!(
+                    "a grant is a sum of {currency} above 0, at most 10^7"
+                )));
+            }
+            Ok((value * PICO_PER_UNIT).round() as u64)
+        }
+        _ => match amount.as_u64() {
+            Some(tokens) if tokens > 0 => Ok(tokens),
+            _ => Err(refused("a grant is a whole number of tokens above 0")),
+        },
+    }
+}
+
+/// `POST /admin/quotas/{tenant}/grant`: raises one meter's limit by `amount` for the rest of
+/// its window (a rolling window's grant leaves it with the slice it was made in).
+async fn grant(gw: &Gateway, name: &str, change: QuotaChange) -> Result<Vec<Value>, ApiError> {
+    let tenant = quota_tenant(gw, name)?;
+    let picked = pick(&tenant, change.window.as_deref(), change.unit.as_deref())?;
+    let meter = match picked.as_slice() {
+        [meter] => *meter,
+        several => {
+            let several: Vec<String> = several.iter().map(|m| named(m)).collect();
+            return Err(ApiError::invalid(format!(
+                "a grant raises one quota, and tenant {name} has {} that fit ({}): give window and unit",
+                several.len(),
+                several.join(", ")
+            )));
+        }
+    };
+    let Some(amount) = &change.amount else {
+        return Err(ApiError::invalid_param(
+            "amount",
+            format!(
+                "a grant needs an amount, in {}",
+                meter.currency.as_deref().unwrap_or("tokens")
+            ),
+        ));
+    };
+    let amount = grant_amount(meter, amount)?;
+    let reading = gw
+        .quotas
+        .grant(name, meter, amount)
+        .await
+        .map_err(store_down)?;
+    tracing::info!(
+        tenant = name,
+        window = meter.window.label(),
+        unit = meter.unit.name(),
+        amount = %number(meter, amount),
+        limit = %number(meter, reading.limit),
+        by = "admin API",
+        "quota granted"
+    );
+    Ok(vec![meter_json(&reading)])
+}
+
+/// `POST /admin/quotas/{tenant}/reset`: forgets what the meters picked (all of the tenant's
+/// without `window` and `unit`) have spent and been granted in their windows; what requests in
+/// flight hold stays held.
+async fn reset(gw: &Gateway, name: &str, change: QuotaChange) -> Result<Vec<Value>, ApiError> {
+    let tenant = quota_tenant(gw, name)?;
+    if change.amount.is_some() {
+        return Err(ApiError::invalid_param(
+            "amount",
+            "a reset takes window and unit (or neither: every quota of the tenant), no amount",
+        ));
+    }
+    let picked = pick(&tenant, change.window.as_deref(), change.unit.as_deref())?;
+    let before = gw
+        .quotas
+        .read(name, &tenant.quotas)
+        .await
+        .map_err(store_down)?;
+    let mut out = Vec::with_capacity(picked.len());
+    for meter in picked {
+        let was = before.iter().find(|r| r.meter.id() == meter.id());
+        let reading = gw.quotas.reset(name, meter).await.map_err(store_down)?;
+        tracing::info!(
+            tenant = name,
+            window = meter.window.label(),
+            unit = meter.unit.name(),
+            spent = %number(meter, was.map_or(0, |r| r.spent)),
+            granted = %number(meter, was.map_or(0, |r| r.granted)),
+            by = "admin API",
+            "quota reset"
+        );
+        out.push(meter_json(&reading));
+    }
+    Ok(out)
+}
+
+/// Sets every quota's gauges from its meter read now, so a rolling window's spend leaving it
+/// and a calendar window's reset show without a request. The series are set anew each scrape
+/// (a quota a reload removed goes); with a meter that cannot be read, the last values stay.
+async fn refresh_quota_gauges(gw: &Gateway) {
+    let live = gw.live.current();
+    let mut read = Vec::new();
+    let mut complete = true;
+    for t in live
+        .tenants
+        .tenants()
+        .iter()
+        .filter(|t| !t.quotas.is_empty())
+    {
+        match gw.quotas.read(&t.name, &t.quotas).await {
+            Ok(readings) => read.push((t.name.clone(), readings)),
+            Err(e) => {
+                complete = false;
+                tracing::warn!(tenant = %t.name, error = %e, "quota gauges keep their last values");
+            }
+        }
+    }
+    // No await from here on: a scrape on this thread never sees the series half set.
+    if complete {
+        gw.metrics.quota_spent.clear();
+        gw.metrics.quota_limit.clear();
+    }
+    for (tenant, readings) in read {
+        for r in readings {
+            let labels = QuotaLabels {
+                tenant: tenant.clone(),
+                window: r.meter.window.label().to_string(),
+                unit: r.meter.unit.name().to_string(),
+            };
+            gw.metrics
+                .quota(&labels, r.meter.shown(r.spent), r.meter.shown(r.limit));
+        }
+    }
+}
+
 async fn refresh_gauges(gw: &Gateway) {
     // Asked at once, each within its health_timeout, so a scrape waits at most the longest.
     let upstreams: Vec<&Upstream> = (gw.lanes())
@@ -253,5 +663,178 @@ async fn refresh_gauges(gw: &Gateway) {
                 .set(b.capacity);
         }
     }
+    refresh_quota_gauges(gw).await;
     gw.metrics.sync_cache_counters(&gw.chat.stats());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{BucketSpec, TenantLimits};
+    use crate::quota::config::TenantQuotas;
+    use crate::quota::window::Window;
+
+    fn meter(window: &str, zone: Option<&str>, unit: Unit, limit: u64) -> Meter {
+        Meter {
+            window: Window::parse(window, zone).unwrap(),
+            unit,
+            limit,
+            currency: (unit == Unit::Cost).then(|| "USD".to_string()),
+        }
+    }
+
+    /// Alice: decode and total over Shanghai's day, decode over Berlin's, cost over an hour.
+    fn alice() -> Tenant {
+        let spec = BucketSpec {
+            rate_per_second: 1.0,
+            burst_seconds: 1.0,
+        };
+        let limits = TenantLimits {
+            prefill: spec,
+            decode: spec,
+            requests: spec,
+        };
+        let quotas = TenantQuotas {
+            meters: vec![
+                meter("calendar-day", Some("Asia/Shanghai"), Unit::Decode, 100),
+                meter("calendar-day", Some("Asia/Shanghai"), Unit::Total, 1000),
+                meter("calendar-day", Some("Europe/Berlin"), Unit::Decode, 50),
+                meter("1h", None, Unit::Cost, 5_000_000_000_000),
+            ],
+            ..TenantQuotas::default()
+        };
+        Tenant::new("alice", limits).with_quotas(Arc::new(quotas))
+    }
+
+    fn ids(picked: Result<Vec<&Meter>, ApiError>) -> Vec<String> {
+        picked.unwrap().iter().map(|m| m.id()).collect()
+    }
+
+    fn refusal(picked: Result<Vec<&Meter>, ApiError>) -> (Option<String>, String) {
+        let e = picked.unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        (e.param, e.message)
+    }
+
+    #[test]
+    fn a_quota_path_names_its_tenant_percent_decoded_and_its_action() {
+        let target = |p: &str| quota_target(p);
+        assert_eq!(
+            target("/admin/quotas/alice/grant"),
+            Some(("alice".to_string(), QuotaAction::Grant))
+        );
+        assert_eq!(
+            target("/admin/quotas/team%20a%2Fb/reset"),
+            Some(("team a/b".to_string(), QuotaAction::Reset))
+        );
+        for wrong in [
+            "/admin/quotas/alice/spend",
+            "/admin/quotas/alice",
+            "/admin/quotas//grant",
+            "/admin/quotas/al%2/grant",
+            "/admin/quotas/%ff/grant",
+        ] {
+            assert_eq!(target(wrong), None, "{wrong}");
+        }
+        assert_eq!(allowed("/admin/quotas/alice/grant"), Allow::Post);
+        assert_eq!(allowed("/admin/quotas"), Allow::Get);
+        assert_eq!(allowed("/admin/reload"), Allow::Post);
+    }
+
+    #[test]
+    fn window_and_unit_pick_meters_and_what_is_missing_is_named_with_what_there_is() {
+        let alice = alice();
+        assert_eq!(ids(pick(&alice, None, None)).len(), 4);
+        assert_eq!(
+            ids(pick(&alice, Some("calendar-day@Asia/Shanghai"), None)),
+            [
+                "calendar-day@Asia/Shanghai|decode",
+                "calendar-day@Asia/Shanghai|total"
+            ]
+        );
+        assert_eq!(ids(pick(&alice, Some("1h"), None)), ["1h|cost"]);
+        assert_eq!(
+            ids(pick(&alice, None, Some("decode"))),
+            [
+                "calendar-day@Asia/Shanghai|decode",
+                "calendar-day@Europe/Berlin|decode"
+            ]
+        );
+        assert_eq!(
+            refusal(pick(&alice, Some("calendar-day"), None)),
+            (
+                Some("window".to_string()),
+                "tenant alice has several calendar-day windows (calendar-day@Asia/Shanghai, calendar-day@Europe/Berlin): name one with its time zone".to_string()
+            )
+        );
+        assert_eq!(
+            refusal(pick(&alice, Some("7d"), None)).1,
+            "tenant alice has no quota window 7d; its windows: calendar-day@Asia/Shanghai, calendar-day@Europe/Berlin, 1h"
+        );
+        assert_eq!(
+            refusal(pick(&alice, Some("1h"), Some("decode"))),
+            (
+                Some("unit".to_string()),
+                "tenant alice has no decode quota over 1h; its quotas over 1h: cost over 1h"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            refusal(pick(&alice, None, Some("weighted"))).1,
+            "tenant alice has no weighted quota; its quotas: decode over calendar-day@Asia/Shanghai, total over calendar-day@Asia/Shanghai, decode over calendar-day@Europe/Berlin, cost over 1h"
+        );
+        assert_eq!(
+            refusal(pick(&alice, None, Some("tokens"))).1,
+            "unit tokens is none of prefill, decode, total, weighted, cost"
+        );
+        // A window's name without its zone is enough when it names one window.
+        let mut one = alice.clone();
+        Arc::make_mut(&mut one.quotas).meters.truncate(2);
+        assert_eq!(
+            ids(pick(&one, Some("calendar-day"), Some("total"))),
+            ["calendar-day@Asia/Shanghai|total"]
+        );
+    }
+
+    #[test]
+    fn a_grant_is_whole_tokens_or_a_sum_of_the_currency_in_pico_units() {
+        let alice = alice();
+        let (decode, cost) = (&alice.quotas.meters[0], &alice.quotas.meters[3]);
+        let n = |text: &str| serde_json::from_str::<serde_json::Number>(text).unwrap();
+        assert_eq!(grant_amount(decode, &n("1000")).unwrap(), 1000);
+        assert_eq!(grant_amount(cost, &n("2.5")).unwrap(), 2_500_000_000_000);
+        assert_eq!(grant_amount(cost, &n("0.000001")).unwrap(), 1_000_000);
+        let refused = |m: &Meter, text: &str| grant_amount(m, &n(text)).unwrap_err().message;
+        assert_eq!(
+            refused(decode, "1.5"),
+            "amount 1.5 for decode over calendar-day@Asia/Shanghai: a grant is a whole number of tokens above 0"
+        );
+        assert_eq!(
+            refused(decode, "0"),
+            "amount 0 for decode over calendar-day@Asia/Shanghai: a grant is a whole number of tokens above 0"
+        );
+        assert_eq!(
+            refused(cost, "-1"),
+            "amount -1 for cost over 1h: a grant is a sum of USD above 0, at most 10^7"
+        );
+    }
+
+    #[test]
+    fn a_change_is_json_with_known_fields_or_nothing() {
+        let parsed =
+            QuotaChange::parse(br#"{"window": "1h", "unit": "cost", "amount": 2.5}"#).unwrap();
+        assert_eq!(
+            (parsed.window.as_deref(), parsed.unit.as_deref()),
+            (Some("1h"), Some("cost"))
+        );
+        let empty = QuotaChange::parse(b" \n").unwrap();
+        assert!(empty.window.is_none() && empty.unit.is_none() && empty.amount.is_none());
+        let e = QuotaChange::parse(br#"{"windw": "1h"}"#).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("the body is not the JSON expected (unknown field `windw`"),
+            "{}",
+            e.message
+        );
+    }
 }

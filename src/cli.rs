@@ -47,6 +47,9 @@ enum Command {
     Diagnose(crate::diagnose::cli::DiagnoseArgs),
     /// The workload profile a running gateway measured (its admin `/admin/profile`).
     Profile(crate::profile::cli::ProfileArgs),
+    /// Every tenant's quotas on a running gateway: limit, spent, reserved, remaining, reset
+    /// (its admin `/admin/quotas`).
+    Usage(crate::quota::cli::UsageArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -133,5 +136,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Loadgen(args) => crate::loadgen::run_loadgen(args),
         Command::Diagnose(args) => crate::diagnose::cli::run_diagnose(args),
         Command::Profile(args) => crate::profile::cli::run_profile(args),
+        Command::Usage(args) => crate::quota::cli::run_usage(args),
     }
 }

@@ -122,6 +122,18 @@ pub struct ReloadLabel {
     pub result: String,
 }
 
+/// `{tenant, window, unit}` of a tenant's quota.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// Tenant name.
+    pub tenant: String,
+    /// The window as configured: `calendar-day`, `calendar-month`, `1h`, `1d`, `7d`, with
+    /// `@` and its time zone when that is not UTC (`calendar-day@Asia/Shanghai`).
+    pub window: String,
+    /// `prefill`, `decode`, `total`, `weighted` or `cost`.
+    pub unit: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -209,6 +221,11 @@ pub struct Metrics {
     pub bucket_available: Family<BucketLabels, Gauge<f64, AtomicU64>>,
     /// Capacity per tenant bucket (rate x burst), so levels can be shown as a fraction.
     pub bucket_capacity: Family<BucketLabels, Gauge<f64, AtomicU64>>,
+    /// What a tenant has spent in its quota window's current period, in the quota's unit
+    /// (tokens, or currency for `cost`).
+    pub quota_spent: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
+    /// The limit in force for the current period of a tenant's quota window (grants included).
+    pub quota_limit: Family<QuotaLabels, Gauge<f64, AtomicU64>>,
     /// Chat-count memo hits (per rendered message).
     pub tokenize_cache_hits: Counter,
     /// Chat-count memo misses.
@@ -281,6 +298,8 @@ impl Metrics {
             connections_closed: Family::default(),
             bucket_available: Family::default(),
             bucket_capacity: Family::default(),
+            quota_spent: Family::default(),
+            quota_limit: Family::default(),
             tokenize_cache_hits: Counter::default(),
             tokenize_cache_misses: Counter::default(),
             tokenize_cache_replies: Counter::default(),
@@ -446,6 +465,16 @@ impl Metrics {
             m.bucket_capacity.clone(),
         );
         r.register(
+            "quota_spent",
+            "What a tenant has spent in the current period of its quota window, in the quota's unit (tokens for prefill, decode, total and weighted; currency for cost)",
+            m.quota_spent.clone(),
+        );
+        r.register(
+            "quota_limit",
+            "The limit of a tenant's quota for the current period of its window, in the quota's unit (grants included)",
+            m.quota_limit.clone(),
+        );
+        r.register(
             "tokenize_cache_hits",
             "Chat turn spans whose token count came from the memo",
             m.tokenize_cache_hits.clone(),
@@ -534,6 +563,13 @@ impl Metrics {
             self.bucket_available.remove(&labels);
             self.bucket_capacity.remove(&labels);
         }
+    }
+
+    /// Sets a tenant's quota gauges: `spent` in the current period of the window, against
+    /// `limit` (grants included), both in the quota's unit.
+    pub fn quota(&self, labels: &QuotaLabels, spent: f64, limit: f64) {
+        self.quota_spent.get_or_create(labels).set(spent);
+        self.quota_limit.get_or_create(labels).set(limit);
     }
 
     /// Counts a finished request.
@@ -800,5 +836,38 @@ mod tests {
         assert!(text.contains("tokengate_config_reloads_total{result=\"ok\"} 1"));
         assert!(text.contains("tokengate_config_last_reload_successful 1"));
         assert!(m.config_last_reload_success.get() >= at_start);
+    }
+
+    #[test]
+    fn quota_gauges_carry_no_suffix() {
+        let m = Metrics::new();
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE tokengate_quota_spent gauge\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE tokengate_quota_limit gauge\n"),
+            "{text}"
+        );
+        assert!(!text.contains("tokengate_quota_spent{"), "no series yet");
+        let labels = QuotaLabels {
+            tenant: "alice".to_string(),
+            window: "calendar-day@Asia/Shanghai".to_string(),
+            unit: "cost".to_string(),
+        };
+        m.quota(&labels, 1.5, 100.0);
+        m.quota(&labels, 12.25, 150.0);
+        let text = m.encode();
+        let series: Vec<&str> = (text.lines())
+            .filter(|l| l.starts_with("tokengate_quota_"))
+            .collect();
+        assert_eq!(
+            series,
+            [
+                "tokengate_quota_spent{tenant=\"alice\",window=\"calendar-day@Asia/Shanghai\",unit=\"cost\"} 12.25",
+                "tokengate_quota_limit{tenant=\"alice\",window=\"calendar-day@Asia/Shanghai\",unit=\"cost\"} 150.0",
+            ]
+        );
     }
 }

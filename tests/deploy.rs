@@ -407,6 +407,8 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         "tokengate_output_tokens_bucket",
         "tokengate_backend_up",
         "tokengate_config_last_reload_successful",
+        "tokengate_quota_spent",
+        "tokengate_quota_limit",
     ] {
         assert!(used.contains(name), "nothing uses {name}");
     }
@@ -420,9 +422,15 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
         }
     }
 
-    // Some traffic, so every labelled series exists: a streamed chat (TTFT, TPOT) and a plain one.
+    // Some traffic, so every labelled series exists: a streamed chat (TTFT, TPOT) and a plain
+    // one; alice has a quota (its spend in a folder of its own), which each scrape reads.
     let backend = FakeBackend::start(FakeSpec::default()).await;
-    let gw = TestGateway::start(config(&[backend.addr])).await;
+    let mut cfg = config(&[backend.addr]);
+    let dir = TempDir::new("deploy-quota");
+    cfg.quotas.path = dir.0.join("quotas.redb");
+    cfg.tenants[0].quotas =
+        vec![toml::from_str("window = \"calendar-day\"\ndecode = 1000000\n").unwrap()];
+    let gw = TestGateway::start(cfg).await;
     for stream in [true, false] {
         let r = gw.chat("sk-alice", &chat("hello there", 4, stream)).await;
         assert_eq!(r.status, 200, "{}", r.text());
