@@ -4,10 +4,10 @@
 //! as it comes. What tokengate costs above it is its accounting; what it costs above nginx is
 //! the stack both share.
 //!
-//! `cargo run --release --example plain_proxy -- 127.0.0.1:8081 127.0.0.1:9000`
+//! `cargo run --release --example plain_proxy -- 127.0.0.1:8081 127.0.0.1:9000 [WORKERS]`
 //!
 //! Built as tokengate's own listener and backend pools are: one thread accepts and hands the
-//! connections out in turn to one worker per core, each a single-threaded tokio runtime with a
+//! connections out in turn to `WORKERS` workers (default one per core), each a single-threaded tokio runtime with a
 //! keep-alive pool of its own (hyper-util's legacy client, TCP_NODELAY); hyper-util's auto
 //! server (HTTP/1.1 with keep-alive here); jemalloc as the allocator.
 
@@ -79,12 +79,14 @@ fn worker(backend: Arc<Authority>) -> std::io::Result<mpsc::UnboundedSender<std:
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(backend), None) = (args.next(), args.next(), args.next()) else {
-        anyhow::bail!("usage: plain_proxy LISTEN_ADDR BACKEND_HOST:PORT");
+    let (Some(listen), Some(backend), workers, None) =
+        (args.next(), args.next(), args.next(), args.next())
+    else {
+        anyhow::bail!("usage: plain_proxy LISTEN_ADDR BACKEND_HOST:PORT [WORKERS]");
     };
     let backend = Arc::new(backend.parse::<Authority>()?);
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    let workers = (0..cores)
+    let workers = (0..workers.map_or(Ok(cores), |w| w.parse())?)
         .map(|_| worker(backend.clone()))
         .collect::<std::io::Result<Vec<_>>>()?;
     let rt = tokio::runtime::Builder::new_current_thread()
