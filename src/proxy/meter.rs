@@ -93,15 +93,68 @@ impl Reconcile {
             .count_error
             .get_or_create(&labels)
             .observe(error as f64);
-        if error != 0 {
+        if error == 0 {
+            return;
+        }
+        let since_start = ANCHOR.get_or_init(std::time::Instant::now).elapsed();
+        if let Some(held_back) = COUNT_WARNINGS.allow(since_start.as_millis() as u64) {
             tracing::warn!(
                 request_id = self.request_id.as_deref().unwrap_or("-"),
                 backend = %self.backend,
                 kind,
                 gateway,
                 backend_count = backend,
-                "the backend counted {kind} tokens otherwise than the gateway; settled on the backend's count"
+                held_back,
+                "the backend counted {kind} tokens otherwise than the gateway; settled on the backend's count (held_back: differences since the last such line, not logged; tokengate_count_error_tokens counts every one)"
             );
+        }
+    }
+}
+
+/// The moment the process first compared counts: what [`COUNT_WARNINGS`] measures time from.
+static ANCHOR: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Count differences are logged at most once a second: a backend that counts every prompt
+/// otherwise would write a line per request, a cost of its own (a formatted line and a write
+/// to standard error on the request path: 6% of the gateway's CPU in a 2 KB chat benchmark).
+static COUNT_WARNINGS: Sparse = Sparse::every(1000);
+
+/// At most one of a kind of event let through per period; the others are counted.
+struct Sparse {
+    period_ms: u64,
+    /// When the next may go through, in milliseconds from the anchor.
+    next_ms: std::sync::atomic::AtomicU64,
+    held_back: std::sync::atomic::AtomicU64,
+}
+
+impl Sparse {
+    const fn every(period_ms: u64) -> Self {
+        Self {
+            period_ms,
+            next_ms: std::sync::atomic::AtomicU64::new(0),
+            held_back: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the event at `now_ms` goes through: `Some(events held back since the last that
+    /// did)`, or `None` (and it is counted as held back).
+    fn allow(&self, now_ms: u64) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        let next = self.next_ms.load(Ordering::Relaxed);
+        let due = now_ms >= next
+            && (self.next_ms)
+                .compare_exchange(
+                    next,
+                    now_ms + self.period_ms,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if due {
+            Some(self.held_back.swap(0, Ordering::AcqRel))
+        } else {
+            self.held_back.fetch_add(1, Ordering::AcqRel);
+            None
         }
     }
 }
@@ -645,5 +698,20 @@ where
     fn is_end_stream(&self) -> bool {
         // Not the backend body's end: the request settles only when `poll_frame` sees it.
         self.pending.is_none() && self.ended
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sparse;
+
+    #[test]
+    fn one_event_a_period_goes_through_and_says_how_many_were_held_back() {
+        let sparse = Sparse::every(1000);
+        assert_eq!(sparse.allow(5), Some(0));
+        assert_eq!(sparse.allow(6), None);
+        assert_eq!(sparse.allow(1004), None);
+        assert_eq!(sparse.allow(1005), Some(2));
+        assert_eq!(sparse.allow(5000), Some(0));
     }
 }
