@@ -20,11 +20,12 @@ pub const MAX_TP: u32 = 8;
 pub fn held_tpot_slo_seconds(step_seconds: f64) -> f64 {
     let target = DEFAULT_TPOT_SLO_SECONDS;
     let mut multiple = (step_seconds / target).ceil().max(1.0);
-    // the division may round down: the SLO must be met, not nearly
-    while multiple * target < step_seconds {
+    // The division may round down: the SLO must be met, not nearly. One more multiple is
+    // enough; past 2^53 adding one changes nothing, and the step itself is the SLO held.
+    if multiple * target < step_seconds {
         multiple += 1.0;
     }
-    multiple * target
+    (multiple * target).max(step_seconds)
 }
 
 /// One change that gives a deployment a safe batch, and what it gives.

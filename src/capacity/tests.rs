@@ -662,6 +662,11 @@ fn the_slo_held_is_the_article_target_or_its_least_multiple_met() {
     assert_eq!(held(0.050_001), "100.000000");
     assert_eq!(held(0.100), "100.000000");
     assert_eq!(held(0.112_5), "150.000000");
+    // A step so long that whole multiples of 50 ms are no longer apart in f64 (the config fuzz
+    // found one that looped forever): the step itself, at once.
+    for step in [1.23456789e20, 1e17, f64::MAX] {
+        assert!(held_tpot_slo_seconds(step) >= step, "{step}");
+    }
     // one 910B3: one RAG sequence steps in 75 + 1.14 (its KV heads, one core each) + 0.32
     // (its state read and written) ms; two cards hold the article's 50 ms
     let one = qwen(128, StateDtype::Fp32);
