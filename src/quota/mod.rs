@@ -187,9 +187,11 @@ impl Quotas {
             .await
     }
 
-    /// Writes the spend to where it survives the process, now.
+    /// Writes the spend to where it survives the process, now, on a blocking thread (a file
+    /// write waits for the disk).
     pub async fn flush(&self) -> anyhow::Result<()> {
-        self.store.flush().await
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.flush()).await?
     }
 
     /// Flushes every `every` until the returned guard is dropped.

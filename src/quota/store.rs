@@ -76,9 +76,10 @@ pub trait QuotaStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Reading, StoreDown>>;
 
     /// Writes what is not yet kept to where it survives the process (nothing for a store that
-    /// is there already).
-    fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(future::ready(Ok(())))
+    /// is there already). It may wait on a disk: [`super::Quotas::flush`] runs it off the
+    /// async executor.
+    fn flush(&self) -> anyhow::Result<()> {
+        Ok(())
     }
 }
 
@@ -156,8 +157,8 @@ impl LocalQuotaStore {
         out
     }
 
-    /// The synchronous write behind [`QuotaStore::flush`]: the spend, when it changed.
-    pub fn flush_now(&self) -> anyhow::Result<()> {
+    /// [`QuotaStore::flush`]: the spend, when it changed, written to the file and on disk.
+    fn flush_to_file(&self) -> anyhow::Result<()> {
         let Some(file) = &self.file else {
             return Ok(());
         };
@@ -247,7 +248,7 @@ impl QuotaStore for LocalQuotaStore {
         Box::pin(future::ready(Ok(reading)))
     }
 
-    fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(future::ready(self.flush_now()))
+    fn flush(&self) -> anyhow::Result<()> {
+        self.flush_to_file()
     }
 }
