@@ -109,7 +109,7 @@ fn main() -> anyhow::Result<()> {
     };
     let file = std::fs::read(&path)?;
     let mut splitter = SseSplitter::new(u64::MAX);
-    let events: Arc<[Bytes]> = splitter.push(&file).events.into();
+    let events: Arc<[Bytes]> = splitter.push(file.into()).events.into();
     anyhow::ensure!(
         splitter.finish().is_none() && !events.is_empty(),
         "{path} must be whole server-sent events, each ending in a blank line"

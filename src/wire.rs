@@ -56,3 +56,13 @@ pub enum Framing {
     /// Each event is a JSON object followed by a NUL byte (MindIE's vLLM-compatible stream).
     Nul,
 }
+
+impl Framing {
+    /// The byte an event ends with: an SSE event's last `\n`, or its NUL.
+    pub fn end_byte(self) -> u8 {
+        match self {
+            Framing::Sse => b'\n',
+            Framing::Nul => 0,
+        }
+    }
+}

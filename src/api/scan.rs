@@ -248,6 +248,25 @@ impl<'a> Scan<'a> {
     /// Reads a string (the next value must be one), decoded: borrowed when it has no escapes.
     pub(crate) fn string(&mut self) -> Read<Cow<'a, str>> {
         let (raw, escaped) = self.raw_string()?;
+        self.decoded(raw, escaped)
+    }
+
+    /// Reads the rest of a string whose body starts at `at` (just after its opening quote),
+    /// through its closing quote, as [`Scan::string`] reads the whole string.
+    pub(crate) fn string_from(&mut self, at: usize) -> Read<Cow<'a, str>> {
+        self.at = at;
+        let escaped = self.pass_string_body()?;
+        let bytes = self.bytes;
+        self.decoded(&bytes[at..self.at - 1], escaped)
+    }
+
+    /// Where the cursor is: the next byte to read.
+    pub(crate) fn position(&self) -> usize {
+        self.at
+    }
+
+    /// A string's body `raw`, just read (the cursor after its closing quote), decoded.
+    fn decoded(&self, raw: &'a [u8], escaped: bool) -> Read<Cow<'a, str>> {
         if escaped {
             return Self::decode(raw).map(Cow::Owned);
         }

@@ -37,6 +37,9 @@ pub struct SseSplitter {
 pub struct Split {
     /// The events completed, in order, each with its trailing blank line.
     pub events: Vec<Bytes>,
+    /// The same events as one slice of the bytes pushed, when they are: none of them began in
+    /// an earlier push.
+    pub run: Option<Bytes>,
     /// An event (complete or still growing) is longer than the bound: the events before it
     /// are in `events`, nothing after it is read.
     pub too_large: bool,
@@ -60,8 +63,9 @@ impl SseSplitter {
         }
     }
 
-    /// Adds bytes; returns the events completed by them.
-    pub fn push(&mut self, bytes: &[u8]) -> Split {
+    /// Adds bytes; returns the events completed by them. Events that lie whole in `bytes` are
+    /// slices of it: only an event that begins in one push and ends in another is copied.
+    pub fn push(&mut self, mut bytes: Bytes) -> Split {
         let mut split = Split {
             too_large: self.overflowed,
             ..Split::default()
@@ -69,7 +73,27 @@ impl SseSplitter {
         if self.overflowed {
             return split;
         }
-        self.buf.extend_from_slice(bytes);
+        if self.buf.is_empty() {
+            // One search of the whole read for the byte that may end an event.
+            let mut taken = 0;
+            for at in memchr::memchr_iter(self.framing.end_byte(), &bytes) {
+                if !ends_event(self.framing, &bytes[taken..at]) {
+                    continue;
+                }
+                if at + 1 - taken > self.max_event_bytes {
+                    break;
+                }
+                split.events.push(bytes.slice(taken..at + 1));
+                taken = at + 1;
+            }
+            if taken > 0 {
+                split.run = Some(bytes.split_to(taken));
+            }
+            // What is left needs no second search: no event ends in it, or the one that does
+            // is over the bound.
+            self.searched = bytes.len();
+        }
+        self.buf.extend_from_slice(&bytes);
         while let Some(end) = self.event_end() {
             if end > self.max_event_bytes {
                 break;
@@ -96,22 +120,30 @@ impl SseSplitter {
     /// is after the first `\n` that follows `\n` or `\r\n\r`. Only the part not searched yet is
     /// read; what precedes a `\n` is already in the buffer, so no `\n` needs a second look.
     fn event_end(&mut self) -> Option<usize> {
-        let from = self.searched;
-        if self.framing == Framing::Nul {
-            let end = memchr::memchr(0, &self.buf[from..]).map(|i| from + i + 1);
-            if end.is_none() {
-                self.searched = self.buf.len();
-            }
-            return end;
+        let end = event_end(self.framing, &self.buf, self.searched);
+        if end.is_none() {
+            self.searched = self.buf.len();
         }
-        for at in memchr::memchr_iter(b'\n', &self.buf[from..]).map(|i| from + i) {
-            let before = &self.buf[..at];
-            if before.ends_with(b"\n") || before.ends_with(b"\r\n\r") {
-                return Some(at + 1);
-            }
-        }
-        self.searched = self.buf.len();
-        None
+        end
+    }
+}
+
+/// Where the first event in `buf` ends, framed as `framing` says, searching from `from` (no
+/// event ends before it).
+fn event_end(framing: Framing, buf: &[u8], from: usize) -> Option<usize> {
+    memchr::memchr_iter(framing.end_byte(), &buf[from..])
+        .map(|i| from + i)
+        .find(|&at| ends_event(framing, &buf[..at]))
+        .map(|at| at + 1)
+}
+
+/// Whether an event whose bytes so far are `before` ends with the [`Framing::end_byte`] that
+/// follows them: a NUL always ends one; a `\n` ends an SSE event after `\n` or `\r\n\r` (its
+/// blank line, `\n\n` or `\r\n\r\n`).
+fn ends_event(framing: Framing, before: &[u8]) -> bool {
+    match framing {
+        Framing::Nul => true,
+        Framing::Sse => before.ends_with(b"\n") || before.ends_with(b"\r\n\r"),
     }
 }
 
@@ -134,6 +166,22 @@ pub fn data(event: &[u8]) -> Cow<'_, str> {
     let Ok(text) = std::str::from_utf8(event) else {
         return Cow::Borrowed("");
     };
+    // The usual event, one `data:` line and its blank line: read as the lines below read it,
+    // without cutting it into them.
+    if let Some(line) = text
+        .strip_suffix("\n\n")
+        .and_then(|t| t.strip_prefix("data:"))
+    {
+        if memchr::memchr(b'\n', line.as_bytes()).is_none() {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            return Cow::Borrowed(line.strip_prefix(' ').unwrap_or(line));
+        }
+    }
+    data_lines(text)
+}
+
+/// [`data`] of any event's text, line by line.
+fn data_lines(text: &str) -> Cow<'_, str> {
     let mut lines = lines(text)
         .filter_map(|l| l.strip_prefix("data:"))
         .map(|d| d.strip_prefix(' ').unwrap_or(d));
@@ -199,13 +247,77 @@ pub struct Chunk<'a> {
     more_pieces: Vec<Cow<'a, str>>,
 }
 
-/// The longest head [`Chunk::parse_event`] keeps: longer ones are read every time.
+/// The longest head [`Chunk::parse_event`] keeps: longer ones are read every time. The same
+/// bounds each of an [`EventShape`]'s two parts.
 const MAX_HEAD_BYTES: usize = 1024;
 
-/// The bytes a stream's events begin with before their first field metering reads, once an
-/// event has been read whole with them (see [`Chunk::parse_event`]). One per stream.
+/// What a stream's events have been seen to repeat (see [`Chunk::parse_event`]). One per
+/// stream.
 #[derive(Debug, Default)]
-pub struct EventHead(Vec<u8>);
+pub struct EventHead {
+    /// The bytes the events begin with before their first field metering reads, once an event
+    /// has been read whole with them.
+    head: Vec<u8>,
+    /// The last event read whose only generated text was its first choice's content.
+    shape: Option<EventShape>,
+}
+
+/// An event whose only generated text is its first choice's content, in a string without
+/// escapes, and which carries no usage: its bytes before that string's body (through the
+/// opening quote) and after it (from the closing quote on). Any text made of the same two
+/// parts around another valid string body reads as the same chunk with that string's text:
+/// reading the first part leaves the reader in the same place, a string changes nothing but
+/// the text it holds, and the same second part then reads the same way.
+#[derive(Debug)]
+struct EventShape {
+    before: Vec<u8>,
+    after: Vec<u8>,
+}
+
+impl EventShape {
+    /// The shape of `chunk`, read from `json`, when it has one.
+    fn of<'a>(json: &'a str, chunk: &Chunk<'a>) -> Option<Self> {
+        let bare = chunk.any_choice
+            && chunk.answer == Some((Some(0), false))
+            && chunk.more_pieces.is_empty()
+            && (
+                chunk.completion_tokens,
+                chunk.prompt_tokens,
+                chunk.cached_tokens,
+            ) == (None, None, None);
+        let Some(Cow::Borrowed(content)) = chunk.first_piece.as_ref().filter(|_| bare) else {
+            return None;
+        };
+        // A borrowed string is a slice of `json`: its body, between its quotes.
+        let start = (content.as_ptr() as usize).checked_sub(json.as_ptr() as usize)?;
+        let end = start + content.len();
+        let bytes = json.as_bytes();
+        let quoted = start > 0 && bytes[start - 1] == b'"' && bytes.get(end) == Some(&b'"');
+        (quoted && start <= MAX_HEAD_BYTES && bytes.len() - end <= MAX_HEAD_BYTES).then(|| {
+            EventShape {
+                before: bytes[..start].to_vec(),
+                after: bytes[end..].to_vec(),
+            }
+        })
+    }
+
+    /// `json` as a chunk, when it is this shape around another string.
+    fn read<'a>(&self, json: &'a str) -> Option<Chunk<'a>> {
+        if !json.as_bytes().starts_with(&self.before) {
+            return None;
+        }
+        let mut scan = Scan::text(json);
+        // The string's body and its closing quote: the second part starts with that quote.
+        let content = scan.string_from(self.before.len()).ok()?;
+        let rest = &json.as_bytes()[scan.position() - 1..];
+        (rest == self.after.as_slice()).then(|| Chunk {
+            any_choice: true,
+            answer: Some((Some(0), false)),
+            first_piece: Some(content),
+            ..Chunk::default()
+        })
+    }
+}
 
 /// The generated fields of a choice, or of the `delta` (streamed) or `message` (whole) inside
 /// it: those that are strings, and whether `tool_calls` is a non-empty array. Reasoning comes
@@ -260,15 +372,33 @@ impl<'a> Chunk<'a> {
         Self::read_all(Scan::text(json))
     }
 
-    /// [`Chunk::parse_text`] of one event of a stream whose earlier events `head` has seen:
+    /// [`Chunk::parse_text`] of one event of a stream whose earlier events `seen` has seen:
     /// when this one begins with the same head, those bytes are not read again. Each event of
     /// a vLLM stream repeats its `id`, `object`, `created` and `model` before `choices`, 8 of
     /// an event's 13 strings. The chunk is the same either way: up to the end of the head,
     /// the same bytes leave the reading in the same place, having read nothing.
-    pub fn parse_event(json: &'a str, head: &mut EventHead) -> Self {
+    ///
+    /// Most events of a stream differ from the one before only in the text they carry: when
+    /// this one is made of the same bytes as the last event whose only text was its content,
+    /// around another string in that content's place, it is read as that string alone (the
+    /// same chunk as read whole: the bytes before the string leave the reading in the same
+    /// place, the string changes nothing but the text, and the same bytes after it read alike).
+    pub fn parse_event(json: &'a str, seen: &mut EventHead) -> Self {
+        if let Some(chunk) = seen.shape.as_ref().and_then(|shape| shape.read(json)) {
+            return chunk;
+        }
+        let chunk = Self::parse_after_head(json, &mut seen.head);
+        if let Some(shape) = EventShape::of(json, &chunk) {
+            seen.shape = Some(shape);
+        }
+        chunk
+    }
+
+    /// [`Chunk::parse_event`] with the head alone.
+    fn parse_after_head(json: &'a str, head: &mut Vec<u8>) -> Self {
         let mut scan = Scan::text(json);
-        if !head.0.is_empty() && json.as_bytes().starts_with(&head.0) {
-            let from = head.0.len();
+        if !head.is_empty() && json.as_bytes().starts_with(head) {
+            let from = head.len();
             return Self::read(&mut scan, Some(from))
                 .and_then(|(chunk, _)| scan.end().map(|()| chunk))
                 .unwrap_or_default();
@@ -277,8 +407,8 @@ impl<'a> Chunk<'a> {
             return Self::default();
         };
         if let Some(end) = end.filter(|&end| end <= MAX_HEAD_BYTES) {
-            head.0.clear();
-            head.0.extend_from_slice(&json.as_bytes()[..end]);
+            head.clear();
+            head.extend_from_slice(&json.as_bytes()[..end]);
         }
         chunk
     }
@@ -1143,14 +1273,14 @@ mod tests {
             Chunk::parse_event(&first, &mut memo).answer(),
             Some(("a", false))
         );
-        assert_eq!(memo.0, head.as_bytes());
+        assert_eq!(memo.head, head.as_bytes());
         // The next event is read from its `choices` on: a head it did not repeat would not be.
         let second = event("b");
         assert_eq!(
             Chunk::parse_event(&second, &mut memo).answer(),
             Some(("b", false))
         );
-        assert_eq!(memo.0, head.as_bytes());
+        assert_eq!(memo.head, head.as_bytes());
         // An event with another head is read whole, and its head is the one kept.
         let other = r#"{"id":"c2","choices":[],"usage":{"completion_tokens":2}}"#;
         let read = Chunk::parse_event(other, &mut memo);
@@ -1158,11 +1288,107 @@ mod tests {
             (read.usage_only(), read.completion_tokens()),
             (true, Some(2))
         );
-        assert_eq!(memo.0, br#"{"id":"c2","#);
+        assert_eq!(memo.head, br#"{"id":"c2","#);
         // Nothing before the first field read: no head.
         let mut none = EventHead::default();
         Chunk::parse_event(r#"{"choices":[],"id":"c3"}"#, &mut none);
-        assert!(none.0.is_empty());
+        assert!(none.head.is_empty());
+    }
+
+    /// A content string's body: plain text, escapes good and bad, a quote or a control
+    /// character that ends or breaks it.
+    fn content_body() -> impl Strategy<Value = String> {
+        let piece = prop::sample::select(vec![
+            "a",
+            " ",
+            "\u{e9}",
+            r#"\n"#,
+            r#"\""#,
+            r#"\u00e9"#,
+            r#"\ud83d\ude00"#,
+            r#"\ud800"#,
+            r#"\x"#,
+            "\"",
+            "\u{1}",
+            "\\",
+            "\"},",
+            "}",
+        ]);
+        prop::collection::vec(piece, 0..6).prop_map(|pieces| pieces.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        #[test]
+        fn a_streams_events_of_one_shape_read_as_each_alone(
+            events in prop::collection::vec((0..3usize, content_body(), 0..4usize), 1..8),
+        ) {
+            let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":"#;
+            let deltas = [r#"{"content":""#, r#"{"role":"assistant","content":""#, r#"{"reasoning":"r","content":""#];
+            let tails = [
+                r#""},"logprobs":null,"finish_reason":null}]}"#,
+                r#""},"finish_reason":"stop"}],"usage":{"completion_tokens":3,"prompt_tokens":1}}"#,
+                r#""}}]} x"#,
+                r#""},"content":"again"}]}"#,
+            ];
+            let mut memo = EventHead::default();
+            for (delta, body, tail) in &events {
+                let text = format!("{head}{}{body}{}", deltas[*delta], tails[*tail]);
+                let alone = metered!(Chunk::parse_text(&text));
+                prop_assert_eq!(&metered!(Chunk::parse_event(&text, &mut memo)), &alone);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        #[test]
+        fn an_events_data_reads_as_its_lines_do(
+            pieces in prop::collection::vec(prop::sample::select(vec![
+                "data:", "data: ", " ", "x", "\r", "\n", "\r\n", ": c", "id: 1",
+            ]), 0..8),
+            end in prop::sample::select(vec!["\n\n", "\r\n\r\n", "\r\n\n", "\n", ""]),
+        ) {
+            let text = format!("{}{end}", pieces.concat());
+            prop_assert_eq!(data(text.as_bytes()), data_lines(&text));
+        }
+    }
+
+    #[test]
+    fn an_events_shape_is_remembered_and_only_its_string_read_after() {
+        let event = |content: &str, finish: &str| {
+            format!(
+                r#"{{"id":"c1","choices":[{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":{finish}}}]}}"#
+            )
+        };
+        let mut memo = EventHead::default();
+        let first = event("a", "null");
+        Chunk::parse_event(&first, &mut memo);
+        let shape = memo.shape.as_ref().expect("learned");
+        assert_eq!(
+            shape.before,
+            br#"{"id":"c1","choices":[{"index":0,"delta":{"content":""#
+        );
+        assert_eq!(shape.after, br#""},"finish_reason":null}]}"#);
+        // Read by the shape: the same answer as read whole, escapes decoded.
+        let second = event(r"b\u00e9", "null");
+        let read = shape.read(&second).expect("the same shape");
+        assert_eq!(read.answer(), Some(("b\u{e9}", false)));
+        assert_eq!(metered!(read), metered!(Chunk::parse_text(&second)));
+        // Another tail, or a string that is not one, is not the shape.
+        assert!(shape.read(&event("c", r#""stop""#)).is_none());
+        assert!(shape.read(&event(r"\x", "null")).is_none());
+        // An event that carries usage, or whose content has escapes, teaches no shape.
+        for other in [
+            r#"{"choices":[{"delta":{"content":"x"}}],"usage":{"completion_tokens":1}}"#,
+            r#"{"choices":[{"delta":{"content":"\n"}}]}"#,
+        ] {
+            let mut fresh = EventHead::default();
+            Chunk::parse_event(other, &mut fresh);
+            assert!(fresh.shape.is_none(), "{other}");
+        }
     }
 
     #[test]
@@ -1185,8 +1411,11 @@ mod tests {
     #[test]
     fn splits_events_across_pushes() {
         let mut s = SseSplitter::new(1 << 20);
-        assert_eq!(s.push(b"data: {\"a\""), Split::default());
-        let split = s.push(b":1}\n\ndata: [DONE]\n\n");
+        assert_eq!(
+            s.push(Bytes::from_static(b"data: {\"a\"")),
+            Split::default()
+        );
+        let split = s.push(Bytes::from_static(b":1}\n\ndata: [DONE]\n\n"));
         assert_eq!(
             split.events,
             vec![
@@ -1201,18 +1430,21 @@ mod tests {
     #[test]
     fn an_end_split_across_pushes_is_found_and_nothing_is_searched_twice() {
         let mut s = SseSplitter::new(1 << 20);
-        assert_eq!(s.push(b"data: a\r\n\r"), Split::default());
+        assert_eq!(
+            s.push(Bytes::from_static(b"data: a\r\n\r")),
+            Split::default()
+        );
         assert_eq!(s.searched, 10, "the whole unfinished event was searched");
-        let split = s.push(b"\ndata: b\n");
+        let split = s.push(Bytes::from_static(b"\ndata: b\n"));
         assert_eq!(split.events, vec![Bytes::from("data: a\r\n\r\n")]);
         assert_eq!(s.searched, 8, "the next event, searched once");
-        let split = s.push(b"\ndata: c\r\n\n");
+        let split = s.push(Bytes::from_static(b"\ndata: c\r\n\n"));
         // "\r\n\n" ends with "\n\n": an end too.
         assert_eq!(
             split.events,
             vec![Bytes::from("data: b\n\n"), Bytes::from("data: c\r\n\n")]
         );
-        assert_eq!(s.push(b"data: d\r\n"), Split::default());
+        assert_eq!(s.push(Bytes::from_static(b"data: d\r\n")), Split::default());
         assert_eq!(s.finish(), Some(Bytes::from("data: d\r\n")));
     }
 
@@ -1220,14 +1452,15 @@ mod tests {
     fn nul_framed_events_end_at_their_nul_across_pushes_and_bounded() {
         let mut s = SseSplitter::framed(1 << 20, Framing::Nul);
         assert_eq!(
-            s.push(b"{\"text\":[\"a\"]}\0{\"text\":"),
+            s.push(Bytes::from_static(b"{\"text\":[\"a\"]}\0{\"text\":")),
             Split {
                 events: vec![Bytes::from("{\"text\":[\"a\"]}\0")],
+                run: Some(Bytes::from("{\"text\":[\"a\"]}\0")),
                 too_large: false,
             }
         );
         // A blank line is not an end here.
-        let split = s.push(b"[\"\\n\\n\"]}\n\n\0");
+        let split = s.push(Bytes::from_static(b"[\"\\n\\n\"]}\n\n\0"));
         assert_eq!(
             split.events,
             vec![Bytes::from("{\"text\":[\"\\n\\n\"]}\n\n\0")]
@@ -1236,13 +1469,14 @@ mod tests {
             payload(Framing::Nul, &split.events[0]),
             "{\"text\":[\"\\n\\n\"]}\n\n"
         );
-        assert_eq!(s.push(b"{\"te"), Split::default());
+        assert_eq!(s.push(Bytes::from_static(b"{\"te")), Split::default());
         assert_eq!(s.finish(), Some(Bytes::from("{\"te")));
         let mut s = SseSplitter::framed(4, Framing::Nul);
         assert_eq!(
-            s.push(b"abc\0abcde"),
+            s.push(Bytes::from_static(b"abc\0abcde")),
             Split {
                 events: vec![Bytes::from("abc\0")],
+                run: Some(Bytes::from("abc\0")),
                 too_large: true,
             }
         );
@@ -1252,20 +1486,33 @@ mod tests {
 
     #[test]
     fn an_event_over_the_bound_ends_the_split_after_the_events_before_it() {
-        let split = |events: Vec<Bytes>, too_large: bool| Split { events, too_large };
+        // Each push here begins with an empty buffer: its events are one slice of it.
+        let split = |events: Vec<Bytes>, too_large: bool| Split {
+            run: (!events.is_empty()).then(|| Bytes::from(events.concat())),
+            events,
+            too_large,
+        };
         // "data: 12345\n\n" is 13 bytes: the bound.
         let ok = Bytes::from("data: 12345\n\n");
         // Complete but one byte over, behind an event that fits: that one still comes out.
         let mut s = SseSplitter::new(13);
-        let pushed = s.push(b"data: 12345\n\ndata: 123456\n\ndata: 1\n\n");
+        let pushed = s.push(Bytes::from_static(
+            b"data: 12345\n\ndata: 123456\n\ndata: 1\n\n",
+        ));
         assert_eq!(pushed, split(vec![ok.clone()], true));
-        assert_eq!(s.push(b"data: 1\n\n"), split(vec![], true));
+        assert_eq!(
+            s.push(Bytes::from_static(b"data: 1\n\n")),
+            split(vec![], true)
+        );
         assert_eq!(s.finish(), None);
         // Unfinished and growing past the bound, a few bytes at a time: the buffer never
         // holds more than the bound plus one push.
         let mut s = SseSplitter::new(13);
-        assert_eq!(s.push(b"data: 12345\n\ndata: 12"), split(vec![ok], false));
-        assert_eq!(s.push(b"345678"), split(vec![], true));
+        assert_eq!(
+            s.push(Bytes::from_static(b"data: 12345\n\ndata: 12")),
+            split(vec![ok], false)
+        );
+        assert_eq!(s.push(Bytes::from_static(b"345678")), split(vec![], true));
         assert_eq!(s.finish(), None);
     }
 
@@ -1281,8 +1528,11 @@ mod tests {
         let mut s = SseSplitter::framed(1 << 20, framing);
         let (mut events, mut start) = (Vec::new(), 0);
         for end in at.into_iter().chain([bytes.len()]) {
-            let split = s.push(&bytes[start..end]);
+            let split = s.push(Bytes::copy_from_slice(&bytes[start..end]));
             assert!(!split.too_large);
+            if let Some(run) = &split.run {
+                assert_eq!(run, &split.events.concat(), "the run is the events");
+            }
             events.extend(split.events);
             start = end;
         }
@@ -1360,6 +1610,8 @@ mod tests {
         assert!(matches!(one, Cow::Borrowed("{\"a\":1}")), "{one:?}");
         assert_eq!(data(b": hi\ndata:{\"a\":\ndata:  1}\n\n"), "{\"a\":\n 1}");
         assert_eq!(data(b"data: [DONE]\n\n"), "[DONE]");
+        assert_eq!(data(b"data:  x\r\n\n"), " x");
+        assert_eq!(data(b"data: \r\n\n"), "");
         assert_eq!(data(b": only a comment\n\n"), "");
         assert_eq!(data(b"data: \xff\n\n"), "");
     }
