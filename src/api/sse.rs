@@ -6,9 +6,10 @@
 //! Both are linear in the bytes. The splitter resumes its search for an event's end where the
 //! last search stopped, so an event that arrives in many reads is scanned once. A chunk is read
 //! by a strict JSON scanner (`api::scan`) that picks out only the fields metering needs and
-//! passes over the rest without building it; a string is copied only when it has escapes, and
-//! the head every event of a stream repeats (`id`, `object`, `created`, `model`) is read once
-//! per stream ([`Chunk::parse_event`]).
+//! passes over the rest without building it; a string is copied only when it has escapes, the
+//! head every event of a stream repeats (`id`, `object`, `created`, `model`) is read once per
+//! stream, and an event that is the last content event's bytes around another string is read
+//! as that string alone ([`Chunk::parse_event`]).
 
 use super::scan::{self, Kind, Scan};
 use crate::wire::Framing;
