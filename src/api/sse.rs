@@ -293,7 +293,8 @@ impl EventShape {
         let start = (content.as_ptr() as usize).checked_sub(json.as_ptr() as usize)?;
         let end = start + content.len();
         let bytes = json.as_bytes();
-        let quoted = start > 0 && bytes[start - 1] == b'"' && bytes.get(end) == Some(&b'"');
+        let quoted =
+            start > 0 && bytes.get(start - 1) == Some(&b'"') && bytes.get(end) == Some(&b'"');
         (quoted && start <= MAX_HEAD_BYTES && bytes.len() - end <= MAX_HEAD_BYTES).then(|| {
             EventShape {
                 before: bytes[..start].to_vec(),
@@ -1323,7 +1324,7 @@ mod tests {
 
         #[test]
         fn a_streams_events_of_one_shape_read_as_each_alone(
-            events in prop::collection::vec((0..3usize, content_body(), 0..4usize), 1..8),
+            events in prop::collection::vec((0..3usize, content_body(), 0..6usize), 1..8),
         ) {
             let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":"#;
             let deltas = [r#"{"content":""#, r#"{"role":"assistant","content":""#, r#"{"reasoning":"r","content":""#];
@@ -1332,7 +1333,11 @@ mod tests {
                 r#""},"finish_reason":"stop"}],"usage":{"completion_tokens":3,"prompt_tokens":1}}"#,
                 r#""}}]} x"#,
                 r#""},"content":"again"}]}"#,
+                // As long as the first: only their bytes tell them apart.
+                r#"","reasoning":"rrrrrrrrrrrrrrrrrrrrrr"}}]}"#,
+                r#""}}],"usage":{"completion_tokens":123456}}"#,
             ];
+            prop_assert!(tails[4..].iter().all(|t| t.len() == tails[0].len()));
             let mut memo = EventHead::default();
             for (delta, body, tail) in &events {
                 let text = format!("{head}{}{body}{}", deltas[*delta], tails[*tail]);

@@ -164,6 +164,14 @@ impl Sparse {
 /// doubling it was reallocated 17 times in a 200-event answer.
 const TEXT_ROOM: usize = 1024;
 
+/// Adds `piece` to a streamed `text`, given [`TEXT_ROOM`] with its first piece.
+fn grow(text: &mut String, piece: &str) {
+    if text.capacity() == 0 && !piece.is_empty() {
+        text.reserve(TEXT_ROOM);
+    }
+    text.push_str(piece);
+}
+
 /// The most sequences whose texts are kept apart for counting (MindIE's vLLM-compatible
 /// `best_of` is at most 128).
 const MAX_TEXTS_APART: usize = 128;
@@ -334,7 +342,6 @@ impl Admitted {
         (Some(first - self.arrived), tpot)
     }
 
-    /// One event of a streamed answer.
     /// Takes in one event of a stream, which arrived `now` (the clock is read once for the
     /// events of one read, not for each: they arrived together).
     fn observe_event(&mut self, chunk: &Chunk, now: &mut Option<Instant>) {
@@ -365,20 +372,16 @@ impl Admitted {
                 // Sequences past the bound share the last text (a count a token or so apart).
                 let at = sequence.min(MAX_TEXTS_APART - 1);
                 if self.texts.len() <= at {
-                    self.texts
-                        .resize_with(at + 1, || String::with_capacity(TEXT_ROOM));
+                    self.texts.resize_with(at + 1, String::new);
                 }
-                self.texts[at].push_str(piece);
+                grow(&mut self.texts[at], piece);
             }
         }
         match chunk.answer() {
             Some((_, true)) => self.reply = None,
             Some((content, false)) => {
-                if let Some(reply) = self.reply.as_mut().filter(|_| !content.is_empty()) {
-                    if reply.capacity() == 0 {
-                        reply.reserve(TEXT_ROOM);
-                    }
-                    reply.push_str(content);
+                if let Some(reply) = self.reply.as_mut() {
+                    grow(reply, content);
                 }
             }
             None => {}
@@ -595,38 +598,32 @@ fn filter(
     bytes: Bytes,
 ) -> Filtered {
     let split = splitter.push(bytes);
-    // Copied only once an event is left out, or when the events are not one run of the read;
-    // then in one go, with room for every event.
-    let room = split.events.iter().map(Bytes::len).sum();
-    let mut copied = split.run.is_none().then(|| BytesMut::with_capacity(room));
     let mut now = None;
+    // The events the client does not get (by their place in `split.events`): rarely any.
+    let mut left_out = Vec::new();
     for (i, event) in split.events.iter().enumerate() {
         let data = sse::payload(wire.framing(), event);
         let chunk = Chunk::of_event(wire, &data, head);
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk, &mut now);
         }
-        let left_out = chunk.usage_only() && !client_wants_usage;
-        if left_out && copied.is_none() {
-            copied = Some(BytesMut::with_capacity(room));
-            split.events[..i].iter().for_each(|e| copy(&mut copied, e));
-        }
-        if !left_out {
-            copy(&mut copied, event);
+        if chunk.usage_only() && !client_wants_usage {
+            left_out.push(i);
         }
     }
-    let mut out = match copied {
-        Some(copied) => copied,
-        None => match split.run {
-            Some(run) if !split.too_large => {
-                return Filtered {
-                    bytes: run,
-                    ended: false,
-                }
-            }
-            run => BytesMut::from(run.unwrap_or_default()),
-        },
-    };
+    if let (Some(run), true, false) = (split.run, left_out.is_empty(), split.too_large) {
+        return Filtered {
+            bytes: run,
+            ended: false,
+        };
+    }
+    // Room for every event once: the client's bytes are copied in one go, not grown into.
+    let mut out = BytesMut::with_capacity(split.events.iter().map(Bytes::len).sum());
+    for (i, event) in split.events.iter().enumerate() {
+        if !left_out.contains(&i) {
+            out.extend_from_slice(event);
+        }
+    }
     if split.too_large {
         tracing::warn!(max_event_bytes, "backend stream event over max_event_bytes");
         let err = UpstreamFailure::EventTooLarge(max_event_bytes).into();
@@ -635,13 +632,6 @@ fn filter(
     Filtered {
         bytes: out.freeze(),
         ended: split.too_large,
-    }
-}
-
-/// Adds `event` to what the client gets, when that is being copied.
-fn copy(copied: &mut Option<BytesMut>, event: &Bytes) {
-    if let Some(out) = copied {
-        out.extend_from_slice(event);
     }
 }
 
