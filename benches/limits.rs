@@ -119,6 +119,7 @@ fn admission_shell(rt: &tokio::runtime::Runtime) -> f64 {
                 name: format!("npu{i}"),
                 kv_capacity_bytes,
                 max_batch: 64,
+                engine: false,
             })
             .collect(),
         QueueSpec {

@@ -226,6 +226,7 @@ fn backends() -> Vec<BackendSpec> {
         name: "http://127.0.0.1:8000".into(),
         kv_capacity_bytes: 1 << 40,
         max_batch: 100_000,
+        engine: false,
     }]
 }
 

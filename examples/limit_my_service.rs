@@ -103,6 +103,7 @@ pub fn limited_service(
                 kv_bytes_per_token: 1,
                 state_bytes_per_sequence: 0,
                 shared_prompt_blocks: false,
+                lookahead_tokens: 0,
             },
             None,
         ))
@@ -117,6 +118,7 @@ pub fn my_backend() -> Admission {
             name: "gpu-0".to_string(),
             kv_capacity_bytes: 4096,
             max_batch: 8,
+            engine: false,
         }],
         QueueSpec {
             max_waiting: 16,

@@ -206,8 +206,8 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 "max_batch": b.max_batch,
                 // Each as the file gives it, or derived by the capacity model (`derived` holds
                 // what the model derives, in force or not).
-                "kv_capacity_bytes_source": Source::of(&cfg.kv_capacity_bytes),
-                "max_batch_source": Source::of(&cfg.max_batch),
+                "kv_capacity_bytes_source": cfg.capacity_sources().0,
+                "max_batch_source": cfg.capacity_sources().1,
                 // Per priority class: what its leases hold and the most its share allows.
                 "by_class": b.by_class,
                 // Waiting for the backends of its runner.

@@ -5,7 +5,9 @@ use crate::admission::{Admission, BackendSpec, LedgerStore, QueueSpec};
 use crate::body::discard::Discarder;
 use crate::body::Bodies;
 use crate::clock::{SharedClock, SystemClock};
-use crate::config::{Runner, ValidConfig};
+use crate::config::{BackendConfig, KvSource, ModelConfig, Runner, ValidConfig};
+use crate::feedback::engine::HandSet;
+use crate::feedback::{KvWatch, Watched};
 use crate::gateway::{Gateway, Lane};
 use crate::layers::admit::KvGeometry;
 use crate::layers::count::{Counter, KvCheck};
@@ -139,13 +141,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     };
     let admission = admit_on(&config, Runner::Generate, queue, &metrics)?;
     // Feedback reads generation engines (validation refuses it on a pooling backend).
-    let feedback = crate::feedback::spawn(
-        &(config.running(Runner::Generate))
-            .map(|(b, _)| (b.url.clone(), b.feedback.clone()))
-            .collect::<Vec<_>>(),
-        &admission,
-        &metrics,
-    );
+    let feedback = crate::feedback::spawn(&watched(&config), &admission, &metrics);
     let usage_log = match &config.usage_log {
         Some(log) => {
             let anchor = WallAnchor {
@@ -238,6 +234,38 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     }))
 }
 
+/// The generation backends as the feedback loops read them, in config order.
+pub fn watched(config: &ValidConfig) -> Vec<Watched> {
+    (config.running(Runner::Generate))
+        .map(|(b, _)| Watched {
+            url: b.url.clone(),
+            feedback: b.feedback.clone(),
+            kv: kv_watch(&config.model, b),
+        })
+        .collect()
+}
+
+/// What backend `b`'s engine's KV geometry is for: learned and admitted by (`kv = "engine"`),
+/// or held against the geometry set by hand.
+fn kv_watch(model: &ModelConfig, b: &BackendConfig) -> KvWatch {
+    match b.kv {
+        KvSource::Engine => KvWatch::Learn {
+            max_batch: b.max_batch,
+            kv_bytes_per_token: model.kv_bytes_per_token,
+            max_model_len: model.max_model_len,
+        },
+        KvSource::Configured => KvWatch::Check(HandSet {
+            block_tokens: model.block_tokens,
+            kv_bytes_per_token: model.kv_bytes_per_token,
+            state_bytes_per_sequence: model.state_bytes_per_sequence,
+            prefix_caching: model.prefix_caching,
+            max_model_len: model.max_model_len,
+            kv_capacity_bytes: b.kv_capacity_bytes(),
+            max_batch: b.max_batch(),
+        }),
+    }
+}
+
 /// The tenants' quotas: kept in this process and written to `quotas.path` (with the task that
 /// writes them), or in the limiter's Redis.
 fn quotas_of(
@@ -278,6 +306,7 @@ fn admit_on(
             name: b.url.clone(),
             kv_capacity_bytes: b.kv_capacity_bytes(),
             max_batch: b.max_batch(),
+            engine: b.kv == KvSource::Engine,
         })
         .collect();
     Ok(match config.limiter.store {

@@ -3,6 +3,7 @@
 
 use crate::app::{self, Deps};
 use crate::config::Config;
+use crate::feedback::Watched;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,10 +24,14 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Validate a config file and print what it sets up.
+    /// Validate a config file and print what it sets up; read the engines whose KV geometry is
+    /// learned (`kv = "engine"`) or checked (`feedback.enabled`) and print theirs.
     CheckConfig {
         /// Config file (TOML).
         config: PathBuf,
+        /// Do not read the engines (the file alone is checked).
+        #[arg(long)]
+        offline: bool,
     },
     /// Tokenizer tools.
     Tokenizer {
@@ -93,6 +98,36 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// What each engine read says of its KV geometry (`check-config`), and where the geometry in
+/// force differs from it; an engine that cannot be read is said so, and is no error: the file
+/// is checked.
+async fn engines(watched: &[Watched]) -> String {
+    let mut out = String::new();
+    for (i, b) in watched.iter().enumerate().filter(|(_, b)| b.read()) {
+        match crate::feedback::read_engine(b).await {
+            Ok(kv) => {
+                out += &format!(
+                    "engine of backends[{i}] ({}): pages of {} tokens ({} bytes), {} pages, {} state pages a sequence, {} draft tokens, prefix caching {}, max_model_len {}, max_num_seqs {}\n",
+                    b.url,
+                    kv.page_tokens,
+                    kv.page_bytes,
+                    kv.pages,
+                    kv.state_pages_per_sequence,
+                    kv.lookahead_tokens,
+                    if kv.prefix_caching { "on" } else { "off" },
+                    kv.max_model_len,
+                    kv.max_num_seqs.map_or("not said (set max_batch)".to_string(), |n| n.to_string()),
+                );
+                for d in b.kv.differences(&kv) {
+                    out += &format!("warning: backends[{i}]: {d}\n");
+                }
+            }
+            Err(e) => out += &format!("engine of backends[{i}] ({}) not read: {e}\n", b.url),
+        }
+    }
+    out
+}
+
 /// The process's own runtime: one thread for the admin listener, signals, reloads and the
 /// background tasks. The API is served by the server's workers, threads of their own.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -114,10 +149,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::Ok(())
             })
         }
-        Command::CheckConfig { config } => {
+        Command::CheckConfig { config, offline } => {
             let cfg = Config::load(&config)?;
             println!("{}: ok", config.display());
             print!("{}", crate::config::describe::describe(&cfg));
+            let watched = app::watched(&cfg);
+            if !offline && watched.iter().any(Watched::read) {
+                print!("{}", runtime()?.block_on(engines(&watched)));
+            }
             Ok(())
         }
         Command::Tokenizer {

@@ -667,6 +667,10 @@ impl From<NotAdmitted> for ApiError {
                 ),
                 retry_after,
             ),
+            AdmitError::Unlearned => ApiError::capacity_exhausted(
+                "no backend's KV cache is known yet: every backend learns it from its engine (kv = \"engine\") and none has been read (GET /admin/backends says why); retry later".to_string(),
+                queue_deadline,
+            ),
             AdmitError::DeadlineExceeded { waited, deadline } => ApiError::capacity_exhausted(
                 format!(
                     "no KV-cache space freed up within the queue deadline of {} (waited {}); retry later",

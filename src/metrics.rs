@@ -72,6 +72,15 @@ pub struct CountErrorLabels {
     pub kind: String,
 }
 
+/// `{backend, key}` of a geometry key that differs from the engine's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvMismatchLabels {
+    /// Backend URL.
+    pub backend: String,
+    /// The config key (`model.block_tokens`, `kv_capacity_bytes`, ...).
+    pub key: String,
+}
+
 /// `{backend, reason}` of a failed scrape of a backend's metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScrapeFailureLabels {
@@ -204,6 +213,8 @@ pub struct Metrics {
     pub backend_kv_usage: Family<BackendLabel, Gauge<f64, AtomicU64>>,
     /// Scrapes of the backend's metrics that failed, by why.
     pub backend_scrape_failures: Family<ScrapeFailureLabels, Counter>,
+    /// 1 where a key of the geometry in force differs from the engine's.
+    pub backend_kv_mismatch: Family<KvMismatchLabels, Gauge>,
     /// Requests waiting for KV space.
     pub queue_depth: Gauge,
     /// Requests waiting for KV space, per priority class.
@@ -289,6 +300,7 @@ impl Metrics {
             backend_waiting: Family::default(),
             backend_running: Family::default(),
             backend_kv_usage: Family::default(),
+            backend_kv_mismatch: Family::default(),
             backend_scrape_failures: Family::default(),
             queue_depth: Gauge::default(),
             queue_depth_by_class: Family::default(),
@@ -418,6 +430,11 @@ impl Metrics {
             "backend_kv_usage",
             "The backend's KV-cache usage (0..1), as its metrics last said",
             m.backend_kv_usage.clone(),
+        );
+        r.register(
+            "backend_kv_mismatch",
+            "1 where a key of the KV geometry in force (set by hand, or model.max_model_len) differs from what the engine reports (0 once it no longer does)",
+            m.backend_kv_mismatch.clone(),
         );
         r.register(
             "backend_scrape_failures",

@@ -102,6 +102,9 @@ pub struct KvLedger {
     live: u32,
     /// Indexed by `Priority as usize`.
     held: [Held; 3],
+    /// Its capacity is not known yet (a backend whose geometry is learned from the engine,
+    /// before the first reading): nothing fits, and nothing can be told never to fit.
+    pending: bool,
 }
 
 impl KvLedger {
@@ -123,7 +126,22 @@ impl KvLedger {
             reserved_bytes: 0,
             live: 0,
             held: [Held::default(); 3],
+            pending: false,
         }
+    }
+
+    /// An empty ledger of a backend whose capacity is not known yet: it admits nothing until
+    /// [`Self::resize`] gives it one, and no request is too large for it meanwhile.
+    pub fn pending(shares: ClassShares) -> Self {
+        Self {
+            pending: true,
+            ..Self::with_shares(0, 0, shares)
+        }
+    }
+
+    /// Whether its capacity is still unknown (see [`Self::pending`]).
+    pub fn is_pending(&self) -> bool {
+        self.pending
     }
 
     /// KV bytes the backend can hold, as configured (or derived by the capacity model).
@@ -182,6 +200,7 @@ impl KvLedger {
     pub fn resize(&mut self, kv_capacity_bytes: u64, max_batch: u32) {
         self.kv_capacity_bytes = kv_capacity_bytes;
         self.max_batch = max_batch;
+        self.pending = false;
     }
 
     /// The shares of the capacity and batch each class may hold.
@@ -223,10 +242,12 @@ impl KvLedger {
     }
 
     /// Whether a request of class `p` and footprint `f` could ever run here (alone, on an idle
-    /// backend at its configured capacity, within its class's share).
+    /// backend at its configured capacity, within its class's share); a pending ledger cannot
+    /// tell yet, so anything could.
     pub fn could_ever_fit(&self, f: impl Into<Footprint>, p: Priority) -> bool {
         let f = f.into();
-        f.sequences <= self.class_max_batch(p) && f.bytes <= self.class_capacity_bytes(p)
+        self.pending
+            || f.sequences <= self.class_max_batch(p) && f.bytes <= self.class_capacity_bytes(p)
     }
 
     /// Whether a request of class `p` and footprint `f` fits now: reserved + its bytes <=

@@ -10,21 +10,24 @@
 //! replicas the ledger is shared through Redis ([`shared`]): the queue (classes, counters,
 //! shedding) stays here, the same one, and decides on the totals of every replica.
 
+mod geometry;
 pub mod ledger;
 mod ledger_store;
 pub mod priority;
 pub mod queue;
 pub mod shared;
 
+pub use geometry::{KvGeometry, Sequences};
 pub use ledger::{ClassShares, ClassSnapshot, KvLedger};
 pub use ledger_store::{LedgerStore, SharedSnapshot};
 pub use priority::{ClassRefused, Priority, PRIORITY_HEADER};
 pub use queue::{Arrival, FairQueue, Grant, Need, WaiterId, OUTPUT_WEIGHT, PROMPT_WEIGHT};
 
+use crate::limiter::Cost;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -38,6 +41,10 @@ pub struct BackendSpec {
     pub kv_capacity_bytes: u64,
     /// Most sequences in flight at once.
     pub max_batch: u32,
+    /// Its KV geometry, capacity and batch cap are learned from the engine (`kv = "engine"`):
+    /// it admits nothing until [`Admission::learned`] gives them (`kv_capacity_bytes` and
+    /// `max_batch` are not read).
+    pub engine: bool,
 }
 
 /// The waiting queue's bounds.
@@ -116,6 +123,9 @@ pub enum AdmitError {
         /// When to try again (`limiter.retry_interval`).
         retry_after: Duration,
     },
+    /// Every backend's geometry is learned from its engine, and none has been read yet.
+    #[error("no backend's KV geometry is known yet: its engine has not been read")]
+    Unlearned,
     /// It waited until the deadline without fitting.
     #[error("no KV cache became free within {deadline:?} (waited {waited:?})")]
     DeadlineExceeded {
@@ -134,6 +144,7 @@ impl AdmitError {
         match self {
             AdmitError::NeverFits { .. }
             | AdmitError::Unavailable { .. }
+            | AdmitError::Unlearned
             | AdmitError::TenantQueueFull { .. } => None,
             AdmitError::QueueFull { .. } => Some("queue_full"),
             AdmitError::Shed { .. } => Some("shed"),
@@ -198,6 +209,9 @@ struct State {
 
 struct Shared {
     names: Vec<String>,
+    /// Per backend: `None` when its geometry is the lane's configured one; for a backend that
+    /// learns it from its engine, what was learned (`Some(None)` until then).
+    learned: RwLock<Vec<Option<Option<KvGeometry>>>>,
     queue: QueueSpec,
     state: Mutex<State>,
     /// With a shared ledger, the way to it.
@@ -395,11 +409,16 @@ impl Admission {
     ) -> Self {
         let ledgers = backends
             .iter()
-            .map(|b| KvLedger::with_shares(b.kv_capacity_bytes, b.max_batch, queue.shares))
+            .map(|b| match b.engine {
+                true => KvLedger::pending(queue.shares),
+                false => KvLedger::with_shares(b.kv_capacity_bytes, b.max_batch, queue.shares),
+            })
             .collect();
+        let learned = backends.iter().map(|b| b.engine.then_some(None)).collect();
         let (link, replica) = shared.unzip();
         Self {
             shared: Arc::new(Shared {
+                learned: RwLock::new(learned),
                 names: backends.into_iter().map(|b| b.name).collect(),
                 queue,
                 state: Mutex::new(State {
@@ -420,6 +439,67 @@ impl Admission {
         let state = self.shared.state();
         let largest = queue::never_fits(&state.ledgers, class, need)?;
         Some(never_fits_error(&self.shared, class, need, largest))
+    }
+
+    /// What a request of `cost` running `runs` (absent: one sequence of its prompt) holds on a
+    /// backend: by the backends' own geometries where they are learned from their engines,
+    /// `configured` elsewhere. Where backends differ, the largest footprint, so that it fits
+    /// wherever it is placed (engines of one deployment report one geometry). `None` while no
+    /// backend's geometry is known.
+    pub fn need(
+        &self,
+        configured: &KvGeometry,
+        cost: &Cost,
+        runs: Option<&Sequences>,
+    ) -> Option<Need> {
+        let learned = self
+            .shared
+            .learned
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut geometries = learned.iter().filter_map(|g| match g {
+            None => Some(configured),
+            Some(g) => g.as_ref(),
+        });
+        let first = geometries.next()?.need(cost, runs);
+        Some(geometries.fold(first, |need, g| {
+            let other = g.need(cost, runs);
+            if other.bytes > need.bytes {
+                other
+            } else {
+                need
+            }
+        }))
+    }
+
+    /// Backend `backend`'s engine was read: its geometry, KV capacity and batch cap are these
+    /// from now on (see [`Admission::resize`] for what live leases and waiters get). Ignored for
+    /// a backend whose geometry is configured.
+    pub fn learned(&self, backend: usize, geometry: KvGeometry, capacity: (u64, u32)) {
+        {
+            let mut learned = (self.shared.learned.write()).unwrap_or_else(PoisonError::into_inner);
+            match learned.get_mut(backend) {
+                Some(Some(slot)) => *slot = Some(geometry),
+                _ => return,
+            }
+        }
+        let orphans = {
+            let mut state = self.shared.state();
+            state.ledgers[backend].resize(capacity.0, capacity.1);
+            grant_waiters(&self.shared, &mut state)
+        };
+        drop(orphans);
+    }
+
+    /// The geometry learned from backend `backend`'s engine (`None` for a configured backend or
+    /// before the first reading).
+    pub fn learned_geometry(&self, backend: usize) -> Option<KvGeometry> {
+        let learned = self
+            .shared
+            .learned
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        learned.get(backend).copied().flatten().flatten()
     }
 
     /// How long a request may wait for KV space (the `retry-after` of a 503 that refuses one).
@@ -487,16 +567,27 @@ impl Admission {
     }
 
     /// A reload changed the backends' KV capacity or batch cap (`capacities`: `(kv bytes,
-    /// max_batch)` of every backend, in the order given to [`Admission::new`]). Live leases
-    /// keep what they hold and release exactly that; a backend whose leases hold more than its
-    /// new capacity admits nothing until releases bring them under it. Waiters that fit now
-    /// (capacity raised) are granted at once.
+    /// max_batch)` of every backend, in the order given to [`Admission::new`]; a backend that
+    /// learns them from its engine keeps what it learned). Live leases keep what they hold and
+    /// release exactly that; a backend whose leases hold more than its new capacity admits
+    /// nothing until releases bring them under it. Waiters that fit now (capacity raised) are
+    /// granted at once.
     pub fn resize(&self, capacities: &[(u64, u32)]) {
+        let engine: Vec<bool> = {
+            let learned = self
+                .shared
+                .learned
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            learned.iter().map(Option::is_some).collect()
+        };
         let orphans = {
             let mut state = self.shared.state();
             debug_assert_eq!(capacities.len(), state.ledgers.len(), "backends are fixed");
-            for (ledger, &(kv_capacity_bytes, max_batch)) in
-                state.ledgers.iter_mut().zip(capacities)
+            for ((ledger, &(kv_capacity_bytes, max_batch)), _) in (state.ledgers.iter_mut())
+                .zip(capacities)
+                .zip(&engine)
+                .filter(|(_, &engine)| !engine)
             {
                 ledger.resize(kv_capacity_bytes, max_batch);
             }
@@ -693,7 +784,83 @@ mod tests {
             name: name.to_string(),
             kv_capacity_bytes,
             max_batch,
+            engine: false,
         }
+    }
+
+    /// A geometry of `block` tokens a page, a byte a token, `state` pages of state.
+    fn pages(block: u64, state: u64) -> KvGeometry {
+        KvGeometry {
+            block_tokens: block,
+            kv_bytes_per_token: 1,
+            state_bytes_per_sequence: state * block,
+            shared_prompt_blocks: false,
+            lookahead_tokens: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_engine_backend_admits_nothing_until_learned_then_by_its_own_pages() {
+        let engine = BackendSpec {
+            engine: true,
+            ..backend("engine", 0, 0)
+        };
+        let adm = admission(vec![engine], 4);
+        let configured = pages(1, 0);
+        let cost = Cost {
+            prefill: 500,
+            decode: 100,
+            requests: 1,
+        };
+        // Nothing known: no need, and no request can be told it never fits.
+        assert_eq!(adm.need(&configured, &cost, None), None);
+        assert_eq!(adm.learned_geometry(0), None);
+        assert_eq!(adm.never_fits(Standard, need(u64::MAX)), None);
+        // A reload does not wipe what is learned from the engine.
+        adm.learned(0, pages(384, 6), (63 * 384, 16));
+        adm.resize(&[(0, 0)]);
+        let snap = &adm.snapshot().backends[0];
+        assert_eq!((snap.kv_capacity_bytes, snap.max_batch), (63 * 384, 16));
+        // 600 tokens: 2 pages of 384, + 6 of state, whatever the configured geometry says.
+        let n = adm.need(&configured, &cost, None).expect("learned");
+        assert_eq!((n.bytes, n.sequences), (8 * 384, 1));
+        let leases: Vec<Lease> =
+            futures_util::future::join_all((0..7).map(|_| adm.admit("t", Standard, n)))
+                .await
+                .into_iter()
+                .map(|l| l.expect("room for 7 of 8 pages in 63"))
+                .collect();
+        assert_eq!(adm.snapshot().backends[0].kv_reserved_bytes, 56 * 384);
+        assert_eq!(
+            adm.never_fits(Standard, need(64 * 384)).map(|e| e.to_string()),
+            Some(format!("request needs {} bytes of KV cache; the most a standard request may hold on any backend is {}", 64 * 384, 63 * 384))
+        );
+        drop(leases);
+        assert_eq!(adm.snapshot().backends[0].kv_reserved_bytes, 0);
+    }
+
+    #[test]
+    fn beside_a_configured_backend_a_request_needs_the_larger_footprint() {
+        let engine = BackendSpec {
+            engine: true,
+            ..backend("engine", 0, 0)
+        };
+        let adm = admission(vec![backend("hand", 100_000, 8), engine], 4);
+        let cost = Cost {
+            prefill: 10,
+            decode: 0,
+            requests: 1,
+        };
+        let hand = pages(16, 0);
+        // Before the engine is read: the configured geometry alone (16 tokens).
+        assert_eq!(adm.need(&hand, &cost, None).map(|n| n.bytes), Some(16));
+        adm.learned(1, pages(32, 1), (3200, 8));
+        // Then the larger: one page of 32 and one of state.
+        assert_eq!(adm.need(&hand, &cost, None).map(|n| n.bytes), Some(64));
+        // A configured backend ignores what an engine would teach it.
+        adm.learned(0, pages(1, 0), (1, 1));
+        assert_eq!(adm.snapshot().backends[0].kv_capacity_bytes, 100_000);
+        assert_eq!(adm.learned_geometry(0), None);
     }
 
     fn admission(backends: Vec<BackendSpec>, max_waiting: usize) -> Admission {

@@ -1,6 +1,6 @@
 //! A human summary of what a config sets up.
 
-use super::{Runner, ValidConfig};
+use super::{KvSource, Runner, ValidConfig};
 use crate::capacity::{derived_table, DerivedBackend};
 
 /// A human summary of what a config sets up (printed by `check-config` and at startup).
@@ -65,6 +65,18 @@ pub fn describe(cfg: &ValidConfig) -> String {
         _ => writeln!(s, "vision: off (text only)"),
     };
     for b in &cfg.backends {
+        if b.kv == KvSource::Engine {
+            let cap = b
+                .max_batch
+                .map(|m| format!(", at most {m} sequences (max_batch)"));
+            let _ = writeln!(
+                s,
+                "backend {}: KV cache, pages and batch cap learned from the engine (kv = \"engine\"){}",
+                b.url,
+                cap.unwrap_or_default()
+            );
+            continue;
+        }
         let d = b.derived.as_ref();
         let kv = b.kv_capacity_bytes();
         let kv_origin = origin(

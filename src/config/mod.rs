@@ -22,7 +22,7 @@ pub mod profile;
 mod restart;
 mod validate;
 
-use crate::admission::{ClassShares, Priority};
+use crate::admission::{ClassShares, KvGeometry, Priority};
 use crate::capacity::{DerivedBackend, ProfileOverrides, StateDtype};
 use crate::digest::{hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
@@ -341,6 +341,20 @@ pub struct ModelConfig {
     pub prefix_caching: bool,
 }
 
+impl From<&ModelConfig> for KvGeometry {
+    /// The model's geometry as configured (`model.block_tokens`, `kv_bytes_per_token`,
+    /// `state_bytes_per_sequence`, `prefix_caching`).
+    fn from(m: &ModelConfig) -> Self {
+        Self {
+            block_tokens: m.block_tokens,
+            kv_bytes_per_token: m.kv_bytes_per_token,
+            state_bytes_per_sequence: m.state_bytes_per_sequence,
+            shared_prompt_blocks: m.prefix_caching,
+            lookahead_tokens: 0,
+        }
+    }
+}
+
 /// The KV admission queue.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -397,6 +411,30 @@ fn default_queue_deadline() -> Duration {
     Duration::from_secs(10)
 }
 
+/// Where a backend's KV geometry, capacity and batch cap come from (`backends[].kv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvSource {
+    /// `[model]`'s geometry, and `kv_capacity_bytes` / `max_batch` as given or as the
+    /// capacity model derives them.
+    #[default]
+    Configured,
+    /// Learned from the engine itself, at start and at every reading of its metrics: its page
+    /// size in tokens and bytes, its pages, the state pages a sequence holds, its speculative
+    /// lookahead, its batch cap and context length (docs/capacity.md).
+    Engine,
+}
+
+impl KvSource {
+    /// Its name in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvSource::Configured => "configured",
+            KvSource::Engine => "engine",
+        }
+    }
+}
+
 /// What a backend runs (`backends[].runner`), as vLLM's `--runner` says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -429,6 +467,11 @@ pub struct BackendConfig {
     /// `/rerank`). Each kind is admitted on its own backends, in its own queue.
     #[serde(default)]
     pub runner: Runner,
+    /// Where its KV geometry, capacity and batch cap come from: `configured` (the default) or
+    /// `engine` (learned from the engine: `[model]`'s geometry keys, `kv_capacity_bytes` and
+    /// `max_batch` are then not needed, and `max_batch`, when given, only lowers the engine's).
+    #[serde(default)]
+    pub kv: KvSource,
     /// TLS for an `https` URL: the CA that signed the backend's certificate, and the
     /// gateway's own certificate for backends that verify their clients (MindIE does).
     #[serde(default)]
@@ -527,6 +570,18 @@ impl BackendConfig {
             .unwrap_or(0)
     }
 
+    /// Where its KV capacity and its batch cap come from: the file, the capacity model, or
+    /// the engine (with `kv = "engine"`, a `max_batch` given only lowers the engine's).
+    pub fn capacity_sources(&self) -> (Source, Source) {
+        match self.kv {
+            KvSource::Engine => (Source::Engine, Source::Engine),
+            KvSource::Configured => (
+                Source::of(&self.kv_capacity_bytes),
+                Source::of(&self.max_batch),
+            ),
+        }
+    }
+
     /// The batch cap in force: `max_batch` as given, else the capacity model's safe batch (0
     /// with neither, which the checks refuse).
     pub fn max_batch(&self) -> u32 {
@@ -538,8 +593,8 @@ impl BackendConfig {
     }
 }
 
-/// Where a value in force comes from: the config file, or the capacity model (a backend's
-/// `hardware` + `model`, a tenant's `share`).
+/// Where a value in force comes from: the config file, the capacity model (a backend's
+/// `hardware` + `model`, a tenant's `share`), or the engine itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Source {
@@ -547,6 +602,8 @@ pub enum Source {
     Configured,
     /// Left out of the file and derived.
     Derived,
+    /// Learned from the engine (`kv = "engine"`).
+    Engine,
 }
 
 impl Source {

@@ -1,7 +1,7 @@
 //! The cross-field checks of a config (each message names the field) and the resolution of
 //! its relative paths.
 
-use super::{BackendBase, BackendConfig, Config, Runner};
+use super::{BackendBase, BackendConfig, Config, KvSource, Runner};
 use crate::digest::{example_secret, hash_key, parse_sha256_hex};
 use anyhow::{bail, Context};
 use std::path::Path;
@@ -10,6 +10,18 @@ impl BackendConfig {
     /// Checks `kv_capacity_bytes` and `max_batch` (at `at`, `backends[i]`): each given as at
     /// least 1, or left out for the capacity model to derive.
     fn check_sizing(&self, at: &str) -> anyhow::Result<()> {
+        if self.kv == KvSource::Engine {
+            if self.runner == Runner::Pooling {
+                bail!("{at}.kv is \"engine\", but {at} is a pooling backend: its cache is read from a generation engine's metrics; leave kv out");
+            }
+            if let Some(given) = self.kv_capacity_bytes {
+                bail!("{at}.kv_capacity_bytes is {given}, but {at}.kv is \"engine\": the capacity is learned from the engine (its pages); leave kv_capacity_bytes out");
+            }
+            if self.max_batch == Some(0) {
+                bail!("{at}.max_batch must be at least 1: with kv = \"engine\" it lowers the engine's own batch cap (leave it out to use the engine's)");
+            }
+            return Ok(());
+        }
         let derived = self.derived.as_ref();
         let fields = [
             (

@@ -1,19 +1,24 @@
 //! Backend feedback: the gateway reads each backend's own Prometheus metrics on an interval
 //! (vLLM / vLLM-ascend and MindIE names, [`parse`]), shows the latest reading beside the ledger
 //! in `/admin/backends`, and lets a backend that queues or preempts shrink its ledger's
-//! effective KV capacity, and calm regrow it ([`pressure`]).
+//! effective KV capacity, and calm regrow it ([`pressure`]). From a vLLM engine it also learns
+//! the KV geometry in the engine's own units ([`engine`]): a backend with `kv = "engine"`
+//! admits by it, and one whose geometry is set by hand is checked against it.
 //!
 //! This module is the thin async shell: one task per backend with `[backends.feedback]`
-//! enabled, each GET bounded in time (`timeout`) and size (`max_bytes`), the pure controller fed
-//! with the reading and the ledger, its decision applied through
-//! [`Admission::set_capacity_scale`], logged and exported.
+//! enabled or `kv = "engine"`, each GET bounded in time (`timeout`) and size (`max_bytes`), the
+//! pure controller fed with the reading and the ledger, its decision applied through
+//! [`Admission::set_capacity_scale`], the engine's geometry through [`Admission::learned`],
+//! logged and exported.
 
+pub mod engine;
 pub mod parse;
 pub mod pressure;
 
 use crate::admission::{Admission, BackendSnapshot};
-use crate::metrics::{BackendLabel, Metrics, ScrapeFailureLabels};
+use crate::metrics::{BackendLabel, KvMismatchLabels, Metrics, ScrapeFailureLabels};
 use crate::util::get::{fetch, HttpClient};
+use engine::{CacheInfo, Difference, EngineKv, EngineLimits, HandSet};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parse::{BackendReading, ParseError};
@@ -156,6 +161,15 @@ pub struct Observed {
     pub capacity_scale_permille: u32,
     /// The last change of scale.
     pub last_adjustment: Option<Adjustment>,
+    /// Where the backend's KV geometry comes from: `configured` or `engine`.
+    pub kv: &'static str,
+    /// The KV geometry last learned from the engine (a vLLM engine only).
+    pub engine_kv: Option<EngineKv>,
+    /// Why the engine's geometry could not be learned, when it could not.
+    pub engine_kv_error: Option<String>,
+    /// Where the geometry in force (set by hand, or the context length) differs from the
+    /// engine's.
+    pub kv_differences: Vec<Difference>,
 }
 
 /// Every backend's latest observation (index = backend; `None` where feedback is off).
@@ -211,12 +225,154 @@ fn ledger_view(b: &BackendSnapshot) -> LedgerView {
     }
 }
 
+/// What the gateway does with an engine's KV geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvWatch {
+    /// Admits by it (`kv = "engine"`): `max_batch` lowers the engine's batch cap;
+    /// `kv_bytes_per_token` (`model.kv_bytes_per_token`) sizes the pages of an engine that
+    /// does not report their bytes; `max_model_len` is the context the gateway counts against.
+    Learn {
+        /// The backend's `max_batch`, when given.
+        max_batch: Option<u32>,
+        /// `model.kv_bytes_per_token`.
+        kv_bytes_per_token: u64,
+        /// `model.max_model_len`.
+        max_model_len: u64,
+    },
+    /// Checks the geometry set by hand against it.
+    Check(HandSet),
+}
+
+impl KvWatch {
+    /// The name of its source in the config.
+    fn source(&self) -> &'static str {
+        match self {
+            KvWatch::Learn { .. } => "engine",
+            KvWatch::Check(_) => "configured",
+        }
+    }
+
+    /// `model.kv_bytes_per_token`: the bytes of a token of a page whose bytes the engine
+    /// does not report.
+    fn kv_bytes_per_token(&self) -> u64 {
+        match self {
+            KvWatch::Learn {
+                kv_bytes_per_token, ..
+            } => *kv_bytes_per_token,
+            KvWatch::Check(hand) => hand.kv_bytes_per_token,
+        }
+    }
+
+    /// Where what is in force differs from engine `kv`'s: the whole hand-set geometry, or,
+    /// for a geometry learned, the context length the gateway counts against.
+    pub fn differences(&self, kv: &EngineKv) -> Vec<Difference> {
+        match *self {
+            KvWatch::Learn { max_model_len, .. } => (max_model_len != kv.max_model_len)
+                .then(|| Difference {
+                    key: "model.max_model_len",
+                    configured: max_model_len,
+                    engine: kv.max_model_len,
+                    unit: "tokens".to_string(),
+                })
+                .into_iter()
+                .collect(),
+            KvWatch::Check(hand) => kv.differences(&hand),
+        }
+    }
+}
+
+/// The engine's context length (`/v1/models`) and batch cap (`/server_info`, when served),
+/// each GET bounded by `cfg`'s timeout and size.
+async fn engine_limits(
+    client: &HttpClient,
+    base: &str,
+    cfg: &FeedbackConfig,
+) -> Result<EngineLimits, String> {
+    let base = base.trim_end_matches('/');
+    let get = |path: &str| {
+        let url = format!("{base}{path}");
+        async move {
+            let uri: http::Uri = url.parse().map_err(|_| format!("{url} is not a URL"))?;
+            fetch(client, &uri, cfg.timeout, cfg.max_bytes, None)
+                .await
+                .map_err(|e| format!("GET {url}: {e}"))
+        }
+    };
+    let models = get("/v1/models").await?;
+    let max_model_len = engine::max_model_len(&models)
+        .ok_or_else(|| engine::LearnError::NoContextLength.to_string())?;
+    // Served only with VLLM_SERVER_DEV_MODE=1: without it the batch cap is not known.
+    let max_num_seqs = match get("/server_info?config_format=json").await {
+        Ok(info) => engine::max_num_seqs(&info),
+        Err(_) => None,
+    };
+    Ok(EngineLimits {
+        max_model_len,
+        max_num_seqs,
+    })
+}
+
+/// Reads backend `b`'s engine once (`tokengate check-config`): its metrics, context length and
+/// batch cap, and the KV geometry they give.
+pub async fn read_engine(b: &Watched) -> Result<EngineKv, String> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let metrics_url = b.feedback.url_for(&b.url);
+    let uri: http::Uri =
+        (metrics_url.parse()).map_err(|_| format!("{metrics_url} is not a URL"))?;
+    let text = fetch(
+        &client,
+        &uri,
+        b.feedback.timeout,
+        b.feedback.max_bytes,
+        None,
+    )
+    .await
+    .map_err(|e| format!("GET {metrics_url}: {e}"))?;
+    let reading = parse::parse(&text).map_err(|e| e.to_string())?;
+    let cache = (reading.cache).ok_or_else(|| engine::LearnError::NoCacheInfo.to_string())?;
+    let limits = engine_limits(&client, &b.url, &b.feedback).await?;
+    EngineKv::learn(
+        &cache,
+        reading.draft_tokens,
+        limits,
+        b.kv.kv_bytes_per_token(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// One backend the feedback loops read.
+#[derive(Clone, Debug)]
+pub struct Watched {
+    /// Its base URL.
+    pub url: String,
+    /// `[backends.feedback]`.
+    pub feedback: FeedbackConfig,
+    /// What its engine's KV geometry is for.
+    pub kv: KvWatch,
+}
+
+impl Watched {
+    /// Whether it is read at all: feedback on, or a geometry to learn.
+    pub fn read(&self) -> bool {
+        self.feedback.enabled || matches!(self.kv, KvWatch::Learn { .. })
+    }
+}
+
+/// Readings that ask for an engine's batch cap before it is taken as not said.
+const BATCH_CAP_TRIES: u32 = 12;
+
 /// One backend's scrape loop.
 struct Scraper {
     index: usize,
     backend_url: String,
     metrics_url: http::Uri,
     cfg: FeedbackConfig,
+    kv: KvWatch,
+    /// The cache configuration and draft tokens the geometry was last learned from, once
+    /// nothing more is to be asked of the engine for them.
+    learned_from: Option<(CacheInfo, u64)>,
+    /// Readings so far that learned all but the engine's batch cap.
+    batch_cap_tries: u32,
     admission: Admission,
     feedback: Arc<Observations>,
     metrics: Arc<Metrics>,
@@ -240,7 +396,114 @@ impl Scraper {
             .await
             .map_err(ScrapeError::Fetch)
             .and_then(|text| Ok(parse::parse(&text)?));
+            if let Ok(reading) = &got {
+                self.learn(&client, reading).await;
+            }
             self.take(got);
+        }
+    }
+
+    /// Learns the engine's KV geometry from `reading` when its cache configuration is new
+    /// (the first reading, or an engine restarted with another cache), asking the engine for
+    /// its context length and batch cap; applies it (`kv = "engine"`) or checks the hand-set
+    /// geometry against it.
+    async fn learn(&mut self, client: &HttpClient, reading: &BackendReading) {
+        let Some(cache) = &reading.cache else {
+            if matches!(self.kv, KvWatch::Learn { .. }) {
+                self.learn_failed(engine::LearnError::NoCacheInfo.to_string());
+            }
+            return;
+        };
+        let from = (cache.clone(), reading.draft_tokens);
+        if self.learned_from.as_ref() == Some(&from) {
+            return;
+        }
+        let kv = match engine_limits(client, &self.backend_url, &self.cfg).await {
+            Ok(limits) => EngineKv::learn(
+                cache,
+                reading.draft_tokens,
+                limits,
+                self.kv.kv_bytes_per_token(),
+            )
+            .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let kv = match kv {
+            Ok(kv) => kv,
+            Err(e) => return self.learn_failed(e),
+        };
+        // The batch cap may come later than the rest: vLLM's first `/server_info` answer
+        // gathers the system's details and can take longer than a scrape may.
+        self.batch_cap_tries += 1;
+        if kv.max_num_seqs.is_some() || self.batch_cap_tries >= BATCH_CAP_TRIES {
+            self.learned_from = Some(from);
+            self.batch_cap_tries = 0;
+        }
+        let before = self.feedback.observed(self.index).and_then(|o| o.engine_kv);
+        if before.as_ref() == Some(&kv) {
+            return;
+        }
+        if let KvWatch::Learn { max_batch, .. } = self.kv {
+            let capacity = kv.capacity(max_batch);
+            self.admission.learned(self.index, kv.geometry(), capacity);
+            let verb = if before.is_some() {
+                "changed"
+            } else {
+                "learned"
+            };
+            tracing::info!(backend = %self.backend_url, page_tokens = kv.page_tokens, page_bytes = kv.page_bytes,
+                pages = kv.pages, state_pages = kv.state_pages_per_sequence, lookahead_tokens = kv.lookahead_tokens,
+                max_num_seqs = ?kv.max_num_seqs, kv_capacity_bytes = capacity.0, max_batch = capacity.1,
+                "engine's KV cache {verb}");
+        }
+        let differences = self.kv.differences(&kv);
+        for d in &differences {
+            tracing::warn!(backend = %self.backend_url, key = d.key, configured = d.configured, engine = d.engine,
+                "the geometry in force differs from the engine's: {d}");
+        }
+        self.export_differences(&differences);
+        self.feedback.update(self.index, |o| {
+            o.engine_kv = Some(kv);
+            o.engine_kv_error = None;
+            o.kv_differences = differences;
+        });
+    }
+
+    /// The engine's geometry could not be learned: said once per reason, in the log and in
+    /// `/admin/backends`.
+    fn learn_failed(&mut self, error: String) {
+        let mut new = false;
+        self.feedback.update(self.index, |o| {
+            new = o.engine_kv_error.as_ref() != Some(&error);
+            o.engine_kv_error = Some(error.clone());
+        });
+        if new {
+            match self.kv {
+                KvWatch::Learn { .. } if self.admission.learned_geometry(self.index).is_none() => {
+                    tracing::warn!(backend = %self.backend_url, error = %error,
+                        "cannot learn the engine's KV cache (kv = \"engine\"): nothing is admitted on this backend until it is read")
+                }
+                _ => tracing::warn!(backend = %self.backend_url, error = %error,
+                    "cannot read the engine's KV cache"),
+            }
+        }
+    }
+
+    /// `tokengate_backend_kv_mismatch{backend,key}`: 1 for each key that differs now, 0 for
+    /// one that did and no longer does.
+    fn export_differences(&self, differences: &[Difference]) {
+        let before = (self.feedback.observed(self.index))
+            .map(|o| o.kv_differences)
+            .unwrap_or_default();
+        for d in before.iter().chain(differences) {
+            let differs = differences.iter().any(|n| n.key == d.key);
+            self.metrics
+                .backend_kv_mismatch
+                .get_or_create(&KvMismatchLabels {
+                    backend: self.backend_url.clone(),
+                    key: d.key.to_string(),
+                })
+                .set(i64::from(differs));
         }
     }
 
@@ -253,6 +516,13 @@ impl Scraper {
             Ok(r) => r,
             Err(e) => {
                 match &e {
+                    // An engine whose geometry is still to be learned: said at once.
+                    ScrapeError::Fetch(e)
+                        if matches!(self.kv, KvWatch::Learn { .. })
+                            && self.admission.learned_geometry(self.index).is_none() =>
+                    {
+                        self.learn_failed(format!("its metrics: {e}"))
+                    }
                     // A backend down or slow for a moment: its gauges and the counter say so.
                     ScrapeError::Fetch(_) => {
                         tracing::debug!(backend = %self.backend_url, error = %e, "metrics scrape failed")
@@ -336,35 +606,38 @@ impl Drop for Scrapers {
     }
 }
 
-/// Starts a scrape loop for every backend with feedback enabled (`backends`: `(base URL,
-/// feedback config)` in config order), on the current runtime.
-pub fn spawn(
-    backends: &[(String, FeedbackConfig)],
-    admission: &Admission,
-    metrics: &Arc<Metrics>,
-) -> Scrapers {
+/// Starts a scrape loop for every backend that is read (feedback enabled, or `kv = "engine"`;
+/// `backends` in config order), on the current runtime. The first reading is at once.
+pub fn spawn(backends: &[Watched], admission: &Admission, metrics: &Arc<Metrics>) -> Scrapers {
     let feedback = Arc::new(Observations {
         observed: backends.iter().map(|_| Mutex::new(None)).collect(),
     });
-    let tasks = backends
-        .iter()
-        .enumerate()
-        .filter(|(_, (_, cfg))| cfg.enabled)
-        .filter_map(|(index, (url, cfg))| {
-            let metrics_url = cfg.url_for(url).parse().ok()?;
+    let tasks = (backends.iter().enumerate())
+        .filter(|(_, b)| b.read())
+        .filter_map(|(index, b)| {
+            let metrics_url = b.feedback.url_for(&b.url).parse().ok()?;
             feedback.update(index, |o| {
-                o.metrics_url = cfg.url_for(url);
+                o.metrics_url = b.feedback.url_for(&b.url);
                 o.capacity_scale_permille = crate::admission::KvLedger::UNSCALED;
+                o.kv = b.kv.source();
             });
+            // Without feedback, the engine is read for its geometry alone.
+            let cfg = FeedbackConfig {
+                adjust_capacity: b.feedback.enabled && b.feedback.adjust_capacity,
+                ..b.feedback.clone()
+            };
             let scraper = Scraper {
                 index,
-                backend_url: url.clone(),
+                backend_url: b.url.clone(),
                 metrics_url,
-                cfg: cfg.clone(),
+                pressure: Pressure::new(cfg.bounds()),
+                cfg,
+                kv: b.kv,
+                learned_from: None,
+                batch_cap_tries: 0,
                 admission: admission.clone(),
                 feedback: feedback.clone(),
                 metrics: metrics.clone(),
-                pressure: Pressure::new(cfg.bounds()),
             };
             Some(tokio::spawn(scraper.run()))
         })

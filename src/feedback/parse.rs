@@ -9,6 +9,7 @@
 //! `name[{labels}] value [timestamp]`) is refused whole, as Prometheus refuses such a scrape:
 //! half a reading of a backend that serves something else is not a reading of it.
 
+use super::engine::{draft_positions, CacheInfo};
 use serde::{Deserialize, Serialize};
 
 /// Which family of names a scrape used.
@@ -38,6 +39,11 @@ pub struct BackendReading {
     pub kv_usage: Option<f64>,
     /// The cache's size in tokens (vLLM `cache_config_info`: blocks x block size).
     pub cache_tokens: Option<u64>,
+    /// The engine's cache configuration (vLLM `cache_config_info`'s labels), when it reports one.
+    pub cache: Option<CacheInfo>,
+    /// Draft tokens of speculative decoding: the positions of vLLM's
+    /// `spec_decode_num_accepted_tokens_per_pos` (0 without speculative decoding).
+    pub draft_tokens: u64,
     /// Prefix-cache hits and queries (tokens) since start.
     pub prefix_cache_hits_total: Option<u64>,
     /// See `prefix_cache_hits_total`.
@@ -136,12 +142,50 @@ fn sample(line: &str) -> Result<Option<Sample<'_>>, &'static str> {
     }))
 }
 
+/// The pairs of a label set (`a="1",b="x,\"y\""`), values unescaped; reading stops at the first
+/// pair that is not `name="value"`.
+fn labels(set: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = set.trim_start();
+    while let Some((name, after)) = rest.split_once('=') {
+        let Some(quoted) = after.trim_start().strip_prefix('"') else {
+            break;
+        };
+        let mut value = String::new();
+        let mut chars = quoted.char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '"' => {
+                    end = Some(i + 1);
+                    break;
+                }
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, other)) => value.push(other),
+                    None => break,
+                },
+                c => value.push(c),
+            }
+        }
+        let Some(end) = end else { break };
+        out.push((
+            name.trim().trim_start_matches(',').trim().to_string(),
+            value,
+        ));
+        rest = quoted[end..]
+            .trim_start()
+            .trim_start_matches(',')
+            .trim_start();
+    }
+    out
+}
+
 /// The value of label `key` in a label set (`a="1",b="2"`).
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"'))
-    })
+fn label(set: &str, key: &str) -> Option<String> {
+    labels(set)
+        .into_iter()
+        .find_map(|(k, v)| (k == key).then_some(v))
 }
 
 /// The metrics read, by their name without the flavor's prefix.
@@ -161,6 +205,7 @@ enum Known {
     TpotCount,
     QueueSum,
     QueueCount,
+    DraftPosition,
 }
 
 /// A name without its `vllm:` prefix, and what it is.
@@ -187,6 +232,7 @@ fn known(name: &str) -> Option<(Flavor, Known)> {
         }
         "request_queue_time_seconds_sum" => Known::QueueSum,
         "request_queue_time_seconds_count" => Known::QueueCount,
+        "spec_decode_num_accepted_tokens_per_pos" => Known::DraftPosition,
         _ => return None,
     };
     Some((flavor, what))
@@ -277,6 +323,7 @@ pub fn parse(text: &str) -> Result<BackendReading, ParseError> {
         ..BackendReading::default()
     };
     let mut usages = Vec::new();
+    let mut positions = Vec::new();
     for (f, what, s) in samples {
         if Some(f) != flavor {
             continue;
@@ -293,12 +340,16 @@ pub fn parse(text: &str) -> Result<BackendReading, ParseError> {
             }
             Known::KvUsage => usages.extend(usage(s.name, s.value, c)),
             Known::CacheConfig => {
-                let field = |k| label(s.labels, k).and_then(|v| v.parse::<u64>().ok());
-                if let (Some(blocks), Some(block)) = (field("num_gpu_blocks"), field("block_size"))
+                // One sample per engine (DP ranks behind one server): the first one sized.
+                if let Some(info) = (r.cache.is_none())
+                    .then(|| CacheInfo::from_labels(&labels(s.labels)))
+                    .flatten()
                 {
-                    r.cache_tokens = Some(blocks.saturating_mul(block));
+                    r.cache_tokens = Some(info.num_gpu_blocks.saturating_mul(info.block_size));
+                    r.cache = Some(info);
                 }
             }
+            Known::DraftPosition => positions.extend(label(s.labels, "position")),
             Known::TtftSum => moments_sum(&mut r.ttft, s.name, s.value, c),
             Known::TtftCount => moments_count(&mut r.ttft, s.name, s.value, c),
             Known::TpotSum => moments_sum(&mut r.tpot, s.name, s.value, c),
@@ -309,6 +360,7 @@ pub fn parse(text: &str) -> Result<BackendReading, ParseError> {
     }
     // One usage per served model: the engine's cache is shared, so the fullest is the figure.
     r.kv_usage = usages.into_iter().reduce(f64::max);
+    r.draft_tokens = draft_positions(positions.iter().map(String::as_str));
     Ok(r)
 }
 
@@ -365,6 +417,16 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
                 preemptions_total: Some(5),
                 kv_usage: Some(0.87),
                 cache_tokens: Some(954 * 128),
+                cache: Some(CacheInfo {
+                    block_size: 128,
+                    num_gpu_blocks: 954,
+                    kv_cache_max_concurrency: None,
+                    kv_cache_memory_bytes: None,
+                    num_gpu_blocks_override: None,
+                    enable_prefix_caching: false,
+                    mamba_cache_mode: "none".to_string(),
+                }),
+                draft_tokens: 0,
                 prefix_cache_hits_total: Some(4096),
                 prefix_cache_queries_total: Some(16384),
                 ttft: Some(Moments {

@@ -10,6 +10,17 @@ const NEED: Need = Need {
     sequences: 1,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The scrapers' hand-set geometry: 1,000 bytes of 1-byte tokens, 8 sequences.
+const HAND: HandSet = HandSet {
+    block_tokens: 1,
+    kv_bytes_per_token: 1,
+    state_bytes_per_sequence: 0,
+    prefix_caching: false,
+    max_model_len: 1000,
+    kv_capacity_bytes: 1000,
+    max_batch: 8,
+};
 use tokio::net::TcpListener;
 
 /// A one-route HTTP server on 127.0.0.1 answering every request with `answer` (raw HTTP/1.1
@@ -77,6 +88,7 @@ fn scraper(cfg: FeedbackConfig) -> (Scraper, Admission, Arc<Metrics>) {
             name: "http://npu0".to_string(),
             kv_capacity_bytes: 1000,
             max_batch: 8,
+            engine: false,
         }],
         QueueSpec {
             max_waiting: 4,
@@ -94,6 +106,9 @@ fn scraper(cfg: FeedbackConfig) -> (Scraper, Admission, Arc<Metrics>) {
         metrics_url: "http://npu0/metrics".parse().expect("uri"),
         pressure: Pressure::new(cfg.bounds()),
         cfg,
+        kv: KvWatch::Check(HAND),
+        learned_from: None,
+        batch_cap_tries: 0,
         admission: admission.clone(),
         feedback: observed,
         metrics: metrics.clone(),
@@ -290,7 +305,12 @@ async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on
         timeout: Duration::from_secs(3600),
         ..FeedbackConfig::default()
     };
-    let scrapers = spawn(&[(base.clone(), cfg)], &admission, &metrics);
+    let watched = Watched {
+        url: base.clone(),
+        feedback: cfg,
+        kv: KvWatch::Check(HAND),
+    };
+    let scrapers = spawn(&[watched], &admission, &metrics);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let seen = loop {
         let seen = scrapers.observed.observed(0).expect("feedback on");
@@ -319,4 +339,210 @@ async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on
     assert!(exported.contains(&format!(
         "tokengate_kv_capacity_scale{{backend=\"{base}\"}} 0.9\n"
     )));
+}
+
+/// A vLLM engine's answers by path: its metrics (the `k`-th scrape gets `metrics[k]`, the last
+/// one after), `/v1/models` and, when `max_num_seqs` is given, `/server_info`.
+async fn fake_engine(metrics: Vec<String>, max_num_seqs: Option<u32>) -> (String, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (metrics, scrapes) = (metrics.clone(), scrapes.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                let answer = match path {
+                    "/metrics" => {
+                        let k = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        ok(&metrics[k.min(metrics.len() - 1)])
+                    }
+                    "/v1/models" => ok(
+                        r#"{"object":"list","data":[{"id":"qwen3.5-27b","max_model_len":4096}]}"#,
+                    ),
+                    "/server_info?config_format=json" if max_num_seqs.is_some() => ok(&format!(
+                        r#"{{"vllm_config":{{"scheduler_config":{{"max_num_seqs":{}}}}}}}"#,
+                        max_num_seqs.unwrap_or(0)
+                    )),
+                    _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .to_string(),
+                };
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (format!("http://{addr}"), task)
+}
+
+/// vLLM 0.32's `cache_config_info` of the toy Qwen3.5 in 1 GiB with `blocks` pages of 384
+/// tokens: 11 attention pages for 4,096 tokens and 3 state groups of 2 pages (prefix caching).
+fn cache_config(blocks: u64) -> String {
+    format!(
+        "vllm:cache_config_info{{block_size=\"384\",enable_prefix_caching=\"True\",engine=\"0\",kv_cache_max_concurrency=\"{}\",kv_cache_memory_bytes=\"1073741824\",mamba_cache_mode=\"align\",mamba_page_size_padded=\"None\",num_gpu_blocks=\"{blocks}\",num_gpu_blocks_override=\"{blocks}\"}} 1.0\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"qwen3.5-27b\"}} 0.0\n",
+        blocks as f64 / 17.0
+    )
+}
+
+/// Waits (yielding, bounded) until backend 0's observation satisfies `done`.
+async fn observed_until(scrapers: &Scrapers, done: impl Fn(&Observed) -> bool) -> Observed {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = scrapers.observed.observed(0).expect("read");
+        if done(&seen) {
+            return seen;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never: {seen:?}");
+        tokio::task::yield_now().await;
+    }
+}
+
+fn engine_admission() -> Admission {
+    Admission::new(
+        vec![BackendSpec {
+            name: "engine".to_string(),
+            kv_capacity_bytes: 0,
+            max_batch: 0,
+            engine: true,
+        }],
+        QueueSpec {
+            max_waiting: 4,
+            deadline: Duration::from_secs(1),
+            shares: ClassShares::FULL,
+        },
+    )
+}
+
+#[tokio::test]
+async fn an_engine_backend_learns_its_pages_and_relearns_them_when_the_engine_restarts() {
+    // The engine restarts with 128 pages after three readings of 64.
+    let mut readings = vec![cache_config(64); 3];
+    readings.push(cache_config(128));
+    let (base, _server) = fake_engine(readings, Some(16)).await;
+    let admission = engine_admission();
+    let metrics = Arc::new(Metrics::new());
+    let watched = Watched {
+        url: base.clone(),
+        feedback: FeedbackConfig {
+            interval: Duration::from_millis(5),
+            ..FeedbackConfig::default()
+        },
+        kv: KvWatch::Learn {
+            max_batch: None,
+            kv_bytes_per_token: 512,
+            max_model_len: 8192,
+        },
+    };
+    let scrapers = spawn(&[watched], &admission, &metrics);
+    let seen = observed_until(&scrapers, |o| o.engine_kv.is_some()).await;
+    let kv = seen.engine_kv.expect("learned");
+    assert_eq!(
+        (
+            kv.page_tokens,
+            kv.page_bytes,
+            kv.pages,
+            kv.state_pages_per_sequence
+        ),
+        (384, 384 * 512, 63, 6)
+    );
+    assert_eq!((seen.kv, kv.max_num_seqs), ("engine", Some(16)));
+    // The file's context length is not the engine's: said, and exported.
+    assert_eq!(
+        seen.kv_differences
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["model.max_model_len is 8192 tokens but the engine's is 4096"]
+    );
+    assert!(metrics.encode().contains(&format!(
+        "tokengate_backend_kv_mismatch{{backend=\"{base}\",key=\"model.max_model_len\"}} 1\n"
+    )));
+    let page = 384 * 512;
+    let snap = &admission.snapshot().backends[0];
+    assert_eq!((snap.kv_capacity_bytes, snap.max_batch), (63 * page, 16));
+    let seen = observed_until(&scrapers, |o| {
+        o.engine_kv.as_ref().is_some_and(|k| k.pages == 127)
+    })
+    .await;
+    assert_eq!(seen.engine_kv_error, None);
+    assert_eq!(
+        admission.snapshot().backends[0].kv_capacity_bytes,
+        127 * page
+    );
+}
+
+#[tokio::test]
+async fn an_engine_that_cannot_be_read_is_said_so_and_admits_nothing() {
+    // A MindIE scrape: no cache configuration to learn from.
+    let (base, _server) = fake_engine(vec![mindie_text(0, 0)], None).await;
+    let admission = engine_admission();
+    let watched = Watched {
+        url: base,
+        feedback: FeedbackConfig {
+            interval: Duration::from_millis(5),
+            ..FeedbackConfig::default()
+        },
+        kv: KvWatch::Learn {
+            max_batch: Some(4),
+            kv_bytes_per_token: 512,
+            max_model_len: 4096,
+        },
+    };
+    let scrapers = spawn(&[watched], &admission, &Arc::new(Metrics::new()));
+    let seen = observed_until(&scrapers, |o| o.engine_kv_error.is_some()).await;
+    assert_eq!(
+        seen.engine_kv_error.as_deref(),
+        Some("its metrics have no vllm:cache_config_info with block_size and num_gpu_blocks (not a vLLM engine, or its cache is not sized yet)")
+    );
+    assert_eq!(seen.engine_kv, None);
+    let snap = &admission.snapshot().backends[0];
+    assert_eq!((snap.kv_capacity_bytes, snap.max_batch), (0, 0));
+}
+
+#[tokio::test]
+async fn a_hand_set_geometry_is_checked_against_the_engines() {
+    let (base, _server) = fake_engine(vec![cache_config(64)], None).await;
+    let (_, admission, metrics) = scraper(FeedbackConfig::default());
+    let watched = Watched {
+        url: base.clone(),
+        feedback: FeedbackConfig {
+            enabled: true,
+            interval: Duration::from_millis(5),
+            ..FeedbackConfig::default()
+        },
+        kv: KvWatch::Check(HandSet {
+            block_tokens: 128,
+            kv_bytes_per_token: 512,
+            state_bytes_per_sequence: 6 * 384 * 512,
+            prefix_caching: true,
+            max_model_len: 4096,
+            kv_capacity_bytes: 63 * 384 * 512,
+            max_batch: 32,
+        }),
+    };
+    let scrapers = spawn(&[watched], &admission, &metrics);
+    // Without /server_info the batch cap is asked for at most BATCH_CAP_TRIES readings.
+    let seen = observed_until(&scrapers, |o| o.engine_kv.is_some()).await;
+    assert_eq!(
+        seen.kv_differences
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["model.block_tokens is 128 tokens but the engine's is 384"]
+    );
+    let exported = metrics.encode();
+    assert!(
+        exported.contains(&format!(
+            "tokengate_backend_kv_mismatch{{backend=\"{base}\",key=\"model.block_tokens\"}} 1\n"
+        )),
+        "{exported}"
+    );
+    // The configured backend's capacity is what the file says.
+    assert_eq!(admission.snapshot().backends[0].kv_capacity_bytes, 1000);
 }

@@ -6,9 +6,8 @@
 //! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
 
 use super::charge::TicketSlot;
-use crate::admission::{Admission, Need, Priority};
-use crate::capacity::sequence_footprint_bytes;
-use crate::config::ModelConfig;
+use crate::admission::{Admission, Priority};
+pub use crate::admission::{KvGeometry, Sequences};
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::Cost;
 use crate::metrics::Metrics;
@@ -19,102 +18,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower::{Layer, Service};
-
-/// The sequences a request runs, in its extensions: each of its prompts (several sent as a
-/// batch to `/v1/completions`) runs its `n` choices. Absent, one sequence of its cost's prompt.
-/// Its [`Cost`] covers them all (`prefill` is the prompts' tokens together, `decode` every
-/// sequence's output), and it is admitted as every sequence's footprint, each of its prompt and
-/// its share of the output, and as that many of the backend's batch slots.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sequences {
-    /// Each prompt's tokens.
-    pub prompts: Vec<u64>,
-    /// The choices of each (`n`).
-    pub choices: u32,
-}
-
-impl Sequences {
-    /// How many.
-    pub fn count(&self) -> u64 {
-        self.prompts.len() as u64 * u64::from(self.choices)
-    }
-}
-
-/// What one sequence of the model holds in KV cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KvGeometry {
-    /// Tokens per KV block (a sequence holds whole blocks).
-    pub block_tokens: u64,
-    /// KV bytes per token.
-    pub kv_bytes_per_token: u64,
-    /// Fixed state per sequence (DeltaNet's), whatever its length.
-    pub state_bytes_per_sequence: u64,
-    /// Whether the backend caches prefixes, so that the `n` choices of one prompt hold its
-    /// whole blocks once (`model.prefix_caching`).
-    pub shared_prompt_blocks: bool,
-}
-
-impl From<&ModelConfig> for KvGeometry {
-    /// The model's geometry as configured (`model.block_tokens`, `kv_bytes_per_token`,
-    /// `state_bytes_per_sequence`, `prefix_caching`).
-    fn from(m: &ModelConfig) -> Self {
-        Self {
-            block_tokens: m.block_tokens,
-            kv_bytes_per_token: m.kv_bytes_per_token,
-            state_bytes_per_sequence: m.state_bytes_per_sequence,
-            shared_prompt_blocks: m.prefix_caching,
-        }
-    }
-}
-
-impl KvGeometry {
-    /// The KV bytes a sequence of `tokens` (prompt + max output) holds.
-    pub fn footprint_bytes(&self, tokens: u64) -> u64 {
-        sequence_footprint_bytes(
-            tokens,
-            self.block_tokens,
-            self.kv_bytes_per_token,
-            self.state_bytes_per_sequence,
-        )
-    }
-
-    /// What a request of `cost` running `runs` holds while it runs (absent, one sequence of
-    /// its cost's prompt): every sequence's footprint, each of its prompt (or its part of it)
-    /// and its share of the output, and that many of the backend's batch slots.
-    pub fn need(&self, cost: &Cost, runs: Option<&Sequences>) -> Need {
-        let (prompts, choices) = match runs {
-            Some(runs) => (&runs.prompts[..], runs.choices),
-            None => (std::slice::from_ref(&cost.prefill), 1),
-        };
-        let sequences = (prompts.len() as u64 * u64::from(choices)).max(1);
-        let output = cost.decode.div_ceil(sequences);
-        let bytes = (prompts.iter())
-            .map(|&p| self.choices_footprint_bytes(p, output, choices))
-            .fold(0u64, u64::saturating_add);
-        Need {
-            bytes,
-            prompt_tokens: cost.prefill,
-            output_tokens: cost.decode,
-            sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
-        }
-    }
-
-    /// The KV bytes the `choices` sequences of one prompt of `prompt` tokens hold, each with
-    /// `output` tokens of output. Each holds the whole prompt, unless the backend shares
-    /// prefixes: then the prompt's whole blocks are held once, and each choice holds the rest of
-    /// the prompt (its last, partial block, which the engine copies), its output and its state.
-    pub fn choices_footprint_bytes(&self, prompt: u64, output: u64, choices: u32) -> u64 {
-        let choices = u64::from(choices);
-        if !self.shared_prompt_blocks || choices < 2 {
-            return (self.footprint_bytes(prompt.saturating_add(output))).saturating_mul(choices);
-        }
-        let block = self.block_tokens.max(1);
-        let shared = prompt - prompt % block;
-        let each = self.footprint_bytes((prompt - shared).saturating_add(output));
-        (shared.saturating_mul(self.kv_bytes_per_token))
-            .saturating_add(each.saturating_mul(choices))
-    }
-}
 
 /// Step 9 as a layer: needs `Arc<Tenant>`, [`Cost`] and a [`TicketSlot`] (the charge layer's)
 /// in the request's extensions, and takes its [`Priority`] from them when there is one; adds the
@@ -188,15 +91,22 @@ where
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let need = shared
-                .geometry
-                .need(&cost, req.extensions().get::<Sequences>());
+            let need = (shared.admission).need(
+                &shared.geometry,
+                &cost,
+                req.extensions().get::<Sequences>(),
+            );
             let tokens = cost.prefill + cost.decode;
             let started = Instant::now();
             let max_queued = tenant.caps.max_queued.map(|n| n as usize);
-            let admitted = (shared.admission)
-                .admit_within(&tenant.name, class, need, max_queued)
-                .await;
+            let admitted = match need {
+                Some(need) => {
+                    (shared.admission)
+                        .admit_within(&tenant.name, class, need, max_queued)
+                        .await
+                }
+                None => Err(crate::admission::AdmitError::Unlearned),
+            };
             let metrics = shared.metrics.as_deref();
             let t = &tenant.metrics;
             if let Some(m) = metrics {
@@ -227,7 +137,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::{BackendSpec, ClassShares, QueueSpec};
+    use crate::admission::{BackendSpec, ClassShares, Need, QueueSpec};
     use crate::layers::charge::{AsAuthenticated, ChargeLayer};
     use crate::layers::testing::{available, cost, limiter, request};
     use crate::metrics::Outcome;
@@ -243,6 +153,7 @@ mod tests {
         kv_bytes_per_token: 1,
         state_bytes_per_sequence: 0,
         shared_prompt_blocks: false,
+        lookahead_tokens: 0,
     };
 
     /// One backend of 1,000 bytes and 4 sequences; nobody waits.
@@ -257,6 +168,7 @@ mod tests {
                 name: "b".to_string(),
                 kv_capacity_bytes: 1000,
                 max_batch,
+                engine: false,
             }],
             QueueSpec {
                 max_waiting: 0,
@@ -316,6 +228,7 @@ mod tests {
             kv_bytes_per_token: 2,
             state_bytes_per_sequence: 5,
             shared_prompt_blocks: false,
+            lookahead_tokens: 0,
         };
         let shared = KvGeometry {
             shared_prompt_blocks: true,

@@ -86,7 +86,7 @@ pub struct Counter {
 pub struct KvCheck {
     /// The backends' admission.
     pub admission: Admission,
-    /// What a sequence holds.
+    /// What a sequence holds on a backend whose geometry is configured.
     pub geometry: KvGeometry,
 }
 
@@ -162,7 +162,9 @@ impl Counter {
         at_least: bool,
     ) -> Option<ApiError> {
         let kv = self.kv.as_ref()?;
-        let error = (kv.admission).never_fits(class, kv.geometry.need(cost, Some(runs)))?;
+        // While no backend's geometry is known, the admission itself answers.
+        let need = (kv.admission).need(&kv.geometry, cost, Some(runs))?;
+        let error = (kv.admission).never_fits(class, need)?;
         let refusal = NotAdmitted {
             error,
             tokens: cost.prefill + cost.decode,

@@ -384,6 +384,7 @@ fn harness() -> &'static Harness {
                 name: "backend".into(),
                 kv_capacity_bytes: 1 << 40,
                 max_batch: 1_000,
+                engine: false,
             }],
             QueueSpec {
                 max_waiting: 1,
