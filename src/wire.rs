@@ -39,6 +39,22 @@ impl Wire {
         }
     }
 
+    /// Whether a stream event's `data` is the last one a whole answer sends: OpenAI's
+    /// `[DONE]`, or Anthropic's `message_stop` (a short event: its type is all it holds). The
+    /// other wires' streams end with their body.
+    pub fn ends_answer(self, data: &str) -> bool {
+        match self {
+            Wire::OpenAi => data == "[DONE]",
+            Wire::Anthropic => {
+                data.len() < 64
+                    && data.contains("message_stop")
+                    && serde_json::from_str::<serde_json::Value>(data)
+                        .is_ok_and(|v| v["type"] == "message_stop")
+            }
+            Wire::Tgi | Wire::Responses | Wire::VllmGenerate | Wire::Triton => false,
+        }
+    }
+
     /// `json` as one event of its stream.
     pub fn event(self, json: &serde_json::Value) -> String {
         match self.framing() {
@@ -64,5 +80,22 @@ impl Framing {
             Framing::Sse => b'\n',
             Framing::Nul => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Wire;
+
+    #[test]
+    fn the_last_event_of_a_whole_answer_is_known_where_the_wire_sends_one() {
+        assert!(Wire::OpenAi.ends_answer("[DONE]"));
+        assert!(!Wire::OpenAi.ends_answer(r#"{"choices":[],"usage":{}}"#));
+        assert!(Wire::Anthropic.ends_answer(r#"{"type":"message_stop"}"#));
+        assert!(Wire::Anthropic.ends_answer(r#"{"type": "message_stop"}"#));
+        // A text that says "message_stop" is a delta, not the end.
+        assert!(!Wire::Anthropic.ends_answer(r#"{"delta":{"text":"message_stop"}}"#));
+        assert!(!Wire::Responses.ends_answer("[DONE]"));
+        assert!(!Wire::Tgi.ends_answer("[DONE]"));
     }
 }

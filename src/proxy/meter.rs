@@ -607,6 +607,13 @@ fn filter(
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk, &mut now);
         }
+        // The answer is whole: a client that closes now, before the backend's body ends, was
+        // answered, not cut off.
+        if wire.ends_answer(&data) {
+            if let Some(mut a) = admitted.take() {
+                a.settle_as(Outcome::Ok);
+            }
+        }
         if chunk.usage_only() && !client_wants_usage {
             left_out.push(i);
         }

@@ -182,6 +182,60 @@ async fn a_reasoning_stream_cut_by_the_client_is_charged_what_it_delivered() {
     );
 }
 
+/// A client that closes as soon as it has read `[DONE]`, before the backend ended its body:
+/// the answer was whole, so the request is answered and billed as such, not a disconnect.
+#[tokio::test]
+async fn a_client_that_closes_right_after_done_is_recorded_as_answered() {
+    let dir = TempDir::new("settle-after-done");
+    let spec = FakeSpec {
+        behaviour: Behaviour::OpenAfterDone,
+        ..FakeSpec::default()
+    };
+    let (gw, _backend) = logged_gateway(spec, &dir, |_| {}).await;
+    let url = gw.url("/v1/chat/completions");
+    let data = tokio::spawn(async move {
+        let body = chat("a", 5, true).to_string().into_bytes();
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+        ];
+        let resp = start_request(&url, "POST", Some(body), &headers).await;
+        let mut body = resp.into_body();
+        use http_body_util::BodyExt;
+        let mut read = Vec::new();
+        while sse_data(&read).last().map(String::as_str) != Some("[DONE]") {
+            let frame = body.frame().await.unwrap().unwrap();
+            read.extend_from_slice(&frame.into_data().unwrap());
+        }
+        sse_data(&read)
+        // dropping `body` closes the connection while the backend's is still open
+    })
+    .await
+    .unwrap();
+    // Five tokens and `[DONE]` (the usage the gateway asked for is not the client's).
+    assert_eq!((data.len(), data[5].as_str()), (6, "[DONE]"));
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "1",
+    )
+    .await;
+    assert_eq!(
+        gw.metric("tokengate_requests_total{tenant=\"alice\",outcome=\"client_disconnect\"}")
+            .await,
+        None
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 995.0);
+    let lines = usage_lines(&gw, &dir).await;
+    assert_eq!(
+        (
+            &lines[0]["outcome"],
+            &lines[0]["output_tokens"],
+            &lines[0]["answered"]
+        ),
+        (&json!("ok"), &json!(5), &json!(true))
+    );
+}
+
 /// A whole answer that is reasoning alone (`message.reasoning`, `content` null) from a backend
 /// that sends no usage: its reasoning is the output counted.
 #[tokio::test]

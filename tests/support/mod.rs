@@ -43,6 +43,9 @@ pub enum Behaviour {
     EndlessBody,
     /// Stream one token, then an event that never ends, until the gateway hangs up.
     EndlessEvent,
+    /// Stream the whole answer with its `[DONE]`, then keep the connection open without
+    /// ending the body, until the gateway hangs up.
+    OpenAfterDone,
 }
 
 /// An OpenAI error body with a backend's internals in it (what must never reach a client).
@@ -374,7 +377,10 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
             tokio::spawn(send_forever(tx, Bytes::from(first), rest));
             return streamed(channel_body(rx), "text/event-stream");
         }
-        Behaviour::Normal | Behaviour::ResetAfter(_) | Behaviour::StallAfterHeaders => {}
+        Behaviour::Normal
+        | Behaviour::ResetAfter(_)
+        | Behaviour::StallAfterHeaders
+        | Behaviour::OpenAfterDone => {}
     }
     let max = body["max_tokens"].as_u64().unwrap_or(16);
     let n = if body["ignore_eos"].as_bool() == Some(true) {
@@ -458,6 +464,9 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
         let _ = tx
             .send(Ok(Frame::data(Bytes::from("data: [DONE]\n\n"))))
             .await;
+        if let Behaviour::OpenAfterDone = spec.behaviour {
+            tx.closed().await;
+        }
     });
     streamed(channel_body(rx), "text/event-stream")
 }
