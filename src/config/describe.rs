@@ -37,16 +37,24 @@ pub fn describe(cfg: &ValidConfig) -> String {
         "limiter: a prompt token the backend's prefix cache held is charged {} of a token (cached_prefill_weight)",
         cfg.limiter.cached_prefill_weight
     );
-    let _ = writeln!(
-        s,
-        "KV: a sequence holds whole blocks of {} tokens; the n choices of one prompt {}",
-        cfg.model.block_tokens,
-        if cfg.model.prefix_caching {
-            "hold its whole blocks once (prefix_caching)"
-        } else {
-            "each hold all of it (prefix_caching off)"
-        }
-    );
+    let generating = || cfg.running(Runner::Generate).map(|(b, _)| b);
+    let _ = if generating().all(|b| b.kv == KvSource::Engine) {
+        writeln!(
+            s,
+            "KV: each backend counts a sequence in its engine's own pages, learned from the engine (kv = \"engine\")"
+        )
+    } else {
+        writeln!(
+            s,
+            "KV: a sequence holds whole blocks of {} tokens; the n choices of one prompt {}",
+            cfg.model.block_tokens,
+            if cfg.model.prefix_caching {
+                "hold its whole blocks once (prefix_caching)"
+            } else {
+                "each hold all of it (prefix_caching off)"
+            }
+        )
+    };
     let server = &cfg.server;
     let _ = writeln!(
         s,

@@ -958,6 +958,22 @@ requests_per_second = 1
         );
     }
 
+    /// The shipped vLLM-ascend configs learn every backend's cache from its engine.
+    #[test]
+    fn the_vllm_ascend_configs_learn_their_caches_from_the_engines() {
+        for (file, engines) in [("vllm-ascend.toml", 1), ("vllm-ascend-dp.toml", 4)] {
+            let path = format!("{}/config/{file}", env!("CARGO_MANIFEST_DIR"));
+            let cfg = Config::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let kv: Vec<KvSource> = cfg.backends.iter().map(|b| b.kv).collect();
+            assert_eq!(kv, vec![KvSource::Engine; engines], "{file}");
+            let described = describe::describe(&cfg);
+            assert!(
+                described.contains("KV: each backend counts a sequence in its engine's own pages"),
+                "{described}"
+            );
+        }
+    }
+
     fn quickstart() -> String {
         std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
