@@ -958,6 +958,43 @@ requests_per_second = 1
         );
     }
 
+    /// What a backend that learns its cache from the engine may not be given.
+    #[test]
+    fn a_backend_learning_from_its_engine_refuses_what_it_would_learn() {
+        let with_backend = |url: &str, lines: &str| {
+            let text = format!(
+                "[tokenizer]\npath = \"t.json\"\n[model]\nserved_names = [\"m\"]\nmax_model_len = 4096\ndefault_max_tokens = 16\n\
+                 [[backends]]\nurl = \"{url}\"\n{lines}\n\
+                 [[tenants]]\nname = \"a\"\napi_keys = [\"sk-a\"]\n\
+                 prefill_tokens_per_second = 1\ndecode_tokens_per_second = 1\nrequests_per_second = 1\n"
+            );
+            Config::parse(&text).map(|_| ()).map_err(|e| e.to_string())
+        };
+        let local = "http://127.0.0.1:9000";
+        assert_eq!(with_backend(local, "kv = \"engine\""), Ok(()));
+        assert_eq!(
+            with_backend(local, "kv = \"engine\"\nmax_batch = 8"),
+            Ok(())
+        );
+        assert_eq!(
+            with_backend(local, "kv = \"engine\"\nkv_capacity_bytes = 1000"),
+            Err("backends[0].kv_capacity_bytes is 1000, but backends[0].kv is \"engine\": the capacity is learned from the engine (its pages); leave kv_capacity_bytes out".to_string())
+        );
+        assert_eq!(
+            with_backend(local, "kv = \"engine\"\nmax_batch = 0"),
+            Err("backends[0].max_batch must be at least 1: with kv = \"engine\" it lowers the engine's own batch cap (leave it out to use the engine's)".to_string())
+        );
+        assert_eq!(
+            with_backend("https://127.0.0.1:9000", "kv = \"engine\"\ntls = { ca_file = \"ca.pem\" }"),
+            Err("backends[0].kv is \"engine\", but backends[0].url `https://127.0.0.1:9000` is https: the engine's metrics, /v1/models and /server_info are read over http; give the backend an http url, or its geometry by hand".to_string())
+        );
+        let unknown = with_backend(local, "kv = \"disk\"").unwrap_err();
+        assert!(
+            unknown.contains("unknown variant `disk`, expected `configured` or `engine`"),
+            "{unknown}"
+        );
+    }
+
     /// The shipped vLLM-ascend configs learn every backend's cache from its engine.
     #[test]
     fn the_vllm_ascend_configs_learn_their_caches_from_the_engines() {

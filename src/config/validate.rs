@@ -163,6 +163,9 @@ impl Config {
                     b.url
                 )
             };
+            if b.kv == KvSource::Engine && scheme.as_str() == "https" {
+                bail!("{at}.kv is \"engine\", but {at}.url `{}` is https: the engine's metrics, /v1/models and /server_info are read over http; give the backend an http url, or its geometry by hand", b.url);
+            }
             match (scheme.as_str(), &b.tls) {
                 ("http", None) => {}
                 ("http", Some(_)) => {

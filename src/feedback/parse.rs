@@ -340,14 +340,18 @@ pub fn parse(text: &str) -> Result<BackendReading, ParseError> {
             }
             Known::KvUsage => usages.extend(usage(s.name, s.value, c)),
             Known::CacheConfig => {
-                // One sample per engine (DP ranks behind one server): the first one sized.
-                if let Some(info) = (r.cache.is_none())
-                    .then(|| CacheInfo::from_labels(&labels(s.labels)))
-                    .flatten()
+                // One sample per engine behind the server (they agree): the last one read.
+                let set = labels(s.labels);
+                let field = |k: &str| {
+                    (set.iter())
+                        .find(|(key, _)| key == k)
+                        .and_then(|(_, v)| v.parse::<u64>().ok())
+                };
+                if let (Some(blocks), Some(block)) = (field("num_gpu_blocks"), field("block_size"))
                 {
-                    r.cache_tokens = Some(info.num_gpu_blocks.saturating_mul(info.block_size));
-                    r.cache = Some(info);
+                    r.cache_tokens = Some(blocks.saturating_mul(block));
                 }
+                r.cache = CacheInfo::from_labels(&set);
             }
             Known::DraftPosition => positions.extend(label(s.labels, "position")),
             Known::TtftSum => moments_sum(&mut r.ttft, s.name, s.value, c),

@@ -606,11 +606,9 @@ fn filter(
         let chunk = Chunk::of_event(wire, &data, head);
         if let Some(a) = admitted.as_mut() {
             a.observe_event(&chunk, &mut now);
-        }
-        // The answer is whole: a client that closes now, before the backend's body ends, was
-        // answered, not cut off.
-        if wire.ends_answer(&data) {
-            if let Some(mut a) = admitted.take() {
+            // The answer is whole: a client that closes now, before the backend's body ends,
+            // was answered, not cut off (what may still come is metered all the same).
+            if wire.ends_answer(&data) {
                 a.settle_as(Outcome::Ok);
             }
         }

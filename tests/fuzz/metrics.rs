@@ -20,6 +20,7 @@
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use proptest::test_runner::TestCaseError;
+use tokengate::feedback::engine::CacheInfo;
 use tokengate::feedback::parse::{parse, BackendReading, Flavor, Moments, QUOTED_CHARS};
 
 /// What a known metric is, for the oracle.
@@ -360,6 +361,16 @@ fn expected(lines: &[Line]) -> BackendReading {
             Kind::CacheConfig => {
                 let (blocks, block) = labels.cache.expect("figures");
                 r.cache_tokens = Some(blocks.saturating_mul(block));
+                // A cache of no pages is not sized yet: nothing to learn from.
+                r.cache = (blocks > 0).then(|| CacheInfo {
+                    block_size: block,
+                    num_gpu_blocks: blocks,
+                    kv_cache_max_concurrency: None,
+                    kv_cache_memory_bytes: None,
+                    num_gpu_blocks_override: None,
+                    enable_prefix_caching: false,
+                    mamba_cache_mode: "none".to_string(),
+                });
             }
             Kind::TtftSum => sum(&mut r.ttft, c),
             Kind::TtftCount => n(&mut r.ttft, c),
