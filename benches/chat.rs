@@ -3,7 +3,8 @@
 //! ahead, as the gateway does when they come back), with the plain render-and-count path as the
 //! baseline, all in one run, with the gateway's tokenizer and with HuggingFace's.
 //!
-//! Needs `assets/qwen3.5/tokenizer.json` (scripts/fetch-tokenizer). Run:
+//! Needs `assets/qwen3.5/tokenizer.json` and `assets/qwen3.5/chat_template.jinja`
+//! (scripts/fetch-tokenizer). Run:
 //!     cargo bench --bench chat
 
 use serde_json::{json, Value};
@@ -211,10 +212,10 @@ fn measure(tok: &dyn CountTokens, template: &ChatTemplate, last: &ChatPrompt, ex
 fn compare_renderers(builtin: &ChatTemplate, prompt: &ChatPrompt, rendered: &str) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/data/qwen3_5_chat_template.jinja"
+        "/assets/qwen3.5/chat_template.jinja"
     );
     let jinja = ChatTemplate::from_jinja_file(path)
-        .unwrap_or_else(|e| panic!("{e} (the official template is read from beside the clone)"));
+        .unwrap_or_else(|e| panic!("{e} (run scripts/fetch-tokenizer first)"));
     assert_eq!(jinja.render(prompt).unwrap(), rendered);
     let time = |template: &ChatTemplate| {
         median(

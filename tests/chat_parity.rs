@@ -3,8 +3,8 @@
 //! and HF tokenizers in Python), counts equal the recorded ones with no tolerance, memoized
 //! counts equal full-render counts cold and warm, and DOMAIN.md's framing facts hold.
 //!
-//! Needs the official template at `../shared/data/` beside the clone and the tokenizer from
-//! `scripts/fetch-tokenizer` at `assets/qwen3.5/tokenizer.json`.
+//! Needs the official template and the tokenizer that `scripts/fetch-tokenizer` makes
+//! (`assets/qwen3.5/chat_template.jinja`, `assets/qwen3.5/tokenizer.json`).
 
 mod common;
 

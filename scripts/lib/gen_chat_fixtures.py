@@ -24,7 +24,7 @@ SEED = 3511
 COUNT = 560
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_TEMPLATE = os.path.join(ROOT, "..", "shared", "data", "qwen3_5_chat_template.jinja")
+DEFAULT_TEMPLATE = os.path.join(ROOT, "assets", "qwen3.5", "chat_template.jinja")
 DEFAULT_TOKENIZER = os.path.join(ROOT, "assets", "qwen3.5", "tokenizer.json")
 DEFAULT_OUT = os.path.join(ROOT, "tests", "fixtures", "chats.jsonl")
 

@@ -1019,6 +1019,18 @@ requests_per_second = 1
         .unwrap()
     }
 
+    /// The quickstart config with its backend sized by hand: its cache given in place of the
+    /// capacity model's hardware, model and SLO.
+    fn by_hand() -> String {
+        let text = quickstart();
+        let changed = text.replace(
+            "hardware = \"910b3\"\nmodel = \"qwen3.5-27b\"\ntpot_slo_ms = 100\n",
+            "kv_capacity_bytes = 8000000000\n",
+        );
+        assert_ne!(changed, text);
+        changed
+    }
+
     /// The quickstart config with `server` lines in place of its admin_listen line.
     fn with_admin(lines: &str) -> anyhow::Result<ValidConfig> {
         let text = quickstart();
@@ -1126,7 +1138,7 @@ requests_per_second = 1
 
     #[test]
     fn a_reload_names_each_setting_only_a_restart_applies() {
-        let text = quickstart();
+        let text = by_hand();
         let running = Config::parse(&text).unwrap();
         let edit = |pairs: &[(&str, &str)]| {
             let mut t = text.clone();
@@ -1329,7 +1341,7 @@ requests_per_second = 1
         );
         // Without the capacity model, every value is the file's and nothing is said of it.
         assert_eq!(
-            sizing_and_rates(&Config::parse(&quickstart()).unwrap()),
+            sizing_and_rates(&Config::parse(&by_hand()).unwrap()),
             [
                 "backend http://127.0.0.1:9000: kv_capacity_bytes 8000000000 (8.00 GB), max_batch 32",
                 "tenant alice: prefill 2000.0/s, decode 20.0/s, requests 1.000/s, burst 15 s",
@@ -1351,7 +1363,7 @@ requests_per_second = 1
             err(&sized_text(2, "kv_capacity_bytes = 0")),
             "backends[0].kv_capacity_bytes must be at least 1: it is the bytes of KV cache the backend has for sequences (leave it out to use the capacity model's 70000000000)"
         );
-        let text = quickstart();
+        let text = by_hand();
         assert_eq!(
             err(&text.replace("max_batch = 32", "max_batch = 0")),
             "backends[0].max_batch must be at least 1: it is the most sequences the backend runs at once (or leave it out and set `hardware` and `model` to derive it)"

@@ -9,6 +9,8 @@
 //!   holds requests), else long prefills stalling the batch (a long-tailed prompt length whose
 //!   prefill alone takes a large share of the target), else prefill-bound (the cards' compute).
 //! - **TPOT P95 over target** -> KV pressure and preemption (the engine evicts sequences), else a
+//!   target no batch of the deployment meets (one sequence alone takes longer a step: no
+//!   `max_batch` helps, and the capacity model names the cards or the SLO that would), else a
 //!   batch too large for the TPOT target at the observed lengths, else long-context decode (the
 //!   batch meets the target at the median context but not at the P95 one).
 //! - **latency within target but refusals high** -> limits too tight for the hardware.
@@ -18,7 +20,7 @@
 
 pub mod cli;
 
-use crate::capacity::{mean_context_tokens, CapacityInputs};
+use crate::capacity::{mean_context_tokens, CapacityInputs, Remedies, Spelling, MAX_TP};
 use crate::feedback::parse::BackendReading;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -120,7 +122,7 @@ pub struct Finding {
     /// What is out of bounds (`ttft_high`, `tpot_high`, `refusals_high`).
     pub symptom: String,
     /// The branch taken (`queueing`, `long_prefill_stall`, `prefill_bound`, `kv_pressure`,
-    /// `batch_too_large`, `long_context_decode`, `limits_too_tight`).
+    /// `target_unreachable`, `batch_too_large`, `long_context_decode`, `limits_too_tight`).
     pub cause: String,
     /// What to do, in words with the numbers.
     pub advice: String,
@@ -429,6 +431,8 @@ fn tpot_branch(i: &Inputs, tpot: f64) -> Finding {
         .iter()
         .find_map(|b| b.model.as_ref().map(|m| (b, m)))
     else {
+        // Without a model the step of one sequence is unknown: the proportional guess is all
+        // there is, and it says so, with what would tell.
         let b = i.backends.first();
         let from = b.map_or(0, |b| b.max_batch);
         let to = ((from as f64) * i.slo.tpot_p95_ms / tpot).floor().max(1.0);
@@ -437,7 +441,9 @@ fn tpot_branch(i: &Inputs, tpot: f64) -> Finding {
             cause: "batch_too_large".into(),
             advice: format!(
                 "decode steps are too slow for the target: lower max_batch from {from} to {to:.0} \
-                 (no capacity model: scaled by target / observed)"
+                 (no capacity model: scaled by target / observed, as if a step took time in \
+                 proportion to the batch; one sequence alone may already miss the target: give \
+                 the backend its hardware and model so the tree can tell)"
             ),
             evidence,
             change: b.map(|b| Change {
@@ -459,6 +465,9 @@ fn tpot_branch(i: &Inputs, tpot: f64) -> Finding {
         b.field("max_batch"),
         b.max_batch
     ));
+    if let Some(remedies) = at.fits_with(input50, output50) {
+        return unreachable(b, &remedies, "P50", symptom, evidence);
+    }
     if b.max_batch > sla50 {
         return Finding {
             symptom,
@@ -485,6 +494,9 @@ fn tpot_branch(i: &Inputs, tpot: f64) -> Finding {
         "at the P95 context ({input95} + {output95}/2 tokens) the largest batch meeting the \
          target is {sla95}"
     ));
+    if let Some(remedies) = at.fits_with(input95, output95) {
+        return unreachable(b, &remedies, "P95", symptom, evidence);
+    }
     let to = sla95.min(b.max_batch.saturating_sub(1)).max(1);
     Finding {
         symptom,
@@ -503,6 +515,42 @@ fn tpot_branch(i: &Inputs, tpot: f64) -> Finding {
             formula: "replicas x largest B with step(B, prompt P95 + output P95 / 2) <= TPOT \
                       target"
                 .into(),
+        }),
+    }
+}
+
+/// Backend `b` has no batch that meets the TPOT target at the `context` (P50 or P95) lengths of
+/// `remedies` (one such sequence alone misses it, or does not fit in the cache), so no
+/// `max_batch` helps: the finding names what would, the capacity model's remedies (the TPOT
+/// SLO the deployment holds, the fewest cards that hold the target), and its change is the
+/// cards, when some do.
+fn unreachable(
+    b: &BackendInputs,
+    remedies: &Remedies,
+    context: &str,
+    symptom: String,
+    evidence: Vec<String>,
+) -> Finding {
+    Finding {
+        symptom,
+        cause: "target_unreachable".into(),
+        advice: format!(
+            "no {} of this deployment meets the TPOT target at the {context} context ({} + {}/2 \
+             tokens): {}",
+            b.field("max_batch"),
+            remedies.input_tokens,
+            remedies.output_tokens,
+            remedies.describe(Spelling::Config)
+        ),
+        evidence,
+        change: remedies.tp.map(|r| Change {
+            field: b.field("tp"),
+            from: b.model.as_ref().map(|m| f64::from(m.tp)),
+            to: f64::from(r.tp),
+            formula: format!(
+                "fewest cards per replica (a power of two up to {MAX_TP}) with a batch meeting \
+                 the TPOT target at the {context} context"
+            ),
         }),
     }
 }

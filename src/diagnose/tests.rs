@@ -211,6 +211,101 @@ fn tpot_high_at_a_fine_median_batch_is_long_context_decode() {
     );
 }
 
+/// Qwen3.5-27B on one 910B3 (the quickstart's deployment): one sequence alone takes over 75 ms
+/// a decode step, whatever the batch.
+fn tp1() -> CapacityInputs {
+    CapacityInputs { tp: 1, ..tp2() }
+}
+
+#[test]
+fn tpot_high_where_one_sequence_alone_misses_the_target_names_what_would() {
+    let mut i = healthy();
+    i.tpot_p95_ms = Some(90.0);
+    i.backends = vec![BackendInputs {
+        model: Some(tp1()),
+        ..backend(32, None)
+    }];
+    assert_eq!(
+        one(&i),
+        Finding {
+            symptom: "tpot_high".into(),
+            cause: "target_unreachable".into(),
+            advice: "no backends[0].max_batch of this deployment meets the TPOT target at the \
+                     P50 context (3000 + 800/2 tokens): one sequence takes 76.46 ms a step, over \
+                     the 50 ms TPOT SLO; it fits with tpot_slo_ms = 100 (safe batch 19, bound: \
+                     memory capacity (KV + state)) or tp = 2 (safe batch 45, bound: HBM \
+                     bandwidth (TPOT SLO))"
+                .into(),
+            evidence: vec![
+                "TPOT P95 90.0 ms > target 50.0 ms".into(),
+                "no preemptions and no full KV cache reported".into(),
+                "largest batch meeting 50.0 ms at the P50 context (3000 + 800/2 tokens): 0; \
+                 backends[0].max_batch is 32"
+                    .into(),
+            ],
+            change: change(
+                "backends[0].tp",
+                Some(1.0),
+                2.0,
+                "fewest cards per replica (a power of two up to 8) with a batch meeting the \
+                 TPOT target at the P50 context"
+            ),
+        }
+    );
+}
+
+#[test]
+fn tpot_high_where_one_long_sequence_misses_the_target_on_any_cards_says_so() {
+    // Fine at the median context on two cards; at the P95 one, one sequence alone takes 108 ms
+    // a step, and no tensor-parallel degree up to 8 brings it to 50 ms: no change is proposed,
+    // the SLO the deployment holds is named.
+    let mut i = healthy();
+    i.tpot_p95_ms = Some(120.0);
+    i.prompt.p95 = 200_000.0;
+    i.output.p95 = 20_000.0;
+    i.backends = vec![backend(SLA_3000_800, None)];
+    let f = one(&i);
+    assert_eq!(
+        (f.cause.as_str(), f.advice.as_str(), f.change),
+        (
+            "target_unreachable",
+            "no backends[0].max_batch of this deployment meets the TPOT target at the P95 \
+             context (200000 + 20000/2 tokens): one sequence takes 108.16 ms a step, over the \
+             50 ms TPOT SLO; it fits with tpot_slo_ms = 150 (safe batch 4, bound: memory \
+             capacity (KV + state)) (no tp up to 8 holds 50 ms)",
+            None
+        )
+    );
+}
+
+#[test]
+fn tpot_high_on_a_backend_sized_by_hand_scales_the_batch_and_says_what_it_assumes() {
+    // The quickstart's backend before it named its hardware: 32 sequences, TPOT 75 ms.
+    let mut i = healthy();
+    i.tpot_p95_ms = Some(75.0);
+    i.backends = vec![BackendInputs {
+        model: None,
+        ..backend(32, None)
+    }];
+    let f = one(&i);
+    assert_eq!(
+        (f.cause.as_str(), f.advice.as_str(), f.change),
+        (
+            "batch_too_large",
+            "decode steps are too slow for the target: lower max_batch from 32 to 21 (no \
+             capacity model: scaled by target / observed, as if a step took time in proportion \
+             to the batch; one sequence alone may already miss the target: give the backend its \
+             hardware and model so the tree can tell)",
+            change(
+                "backends[0].max_batch",
+                Some(32.0),
+                21.0,
+                "floor(max_batch x TPOT target / TPOT P95)"
+            )
+        )
+    );
+}
+
 #[test]
 fn refusals_with_fine_latency_raise_the_limits_to_the_hardware() {
     let mut i = healthy();

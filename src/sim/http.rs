@@ -9,7 +9,7 @@ use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
 use super::timing::StepTiming;
-use super::wire::{parse_converted, parse_native, parse_openai, Api, Finish, Job, Meta};
+use super::wire::{parse_converted, parse_native, parse_openai, unix_now, Api, Finish, Job, Meta};
 use super::{Faults, SimConfig, SimStats};
 use crate::api::Native;
 use crate::api::{Route, Wire};
@@ -309,12 +309,6 @@ fn tpot_slo(shared: &Shared, query: Option<&str>) -> Result<Response<Body>, ApiE
             "tpot_slo_ms": slo,
         }),
     ))
-}
-
-pub(super) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// A failure it was told to inject, answered as a backend answers one, in the shape of the

@@ -60,7 +60,7 @@ pub fn answer(
     let tokens: u64 = prompts.iter().map(|(_, n)| n).sum();
     let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0});
     let model = &served_names[0];
-    let created = crate::sim::http::unix_now();
+    let created = super::wire::unix_now();
     let vectors: Vec<[f64; DIMENSIONS]> = prompts.iter().map(|(t, _)| vector(t)).collect();
     Ok(match pooled.kind() {
         PooledKind::Embed => {

@@ -324,6 +324,13 @@ pub struct Meta {
     pub model: String,
 }
 
+/// Now in Unix seconds: the `created` of every answer, generated or pooled.
+pub(super) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// How a finished answer ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {

@@ -1,5 +1,5 @@
-//! Shared helpers for the integration tests: the fetched Qwen3.5 assets (tokenizer) and the
-//! official chat template from the shared data directory beside the clone.
+//! Shared helpers for the integration tests: the fetched Qwen3.5 assets (the tokenizer and the
+//! official chat template, both made by `scripts/fetch-tokenizer`).
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::PathBuf;
@@ -32,16 +32,8 @@ pub fn tokenizer() -> Arc<Tokenizer> {
         .clone()
 }
 
-/// The official Qwen3.5 chat template (reference data, not part of the project), parsed by the
-/// gateway's Jinja engine. It lives in the shared data directory beside the clone.
+/// The official Qwen3.5 chat template (fetched from a registry package, checked by sha256, not
+/// part of the project), parsed by the gateway's Jinja engine.
 pub fn official_template() -> ChatTemplate {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data/qwen3_5_chat_template.jinja");
-    assert!(
-        path.exists(),
-        "the official Qwen3.5 chat template is missing at {}: these tests need the shared data \
-         directory beside the clone",
-        path.display()
-    );
-    ChatTemplate::from_jinja_file(&path).expect("official template parses")
+    ChatTemplate::from_jinja_file(asset("chat_template.jinja")).expect("official template parses")
 }

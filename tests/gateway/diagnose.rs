@@ -253,6 +253,42 @@ async fn a_slow_decode_with_a_batch_over_the_slo_batch_reads_as_batch_too_large(
     assert!(c.to >= 1.0 && c.to < 5000.0, "{c:?}");
 }
 
+#[tokio::test]
+async fn a_target_no_batch_of_one_910b3_meets_names_the_cards_or_the_slo_that_would() {
+    // The quickstart's deployment (Qwen3.5-27B on one 910B3, where one sequence alone takes
+    // 75 ms a decode step) behind a sim whose steps take 100 ms: no max_batch meets 50 ms per
+    // token, so the finding says what would instead of a batch that cannot. Every answer is
+    // its 6 tokens (a mean far above it) and every prompt the 14 of "question number N", so
+    // the P50 lengths, and with them every figure, are exact.
+    let sim = start_sim(SimConfig {
+        mean_output_tokens: 1000.0,
+        ..slowed(1.0, 100.0)
+    })
+    .await;
+    let text = config_text(&[sim.addr()]).replace(
+        "kv_capacity_bytes = 8000000000\n",
+        "hardware = \"910b3\"\nmodel = \"qwen3.5-27b\"\ntpot_slo_ms = 100\n",
+    );
+    let gw = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    for r in burst(&gw, "sk-alice", 4, 6).await {
+        assert_eq!(r.status, 200);
+    }
+    let f = findings(&gw, vec![]).await;
+    assert_eq!(branch(&f), [("tpot_high", "target_unreachable")]);
+    assert_eq!(
+        f[0].advice,
+        "no backends[0].max_batch of this deployment meets the TPOT target at the P50 context \
+         (14 + 6/2 tokens): one sequence takes 75.32 ms a step, over the 50 ms TPOT SLO; it fits \
+         with tpot_slo_ms = 100 (safe batch 49, bound: memory capacity (KV + state)) or tp = 2 \
+         (safe batch 78, bound: HBM bandwidth (TPOT SLO))"
+    );
+    let c = f[0].change.as_ref().unwrap();
+    assert_eq!(
+        (c.field.as_str(), c.from, c.to),
+        ("backends[0].tp", Some(1.0), 2.0)
+    );
+}
+
 /// A 100-token cache (one byte a token) and slow decode: four answers of up to 30 tokens on
 /// ~15-token prompts outgrow it and are preempted.
 fn small_cache() -> SimConfig {

@@ -69,6 +69,42 @@ def wait_ready(url, proc, seconds):
     sys.exit(f"readme: {url} did not answer 200 within {seconds} s")
 
 
+class Quickstart:
+    """`tokengate sim` and `tokengate serve` with config/quickstart.toml, as scripts/quickstart
+    starts them, on `addresses` (the API, the admin listener, the sim) in place of its own,
+    ready when made; `stop()` ends both."""
+
+    def __init__(self, bin_path, addresses, tmp):
+        swap = dict(zip(QUICKSTART, addresses))
+        with open(os.path.join(ROOT, "config", "quickstart.toml"), encoding="utf-8") as f:
+            config = f.read()
+        for old, new in swap.items():
+            config = config.replace(old, new)
+        # The copy lives elsewhere: its tokenizer path, relative to the original, made absolute.
+        config = config.replace('"../assets/', '"' + os.path.join(ROOT, "assets") + "/")
+        path = os.path.join(tmp, "quickstart.toml")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(config)
+        log = open(os.path.join(tmp, "log"), "w")
+        self.procs = [subprocess.Popen(
+            [bin_path, "sim", "--listen", addresses[2], "--tokenizer",
+             os.path.join(ROOT, "assets", "qwen3.5", "tokenizer.json"),
+             "--served-model-name", "qwen3.5-27b"], stdout=log, stderr=log)]
+        try:
+            self.procs.append(subprocess.Popen([bin_path, "serve", "--config", path],
+                                               stdout=log, stderr=log))
+            wait_ready(f"http://{addresses[1]}/readyz", self.procs[1], 30)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self):
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=10)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", required=True, help="the tokengate binary")
@@ -88,25 +124,10 @@ def main():
             text = text.replace(old, new)
         return text
 
-    with open(os.path.join(ROOT, "config", "quickstart.toml"), encoding="utf-8") as f:
-        config = local(f.read())
-    # The copy lives elsewhere: its tokenizer path, relative to the original, made absolute.
-    config = config.replace('"../assets/', '"' + os.path.join(ROOT, "assets") + "/")
-    procs = []
+    failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "quickstart.toml")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(config)
+        quickstart = Quickstart(bin_path, ports, tmp)
         try:
-            log = open(os.path.join(tmp, "log"), "w")
-            procs.append(subprocess.Popen(
-                [bin_path, "sim", "--listen", ports[2], "--tokenizer",
-                 os.path.join(ROOT, "assets", "qwen3.5", "tokenizer.json"),
-                 "--served-model-name", "qwen3.5-27b"], stdout=log, stderr=log))
-            procs.append(subprocess.Popen([bin_path, "serve", "--config", path],
-                                          stdout=log, stderr=log))
-            wait_ready(f"http://{ports[1]}/readyz", procs[1], 30)
-            failed = 0
             for command, expected in cases:
                 run = subprocess.run(["bash", "-c", local(command)], cwd=ROOT, text=True,
                                      capture_output=True, timeout=120)
@@ -120,10 +141,7 @@ def main():
                     print("where the README shows:")
                     print("\n".join("  | " + e for e in expected))
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=10)
+            quickstart.stop()
     print(f"readme: {len(cases) - failed} examples passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -1012,7 +1012,7 @@ def local_answers(port, vllm_url, seed):
 def reconciliation(a, work):
     """A gateway whose chat template renders a word more than vLLM's (as after a template
     change on the backend): vLLM's count settles each charge, and the difference is exported."""
-    template = (ROOT.parent / "shared" / "data" / "qwen3_5_chat_template.jinja").read_text()
+    template = (ROOT / "assets" / "qwen3.5" / "chat_template.jinja").read_text()
     changed = work / "changed_template.jinja"
     changed.write_text("{{- 'Changed: ' -}}\n" + template)
     port, admin_port = harness.free_port(), harness.free_port()
