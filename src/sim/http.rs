@@ -145,6 +145,14 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
     let api = match (req.method(), path.as_str()) {
         (&Method::GET, "/health") => return Ok(Response::new(full_body(Bytes::new()))),
         (&Method::GET, "/v1/models") => return Ok(models(shared)),
+        // vLLM serves its configuration here with VLLM_SERVER_DEV_MODE=1; the batch cap is what
+        // a gateway reads of it.
+        (&Method::GET, "/server_info") => {
+            let cap = shared.engine_cfg.max_batch;
+            let info =
+                serde_json::json!({"vllm_config": {"scheduler_config": {"max_num_seqs": cap}}});
+            return Ok(json_response(StatusCode::OK, &info));
+        }
         (&Method::GET, "/sim/tpot-slo") => return tpot_slo(shared, req.uri().query()),
         (&Method::GET, "/metrics") => {
             // `?names=mindie`: MindIE's names alone, as its metrics port would serve them.

@@ -1,11 +1,14 @@
 //! Room `sim`: the simulated engine's Prometheus metrics under vLLM's names (`vllm:` prefix) and
 //! MindIE's (no prefix, DOMAIN.md section 8), the same values under both, so dashboards and the
 //! gateway's backend feedback read the sim like a real vLLM or MindIE. `/metrics` has both sets;
-//! `/metrics?names=mindie` only MindIE's. Times are in simulated seconds.
+//! `/metrics?names=mindie` only MindIE's. Times are in simulated seconds. A sim with a cache of
+//! its own also says how it is paged, as vLLM does in `vllm:cache_config_info`, so a gateway can
+//! learn it (`kv = "engine"`).
 
-use super::engine::EngineSnapshot;
+use super::engine::{EngineConfig, EngineSnapshot};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -144,7 +147,54 @@ impl Default for SimMetrics {
     }
 }
 
+/// The labels of `vllm:cache_config_info` for an engine of configuration `engine` (none for a
+/// cache that never fills): its pages are its budget in blocks of `block_tokens` (page 0, vLLM's
+/// null block, added), its state whole pages, and `kv_cache_max_concurrency` vLLM's figure: the
+/// pages over what one request of `max_model_len` tokens holds.
+pub fn cache_config_labels(engine: &EngineConfig) -> Option<Vec<(String, String)>> {
+    let kv = engine.kv;
+    let page_bytes = kv.block_tokens.checked_mul(kv.kv_bytes_per_token)?;
+    if page_bytes == 0 || kv.budget_bytes == u64::MAX {
+        return None;
+    }
+    let pages = kv.budget_bytes / page_bytes + 1;
+    let per_request = engine.max_model_len.div_ceil(kv.block_tokens)
+        + kv.state_bytes_per_seq.div_ceil(page_bytes);
+    let labels = [
+        ("block_size", kv.block_tokens.to_string()),
+        ("num_gpu_blocks", pages.to_string()),
+        (
+            "kv_cache_max_concurrency",
+            (pages as f64 / per_request as f64).to_string(),
+        ),
+        (
+            "kv_cache_memory_bytes",
+            pages.saturating_mul(page_bytes).to_string(),
+        ),
+        ("num_gpu_blocks_override", "None".to_string()),
+        ("enable_prefix_caching", "False".to_string()),
+        ("mamba_cache_mode", "none".to_string()),
+        ("engine", "0".to_string()),
+    ];
+    Some(labels.map(|(k, v)| (k.to_string(), v)).to_vec())
+}
+
 impl SimMetrics {
+    /// The metrics of an engine of configuration `engine`, its cache's paging among them.
+    pub fn of_engine(engine: &EngineConfig) -> Self {
+        let mut m = Self::default();
+        if let Some(labels) = cache_config_labels(engine) {
+            let info = Family::<Vec<(String, String)>, Gauge>::default();
+            info.get_or_create(&labels).set(1);
+            m.registry.register(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                info,
+            );
+        }
+        m
+    }
+
     /// Publishes the engine's gauges and preemption count.
     pub fn observe_engine(&self, snap: &EngineSnapshot) {
         self.running.set(snap.running as i64);
@@ -171,5 +221,49 @@ impl SimMetrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feedback::engine::{CacheInfo, EngineKv, EngineLimits};
+    use crate::sim::engine::KvGeometry;
+
+    #[test]
+    fn the_sims_cache_is_paged_as_a_gateway_learns_it() {
+        // The default sim: Qwen3.5-27B on one 910B3 in 128-token blocks, an 8e9-byte budget.
+        let engine = crate::sim::SimConfig::roofline_910b3().engine;
+        let labels = cache_config_labels(&engine).expect("a cache of its own");
+        let info = CacheInfo::from_labels(&labels).expect("sized");
+        let limits = EngineLimits {
+            max_model_len: engine.max_model_len,
+            max_num_seqs: None,
+        };
+        let kv = EngineKv::learn(&info, 0, limits, 1).expect("learned");
+        // 8e9 / (128 x 65,536) = 953 pages; 153,944,064 B of state is 18.4 pages: 19.
+        assert_eq!(
+            (
+                kv.page_tokens,
+                kv.page_bytes,
+                kv.pages,
+                kv.state_pages_per_sequence
+            ),
+            (128, 128 * 65_536, 953, 19)
+        );
+        // A cache that never fills says nothing.
+        let unlimited = EngineConfig {
+            kv: KvGeometry::unlimited(),
+            ..engine
+        };
+        assert_eq!(cache_config_labels(&unlimited), None);
+        let text = SimMetrics::of_engine(&engine).render(false);
+        assert!(
+            text.contains("vllm:cache_config_info{block_size=\"128\",num_gpu_blocks=\"954\","),
+            "{text}"
+        );
+        assert!(!SimMetrics::of_engine(&engine)
+            .render(true)
+            .contains("cache_config_info"));
     }
 }

@@ -210,7 +210,7 @@ pub async fn start(
         );
     }
     let addr = listener.local_addr()?;
-    let metrics = Arc::new(metrics::SimMetrics::default());
+    let metrics = Arc::new(metrics::SimMetrics::of_engine(&cfg.engine));
     let engine = Engine::new(cfg.engine.clone(), cfg.timing.clone());
     let time_scale = cfg.time_scale;
     let (handle, engine_task) =

@@ -322,6 +322,56 @@ async fn a_cache_too_small_preempts_and_reads_as_kv_pressure() {
     assert!(c.to < c.from.unwrap(), "{c:?}");
 }
 
+/// The same burst through a backend that says only `kv = "engine"`: the gateway learns the
+/// sim's cache (100 pages of one token, no state, its batch cap) from its metrics and
+/// `/server_info`, holds the requests that would not fit, and the sim never preempts.
+#[tokio::test]
+async fn a_backend_that_learns_the_sims_cache_keeps_it_from_preempting() {
+    let sim = start_sim(small_cache()).await;
+    let text = config_text(&[sim.addr()]).replace(
+        "kv_capacity_bytes = 8000000000\nmax_batch = 32\n",
+        "kv = \"engine\"\n",
+    );
+    let gw = TestGateway::start(Config::parse(&text).unwrap().into_inner()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let backend = loop {
+        let b = gw.admin("/admin/backends").await["backends"][0].clone();
+        if !b["observed"]["engine_kv"].is_null() {
+            break b;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never learned: {b}");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(
+        backend["observed"]["engine_kv"],
+        serde_json::json!({"page_tokens": 1, "page_bytes": 1, "pages": 100,
+            "state_pages_per_sequence": 0, "prefix_state_pages_per_sequence": 0,
+            "lookahead_tokens": 0, "prefix_caching": false, "max_model_len": 100,
+            "max_num_seqs": 1024})
+    );
+    assert_eq!(
+        (
+            &backend["kv_capacity_bytes"],
+            &backend["max_batch"],
+            &backend["kv_capacity_bytes_source"]
+        ),
+        (
+            &serde_json::json!(100),
+            &serde_json::json!(1024),
+            &serde_json::json!("engine")
+        )
+    );
+    // The file's context (4,096) is not the sim's (100): said.
+    assert_eq!(
+        backend["observed"]["kv_differences"],
+        serde_json::json!([{"key": "model.max_model_len", "configured": 4096, "engine": 100,
+            "unit": "tokens"}])
+    );
+    let answers = burst(&gw, "sk-alice", 4, 30).await;
+    assert!(answers.iter().all(|r| r.status == 200));
+    assert_eq!(sim.stats().engine.preemptions, 0);
+}
+
 #[tokio::test]
 async fn a_preempting_sim_shrinks_the_ledger_through_feedback_while_it_serves() {
     let sim = start_sim(small_cache()).await;
