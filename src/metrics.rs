@@ -451,7 +451,7 @@ impl Metrics {
         );
         r.register(
             "connections_closed",
-            "Client connections the gateway closed: no request head within server.header_read_timeout, idle for server.idle_timeout, no bytes accepted for server.client_write_timeout, or (admin) the oldest idle one closed to make room at the cap",
+            "Client connections the gateway closed: no request head within server.header_read_timeout, idle for server.idle_timeout, no bytes of a write or of an answer taken for server.client_write_timeout, or (admin) the oldest idle one closed to make room at the cap",
             m.connections_closed.clone(),
         );
         r.register(
