@@ -614,9 +614,9 @@ async fn assert_prefill_and_decode_charged(gw: &TestGateway, prompt: u64, decode
 /// The TPOT the decode floor counts in the tests of requests that end unanswered
 /// (`backends[].tpot_slo_ms`), and how long they run before they end: 5.5 TPOTs, so the floor
 /// is 5 tokens a sequence however a loaded machine's scheduling moves the end by less than
-/// 100 ms.
-const FLOOR_TPOT_MS: f64 = 200.0;
-const RUNS: Duration = Duration::from_millis(1100);
+/// 250 ms.
+const FLOOR_TPOT_MS: f64 = 500.0;
+const RUNS: Duration = Duration::from_millis(2750);
 
 async fn assert_nothing_charged(gw: &TestGateway) {
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
@@ -692,27 +692,34 @@ async fn a_backend_5xx_is_a_502_without_its_internals_and_charges_nothing() {
     }
 }
 
-/// A non-streamed answer whose headers and first bytes came but whose rest never does is a 504
-/// after `body_read_timeout`, not a wait until the client gives up; one that never ends is a
-/// 502 at `max_response_bytes`, the most of it the gateway holds. The stalled one keeps its
-/// prefill charged (the backend was working on it when the gateway gave up) and the decode
-/// floor of the time it ran (5 TPOTs); the endless one is the backend failing, and charges
-/// nothing.
+/// A non-streamed answer whose headers (a 200) and first bytes came but whose rest never does
+/// is a 504 after `body_read_timeout`, not a wait until the client gives up; one that never
+/// ends is a 502 at `max_response_bytes`, the most of it the gateway holds; one whose
+/// connection breaks mid-body is a 502. The backend answered each, so each is billable: its
+/// prompt and the decode floor of the time it ran stay charged (5 TPOTs for the stalled one,
+/// none for the two that end at once). Before, the endless and the broken one were the backend
+/// failing and gave everything back: a 2xx whose body then failed was free.
 #[tokio::test]
-async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound() {
+async fn a_non_streamed_answer_that_stalls_breaks_or_never_ends_fails_at_its_bound_and_is_billable()
+{
     type Tweak = fn(&mut tokengate::config::Config);
     let stalled: Tweak = |cfg| {
         cfg.backends[0].body_read_timeout = RUNS;
         cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
     };
-    let endless: Tweak = |cfg| cfg.backends[0].max_response_bytes = 1 << 20;
+    let endless: Tweak = |cfg| {
+        cfg.backends[0].max_response_bytes = 1 << 20;
+        cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
+    };
     let cases = [
         (Behaviour::StallMidBody, stalled, 504, "upstream_timeout",
-            "the backend did not finish its answer within 1s 100ms of starting it (backends[].body_read_timeout)"),
+            "the backend did not finish its answer within 2s 750ms of starting it (backends[].body_read_timeout)", 5),
         (Behaviour::EndlessBody, endless, 502, "upstream_error",
-            "the backend's answer is larger than the gateway's limit of 1048576 bytes (backends[].max_response_bytes)"),
+            "the backend's answer is larger than the gateway's limit of 1048576 bytes (backends[].max_response_bytes)", 0),
+        (Behaviour::ResetAfter(2), endless, 502, "upstream_error",
+            "the backend closed the connection mid-answer", 0),
     ];
-    for (behaviour, tweak, status, code, message) in cases {
+    for (behaviour, tweak, status, code, message, decode) in cases {
         let spec = FakeSpec {
             behaviour,
             ..FakeSpec::default()
@@ -724,19 +731,11 @@ async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound() {
             r.json(),
             json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
         );
-        let refunded = if status == 504 {
-            assert_prefill_and_decode_charged(&gw, chat_tokens("a"), 5).await;
-            5
-        } else {
-            assert_nothing_charged(&gw).await;
-            10
-        };
-        assert_failure_counted_once_refunding(&gw, code, refunded).await;
+        assert_prefill_and_decode_charged(&gw, chat_tokens("a"), decode).await;
+        assert_failure_counted_once_refunding(&gw, code, 10 - decode).await;
     }
 }
 
-/// A stream event that never ends is cut at `max_event_bytes`: the stream ends with an
-/// `upstream_error` event, and only the token that streamed before it is charged.
 #[tokio::test]
 async fn a_stream_event_over_the_bound_ends_the_stream_and_charges_what_streamed() {
     let (gw, _backend) = gateway_with(

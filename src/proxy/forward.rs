@@ -9,9 +9,10 @@
 //! the ticket [`Forwarded`](crate::record::Forwarded)), its prefill is spent: a client that goes
 //! before the first token, or a backend slower than `first_byte_timeout` (a 504), settles with
 //! the prompt and the decode floor of the time the backend ran it charged
-//! ([`super::meter::DecodeFloor`]), every other decode token back. A backend that fails the request before
-//! answering (an error status, a broken connection) gives everything back. The backend's
-//! error policy is [`super::upstream`]'s.
+//! ([`super::meter::DecodeFloor`]), every other decode token back; so does a 2xx answer whose
+//! body then fails (over `max_response_bytes`, broken, too slow). A backend that fails the
+//! request before answering (an error status, a broken connection) gives everything back. The
+//! backend's error policy is [`super::upstream`]'s.
 
 use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
 use super::upstream::Upstream;
@@ -193,7 +194,8 @@ impl Backends {
         if !req.stream || answered_whole {
             let bytes = match upstream.read_answer(incoming).await {
                 Ok(bytes) => bytes,
-                Err(e) => return Err(admitted.refuse(e)),
+                // The backend answered: a body that then fails does not make it free.
+                Err(e) => return Err(admitted.cut_off(e)),
             };
             admitted.finish_json(&bytes);
             return Ok(Response::from_parts(parts, full(bytes)));

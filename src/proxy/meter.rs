@@ -356,21 +356,29 @@ impl Admitted {
         }
     }
 
-    /// The request ends in `e` before the backend answered. A timeout (504) keeps the
-    /// prefill of a request that was forwarded charged: the backend was busy with it when the
-    /// gateway stopped waiting, and the ticket notes it in the request's record, billable, with
-    /// its charge. Any other error is the backend failing ([`Admitted::refused`]).
-    pub fn refuse(mut self, e: ApiError) -> ApiError {
+    /// The request ends in `e` before the backend answered. A timeout (504) is the gateway
+    /// giving up on a backend busy with the request ([`Admitted::cut_off`]); any other error is
+    /// the backend failing ([`Admitted::refused`]).
+    pub fn refuse(self, e: ApiError) -> ApiError {
         if e.status == http::StatusCode::GATEWAY_TIMEOUT {
-            if let Some(ticket) = self.ticket.as_mut() {
-                if ticket.is_billable() {
-                    ticket.settle_as(Outcome::Failed(e.code));
-                } else {
-                    ticket.refused();
-                }
+            return self.cut_off(e);
+        }
+        self.refused();
+        e
+    }
+
+    /// The request ends in `e` while the backend had it: the gateway stopped waiting (a 504),
+    /// or the backend's 2xx answer could not be passed on whole (over `max_response_bytes`,
+    /// broken, too slow). A request that was forwarded stays billable: its prompt and the
+    /// decode floor of the time the backend ran it stay charged, and the ticket notes it in the
+    /// request's record with that charge.
+    pub fn cut_off(mut self, e: ApiError) -> ApiError {
+        if let Some(ticket) = self.ticket.as_mut() {
+            if ticket.is_billable() {
+                ticket.settle_as(Outcome::Failed(e.code));
+            } else {
+                ticket.refused();
             }
-        } else {
-            self.refused();
         }
         e
     }
@@ -834,7 +842,10 @@ mod tests {
         assert_eq!(floor.tokens(4, 1000, ran, 8000), 4 * 41);
         assert_eq!(floor.tokens(4, 1000, ran, 100), 100);
         assert_eq!(floor.tokens(4, 1000, Duration::from_millis(999), 8000), 0);
-        assert_eq!(floor.tokens(4, u64::MAX, Duration::from_secs(3600), 8000), 0);
+        assert_eq!(
+            floor.tokens(4, u64::MAX, Duration::from_secs(3600), 8000),
+            0
+        );
         assert_eq!(floor.tokens(u64::MAX, 0, Duration::MAX, 8000), 8000);
     }
 

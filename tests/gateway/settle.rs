@@ -99,7 +99,7 @@ async fn a_whole_answer_slower_than_the_first_byte_timeout_is_charged_its_prefil
     let r = chat_within_10s(&gw, &body, "the gateway gives up").await;
     assert_eq!(
         r.json(),
-        json!({"error": {"message": "the backend did not answer within 1s 100ms",
+        json!({"error": {"message": "the backend did not answer within 2s 750ms",
             "type": "server_error", "param": null, "code": "upstream_timeout"}})
     );
     assert_eq!(*backend.held.borrow(), 1, "the backend had the request");
@@ -118,7 +118,7 @@ async fn a_whole_answer_slower_than_the_first_byte_timeout_is_charged_its_prefil
     assert_eq!(gw.metric(counted).await.as_deref(), Some("1"));
 }
 
-/// A whole answer of 4 choices whose client leaves after 1.1 s, the backend still working: the
+/// A whole answer of 4 choices whose client leaves after 2.75 s, the backend still working: the
 /// request settles as a disconnect with its prompt and the decode floor of the time the
 /// backend ran charged, 4 sequences x 5 TPOTs = 20 of the 400 reserved (before: none).
 #[tokio::test]
