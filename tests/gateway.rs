@@ -692,6 +692,56 @@ async fn a_backend_5xx_is_a_502_without_its_internals_and_charges_nothing() {
     }
 }
 
+/// Log probabilities a whole answer cannot hold within `max_response_bytes` (100,000 bytes
+/// here) are refused before anything is charged or forwarded, with the numbers: a chat's
+/// `top_logprobs` 20 for 2 sequences of 100 tokens take at least 154,000 bytes (770 a token),
+/// a completion's `logprobs` 5 for 2,600 tokens at least 104,000 (40 a token). Before, each
+/// ran to its end and came back a 502 at the limit. What fits, and a stream (bounded per
+/// event, not whole), go on.
+#[tokio::test]
+async fn logprobs_a_whole_answer_cannot_hold_are_refused_before_forwarding_with_the_numbers() {
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.backends[0].max_response_bytes = 100_000;
+        cfg.tenants[0].decode_tokens_per_second = Some(1000.0);
+    })
+    .await;
+    let mut too_many = chat("a", 100, false);
+    too_many["n"] = json!(2);
+    too_many["logprobs"] = json!(true);
+    too_many["top_logprobs"] = json!(20);
+    let r = gw.chat("sk-alice", &too_many).await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            400,
+            json!({"error": {
+            "message": "an answer of 2 sequences of up to 100 tokens with `top_logprobs` 20 takes at least 154000 bytes (770 a token), more than the backends pass on whole (backends[].max_response_bytes: 100000); lower max_tokens, n or top_logprobs, or stream it",
+            "type": "invalid_request_error", "param": "top_logprobs", "code": "invalid_request"}})
+        )
+    );
+    let completion =
+        json!({"model": "qwen3.5-27b", "prompt": "a", "max_tokens": 2600, "logprobs": 5});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &completion).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("logprobs"))
+    );
+    assert_eq!(
+        r.json()["error"]["message"],
+        "an answer of 1 sequence of up to 2600 tokens with `logprobs` 5 takes at least 104000 bytes (40 a token), more than the backends pass on whole (backends[].max_response_bytes: 100000); lower max_tokens, n or logprobs, or stream it"
+    );
+    assert!(backend.seen.lock().unwrap().is_empty());
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    let mut fits = too_many.clone();
+    fits["top_logprobs"] = json!(0);
+    too_many["stream"] = json!(true);
+    for body in [fits, too_many] {
+        let r = gw.chat("sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
 /// A non-streamed answer whose headers (a 200) and first bytes came but whose rest never does
 /// is a 504 after `body_read_timeout`, not a wait until the client gives up; one that never
 /// ends is a 502 at `max_response_bytes`, the most of it the gateway holds; one whose
