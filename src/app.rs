@@ -19,7 +19,7 @@ use crate::proxy::forward::Backends;
 use crate::proxy::upstream::Upstream;
 use crate::quota::config::QuotaStoreKind;
 use crate::quota::redis::RedisQuotaStore;
-use crate::quota::store::{LocalQuotaStore, QuotaStore};
+use crate::quota::store::{LocalQuotaStore, QuotaStore, WriteErrors};
 use crate::quota::{Flusher, Prices, Quotas};
 use crate::record::Recorder;
 use crate::reload::live::LiveConfig;
@@ -279,7 +279,14 @@ fn quotas_of(
     let quoted = config.tenants.iter().any(|t| !t.quota_meters.is_empty());
     let store: Arc<dyn QuotaStore> = match config.quotas.store {
         QuotaStoreKind::Local if quoted => {
-            Arc::new(LocalQuotaStore::persisted(&config.quotas.path)?)
+            let write_errors = WriteErrors {
+                policy: config.quotas.on_write_error,
+                metrics: metrics.quota_file.clone(),
+            };
+            Arc::new(LocalQuotaStore::persisted(
+                &config.quotas.path,
+                write_errors,
+            )?)
         }
         QuotaStoreKind::Local => Arc::new(LocalQuotaStore::in_memory()),
         QuotaStoreKind::Redis => Arc::new(RedisQuotaStore::with_metrics(

@@ -249,6 +249,8 @@ pub struct Metrics {
     pub count_error: HistogramFamily<CountErrorLabels>,
     /// The shared limiter store's errors, latency and fallback state.
     pub limiter_store: crate::limiter::redis::StoreMetrics,
+    /// How the local quota store's file writes go.
+    pub quota_file: crate::quota::store::FileMetrics,
     /// Usage-log records dropped because its buffer was full.
     pub usage_log_dropped: Counter,
     /// Usage-log batches that failed to write.
@@ -318,6 +320,7 @@ impl Metrics {
             config_reloads: Family::default(),
             count_error: Family::new_with_constructor(count_error_histogram),
             limiter_store: Default::default(),
+            quota_file: Default::default(),
             usage_log_dropped: Counter::default(),
             usage_log_write_errors: Counter::default(),
             config_last_reload_successful: Gauge::default(),
@@ -468,7 +471,7 @@ impl Metrics {
         );
         r.register(
             "connections_closed",
-            "Client connections the gateway closed: no request head within server.header_read_timeout, idle for server.idle_timeout, no bytes accepted for server.client_write_timeout, or (admin) the oldest idle one closed to make room at the cap",
+            "Client connections the gateway closed: no request head within server.header_read_timeout, idle for server.idle_timeout, no bytes of a write or of an answer taken for server.client_write_timeout, or (admin) the oldest idle one closed to make room at the cap",
             m.connections_closed.clone(),
         );
         r.register(
@@ -537,6 +540,7 @@ impl Metrics {
             m.usage_log_write_errors.clone(),
         );
         m.limiter_store.register(r);
+        m.quota_file.register(r);
         // Both results exported from the start, so a rate over them is defined before the first
         // reload.
         for result in ["ok", "error"] {
@@ -877,7 +881,9 @@ mod tests {
         m.quota(&labels, 12.25, 150.0);
         let text = m.encode();
         let series: Vec<&str> = (text.lines())
-            .filter(|l| l.starts_with("tokengate_quota_"))
+            .filter(|l| {
+                l.starts_with("tokengate_quota_spent") || l.starts_with("tokengate_quota_limit")
+            })
             .collect();
         assert_eq!(
             series,

@@ -348,7 +348,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     fn serve(&self, stream: TcpStream, open: OpenConnection) {
-        let activity = Arc::new(Activity::new(open.accepted));
+        let activity = Arc::new(Activity::new(open.accepted, self.deadlines.write));
         if let Some(evictable) = &self.evictable {
             evictable.push(&activity);
         }

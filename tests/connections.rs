@@ -368,3 +368,165 @@ async fn a_whole_answer_a_client_does_not_read_is_dropped_after_client_write_tim
     client.read_exact(&mut status_line).await.unwrap();
     assert_eq!(&status_line, b"HTTP/1.1 200");
 }
+
+/// An HTTP/2 connection from a client that sets `SETTINGS_INITIAL_WINDOW_SIZE` to `window`
+/// and never reads (so never gives more): with 0 the gateway may send it headers but never a
+/// byte of an answer's body. Its task answers the gateway's pings, so the connection itself
+/// stays healthy; it ends when the gateway closes the connection.
+async fn h2_window(
+    addr: SocketAddr,
+    window: u32,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    (client, tokio::spawn(conn))
+}
+
+/// Sends `method path` (with `key` as its bearer, and `body` as JSON) on an HTTP/2 connection
+/// and waits for the answer's head, whose status it returns; the body is never read.
+async fn h2_head(
+    client: &mut h2::client::SendRequest<Bytes>,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, h2::RecvStream) {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let ready = client.clone().ready().await.unwrap();
+    *client = ready;
+    let (answer, mut send) = client
+        .send_request(req.body(()).unwrap(), body.is_none())
+        .unwrap();
+    if let Some(body) = body {
+        send.send_data(Bytes::from(body.to_string()), true).unwrap();
+    }
+    let answer = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("the answer's head came in time")
+        .unwrap();
+    (answer.status().as_u16(), answer.into_body())
+}
+
+/// Waits (10 s at most) for the gateway to close an HTTP/2 connection; how long after `from`.
+async fn h2_closed(
+    conn: tokio::task::JoinHandle<Result<(), h2::Error>>,
+    from: Instant,
+) -> Duration {
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("the gateway closed the HTTP/2 connection in time");
+    assert!(ended.is_ok(), "{ended:?}");
+    from.elapsed()
+}
+
+/// A streamed chat to an HTTP/2 client whose streams have no window: the gateway has the
+/// first token for it and the client takes no byte. After `client_write_timeout` from the
+/// answer's head the request settles as a disconnect: the one token streamed charged, the
+/// other 999 refunded, the KV lease freed, the connection closed (counted as a write
+/// time-out). Before, the connection's deadlines never expired a busy connection and the
+/// socket's writes kept flowing (pings), so the lease was held for as long as the client liked.
+#[tokio::test]
+async fn an_http2_stream_without_window_is_settled_after_client_write_timeout() {
+    let (gw, backend) = gateway_with(FakeSpec::held(), |cfg| {
+        cfg.server.client_write_timeout = ms(500);
+    })
+    .await;
+    let addr = gw.running.addr;
+    let decode = gw.bucket("alice", "decode").await;
+    let (mut client, conn) = h2_window(addr, 0).await;
+    let body = chat("hi", 1000, true);
+    let (status, _unread) = h2_head(
+        &mut client,
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some("sk-alice"),
+        Some(&body),
+    )
+    .await;
+    let head = Instant::now();
+    assert_eq!(status, 200);
+    backend.wait_held(1).await;
+    assert!(gw.kv_reserved(0).await > 0);
+    gw.wait_metric(
+        r#"tokengate_requests_total{tenant="alice",outcome="client_disconnect"}"#,
+        "1",
+    )
+    .await;
+    assert!(head.elapsed() >= ms(500), "{:?}", head.elapsed());
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    gw.wait_bucket("alice", "decode", decode - 1.0).await;
+    assert_eq!(
+        (
+            count(&gw, r#"tokengate_decode_tokens_total{tenant="alice"}"#).await,
+            count(
+                &gw,
+                r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#
+            )
+            .await,
+        ),
+        (1, 999)
+    );
+    h2_closed(conn, head).await;
+    assert_eq!(count(&gw, &closed("main", "write_timeout")).await, 1);
+}
+
+/// Answers nobody needs to be authenticated for, to HTTP/2 clients that never read them: a
+/// 401 on the main listener and `/healthz` on the admin listener, to clients whose streams have
+/// no window, each closed `client_write_timeout` after its answer's head; and a 401 to a client
+/// whose window (16 bytes) takes its head and a piece of its body, closed
+/// `client_write_timeout` after its `idle_timeout` (its GOAWAY waits for the rest of the body).
+/// Before, each held its place (under `max_connections`, and under the admin listener's cap,
+/// where a connection with a request in flight is never evicted) for as long as its client
+/// answered pings.
+#[tokio::test]
+async fn unread_http2_answers_on_both_listeners_close_after_client_write_timeout() {
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.server.client_write_timeout = ms(500);
+        cfg.server.idle_timeout = ms(300);
+    })
+    .await;
+    let (main, admin) = (gw.running.addr, gw.running.admin_addr);
+    let (mut unauthenticated, main_conn) = h2_window(main, 0).await;
+    let (status, _unread) =
+        h2_head(&mut unauthenticated, main, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, 401);
+    let main_head = Instant::now();
+    let (mut probe, admin_conn) = h2_window(admin, 0).await;
+    let (status, _unread) = h2_head(&mut probe, admin, "GET", "/healthz", None, None).await;
+    assert_eq!(status, 200);
+    let admin_head = Instant::now();
+    let (mut trickle, trickle_conn) = h2_window(main, 16).await;
+    let (status, _unread) = h2_head(&mut trickle, main, "GET", "/v1/models", None, None).await;
+    assert_eq!(status, 401);
+    let trickle_head = Instant::now();
+    let main_open = h2_closed(main_conn, main_head).await;
+    let admin_open = h2_closed(admin_conn, admin_head).await;
+    let trickle_open = h2_closed(trickle_conn, trickle_head).await;
+    assert!(
+        main_open >= ms(500) && admin_open >= ms(500) && trickle_open >= ms(800),
+        "{main_open:?} {admin_open:?} {trickle_open:?}"
+    );
+    let closed = (
+        count(&gw, &closed("main", "write_timeout")).await,
+        count(&gw, &closed("admin", "write_timeout")).await,
+        count(&gw, &closed("main", "idle_timeout")).await,
+    );
+    assert_eq!(closed, (1, 1, 1));
+    gw.wait_metric(r#"tokengate_open_connections{listener="main"}"#, "0")
+        .await;
+}

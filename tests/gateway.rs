@@ -478,16 +478,18 @@ async fn a_non_streamed_answer_without_usage_is_counted_from_its_text() {
     gw.wait_bucket("alice", "decode", 990.0).await;
 }
 
-/// The backend had the request when the gateway stopped waiting for its first chunk: the
-/// prefill it was doing stays charged, every decode token comes back.
+/// The backend had the request when the gateway stopped waiting for its first chunk (its
+/// headers came): a 504, the prefill it was doing stays charged, and the decode floor of the
+/// time it ran, 5 TPOTs of the 10 tokens reserved (before: every decode token came back).
 #[tokio::test]
-async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_keeps_only_its_prefill() {
+async fn a_stream_silent_past_the_first_byte_timeout_is_504_charged_its_prefill_and_decode_floor() {
     let spec = FakeSpec {
         behaviour: Behaviour::StallAfterHeaders,
         ..FakeSpec::default()
     };
     let (gw, _backend) = gateway_with(spec, |cfg| {
-        cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
+        cfg.backends[0].first_byte_timeout = RUNS;
+        cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
     })
     .await;
     let r = chat_within_10s(
@@ -497,8 +499,8 @@ async fn a_stream_silent_past_the_first_byte_timeout_is_504_and_keeps_only_its_p
     )
     .await;
     assert_eq!((r.status, r.code().as_str()), (504, "upstream_timeout"));
-    assert_only_prefill_charged(&gw, chat_tokens("a")).await;
-    assert_failure_counted_once(&gw, "upstream_timeout").await;
+    assert_prefill_and_decode_charged(&gw, chat_tokens("a"), 5).await;
+    assert_failure_counted_once_refunding(&gw, "upstream_timeout", 5).await;
 }
 
 /// A backend that stalls mid-answer must not hold the KV lease and the reservation until the
@@ -552,12 +554,18 @@ async fn assert_cut_short_after_one_token(
 /// After one request of alice's (10 output tokens reserved) failed with error `code`
 /// before the backend answered: one outcome, and the whole reservation counted as refunded.
 async fn assert_failure_counted_once(gw: &TestGateway, code: &str) {
+    assert_failure_counted_once_refunding(gw, code, 10).await;
+}
+
+/// [`assert_failure_counted_once`] of a request that kept 10 - `refunded` decode tokens.
+async fn assert_failure_counted_once_refunding(gw: &TestGateway, code: &str, refunded: u64) {
     let outcome = format!(r#"tokengate_requests_total{{tenant="alice",outcome="{code}"}}"#);
     assert_eq!(gw.metric(&outcome).await.as_deref(), Some("1"));
     let reserved = r#"tokengate_decode_tokens_reserved_total{tenant="alice"}"#;
     assert_eq!(gw.metric(reserved).await.as_deref(), Some("10"));
-    let refunded = r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#;
-    assert_eq!(gw.metric(refunded).await.as_deref(), Some("10"));
+    let series = r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#;
+    let refunded = refunded.to_string();
+    assert_eq!(gw.metric(series).await, Some(refunded));
 }
 
 #[tokio::test]
@@ -587,14 +595,28 @@ async fn backend_reset_mid_stream_ends_with_an_error_event_and_settles_tokens_se
 /// Alice's request was forwarded and ended before its first token: its `prompt` tokens and the
 /// request stay charged, nothing else.
 async fn assert_only_prefill_charged(gw: &TestGateway, prompt: u64) {
+    assert_prefill_and_decode_charged(gw, prompt, 0).await;
+}
+
+/// The prompt of `prompt` tokens and `decode` output tokens stay charged (and the request);
+/// nothing else, and no KV.
+async fn assert_prefill_and_decode_charged(gw: &TestGateway, prompt: u64, decode: u64) {
     assert_eq!(
         gw.bucket("alice", "prefill").await,
         10_000.0 - prompt as f64
     );
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0);
+    gw.wait_bucket("alice", "decode", 1000.0 - decode as f64)
+        .await;
     assert_eq!(gw.bucket("alice", "requests").await, 99.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
 }
+
+/// The TPOT the decode floor counts in the tests of requests that end unanswered
+/// (`backends[].tpot_slo_ms`), and how long they run before they end: 5.5 TPOTs, so the floor
+/// is 5 tokens a sequence however a loaded machine's scheduling moves the end by less than
+/// 250 ms.
+const FLOOR_TPOT_MS: f64 = 500.0;
+const RUNS: Duration = Duration::from_millis(2750);
 
 async fn assert_nothing_charged(gw: &TestGateway) {
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
@@ -670,23 +692,84 @@ async fn a_backend_5xx_is_a_502_without_its_internals_and_charges_nothing() {
     }
 }
 
-/// A non-streamed answer whose headers and first bytes came but whose rest never does is a 504
-/// after `body_read_timeout`, not a wait until the client gives up; one that never ends is a
-/// 502 at `max_response_bytes`, the most of it the gateway holds. The stalled one keeps its
-/// prefill charged (the backend was working on it when the gateway gave up); the endless one
-/// is the backend failing, and charges nothing.
+/// Log probabilities a whole answer cannot hold within `max_response_bytes` (100,000 bytes
+/// here) are refused before anything is charged or forwarded, with the numbers: a chat's
+/// `top_logprobs` 20 for 2 sequences of 100 tokens take at least 154,000 bytes (770 a token),
+/// a completion's `logprobs` 5 for 2,600 tokens at least 104,000 (40 a token). Before, each
+/// ran to its end and came back a 502 at the limit. What fits, and a stream (bounded per
+/// event, not whole), go on.
 #[tokio::test]
-async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound() {
+async fn logprobs_a_whole_answer_cannot_hold_are_refused_before_forwarding_with_the_numbers() {
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.backends[0].max_response_bytes = 100_000;
+        cfg.tenants[0].decode_tokens_per_second = Some(1000.0);
+    })
+    .await;
+    let mut too_many = chat("a", 100, false);
+    too_many["n"] = json!(2);
+    too_many["logprobs"] = json!(true);
+    too_many["top_logprobs"] = json!(20);
+    let r = gw.chat("sk-alice", &too_many).await;
+    assert_eq!(
+        (r.status, r.json()),
+        (
+            400,
+            json!({"error": {
+            "message": "an answer of 2 sequences of up to 100 tokens with `top_logprobs` 20 takes at least 154000 bytes (770 a token), more than the backends pass on whole (backends[].max_response_bytes: 100000); lower max_tokens, n or top_logprobs, or stream it",
+            "type": "invalid_request_error", "param": "top_logprobs", "code": "invalid_request"}})
+        )
+    );
+    let completion =
+        json!({"model": "qwen3.5-27b", "prompt": "a", "max_tokens": 2600, "logprobs": 5});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &completion).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].clone()),
+        (400, json!("logprobs"))
+    );
+    assert_eq!(
+        r.json()["error"]["message"],
+        "an answer of 1 sequence of up to 2600 tokens with `logprobs` 5 takes at least 104000 bytes (40 a token), more than the backends pass on whole (backends[].max_response_bytes: 100000); lower max_tokens, n or logprobs, or stream it"
+    );
+    assert!(backend.seen.lock().unwrap().is_empty());
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    let mut fits = too_many.clone();
+    fits["top_logprobs"] = json!(0);
+    too_many["stream"] = json!(true);
+    for body in [fits, too_many] {
+        let r = gw.chat("sk-alice", &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
+/// A non-streamed answer whose headers (a 200) and first bytes came but whose rest never does
+/// is a 504 after `body_read_timeout`, not a wait until the client gives up; one that never
+/// ends is a 502 at `max_response_bytes`, the most of it the gateway holds; one whose
+/// connection breaks mid-body is a 502. The backend answered each, so each is billable: its
+/// prompt and the decode floor of the time it ran stay charged (5 TPOTs for the stalled one,
+/// none for the two that end at once). Before, the endless and the broken one were the backend
+/// failing and gave everything back: a 2xx whose body then failed was free.
+#[tokio::test]
+async fn a_non_streamed_answer_that_stalls_breaks_or_never_ends_fails_at_its_bound_and_is_billable()
+{
     type Tweak = fn(&mut tokengate::config::Config);
-    let stalled: Tweak = |cfg| cfg.backends[0].body_read_timeout = Duration::from_millis(200);
-    let endless: Tweak = |cfg| cfg.backends[0].max_response_bytes = 1 << 20;
+    let stalled: Tweak = |cfg| {
+        cfg.backends[0].body_read_timeout = RUNS;
+        cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
+    };
+    let endless: Tweak = |cfg| {
+        cfg.backends[0].max_response_bytes = 1 << 20;
+        cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
+    };
     let cases = [
         (Behaviour::StallMidBody, stalled, 504, "upstream_timeout",
-            "the backend did not finish its answer within 200ms of starting it (backends[].body_read_timeout)"),
+            "the backend did not finish its answer within 2s 750ms of starting it (backends[].body_read_timeout)", 5),
         (Behaviour::EndlessBody, endless, 502, "upstream_error",
-            "the backend's answer is larger than the gateway's limit of 1048576 bytes (backends[].max_response_bytes)"),
+            "the backend's answer is larger than the gateway's limit of 1048576 bytes (backends[].max_response_bytes)", 0),
+        (Behaviour::ResetAfter(2), endless, 502, "upstream_error",
+            "the backend closed the connection mid-answer", 0),
     ];
-    for (behaviour, tweak, status, code, message) in cases {
+    for (behaviour, tweak, status, code, message, decode) in cases {
         let spec = FakeSpec {
             behaviour,
             ..FakeSpec::default()
@@ -698,17 +781,11 @@ async fn a_non_streamed_answer_that_stalls_or_never_ends_fails_at_its_bound() {
             r.json(),
             json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}})
         );
-        if status == 504 {
-            assert_only_prefill_charged(&gw, chat_tokens("a")).await;
-        } else {
-            assert_nothing_charged(&gw).await;
-        }
-        assert_failure_counted_once(&gw, code).await;
+        assert_prefill_and_decode_charged(&gw, chat_tokens("a"), decode).await;
+        assert_failure_counted_once_refunding(&gw, code, 10 - decode).await;
     }
 }
 
-/// A stream event that never ends is cut at `max_event_bytes`: the stream ends with an
-/// `upstream_error` event, and only the token that streamed before it is charged.
 #[tokio::test]
 async fn a_stream_event_over_the_bound_ends_the_stream_and_charges_what_streamed() {
     let (gw, _backend) = gateway_with(

@@ -7,9 +7,11 @@
 //! | `request.rs` | the validated [`GenerationRequest`], the JSON reading the parsers share, the body rewrite |
 //! | `openai.rs`, `responses.rs`, `anthropic.rs`, `mindie.rs`, `pooling.rs` | each API's parsing, validation and rewrite |
 //! | `sse.rs`, `scan.rs`, `chunk.rs` | reading the backends' answers and stream events for metering |
+//! | `logprobs.rs` | the least room a whole answer's log probabilities take |
 
 pub mod anthropic;
 pub mod chunk;
+pub mod logprobs;
 pub mod mindie;
 pub mod openai;
 pub mod pooling;

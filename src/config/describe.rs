@@ -165,9 +165,10 @@ pub fn describe(cfg: &ValidConfig) -> String {
         let _ = match q.store {
             crate::quota::config::QuotaStoreKind::Local => writeln!(
                 s,
-                "quota spend kept in {}, written every {} (a crash loses at most that much of it)",
+                "quota spend kept in {}, written every {} (a crash loses at most that much of it); while it cannot be written: {:?}",
                 q.path.display(),
-                humantime::format_duration(q.flush_interval)
+                humantime::format_duration(q.flush_interval),
+                q.on_write_error,
             ),
             crate::quota::config::QuotaStoreKind::Redis => writeln!(
                 s,

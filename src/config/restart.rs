@@ -157,7 +157,7 @@ impl Config {
             QuotaStoreConfig,
             quotas,
             &new.quotas,
-            [store, path, flush_interval]
+            [store, path, flush_interval, on_write_error]
         );
         if prices != &new.prices {
             out.push("prices".to_string());

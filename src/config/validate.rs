@@ -196,6 +196,12 @@ impl Config {
                     bail!("{at}.{field} must be positive");
                 }
             }
+            if let Some(ms) = b.tpot_slo_ms {
+                // The decode floor of unanswered requests counts in it, sized or not.
+                if !(ms > 0.0 && ms <= 3_600_000.0) {
+                    bail!("{at}.tpot_slo_ms must be a number of milliseconds above 0 and at most an hour, got {ms}");
+                }
+            }
             for (field, n) in [
                 ("max_response_bytes", b.max_response_bytes),
                 ("max_event_bytes", b.max_event_bytes),

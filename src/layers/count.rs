@@ -311,6 +311,9 @@ impl Counter {
             decode: max_output.saturating_mul(sequences),
             requests: 1,
         };
+        if !parsed.stream {
+            self.answer_fits(&parsed, max_output, sequences)?;
+        }
         // What could never be admitted is refused before any bucket is charged.
         if let Some(e) = self.never_admitted(class, &cost, &runs, false) {
             return Err(e);
@@ -321,6 +324,41 @@ impl Counter {
         // A request the buckets may now charge: its body was not read to no purpose.
         body_charge.accept();
         Ok(Request::from_parts(parts, Empty::new()))
+    }
+
+    /// Refuses a whole answer whose log probabilities, for `sequences` of `max_output` tokens,
+    /// take more than any generation backend passes on whole (`max_response_bytes`): it would
+    /// run to that limit and fail there.
+    fn answer_fits(
+        &self,
+        parsed: &GenerationRequest,
+        max_output: u64,
+        sequences: u64,
+    ) -> Result<(), ApiError> {
+        let Some(asked) = api::logprobs::LogprobsAsked::of(parsed.endpoint, &parsed.body) else {
+            return Ok(());
+        };
+        let least = (asked.bytes_per_token)
+            .saturating_mul(max_output)
+            .saturating_mul(sequences);
+        let generating = self.config.backends.iter();
+        let limit = (generating.filter(|b| b.runner == crate::config::Runner::Generate))
+            .map(|b| b.max_response_bytes)
+            .max()
+            .unwrap_or(0);
+        if least <= limit {
+            return Ok(());
+        }
+        let plural = if sequences == 1 { "" } else { "s" };
+        Err(ApiError::invalid_param(
+            asked.param,
+            format!(
+                "an answer of {sequences} sequence{plural} of up to {max_output} tokens with {} takes at least {least} bytes ({} a token), more than the backends pass on whole (backends[].max_response_bytes: {limit}); lower max_tokens, n or {}, or stream it",
+                asked.asked(),
+                asked.bytes_per_token,
+                asked.param,
+            ),
+        ))
     }
 
     /// A refusal of what the tenant's buckets cannot admit now even at the least the request

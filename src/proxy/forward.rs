@@ -8,9 +8,11 @@
 //! Once the request's bytes are handed to the backend's connection (the backend client marks
 //! the ticket [`Forwarded`](crate::record::Forwarded)), its prefill is spent: a client that goes
 //! before the first token, or a backend slower than `first_byte_timeout` (a 504), settles with
-//! every decode token back but the prompt charged. A backend that fails the request before
-//! answering (an error status, a broken connection) gives everything back. The backend's
-//! error policy is [`super::upstream`]'s.
+//! the prompt and the decode floor of the time the backend ran it charged
+//! ([`super::meter::DecodeFloor`]), every other decode token back; so does a 2xx answer whose
+//! body then fails (over `max_response_bytes`, broken, too slow). A backend that fails the
+//! request before answering (an error status, a broken connection) gives everything back. The
+//! backend's error policy is [`super::upstream`]'s.
 
 use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
 use super::upstream::Upstream;
@@ -129,11 +131,11 @@ impl<B> tower::Service<Request<B>> for Forward {
                 arrived,
             );
             admitted.echoes(parsed.echoed_prompt.take());
-            Ok::<_, ApiError>((parsed, max_output, admitted, request_id))
+            Ok::<_, ApiError>((parsed, max_output, sequences, admitted, request_id))
         })();
         Box::pin(async move {
-            let (parsed, max_output, admitted, request_id) = taken?;
-            gw.forward(parsed, max_output, admitted, request_id.as_ref())
+            let (parsed, max_output, sequences, admitted, request_id) = taken?;
+            gw.forward(parsed, max_output, sequences, admitted, request_id.as_ref())
                 .await
         })
     }
@@ -145,11 +147,14 @@ impl Backends {
         &self,
         mut req: GenerationRequest,
         max_output: u64,
-        admitted: Admitted,
+        sequences: u64,
+        mut admitted: Admitted,
         request_id: Option<&http::HeaderValue>,
     ) -> Result<Response<GatewayBody>, ApiError> {
         let upstream = &self.upstreams[admitted.backend()];
-        let first_byte_deadline = tokio::time::Instant::now() + upstream.first_byte_timeout();
+        let now = tokio::time::Instant::now();
+        admitted.sent(upstream.decode_floor(), sequences, now);
+        let first_byte_deadline = now + upstream.first_byte_timeout();
         let backend_model = &self.config.model.served_names[0];
         let body = api::rewrite_for_backend(&mut req, max_output, backend_model);
         let forwarded = Some(admitted.forwarded());
@@ -189,7 +194,8 @@ impl Backends {
         if !req.stream || answered_whole {
             let bytes = match upstream.read_answer(incoming).await {
                 Ok(bytes) => bytes,
-                Err(e) => return Err(admitted.refuse(e)),
+                // The backend answered: a body that then fails does not make it free.
+                Err(e) => return Err(admitted.cut_off(e)),
             };
             admitted.finish_json(&bytes);
             return Ok(Response::from_parts(parts, full(bytes)));

@@ -176,6 +176,61 @@ fn grow(text: &mut String, piece: &str) {
 /// `best_of` is at most 128).
 const MAX_TEXTS_APART: usize = 128;
 
+/// The least decode a backend did for a request it ran and never answered (its client left,
+/// or the gateway stopped waiting: a 504): each sequence one token per `tpot`, once the
+/// prompt's prefill (`prefill_per_token` each) is done, capped at the reservation. Refunding
+/// all of it let a tenant run decode for the price of its prompts (`n` sequences of
+/// `max_tokens` each, the client gone before the answer).
+///
+/// `tpot` is the backend's TPOT target (`backends[].tpot_slo_ms`, 50 ms unless given: the
+/// capacity model's default), which the backend's batch is sized to stay under, so a sequence
+/// it runs makes at least one token in that time. `prefill_per_token` is the capacity model's
+/// prefill time of a prompt token for a backend it sizes (`hardware` + `model`); none is known
+/// otherwise, and then none is set aside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeFloor {
+    /// The time in which a running sequence makes at least one token.
+    pub tpot: Duration,
+    /// The prefill time of one prompt token, set aside before decode begins.
+    pub prefill_per_token: Duration,
+}
+
+impl DecodeFloor {
+    /// `backend`'s floor (see the type's doc).
+    pub fn of(backend: &crate::config::BackendConfig) -> Self {
+        let tpot_ms =
+            (backend.tpot_slo_ms).unwrap_or(crate::capacity::DEFAULT_TPOT_SLO_SECONDS * 1e3);
+        let prefill_per_token = backend.derived.as_ref().map_or(0.0, |d| {
+            let r = &d.per_replica;
+            r.ttft_ms / 1e3 / r.input_tokens.max(1) as f64
+        });
+        Self {
+            tpot: Duration::from_secs_f64(tpot_ms / 1e3),
+            prefill_per_token: Duration::try_from_secs_f64(prefill_per_token).unwrap_or_default(),
+        }
+    }
+
+    /// The decode tokens `sequences` of a prompt of `prompt` tokens made at least in `ran`,
+    /// at most `reserved`.
+    pub fn tokens(&self, sequences: u64, prompt: u64, ran: Duration, reserved: u64) -> u64 {
+        let prefill =
+            (self.prefill_per_token).saturating_mul(u32::try_from(prompt).unwrap_or(u32::MAX));
+        let decoding = ran.saturating_sub(prefill).as_nanos();
+        let each = decoding / self.tpot.as_nanos().max(1);
+        sequences
+            .saturating_mul(u64::try_from(each).unwrap_or(u64::MAX))
+            .min(reserved)
+    }
+}
+
+/// A request on its way to the backend: what its decode floor is counted from.
+#[derive(Clone, Copy, Debug)]
+struct Running {
+    floor: DecodeFloor,
+    sequences: u64,
+    since: Instant,
+}
+
 /// An admitted request, from admission to settlement.
 pub struct Admitted {
     tenant: Arc<Tenant>,
@@ -205,6 +260,9 @@ pub struct Admitted {
     /// The prompt a whole answer's texts start with, when they repeat it (TGI's
     /// `return_full_text`, MindIE's vLLM-compatible `/generate`).
     echoed_prompt: Option<Echo>,
+    /// Once it is sent to the backend: what the decode floor of a request that ends
+    /// unanswered is counted from.
+    running: Option<Running>,
 }
 
 impl Admitted {
@@ -234,6 +292,29 @@ impl Admitted {
             texts: Vec::new(),
             reply,
             echoed_prompt: None,
+            running: None,
+        }
+    }
+
+    /// The request is sent to a backend whose floor is `floor`, `now`, as `sequences`
+    /// sequences: should it end unanswered, the backend ran it from now on.
+    pub fn sent(&mut self, floor: DecodeFloor, sequences: u64, now: Instant) {
+        self.running = Some(Running {
+            floor,
+            sequences,
+            since: now,
+        });
+    }
+
+    /// The decode a request that ends unanswered is charged: none unless it stays billable
+    /// (forwarded, and the backend did not fail it), else the floor of the time it ran.
+    fn unanswered_decode(&self, ticket: &Ticket) -> u64 {
+        match &self.running {
+            Some(r) if ticket.is_billable() && !ticket.is_answered() => {
+                let cost = ticket.cost();
+                (r.floor).tokens(r.sequences, cost.prefill, r.since.elapsed(), cost.decode)
+            }
+            _ => 0,
         }
     }
 
@@ -275,21 +356,29 @@ impl Admitted {
         }
     }
 
-    /// The request ends in `e` before the backend answered. A timeout (504) keeps the
-    /// prefill of a request that was forwarded charged: the backend was busy with it when the
-    /// gateway stopped waiting, and the ticket notes it in the request's record, billable, with
-    /// its charge. Any other error is the backend failing ([`Admitted::refused`]).
-    pub fn refuse(mut self, e: ApiError) -> ApiError {
+    /// The request ends in `e` before the backend answered. A timeout (504) is the gateway
+    /// giving up on a backend busy with the request ([`Admitted::cut_off`]); any other error is
+    /// the backend failing ([`Admitted::refused`]).
+    pub fn refuse(self, e: ApiError) -> ApiError {
         if e.status == http::StatusCode::GATEWAY_TIMEOUT {
-            if let Some(ticket) = self.ticket.as_mut() {
-                if ticket.is_billable() {
-                    ticket.settle_as(Outcome::Failed(e.code));
-                } else {
-                    ticket.refused();
-                }
+            return self.cut_off(e);
+        }
+        self.refused();
+        e
+    }
+
+    /// The request ends in `e` while the backend had it: the gateway stopped waiting (a 504),
+    /// or the backend's 2xx answer could not be passed on whole (over `max_response_bytes`,
+    /// broken, too slow). A request that was forwarded stays billable: its prompt and the
+    /// decode floor of the time the backend ran it stay charged, and the ticket notes it in the
+    /// request's record with that charge.
+    pub fn cut_off(mut self, e: ApiError) -> ApiError {
+        if let Some(ticket) = self.ticket.as_mut() {
+            if ticket.is_billable() {
+                ticket.settle_as(Outcome::Failed(e.code));
+            } else {
+                ticket.refused();
             }
-        } else {
-            self.refused();
         }
         e
     }
@@ -395,6 +484,11 @@ impl Drop for Admitted {
         let Some(mut ticket) = self.ticket.take() else {
             return;
         };
+        let floor = self.unanswered_decode(&ticket);
+        if floor > 0 {
+            // Before the lease goes: the tenant's fairness counter keeps it.
+            ticket.record_output(floor);
+        }
         // KV first: the backend has stopped (or never started) using it.
         ticket.release_lease();
         // A whole chat answer is counted ahead for the next turn, which will carry it.
@@ -418,9 +512,9 @@ impl Drop for Admitted {
         // The ticket goes last: the request's record is written once everything else is
         // counted.
         if !ticket.is_answered() {
-            // Nothing was produced: every decode token goes back (and the prompt too, unless
-            // it was forwarded).
-            settle.record(0, reserved);
+            // Nothing was delivered: every decode token past the floor of the time the backend
+            // ran goes back (and the prompt too, unless it was forwarded).
+            settle.record(floor, reserved);
             return;
         }
         if let Some((prompt, cached)) = self.usage_prompt {
@@ -737,7 +831,28 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::Sparse;
+    use super::{DecodeFloor, Sparse};
+    use std::time::Duration;
+
+    /// 50 ms a token, 1 ms of prefill a prompt token: 4 sequences of a 1,000-token prompt that
+    /// ran 3.05 s decoded 41 tokens each after their 1 s prefill; capped at the reservation;
+    /// none within the prefill; and no overflow at the extremes.
+    #[test]
+    fn the_decode_floor_counts_whole_tokens_per_sequence_after_the_prefill() {
+        let floor = DecodeFloor {
+            tpot: Duration::from_millis(50),
+            prefill_per_token: Duration::from_millis(1),
+        };
+        let ran = Duration::from_millis(3050);
+        assert_eq!(floor.tokens(4, 1000, ran, 8000), 4 * 41);
+        assert_eq!(floor.tokens(4, 1000, ran, 100), 100);
+        assert_eq!(floor.tokens(4, 1000, Duration::from_millis(999), 8000), 0);
+        assert_eq!(
+            floor.tokens(4, u64::MAX, Duration::from_secs(3600), 8000),
+            0
+        );
+        assert_eq!(floor.tokens(u64::MAX, 0, Duration::MAX, 8000), 8000);
+    }
 
     #[test]
     fn one_event_a_period_goes_through_and_says_how_many_were_held_back() {

@@ -77,6 +77,21 @@ pub enum QuotaStoreKind {
     Redis,
 }
 
+/// What the local store does while it cannot write its file (a full or failing disk): the
+/// meters in memory stay right either way, and what is spent meanwhile is lost if the process
+/// stops before a write goes through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnWriteError {
+    /// Go on admitting (the default): a restart meanwhile forgets the spend since the last
+    /// write.
+    #[default]
+    Continue,
+    /// Refuse the requests of tenants with quotas (503 `limiter_unavailable`) until a write
+    /// goes through: nothing is spent that a restart could forget.
+    Refuse,
+}
+
 /// The `[quotas]` section.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,6 +106,9 @@ pub struct QuotaStoreConfig {
     /// the spend settled since the last write.
     #[serde(default = "default_flush_interval", with = "humantime_serde")]
     pub flush_interval: Duration,
+    /// What the local store does while its file cannot be written.
+    #[serde(default)]
+    pub on_write_error: OnWriteError,
 }
 
 impl Default for QuotaStoreConfig {
@@ -99,6 +117,7 @@ impl Default for QuotaStoreConfig {
             store: QuotaStoreKind::default(),
             path: default_path(),
             flush_interval: default_flush_interval(),
+            on_write_error: OnWriteError::default(),
         }
     }
 }

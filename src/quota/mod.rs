@@ -194,17 +194,31 @@ impl Quotas {
         tokio::task::spawn_blocking(move || store.flush()).await?
     }
 
-    /// Flushes every `every` until the returned guard is dropped.
+    /// Flushes every `every` until the returned guard is dropped. A failure is logged when
+    /// writes begin to fail and when they go through again (the metrics count each one): a
+    /// full disk would otherwise write a line every flush.
     pub fn flush_every(&self, every: Duration) -> Flusher {
         let quotas = self.clone();
         let task = tokio::spawn(async move {
             // The first write one interval after the start: nothing has been spent before.
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
             loop {
                 tick.tick().await;
-                if let Err(e) = quotas.flush().await {
-                    tracing::error!(error = %format!("{e:#}"), "quota spend not written; tried again at the next flush");
+                match quotas.flush().await {
+                    Err(e) if !failing => {
+                        tracing::error!(error = %format!("{e:#}"), "quota spend not written; tried again at every flush (tokengate_quota_file_writable is 0 until one goes through)");
+                        failing = true;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %format!("{e:#}"), "quota spend still not written")
+                    }
+                    Ok(()) if failing => {
+                        tracing::warn!("quota spend written again: the file holds it all");
+                        failing = false;
+                    }
+                    Ok(()) => {}
                 }
             }
         });

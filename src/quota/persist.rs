@@ -5,11 +5,29 @@
 
 use super::ledger::Slice;
 use anyhow::Context;
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, DatabaseError, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 
 /// `tenant \0 meter id` -> the meter's slices as JSON.
 const SPEND: TableDefinition<&str, &[u8]> = TableDefinition::new("spend");
+
+/// What a quota file's database is opened on: the file system, or in tests a disk that fails
+/// when told (a full disk is made without filling one).
+pub trait Disk: Send + Sync + std::fmt::Debug + 'static {
+    /// The database in the file at `path`, made when missing (locked: another process holding
+    /// it open is [`DatabaseError::DatabaseAlreadyOpen`]).
+    fn open(&self, path: &Path) -> Result<Database, DatabaseError>;
+}
+
+/// The file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FileSystem;
+
+impl Disk for FileSystem {
+    fn open(&self, path: &Path) -> Result<Database, DatabaseError> {
+        Database::create(path)
+    }
+}
 
 /// The file a [`super::store::LocalQuotaStore`] keeps its spend in.
 pub struct QuotaFile {
@@ -29,7 +47,12 @@ impl QuotaFile {
     /// Opens the file at `path`, made when missing (another process holding it open is an
     /// error: two gateways cannot share one file).
     pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let db = Database::create(path).with_context(|| {
+        Self::open_on(path, &FileSystem)
+    }
+
+    /// [`QuotaFile::open`] on `disk`.
+    pub fn open_on(path: &Path, disk: &dyn Disk) -> anyhow::Result<Self> {
+        let db = disk.open(path).with_context(|| {
             format!(
                 "opening the quota file {} (quotas.path; one gateway per file)",
                 path.display()
@@ -77,6 +100,105 @@ impl QuotaFile {
             .commit()
             .with_context(|| format!("writing the quota file {}", self.path.display()))?;
         Ok(())
+    }
+}
+
+/// A disk that fills up when told, for tests: while full, every write, sync and resize of its
+/// files fails as a full file system's does.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Disk;
+    use redb::backends::FileBackend;
+    use redb::{Database, DatabaseError, StorageBackend};
+    use std::io;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// A fresh folder for a test's quota file, removed when dropped.
+    pub(crate) struct Folder(pub(crate) std::path::PathBuf);
+
+    impl Folder {
+        pub(crate) fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("tokengate-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for Folder {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The file system, full while [`FullDisk::fill`] says so.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct FullDisk(Arc<AtomicBool>);
+
+    impl FullDisk {
+        pub(crate) fn fill(&self, full: bool) {
+            self.0.store(full, Ordering::SeqCst);
+        }
+    }
+
+    impl Disk for FullDisk {
+        fn open(&self, path: &Path) -> Result<Database, DatabaseError> {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)?;
+            redb::Builder::new().create_with_backend(Filling {
+                file: FileBackend::new(file)?,
+                full: self.0.clone(),
+            })
+        }
+    }
+
+    #[derive(Debug)]
+    struct Filling {
+        file: FileBackend,
+        full: Arc<AtomicBool>,
+    }
+
+    impl Filling {
+        fn room(&self) -> io::Result<()> {
+            match self.full.load(Ordering::SeqCst) {
+                true => Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "No space left on device",
+                )),
+                false => Ok(()),
+            }
+        }
+    }
+
+    impl StorageBackend for Filling {
+        fn len(&self) -> io::Result<u64> {
+            self.file.len()
+        }
+
+        fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+            self.file.read(offset, len)
+        }
+
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.room()?;
+            self.file.set_len(len)
+        }
+
+        fn sync_data(&self, eventual: bool) -> io::Result<()> {
+            self.room()?;
+            self.file.sync_data(eventual)
+        }
+
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            self.room()?;
+            self.file.write(offset, data)
+        }
     }
 }
 

@@ -3,10 +3,14 @@
 //! ([`super::redis`]) shares them between replicas. Both decide with the pure core in
 //! [`super::ledger`].
 
+use super::config::OnWriteError;
 use super::ledger::{self, Meter, QuotaDenial, Reading, Slice, TenantState};
-use super::persist::QuotaFile;
+use super::persist::{Disk, FileSystem, QuotaFile};
 use dashmap::DashMap;
 use futures_util::future::{self, BoxFuture};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -83,6 +87,42 @@ pub trait QuotaStore: Send + Sync + 'static {
     }
 }
 
+/// How the local store's file writes go: `tokengate_quota_file_writable` (0 while the last
+/// write failed, else 1) and `tokengate_quota_file_write_errors_total`.
+#[derive(Clone, Debug, Default)]
+pub struct FileMetrics {
+    /// 0 while the last write of the file failed, else 1.
+    pub writable: Gauge,
+    /// Writes of the file that failed.
+    pub write_errors: Counter,
+}
+
+impl FileMetrics {
+    /// Registers both, writable until a write fails.
+    pub fn register(&self, r: &mut Registry) {
+        self.writable.set(1);
+        r.register(
+            "quota_file_writable",
+            "0 while the last write of the local quota store's file (quotas.path) failed, else 1: spend since the last write is lost if the process stops meanwhile",
+            self.writable.clone(),
+        );
+        r.register(
+            "quota_file_write_errors",
+            "Writes of the local quota store's file that failed (each tried again at the next flush, the file reopened)",
+            self.write_errors.clone(),
+        );
+    }
+}
+
+/// What the local store does while it cannot write its file, and where it says so.
+#[derive(Clone, Debug, Default)]
+pub struct WriteErrors {
+    /// `quotas.on_write_error`.
+    pub policy: OnWriteError,
+    /// Where it says so.
+    pub metrics: FileMetrics,
+}
+
 /// The meters of one gateway, in memory, each tenant behind its own lock (all its meters
 /// change together); with a [`QuotaFile`], their spend is written to it by
 /// [`QuotaStore::flush`] and read back at start.
@@ -93,12 +133,17 @@ pub struct LocalQuotaStore {
     dirty: AtomicBool,
     /// Where spend is written, one flush at a time (`None`: in memory only).
     file: Option<Mutex<Kept>>,
+    /// What it does while the file cannot be written.
+    write_errors: WriteErrors,
+    /// The last write of the file failed.
+    unwritten: AtomicBool,
 }
 
-/// The local store's file: its path, and once it exists, the open database.
+/// The local store's file: its path, the disk it is on, and once it exists, the open database.
 #[derive(Debug)]
 struct Kept {
     path: PathBuf,
+    disk: Box<dyn Disk>,
     open: Option<QuotaFile>,
 }
 
@@ -111,10 +156,20 @@ impl LocalQuotaStore {
     /// A store whose spend is kept in the file at `path`, starting from what it holds. The
     /// file is made by the first flush with spend to write (a gateway whose tenants spend
     /// nothing writes none).
-    pub fn persisted(path: &Path) -> anyhow::Result<Self> {
+    /// While the file cannot be written it does what `write_errors` says.
+    pub fn persisted(path: &Path, write_errors: WriteErrors) -> anyhow::Result<Self> {
+        Self::persisted_on(path, Box::new(FileSystem), write_errors)
+    }
+
+    /// [`LocalQuotaStore::persisted`] on `disk`.
+    pub fn persisted_on(
+        path: &Path,
+        disk: Box<dyn Disk>,
+        write_errors: WriteErrors,
+    ) -> anyhow::Result<Self> {
         let tenants: DashMap<String, TenantState> = DashMap::new();
         let open = match path.exists() {
-            true => Some(QuotaFile::open(path)?),
+            true => Some(QuotaFile::open_on(path, disk.as_ref())?),
             false => None,
         };
         let spend = open.as_ref().map(QuotaFile::load).transpose()?;
@@ -132,8 +187,11 @@ impl LocalQuotaStore {
             dirty: AtomicBool::new(false),
             file: Some(Mutex::new(Kept {
                 path: path.to_path_buf(),
+                disk,
                 open,
             })),
+            write_errors,
+            unwritten: AtomicBool::new(false),
         })
     }
 
@@ -171,13 +229,28 @@ impl LocalQuotaStore {
         let spend = self.spend();
         let written = match &mut kept.open {
             Some(file) => file.save(&spend),
-            None => QuotaFile::open(&kept.path).and_then(|mut file| {
+            None => QuotaFile::open_on(&kept.path, kept.disk.as_ref()).and_then(|mut file| {
                 file.save(&spend)?;
                 kept.open = Some(file);
                 Ok(())
             }),
         };
-        written.inspect_err(|_| self.dirty.store(true, Ordering::Release))
+        let metrics = &self.write_errors.metrics;
+        if written.is_err() {
+            // A database a write failed in refuses every transaction after it: the next flush
+            // opens the file again, which holds what the last commit wrote, and writes it all.
+            kept.open = None;
+            self.dirty.store(true, Ordering::Release);
+            metrics.write_errors.inc();
+        }
+        self.unwritten.store(written.is_err(), Ordering::Release);
+        metrics.writable.set(i64::from(written.is_ok()));
+        written
+    }
+
+    /// Whether requests are refused now: the file cannot be written and the policy says so.
+    fn refusing(&self) -> bool {
+        self.write_errors.policy == OnWriteError::Refuse && self.unwritten.load(Ordering::Acquire)
     }
 
     fn changed(&self) {
@@ -194,6 +267,10 @@ impl QuotaStore for LocalQuotaStore {
         now: i64,
         _lease: u64,
     ) -> BoxFuture<'a, Result<Vec<Reading>, QuotaRefusal>> {
+        if self.refusing() {
+            let why = "its file cannot be written: quotas.on_write_error = \"refuse\" refuses requests until a write goes through";
+            return Box::pin(future::ready(Err(QuotaRefusal::Unavailable(why.into()))));
+        }
         let result = self.with(tenant, |state| ledger::reserve(state, meters, amounts, now));
         Box::pin(future::ready(result.map_err(QuotaRefusal::Denied)))
     }

@@ -1,13 +1,19 @@
 //! One client connection, bounded in time: its first request head within
 //! `server.header_read_timeout` of its accept, its idle keep-alive within `server.idle_timeout`,
-//! and every write the client does not accept within `server.client_write_timeout`. Nothing a
-//! client does (connect and send nothing, stop between requests, stop reading an answer) holds
-//! a connection, and what its requests hold, for longer.
+//! every write the client does not accept within `server.client_write_timeout`, and every
+//! answer the client takes nothing of within `server.client_write_timeout` too. Nothing a
+//! client does (connect and send nothing, stop between requests, stop reading an answer, or
+//! give an HTTP/2 stream no flow-control window while the socket keeps flowing) holds a
+//! connection, and what its requests hold, for longer.
 //!
 //! The deadlines run in the connection's own task ([`drive`]: one timer per connection, reset
 //! in place) and read its [`Activity`], which the connection's service ([`Counted`]) keeps
-//! with two atomic updates per request. The write bound is in [`ClientIo`]: a timer armed
-//! only when the client refuses a write.
+//! with two atomic updates per request, and each answer's body ([`Answer`]) with two per
+//! piece of it. The socket's write bound is in [`ClientIo`]: a timer armed only when the
+//! client refuses a write. The answer's bound is per request, not per socket: over HTTP/2 a
+//! client can keep the socket busy (pings, other streams) while one stream's window stays
+//! shut, and hyper then holds that stream's next piece, and the body that owns the request's
+//! charge and KV lease, without ever writing.
 
 use hyper_util::server::graceful::GracefulConnection;
 use prometheus_client::metrics::counter::Counter;
@@ -30,7 +36,8 @@ pub(super) struct Deadlines {
     pub first_head: Duration,
     /// With no request in flight (`server.idle_timeout`).
     pub idle: Duration,
-    /// A write refused without a byte accepted (`server.client_write_timeout`).
+    /// A write refused without a byte accepted, or an answer's piece not taken
+    /// (`server.client_write_timeout`).
     pub write: Duration,
 }
 
@@ -54,6 +61,25 @@ pub(super) struct Activity {
     idle_since: AtomicU64,
     /// Told by the admin listener that this connection, idle, is closed to make room.
     evict: Notify,
+    /// How long an answer may wait for the client to take a piece of it (`Deadlines::write`).
+    untaken: Duration,
+    /// The answers of the requests in flight (an entry that no longer upgrades is an answer
+    /// gone; such entries are dropped as the list is read or grows).
+    answers: Mutex<Vec<Weak<Waiting>>>,
+    /// When the connection's deadline looks next, in nanoseconds after `accepted`: an answer
+    /// that begins to wait with its limit before then tells it (`waited`), so no answer's
+    /// limit is looked at late, and no piece of an answer wakes the connection's task.
+    looks_at: AtomicU64,
+    /// Told when an answer begins to wait and its limit comes before `looks_at`.
+    waited: Notify,
+}
+
+/// One answer's wait for its client: since when (nanoseconds after the connection's accept)
+/// it has waited for the client to take the piece it handed out, or [`Waiting::TAKEN`].
+struct Waiting(AtomicU64);
+
+impl Waiting {
+    const TAKEN: u64 = u64::MAX;
 }
 
 /// What a connection is doing, as its deadline sees it.
@@ -76,18 +102,79 @@ pub(super) enum Expiry {
     Idle,
     /// Closed, idle, to make room for a new connection.
     Evicted,
+    /// An answer's piece was not taken by the client for `write`.
+    Untaken,
 }
 
 impl Activity {
     const UNSERVED: u64 = u64::MAX;
 
-    pub(super) fn new(accepted: Instant) -> Self {
+    /// A connection accepted at `accepted`, whose answers may wait `untaken` for the client.
+    pub(super) fn new(accepted: Instant, untaken: Duration) -> Self {
         Self {
             accepted,
             inflight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(Self::UNSERVED),
             evict: Notify::new(),
+            untaken,
+            answers: Mutex::new(Vec::new()),
+            // Until the deadline has looked once, every answer that begins to wait tells it.
+            looks_at: AtomicU64::new(u64::MAX),
+            waited: Notify::new(),
         }
+    }
+
+    /// `at` in nanoseconds after the accept.
+    fn nanos(&self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.accepted).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX - 1)
+    }
+
+    fn answers(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Waiting>>> {
+        // Nothing panics while holding it; a poisoned list is still a list.
+        self.answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A request's answer is ready: it waits for the client from now on.
+    fn answer(&self) -> Arc<Waiting> {
+        let waiting = Arc::new(Waiting(AtomicU64::new(Waiting::TAKEN)));
+        {
+            let mut answers = self.answers();
+            // Answers gone are dropped whenever the list would grow: it holds at most about
+            // twice the answers alive at once.
+            if answers.len() == answers.capacity() {
+                answers.retain(|a| a.strong_count() > 0);
+            }
+            answers.push(Arc::downgrade(&waiting));
+        }
+        self.waits(&waiting);
+        waiting
+    }
+
+    /// The answer handed the client a piece, and waits for it to be taken.
+    fn waits(&self, waiting: &Waiting) {
+        let now = self.nanos(Instant::now());
+        // Stored before `looks_at` is read, as the deadline stores `looks_at` before it reads
+        // the answers: one of the two sees the other.
+        waiting.0.store(now, Ordering::SeqCst);
+        let untaken = u64::try_from(self.untaken.as_nanos()).unwrap_or(u64::MAX);
+        let limit = now.saturating_add(untaken);
+        if limit < self.looks_at.load(Ordering::SeqCst) {
+            self.waited.notify_one();
+        }
+    }
+
+    /// The oldest wait of the answers in flight, if one waits.
+    fn oldest_wait(&self) -> Option<Instant> {
+        let mut answers = self.answers();
+        answers.retain(|a| a.strong_count() > 0);
+        let oldest = (answers.iter())
+            .filter_map(|a| Some(a.upgrade()?.0.load(Ordering::SeqCst)))
+            .filter(|&since| since != Waiting::TAKEN)
+            .min()?;
+        Some(self.accepted + Duration::from_nanos(oldest))
     }
 
     fn state(&self) -> State {
@@ -123,8 +210,9 @@ impl Activity {
 
     /// Resolves when the connection must close: no request began within
     /// `deadlines.first_head` of its accept, or none has been in flight for `deadlines.idle`,
-    /// or (with `evictable`) it was evicted while idle. While a request is in flight it
-    /// looks again `idle` later: the connection cannot expire sooner.
+    /// or (with `evictable`) it was evicted while idle, or an answer has waited
+    /// `deadlines.write` for the client to take a piece of it. While a request is in flight it
+    /// looks again `idle` later, or when the oldest answer waiting reaches its limit.
     pub(super) async fn expired(&self, deadlines: Deadlines, evictable: bool) -> Expiry {
         let sleep = tokio::time::sleep_until(self.accepted + deadlines.first_head);
         tokio::pin!(sleep);
@@ -132,6 +220,7 @@ impl Activity {
             tokio::select! {
                 biased;
                 () = &mut sleep => {}
+                () = self.waited.notified() => {}
                 () = self.evict.notified(), if evictable => {
                     // A request may have begun since the admin listener chose it.
                     if self.is_idle() {
@@ -143,10 +232,19 @@ impl Activity {
             let now = Instant::now();
             let next = match self.state() {
                 State::Unserved => return Expiry::Header,
-                State::Busy => now + deadlines.idle,
+                State::Busy => {
+                    let again = now + deadlines.idle;
+                    self.looks_at.store(self.nanos(again), Ordering::SeqCst);
+                    match self.oldest_wait() {
+                        Some(since) if since + deadlines.write <= now => return Expiry::Untaken,
+                        Some(since) => again.min(since + deadlines.write),
+                        None => again,
+                    }
+                }
                 State::IdleSince(at) if at + deadlines.idle <= now => return Expiry::Idle,
                 State::IdleSince(at) => at + deadlines.idle,
             };
+            self.looks_at.store(self.nanos(next), Ordering::SeqCst);
             sleep.as_mut().reset(next);
         }
     }
@@ -156,7 +254,13 @@ impl Activity {
 /// graceful, requests in flight finish), or its deadline expires. A connection without a
 /// request in flight past its first-head deadline, or evicted, is dropped at once; an idle
 /// one past `idle` is shut down gracefully (HTTP/2 gets a GOAWAY, so a request that crossed
-/// it is known not to have been served).
+/// it is known not to have been served), and dropped if that is not done `write` later
+/// (HTTP/2 waits for its streams' last bytes, which a client that gives them no window never
+/// takes). One with an answer the client took nothing of for `write` is dropped at once, with
+/// every answer on it: hyper can reset an HTTP/2 stream only while it writes to it, and a
+/// stream without window is written to no more. Its answers' bodies are dropped, so their
+/// requests settle as on a disconnect (what streamed charged, the rest of the decode
+/// reservation refunded, the KV lease freed).
 pub(super) async fn drive<C>(
     conn: C,
     activity: Arc<Activity>,
@@ -182,6 +286,7 @@ pub(super) async fn drive<C>(
                 Expiry::Header => &closed.header_timeout,
                 Expiry::Evicted => &closed.evicted,
                 Expiry::Idle => &closed.idle_timeout,
+                Expiry::Untaken => &closed.write_timeout,
             };
             closing.inc();
             tracing::debug!(?why, "closing a client connection");
@@ -189,7 +294,13 @@ pub(super) async fn drive<C>(
                 return;
             }
             conn.as_mut().graceful_shutdown();
-            conn.await
+            match tokio::time::timeout(deadlines.write, conn).await {
+                Ok(ended) => ended,
+                Err(_) => {
+                    tracing::debug!("the client took nothing of what was left to send: dropping its connection");
+                    return;
+                }
+            }
         }
     };
     if let Err(e) = ended {
@@ -312,22 +423,29 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let answered = ready!(this.inner.poll(cx));
-        let in_flight = this.in_flight.take();
-        Poll::Ready(answered.map(|r| {
-            r.map(|body| Answer {
-                body,
-                _in_flight: in_flight,
-            })
-        }))
+        let watched = this.in_flight.take().map(|in_flight| Watched {
+            waiting: in_flight.0.answer(),
+            in_flight,
+        });
+        Poll::Ready(answered.map(|r| r.map(|body| Answer { body, watched })))
     }
 }
 
+/// An answer's request in flight, and its wait for the client.
+struct Watched {
+    in_flight: InFlight,
+    waiting: Arc<Waiting>,
+}
+
 pin_project_lite::pin_project! {
-    /// An answer's body, its request in flight until it is dropped.
+    /// An answer's body, its request in flight until it is dropped. From its head on, it
+    /// waits for the client whenever it has handed hyper a piece and not been asked for the
+    /// next: hyper asks only once the piece is on its way (HTTP/1: in its write buffer, which
+    /// the socket drains; HTTP/2: given to a stream with window).
     pub(super) struct Answer<B> {
         #[pin]
         body: B,
-        _in_flight: Option<InFlight>,
+        watched: Option<Watched>,
     }
 }
 
@@ -339,7 +457,15 @@ impl<B: http_body::Body> http_body::Body for Answer<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        self.project().body.poll_frame(cx)
+        let this = self.project();
+        if let Some(w) = this.watched.as_ref() {
+            w.waiting.0.store(Waiting::TAKEN, Ordering::Release);
+        }
+        let polled = this.body.poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(_))), Some(w)) = (&polled, this.watched.as_ref()) {
+            w.in_flight.0.waits(&w.waiting);
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -493,7 +619,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_connection_without_a_request_expires_at_its_first_head_deadline() {
         let start = Instant::now();
-        let activity = Activity::new(start);
+        let activity = Activity::new(start, DEADLINES.write);
         assert_eq!(activity.expired(DEADLINES, false).await, Expiry::Header);
         assert_eq!(start.elapsed(), DEADLINES.first_head);
     }
@@ -503,7 +629,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn idle_counts_from_the_end_of_the_last_request_in_flight() {
         let start = Instant::now();
-        let activity = Activity::new(start);
+        let activity = Activity::new(start, DEADLINES.write);
         activity.began();
         let served = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -525,7 +651,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_evicted_connection_goes_only_when_idle() {
         let start = Instant::now();
-        let activity = Activity::new(start);
+        let activity = Activity::new(start, DEADLINES.write);
         activity.began();
         activity.evict.notify_one();
         let half = DEADLINES.first_head / 2;
@@ -537,11 +663,53 @@ mod tests {
         assert_eq!(start.elapsed(), half);
     }
 
+    /// An answer's piece taken at 2 s and the next handed out then, never taken: the
+    /// connection expires `write` after that, not after the first piece, and not sooner.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_the_client_takes_nothing_of_expires_its_connection_after_write() {
+        let start = Instant::now();
+        let activity = Activity::new(start, DEADLINES.write);
+        activity.began();
+        let waiting = activity.answer();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        waiting.0.store(Waiting::TAKEN, Ordering::Release);
+        activity.waits(&waiting);
+        assert_eq!(activity.expired(DEADLINES, false).await, Expiry::Untaken);
+        assert_eq!(start.elapsed(), Duration::from_secs(2) + DEADLINES.write);
+    }
+
+    /// With a request in flight the deadline looks again `idle` (a minute) later; an answer
+    /// that begins to wait meanwhile tells it, so it expires at the answer's limit.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_waiting_is_looked_at_by_its_limit_while_the_deadline_sleeps_longer() {
+        let deadlines = Deadlines {
+            idle: Duration::from_secs(60),
+            ..DEADLINES
+        };
+        let start = Instant::now();
+        let activity = Activity::new(start, deadlines.write);
+        activity.began();
+        let answered = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let _waiting = activity.answer();
+            std::future::pending::<()>().await
+        };
+        let why = tokio::select! {
+            why = activity.expired(deadlines, false) => why,
+            () = answered => unreachable!(),
+        };
+        assert_eq!(
+            (why, start.elapsed()),
+            (Expiry::Untaken, Duration::from_secs(5) + deadlines.write)
+        );
+    }
+
     #[test]
     fn the_oldest_idle_connection_is_the_one_evicted() {
         let now = Instant::now();
         let evictable = Evictable::new(2);
-        let [gone, busy, idle, newer] = [(); 4].map(|()| Arc::new(Activity::new(now)));
+        let [gone, busy, idle, newer] =
+            [(); 4].map(|()| Arc::new(Activity::new(now, DEADLINES.write)));
         for a in [&gone, &busy, &idle, &newer] {
             evictable.push(a);
         }

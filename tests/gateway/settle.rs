@@ -40,7 +40,8 @@ async fn usage_lines(gw: &TestGateway, dir: &TempDir) -> Vec<Value> {
 
 /// Buying prefill by hanging up: the backend has the request (its stream's headers sent, no
 /// token yet) when the client goes. Its prompt stays charged and is billed; the decode
-/// reserved comes back whole, since nothing was produced.
+/// reserved comes back whole, since it left well within one TPOT (`tpot_slo_ms`, 60 s here:
+/// the decode floor of what the backend ran is none).
 #[tokio::test]
 async fn a_stream_left_before_its_first_token_keeps_its_prefill_charged_and_billed() {
     let dir = TempDir::new("settle-left-early");
@@ -48,7 +49,10 @@ async fn a_stream_left_before_its_first_token_keeps_its_prefill_charged_and_bill
         behaviour: Behaviour::StallAfterHeaders,
         ..FakeSpec::default()
     };
-    let (gw, backend) = logged_gateway(spec, &dir, |_| {}).await;
+    let (gw, backend) = logged_gateway(spec, &dir, |cfg| {
+        cfg.backends[0].tpot_slo_ms = Some(60_000.0);
+    })
+    .await;
     let client = spawn_post(
         &gw.url("/v1/chat/completions"),
         "sk-alice",
@@ -76,25 +80,30 @@ async fn a_stream_left_before_its_first_token_keeps_its_prefill_charged_and_bill
     );
 }
 
-/// A whole answer the backend is still working on when `first_byte_timeout` passes: a 504,
-/// and the prompt it was given stays charged, as for a client that leaves. Its usage-log line
-/// bills it with its charge (before, it was written as a refusal: no tokens, not billable), and
-/// its outcome is counted once.
+/// A whole answer of 2 choices the backend is still working on when `first_byte_timeout`
+/// passes: a 504, and the prompt it was given stays charged, with the decode floor of the
+/// time it ran: 2 sequences x 5 TPOTs = 10 of the 20 decode tokens reserved (before, all 20
+/// went back: a tenant ran decode for the price of its prompts). Its usage-log line bills it
+/// with that charge, and its outcome is counted once.
 #[tokio::test]
-async fn a_whole_answer_slower_than_the_first_byte_timeout_keeps_its_prefill_charged() {
+async fn a_whole_answer_slower_than_the_first_byte_timeout_is_charged_its_prefill_and_decode_floor()
+{
     let dir = TempDir::new("settle-first-byte");
     let (gw, backend) = logged_gateway(FakeSpec::held(), &dir, |cfg| {
-        cfg.backends[0].first_byte_timeout = Duration::from_millis(200);
+        cfg.backends[0].first_byte_timeout = RUNS;
+        cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
     })
     .await;
-    let r = chat_within_10s(&gw, &chat("a", 10, false), "the gateway gives up").await;
+    let mut body = chat("a", 10, false);
+    body["n"] = json!(2);
+    let r = chat_within_10s(&gw, &body, "the gateway gives up").await;
     assert_eq!(
         r.json(),
-        json!({"error": {"message": "the backend did not answer within 200ms",
+        json!({"error": {"message": "the backend did not answer within 2s 750ms",
             "type": "server_error", "param": null, "code": "upstream_timeout"}})
     );
     assert_eq!(*backend.held.borrow(), 1, "the backend had the request");
-    assert_only_prefill_charged(&gw, chat_tokens("a")).await;
+    assert_prefill_and_decode_charged(&gw, chat_tokens("a"), 10).await;
     let lines = usage_lines(&gw, &dir).await;
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(
@@ -102,11 +111,35 @@ async fn a_whole_answer_slower_than_the_first_byte_timeout_keeps_its_prefill_cha
         json!({"tenant": "alice", "model": "qwen3.5-27b", "outcome": "upstream_timeout",
                "answered": false, "billable": true, "prompt_tokens": chat_tokens("a"),
                "counted_prompt_tokens": chat_tokens("a"), "cached_prompt_tokens": null,
-               "reserved_output_tokens": 10, "output_tokens": 0, "refunded_output_tokens": 10,
+               "reserved_output_tokens": 20, "output_tokens": 10, "refunded_output_tokens": 10,
                "cost": null, "currency": null})
     );
     let counted = r#"tokengate_requests_total{tenant="alice",outcome="upstream_timeout"}"#;
     assert_eq!(gw.metric(counted).await.as_deref(), Some("1"));
+}
+
+/// A whole answer of 4 choices whose client leaves after 2.75 s, the backend still working: the
+/// request settles as a disconnect with its prompt and the decode floor of the time the
+/// backend ran charged, 4 sequences x 5 TPOTs = 20 of the 400 reserved (before: none).
+#[tokio::test]
+async fn a_whole_answer_left_by_its_client_is_charged_the_decode_floor_of_its_sequences() {
+    let (gw, backend) = gateway_with(FakeSpec::held(), |cfg| {
+        cfg.backends[0].tpot_slo_ms = Some(FLOOR_TPOT_MS);
+    })
+    .await;
+    let mut body = chat("a", 100, false);
+    body["n"] = json!(4);
+    let left = tokio::time::timeout(RUNS, gw.chat("sk-alice", &body)).await;
+    assert!(left.is_err(), "the backend holds the answer");
+    assert_eq!(*backend.held.borrow(), 1, "the backend had the request");
+    gw.wait_metric(
+        r#"tokengate_requests_total{tenant="alice",outcome="client_disconnect"}"#,
+        "1",
+    )
+    .await;
+    assert_prefill_and_decode_charged(&gw, chat_tokens("a"), 20).await;
+    let refunded = r#"tokengate_decode_tokens_refunded_total{tenant="alice"}"#;
+    assert_eq!(gw.metric(refunded).await.as_deref(), Some("380"));
 }
 
 /// A backend that takes the request and breaks the connection before answering failed it:
