@@ -26,8 +26,8 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, MaxTokensField,
-    ParseLimits, Prompt,
+    check_fields, lax_int, optional_bool, positive_int, served_model, wrong_type, FieldType,
+    GenerationRequest, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
@@ -65,9 +65,9 @@ pub fn parse_generation(
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
     if let Some(Value::Object(thinking)) = body.get("thinking") {
         if thinking.get("type").and_then(Value::as_str) == Some("enabled") {
-            let budget = thinking.get("budget_tokens").and_then(Value::as_u64);
+            let budget = thinking.get("budget_tokens").and_then(lax_int);
             match budget {
-                Some(b) if (1024..max_tokens).contains(&b) => {}
+                Some(b) if (1024..i128::from(max_tokens)).contains(&b) => {}
                 _ => {
                     return Err(ApiError::invalid_param(
                         "thinking.budget_tokens",
@@ -90,6 +90,8 @@ pub fn parse_generation(
         batch: Vec::new(),
         echoed_prompt: None,
         truncate_to: None,
+        min_tokens: 0,
+        prompt_only: false,
         body,
         // Filled in by [`super::parse_generation`], which has the bytes.
         raw: bytes::Bytes::new(),
@@ -104,7 +106,233 @@ pub fn parse_count_tokens(
     vision: &VisionRules,
 ) -> Result<Prompt, ApiError> {
     served_model(body, served)?;
+    check_fields_as_vllm(body)?;
     parse_prompt(body, vision)
+}
+
+/// Refuses what vLLM's `AnthropicCountTokensRequest` refuses in the fields a count does not
+/// otherwise read (the gateway answers it itself, so it checks them as pydantic would):
+/// `system`'s and each message's blocks, `thinking`, `tool_choice`, `tools`, `output_config`,
+/// `chat_template_kwargs`.
+fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
+    use FieldType::{OptArray, OptBool, OptObject, OptStr};
+    check_fields(
+        body,
+        &[("chat_template_kwargs", OptObject), ("tools", OptArray)],
+    )?;
+    let one_of = |param: &str, v: Option<&Value>, allowed: &[&str], optional: bool| match v {
+        None | Some(Value::Null) if optional => Ok(()),
+        Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(()),
+        _ => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` must be one of {allowed:?}"),
+        )),
+    };
+    if let Some(v) = body.get("output_config").filter(|v| !v.is_null()) {
+        let config = object("output_config", v)?;
+        one_of("output_config.effort", config.get("effort"), &EFFORTS, true)?;
+        if let Some(v) = config.get("format").filter(|v| !v.is_null()) {
+            let format = object("output_config.format", v)?;
+            check_fields(format, &[("schema", OptObject)])?;
+            if format.contains_key("type") {
+                one_of(
+                    "output_config.format.type",
+                    format.get("type"),
+                    &["json_schema"],
+                    false,
+                )?;
+            }
+        }
+    }
+    if let Some(v) = body.get("thinking").filter(|v| !v.is_null()) {
+        let thinking = object("thinking", v)?;
+        one_of(
+            "thinking.type",
+            thinking.get("type"),
+            &["enabled", "disabled", "adaptive"],
+            false,
+        )?;
+        let displays = ["summarized", "omitted", "updates"];
+        match thinking.get("type").and_then(Value::as_str) {
+            Some("enabled") => {
+                if thinking
+                    .get("budget_tokens")
+                    .and_then(lax_int)
+                    .is_none_or(|b| b < 1024)
+                {
+                    return Err(ApiError::invalid_param(
+                        "thinking.budget_tokens",
+                        "`thinking.budget_tokens` must be a whole number of at least 1024",
+                    ));
+                }
+                one_of("thinking.display", thinking.get("display"), &displays, true)?;
+            }
+            Some("adaptive") => {
+                one_of("thinking.display", thinking.get("display"), &displays, true)?
+            }
+            _ => {}
+        }
+    }
+    if let Some(v) = body.get("tool_choice").filter(|v| !v.is_null()) {
+        let choice = object("tool_choice", v)?;
+        one_of(
+            "tool_choice.type",
+            choice.get("type"),
+            &["auto", "any", "tool", "none"],
+            false,
+        )?;
+        check_fields(
+            choice,
+            &[("name", OptStr), ("disable_parallel_tool_use", OptBool)],
+        )?;
+        let named = choice
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        if choice.get("type").and_then(Value::as_str) == Some("tool") && !named {
+            return Err(ApiError::invalid_param(
+                "tool_choice.name",
+                "`tool_choice.name` is required when `tool_choice.type` is \"tool\"",
+            ));
+        }
+    }
+    for (i, tool) in body
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let at = format!("tools[{i}]");
+        let tool = object(&at, tool)?;
+        let required = |key: &str, ok: fn(&Value) -> bool, what: &str| match tool.get(key) {
+            Some(v) if ok(v) => Ok(()),
+            _ => Err(ApiError::invalid_param(
+                &format!("{at}.{key}"),
+                format!("`{at}.{key}` must be {what}"),
+            )),
+        };
+        required("name", Value::is_string, "a string")?;
+        required("input_schema", Value::is_object, "an object")?;
+        check_fields(
+            tool,
+            &[
+                ("description", OptStr),
+                ("strict", OptBool),
+                ("defer_loading", OptBool),
+            ],
+        )?;
+    }
+    let mut blocks: Vec<(String, &Value)> = Vec::new();
+    if let Some(Value::Array(system)) = body.get("system") {
+        blocks.extend(
+            system
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (format!("system[{i}]"), b)),
+        );
+    }
+    if let Some(Value::Array(messages)) = body.get("messages") {
+        for (i, m) in messages.iter().enumerate() {
+            let at = format!("messages[{i}]");
+            let m = object(&at, m)?;
+            one_of(
+                &format!("{at}.role"),
+                m.get("role"),
+                &["user", "assistant", "system"],
+                false,
+            )?;
+            match m.get("content") {
+                Some(Value::String(_)) => {}
+                Some(Value::Array(parts)) => blocks.extend(
+                    (parts.iter().enumerate()).map(|(j, b)| (format!("{at}.content[{j}]"), b)),
+                ),
+                Some(other) => {
+                    return Err(wrong_type(
+                        &format!("{at}.content"),
+                        "a string or an array of blocks",
+                        other,
+                    ))
+                }
+                None => {
+                    return Err(ApiError::invalid_param(
+                        &format!("{at}.content"),
+                        format!("`{at}.content` is required"),
+                    ))
+                }
+            }
+        }
+    }
+    for (at, block) in blocks {
+        let block = object(&at, block)?;
+        one_of(
+            &format!("{at}.type"),
+            block.get("type"),
+            &BLOCK_TYPES,
+            false,
+        )?;
+        check_fields(
+            block,
+            &[
+                ("text", OptStr),
+                ("source", OptObject),
+                ("id", OptStr),
+                ("tool_use_id", OptStr),
+                ("name", OptStr),
+                ("input", OptObject),
+                ("is_error", OptBool),
+                ("tool_name", OptStr),
+                ("thinking", OptStr),
+                ("signature", OptStr),
+                ("data", OptStr),
+            ],
+        )
+        .map_err(|e| at_block(e, &at))?;
+        match block.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(items)) if items.iter().all(Value::is_object) => {}
+            Some(other) => {
+                return Err(wrong_type(
+                    &format!("{at}.content"),
+                    "a string or a list of objects",
+                    other,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `v` as an object, else a 400 naming `param`.
+fn object<'v>(param: &str, v: &'v Value) -> Result<&'v Map<String, Value>, ApiError> {
+    match v {
+        Value::Object(o) => Ok(o),
+        other => Err(wrong_type(param, "an object", other)),
+    }
+}
+
+/// The types a block may have (vLLM's `AnthropicContentBlock.type`).
+const BLOCK_TYPES: [&str; 9] = [
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "tool_reference",
+    "thinking",
+    "redacted_thinking",
+    "tool_addition",
+    "tool_removal",
+];
+
+/// `e` about a field of the block at `at`, named with it.
+fn at_block(mut e: ApiError, at: &str) -> ApiError {
+    if let Some(param) = e.param.take() {
+        e.message = e
+            .message
+            .replace(&format!("`{param}`"), &format!("`{at}.{param}`"));
+        e.param = Some(format!("{at}.{param}"));
+    }
+    e
 }
 
 /// The conversation of a Messages body as the prompt vLLM renders: the chat it converts it to,
@@ -234,25 +462,14 @@ fn block_kind<'a>(
     block: &'a Value,
     at: &str,
 ) -> Result<(&'a str, &'a Map<String, Value>), ApiError> {
-    const KINDS: [&str; 9] = [
-        "text",
-        "image",
-        "tool_use",
-        "tool_result",
-        "tool_reference",
-        "thinking",
-        "redacted_thinking",
-        "tool_addition",
-        "tool_removal",
-    ];
     let Value::Object(o) = block else {
         return Err(wrong_type(at, "a content block", block));
     };
     match o.get("type") {
-        Some(Value::String(k)) if KINDS.contains(&k.as_str()) => Ok((k.as_str(), o)),
+        Some(Value::String(k)) if BLOCK_TYPES.contains(&k.as_str()) => Ok((k.as_str(), o)),
         Some(Value::String(k)) => Err(ApiError::invalid_param(
             &format!("{at}.type"),
-            format!("`{at}.type` must be one of {KINDS:?}, got `{k}`"),
+            format!("`{at}.type` must be one of {BLOCK_TYPES:?}, got `{k}`"),
         )),
         _ => Err(ApiError::invalid_param(
             &format!("{at}.type"),

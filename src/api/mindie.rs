@@ -6,8 +6,8 @@
 
 use super::openai::{take_chat_prompt, token_ids};
 use super::request::{
-    optional_bool, positive_int, sequence_count, splice_body, wrong_type, Echo, GenerationRequest,
-    MaxTokensField, ParseLimits, Prompt,
+    optional_json_bool, positive_int, sequence_count, splice_body, wrong_type, Echo,
+    GenerationRequest, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::{Native, Route};
 use super::sse::{self, Loose};
@@ -68,7 +68,7 @@ pub fn parse_generation(
         };
         (prompt, Some(echo))
     };
-    let asked = optional_bool(&body, "stream")?;
+    let asked = optional_json_bool(&body, "stream")?;
     let stream = match (native.streams(), asked) {
         (None, asked) => asked.unwrap_or(false),
         // Triton's routes read no `stream` (MindIE's neither): the path says.
@@ -135,6 +135,8 @@ pub fn parse_generation(
         // Triton's answers never repeat the prompt.
         echoed_prompt: echo.filter(|_| full_text && !native.is_triton()),
         truncate_to: None,
+        min_tokens: 0,
+        prompt_only: false,
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,
@@ -155,7 +157,7 @@ pub fn parse_vllm_generate(
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
     let (prompt, text) = native_prompt("prompt", &body["prompt"], limits)?;
-    let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    let stream = optional_json_bool(&body, "stream")?.unwrap_or(false);
     let field = MaxTokensField::MaxTokens;
     let requested_max_tokens = match body.get(field.param()).filter(|v| !v.is_null()) {
         None => None,
@@ -188,6 +190,8 @@ pub fn parse_vllm_generate(
         batch: Vec::new(),
         echoed_prompt: (!stream).then_some(Echo::Text(echo)),
         truncate_to: None,
+        min_tokens: 0,
+        prompt_only: false,
         body,
         raw: Bytes::new(),
         raw_keys_unique: false,

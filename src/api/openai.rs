@@ -4,7 +4,8 @@
 //! changes nothing.
 
 use super::request::{
-    optional_bool, positive_int, sequence_count, served_model, splice_body, wrong_type,
+    check_fields, lax_bool, lax_int, optional_bool, positive_int, py_truthy, sequence_count,
+    served_model_or_default, splice_body, wrong_type, Echo, EchoedPrompt, FieldType,
     GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
@@ -44,24 +45,20 @@ pub fn parse_generation_from(
         raw,
         keys_unique,
     } = body;
-    let model = served_model(&body, limits.served_names)?;
+    let model = served_model_or_default(&body, limits.served_names)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
     let client_wants_usage = match body.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
             None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(other) => {
-                return Err(wrong_type(
-                    "stream_options.include_usage",
-                    "a boolean",
-                    other,
-                ))
-            }
+            Some(v) => lax_bool(v)
+                .ok_or_else(|| wrong_type("stream_options.include_usage", "a boolean", v))?,
         },
         Some(other) => return Err(wrong_type("stream_options", "an object", other)),
     };
-    if body.contains_key("stream_options") && !stream {
+    // vLLM tests the fields as sent, before their types are read: `{}` or null options pass
+    // without a stream, and so do any options with a `stream` that is truthy (`"false"`).
+    if py_truthy(body.get("stream_options")) && !py_truthy(body.get("stream")) {
         return Err(ApiError::invalid_param(
             "stream_options",
             "`stream_options` is only allowed when `stream` is true",
@@ -69,22 +66,13 @@ pub fn parse_generation_from(
     }
     let choices = sequence_count(&body, "n", u32::MAX)?.unwrap_or(1);
     refuse_uncounted_work(&body)?;
-    let mut requested = None;
-    for field in [
-        MaxTokensField::MaxCompletionTokens,
-        MaxTokensField::MaxTokens,
-    ] {
-        let param = field.param();
-        match body.get(param) {
-            None | Some(Value::Null) => {}
-            Some(v) => {
-                let n = positive_int(param, v, limits.max_model_len)?;
-                if requested.is_none() {
-                    requested = Some((field, n));
-                }
-            }
-        }
-    }
+    let echo = endpoint == Endpoint::Completions && optional_bool(&body, "echo")?.unwrap_or(false);
+    let (requested, prompt_only) = output_limit(&body, endpoint, echo, limits.max_model_len)?;
+    let min_tokens = match body.get("min_tokens") {
+        None | Some(Value::Null) => 0,
+        // A negative or unreadable one vLLM refuses: forwarded for it to.
+        Some(v) => lax_int(v).map_or(0, |n| u64::try_from(n).unwrap_or(0)),
+    };
     let mut batch = Vec::new();
     let prompt = match endpoint {
         Endpoint::Chat if !raw.is_empty() => {
@@ -105,14 +93,69 @@ pub fn parse_generation_from(
         client_wants_usage,
         requested_max_tokens: requested,
         choices,
+        echoed_prompt: echo.then(|| echoes(&prompt, &batch)),
         prompt,
         batch,
-        echoed_prompt: None,
         truncate_to: None,
+        min_tokens,
+        prompt_only,
         body,
         raw,
         raw_keys_unique: keys_unique,
     })
+}
+
+/// The output limit of an OpenAI body as vLLM 0.32 reads it, and whether the answer is the
+/// prompt alone: on a chat `max_completion_tokens`, else `max_tokens` (the other need only be a
+/// number: vLLM checks the one it uses); on completions `max_tokens` alone (their request model
+/// has no `max_completion_tokens`: it is ignored, as vLLM ignores it). A completion that echoes
+/// its prompt with `max_tokens` 0 is the prompt alone (lm-eval's prompt logprobs): vLLM runs it
+/// for one token and answers the prompt.
+fn output_limit(
+    body: &Map<String, Value>,
+    endpoint: Endpoint,
+    echo: bool,
+    max_model_len: u64,
+) -> Result<(Option<(MaxTokensField, u64)>, bool), ApiError> {
+    let fields: &[MaxTokensField] = match endpoint {
+        Endpoint::Chat => &[
+            MaxTokensField::MaxCompletionTokens,
+            MaxTokensField::MaxTokens,
+        ],
+        Endpoint::Completions => &[MaxTokensField::MaxTokens],
+    };
+    let mut used = None;
+    for &field in fields {
+        let param = field.param();
+        match body.get(param) {
+            None | Some(Value::Null) => {}
+            Some(v) if used.is_none() => used = Some((field, v)),
+            Some(v) if lax_int(v).is_none() => return Err(wrong_type(param, "an integer", v)),
+            Some(_) => {}
+        }
+    }
+    Ok(match used {
+        None => (None, false),
+        Some((field, v)) if echo && lax_int(v) == Some(0) => (Some((field, 1)), true),
+        Some((field, v)) => (
+            Some((field, positive_int(field.param(), v, max_model_len)?)),
+            false,
+        ),
+    })
+}
+
+/// What a completion that echoes its prompts repeats before what it generates: the first
+/// prompt's text, or its ids (decoded when they are needed).
+fn echoes(prompt: &Prompt, batch: &[Prompt]) -> Echo {
+    let each = std::iter::once(prompt).chain(batch);
+    Echo::Prompts(
+        each.filter_map(|p| match p {
+            Prompt::Text(t) => Some(EchoedPrompt::Text(t.clone())),
+            Prompt::TokenIds(ids) => Some(EchoedPrompt::Ids(ids.clone())),
+            Prompt::Chat { .. } => None,
+        })
+        .collect(),
+    )
 }
 
 /// Refuses the generation fields that change the backend's work in ways one reservation does
@@ -154,12 +197,15 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
 pub(crate) fn refuse_negative_priority(body: &Map<String, Value>) -> Result<(), ApiError> {
     match body.get("priority") {
         None | Some(Value::Null) => Ok(()),
-        Some(v) if v.as_u64().is_some() => Ok(()),
-        Some(v @ Value::Number(_)) if v.as_i64().is_some() => Err(ApiError::invalid_param(
-            "priority",
-            format!("`priority` is {v}: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"),
-        )),
-        Some(other) => Err(wrong_type("priority", "an integer", other)),
+        // In any spelling pydantic reads as a whole number (`"3"`, `5.0`).
+        Some(v) => match lax_int(v) {
+            Some(n) if n >= 0 => Ok(()),
+            Some(n) => Err(ApiError::invalid_param(
+                "priority",
+                format!("`priority` is {n}: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"),
+            )),
+            None => Err(wrong_type("priority", "an integer", v)),
+        },
     }
 }
 
@@ -199,8 +245,13 @@ pub(crate) fn take_chat_prompt(
 /// `reasoning_effort: "none"` and true for any other effort (the Qwen3.5 template reads
 /// nothing else of them). Any other template argument is refused, naming it: vLLM passes the
 /// ones the template reads (Qwen3.5's `add_vision_id` adds "Picture 1: " before each image)
-/// and a deployment's own template may read any.
-fn template_switches(body: &Map<String, Value>) -> Result<Option<bool>, ApiError> {
+/// and a deployment's own template may read any. `reasoning_effort` is a chat completion's
+/// field: `/tokenize` and the pooling routes' request models have none, and vLLM ignores it
+/// there.
+fn template_switches(
+    body: &Map<String, Value>,
+    route: ChatRoute,
+) -> Result<Option<bool>, ApiError> {
     let kwargs = match body.get("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),
@@ -220,6 +271,7 @@ fn template_switches(body: &Map<String, Value>) -> Result<Option<bool>, ApiError
     }
     let efforts = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
     let effort = match body.get("reasoning_effort") {
+        _ if route != ChatRoute::ChatCompletions => None,
         None | Some(Value::Null) => None,
         Some(Value::String(e)) if efforts.contains(&e.as_str()) => Some(e.as_str()),
         Some(other) => {
@@ -364,8 +416,9 @@ fn chat_prompt<'a>(
                 parts
                     .iter()
                     .enumerate()
-                    .map(|(j, p)| {
+                    .filter_map(|(j, p)| {
                         content_part(p, &format!("{}.content[{j}]", at()), vision, &mut media)
+                            .transpose()
                     })
                     .collect::<Result<Vec<Value>, ApiError>>()?,
             ),
@@ -398,7 +451,7 @@ fn chat_prompt<'a>(
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
     };
-    let enable_thinking = template_switches(body)?;
+    let enable_thinking = template_switches(body, route)?;
     let add_generation_prompt =
         optional_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
     let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
@@ -450,15 +503,18 @@ fn part_modality(part: &Map<String, Value>) -> Option<Modality> {
     }
 }
 
-/// One part of a message's `content` at `at`: a text part as it is, an image or video part
-/// counted into `media` and reduced to its kind. Parts are told apart the way the chat template
-/// does: image first, then video, then text.
+/// One part of a message's `content` at `at`: an image or video part counted into `media` and
+/// reduced to its kind, a part vLLM reads as text as the `{"type": "text", "text": ...}` it
+/// hands the template (the text of `text`, `input_text` and `output_text` parts, a `refusal`'s
+/// refusal, a `thinking` part's thinking), and `None` for a `text` or `refusal` part without
+/// its text, which vLLM skips. Parts are told apart the way the chat template does: image
+/// first, then video, then text.
 fn content_part(
     part: &Value,
     at: &str,
     vision: &VisionRules,
     media: &mut Vec<Media>,
-) -> Result<Value, ApiError> {
+) -> Result<Option<Value>, ApiError> {
     let not_a_part = || {
         ApiError::invalid_param(
             at,
@@ -471,8 +527,7 @@ fn content_part(
     let (modality, keys) = match part_modality(o) {
         Some(Modality::Image) => (Modality::Image, ["image_url", "image"]),
         Some(Modality::Video) => (Modality::Video, ["video_url", "video"]),
-        None if matches!(o.get("text"), Some(Value::String(_))) => return Ok(part.clone()),
-        None => return Err(not_a_part()),
+        None => return text_part(o).ok_or_else(not_a_part),
     };
     let (key, source) = keys
         .iter()
@@ -524,19 +579,73 @@ fn content_part(
         Modality::Image => "image",
         Modality::Video => "video",
     };
-    Ok(serde_json::json!({ "type": kind }))
+    Ok(Some(serde_json::json!({ "type": kind })))
 }
 
-/// The `prompt` of a completions body, one prompt: a string, a one-element list of strings, or
-/// token ids (for `/tokenize`, which answers one list of ids).
-pub fn parse_completion_prompt(body: &Map<String, Value>) -> Result<Prompt, ApiError> {
-    let mut prompts = parse_prompts(body, "prompt")?;
-    match prompts.len() {
-        1 => Ok(prompts.remove(0)),
-        _ => Err(ApiError::invalid_param(
+/// A content part vLLM parses as text (`TEXT_PART_TYPES` in `vllm/renderers/chat_utils.py`),
+/// as the template sees it: `Some(None)` for a `text` or `refusal` part whose text is missing or
+/// null (skipped); `None` when the part is not one, or its text is not a string (refused).
+fn text_part(part: &Map<String, Value>) -> Option<Option<Value>> {
+    let key = match part.get("type").and_then(Value::as_str)? {
+        "text" | "input_text" | "output_text" => "text",
+        "refusal" => "refusal",
+        "thinking" => "thinking",
+        _ => return None,
+    };
+    let text = match part.get(key) {
+        None | Some(Value::Null) if key != "thinking" => return Some(None),
+        None | Some(Value::Null) => Value::Null,
+        Some(Value::String(s)) => Value::String(s.clone()),
+        Some(_) => return None,
+    };
+    let mut out = part.clone();
+    out.insert("type".into(), Value::from("text"));
+    out.insert("text".into(), text);
+    if key != "text" {
+        out.remove(key);
+    }
+    Some(Some(Value::Object(out)))
+}
+
+/// What a `/tokenize` body asks, as vLLM's `TokenizeRequest` reads it: a chat (`messages`,
+/// rendered as the chat route renders it) or a `prompt` string (an empty one has no tokens),
+/// and whether the answer spells each token (`return_token_strs`).
+pub fn parse_tokenize(
+    body: &Map<String, Value>,
+    vision: &VisionRules,
+) -> Result<(Prompt, bool), ApiError> {
+    use FieldType::{Bool, OptArray, OptBool, OptObject, OptStr};
+    check_fields(
+        body,
+        &[
+            ("model", OptStr),
+            ("add_special_tokens", Bool),
+            ("return_token_strs", OptBool),
+        ],
+    )?;
+    let strs = optional_bool(body, "return_token_strs")?.unwrap_or(false);
+    if body.contains_key("messages") {
+        check_fields(
+            body,
+            &[
+                ("add_generation_prompt", Bool),
+                ("continue_final_message", Bool),
+                ("chat_template", OptStr),
+                ("chat_template_kwargs", OptObject),
+                ("media_io_kwargs", OptObject),
+                ("mm_processor_kwargs", OptObject),
+                ("tools", OptArray),
+            ],
+        )?;
+        return Ok((parse_chat_prompt(body, vision, ChatRoute::Tokenize)?, strs));
+    }
+    match body.get("prompt") {
+        Some(Value::String(s)) => Ok((Prompt::Text(s.clone()), strs)),
+        None | Some(Value::Null) => Err(ApiError::invalid_param(
             "prompt",
-            "`prompt` must be a non-empty string, a list of one string, or a list of token ids (batched prompts are not supported)",
+            "`prompt` (or `messages`) is required",
         )),
+        Some(other) => Err(wrong_type("prompt", "a string", other)),
     }
 }
 
@@ -550,9 +659,8 @@ pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Promp
             param,
             format!("`{param}` must not be empty"),
         )),
-        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_u64) => {
-            Ok(vec![Prompt::TokenIds(token_ids(param, items)?)])
-        }
+        // A list of strings first: pydantic's union takes the member the items match as they
+        // are before one they match coerced (`["5"]` is a text, `[["5"]]` and `["5", 1]` ids).
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_string) => {
             (items.iter().enumerate())
                 .map(|(i, item)| match item.as_str() {
@@ -564,10 +672,13 @@ pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Promp
                 })
                 .collect()
         }
+        Some(Value::Array(items)) if !items.is_empty() && items.iter().all(is_token_id) => {
+            Ok(vec![Prompt::TokenIds(token_ids(param, items)?)])
+        }
         Some(Value::Array(items)) if !items.is_empty() && items.iter().all(Value::is_array) => {
             (items.iter().enumerate())
                 .map(|(i, item)| match item.as_array() {
-                    Some(ids) if !ids.is_empty() && ids.iter().all(Value::is_u64) => {
+                    Some(ids) if !ids.is_empty() && ids.iter().all(is_token_id) => {
                         Ok(Prompt::TokenIds(token_ids(&format!("{param}[{i}]"), ids)?))
                     }
                     _ => Err(ApiError::invalid_param(
@@ -586,9 +697,16 @@ pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Promp
     }
 }
 
-/// `items` (whole numbers, all of them) as token ids of 32 bits, the list named `param`.
+/// Whether `v` is a token id as vLLM's models take one (`Annotated[int, Field(ge=0)]`): a whole
+/// number of at least 0 in any spelling pydantic reads as one.
+fn is_token_id(v: &Value) -> bool {
+    lax_int(v).is_some_and(|n| n >= 0)
+}
+
+/// `items` (token ids, all of them: [`is_token_id`]) as token ids of 32 bits, the list named
+/// `param`.
 pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
-    (items.iter().filter_map(Value::as_u64).enumerate())
+    (items.iter().filter_map(lax_int).enumerate())
         .map(|(i, n)| {
             u32::try_from(n).map_err(|_| {
                 let max = u32::MAX;
@@ -606,7 +724,8 @@ pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError>
     match body.get("tokens") {
         Some(Value::Array(items)) => (items.iter().enumerate())
             .map(|(i, v)| {
-                let id = v.as_u64().and_then(|n| u32::try_from(n).ok());
+                // In any spelling pydantic reads as a whole number (`"3"`, `1.0`, `true`).
+                let id = lax_int(v).and_then(|n| u32::try_from(n).ok());
                 id.ok_or_else(|| {
                     let max = u32::MAX;
                     ApiError::invalid_param(
@@ -624,21 +743,25 @@ pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError>
 /// Takes the validated body out of `req` and rewrites it so the backend generates at most
 /// `reserved` tokens, is asked for the model by the name it serves (`backend_model`; clients
 /// may use an alias) and, for a stream, reports usage in its last chunk. Everything else goes
-/// as the client sent it (see `splice_body`).
+/// as the client sent it (see `splice_body`): a completion that answers its prompt alone
+/// ([`GenerationRequest::prompt_only`]) keeps its `max_tokens` of 0, and a chat's
+/// `max_completion_tokens` is set where the client sent one (a completion's is ignored by vLLM,
+/// and left as it is).
 pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,
     backend_model: &str,
 ) -> Bytes {
-    let mut set = vec![
-        ("model", Value::from(backend_model)),
-        ("max_tokens", Value::from(reserved)),
-    ];
-    if req.body.contains_key("max_completion_tokens")
-        || matches!(
-            req.requested_max_tokens,
-            Some((MaxTokensField::MaxCompletionTokens, _))
-        )
+    let mut set = vec![("model", Value::from(backend_model))];
+    if !req.prompt_only {
+        set.push(("max_tokens", Value::from(reserved)));
+    }
+    let chat = req.endpoint == Route::OpenAi(Endpoint::Chat);
+    if chat
+        && !req
+            .body
+            .get("max_completion_tokens")
+            .is_none_or(Value::is_null)
     {
         set.push(("max_completion_tokens", Value::from(reserved)));
     }
@@ -649,6 +772,11 @@ pub fn rewrite_for_backend(
             _ => Map::new(),
         };
         opts.insert("include_usage".into(), Value::Bool(true));
+        // vLLM sends continuous usage only with `include_usage`: a client that declined usage
+        // gets none in its chunks (the last one, with the usage, is not passed on).
+        if !req.client_wants_usage && opts.contains_key("continuous_usage_stats") {
+            opts.insert("continuous_usage_stats".into(), Value::Bool(false));
+        }
         set.push(("stream_options", Value::Object(opts)));
     }
     splice_body(req, set)
@@ -1132,14 +1260,24 @@ mod tests {
             ),
             r#"{"messages":[{"role": "user", "content": "hi"}],"model":"qwen","stream":true,"max_tokens":5,"stream_options":{"include_usage":true}}"#
         );
-        // A stream's options keep the client's other members; include_usage is set.
+        // A stream's options keep the client's other members; include_usage is set, and a
+        // client that declined usage gets no continuous usage either (vLLM sends it only with
+        // include_usage).
         assert_eq!(
             rewritten(
                 r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"max_completion_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#,
                 5,
                 "qwen"
             ),
-            r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_completion_tokens":5,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#
+            r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false},"max_completion_tokens":5,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#
+        );
+        assert_eq!(
+            rewritten(
+                r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":"yes","continuous_usage_stats":true},"messages":[{"role":"user","content":"hi"}]}"#,
+                5,
+                "qwen"
+            ),
+            r#"{"model":"qwen","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#
         );
     }
 
@@ -1249,12 +1387,12 @@ mod tests {
                 "max_tokens",
             ),
             (
-                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": "9"}),
+                json!({"model": "qwen", "messages": [{"role": "user"}], "max_tokens": "nine"}),
                 400,
                 "max_tokens",
             ),
             (
-                json!({"model": "qwen", "messages": [{"role": "user"}], "stream": "yes"}),
+                json!({"model": "qwen", "messages": [{"role": "user"}], "stream": "maybe"}),
                 400,
                 "stream",
             ),
@@ -1273,13 +1411,205 @@ mod tests {
                 404,
                 "model",
             ),
-            (json!({"messages": [{"role": "user"}]}), 400, "model"),
+            (
+                json!({"model": 5, "messages": [{"role": "user"}]}),
+                400,
+                "model",
+            ),
         ];
         for (body, status, param) in cases {
             let e = parse(Endpoint::Chat, body.clone()).unwrap_err();
             assert_eq!(e.status.as_u16(), status, "{body}");
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
+    }
+
+    /// vLLM's request models read fields with pydantic's lax mode and test some as sent; the
+    /// gateway reads them the same way.
+    #[test]
+    fn fields_are_read_as_vllm_reads_them() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": hi, "max_tokens": "3", "n": 2.0,
+                   "stream": "true", "stream_options": {"include_usage": "yes"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                r.requested_max_tokens,
+                r.choices,
+                r.stream,
+                r.client_wants_usage
+            ),
+            (Some((MaxTokensField::MaxTokens, 3)), 2, true, true)
+        );
+        // Left out, null or empty, `model` is the model served.
+        for body in [
+            json!({"messages": hi}),
+            json!({"model": null, "messages": hi}),
+            json!({"model": "", "messages": hi}),
+        ] {
+            assert_eq!(
+                parse(Endpoint::Chat, body.clone()).unwrap().model,
+                "qwen",
+                "{body}"
+            );
+        }
+        // `stream_options` that are empty or null pass without a stream, and any pass with a
+        // `stream` that is truthy as sent (vLLM tests the raw values).
+        for options in [json!({}), json!(null)] {
+            assert!(parse(
+                Endpoint::Chat,
+                json!({"model": "qwen", "messages": hi, "stream_options": options})
+            )
+            .is_ok());
+        }
+        let e = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": hi, "stream_options": {"include_usage": true}}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options"));
+        // A chat's unused limit need only be a number; the used one is checked.
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": hi, "max_completion_tokens": 4, "max_tokens": 0}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxCompletionTokens, 4))
+        );
+        let e = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": hi, "max_completion_tokens": 4, "max_tokens": "x"}),
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        // Completions have no `max_completion_tokens`: ignored, and forwarded as sent.
+        let mut r = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": "a", "max_completion_tokens": 50}),
+        )
+        .unwrap();
+        assert_eq!(r.requested_max_tokens, None);
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 16, "qwen")).unwrap();
+        assert_eq!(
+            (
+                out["max_tokens"].clone(),
+                out["max_completion_tokens"].clone()
+            ),
+            (json!(16), json!(50))
+        );
+        // `echo` with `max_tokens` 0: the prompt alone, one token reserved, 0 forwarded.
+        let mut r = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": "a", "echo": "1", "max_tokens": 0, "min_tokens": "2"}),
+        )
+        .unwrap();
+        assert!(r.prompt_only);
+        assert_eq!(
+            (r.requested_max_tokens, r.min_tokens),
+            (Some((MaxTokensField::MaxTokens, 1)), 2)
+        );
+        assert_eq!(
+            r.echoed_prompt,
+            Some(Echo::Prompts(vec![EchoedPrompt::Text("a".into())]))
+        );
+        let out: Value = serde_json::from_slice(&rewrite_for_backend(&mut r, 1, "qwen")).unwrap();
+        assert_eq!(out["max_tokens"], json!(0));
+        // Each prompt of a batch is echoed by its choices.
+        let r = parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": [[1, 2], [3]], "echo": true, "max_tokens": 2}),
+        )
+        .unwrap();
+        assert_eq!(
+            r.echoed_prompt,
+            Some(Echo::Prompts(vec![
+                EchoedPrompt::Ids(vec![1, 2]),
+                EchoedPrompt::Ids(vec![3])
+            ]))
+        );
+        // Without `echo`, 0 is refused as vLLM refuses it; a chat's `echo` is not a prompt echo.
+        assert!(parse(
+            Endpoint::Completions,
+            json!({"model": "qwen", "prompt": "a", "max_tokens": 0})
+        )
+        .is_err());
+        let r = parse(
+            Endpoint::Chat,
+            json!({"model": "qwen", "messages": hi, "echo": true}),
+        )
+        .unwrap();
+        assert_eq!(r.echoed_prompt, None);
+        // Token ids in the spellings pydantic reads; a list of strings is texts.
+        let ids = |prompt: Value| {
+            parse(
+                Endpoint::Completions,
+                json!({"model": "qwen", "prompt": prompt}),
+            )
+            .map(|r| r.prompt)
+        };
+        assert!(
+            matches!(ids(json!([["5", 1.0, true]])), Ok(Prompt::TokenIds(i)) if i == [5, 1, 1])
+        );
+        assert!(matches!(ids(json!(["5", 1])), Ok(Prompt::TokenIds(i)) if i == [5, 1]));
+        assert!(matches!(ids(json!(["5"])), Ok(Prompt::Text(t)) if t == "5"));
+        assert!(ids(json!([-1])).is_err());
+        assert_eq!(
+            parse(
+                Endpoint::Chat,
+                json!({"model": "qwen", "messages": hi, "priority": "3"})
+            )
+            .map(|_| ()),
+            Ok(())
+        );
+    }
+
+    /// Parts vLLM reads as text (`refusal`, `thinking`, `input_text`, `output_text`) reach the
+    /// template as text parts; a `text` or `refusal` part without its text is skipped; a part
+    /// without a type is refused (vLLM: "Invalid 'type' field").
+    #[test]
+    fn content_parts_are_read_as_vllm_reads_them() {
+        let parts = |content: Value| {
+            let body = json!({"model": "qwen", "messages": [{"role": "user", "content": content}]});
+            match parse(Endpoint::Chat, body) {
+                Ok(GenerationRequest {
+                    prompt: Prompt::Chat { prompt, .. },
+                    ..
+                }) => Ok(prompt.messages[0]["content"].clone()),
+                Ok(_) => panic!("a chat"),
+                Err(e) => Err(e.param),
+            }
+        };
+        assert_eq!(
+            parts(json!([
+                {"type": "refusal", "refusal": "No."},
+                {"type": "thinking", "thinking": "Hm.", "signature": "s"},
+                {"type": "text", "text": null},
+                {"type": "refusal"},
+                {"type": "input_text", "text": "a"},
+                {"type": "output_text", "text": "b", "annotations": []},
+                {"type": "thinking", "thinking": null},
+            ])),
+            Ok(json!([
+                {"type": "text", "text": "No."},
+                {"type": "text", "text": "Hm.", "signature": "s"},
+                {"type": "text", "text": "a"},
+                {"type": "text", "text": "b", "annotations": []},
+                {"type": "text", "text": null},
+            ]))
+        );
+        assert_eq!(
+            parts(json!([{"text": "untyped"}])),
+            Err(Some("messages[0].content[0]".into()))
+        );
+        assert_eq!(
+            parts(json!([{"type": "text", "text": 5}])),
+            Err(Some("messages[0].content[0]".into()))
+        );
     }
 
     #[test]
@@ -1342,9 +1672,38 @@ mod tests {
             let e = p(json!({"model": "qwen", "prompt": prompt})).unwrap_err();
             assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("prompt"), message));
         }
-        // `/tokenize` answers one list of ids: a batch is refused there.
-        let one = parse_completion_prompt(&Map::from_iter([("prompt".into(), json!(["a", "b"]))]));
-        assert_eq!(one.unwrap_err().param.as_deref(), Some("prompt"));
+        // `/tokenize` takes a string (empty or not) or a chat, as vLLM's request model does.
+        let tokenize = |body: Value| {
+            let Value::Object(body) = body else { panic!() };
+            parse_tokenize(&body, &VisionRules::default())
+        };
+        assert!(
+            matches!(tokenize(json!({"prompt": ""})), Ok((Prompt::Text(t), false)) if t.is_empty())
+        );
+        assert!(matches!(
+            tokenize(json!({"prompt": "a", "return_token_strs": "yes"})),
+            Ok((_, true))
+        ));
+        assert!(matches!(
+            tokenize(json!({"messages": [{"role": "user", "content": "a"}]})),
+            Ok((Prompt::Chat { .. }, false))
+        ));
+        // `/tokenize` has no `reasoning_effort`: vLLM ignores it there.
+        let ignored = tokenize(json!({"messages": [{"role": "user", "content": "a"}],
+                                      "reasoning_effort": "none"}));
+        assert!(
+            matches!(ignored, Ok((Prompt::Chat { prompt, .. }, _)) if prompt.enable_thinking.is_none())
+        );
+        let odd = json!({"messages": [{"role": "user", "content": "a"}], "reasoning_effort": 3});
+        assert!(tokenize(odd).is_ok());
+        for refused in [
+            json!({"prompt": ["a", "b"]}),
+            json!({"prompt": [1, 2]}),
+            json!({}),
+            json!({"prompt": "a", "return_token_strs": 2}),
+        ] {
+            assert!(tokenize(refused.clone()).is_err(), "{refused}");
+        }
         // Found by fuzzing (tests/fuzz, target request): the message named neither the field
         // nor the number.
         let e = p(json!({"model": "qwen", "prompt": [1, 4294967296u64]})).unwrap_err();

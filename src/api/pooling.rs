@@ -52,6 +52,8 @@ pub fn parse_generation(
         batch: prompts,
         echoed_prompt: None,
         truncate_to,
+        min_tokens: 0,
+        prompt_only: false,
         body,
         // Filled in by [`super::parse_generation`], which has the bytes.
         raw: bytes::Bytes::new(),

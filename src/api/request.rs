@@ -4,7 +4,8 @@
 
 use super::route::Route;
 use crate::error::ApiError;
-use crate::tokenize::chat::ChatPrompt;
+use crate::tokenize::chat::{pyjson, ChatPrompt};
+pub(crate) use crate::util::pydantic::{lax_bool, lax_int};
 use crate::vision::{Media, VisionRules};
 use bytes::Bytes;
 use serde::de::{MapAccess, Visitor};
@@ -32,20 +33,33 @@ pub enum Prompt {
     TokenIds(Vec<u32>),
 }
 
-/// The prompt as a whole answer repeats it before the generated text, and one space after it
-/// (as MindIE writes `prompt + " " + text`).
+/// The prompt as an answer repeats it before the generated text: MindIE's (TGI's) whole
+/// answers with one space after it, vLLM's completions with `echo` right before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Echo {
-    /// This text.
+    /// This text, and a space (MindIE writes `prompt + " " + text`).
     Text(String),
-    /// A JSON value: a multimodal prompt's list of parts, as the backend serializes it.
+    /// A JSON value: a multimodal prompt's list of parts, as the backend serializes it, and a
+    /// space.
     Json,
+    /// vLLM's completions with `echo`: each choice's text starts with its prompt's (one of
+    /// these), nothing between.
+    Prompts(Vec<EchoedPrompt>),
+}
+
+/// A completion prompt an answer repeats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EchoedPrompt {
+    /// Its text.
+    Text(String),
+    /// Its ids, which the answer repeats decoded.
+    Ids(Vec<u32>),
 }
 
 impl Echo {
-    /// `answer` without the prompt it begins with and the space after it; as it is when it
-    /// does not begin with the prompt.
-    pub fn strip<'t>(&self, answer: &'t str) -> &'t str {
+    /// `answer` without the prompt it begins with (and MindIE's space after it); as it is when
+    /// it does not begin with the prompt. `decode` turns echoed ids into their text.
+    pub fn strip<'t>(&self, answer: &'t str, decode: impl Fn(&[u32]) -> String) -> &'t str {
         let rest = match self {
             Echo::Text(prompt) => answer.strip_prefix(prompt.as_str()),
             Echo::Json => {
@@ -55,6 +69,14 @@ impl Echo {
                     Some(Ok(_)) => Some(&answer[values.byte_offset()..]),
                     _ => None,
                 }
+            }
+            Echo::Prompts(prompts) => {
+                return (prompts.iter())
+                    .find_map(|p| match p {
+                        EchoedPrompt::Text(t) => answer.strip_prefix(t.as_str()),
+                        EchoedPrompt::Ids(ids) => answer.strip_prefix(decode(ids).as_str()),
+                    })
+                    .unwrap_or(answer)
             }
         };
         rest.map_or(answer, |r| r.strip_prefix(' ').unwrap_or(r))
@@ -113,6 +135,12 @@ pub struct GenerationRequest {
     /// The most tokens of each prompt the backend runs, when it cuts longer ones
     /// (`truncate_prompt_tokens` on the pooling routes): each is counted up to it.
     pub truncate_to: Option<u64>,
+    /// The least output the client asked for (vLLM's `min_tokens`, 0 when not sent): a default
+    /// limit is never below it where vLLM's own would not be.
+    pub min_tokens: u64,
+    /// The answer is the prompt alone (a completion with `echo` and `max_tokens` 0): one token
+    /// is reserved, as vLLM runs one, and the body goes with its `max_tokens` as sent.
+    pub prompt_only: bool,
     /// The body as sent, rewritten before forwarding; when `raw` is known, a chat's
     /// `messages` are `null` here, moved into `prompt` (see [`parse_generation_from`](super::openai::parse_generation_from)).
     pub body: Map<String, Value>,
@@ -144,8 +172,26 @@ pub struct ParseLimits<'a> {
     pub vision: &'a VisionRules,
 }
 
+/// A request body's bytes read as vLLM reads them (Python's `json.loads` of bytes): a UTF-8
+/// byte order mark before the text is skipped (and not forwarded), and the rest is
+/// [`parse_body`]'s.
+pub fn read_json_body(bytes: Bytes) -> Result<JsonBody, ApiError> {
+    const BOM: &[u8] = b"\xef\xbb\xbf";
+    let raw = match bytes.starts_with(BOM) {
+        true => bytes.slice(BOM.len()..),
+        false => bytes,
+    };
+    let (object, keys_unique) = parse_body(&raw)?;
+    Ok(JsonBody {
+        object,
+        raw,
+        keys_unique,
+    })
+}
+
 /// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
-/// non-object bodies (serde_json also bounds nesting depth at 128).
+/// non-object bodies (serde_json also bounds nesting depth at 128). NaN, infinities, integers
+/// past 64 bits and `-0` are read as Python's json reads them ([`pyjson`]).
 pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     parse_body(bytes).map(|(map, _)| map)
 }
@@ -156,6 +202,22 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> 
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(ApiError::invalid("the request body is not valid UTF-8"));
     };
+    if pyjson::needs_python(bytes) {
+        // What vLLM reads with Python's json and serde would refuse or round.
+        return match pyjson::parse(text) {
+            Ok((Value::Object(map), members)) => {
+                let unique = members == map.len();
+                Ok((map, unique))
+            }
+            Ok((other, _)) => Err(ApiError::invalid(format!(
+                "the request body must be a JSON object, got {}",
+                type_name(&other)
+            ))),
+            Err(e) => Err(ApiError::invalid(format!(
+                "the request body is not valid JSON: {e}"
+            ))),
+        };
+    }
     match serde_json::from_str::<Top>(text) {
         Ok(Top { map, members }) => {
             let unique = members == map.len();
@@ -191,17 +253,34 @@ pub(crate) fn served_model(
     body: &Map<String, Value>,
     served: &[String],
 ) -> Result<String, ApiError> {
-    let model = match body.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+    match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => named_model(m, served),
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param("model", "`model` is required"))
+            Err(ApiError::invalid_param("model", "`model` is required"))
         }
-        Some(other) => return Err(wrong_type("model", "a string", other)),
-    };
-    if !served.iter().any(|n| n == &model) {
-        return Err(ApiError::model_not_found(&model));
+        Some(other) => Err(wrong_type("model", "a string", other)),
     }
-    Ok(model)
+}
+
+/// A body's `model` where vLLM's request model makes it optional (`model: str | None`): left
+/// out, null or empty, it is the model served (vLLM runs its first; the gateway's names are all
+/// one model's); else as [`served_model`].
+pub(crate) fn served_model_or_default(
+    body: &Map<String, Value>,
+    served: &[String],
+) -> Result<String, ApiError> {
+    match body.get("model") {
+        None | Some(Value::Null) => Ok(served[0].clone()),
+        Some(Value::String(m)) if m.is_empty() => Ok(served[0].clone()),
+        _ => served_model(body, served),
+    }
+}
+
+fn named_model(model: &str, served: &[String]) -> Result<String, ApiError> {
+    match served.iter().any(|n| n == model) {
+        true => Ok(model.to_owned()),
+        false => Err(ApiError::model_not_found(model)),
+    }
 }
 
 pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
@@ -212,7 +291,7 @@ pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
 }
 
 /// A count of sequences at `param` (`n`, `best_of`): absent or null, or a whole number from 1
-/// to `max`.
+/// to `max` in any spelling pydantic reads as one ([`lax_int`]).
 pub(crate) fn sequence_count(
     body: &Map<String, Value>,
     param: &str,
@@ -220,7 +299,7 @@ pub(crate) fn sequence_count(
 ) -> Result<Option<u32>, ApiError> {
     match body.get(param) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64().map(u32::try_from) {
+        Some(v) => match lax_int(v).map(u32::try_from) {
             Some(Ok(n)) if (1..=max).contains(&n) => Ok(Some(n)),
             _ => Err(ApiError::invalid_param(
                 param,
@@ -230,7 +309,9 @@ pub(crate) fn sequence_count(
     }
 }
 
-pub(crate) fn optional_bool(
+/// A boolean field, absent or null as `None`, that must be a JSON boolean (MindIE's routes,
+/// whose server reads JSON strictly); anything else is a 400 naming it.
+pub(crate) fn optional_json_bool(
     body: &Map<String, Value>,
     param: &str,
 ) -> Result<Option<bool>, ApiError> {
@@ -241,28 +322,95 @@ pub(crate) fn optional_bool(
     }
 }
 
-/// A positive whole number no larger than `max`; floats like `10.5` and negatives are refused.
+/// A boolean field, absent or null as `None`, read as pydantic's lax mode reads a `bool`
+/// ([`lax_bool`]); anything else is a 400 naming it.
+pub(crate) fn optional_bool(
+    body: &Map<String, Value>,
+    param: &str,
+) -> Result<Option<bool>, ApiError> {
+    match body.get(param) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => lax_bool(v)
+            .map(Some)
+            .ok_or_else(|| wrong_type(param, "a boolean", v)),
+    }
+}
+
+/// Python's truth value of a JSON value as vLLM's validators test a raw field before its type
+/// is read (`data.get("stream_options") and not data.get("stream")`): null, false, 0, and an
+/// empty string, list or object are false; anything else (the string `"false"`, NaN) is true.
+pub(crate) fn py_truthy(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+/// The type of a field of a vLLM request model the gateway answers itself (`/tokenize`,
+/// `/v1/messages/count_tokens`), whose fields it must check as pydantic does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FieldType {
+    /// `bool` (null refused).
+    Bool,
+    /// `bool | None`.
+    OptBool,
+    /// `str | None`.
+    OptStr,
+    /// `dict | None`.
+    OptObject,
+    /// `list | None`.
+    OptArray,
+}
+
+/// Refuses, naming it, the first of `fields` whose value pydantic's lax mode would not read as
+/// its type; absent fields take their defaults.
+pub(crate) fn check_fields(
+    body: &Map<String, Value>,
+    fields: &[(&str, FieldType)],
+) -> Result<(), ApiError> {
+    for &(param, kind) in fields {
+        let Some(v) = body.get(param) else { continue };
+        let (ok, expected) = match kind {
+            FieldType::Bool => (lax_bool(v).is_some(), "a boolean"),
+            FieldType::OptBool => (v.is_null() || lax_bool(v).is_some(), "a boolean"),
+            FieldType::OptStr => (v.is_null() || v.is_string(), "a string"),
+            FieldType::OptObject => (v.is_null() || v.is_object(), "an object"),
+            FieldType::OptArray => (v.is_null() || v.is_array(), "an array"),
+        };
+        if !ok {
+            return Err(wrong_type(param, expected, v));
+        }
+    }
+    Ok(())
+}
+
+/// A positive whole number no larger than `max`, in any spelling pydantic reads as one
+/// ([`lax_int`]); fractions, negatives and other types are refused.
 pub(crate) fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiError> {
-    let n = v.as_u64().ok_or_else(|| match v {
+    let n = lax_int(v).ok_or_else(|| match v {
         Value::Number(_) => ApiError::invalid_param(
             param,
             format!("`{param}` must be a whole number of at least 1, got {v}"),
         ),
         other => wrong_type(param, "an integer", other),
     })?;
-    if n == 0 {
+    if n < 1 {
         return Err(ApiError::invalid_param(
             param,
-            format!("`{param}` must be at least 1, got 0"),
+            format!("`{param}` must be at least 1, got {n}"),
         ));
     }
-    if n > max {
+    if n > i128::from(max) {
         return Err(ApiError::invalid_param(
             param,
             format!("`{param}` is {n}, more than the model's context length of {max} tokens"),
         ));
     }
-    Ok(n)
+    Ok(n as u64)
 }
 
 /// A request body read whole and parsed as a JSON object.
@@ -291,7 +439,12 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
         return raw;
     }
     let members = match serde_json::from_slice::<Members<'_>>(&raw) {
-        Ok(Members(m)) if !raw.is_empty() => m,
+        Ok(Members(m)) => Some(m),
+        // NaN, infinities, numbers serde cannot read: the members as Python's json finds them.
+        Err(_) => python_members(&raw),
+    };
+    let members = match members {
+        Some(m) if !raw.is_empty() => m,
         // No bytes (a request built from a parsed map), or bytes that are not this body.
         _ => {
             for (k, v) in set {
@@ -341,7 +494,7 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
                     &serde_json::to_vec(&v).expect("a value serializes"),
                 );
             }
-            None => member(&mut out, key, value.get().as_bytes()),
+            None => member(&mut out, key, value.as_bytes()),
         }
     }
     for (k, v) in set {
@@ -353,6 +506,19 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
     }
     out.push(b'}');
     out.into()
+}
+
+/// The top-level members of `raw` as Python's json reads them ([`pyjson::members`]), each value
+/// as its text.
+fn python_members(raw: &[u8]) -> Option<Vec<(Cow<'_, str>, &str)>> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let members = pyjson::members(text)?;
+    Some(
+        members
+            .into_iter()
+            .map(|(k, at)| (Cow::Owned(k), &text[at]))
+            .collect(),
+    )
 }
 
 /// A request body that is a JSON object, with the number of members it was written with (a key
@@ -385,7 +551,7 @@ impl<'de> Deserialize<'de> for Top {
 }
 
 /// A JSON object's members in the order written, each value as its text in the input.
-struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+struct Members<'a>(Vec<(Cow<'a, str>, &'a str)>);
 
 impl<'de> Deserialize<'de> for Members<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -398,7 +564,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
                 let mut members = Vec::new();
                 while let Some(Key(key)) = map.next_key()? {
-                    members.push((key, map.next_value()?));
+                    members.push((key, map.next_value::<&RawValue>()?.get()));
                 }
                 Ok(Members(members))
             }
@@ -431,21 +597,88 @@ impl<'de> Deserialize<'de> for Key<'de> {
 
 #[cfg(test)]
 mod tests {
-    use super::Echo;
+    use super::{Echo, EchoedPrompt};
+    use bytes::Bytes;
+    use serde_json::json;
+
+    /// vLLM reads bodies with Python's `json.loads` of bytes: a byte order mark skipped, NaN,
+    /// infinities and integers past 64 bits read; the gateway forwards them as written.
+    #[test]
+    fn bodies_are_read_as_python_reads_them() {
+        let raw = Bytes::from_static(b"\xef\xbb\xbf{\"model\": \"m\"}");
+        let body = super::read_json_body(raw).unwrap();
+        assert_eq!(
+            (body.raw.as_ref(), body.object["model"].clone()),
+            (&b"{\"model\": \"m\"}"[..], json!("m"))
+        );
+        let text = r#"{"model": "m", "temperature": NaN, "x": [Infinity, 123456789012345678901234567890, -0], "max_tokens": 9}"#;
+        let body = super::read_json_body(Bytes::from(text)).unwrap();
+        let mark = crate::tokenize::chat::pyjson::NUMBER_MARK;
+        assert_eq!(body.object["temperature"], json!(format!("{mark}nan")));
+        assert_eq!(
+            body.object["x"],
+            json!([
+                format!("{mark}inf"),
+                format!("{mark}123456789012345678901234567890"),
+                0
+            ])
+        );
+        assert!(body.keys_unique);
+        // The rewrite changes its members and copies the others as the client wrote them.
+        let mut req = super::super::openai::parse_generation(
+            super::super::Endpoint::Completions,
+            json!({"model": "m", "prompt": "a"})
+                .as_object()
+                .unwrap()
+                .clone(),
+            &super::ParseLimits {
+                served_names: &["m".to_owned()],
+                max_model_len: 100,
+                vision: &crate::vision::VisionRules::default(),
+            },
+        )
+        .unwrap();
+        req.raw = body.raw;
+        req.raw_keys_unique = true;
+        assert_eq!(
+            super::splice_body(&mut req, vec![("max_tokens", json!(5))]),
+            r#"{"model":"m","temperature":NaN,"x":[Infinity, 123456789012345678901234567890, -0],"max_tokens":5}"#
+        );
+        for bad in [
+            &b"\xef\xbb\xbf"[..],
+            b"{\"a\": nan}",
+            b"\xef\xbb\xbf\xef\xbb\xbf{}",
+        ] {
+            assert!(
+                super::read_json_body(Bytes::copy_from_slice(bad)).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn an_echo_strips_the_prompt_and_one_space_or_nothing() {
+        let none = |_: &[u32]| -> String { unreachable!("no ids") };
         let text = Echo::Text("My name is".into());
-        assert_eq!(text.strip("My name is  Olivier"), " Olivier");
-        assert_eq!(text.strip("My name isOlivier"), "Olivier");
-        assert_eq!(text.strip("Olivier"), "Olivier");
-        assert_eq!(Echo::Text(String::new()).strip(" Olivier"), "Olivier");
+        assert_eq!(text.strip("My name is  Olivier", none), " Olivier");
+        assert_eq!(text.strip("My name isOlivier", none), "Olivier");
+        assert_eq!(text.strip("Olivier", none), "Olivier");
+        assert_eq!(Echo::Text(String::new()).strip(" Olivier", none), "Olivier");
         let json = Echo::Json;
         assert_eq!(
-            json.strip(r#"[{"text":"a ] b","type":"text"}] it is"#),
+            json.strip(r#"[{"text":"a ] b","type":"text"}] it is"#, none),
             "it is"
         );
-        assert_eq!(json.strip("[1, 2]"), "");
-        assert_eq!(json.strip("not json"), "not json");
+        assert_eq!(json.strip("[1, 2]", none), "");
+        assert_eq!(json.strip("not json", none), "not json");
+        // vLLM's echo: the prompt, then what was generated (its leading space kept).
+        let prompts = Echo::Prompts(vec![
+            EchoedPrompt::Text("Once".into()),
+            EchoedPrompt::Ids(vec![7, 8]),
+        ]);
+        let decode = |ids: &[u32]| format!("<{ids:?}>");
+        assert_eq!(prompts.strip("Once upon", decode), " upon");
+        assert_eq!(prompts.strip("<[7, 8]> a time", decode), " a time");
+        assert_eq!(prompts.strip("Twice", decode), "Twice");
     }
 }

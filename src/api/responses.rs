@@ -26,8 +26,8 @@
 
 use super::openai;
 use super::request::{
-    optional_bool, positive_int, served_model, wrong_type, GenerationRequest, MaxTokensField,
-    ParseLimits, Prompt,
+    optional_bool, positive_int, served_model_or_default, wrong_type, GenerationRequest,
+    MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::Route;
 use super::sse::{self, Loose};
@@ -45,7 +45,7 @@ pub fn parse_generation(
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, ApiError> {
-    let model = served_model(&body, limits.served_names)?;
+    let model = served_model_or_default(&body, limits.served_names)?;
     refuse_stored_state(&body)?;
     let requested = match body.get("max_output_tokens") {
         None | Some(Value::Null) => None,
@@ -54,6 +54,7 @@ pub fn parse_generation(
             positive_int("max_output_tokens", v, limits.max_model_len)?,
         )),
     };
+    let truncate_to = truncation(&body, requested.is_some(), limits.max_model_len)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
     let prompt = parse_prompt(&body, limits.vision).map_err(|e| rename_messages(e, "input"))?;
     Ok(GenerationRequest {
@@ -67,12 +68,34 @@ pub fn parse_generation(
         prompt,
         batch: Vec::new(),
         echoed_prompt: None,
-        truncate_to: None,
+        truncate_to,
+        min_tokens: 0,
+        prompt_only: false,
         body,
         // Filled in by [`super::parse_generation`], which has the bytes.
         raw: bytes::Bytes::new(),
         raw_keys_unique: false,
     })
+}
+
+/// Where the prompt is cut with `truncation: "auto"`: vLLM 0.32 keeps the first
+/// `max_model_len - 1` tokens when the body has an output limit, all `max_model_len` when it
+/// has none (and then has no room to answer, which it refuses); `"disabled"` or null, nothing
+/// is cut.
+fn truncation(
+    body: &Map<String, Value>,
+    limited: bool,
+    max_model_len: u64,
+) -> Result<Option<u64>, ApiError> {
+    match body.get("truncation") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(t)) if t == "disabled" => Ok(None),
+        Some(Value::String(t)) if t == "auto" => Ok(Some(max_model_len - u64::from(limited))),
+        Some(other) => Err(ApiError::invalid_param(
+            "truncation",
+            format!("`truncation` must be \"auto\" or \"disabled\", got {other}"),
+        )),
+    }
 }
 
 /// The prompt of a Responses body: the chat vLLM builds of it, counted as a chat (the

@@ -6,7 +6,7 @@
 
 pub mod discard;
 
-use crate::api::request::parse_body;
+use crate::api::request::read_json_body;
 use crate::error::{ApiError, BodyError};
 use crate::tokenize::pool::TokenizePool;
 use crate::util::bounded::{read_paced, Bounded};
@@ -77,14 +77,7 @@ impl Bodies {
             timeout,
         })?;
         let bytes_len = bytes.len();
-        let job = move || {
-            let (object, keys_unique) = parse_body(&bytes)?;
-            parse(JsonBody {
-                object,
-                raw: bytes,
-                keys_unique,
-            })
-        };
+        let job = move || parse(read_json_body(bytes)?);
         if bytes_len <= PARSE_INLINE_BYTES {
             return Ok((job()?, charge));
         }

@@ -13,11 +13,13 @@
 //! | `derive.rs` | what the capacity model derives (backends' sizing, tenants' rates), kept beside what the file gives |
 //! | `validate.rs` | the cross-field checks, relative paths |
 //! | `restart.rs` | which settings only a restart applies ([`Config::restart_only_changes`]) |
+//! | `engine.rs` | `backends[].vllm_version`, and the request handling that follows it |
 //! | `describe.rs` | the human summary of a config ([`describe::describe`]) |
 //! | `profile.rs` | `[profile]`, the workload profile's window |
 
 mod derive;
 pub mod describe;
+pub mod engine;
 pub mod profile;
 mod restart;
 mod validate;
@@ -472,6 +474,11 @@ pub struct BackendConfig {
     /// `max_batch` are then not needed, and `max_batch`, when given, only lowers the engine's).
     #[serde(default)]
     pub kv: KvSource,
+    /// The vLLM it runs, as `vllm --version` prints it (`"0.32.0"`): where vLLM's versions
+    /// handle a request differently, the gateway does as this one does ([`engine`]). Left out
+    /// (MindIE, the sim, a vLLM not said), the behaviour of the versions before 0.32.
+    #[serde(default)]
+    pub vllm_version: Option<engine::VllmVersion>,
     /// TLS for an `https` URL: the CA that signed the backend's certificate, and the
     /// gateway's own certificate for backends that verify their clients (MindIE does).
     #[serde(default)]

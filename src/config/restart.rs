@@ -177,7 +177,7 @@ impl Config {
         }
         for (i, (old, new)) in backends.iter().zip(&new.backends).enumerate() {
             restart_only!(out, format!("backends[{i}]"), BackendConfig, old, new, [
-                url, runner, kv, tls, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
+                url, runner, kv, vllm_version, tls, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
                 body_read_timeout, max_response_bytes, max_event_bytes, health_timeout, feedback,
             ], reloadable [
                 kv_capacity_bytes, max_batch, hardware, model, tp, replicas, efficiency,

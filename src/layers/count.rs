@@ -228,7 +228,12 @@ impl Counter {
         // sequence's output).
         let sequences = parsed.sequences();
         let class = (parts.extensions.get::<Priority>().copied()).unwrap_or(tenant.priority);
-        if let Some((_, asked)) = parsed.requested_max_tokens {
+        // (Where the backends clamp the output to the context, the least it may cost is one
+        // token: the bucket decides after counting.)
+        let asked = parsed
+            .requested_max_tokens
+            .filter(|_| !self.clamps(&parsed));
+        if let Some((_, asked)) = asked {
             let least = Cost {
                 decode: asked.saturating_mul(sequences),
                 ..LEAST
@@ -460,26 +465,40 @@ impl Counter {
             .await?
     }
 
+    /// Whether `req`'s output limit is clamped to what the context leaves rather than refused
+    /// past it: on the routes vLLM serves, when every generating backend is a vLLM that does so
+    /// ([`ValidConfig::clamps_output_to_context`]).
+    fn clamps(&self, req: &GenerationRequest) -> bool {
+        !matches!(req.endpoint, Route::MindIe(_)) && self.config.clamps_output_to_context()
+    }
+
     /// The longest prompt `req` may have: the context minus the output asked for (the prompt
-    /// alone must leave room for one output token), and no more than the tenant's prefill
-    /// burst. Counting stops past it: a longer prompt is refused whatever its exact count (a
-    /// batch's prompts together stop at the burst).
+    /// alone must leave room for one output token; all of it when the output is clamped), and
+    /// no more than the tenant's prefill burst. Counting stops past it: a longer prompt is
+    /// refused whatever its exact count (a batch's prompts together stop at the burst).
     fn prompt_ceiling(&self, tenant: &Tenant, req: &GenerationRequest) -> u64 {
         let max_len = self.config.model.max_model_len;
-        let context = match req.requested_max_tokens {
-            // A pooling route's prompt may fill the context, or is cut where the request says.
-            _ if !req.endpoint.generates() => req.truncate_to.unwrap_or(max_len),
-            Some((_, asked)) => max_len.saturating_sub(asked),
-            None => max_len - 1,
+        let context = match (req.truncate_to, req.requested_max_tokens) {
+            // Cut where the request says (a pooling route's `truncate_prompt_tokens`, the
+            // Responses API's `truncation`): past it, only the cut runs.
+            (Some(cut), _) => cut,
+            // A pooling route's prompt may fill the context.
+            _ if !req.endpoint.generates() => max_len,
+            (None, Some((_, asked))) if !self.clamps(req) => max_len.saturating_sub(asked),
+            _ => max_len - 1,
         };
         context.min(tenant.limits.prefill.capacity().floor() as u64)
     }
 
-    /// Output tokens to reserve (none on a pooling route): what the client asked for, or else
-    /// the default clamped to the context: `model.default_max_tokens`, or the backend's own default where it is smaller
-    /// (vLLM's completions generate 16, MindIE's TGI routes 20: see
-    /// [`Route::backend_default_max_tokens`]), which is then also what the backend is sent; more than the context allows is a 400 naming both numbers (the prompt's "at
-    /// least" when its count stopped at the ceiling).
+    /// Output tokens to reserve (none on a pooling route): what the client asked for (clamped
+    /// to what the context leaves where the backends clamp it, [`Counter::clamps`]), or else
+    /// the default clamped to the context: `model.default_max_tokens`, or the backend's own
+    /// default where it is smaller (vLLM's completions generate 16, MindIE's TGI routes 20: see
+    /// [`Route::backend_default_max_tokens`]), raised to the request's `min_tokens` where
+    /// vLLM's own default would allow that many; the default is then also what the backend is
+    /// sent. More than the context allows is a 400 naming both numbers (the prompt's "at least"
+    /// when its count stopped at the ceiling), and so is a `min_tokens` above the limit (vLLM's
+    /// refusal, before anything is charged).
     pub fn output_budget(
         &self,
         req: &GenerationRequest,
@@ -499,26 +518,36 @@ impl Counter {
                 false => Ok(0),
             };
         }
-        match req.requested_max_tokens {
-            Some((field, asked)) if prompt_tokens + asked > max_len => Err(ApiError::context_length(format!(
+        let room = max_len.saturating_sub(prompt_tokens);
+        let budget = match req.requested_max_tokens {
+            Some((_, asked)) if asked <= room => asked,
+            Some((_, _)) if room > 0 && self.clamps(req) => room,
+            Some((field, asked)) if room > 0 => return Err(ApiError::context_length(format!(
                 "this model's maximum context length is {max_len} tokens; the prompt is {least}{prompt_tokens} tokens and {asked} output tokens were requested ({least}{} in all)",
                 prompt_tokens + asked
             ))
             .with_param(field.param())),
-            Some((_, asked)) => Ok(asked),
-            None if prompt_tokens >= max_len => Err(ApiError::context_length(format!(
+            _ if room == 0 => return Err(ApiError::context_length(format!(
                 "this model's maximum context length is {max_len} tokens; the prompt alone is {least}{prompt_tokens} tokens"
             ))
             .with_param(req.endpoint.prompt_param())),
-            None => {
+            _ => {
                 let default = self.config.model.default_max_tokens;
-                let default = match req.endpoint.backend_default_max_tokens() {
-                    Some(backend) => backend.min(default),
-                    None => default,
-                };
-                Ok(default.min(max_len - prompt_tokens))
+                // What vLLM would allow on its own: its completions' 16, else the context.
+                let vllm = req.endpoint.backend_default_max_tokens().unwrap_or(room);
+                default
+                    .min(vllm)
+                    .max(req.min_tokens.min(vllm))
+                    .min(room)
             }
+        };
+        if req.min_tokens > budget {
+            return Err(ApiError::invalid_param(
+                "min_tokens",
+                format!("`min_tokens` is {}, more than the output limit of {budget} tokens (`min_tokens` must be at most `max_tokens`)", req.min_tokens),
+            ));
         }
+        Ok(budget)
     }
 }
 
@@ -646,6 +675,161 @@ mod tests {
         let asked = r#"{"model": "qwen3.5-27b", "max_tokens": 7, "messages": [{"role": "user", "content": "hi"}]}"#;
         assert_eq!(decode(Route::OpenAi(Endpoint::Chat), asked).await, 7);
         assert!(capped().contains(r#"tokengate_output_capped_at_default_total{tenant="alice"} 1"#));
+    }
+
+    /// The decode a completions or chat body of `route` is reserved by `gw`, or its refusal's
+    /// param and message.
+    async fn reserved(
+        gw: &Arc<Counter>,
+        alice: &Arc<Tenant>,
+        route: Route,
+        body: String,
+    ) -> Result<Cost, (Option<String>, String)> {
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.clone()))
+            .service_fn(costed);
+        let server = &gw.config.server;
+        let body = Bounded::new(
+            Full::new(Bytes::from(body)),
+            server.max_body_bytes,
+            server.body_read_timeout,
+        );
+        let mut req = Request::new(body);
+        req.extensions_mut().insert(alice.clone());
+        req.extensions_mut().insert(route);
+        match svc.oneshot(req).await {
+            Ok(resp) => Ok(resp.into_body().0),
+            Err(e) => Err((e.param, e.message)),
+        }
+    }
+
+    /// vLLM 0.32 answers an output limit past the context with what the context leaves; before
+    /// it, with a 400. The gateway does as the backend's declared version does.
+    #[tokio::test]
+    async fn an_output_limit_past_the_context_follows_the_backends_version() {
+        let completions = Route::OpenAi(Endpoint::Completions);
+        let body = |max: &str| {
+            format!(r#"{{"model": "qwen3.5-27b", "prompt": [1, 2, 3], "max_tokens": {max}}}"#)
+        };
+        let (vllm, alice) = crate::layers::testing::counter_of_vllm("0.32.0").await;
+        let cost = reserved(&vllm, &alice, completions, body("4096"))
+            .await
+            .unwrap();
+        assert_eq!((cost.prefill, cost.decode), (3, 4093));
+        // A limit within the context is as asked, in any spelling pydantic reads.
+        let cost = reserved(&vllm, &alice, completions, body("\"7\""))
+            .await
+            .unwrap();
+        assert_eq!(cost.decode, 7);
+        // The prompt alone fills the context: refused.
+        let ids = vec!["7"; 4096].join(",");
+        let full = format!(r#"{{"model": "qwen3.5-27b", "prompt": [{ids}], "max_tokens": 5}}"#);
+        let e = reserved(&vllm, &alice, completions, full)
+            .await
+            .unwrap_err();
+        assert_eq!(e.1, "this model's maximum context length is 4096 tokens; the prompt alone is at least 4096 tokens");
+        // Past the context itself: refused (vLLM's `max_tokens cannot be greater than
+        // max_model_len`).
+        let e = reserved(&vllm, &alice, completions, body("4097"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.0.as_deref(), Some("max_tokens"));
+        // A longer prompt leaves less.
+        let ids = vec!["7"; 3200].join(",");
+        let long = format!(r#"{{"model": "qwen3.5-27b", "prompt": [{ids}], "max_tokens": 900}}"#);
+        let cost = reserved(&vllm, &alice, completions, long.clone())
+            .await
+            .unwrap();
+        assert_eq!((cost.prefill, cost.decode), (3200, 896));
+        // A vLLM before 0.32, or one not declared: refused past the context.
+        for version in ["0.20.1", ""] {
+            let (old, alice) = match version {
+                "" => crate::layers::testing::counter(10.0).await,
+                v => crate::layers::testing::counter_of_vllm(v).await,
+            };
+            let e = reserved(&old, &alice, completions, long.clone())
+                .await
+                .unwrap_err();
+            assert_eq!(e.1, "this model's maximum context length is 4096 tokens; the prompt is at least 3200 tokens and 900 output tokens were requested (at least 4100 in all)", "{version}");
+        }
+    }
+
+    /// The Responses API's `truncation: "auto"`: vLLM keeps the first context - 1 tokens of a
+    /// longer prompt (with an output limit), and has one token left to answer.
+    #[tokio::test]
+    async fn responses_truncation_auto_counts_the_cut_prompt() {
+        let (vllm, alice) = crate::layers::testing::counter_of_vllm("0.32.0").await;
+        let long = "word ".repeat(5000);
+        let body = |truncation: &str| {
+            format!(
+                r#"{{"model": "qwen3.5-27b", "input": "{long}", "max_output_tokens": 10, "truncation": "{truncation}"}}"#
+            )
+        };
+        let cost = reserved(&vllm, &alice, Route::Responses, body("auto"))
+            .await
+            .unwrap();
+        assert_eq!((cost.prefill, cost.decode), (4095, 1));
+        let e = reserved(&vllm, &alice, Route::Responses, body("disabled"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.0.as_deref(), Some("input"));
+        let e = reserved(&vllm, &alice, Route::Responses, body("middle"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.0.as_deref(), Some("truncation"));
+    }
+
+    /// A default output limit is raised to `min_tokens` where vLLM's own default would allow
+    /// that many (vLLM refuses `min_tokens` above the limit it runs with); above the limit it
+    /// is refused before anything is charged, as vLLM refuses it.
+    #[tokio::test]
+    async fn min_tokens_raises_a_default_limit_and_never_passes_the_limit() {
+        let gw = counting(10.0).await;
+        let (counter, alice) = (&gw.counter, &gw.alice);
+        let chat = Route::OpenAi(Endpoint::Chat);
+        let chat_body = |extra: &str| {
+            format!(
+                r#"{{"model": "qwen3.5-27b", "messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#
+            )
+        };
+        let decode = |r: Result<Cost, _>| r.map(|c: Cost| c.decode);
+        assert_eq!(
+            decode(reserved(counter, alice, chat, chat_body(r#", "min_tokens": 150"#)).await),
+            Ok(150)
+        );
+        assert_eq!(
+            decode(reserved(counter, alice, chat, chat_body(r#", "min_tokens": "20""#)).await),
+            Ok(100)
+        );
+        let e = reserved(
+            counter,
+            alice,
+            chat,
+            chat_body(r#", "min_tokens": 9, "max_tokens": 5"#),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e, (Some("min_tokens".into()), "`min_tokens` is 9, more than the output limit of 5 tokens (`min_tokens` must be at most `max_tokens`)".into()));
+        // vLLM's completions generate 16 by default: 20 is above what vLLM would run.
+        let completions = Route::OpenAi(Endpoint::Completions);
+        let body = r#"{"model": "qwen3.5-27b", "prompt": "a", "min_tokens": 20}"#.to_owned();
+        let e = reserved(counter, alice, completions, body)
+            .await
+            .unwrap_err();
+        assert_eq!(e.0.as_deref(), Some("min_tokens"));
+        // A completion echoing its prompt with max_tokens 0: one token (vLLM runs one).
+        let body = r#"{"model": "qwen3.5-27b", "prompt": "a", "echo": true, "max_tokens": 0}"#;
+        assert_eq!(
+            decode(reserved(counter, alice, completions, body.to_owned()).await),
+            Ok(1)
+        );
+        // `max_completion_tokens` is not a completions field: vLLM ignores it, and so does the
+        // gateway (16, vLLM's default).
+        let body = r#"{"model": "qwen3.5-27b", "prompt": "a", "max_completion_tokens": 50}"#;
+        assert_eq!(
+            decode(reserved(counter, alice, completions, body.to_owned()).await),
+            Ok(16)
+        );
     }
 
     #[tokio::test]

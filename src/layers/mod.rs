@@ -140,7 +140,17 @@ pub(crate) mod testing {
     /// What the counting layer of [`gateway_to`] counts with (its limiter on a clock that stands
     /// still), and tenant `alice`.
     pub async fn counter(requests_per_second: f64) -> (Arc<Counter>, Arc<Tenant>) {
-        let config = Arc::new(config_to(NO_BACKEND, requests_per_second));
+        counter_of(config_to(NO_BACKEND, requests_per_second)).await
+    }
+
+    /// [`counter`] with its backend declared a vLLM of `version` (`backends[].vllm_version`).
+    pub async fn counter_of_vllm(version: &str) -> (Arc<Counter>, Arc<Tenant>) {
+        let line = format!("vllm_version = \"{version}\"");
+        counter_of(config_with(NO_BACKEND, 10.0, &line)).await
+    }
+
+    async fn counter_of(config: crate::config::ValidConfig) -> (Arc<Counter>, Arc<Tenant>) {
+        let config = Arc::new(config);
         let alice = alice_in(&LiveConfig::new(config.clone()));
         let tokenizer = Some(crate::tokenize::test_tokenizer());
         let metrics = Arc::new(Metrics::new());
@@ -165,6 +175,15 @@ pub(crate) mod testing {
 
     /// The config of [`gateway_to`].
     fn config_to(backend: &str, requests_per_second: f64) -> crate::config::ValidConfig {
+        config_with(backend, requests_per_second, "")
+    }
+
+    /// [`config_to`] with `backend_line` in its backend's table.
+    fn config_with(
+        backend: &str,
+        requests_per_second: f64,
+        backend_line: &str,
+    ) -> crate::config::ValidConfig {
         crate::config::Config::parse(&format!(
             r#"
 [server]
@@ -181,6 +200,7 @@ default_max_tokens = 100
 url = "http://{backend}"
 kv_capacity_bytes = 8000000000
 max_batch = 32
+{backend_line}
 [[tenants]]
 name = "alice"
 api_keys = ["sk-alice"]

@@ -218,13 +218,21 @@ impl Backends {
             }
             None => Bytes::new(),
         };
+        // A completion with `echo` streams its whole prompt in its first event (with its
+        // logprobs when asked): an event may be as large as a whole answer.
+        let max_event_bytes = match admitted.echoes_prompt() {
+            true => upstream
+                .max_event_bytes()
+                .max(upstream.max_response_bytes()),
+            false => upstream.max_event_bytes(),
+        };
         let stream = MeteredStream::new(
             incoming,
             first,
             admitted,
             req.client_wants_usage,
             upstream.stream_idle_timeout(),
-            upstream.max_event_bytes(),
+            max_event_bytes,
         );
         Ok(Response::from_parts(parts, stream.boxed_unsync()))
     }

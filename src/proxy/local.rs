@@ -21,7 +21,6 @@ use crate::layers::count::Counter;
 use crate::limiter::Cost;
 use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
-use crate::tokenize::chat::ChatRoute;
 use crate::tokenize::TokenCount;
 use crate::util::bounded::Bounded;
 use crate::util::decimal::push_decimal;
@@ -136,7 +135,8 @@ where
         .bodies
         .read_body_json(&tenant.name, req.into_body(), move |body| {
             let body = body.object;
-            if let Some(v) = body.get("model").filter(|v| !v.is_null()) {
+            // Left out, null or empty, vLLM answers with its model.
+            if let Some(v) = body.get("model").filter(|v| !v.is_null() && *v != "") {
                 let m = v.as_str().unwrap_or_default();
                 if !config.model.served_names.iter().any(|n| n == m) {
                     return Err(ApiError::model_not_found(m));
@@ -176,12 +176,8 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-    let (prompt, body_charge) = read_local(&counter, &tenant, req, |body, config| {
-        if body.contains_key("messages") {
-            openai::parse_chat_prompt(body, &config.vision_rules, ChatRoute::Tokenize)
-        } else {
-            openai::parse_completion_prompt(body)
-        }
+    let ((prompt, spell), body_charge) = read_local(&counter, &tenant, req, |body, config| {
+        openai::parse_tokenize(body, &config.vision_rules)
     })
     .await?;
     let max_len = counter.config.model.max_model_len;
@@ -190,9 +186,14 @@ where
         counter.encode_prompt(&tenant.name, prompt).await
     })
     .await?;
+    let strs = spell.then(|| {
+        (ids.iter())
+            .map(|&id| counter.tokenizer.token_str(id).unwrap_or_default())
+            .collect::<Vec<_>>()
+    });
     Ok(json_text_response(
         StatusCode::OK,
-        tokenize_answer(&ids, max_len),
+        tokenize_answer(&ids, max_len, strs.as_deref()),
     ))
 }
 
@@ -338,10 +339,11 @@ fn past_the_context(prompt: &Prompt, tokens: usize, max_len: u64) -> ApiError {
     .with_param(param)
 }
 
-/// `{"count":N,"max_model_len":M,"tokens":[...]}`, written straight into the body: the answer is
-/// up to a context of ids, and a `serde_json::Value` per id would cost an allocation and 32
-/// bytes each on the way to text.
-fn tokenize_answer(ids: &[u32], max_model_len: u64) -> Vec<u8> {
+/// `{"count":N,"max_model_len":M,"tokens":[...],"token_strs":...}` (the tokens spelled when
+/// asked, else null, as vLLM answers), written straight into the body: the answer is up to a
+/// context of ids, and a `serde_json::Value` per id would cost an allocation and 32 bytes each
+/// on the way to text.
+fn tokenize_answer(ids: &[u32], max_model_len: u64, strs: Option<&[String]>) -> Vec<u8> {
     // Ids of the Qwen3.5 vocabulary have up to 6 digits, and a comma.
     let mut out = Vec::with_capacity(64 + 7 * ids.len());
     out.extend_from_slice(b"{\"count\":");
@@ -355,7 +357,9 @@ fn tokenize_answer(ids: &[u32], max_model_len: u64) -> Vec<u8> {
         }
         push_decimal(&mut out, u64::from(id));
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(b"],\"token_strs\":");
+    serde_json::to_writer(&mut out, &strs).expect("strings always serialize");
+    out.push(b'}');
     out
 }
 
@@ -395,12 +399,19 @@ mod tests {
     #[test]
     fn the_answer_is_the_json_serde_would_write() {
         for ids in [vec![], vec![0], vec![1, 22, 333, 248_056, u32::MAX]] {
-            let want =
-                serde_json::json!({"count": ids.len(), "max_model_len": 4096, "tokens": ids});
+            let want = serde_json::json!({"count": ids.len(), "max_model_len": 4096, "tokens": ids,
+                                          "token_strs": null});
             assert_eq!(
-                String::from_utf8(tokenize_answer(&ids, 4096)).unwrap(),
+                String::from_utf8(tokenize_answer(&ids, 4096, None)).unwrap(),
                 want.to_string()
             );
         }
+        let strs = ["Hello".to_owned(), "Ġ\"q\"".to_owned()];
+        let want = serde_json::json!({"count": 2, "max_model_len": 8, "tokens": [9707, 1],
+                                      "token_strs": strs});
+        assert_eq!(
+            String::from_utf8(tokenize_answer(&[9707, 1], 8, Some(&strs))).unwrap(),
+            want.to_string()
+        );
     }
 }

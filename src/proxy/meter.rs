@@ -400,13 +400,19 @@ impl Admitted {
         self.echoed_prompt = prompt;
     }
 
+    /// Whether the answer repeats the prompt (a stream's first event then carries it whole).
+    pub fn echoes_prompt(&self) -> bool {
+        self.echoed_prompt.is_some()
+    }
+
     /// A complete non-streamed answer.
     pub fn finish_json(mut self, body: &[u8]) {
         let answer = Chunk::of(self.counter.wire, body);
         self.observe(&answer);
         if let Some(prompt) = self.echoed_prompt.take() {
+            let tok = self.counter.tokenizer.clone();
             for text in &mut self.texts {
-                let generated = prompt.strip(text);
+                let generated = prompt.strip(text, |ids| tok.decode(ids));
                 if generated.len() < text.len() {
                     *text = generated.to_owned();
                 }
@@ -538,8 +544,10 @@ impl Drop for Admitted {
                 settle.record(0, reserved);
             }
             None => {
-                // No usage from the backend: count what streamed, on the tokenizer pool.
+                // No usage from the backend: count what streamed, on the tokenizer pool, without
+                // the prompt a completion with `echo` repeated first.
                 let texts = std::mem::take(&mut self.texts);
+                let echoed = self.echoed_prompt.take();
                 let fallback = self.token_events;
                 let Ok(rt) = tokio::runtime::Handle::try_current() else {
                     ticket.record_output(fallback);
@@ -552,7 +560,11 @@ impl Drop for Admitted {
                         .counter
                         .pool
                         .run(&settle.tenant.name, move || {
-                            texts.iter().map(|t| tok.count(t)).sum::<usize>()
+                            let generated = |t: &'_ String| match &echoed {
+                                Some(echo) => echo.strip(t, |ids| tok.decode(ids)).to_owned(),
+                                None => t.clone(),
+                            };
+                            texts.iter().map(|t| tok.count(&generated(t))).sum::<usize>()
                         })
                         .await;
                     let n = match counted {

@@ -219,6 +219,11 @@ impl Upstream {
         self.stream_idle_timeout
     }
 
+    /// Largest non-streamed answer read from it.
+    pub fn max_response_bytes(&self) -> u64 {
+        self.max_response_bytes
+    }
+
     /// Largest event of a streamed answer.
     pub fn max_event_bytes(&self) -> u64 {
         self.max_event_bytes

@@ -244,7 +244,8 @@ pub fn parse_native(
     let echoed_prompt = match &req.echoed_prompt {
         Some(Echo::Text(prompt)) => Some(format!("{prompt} ")),
         Some(Echo::Json) => Some(format!("{} ", req.body["inputs"])),
-        None => None,
+        // vLLM's completions echo: not a MindIE route's.
+        Some(Echo::Prompts(_)) | None => None,
     };
     let api = if vllm {
         Api::VllmGenerate

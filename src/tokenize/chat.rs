@@ -7,6 +7,7 @@
 
 mod jinja;
 pub mod pyfmt;
+pub mod pyjson;
 mod qwen35;
 mod vllm;
 
@@ -101,8 +102,8 @@ impl ChatPrompt {
                 };
                 let arguments = match function.remove("arguments") {
                     Some(Value::Object(map)) => map,
-                    Some(Value::String(text)) => match serde_json::from_str(&text) {
-                        Ok(Value::Object(map)) => map,
+                    Some(Value::String(text)) => match read_arguments(&text) {
+                        Some(Value::Object(map)) => map,
                         _ => serde_json::Map::new(),
                     },
                     _ => serde_json::Map::new(),
@@ -111,6 +112,15 @@ impl ChatPrompt {
             }
         }
         Ok(())
+    }
+}
+
+/// A tool call's `arguments` string as vLLM reads it (Python's `json.loads`: NaN, infinities
+/// and integers past 64 bits kept, [`pyjson`]); `None` when it is not JSON.
+fn read_arguments(text: &str) -> Option<Value> {
+    match pyjson::needs_python(text.as_bytes()) {
+        true => pyjson::parse(text).ok().map(|(v, _)| v),
+        false => serde_json::from_str(text).ok(),
     }
 }
 
@@ -438,6 +448,48 @@ mod tests {
             "<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\nfour\n\
              </tool_response><|im_end|>\n"
         );
+    }
+
+    /// vLLM reads `arguments` with Python's json: the numbers it keeps exactly print as Python
+    /// prints them (`str` at the top, `json.dumps` inside a list or mapping), in both renderers.
+    #[test]
+    fn arguments_keep_the_numbers_python_keeps() {
+        // The Qwen3.5 template's printing of an argument, alone.
+        let jinja = ChatTemplate::from_jinja_source(
+            "{%- for m in messages %}{%- for c in m.tool_calls or [] %}\
+             {%- for k, v in c.function.arguments|items %}\
+             {{- v | tojson if v is mapping or (v is sequence and v is not string) else v | string }}\
+             {%- endfor %}{%- endfor %}{%- endfor %}"
+                .to_owned(),
+        )
+        .unwrap();
+        for (arguments, printed) in [
+            (
+                r#"{"n": 123456789012345678901234567890}"#,
+                "123456789012345678901234567890",
+            ),
+            (r#"{"n": -0}"#, "0"),
+            (r#"{"n": -0.0}"#, "-0.0"),
+            (r#"{"n": NaN}"#, "nan"),
+            (r#"{"n": -Infinity}"#, "-inf"),
+            (r#"{"n": 1e400}"#, "inf"),
+            (
+                r#"{"n": [1, -0, 18446744073709551616, Infinity]}"#,
+                "[1, 0, 18446744073709551616, Infinity]",
+            ),
+            (r#"{"n": {"k": [NaN, 2.50]}}"#, r#"{"k": [NaN, 2.5]}"#),
+        ] {
+            let mut p = prompt(json!([
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "w", "arguments": arguments}}]},
+            ]));
+            p.normalize_tool_calls().unwrap();
+            let text = ChatTemplate::builtin_qwen35().render(&p).unwrap();
+            let want = format!("<parameter=n>\n{printed}\n</parameter>");
+            assert!(text.contains(&want), "{arguments}: {text}");
+            assert_eq!(jinja.render(&p).unwrap(), printed, "{arguments}");
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@ use unicode_normalization_alignments::{char::canonical_combining_class, is_nfc_q
 use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization};
 
 use super::bpe::{Bpe, Work};
-use super::byte_level::string_to_bytes;
+use super::byte_level::{bytes_to_string, string_to_bytes};
 
 /// A token count that may have stopped early: counting with a ceiling stops as soon as the
 /// count passes it, since the rest of the text cannot change the answer.
@@ -213,6 +213,15 @@ impl Tokenizer {
                 .decode(ids, false)
                 // A ByteLevel decoder cannot fail; other decoders only on malformed input.
                 .unwrap_or_default(),
+        }
+    }
+
+    /// The token `id` spelled as in the vocabulary (byte-level, e.g. `Ġthe`), or an added
+    /// token's text (transformers' `convert_ids_to_tokens`); `None` for an id it does not have.
+    pub fn token_str(&self, id: u32) -> Option<String> {
+        match &self.imp {
+            Imp::Fast(fast) => fast.token_str(id),
+            Imp::Hf(hf) => hf.id_to_token(id),
         }
     }
 
@@ -625,6 +634,13 @@ impl FastEngine {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    fn token_str(&self, id: u32) -> Option<String> {
+        if let Some(added) = self.added_bytes.get(&id) {
+            return Some(String::from_utf8_lossy(added).into_owned());
+        }
+        ((id as usize) < self.bpe.len()).then(|| bytes_to_string(self.bpe.token_bytes(id)))
+    }
+
     fn token_id(&self, token: &str) -> Option<u32> {
         if let Some(&id) = self.added_by_content.get(token) {
             return Some(id);
@@ -980,6 +996,24 @@ mod tests {
         // are cut by a crossing token, take part in a merge ranked below those that build them,
         // or lie outside the BMP.
         assert_eq!(fast.bpe.whole_characters(), 5_381);
+    }
+
+    /// `/tokenize`'s `return_token_strs`: vLLM answers transformers' `convert_ids_to_tokens`,
+    /// the vocabulary's byte-level spelling, an added token's text.
+    #[test]
+    fn token_strings_are_the_vocabulary_spelling() {
+        let tokenizer = crate::tokenize::test_tokenizer();
+        let ids = tokenizer.encode("Hello world<|im_end|>é");
+        let strs: Vec<Option<String>> = ids.iter().map(|&id| tokenizer.token_str(id)).collect();
+        let strs: Vec<&str> = strs.iter().map(|s| s.as_deref().unwrap()).collect();
+        assert_eq!(strs, ["Hello", "Ġworld", "<|im_end|>", "Ã©"]);
+        for &id in &ids {
+            assert_eq!(
+                tokenizer.token_id(&tokenizer.token_str(id).unwrap()),
+                Some(id)
+            );
+        }
+        assert_eq!(tokenizer.token_str(u32::MAX), None);
     }
 
     #[test]

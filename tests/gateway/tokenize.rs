@@ -71,7 +71,8 @@ async fn tokenize_costs_one_request_and_nothing_when_refused() {
     let r = post(&tokenize, "sk-alice", &json!({"prompt": "hello world"})).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let ids = tokenizer().encode("hello world");
-    let want = json!({"count": ids.len(), "max_model_len": 4096, "tokens": ids});
+    let want =
+        json!({"count": ids.len(), "max_model_len": 4096, "tokens": ids, "token_strs": null});
     assert_eq!(r.text(), want.to_string());
     assert_eq!(r.headers["content-type"], "application/json");
     assert_eq!(gw.bucket("alice", "requests").await, 0.0);
@@ -98,7 +99,13 @@ async fn tokenize_costs_one_request_and_nothing_when_refused() {
     assert_eq!(gw.bucket("alice", "requests").await, 1.0);
     let r = post(&tokenize, "sk-alice", &json!({"messages": []})).await;
     assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"));
-    let r = post(&tokenize, "sk-alice", &json!({"prompt": vec![7; 4097]})).await;
+    // (vLLM's `/tokenize` takes a text prompt, not ids.)
+    let r = post(
+        &tokenize,
+        "sk-alice",
+        &json!({"prompt": " hello".repeat(4200)}),
+    )
+    .await;
     assert_eq!(
         (r.status, r.code().as_str()),
         (400, "context_length_exceeded")
@@ -110,7 +117,12 @@ async fn tokenize_costs_one_request_and_nothing_when_refused() {
     );
     assert_eq!(gw.bucket("alice", "requests").await, 1.0);
     // A whole context is answered.
-    let r = post(&tokenize, "sk-alice", &json!({"prompt": vec![7; 4096]})).await;
+    let r = post(
+        &tokenize,
+        "sk-alice",
+        &json!({"prompt": " hello".repeat(4096)}),
+    )
+    .await;
     assert_eq!((r.status, r.json()["count"].clone()), (200, json!(4096)));
     assert_eq!(gw.bucket("alice", "requests").await, 0.0);
 }

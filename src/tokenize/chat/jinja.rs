@@ -97,7 +97,7 @@ fn py_text(value: &Value) -> String {
         return String::new();
     }
     if let Some(s) = value.as_str() {
-        return s.to_owned();
+        return super::pyjson::python_number(s).unwrap_or(s).to_owned();
     }
     match serde_json::to_value(value) {
         Ok(json) => py_str(&json),

@@ -1,8 +1,10 @@
 //! Python formatting semantics (tokenize room, chat templates): the exact text Python produces
 //! for `str(x)`, `json.dumps(x, ensure_ascii=False)` and `str.strip()`. Chat templates are
 //! written for jinja2 running in Python (transformers), so both renderers need these to match
-//! the prompt vLLM and MindIE build byte for byte.
+//! the prompt vLLM and MindIE build byte for byte. A string [`super::pyjson`] marked as a number
+//! Python keeps (NaN, infinity, an integer past 64 bits) prints as that number.
 
+use super::pyjson::{json_number, python_number};
 use serde_json::{Number, Value};
 
 /// Python's `str.isspace()`: Unicode `White_Space` plus the four information separators
@@ -80,7 +82,7 @@ pub fn py_str(v: &Value) -> String {
 /// [`py_str`] appended to `out`.
 pub fn write_py_str(v: &Value, out: &mut String) {
     match v {
-        Value::String(s) => out.push_str(s),
+        Value::String(s) => out.push_str(python_number(s).unwrap_or(s)),
         other => write_value(other, Style::Repr, out),
     }
 }
@@ -103,7 +105,11 @@ fn write_value(v: &Value, style: Style, out: &mut String) {
             (Style::Json, false) => "false",
         }),
         Value::Number(n) => out.push_str(&number_str(n)),
-        Value::String(s) => write_string(s, style, out),
+        Value::String(s) => match (python_number(s), style) {
+            (Some(n), Style::Repr) => out.push_str(n),
+            (Some(n), Style::Json) => out.push_str(json_number(n)),
+            (None, _) => write_string(s, style, out),
+        },
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {

@@ -5,6 +5,7 @@
 //! renders rather than the one the client wrote. Each rule names the vLLM code it follows.
 
 use super::{ChatPrompt, ChatRoute, TemplateError};
+use crate::util::pydantic::lax_bool;
 use serde_json::{Map, Value};
 
 /// The separator vLLM's `_consolidate_system_messages` joins system messages with.
@@ -48,7 +49,7 @@ impl ChatPrompt {
             }
         }
         if has_developer {
-            developer_as_system(&mut self.messages);
+            developer_as_system(&mut self.messages)?;
         }
         if let Some(tools) = &mut self.tools {
             for (i, tool) in tools.iter_mut().enumerate() {
@@ -161,8 +162,9 @@ fn strip_billing_header(message: &mut Map<String, Value>) {
     }
 }
 
-/// vLLM's `_convert_developer_to_system` then `_consolidate_system_messages`.
-fn developer_as_system(messages: &mut Vec<Value>) {
+/// vLLM's `_convert_developer_to_system` then `_consolidate_system_messages`: a part with a
+/// `text` that is not a string (a `thinking` part's null) fails its join, a refusal.
+fn developer_as_system(messages: &mut Vec<Value>) -> Result<(), TemplateError> {
     let mut needs_merge = false;
     let mut texts = Vec::new();
     for (i, message) in messages.iter_mut().enumerate() {
@@ -180,11 +182,19 @@ fn developer_as_system(messages: &mut Vec<Value>) {
         needs_merge |= i > 0 || !texts.is_empty();
         let text = match m.get("content") {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(part_text)
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Some(Value::Array(parts)) => {
+                let texts = (parts.iter())
+                    .filter_map(|p| p.get("text"))
+                    .map(|t| t.as_str().ok_or(()))
+                    .collect::<Result<Vec<_>, ()>>()
+                    .map_err(|()| {
+                        invalid(
+                            format!("messages[{i}].content"),
+                            format!("`messages[{i}].content` has a text part whose text is not a string; vLLM joins a system message's texts"),
+                        )
+                    })?;
+                texts.join("\n")
+            }
             _ => String::new(),
         };
         if !text.is_empty() {
@@ -192,11 +202,12 @@ fn developer_as_system(messages: &mut Vec<Value>) {
         }
     }
     if !needs_merge {
-        return;
+        return Ok(());
     }
     messages.retain(|m| m.get("role").and_then(Value::as_str) != Some("system"));
     let merged = serde_json::json!({"role": "system", "content": texts.join(SYSTEM_SEPARATOR)});
     messages.insert(0, merged);
+    Ok(())
 }
 
 /// Tool `i` as vLLM's `ChatCompletionToolsParam.model_dump()` gives it to the template.
@@ -249,23 +260,23 @@ fn normalized_tool(tool: &Value, i: usize) -> Result<Value, TemplateError> {
         "parameters".into(),
         field("parameters", Value::is_object, "an object")?,
     );
-    let strict = field("strict", Value::is_boolean, "a boolean")?;
+    // A boolean in any spelling pydantic reads as one, dumped as the boolean it read.
+    let flag = |at: String, v: Option<&Value>| match v {
+        None | Some(Value::Null) => Ok(Value::Null),
+        Some(v) => lax_bool(v)
+            .map(Value::Bool)
+            .ok_or_else(|| invalid(at.clone(), format!("`{at}` must be a boolean"))),
+    };
+    let strict = flag(format!("{at}.function.strict"), function.get("strict"))?;
     if !strict.is_null() {
         out.insert("strict".into(), strict);
     }
-    let outer = match tool.get("defer_loading") {
-        None | Some(Value::Null) => Value::Null,
-        Some(v @ Value::Bool(_)) => v.clone(),
-        Some(_) => {
-            let param = format!("{at}.defer_loading");
-            return Err(invalid(
-                param.clone(),
-                format!("`{param}` must be a boolean"),
-            ));
-        }
-    };
+    let outer = flag(format!("{at}.defer_loading"), tool.get("defer_loading"))?;
     // The tool's `defer_loading` is copied to its function when the function has none.
-    let inner = match field("defer_loading", Value::is_boolean, "a boolean")? {
+    let inner = match flag(
+        format!("{at}.function.defer_loading"),
+        function.get("defer_loading"),
+    )? {
         Value::Null => outer.clone(),
         set => set,
     };
