@@ -3,12 +3,15 @@
 //! calibration) and renders the result as text or JSON. Only [`run_capacity`] prints.
 
 use super::fit::{Remedies, Spelling};
-use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
+use super::profile::{
+    HardwareProfile, ModelProfile, ProfileOverrides, StateDtype, WeightPrecision,
+};
 use super::roofline::{
     trimmed, Calibration, CapacityInputs, EfficiencyOverrides, RooflineReport,
     DEFAULT_TPOT_SLO_SECONDS,
 };
 use super::seed::{estimate_llm_performance_v3, py_float_repr, seed_line, SeedInputs, SeedReport};
+use super::speculation::Speculation;
 use super::table::{scenario_table, ScenarioRow};
 use super::validation::{validation_markdown, validation_table, ValidationRow};
 use super::GB;
@@ -35,6 +38,10 @@ pub struct CapacityArgs {
     /// Model profile (qwen3.5-27b, qwen3-32b, qwen3-8b).
     #[arg(long, default_value = "qwen3.5-27b")]
     pub model: String,
+    /// Precision of the weights: bf16, or w8a8 (1 byte per parameter of the linear layers;
+    /// the embeddings and the LM head stay bf16).
+    #[arg(long, value_enum, default_value_t = WeightPrecision::Bf16)]
+    pub weights: WeightPrecision,
     /// Override peak FP16 TFLOPS (the seed's accel_tflops).
     #[arg(long)]
     pub tflops: Option<f64>,
@@ -44,7 +51,8 @@ pub struct CapacityArgs {
     /// Override HBM capacity, GB = 1e9 bytes (hbm_capacity_gb).
     #[arg(long)]
     pub hbm_gb: Option<f64>,
-    /// Override parameters, billions (model_params_b); weights become 2 bytes each.
+    /// Override parameters, billions (model_params_b); the weights follow by --weights (bf16:
+    /// 2 bytes each).
     #[arg(long)]
     pub params_b: Option<f64>,
     /// Override weight bytes, GB.
@@ -59,6 +67,18 @@ pub struct CapacityArgs {
     /// Tensor-parallel degree (cards per replica).
     #[arg(long, default_value_t = 1)]
     pub tp: u32,
+    /// Data-parallel engines of --tp cards each, each with its own cache and batch: the report
+    /// adds the deployment's totals.
+    #[arg(long, default_value_t = 1)]
+    pub dp: u32,
+    /// Draft tokens per step of speculative decoding (MTP; vLLM's num_speculative_tokens), 0 =
+    /// off.
+    #[arg(long, default_value_t = 0)]
+    pub speculative_tokens: u32,
+    /// Mean fraction of the draft tokens accepted, in [0, 1] (needs --speculative-tokens;
+    /// default 0.7, unverified: docs/capacity.md).
+    #[arg(long)]
+    pub acceptance: Option<f64>,
     /// Mean prompt tokens.
     #[arg(long, default_value_t = SeedInputs::default().avg_input_len)]
     pub input: u64,
@@ -214,12 +234,28 @@ impl CapacityArgs {
             kv_bytes_per_token: self.kv_bytes_per_token,
             state_bytes_per_sequence: self.state_bytes,
         };
-        let mut inputs =
-            CapacityInputs::from_names(&self.hardware, &self.model, self.state_dtype, &overrides)?;
+        let mut inputs = CapacityInputs::from_names_with_weights(
+            &self.hardware,
+            &self.model,
+            self.state_dtype,
+            self.weights,
+            &overrides,
+        )?;
         if !(self.reserve_gb.is_finite() && self.reserve_gb >= 0.0) {
             bail!("--reserve-gb must be >= 0, got {}", self.reserve_gb);
         }
+        if self.dp == 0 {
+            bail!("--dp must be >= 1");
+        }
+        if self.acceptance.is_some() && self.speculative_tokens == 0 {
+            bail!("--acceptance is the share of draft tokens kept: give --speculative-tokens too");
+        }
         inputs.tp = self.tp;
+        inputs.replicas = self.dp;
+        inputs.speculation = Speculation {
+            draft_tokens: self.speculative_tokens,
+            acceptance: self.acceptance.unwrap_or(Speculation::DEFAULT_ACCEPTANCE),
+        };
         inputs.block_tokens = self.block;
         inputs.reserve_bytes = super::gb_to_bytes(self.reserve_gb);
         inputs.efficiency = self.efficiency.overrides().resolve();
@@ -396,23 +432,59 @@ fn roofline_json(out: &RooflineOutput) -> serde_json::Result<Value> {
 
 fn roofline_text(out: &RooflineOutput) -> String {
     let r = &out.report;
+    let spec = r.speculation;
+    let d = &r.deployment;
     let mut s = String::new();
+    // What differs from one engine, bf16 weights and plain decoding is said; the rest reads
+    // the same either way.
+    let dp = if d.engines > 1 {
+        format!(" x{} (DP)", d.engines)
+    } else {
+        String::new()
+    };
+    let weights = match r.weights {
+        WeightPrecision::Bf16 => String::new(),
+        w => format!(" {}", w.as_str()),
+    };
+    let drafts = if spec.is_on() {
+        format!(
+            ", {} draft tokens at acceptance {}",
+            spec.draft_tokens,
+            trimmed(spec.acceptance, 3)
+        )
+    } else {
+        String::new()
+    };
     // writing to a String cannot fail
     let _ = writeln!(
         s,
-        "roofline: {} x{} (TP), {}, {} in / {} out, {}-token blocks, efficiency {}",
+        "roofline: {} x{} (TP){dp}, {}{weights}{drafts}, {} in / {} out, {}-token blocks, efficiency {}",
         r.hardware, r.tp, r.model, r.input_tokens, r.output_tokens, r.block_tokens, r.efficiency
     );
+    let copies = if spec.is_on() {
+        format!("{} x ", spec.state_copies())
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "  cache      {} B/token KV + {} B/sequence state; budget {} B",
+        "  cache      {} B/token KV + {copies}{} B/sequence state; budget {} B",
         grouped(r.kv_bytes_per_token),
         grouped(r.state_bytes_per_sequence),
         grouped(r.kv_budget_bytes)
     );
+    let slots = if spec.is_on() {
+        format!(
+            " ({} draft slots, {} states)",
+            spec.lookahead_tokens(),
+            spec.state_copies()
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "  footprint  {} B/sequence -> memory ceiling {}",
+        "  footprint  {} B/sequence{slots} -> memory ceiling {}",
         grouped(r.footprint_bytes_per_sequence),
         r.max_batch_memory
     );
@@ -455,15 +527,33 @@ fn roofline_text(out: &RooflineOutput) -> String {
         r.safe_batch,
         r.bottleneck.label()
     );
+    // with drafts the step and the TPOT differ: each is said
+    let (step, ideal, tpot) = if spec.is_on() {
+        (
+            format!("step {:.2} ms", r.step_ms),
+            String::new(),
+            format!(
+                " verifying {} tokens a sequence, keeping {}: TPOT {:.2} ms (ideal {:.2} ms)",
+                spec.tokens_verified(),
+                trimmed(r.tokens_per_step, 3),
+                r.tpot_ms,
+                r.ideal_tpot_ms
+            ),
+        )
+    } else {
+        (
+            format!("step = TPOT {:.2} ms", r.tpot_ms),
+            format!("; ideal {:.2} ms", r.ideal_tpot_ms),
+            String::new(),
+        )
+    };
     let _ = writeln!(
         s,
-        "  at batch {}: step = TPOT {:.2} ms ({}; weights {:.2} + cache {:.2} ms; ideal {:.2} ms), TTFT {:.1} ms (prefill, no queueing)",
+        "  at batch {}: {step} ({}; weights {:.2} + cache {:.2} ms{ideal}){tpot}, TTFT {:.1} ms (prefill, no queueing)",
         r.batch,
-        r.tpot_ms,
         r.step_bound.label(),
         r.weight_read_ms,
         r.cache_read_ms,
-        r.ideal_tpot_ms,
         r.ttft_ms
     );
     if r.batch > r.max_batch_memory {
@@ -482,9 +572,14 @@ fn roofline_text(out: &RooflineOutput) -> String {
             "  TTFT SLO   {slo:.1} ms: prefill {verdict} it; longest prompt that fits {max_in}"
         );
     }
+    let kept = if spec.is_on() {
+        format!(" x {}", trimmed(r.tokens_per_step, 3))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         s,
-        "  throughput decode {:.1} tok/s (batch / step), prefill {:.1} tok/s",
+        "  throughput decode {:.1} tok/s (batch{kept} / step), prefill {:.1} tok/s",
         r.decode_tps, r.prefill_tps
     );
     let _ = writeln!(
@@ -492,6 +587,22 @@ fn roofline_text(out: &RooflineOutput) -> String {
         "  sustained  {:.3} req/s = {:.1} prefill + {:.1} decode tok/s (prefill and decode share the cards)",
         r.qps, r.sustained_prefill_tps, r.sustained_decode_tps
     );
+    if d.engines > 1 {
+        let _ = writeln!(
+            s,
+            "  deployment {} engines x {} cards = {} cards, each its own cache: {} sequences at batch {} (safe {}), decode {:.1} tok/s; sustained {:.3} req/s = {:.1} prefill + {:.1} decode tok/s",
+            d.engines,
+            r.tp,
+            d.cards,
+            d.sequences,
+            r.batch,
+            d.safe_sequences,
+            d.decode_tps,
+            d.qps,
+            d.sustained_prefill_tps,
+            d.sustained_decode_tps
+        );
+    }
     s
 }
 
@@ -882,13 +993,26 @@ mod tests {
         assert!(text.starts_with("| source | setup | TP |"));
         assert_eq!(text.lines().count(), 2 + super::super::PUBLISHED.len());
         let v = out.to_json();
-        assert_eq!(v["validation"][0]["published"]["measured_tpot_ms"], 34.05);
         assert_eq!(
-            format!(
-                "{:.2}",
-                v["validation"][0]["predicted_tpot_ms"].as_f64().unwrap()
-            ),
+            v["validation"][0]["published"]["measured"],
+            json!({"tpot_ms": 34.05})
+        );
+        assert_eq!(
+            format!("{:.2}", v["validation"][0]["predicted"].as_f64().unwrap()),
             "34.47"
+        );
+        let recipe = &v["validation"][10]["published"];
+        assert_eq!(
+            (
+                &recipe["measured"],
+                &recipe["weights"],
+                &recipe["speculative_tokens"]
+            ),
+            (
+                &json!({"output_tokens_per_second": 660.296}),
+                &json!("w8a8"),
+                &json!(3)
+            )
         );
     }
 
@@ -963,6 +1087,16 @@ mod tests {
             ]),
             "calibration compares with the roofline; drop --formula seed"
         );
+        assert_eq!(err(&["--dp", "0"]), "--dp must be >= 1");
+        assert_eq!(
+            err(&["--acceptance", "0.8"]),
+            "--acceptance is the share of draft tokens kept: give --speculative-tokens too"
+        );
+        assert_eq!(
+            err(&["--speculative-tokens", "3", "--acceptance", "1.5"]),
+            "invalid acceptance: must be in [0, 1], got 1.5"
+        );
+        assert!(Cli::try_parse_from(["capacity", "--weights", "int4"]).is_err());
         assert!(Cli::try_parse_from(["capacity", "--observed-tpot-ms", "40"]).is_err());
         assert!(Cli::try_parse_from(["capacity", "--table", "--batch", "3"]).is_err());
     }
@@ -1113,6 +1247,117 @@ mod tests {
         assert_eq!(
             to_fit(&["--hardware", "910b4"]),
             "  to fit     a 512+128-token sequence pins 195887104 B, more than the 0 B cache budget; it fits with --tp 4 (safe batch 70, bound: HBM bandwidth (TPOT SLO))"
+        );
+    }
+
+    #[test]
+    fn the_vllm_ascend_recipe_shows_its_deployment() {
+        // vLLM-ascend's Qwen3.5-27B recipe on one Atlas A2 server: W8A8, MTP with 3 draft
+        // tokens, max-num-seqs 32, TP2 x DP4
+        let flags = [
+            "--hardware",
+            "910b3",
+            "--model",
+            "qwen3.5-27b",
+            "--weights",
+            "w8a8",
+            "--tp",
+            "2",
+            "--dp",
+            "4",
+            "--speculative-tokens",
+            "3",
+            "--engine-max-batch",
+            "32",
+            "--input",
+            "3500",
+            "--output",
+            "1500",
+            "--batch",
+            "32",
+        ];
+        let out = args(&flags).evaluate().unwrap();
+        assert_eq!(
+            out.to_text(),
+            "roofline: 910b3 x2 (TP) x4 (DP), qwen3.5-27b w8a8, 3 draft tokens at acceptance 0.7, 3500 in / 1500 out, 128-token blocks, efficiency weights 0.45, cache 0.61, compute 0.35
+  cache      65,536 B/token KV + 4 x 153,944,064 B/sequence state; budget 94,457,203,200 B
+  footprint  951,320,576 B/sequence (3 draft slots, 4 states) -> memory ceiling 99
+  TPOT SLO   50.0 ms -> SLA ceiling 157, engine cap 32 (weights alone take 20.52 ms/step)
+  default    the common 50 ms TPOT SLO, which this deployment holds
+  safe batch 32 (bound: engine maxBatchSize)
+  at batch 32: step 37.70 ms (bandwidth-bound; weights 20.52 + cache 17.18 ms) verifying 4 tokens a sequence, keeping 3.1: TPOT 12.16 ms (ideal 6.36 ms), TTFT 862.6 ms (prefill, no queueing)
+  throughput decode 2631.3 tok/s (batch x 3.1 / step), prefill 4057.4 tok/s
+  sustained  0.698 req/s = 2443.0 prefill + 1047.0 decode tok/s (prefill and decode share the cards)
+  deployment 4 engines x 2 cards = 8 cards, each its own cache: 128 sequences at batch 32 (safe 128), decode 10525.1 tok/s; sustained 2.792 req/s = 9771.9 prefill + 4187.9 decode tok/s
+"
+        );
+        // docs/capacity.md shows exactly this
+        let doc = include_str!("../../docs/capacity.md");
+        assert!(doc.contains(&format!(
+            "$ tokengate capacity {}\n{}```",
+            flags.join(" "),
+            out.to_text()
+        )));
+        let v = out.to_json();
+        assert_eq!(
+            (&v["weights"], &v["weight_bytes"], &v["speculation"]),
+            (
+                &json!("w8a8"),
+                &json!(29_542_796_800u64),
+                &json!({"draft_tokens": 3, "acceptance": 0.7})
+            )
+        );
+        assert_eq!(
+            format!("{:.3}", v["tokens_per_step"].as_f64().unwrap()),
+            "3.100"
+        );
+        let d = &v["deployment"];
+        assert_eq!(
+            (
+                &d["engines"],
+                &d["cards"],
+                &d["sequences"],
+                &d["safe_sequences"]
+            ),
+            (&json!(4), &json!(8), &json!(128), &json!(128))
+        );
+        assert_eq!(
+            format!("{:.1}", d["sustained_decode_tps"].as_f64().unwrap()),
+            "4187.9"
+        );
+        // one engine and plain decoding read as before; a second engine adds to the header
+        // and a deployment line, and changes nothing else
+        let plain = args(&["--tp", "2"]).evaluate().unwrap().to_text();
+        let two = args(&["--tp", "2", "--dp", "2"])
+            .evaluate()
+            .unwrap()
+            .to_text();
+        let (plain, two): (Vec<&str>, Vec<&str>) = (plain.lines().collect(), two.lines().collect());
+        assert_eq!(two.len(), plain.len() + 1);
+        assert_eq!(
+            (plain[0], two[0]),
+            (
+                "roofline: 910b3 x2 (TP), qwen3.5-27b, 512 in / 128 out, 128-token blocks, efficiency weights 0.45, cache 0.61, compute 0.35",
+                "roofline: 910b3 x2 (TP) x2 (DP), qwen3.5-27b, 512 in / 128 out, 128-token blocks, efficiency weights 0.45, cache 0.61, compute 0.35"
+            )
+        );
+        assert_eq!(two[1..plain.len()], plain[1..]);
+        assert_eq!(
+            two[plain.len()],
+            "  deployment 2 engines x 2 cards = 4 cards, each its own cache: 140 sequences at batch 70 (safe 140), decode 2805.9 tok/s; sustained 9.199 req/s = 4709.7 prefill + 1177.4 decode tok/s"
+        );
+        // the acceptance is a parameter
+        let v = json(&[
+            "--speculative-tokens",
+            "3",
+            "--acceptance",
+            "0.4",
+            "--tp",
+            "2",
+        ]);
+        assert_eq!(
+            v["speculation"],
+            json!({"draft_tokens": 3, "acceptance": 0.4})
         );
     }
 

@@ -1,17 +1,20 @@
 //! Capacity room: sizing the gateway from the roofline. A backend declared by hardware, model,
-//! TP and replicas gets its KV capacity, batch cap and sustainable prefill/decode token rates
-//! derived here, with a written explanation for `/admin/backends`; tenants declared by `share`
-//! get that share of the summed sustainable rates.
+//! weights, TP, replicas and speculative decoding gets its KV capacity, batch cap and
+//! sustainable prefill/decode token rates derived here, with a written explanation for
+//! `/admin/backends`; tenants declared by `share` get that share of the summed sustainable
+//! rates.
 //!
 //! Units are kept coherent with the admission ledger, which charges every request
 //! `sequence_footprint_bytes(prompt + max_output, block_tokens, kv_bytes_per_token,
-//! state_bytes_per_sequence)` with the whole-model per-token and per-sequence figures: so the
+//! state_bytes_per_sequence)` with the whole-model per-token and per-sequence figures (with
+//! speculative decoding, a sequence's states are all its copies): so the
 //! capacity is also whole-model bytes, i.e. each replica's budget summed over its `tp` cards
 //! (tp x HBM - weights - tp x reserve), times the replicas behind the backend. With more than
 //! one replica behind one address this is an upper bound (a sequence cannot span replicas);
 //! declaring one backend per replica is exact.
 
 use super::fit::Spelling;
+use super::profile::WeightPrecision;
 use super::roofline::{CapacityInputs, RooflineReport};
 use serde::{Deserialize, Serialize};
 
@@ -44,8 +47,11 @@ pub struct DerivedBackend {
     pub max_batch: u64,
     /// KV bytes per cached token (whole model).
     pub kv_bytes_per_token: u64,
-    /// Fixed state bytes per running sequence (whole model).
+    /// Fixed state bytes a running sequence holds (whole model; every copy speculative
+    /// decoding keeps).
     pub state_bytes_per_sequence: u64,
+    /// KV slots a running sequence holds past its tokens (speculative decoding's drafts).
+    pub lookahead_tokens: u64,
     /// KV allocation block, tokens.
     pub block_tokens: u64,
     /// Sustainable decode tokens/s of the backend for the workload (prefill sharing the cards).
@@ -75,23 +81,45 @@ pub fn derive_backend(inputs: &CapacityInputs, workload: Workload) -> DerivedBac
     let r = inputs.report(avg_input, avg_output, None, None);
     let replicas = u64::from(inputs.replicas);
     let kv_capacity_bytes = r.kv_budget_bytes.saturating_mul(replicas);
-    let max_batch = r.safe_batch.saturating_mul(replicas);
-    let decode_tps = r.sustained_decode_tps * replicas as f64;
-    let prefill_tps = r.sustained_prefill_tps * replicas as f64;
-    let tokens = avg_input + avg_output;
+    // the report's deployment is the replicas side by side, at the safe batch
+    let max_batch = r.deployment.safe_sequences;
+    let decode_tps = r.deployment.sustained_decode_tps;
+    let prefill_tps = r.deployment.sustained_prefill_tps;
+    let spec = inputs.speculation;
+    let lookahead = spec.lookahead_tokens();
+    let tokens = avg_input + avg_output + lookahead;
     let block = inputs.block_tokens.max(1);
     let engine = inputs
         .engine_max_batch
         .map(|m| format!(", engine cap {m}"))
         .unwrap_or_default();
+    // What differs from bf16 weights and plain decoding is said; the rest reads as before.
+    let weights = match inputs.model.weights {
+        WeightPrecision::Bf16 => String::new(),
+        w => format!(" ({} weights)", w.as_str()),
+    };
+    let (drafts, slots, copies, tpot) = if spec.is_on() {
+        (
+            format!(
+                ", {} draft tokens a step at acceptance {}",
+                spec.draft_tokens, spec.acceptance
+            ),
+            format!(" (with {lookahead} draft slots)"),
+            format!("{} x ", spec.state_copies()),
+            format!(", TPOT {:.1} ms", r.tpot_ms),
+        )
+    } else {
+        Default::default()
+    };
     let explanation = format!(
-        "{hw} x{tp} (TP) per replica, {model}: cache budget {tp} x {hbm} B HBM - {w} B weights \
-         - {tp} x {reserve} B reserve = {budget} B; a {avg_input}+{avg_output}-token request \
-         pins {blocks} x {block} tokens x {kv} B KV + {state} B state = {fp} B; ceilings: \
-         memory {mem}, TPOT {slo} ms {sla}{engine}; safe batch {safe} ({why}), step {step:.1} \
-         ms; at efficiency {e}: {qps:.3} req/s = {pre:.0} prefill + {dec:.0} decode tokens/s \
-         per replica; x{replicas} replica(s): kv_capacity_bytes {kv_capacity_bytes}, max_batch \
-         {max_batch}, prefill {prefill_tps:.0} + decode {decode_tps:.0} tokens/s",
+        "{hw} x{tp} (TP) per replica, {model}{weights}{drafts}: cache budget {tp} x {hbm} B HBM \
+         - {w} B weights - {tp} x {reserve} B reserve = {budget} B; a \
+         {avg_input}+{avg_output}-token request{slots} pins {blocks} x {block} tokens x {kv} B \
+         KV + {copies}{state} B state = {fp} B; ceilings: memory {mem}, TPOT {slo} ms \
+         {sla}{engine}; safe batch {safe} ({why}), step {step:.1} ms{tpot}; at efficiency {e}: \
+         {qps:.3} req/s = {pre:.0} prefill + {dec:.0} decode tokens/s per replica; x{replicas} \
+         replica(s): kv_capacity_bytes {kv_capacity_bytes}, max_batch {max_batch}, prefill \
+         {prefill_tps:.0} + decode {decode_tps:.0} tokens/s",
         hw = inputs.hardware.name,
         tp = inputs.tp,
         model = inputs.model.name,
@@ -118,7 +146,8 @@ pub fn derive_backend(inputs: &CapacityInputs, workload: Workload) -> DerivedBac
         kv_capacity_bytes,
         max_batch,
         kv_bytes_per_token: r.kv_bytes_per_token,
-        state_bytes_per_sequence: r.state_bytes_per_sequence,
+        state_bytes_per_sequence: inputs.state_bytes_held_per_sequence(),
+        lookahead_tokens: lookahead,
         block_tokens: inputs.block_tokens,
         decode_tps,
         prefill_tps,

@@ -14,18 +14,18 @@ use serde::Serialize;
 /// of two are proposed, the tensor-parallel degrees engines split attention heads by.
 pub const MAX_TP: u32 = 8;
 
-/// The TPOT SLO held by a deployment whose decode step of one sequence takes `step_seconds`:
-/// the article's 50 ms target when the step meets it, else the least multiple of it that the
-/// step meets (100 ms is 10 tokens/s per user, 150 ms 6.7).
-pub fn held_tpot_slo_seconds(step_seconds: f64) -> f64 {
+/// The TPOT SLO held by a deployment whose TPOT with one sequence is `tpot_seconds`: the
+/// article's 50 ms target when that TPOT meets it, else the least multiple of it that the TPOT
+/// meets (100 ms is 10 tokens/s per user, 150 ms 6.7).
+pub fn held_tpot_slo_seconds(tpot_seconds: f64) -> f64 {
     let target = DEFAULT_TPOT_SLO_SECONDS;
-    let mut multiple = (step_seconds / target).ceil().max(1.0);
+    let mut multiple = (tpot_seconds / target).ceil().max(1.0);
     // The division may round down: the SLO must be met, not nearly. One more multiple is
-    // enough; past 2^53 adding one changes nothing, and the step itself is the SLO held.
-    if multiple * target < step_seconds {
+    // enough; past 2^53 adding one changes nothing, and the TPOT itself is the SLO held.
+    if multiple * target < tpot_seconds {
         multiple += 1.0;
     }
-    (multiple * target).max(step_seconds)
+    (multiple * target).max(tpot_seconds)
 }
 
 /// One change that gives a deployment a safe batch, and what it gives.
@@ -52,12 +52,14 @@ pub enum Shortfall {
         /// The replica's cache budget, bytes.
         kv_budget_bytes: u64,
     },
-    /// One sequence's decode step alone misses the TPOT SLO.
+    /// One sequence alone misses the TPOT SLO.
     Tpot {
-        /// The step of one sequence: the least TPOT SLO that admits one, ms.
+        /// The TPOT of one sequence: the least TPOT SLO that admits one, ms.
         one_sequence_tpot_ms: f64,
         /// The SLO asked for, ms.
         tpot_slo_ms: f64,
+        /// Tokens a step keeps (1 without speculative decoding: the TPOT is the step).
+        tokens_per_step: f64,
     },
 }
 
@@ -123,10 +125,16 @@ impl Remedies {
             Shortfall::Tpot {
                 one_sequence_tpot_ms,
                 tpot_slo_ms,
+                tokens_per_step,
             } => (
                 format!(
-                    "one sequence takes {one_sequence_tpot_ms:.2} ms a step, over the {} ms \
-                     TPOT SLO",
+                    "one sequence takes {one_sequence_tpot_ms:.2} ms a {}, over the {} ms TPOT \
+                     SLO",
+                    if tokens_per_step == 1.0 {
+                        "step".to_string()
+                    } else {
+                        format!("token ({} tokens a step)", trimmed(tokens_per_step, 2))
+                    },
                     trimmed(tpot_slo_ms, 2)
                 ),
                 format!("no tp up to {MAX_TP} holds {} ms", trimmed(tpot_slo_ms, 2)),
@@ -158,14 +166,14 @@ impl Remedies {
 
 impl CapacityInputs {
     /// The TPOT SLO this deployment holds for `input`/`output` requests:
-    /// [`held_tpot_slo_seconds`] of one such sequence's decode step, seconds. `None` when one
+    /// [`held_tpot_slo_seconds`] of one such sequence's TPOT, seconds. `None` when one
     /// sequence does not fit in the cache, where no SLO helps.
     pub fn tpot_slo_held(&self, input: u64, output: u64) -> Option<f64> {
         if self.max_batch_memory(input, output) == 0 {
             return None;
         }
-        let step = self.decode_step_seconds(1, mean_context_tokens(input, output));
-        Some(held_tpot_slo_seconds(step))
+        let tpot = self.tpot_seconds(1, mean_context_tokens(input, output));
+        Some(held_tpot_slo_seconds(tpot))
     }
 
     /// What gives this deployment a safe batch of `input`/`output` requests: the TPOT SLO it
@@ -191,10 +199,10 @@ impl CapacityInputs {
             }
         } else {
             Shortfall::Tpot {
-                one_sequence_tpot_ms: self
-                    .decode_step_seconds(1, mean_context_tokens(input, output))
+                one_sequence_tpot_ms: self.tpot_seconds(1, mean_context_tokens(input, output))
                     * 1e3,
                 tpot_slo_ms: self.tpot_slo_seconds * 1e3,
+                tokens_per_step: self.speculation.tokens_per_step(),
             }
         };
         let tpot_slo = self.tpot_slo_held(input, output).and_then(|slo| {

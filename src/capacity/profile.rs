@@ -1,6 +1,7 @@
-//! Capacity room: named hardware and model profiles. Every figure is a plain field so config and
-//! CLI can override it; lookups accept the usual spellings (`910B3`, `Ascend 910B3`,
-//! `Qwen/Qwen3.5-27B`). Units are bytes, FLOP/s and bytes/s; GB means 1e9 bytes.
+//! Capacity room: named hardware and model profiles, and the precision a model's weights are
+//! stored in. Every figure is a plain field so config and CLI can override it; lookups accept
+//! the usual spellings (`910B3`, `Ascend 910B3`, `Qwen/Qwen3.5-27B`). Units are bytes, FLOP/s
+//! and bytes/s; GB means 1e9 bytes.
 
 use super::error::CapacityError;
 use serde::{Deserialize, Serialize};
@@ -156,6 +157,56 @@ impl StateDtype {
     }
 }
 
+/// Precision the engine stores the weights of the linear layers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightPrecision {
+    /// 2 bytes per parameter (the released checkpoints).
+    #[default]
+    Bf16,
+    /// int8 weights and activations (vLLM-ascend's `--quantization ascend` checkpoints): 1 byte
+    /// per parameter of the linear layers; the token embeddings and the LM head stay bf16.
+    W8a8,
+}
+
+impl WeightPrecision {
+    /// Bytes of weights of a model of `params` parameters, `bf16_params` of which (embeddings
+    /// and LM head) are bf16 whatever the precision. Saturates like [`gb_to_bytes`].
+    pub fn weight_bytes(self, params: f64, bf16_params: f64) -> u64 {
+        let bytes = match self {
+            WeightPrecision::Bf16 => 2.0 * params,
+            // 1 byte for each quantized parameter, 2 for each kept one
+            WeightPrecision::W8a8 => params + bf16_params.min(params),
+        };
+        // `as` saturates: NaN and negatives to 0
+        bytes.round() as u64
+    }
+
+    /// Its name in flags and config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightPrecision::Bf16 => "bf16",
+            WeightPrecision::W8a8 => "w8a8",
+        }
+    }
+}
+
+/// A model's token embeddings and LM head: `vocab x hidden` parameters each, one matrix when
+/// the two are tied. Quantized checkpoints keep them in bf16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Embeddings {
+    vocab: u64,
+    hidden: u64,
+    tied: bool,
+}
+
+impl Embeddings {
+    const fn params(&self) -> u64 {
+        let matrices = if self.tied { 1 } else { 2 };
+        self.vocab * self.hidden * matrices
+    }
+}
+
 /// The layout facts a model's cache footprint follows from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelArch {
@@ -232,30 +283,55 @@ const QWEN35_27B: ModelArch = ModelArch {
     conv_kernel: 4,
 };
 
-/// (canonical name, aliases, parameters, weight bytes, layout). Dense rows show the model is
-/// general: no fixed state, all layers cached.
-const MODELS: &[(&str, &[&str], f64, u64, ModelArch)] = &[
-    (
-        "qwen3.5-27b",
-        &["qwen3.6-27b", "qwen35-27b", "qwen3.5-27b-instruct"],
-        27e9,
-        54_000_000_000,
-        QWEN35_27B,
-    ),
-    (
-        "qwen3-32b",
-        &[],
-        32.8e9,
-        65_600_000_000,
-        ModelArch::dense(64, 8, 128),
-    ),
-    (
-        "qwen3-8b",
-        &[],
-        8.2e9,
-        16_400_000_000,
-        ModelArch::dense(36, 8, 128),
-    ),
+/// One built-in model.
+struct Model {
+    name: &'static str,
+    aliases: &'static [&'static str],
+    /// Parameters (bf16 weights are 2 bytes each).
+    params: f64,
+    embeddings: Embeddings,
+    arch: ModelArch,
+}
+
+/// The built-in models. Dense rows show the model is general: no fixed state, all layers
+/// cached. Vocabulary, hidden size and untied LM heads are the models' published `config.json`
+/// figures (Qwen3.5-27B 248,320 x 5,120; Qwen3-32B and Qwen3-8B 151,936 x 5,120 and x 4,096;
+/// `tie_word_embeddings` false in all three); with them a W8A8 Qwen3.5-27B is 29.5 GB, the
+/// "~30 GB" vLLM-ascend's Qwen3.5-27B tutorial gives.
+const MODELS: &[Model] = &[
+    Model {
+        name: "qwen3.5-27b",
+        aliases: &["qwen3.6-27b", "qwen35-27b", "qwen3.5-27b-instruct"],
+        params: 27e9,
+        embeddings: Embeddings {
+            vocab: 248_320,
+            hidden: 5_120,
+            tied: false,
+        },
+        arch: QWEN35_27B,
+    },
+    Model {
+        name: "qwen3-32b",
+        aliases: &[],
+        params: 32.8e9,
+        embeddings: Embeddings {
+            vocab: 151_936,
+            hidden: 5_120,
+            tied: false,
+        },
+        arch: ModelArch::dense(64, 8, 128),
+    },
+    Model {
+        name: "qwen3-8b",
+        aliases: &[],
+        params: 8.2e9,
+        embeddings: Embeddings {
+            vocab: 151_936,
+            hidden: 4_096,
+            tied: false,
+        },
+        arch: ModelArch::dense(36, 8, 128),
+    },
 ];
 
 /// One model as the capacity model sees it.
@@ -267,6 +343,12 @@ pub struct ModelProfile {
     pub params: f64,
     /// Bytes of weights read once per decode step (all TP shards together).
     pub weight_bytes: u64,
+    /// Precision `weight_bytes` was computed for.
+    #[serde(default)]
+    pub weights: WeightPrecision,
+    /// Parameters kept in bf16 whatever the precision: the token embeddings and the LM head.
+    #[serde(default)]
+    pub bf16_params: f64,
     /// KV cache bytes per cached token (all layers, all TP shards together).
     pub kv_bytes_per_token: u64,
     /// Fixed per-sequence state bytes (linear-attention layers), for the chosen dtype.
@@ -279,21 +361,23 @@ pub struct ModelProfile {
 
 impl ModelProfile {
     /// The built-in profile called `name` (case-insensitive; an `org/` prefix, spaces and `_`
-    /// tolerated), with its state computed for `state_dtype`.
+    /// tolerated), with bf16 weights and its state computed for `state_dtype`.
     pub fn lookup(name: &str, state_dtype: StateDtype) -> Result<Self, CapacityError> {
         let key = normalize(name);
         let key = key.rsplit('/').next().unwrap_or(&key);
         MODELS
             .iter()
-            .find(|(canonical, aliases, ..)| *canonical == key || aliases.contains(&key))
-            .map(|&(canonical, _, params, weight_bytes, arch)| Self {
-                name: canonical.to_string(),
-                params,
-                weight_bytes,
-                kv_bytes_per_token: arch.kv_bytes_per_token(),
-                state_bytes_per_sequence: arch.state_bytes_per_sequence(state_dtype),
+            .find(|m| m.name == key || m.aliases.contains(&key))
+            .map(|m| Self {
+                name: m.name.to_string(),
+                params: m.params,
+                weight_bytes: WeightPrecision::Bf16.weight_bytes(m.params, 0.0),
+                weights: WeightPrecision::Bf16,
+                bf16_params: m.embeddings.params() as f64,
+                kv_bytes_per_token: m.arch.kv_bytes_per_token(),
+                state_bytes_per_sequence: m.arch.state_bytes_per_sequence(state_dtype),
                 state_dtype,
-                arch: Some(arch),
+                arch: Some(m.arch),
             })
             .ok_or_else(|| CapacityError::UnknownModel {
                 name: name.to_string(),
@@ -303,7 +387,16 @@ impl ModelProfile {
 
     /// Canonical names of the built-in model profiles.
     pub fn names() -> Vec<&'static str> {
-        MODELS.iter().map(|(name, ..)| *name).collect()
+        MODELS.iter().map(|m| m.name).collect()
+    }
+
+    /// This model with its weights stored in `weights`.
+    pub fn with_weights(self, weights: WeightPrecision) -> Self {
+        Self {
+            weight_bytes: weights.weight_bytes(self.params, self.bf16_params),
+            weights,
+            ..self
+        }
     }
 
     /// KV heads of a full-attention layer, when the layout is known.
@@ -313,7 +406,8 @@ impl ModelProfile {
 }
 
 /// Overrides of profile figures, in the units users type (the seed script's names where it has
-/// them). `params_b` also sets the weights to 2 bytes per parameter unless `weights_gb` is given.
+/// them). `params_b` also sets the weights by their precision (2 bytes per parameter in bf16)
+/// unless `weights_gb` is given.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileOverrides {
@@ -348,7 +442,7 @@ impl ProfileOverrides {
         }
         if let Some(p) = self.params_b {
             model.params = p * 1e9;
-            model.weight_bytes = gb_to_bytes(p * 2.0);
+            model.weight_bytes = model.weights.weight_bytes(model.params, model.bf16_params);
         }
         if let Some(w) = self.weights_gb {
             model.weight_bytes = gb_to_bytes(w);

@@ -1,10 +1,13 @@
 //! Capacity room: the per-replica roofline (DOMAIN.md section 1, done right) with the
 //! efficiency real engines reach (section 6). How many sequences fit in the cache, how long one
-//! decode step and one prefill take, what TPOT SLO allows, and which term binds. Pure
-//! arithmetic: bytes and seconds in, bytes, seconds and counts out.
+//! decode step and one prefill take, what TPOT SLO allows, and which term binds; with
+//! speculative decoding, a step verifies several tokens of each sequence and keeps some
+//! ([`Speculation`]). Pure arithmetic: bytes and seconds in, bytes, seconds and counts out.
 //!
 //! A *replica* is one engine instance: `tp` cards holding one copy of the weights, each card
-//! holding `1/tp` of the weights, of every sequence's KV and of its linear-attention state.
+//! holding `1/tp` of the weights, of every sequence's KV and of its linear-attention state. A
+//! data-parallel deployment runs `replicas` of them side by side, each with its own cache and
+//! batch ([`Deployment`]).
 //! Byte figures (budget, footprint) are therefore summed over the replica's cards, and times
 //! divide the per-replica work by `tp` cards working in parallel. A step's time is its ideal
 //! divided by an achieved fraction of peak ([`Efficiency`]), per kind of work: weight reads,
@@ -12,7 +15,10 @@
 //! apart: the published rows cannot separate them from the weight reads (docs/capacity.md).
 
 use super::error::CapacityError;
-use super::profile::{HardwareProfile, ModelProfile, ProfileOverrides, StateDtype};
+use super::profile::{
+    HardwareProfile, ModelProfile, ProfileOverrides, StateDtype, WeightPrecision,
+};
+use super::speculation::Speculation;
 use serde::{Deserialize, Serialize};
 
 /// HBM kept back for activations, framework and fragmentation, per card (the seed's 2 GB).
@@ -163,7 +169,7 @@ impl EfficiencyOverrides {
 const BATCH_SEARCH_CAP: u64 = u32::MAX as u64;
 
 /// Bytes one sequence of `tokens` cached tokens pins: its KV rounded up to whole blocks of
-/// `block_tokens` (0 or 1 = no rounding) plus its fixed state.
+/// `block_tokens` (0 or 1 = no rounding) plus its fixed state (all its copies).
 pub fn sequence_footprint_bytes(
     tokens: u64,
     block_tokens: u64,
@@ -192,7 +198,8 @@ pub struct CapacityInputs {
     pub model: ModelProfile,
     /// Tensor-parallel degree: cards per replica.
     pub tp: u32,
-    /// Independent replicas behind one backend (only [`super::derive_backend`] multiplies by it).
+    /// Independent replicas (data-parallel engines, each with its own cache and batch): the
+    /// report's [`Deployment`] and [`super::derive_backend`] multiply by it.
     pub replicas: u32,
     /// KV allocation block, tokens (0 or 1 = exact).
     pub block_tokens: u64,
@@ -204,6 +211,9 @@ pub struct CapacityInputs {
     pub tpot_slo_seconds: f64,
     /// The engine's configured `maxBatchSize`, if any.
     pub engine_max_batch: Option<u64>,
+    /// Speculative decoding (off by default).
+    #[serde(default)]
+    pub speculation: Speculation,
 }
 
 /// Which term limits the safe batch.
@@ -309,7 +319,8 @@ impl StepTerms {
 
 impl CapacityInputs {
     /// `hardware` and `model` with every other input at its default (TP 1, one replica, 128-token
-    /// blocks, 2 GB reserve, the fitted efficiency, TPOT target 50 ms, no engine cap).
+    /// blocks, 2 GB reserve, the fitted efficiency, TPOT target 50 ms, no engine cap, no
+    /// speculative decoding).
     pub fn new(hardware: HardwareProfile, model: ModelProfile) -> Self {
         Self {
             hardware,
@@ -321,19 +332,38 @@ impl CapacityInputs {
             efficiency: Efficiency::FITTED,
             tpot_slo_seconds: DEFAULT_TPOT_SLO_SECONDS,
             engine_max_batch: None,
+            speculation: Speculation::NONE,
         }
     }
 
-    /// The named profiles (state computed for `state_dtype`) with `overrides` applied and every
-    /// other input at its default.
+    /// The named profiles (bf16 weights, state computed for `state_dtype`) with `overrides`
+    /// applied and every other input at its default.
     pub fn from_names(
         hardware: &str,
         model: &str,
         state_dtype: StateDtype,
         overrides: &ProfileOverrides,
     ) -> Result<Self, CapacityError> {
+        Self::from_names_with_weights(
+            hardware,
+            model,
+            state_dtype,
+            WeightPrecision::Bf16,
+            overrides,
+        )
+    }
+
+    /// [`Self::from_names`] with the weights stored in `weights` (before `overrides`, so a
+    /// `weights_gb` given by hand wins).
+    pub fn from_names_with_weights(
+        hardware: &str,
+        model: &str,
+        state_dtype: StateDtype,
+        weights: WeightPrecision,
+        overrides: &ProfileOverrides,
+    ) -> Result<Self, CapacityError> {
         let mut hardware = HardwareProfile::lookup(hardware)?;
-        let mut model = ModelProfile::lookup(model, state_dtype)?;
+        let mut model = ModelProfile::lookup(model, state_dtype)?.with_weights(weights);
         overrides.apply(&mut hardware, &mut model);
         Ok(Self::new(hardware, model))
     }
@@ -355,6 +385,7 @@ impl CapacityInputs {
         positive("params", self.model.params)?;
         positive("tpot_slo_seconds", self.tpot_slo_seconds)?;
         self.efficiency.validate()?;
+        self.speculation.validate()?;
         if self.tp == 0 {
             return Err(CapacityError::invalid("tp", "must be >= 1".into()));
         }
@@ -385,13 +416,19 @@ impl CapacityInputs {
             .saturating_sub(tp.saturating_mul(self.reserve_bytes))
     }
 
-    /// Footprint of one sequence of `input + output` tokens with this model and block size.
+    /// Linear-attention state one running sequence holds: a state per verified position.
+    pub fn state_bytes_held_per_sequence(&self) -> u64 {
+        (self.model.state_bytes_per_sequence).saturating_mul(self.speculation.state_copies())
+    }
+
+    /// Footprint of one sequence of `input + output` tokens with this model and block size:
+    /// with speculative decoding, its draft slots and its state copies too.
     pub fn footprint_bytes(&self, input: u64, output: u64) -> u64 {
         sequence_footprint_bytes(
-            input.saturating_add(output),
+            (input.saturating_add(output)).saturating_add(self.speculation.lookahead_tokens()),
             self.block_tokens,
             self.model.kv_bytes_per_token,
-            self.model.state_bytes_per_sequence,
+            self.state_bytes_held_per_sequence(),
         )
     }
 
@@ -406,8 +443,11 @@ impl CapacityInputs {
     /// tokens in all (a step reads the tokens actually cached, not whole blocks), the longest
     /// `longest_context` of them, plus `prefill_tokens` prompt tokens computed in the same pass
     /// (chunked prefill). The weights are streamed once; the cache term reads every resident
-    /// KV byte and reads and writes back each sequence's state (the recurrence updates it in
-    /// place); the arithmetic covers every token in the pass.
+    /// KV byte once (a sequence's verified tokens share the read) and reads each sequence's
+    /// state and writes it back after every verified token (the recurrence updates it; with
+    /// speculative decoding the engine keeps each position's, to resume from the last one
+    /// accepted); the arithmetic covers every token in the pass, draft tokens verified
+    /// included. The drafting passes themselves are not counted (docs/capacity.md).
     pub fn pass_terms(
         &self,
         decoding: u64,
@@ -427,8 +467,11 @@ impl CapacityInputs {
             let head_bytes = longest_context * kv / heads.max(1) as f64;
             kv_seconds = kv_seconds.max(head_bytes / core_rate);
         }
-        let state_traffic = 2.0 * decoding as f64 * self.model.state_bytes_per_sequence as f64;
-        let tokens = decoding.saturating_add(prefill_tokens) as f64;
+        let verified = self.speculation.tokens_verified();
+        let state_passes = (1 + verified) as f64;
+        let state_traffic =
+            state_passes * decoding as f64 * self.model.state_bytes_per_sequence as f64;
+        let tokens = (decoding.saturating_mul(verified)).saturating_add(prefill_tokens) as f64;
         StepTerms {
             weights_seconds: self.model.weight_bytes as f64 / (tp * card_bw * e.weights),
             cache_seconds: kv_seconds + state_traffic / cache_rate,
@@ -443,10 +486,15 @@ impl CapacityInputs {
         self.pass_terms(batch, batch as f64 * ctx_tokens_per_seq, longest, 0)
     }
 
-    /// Decode step time (= TPOT of every running sequence) at `batch` sequences of
-    /// `ctx_tokens_per_seq` cached tokens each (see [`Self::pass_terms`]).
+    /// Decode step time at `batch` sequences of `ctx_tokens_per_seq` cached tokens each (see
+    /// [`Self::pass_terms`]); the TPOT of every running sequence without speculative decoding.
     pub fn decode_step_seconds(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
         self.decode_step_terms(batch, ctx_tokens_per_seq).seconds()
+    }
+
+    /// TPOT of every running sequence at `batch`: the step over the tokens a step keeps.
+    pub fn tpot_seconds(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
+        self.decode_step_seconds(batch, ctx_tokens_per_seq) / self.speculation.tokens_per_step()
     }
 
     /// Prefill time of `tokens` prompt tokens (TTFT excluding queueing):
@@ -460,20 +508,18 @@ impl CapacityInputs {
         1.0 / self.prefill_seconds(1)
     }
 
-    /// Decode throughput at `batch`, tokens/s: B / step.
+    /// Decode throughput at `batch`, tokens/s: B / TPOT.
     pub fn decode_tps(&self, batch: u64, ctx_tokens_per_seq: f64) -> f64 {
         if batch == 0 {
             return 0.0;
         }
-        batch as f64 / self.decode_step_seconds(batch, ctx_tokens_per_seq)
+        batch as f64 / self.tpot_seconds(batch, ctx_tokens_per_seq)
     }
 
-    /// SLA ceiling: the largest batch whose step time meets the TPOT target (0 if even one
-    /// sequence misses it).
+    /// SLA ceiling: the largest batch whose TPOT meets the target (0 if even one sequence
+    /// misses it).
     pub fn max_batch_sla(&self, ctx_tokens_per_seq: f64) -> u64 {
-        largest_fitting(|b| {
-            self.decode_step_seconds(b, ctx_tokens_per_seq) <= self.tpot_slo_seconds
-        })
+        largest_fitting(|b| self.tpot_seconds(b, ctx_tokens_per_seq) <= self.tpot_slo_seconds)
     }
 
     /// Largest prompt whose prefill alone meets `ttft_slo_seconds`.
@@ -511,14 +557,14 @@ impl CapacityInputs {
     }
 
     /// Requests/s one replica sustains at `batch` for `input`/`output` requests when prefill and
-    /// decode share the cards: each request costs its prefill time plus `output` steps shared
+    /// decode share the cards: each request costs its prefill time plus `output` TPOTs shared
     /// with `batch - 1` others.
     pub fn sustained_qps(&self, input: u64, output: u64, batch: u64) -> f64 {
         if batch == 0 {
             return 0.0;
         }
-        let step = self.decode_step_seconds(batch, mean_context_tokens(input, output));
-        let per_request = self.prefill_seconds(input) + output as f64 * step / batch as f64;
+        let tpot = self.tpot_seconds(batch, mean_context_tokens(input, output));
+        let per_request = self.prefill_seconds(input) + output as f64 * tpot / batch as f64;
         1.0 / per_request
     }
 
@@ -544,14 +590,19 @@ impl CapacityInputs {
         let at = batch.unwrap_or(safe.batch);
         let terms = self.decode_step_terms(at, ctx);
         let step = terms.seconds();
-        let ideal_step = self
+        let per_step = self.speculation.tokens_per_step();
+        let ideal_tpot = self
             .with_efficiency(Efficiency::IDEAL)
-            .decode_step_seconds(at, ctx);
+            .tpot_seconds(at, ctx);
         let ttft = self.prefill_seconds(input);
         let qps = self.sustained_qps(input, output, at);
+        let decode_tps = self.decode_tps(at, ctx);
+        let engines = u64::from(self.replicas);
         RooflineReport {
             hardware: self.hardware.name.clone(),
             model: self.model.name.clone(),
+            weights: self.model.weights,
+            weight_bytes: self.model.weight_bytes,
             tp: self.tp,
             input_tokens: input,
             output_tokens: output,
@@ -559,6 +610,8 @@ impl CapacityInputs {
             efficiency: self.efficiency,
             kv_bytes_per_token: self.model.kv_bytes_per_token,
             state_bytes_per_sequence: self.model.state_bytes_per_sequence,
+            speculation: self.speculation,
+            tokens_per_step: per_step,
             kv_budget_bytes: self.kv_budget_bytes(),
             footprint_bytes_per_sequence: self.footprint_bytes(input, output),
             max_batch_memory: safe.memory,
@@ -572,25 +625,36 @@ impl CapacityInputs {
             cache_read_ms: terms.cache_seconds * 1e3,
             compute_ms: terms.compute_seconds * 1e3,
             step_ms: step * 1e3,
-            tpot_ms: step * 1e3,
-            ideal_tpot_ms: ideal_step * 1e3,
+            tpot_ms: step / per_step * 1e3,
+            ideal_tpot_ms: ideal_tpot * 1e3,
             tpot_slo_ms: self.tpot_slo_seconds * 1e3,
             ttft_ms: ttft * 1e3,
             ttft_slo_ms: ttft_slo_seconds.map(|s| s * 1e3),
             ttft_within_slo: ttft_slo_seconds.map(|s| ttft <= s),
             max_input_ttft_slo: ttft_slo_seconds.map(|s| self.max_input_for_ttft(s)),
-            decode_tps: self.decode_tps(at, ctx),
+            decode_tps,
             prefill_tps: self.prefill_tps(),
             qps,
             sustained_decode_tps: qps * output as f64,
             sustained_prefill_tps: qps * input as f64,
+            deployment: Deployment {
+                engines: self.replicas,
+                cards: engines * u64::from(self.tp),
+                sequences: engines.saturating_mul(at),
+                safe_sequences: engines.saturating_mul(safe.batch),
+                decode_tps: engines as f64 * decode_tps,
+                qps: engines as f64 * qps,
+                sustained_decode_tps: engines as f64 * qps * output as f64,
+                sustained_prefill_tps: engines as f64 * qps * input as f64,
+            },
         }
     }
 
     /// Sets an observed TPOT at `batch` against the model, for `input`/`output` requests: the
     /// gap, the fractions of peak the observation implies, and the efficiency that would have
     /// predicted it (the binding term's fractions scaled by predicted / observed; the split
-    /// between weights and cache kept, each capped at 1).
+    /// between weights and cache kept, each capped at 1). With speculative decoding the
+    /// observed step is the TPOT times the tokens a step keeps, at the acceptance assumed.
     pub fn calibrate(
         &self,
         observed_tpot_seconds: f64,
@@ -603,15 +667,17 @@ impl CapacityInputs {
         let ideal = self
             .with_efficiency(Efficiency::IDEAL)
             .decode_step_terms(batch, ctx);
-        let predicted = terms.seconds();
+        let per_step = self.speculation.tokens_per_step();
+        let observed_step = observed_tpot_seconds * per_step;
+        let predicted = terms.seconds() / per_step;
         let ratio = observed_tpot_seconds / predicted;
         let bound = terms.bound();
         let scaled = match bound {
             StepBound::Bandwidth => self
                 .efficiency
-                .with_bandwidth_scaled(terms.memory_seconds() / observed_tpot_seconds),
+                .with_bandwidth_scaled(terms.memory_seconds() / observed_step),
             StepBound::Compute => Efficiency {
-                compute: self.efficiency.compute * terms.compute_seconds / observed_tpot_seconds,
+                compute: self.efficiency.compute * terms.compute_seconds / observed_step,
                 ..self.efficiency
             },
         };
@@ -628,11 +694,11 @@ impl CapacityInputs {
             observed_over_predicted: ratio,
             gap_percent: (ratio - 1.0) * 100.0,
             predicted_bound: bound,
-            implied_bandwidth_efficiency: ideal.memory_seconds() / observed_tpot_seconds,
+            implied_bandwidth_efficiency: ideal.memory_seconds() / observed_step,
             implied_bandwidth_bytes_per_s: self.hardware.bandwidth_bytes_per_s
                 * ideal.memory_seconds()
-                / observed_tpot_seconds,
-            implied_compute_efficiency: ideal.compute_seconds / observed_tpot_seconds,
+                / observed_step,
+            implied_compute_efficiency: ideal.compute_seconds / observed_step,
             efficiency: self.efficiency,
             calibrated_efficiency: capped,
             faster_than_peak: capped != scaled,
@@ -673,6 +739,10 @@ pub struct RooflineReport {
     pub hardware: String,
     /// Model profile name.
     pub model: String,
+    /// Precision of the linear layers' weights.
+    pub weights: WeightPrecision,
+    /// Bytes of weights of the replica (all its cards).
+    pub weight_bytes: u64,
     /// Cards per replica.
     pub tp: u32,
     /// Prompt tokens per request.
@@ -685,11 +755,15 @@ pub struct RooflineReport {
     pub efficiency: Efficiency,
     /// KV bytes per cached token.
     pub kv_bytes_per_token: u64,
-    /// Fixed state bytes per running sequence.
+    /// Fixed state bytes per running sequence (one copy).
     pub state_bytes_per_sequence: u64,
+    /// Speculative decoding: draft tokens per step and their acceptance.
+    pub speculation: Speculation,
+    /// Tokens a step keeps per sequence: 1 + acceptance x draft tokens.
+    pub tokens_per_step: f64,
     /// Cache budget of the replica, bytes.
     pub kv_budget_bytes: u64,
-    /// Bytes one request pins (block-rounded KV + state).
+    /// Bytes one request pins (block-rounded KV, draft slots included, + its states).
     pub footprint_bytes_per_sequence: u64,
     /// Memory ceiling.
     pub max_batch_memory: u64,
@@ -713,7 +787,7 @@ pub struct RooflineReport {
     pub compute_ms: f64,
     /// Decode step time at `batch`, ms.
     pub step_ms: f64,
-    /// Predicted TPOT at `batch` (= step time, efficiency included), ms.
+    /// Predicted TPOT at `batch` (the step over the tokens it keeps, efficiency included), ms.
     pub tpot_ms: f64,
     /// TPOT of the pure roofline (efficiency 1) at `batch`, ms.
     pub ideal_tpot_ms: f64,
@@ -727,11 +801,35 @@ pub struct RooflineReport {
     pub ttft_within_slo: Option<bool>,
     /// Longest prompt whose prefill meets the TTFT target.
     pub max_input_ttft_slo: Option<u64>,
-    /// Decode-only throughput at `batch`, tokens/s.
+    /// Decode-only throughput at `batch`, tokens/s: batch / TPOT.
     pub decode_tps: f64,
     /// Prefill-only throughput, tokens/s.
     pub prefill_tps: f64,
     /// Requests/s sustained with prefill and decode sharing the cards, at `batch`.
+    pub qps: f64,
+    /// qps x output tokens.
+    pub sustained_decode_tps: f64,
+    /// qps x input tokens.
+    pub sustained_prefill_tps: f64,
+    /// The replicas side by side.
+    pub deployment: Deployment,
+}
+
+/// A data-parallel deployment: `engines` replicas of `tp` cards each, every one with its own
+/// cache and batch, at the report's batch per engine.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Deployment {
+    /// Engines (replicas, vLLM's data-parallel ranks).
+    pub engines: u32,
+    /// Cards in all: engines x tp.
+    pub cards: u64,
+    /// Sequences running at the report's batch per engine.
+    pub sequences: u64,
+    /// Sequences at the safe batch per engine.
+    pub safe_sequences: u64,
+    /// Decode-only throughput of all engines, tokens/s.
+    pub decode_tps: f64,
+    /// Requests/s of all engines, prefill and decode sharing each engine's cards.
     pub qps: f64,
     /// qps x output tokens.
     pub sustained_decode_tps: f64,

@@ -46,6 +46,25 @@ fn qwen3_32b(tp: u32) -> CapacityInputs {
     inputs
 }
 
+/// vLLM-ascend's Qwen3.5-27B recipe, one engine: W8A8 weights on two 910B3s, MTP drafting 3
+/// tokens a step at the default acceptance (0.7).
+fn recipe() -> CapacityInputs {
+    let mut inputs = CapacityInputs::from_names_with_weights(
+        "910b3",
+        "qwen3.5-27b",
+        StateDtype::Fp32,
+        WeightPrecision::W8a8,
+        &ProfileOverrides::default(),
+    )
+    .unwrap();
+    inputs.tp = 2;
+    inputs.speculation = Speculation {
+        draft_tokens: 3,
+        ..Speculation::NONE
+    };
+    inputs
+}
+
 fn f6(x: f64) -> String {
     format!("{x:.6}")
 }
@@ -478,7 +497,20 @@ fn derived_backend_for_the_rag_workload() {
         (140_000_000_000, 90)
     );
     assert_eq!(f6(two.decode_tps), f6(2.0 * one.decode_tps));
-    assert_eq!(two.per_replica, one.per_replica);
+    // the same replica, twice: only the deployment's totals differ
+    assert_eq!(
+        RooflineReport {
+            deployment: one.per_replica.deployment,
+            ..two.per_replica.clone()
+        },
+        one.per_replica
+    );
+    let d = two.per_replica.deployment;
+    assert_eq!((d.engines, d.cards, d.safe_sequences), (2, 4, 90));
+    assert_eq!(
+        (f6(d.sustained_decode_tps), f6(d.sustained_prefill_tps)),
+        (f6(two.decode_tps), f6(two.prefill_tps))
+    );
     let json = serde_json::to_value(&two).unwrap();
     assert_eq!(json["kv_capacity_bytes"], 140_000_000_000u64);
     assert_eq!(
@@ -590,6 +622,294 @@ fn scenario_table_flips_from_memory_to_tpot_once_efficiency_is_real() {
 }
 
 #[test]
+fn w8a8_weights_are_a_byte_a_parameter_but_embeddings_and_lm_head() {
+    let bf16 = ModelProfile::lookup("qwen3.5-27b", StateDtype::Fp32).unwrap();
+    // 248,320 x 5,120, untied: token embeddings and LM head
+    assert_eq!(bf16.bf16_params, 2_542_796_800.0);
+    assert_eq!(
+        (bf16.weights, bf16.weight_bytes),
+        (WeightPrecision::Bf16, 54_000_000_000)
+    );
+    let w8a8 = bf16.clone().with_weights(WeightPrecision::W8a8);
+    // 24.457e9 parameters at 1 byte + 2.543e9 at 2 bytes: the recipe's "~30 GB"
+    assert_eq!(
+        (w8a8.weights, w8a8.weight_bytes),
+        (WeightPrecision::W8a8, 29_542_796_800)
+    );
+    assert_eq!(w8a8.clone().with_weights(WeightPrecision::Bf16), bf16);
+    let w8a8_of = |model: &str| {
+        let m = ModelProfile::lookup(model, StateDtype::Fp32).unwrap();
+        m.with_weights(WeightPrecision::W8a8).weight_bytes
+    };
+    // 151,936 x 5,120 and x 4,096, untied
+    assert_eq!(w8a8_of("qwen3-32b"), 32_800_000_000 + 1_555_824_640);
+    assert_eq!(w8a8_of("qwen3-8b"), 8_200_000_000 + 1_244_659_712);
+    // two cards keep 94.5 GB for the cache instead of 70
+    assert_eq!(recipe().kv_budget_bytes(), 94_457_203_200);
+    // figures given by hand win; --params-b follows the precision
+    let w8a8_with = |overrides: ProfileOverrides| {
+        CapacityInputs::from_names_with_weights(
+            "910b3",
+            "qwen3.5-27b",
+            StateDtype::Fp32,
+            WeightPrecision::W8a8,
+            &overrides,
+        )
+        .unwrap()
+        .model
+        .weight_bytes
+    };
+    let by_hand = ProfileOverrides {
+        weights_gb: Some(31.0),
+        ..ProfileOverrides::default()
+    };
+    assert_eq!(w8a8_with(by_hand), 31_000_000_000);
+    let params = ProfileOverrides {
+        params_b: Some(20.0),
+        ..ProfileOverrides::default()
+    };
+    assert_eq!(w8a8_with(params), 22_542_796_800);
+    assert_eq!(
+        CapacityInputs::from_names("910b3", "qwen3.5-27b", StateDtype::Fp32, &params)
+            .unwrap()
+            .model
+            .weight_bytes,
+        40_000_000_000
+    );
+}
+
+#[test]
+fn a_speculative_sequence_holds_its_draft_slots_and_a_state_per_verified_token() {
+    let spec = recipe();
+    let plain = Speculation::default();
+    assert_eq!(
+        (
+            plain.tokens_verified(),
+            plain.tokens_per_step(),
+            plain.state_copies()
+        ),
+        (1, 1.0, 1)
+    );
+    let s = spec.speculation;
+    assert_eq!(
+        (
+            s.tokens_verified(),
+            f6(s.tokens_per_step()),
+            s.lookahead_tokens(),
+            s.state_copies()
+        ),
+        (4, f6(3.1), 3, 4)
+    );
+    assert_eq!(spec.state_bytes_held_per_sequence(), 4 * 153_944_064);
+    // 5,000 + 3 tokens still fit 40 blocks; the 4 states are 616 MB
+    assert_eq!(
+        spec.footprint_bytes(3500, 1500),
+        40 * 128 * 65_536 + 4 * 153_944_064
+    );
+    let mut no_drafts = spec.clone();
+    no_drafts.speculation = Speculation::NONE;
+    assert_eq!(
+        no_drafts.footprint_bytes(3500, 1500),
+        40 * 128 * 65_536 + 153_944_064
+    );
+    // 5,118 tokens fill 40 blocks; their 3 draft slots take a 41st
+    assert_eq!(
+        no_drafts.footprint_bytes(5000, 118),
+        40 * 128 * 65_536 + 153_944_064
+    );
+    assert_eq!(
+        spec.footprint_bytes(5000, 118),
+        41 * 128 * 65_536 + 4 * 153_944_064
+    );
+    // 94,457,203,200 B / 951,320,576 B
+    assert_eq!(spec.max_batch_memory(3500, 1500), 99);
+    assert_eq!(no_drafts.max_batch_memory(3500, 1500), 192);
+}
+
+#[test]
+fn a_speculative_step_verifies_every_draft_and_keeps_the_accepted() {
+    let spec = recipe();
+    let ctx = mean_context_tokens(3500, 1500);
+    let t = spec.decode_step_terms(32, ctx);
+    // 29.54 GB over 2 x 1.6 TB/s x 0.45
+    assert_eq!(f6(t.weights_seconds * 1e3), "20.515831");
+    // 32 x 4,250 tokens of KV read once, each state read once and written after each of the
+    // 4 tokens verified: 32 x 5 x 153,944,064 B, all over 2 x 1.6 TB/s x 0.61
+    assert_eq!(f6(t.cache_seconds * 1e3), "17.184399");
+    // 2 x 27e9 x 32 x 4 tokens over 2 x 313 TFLOPS x 0.35
+    assert_eq!(f6(t.compute_seconds * 1e3), "31.547239");
+    let r = spec.report(3500, 1500, Some(32), None);
+    assert_eq!(f6(r.step_ms), "37.700230");
+    // 3.1 tokens kept a step: 1 + 0.7 x 3
+    assert_eq!(f6(r.tokens_per_step), "3.100000");
+    assert_eq!(f6(r.tpot_ms), "12.161364");
+    assert_eq!(f6(r.decode_tps), "2631.283696");
+    // each request: 862.6 ms of prefill + 1,500 TPOTs shared by 32
+    assert_eq!(f6(r.ttft_ms), "862.619808");
+    assert_eq!(f6(r.sustained_decode_tps), "1046.986107");
+    // the SLA ceiling is on TPOT, not on the step: at 157 the verification's arithmetic
+    // (compute-bound by then) still keeps 49.93 ms a token, at 158 it does not
+    assert_eq!(spec.max_batch_sla(ctx), 157);
+    assert_eq!(f6(spec.tpot_seconds(157, ctx) * 1e3), "49.928594");
+    assert_eq!(f6(spec.tpot_seconds(158, ctx) * 1e3), "50.246610");
+    let safe = spec.safe_batch(3500, 1500);
+    assert_eq!(
+        (safe.memory, safe.sla, safe.batch, safe.bottleneck),
+        (99, 157, 99, Bottleneck::MemoryCapacity)
+    );
+    // acceptance 0: the verification is paid and nothing is gained
+    let mut none_kept = spec.clone();
+    none_kept.speculation.acceptance = 0.0;
+    assert_eq!(f6(none_kept.tpot_seconds(32, ctx) * 1e3), "37.700230");
+    let mut plain = spec.clone();
+    plain.speculation = Speculation::NONE;
+    assert_eq!(f6(plain.tpot_seconds(32, ctx) * 1e3), "30.129210");
+    assert_eq!(
+        f6(plain
+            .report(3500, 1500, Some(32), None)
+            .sustained_decode_tps),
+        "659.361950"
+    );
+    // acceptance is checked like the efficiencies
+    none_kept.speculation.acceptance = 1.5;
+    assert_eq!(
+        none_kept.validate().unwrap_err().to_string(),
+        "invalid acceptance: must be in [0, 1], got 1.5"
+    );
+    none_kept.speculation.acceptance = f64::NAN;
+    assert_eq!(
+        none_kept.validate().unwrap_err().to_string(),
+        "invalid acceptance: must be in [0, 1], got NaN"
+    );
+}
+
+#[test]
+fn data_parallel_engines_add_up_side_by_side() {
+    let mut four = recipe();
+    four.replicas = 4;
+    let one = recipe().report(3500, 1500, Some(32), None);
+    let r = four.report(3500, 1500, Some(32), None);
+    let d = r.deployment;
+    assert_eq!(
+        (d.engines, d.cards, d.sequences, d.safe_sequences),
+        (4, 8, 128, 396)
+    );
+    assert_eq!(f6(d.decode_tps), "10525.134783");
+    assert_eq!(f6(d.qps), "2.791963");
+    assert_eq!(f6(d.sustained_decode_tps), "4187.944429");
+    assert_eq!(
+        f6(d.sustained_prefill_tps),
+        f6(4.0 * one.sustained_prefill_tps)
+    );
+    // each engine is the one-engine report
+    assert_eq!(
+        RooflineReport {
+            deployment: one.deployment,
+            ..r.clone()
+        },
+        one
+    );
+    assert_eq!(
+        (
+            one.deployment.engines,
+            one.deployment.cards,
+            one.deployment.sequences
+        ),
+        (1, 2, 32)
+    );
+}
+
+#[test]
+fn a_speculative_calibration_sets_the_tpot_at_the_acceptance_assumed() {
+    let spec = recipe();
+    // what the CI baseline implies per token once its prefill is taken out
+    let c = spec.calibrate(0.030_13, 32, 3500, 1500);
+    assert_eq!(f6(c.predicted_tpot_ms), "12.161364");
+    assert_eq!(f6(c.observed_over_predicted), "2.477518");
+    // the observed step is 30.13 ms x 3.1 tokens kept
+    assert_eq!(f6(c.calibrated_efficiency.weights), "0.181633");
+    assert_eq!(f6(c.calibrated_efficiency.cache), "0.246214");
+    let calibrated = spec.with_efficiency(c.calibrated_efficiency);
+    assert_eq!(
+        f6(calibrated.tpot_seconds(32, mean_context_tokens(3500, 1500)) * 1e3),
+        "30.130000"
+    );
+}
+
+#[test]
+fn a_speculative_deployment_that_misses_the_slo_says_it_per_token() {
+    let mut spec = recipe();
+    spec.tpot_slo_seconds = 0.005;
+    let r = spec.fits_with(3500, 1500).unwrap();
+    assert_eq!(
+        r.describe(Spelling::Flags),
+        "one sequence takes 7.21 ms a token (3.1 tokens a step), over the 5 ms TPOT SLO; it fits \
+         with --tpot-slo-ms 50 (safe batch 99, bound: memory capacity (KV + state)) or --tp 4 \
+         (safe batch 19, bound: HBM bandwidth (TPOT SLO))"
+    );
+    // (20.52 ms of weights + 1.43 of one sequence's attention on 4 heads + 0.39 of its 5 state
+    // passes) / 3.1; on four cards (10.26 + 1.43 + 0.20 x B) / 3.1 <= 5 ms up to B = 19.
+    // The SLO held is on TPOT: 7.21 ms a token holds the article's 50 ms
+    assert_eq!(spec.tpot_slo_held(3500, 1500), Some(0.05));
+}
+
+#[test]
+fn the_recipe_backend_is_derived_in_the_engines_units() {
+    let mut inputs = recipe();
+    inputs.engine_max_batch = Some(32);
+    let d = derive_backend(
+        &inputs,
+        Workload {
+            avg_input: 3500,
+            avg_output: 1500,
+        },
+    );
+    assert_eq!(
+        (d.kv_capacity_bytes, d.max_batch, d.lookahead_tokens),
+        (94_457_203_200, 32, 3)
+    );
+    // the ledger charges every state copy
+    assert_eq!(d.state_bytes_per_sequence, 4 * 153_944_064);
+    assert_eq!(
+        d.explanation,
+        "910b3 x2 (TP) per replica, qwen3.5-27b (w8a8 weights), 3 draft tokens a step at \
+         acceptance 0.7: cache budget 2 x 64000000000 B HBM - 29542796800 B weights - 2 x \
+         2000000000 B reserve = 94457203200 B; a 3500+1500-token request (with 3 draft slots) \
+         pins 40 x 128 tokens x 65536 B KV + 4 x 153944064 B state = 951320576 B; ceilings: \
+         memory 99, TPOT 50 ms 157, engine cap 32; safe batch 32 (engine maxBatchSize), step \
+         37.7 ms, TPOT 12.2 ms; at efficiency weights 0.45, cache 0.61, compute 0.35: 0.698 \
+         req/s = 2443 prefill + 1047 decode tokens/s per replica; x1 replica(s): \
+         kv_capacity_bytes 94457203200, max_batch 32, prefill 2443 + decode 1047 tokens/s"
+    );
+}
+
+#[test]
+fn a_deployment_reads_back_from_its_json_and_older_json_is_plain_bf16() {
+    // `tokengate diagnose` reads a backend's inputs back from /admin/backends
+    let recipe = recipe();
+    let json = serde_json::to_value(&recipe).unwrap();
+    assert_eq!(
+        serde_json::from_value::<CapacityInputs>(json.clone()).unwrap(),
+        recipe
+    );
+    // a gateway from before these inputs: bf16 weights, no speculation
+    let mut old = serde_json::to_value(qwen_tp2()).unwrap();
+    old.as_object_mut().unwrap().remove("speculation");
+    let model = old["model"].as_object_mut().unwrap();
+    model.remove("weights");
+    model.remove("bf16_params");
+    let read = serde_json::from_value::<CapacityInputs>(old).unwrap();
+    assert_eq!(
+        (
+            read.model.weights,
+            read.speculation,
+            read.model.weight_bytes
+        ),
+        (WeightPrecision::Bf16, Speculation::NONE, 54_000_000_000)
+    );
+}
+
+#[test]
 fn validation_table_pins_every_published_row() {
     let rows = validation_table().unwrap();
     let got: Vec<(&str, f64, String, String, String)> = rows
@@ -597,10 +917,10 @@ fn validation_table_pins_every_published_row() {
         .map(|r| {
             (
                 r.published.source,
-                r.published.measured_tpot_ms,
-                format!("{:.2}", r.predicted_tpot_ms),
+                r.published.measured.value(),
+                format!("{:.2}", r.predicted),
                 format!("{:+.1}", r.error_percent),
-                format!("{:.2}", r.ideal_tpot_ms),
+                format!("{:.2}", r.ideal),
             )
         })
         .collect();
@@ -637,6 +957,22 @@ fn validation_table_pins_every_published_row() {
             "26.60",
             "-62.0",
             "12.58",
+        ),
+        // output tokens/s: W8A8 Qwen3-32B, then the Qwen3.5-27B recipe with MTP at the
+        // acceptance assumed (0.7)
+        (
+            "vLLM-ascend CI baseline Qwen3-32B-Int8-A2.yaml",
+            1065.179,
+            "1249.43",
+            "+17.3",
+            "2696.18",
+        ),
+        (
+            "vLLM-ascend CI baseline Qwen3.5-27B-w8a8-A2.yaml",
+            660.296,
+            "1046.99",
+            "+58.6",
+            "2499.91",
         ),
     ];
     let want: Vec<(&str, f64, String, String, String)> = want
@@ -687,13 +1023,14 @@ fn fits_with_names_the_slo_held_and_the_fewest_cards_holding_the_asked_one() {
     let Shortfall::Tpot {
         one_sequence_tpot_ms,
         tpot_slo_ms,
+        tokens_per_step,
     } = r.shortfall
     else {
         panic!("{r:?}")
     };
     assert_eq!(
-        (f6(one_sequence_tpot_ms), tpot_slo_ms),
-        (f6(76.456967), 50.0)
+        (f6(one_sequence_tpot_ms), tpot_slo_ms, tokens_per_step),
+        (f6(76.456967), 50.0, 1.0)
     );
     assert_eq!(
         r.tpot_slo,
@@ -783,21 +1120,32 @@ fn arb_inputs() -> impl Strategy<Value = CapacityInputs> {
         prop::sample::select(vec![0u64, 1, 16, 128]),
         prop::option::of(0.05f64..1.0),
         10.0f64..200.0,
+        prop::sample::select(vec![WeightPrecision::Bf16, WeightPrecision::W8a8]),
+        0u32..=4,
+        0.0f64..=1.0,
     )
-        .prop_map(|(hw, model, dtype, tp, block, uniform, slo_ms)| {
-            let mut inputs =
-                CapacityInputs::from_names(hw, model, dtype, &ProfileOverrides::default()).unwrap();
-            inputs.tp = tp;
-            inputs.block_tokens = block;
-            // none: the fitted efficiency
-            inputs.efficiency = EfficiencyOverrides {
-                uniform,
-                ..EfficiencyOverrides::default()
-            }
-            .resolve();
-            inputs.tpot_slo_seconds = slo_ms / 1e3;
-            inputs
-        })
+        .prop_map(
+            |(hw, model, dtype, tp, block, uniform, slo_ms, weights, draft_tokens, acceptance)| {
+                let mut inputs =
+                    CapacityInputs::from_names(hw, model, dtype, &ProfileOverrides::default())
+                        .unwrap();
+                inputs.tp = tp;
+                inputs.block_tokens = block;
+                // none: the fitted efficiency
+                inputs.efficiency = EfficiencyOverrides {
+                    uniform,
+                    ..EfficiencyOverrides::default()
+                }
+                .resolve();
+                inputs.tpot_slo_seconds = slo_ms / 1e3;
+                inputs.model = inputs.model.clone().with_weights(weights);
+                inputs.speculation = Speculation {
+                    draft_tokens,
+                    acceptance,
+                };
+                inputs
+            },
+        )
 }
 
 proptest! {
@@ -830,7 +1178,37 @@ proptest! {
 
     #[test]
     fn tpot_never_falls_with_batch(inputs in arb_inputs(), batch in 0u64..4_096, ctx in 1.0f64..100_000.0) {
-        prop_assert!(inputs.decode_step_seconds(batch + 1, ctx) >= inputs.decode_step_seconds(batch, ctx));
+        prop_assert!(inputs.tpot_seconds(batch + 1, ctx) >= inputs.tpot_seconds(batch, ctx));
+    }
+
+    #[test]
+    fn acceptance_speeds_tokens_but_not_steps_nor_frees_cache(
+        inputs in arb_inputs(),
+        more in 0.0f64..=1.0,
+        batch in 0u64..4_096,
+        ctx in 1.0f64..100_000.0,
+        input in 0u64..40_000,
+        output in 0u64..8_000,
+    ) {
+        let mut better = inputs.clone();
+        better.speculation.acceptance = inputs.speculation.acceptance.max(more);
+        prop_assert!(better.tpot_seconds(batch, ctx) <= inputs.tpot_seconds(batch, ctx));
+        prop_assert_eq!(better.decode_step_seconds(batch, ctx), inputs.decode_step_seconds(batch, ctx));
+        prop_assert_eq!(better.footprint_bytes(input, output), inputs.footprint_bytes(input, output));
+    }
+
+    #[test]
+    fn a_draft_token_more_never_shrinks_a_step_nor_a_footprint(
+        inputs in arb_inputs(),
+        batch in 0u64..4_096,
+        ctx in 1.0f64..100_000.0,
+        input in 0u64..40_000,
+        output in 0u64..8_000,
+    ) {
+        let mut more = inputs.clone();
+        more.speculation.draft_tokens += 1;
+        prop_assert!(more.decode_step_seconds(batch, ctx) >= inputs.decode_step_seconds(batch, ctx));
+        prop_assert!(more.footprint_bytes(input, output) >= inputs.footprint_bytes(input, output));
     }
 
     #[test]
@@ -841,7 +1219,7 @@ proptest! {
         prompt in 0u64..40_000,
     ) {
         let ideal = inputs.with_efficiency(Efficiency::IDEAL);
-        prop_assert!(inputs.decode_step_seconds(batch, ctx) >= ideal.decode_step_seconds(batch, ctx));
+        prop_assert!(inputs.tpot_seconds(batch, ctx) >= ideal.tpot_seconds(batch, ctx));
         prop_assert!(inputs.prefill_seconds(prompt) >= ideal.prefill_seconds(prompt));
     }
 
@@ -854,8 +1232,8 @@ proptest! {
         let ctx = mean_context_tokens(input, output);
         let b = inputs.max_batch_sla(ctx);
         let slo = inputs.tpot_slo_seconds;
-        prop_assert!(inputs.decode_step_seconds(b + 1, ctx) > slo);
-        prop_assert!(b == 0 || inputs.decode_step_seconds(b, ctx) <= slo);
+        prop_assert!(inputs.tpot_seconds(b + 1, ctx) > slo);
+        prop_assert!(b == 0 || inputs.tpot_seconds(b, ctx) <= slo);
     }
 
     #[test]
@@ -898,8 +1276,9 @@ proptest! {
     ) {
         let mut exact = inputs.clone();
         exact.block_tokens = 1;
-        let m = &exact.model;
-        let unblocked = (input + output) * m.kv_bytes_per_token + m.state_bytes_per_sequence;
+        let (m, s) = (&exact.model, exact.speculation);
+        let unblocked = (input + output + s.lookahead_tokens()) * m.kv_bytes_per_token
+            + s.state_copies() * m.state_bytes_per_sequence;
         prop_assert_eq!(exact.footprint_bytes(input, output), unblocked);
         prop_assert_eq!(exact.max_batch_memory(input, output), exact.kv_budget_bytes() / unblocked);
         // blocks only ever round up, by less than one block

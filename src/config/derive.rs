@@ -2,9 +2,10 @@
 //! `hardware` + `model`, tenants' rates from `share`. It is kept beside what the file gives,
 //! so each value in force can say where it comes from (values given by hand win).
 
-use super::{Config, Runner, TenantRates};
+use super::{Config, KvSource, Runner, TenantRates};
 use crate::capacity::{
-    derive_backend, tenant_rates, CapacityInputs, DerivedBackend, EfficiencyOverrides, Workload,
+    derive_backend, tenant_rates, CapacityInputs, DerivedBackend, EfficiencyOverrides, Speculation,
+    Workload,
 };
 use anyhow::bail;
 
@@ -19,6 +20,9 @@ impl Config {
         };
         for (i, b) in self.backends.iter_mut().enumerate() {
             let at = format!("backends[{i}]");
+            if b.acceptance.is_some() && b.speculative_tokens == 0 {
+                bail!("{at}.acceptance is the share of draft tokens kept: give speculative_tokens too");
+            }
             let (hardware, model) = match (&b.hardware, &b.model) {
                 (None, None) => continue,
                 (Some(h), Some(m)) => (h, m),
@@ -29,10 +33,19 @@ impl Config {
                     bail!("{at}: `model` is given without `hardware`: capacity-model sizing needs both")
                 }
             };
-            let mut inputs =
-                CapacityInputs::from_names(hardware, model, b.state_dtype, &b.overrides)
-                    .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+            let mut inputs = CapacityInputs::from_names_with_weights(
+                hardware,
+                model,
+                b.state_dtype,
+                b.weights,
+                &b.overrides,
+            )
+            .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
             inputs.tp = b.tp;
+            inputs.speculation = Speculation {
+                draft_tokens: b.speculative_tokens,
+                acceptance: b.acceptance.unwrap_or(Speculation::DEFAULT_ACCEPTANCE),
+            };
             inputs.replicas = b.replicas;
             inputs.block_tokens = self.model.block_tokens;
             inputs.efficiency = EfficiencyOverrides {
@@ -50,11 +63,24 @@ impl Config {
                 .validate()
                 .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
             let derived = derive_backend(&inputs, workload);
-            if derived.kv_bytes_per_token != self.model.kv_bytes_per_token
-                || derived.state_bytes_per_sequence != self.model.state_bytes_per_sequence
+            // The ledger charges a configured backend's requests by [model]'s geometry, so the
+            // derived capacity must be in the same units; one that learns its geometry from the
+            // engine is charged in the engine's.
+            if b.kv == KvSource::Configured
+                && (derived.kv_bytes_per_token != self.model.kv_bytes_per_token
+                    || derived.state_bytes_per_sequence != self.model.state_bytes_per_sequence)
             {
+                let copies = if inputs.speculation.is_on() {
+                    format!(
+                        " ({} states of {} B: one per token a step verifies)",
+                        inputs.speculation.state_copies(),
+                        inputs.model.state_bytes_per_sequence
+                    )
+                } else {
+                    String::new()
+                };
                 bail!(
-                    "{at}: model profile `{model}` has {} KV bytes/token and {} state bytes/sequence, but [model] says {} and {}: make them agree",
+                    "{at}: model profile `{model}` has {} KV bytes/token and {} state bytes/sequence{copies}, but [model] says {} and {}: make them agree",
                     derived.kv_bytes_per_token,
                     derived.state_bytes_per_sequence,
                     self.model.kv_bytes_per_token,

@@ -25,7 +25,7 @@ mod restart;
 mod validate;
 
 use crate::admission::{ClassShares, KvGeometry, Priority};
-use crate::capacity::{DerivedBackend, ProfileOverrides, StateDtype};
+use crate::capacity::{DerivedBackend, ProfileOverrides, StateDtype, WeightPrecision};
 use crate::digest::{hash_key, parse_sha256_hex};
 use crate::limiter::config::LimiterConfig;
 use crate::tls::BackendTls;
@@ -499,6 +499,18 @@ pub struct BackendConfig {
     /// Capacity-model sizing: model profile (`qwen3.5-27b`, `qwen3-32b`, ...).
     #[serde(default)]
     pub model: Option<String>,
+    /// Capacity-model sizing: precision of the weights (`bf16`, or `w8a8`: vLLM-ascend's
+    /// `--quantization ascend` checkpoints).
+    #[serde(default)]
+    pub weights: WeightPrecision,
+    /// Capacity-model sizing: draft tokens per step of the engine's speculative decoding (vLLM
+    /// `num_speculative_tokens`, MTP); 0 = none.
+    #[serde(default)]
+    pub speculative_tokens: u32,
+    /// Capacity-model sizing: mean fraction of the draft tokens accepted (needs
+    /// `speculative_tokens`; default 0.7, unverified: docs/capacity.md).
+    #[serde(default)]
+    pub acceptance: Option<f64>,
     /// Cards one model replica is split over (tensor parallelism).
     #[serde(default = "one")]
     pub tp: u32,
@@ -1016,6 +1028,77 @@ requests_per_second = 1
                 "{described}"
             );
         }
+    }
+
+    #[test]
+    fn a_backend_sized_as_the_vllm_ascend_recipe() {
+        let recipe = "weights = \"w8a8\"\nspeculative_tokens = 3\nengine_max_batch = 32";
+        // [model] says one state per sequence; the engine holds one per verified token
+        assert_eq!(
+            sized_backend(2, recipe).unwrap_err().to_string(),
+            "backends[0]: model profile `qwen3.5-27b` has 65536 KV bytes/token and 615776256 state bytes/sequence (4 states of 153944064 B: one per token a step verifies), but [model] says 65536 and 153944064: make them agree"
+        );
+        let four_states = |extra: &str| {
+            Config::parse(&sized_text(2, extra).replace(
+                "default_max_tokens = 800\n",
+                "default_max_tokens = 800\nstate_bytes_per_sequence = 615776256\n",
+            ))
+        };
+        let cfg = four_states(recipe).unwrap();
+        let b = &cfg.backends[0];
+        let d = b.derived.as_ref().unwrap();
+        // 2 x 64 GB - 29.54 GB of W8A8 weights - 2 x 2 GB; max-num-seqs binds
+        assert_eq!(
+            (b.kv_capacity_bytes(), b.max_batch(), d.lookahead_tokens),
+            (94_457_203_200, 32, 3)
+        );
+        assert_eq!(d.inputs.speculation.acceptance, 0.7);
+        assert!(
+            d.explanation
+                .contains("qwen3.5-27b (w8a8 weights), 3 draft tokens a step at acceptance 0.7"),
+            "{}",
+            d.explanation
+        );
+        // a measured acceptance lowers the rates the shares are of
+        let measured = four_states(&format!("{recipe}\nacceptance = 0.4")).unwrap();
+        assert_eq!(
+            measured.backends[0]
+                .derived
+                .as_ref()
+                .unwrap()
+                .inputs
+                .speculation
+                .acceptance,
+            0.4
+        );
+        assert!(
+            measured.tenants[0].rates().decode_tokens_per_second
+                < cfg.tenants[0].rates().decode_tokens_per_second
+        );
+        // an engine that reports its own geometry is not held to [model]'s
+        let engine = sized_backend(2, &format!("kv = \"engine\"\n{recipe}")).unwrap();
+        assert_eq!(
+            engine.backends[0]
+                .derived
+                .as_ref()
+                .unwrap()
+                .state_bytes_per_sequence,
+            615_776_256
+        );
+        let err = |extra: &str| sized_backend(2, extra).unwrap_err().to_string();
+        assert_eq!(
+            err("acceptance = 0.5"),
+            "backends[0].acceptance is the share of draft tokens kept: give speculative_tokens too"
+        );
+        assert_eq!(
+            err("kv = \"engine\"\nspeculative_tokens = 3\nacceptance = 2"),
+            "backends[0]: invalid acceptance: must be in [0, 1], got 2"
+        );
+        assert!(
+            err("weights = \"int4\"").contains("unknown variant `int4`"),
+            "{}",
+            err("weights = \"int4\"")
+        );
     }
 
     fn quickstart() -> String {

@@ -180,7 +180,8 @@ impl Config {
                 url, runner, kv, vllm_version, tls, health_path, connect_timeout, first_byte_timeout, stream_idle_timeout,
                 body_read_timeout, max_response_bytes, max_event_bytes, health_timeout, feedback,
             ], reloadable [
-                kv_capacity_bytes, max_batch, hardware, model, tp, replicas, efficiency,
+                kv_capacity_bytes, max_batch, hardware, model, weights, speculative_tokens,
+                acceptance, tp, replicas, efficiency,
                 weight_efficiency, cache_efficiency, compute_efficiency, tpot_slo_ms,
                 state_dtype, engine_max_batch, overrides, derived,
             ]);
