@@ -195,6 +195,20 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
                 "`tool_choice.name` is required when `tool_choice.type` is \"tool\"",
             ));
         }
+        // With tools, the one named must be among them (vLLM's structured output for it
+        // fails otherwise).
+        if let (Some("tool"), Some(Value::Array(tools))) = (
+            choice.get("type").and_then(Value::as_str),
+            body.get("tools"),
+        ) {
+            let name = choice.get("name");
+            if !tools.is_empty() && !tools.iter().any(|t| t.get("name") == name) {
+                return Err(ApiError::invalid_param(
+                    "tool_choice.name",
+                    "`tool_choice.name` names no tool of `tools`",
+                ));
+            }
+        }
     }
     for (i, tool) in body
         .get("tools")
@@ -876,6 +890,78 @@ mod tests {
     fn refusal(v: Value) -> (String, String) {
         let e = parse(v).unwrap_err();
         (e.param.unwrap_or_default(), e.message)
+    }
+
+    /// `count_tokens` is answered by the gateway: what vLLM's `AnthropicCountTokensRequest`
+    /// (and its rendering) refuses is refused, naming the field; what it takes is counted.
+    #[test]
+    fn count_tokens_bodies_are_checked_as_vllm_checks_them() {
+        let names = vec!["qwen".to_string()];
+        let vision = VisionRules::default();
+        let count = |extra: Value| {
+            let mut body =
+                json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let body = parse_object(body.to_string().as_bytes()).unwrap();
+            parse_count_tokens(&body, &names, &vision)
+                .map(|_| ())
+                .map_err(|e| e.param.unwrap_or_default())
+        };
+        let tools = json!([{"name": "x", "input_schema": {"type": "object"}}]);
+        for ok in [
+            json!({}),
+            json!({"thinking": {"type": "enabled", "budget_tokens": "2048", "display": "omitted"}}),
+            json!({"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}),
+            json!({"tool_choice": {"type": "tool", "name": "x"}, "tools": tools}),
+            // No tools: vLLM renders no tool choice.
+            json!({"tool_choice": {"type": "tool", "name": "y"}}),
+            json!({"tool_choice": {"type": "any", "disable_parallel_tool_use": "yes"}}),
+            json!({"system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]}),
+        ] {
+            assert_eq!(count(ok.clone()), Ok(()), "{ok}");
+        }
+        for (bad, param) in [
+            (
+                json!({"thinking": {"type": "enabled", "budget_tokens": 1000}}),
+                "thinking.budget_tokens",
+            ),
+            (
+                json!({"thinking": {"type": "enabled"}}),
+                "thinking.budget_tokens",
+            ),
+            (json!({"thinking": {"type": "sometimes"}}), "thinking.type"),
+            (
+                json!({"thinking": {"type": "adaptive", "display": "loud"}}),
+                "thinking.display",
+            ),
+            (json!({"tool_choice": {"type": "tool"}}), "tool_choice.name"),
+            (
+                json!({"tool_choice": {"type": "tool", "name": "y"}, "tools": tools}),
+                "tool_choice.name",
+            ),
+            (
+                json!({"tool_choice": {"type": "auto", "name": 2.5}}),
+                "name",
+            ),
+            (json!({"tools": [{"name": "x"}]}), "tools[0].input_schema"),
+            (
+                json!({"output_config": {"effort": "extreme"}}),
+                "output_config.effort",
+            ),
+            (
+                json!({"system": [{"type": "text", "text": "a", "signature": 5}]}),
+                "system[0].signature",
+            ),
+            (
+                json!({"system": [{"type": "shout", "text": "a"}]}),
+                "system[0].type",
+            ),
+            (json!({"chat_template_kwargs": []}), "chat_template_kwargs"),
+        ] {
+            assert_eq!(count(bad.clone()), Err(param.to_owned()), "{bad}");
+        }
     }
 
     #[test]

@@ -202,37 +202,41 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> 
     let Ok(text) = std::str::from_utf8(bytes) else {
         return Err(ApiError::invalid("the request body is not valid UTF-8"));
     };
-    if pyjson::needs_python(bytes) {
-        // What vLLM reads with Python's json and serde would refuse or round.
-        return match pyjson::parse(text) {
-            Ok((Value::Object(map), members)) => {
-                let unique = members == map.len();
-                Ok((map, unique))
-            }
-            Ok((other, _)) => Err(ApiError::invalid(format!(
-                "the request body must be a JSON object, got {}",
-                type_name(&other)
-            ))),
-            Err(e) => Err(ApiError::invalid(format!(
-                "the request body is not valid JSON: {e}"
-            ))),
-        };
-    }
+    let python = || match pyjson::parse(text) {
+        Ok((Value::Object(map), members)) => {
+            let unique = members == map.len();
+            Some(Ok((map, unique)))
+        }
+        Ok((other, _)) => Some(Err(ApiError::invalid(format!(
+            "the request body must be a JSON object, got {}",
+            type_name(&other)
+        )))),
+        Err(_) => None,
+    };
     match serde_json::from_str::<Top>(text) {
         Ok(Top { map, members }) => {
+            // A number serde_json rounds or reads as -0.0: read as Python reads it.
+            if map.values().any(pyjson::lossy) {
+                if let Some(read) = python() {
+                    return read;
+                }
+            }
             let unique = members == map.len();
             Ok((map, unique))
         }
-        // Refused input only: read again to say what it is instead.
-        Err(_) => match serde_json::from_str::<Value>(text) {
-            Ok(other) => Err(ApiError::invalid(format!(
-                "the request body must be a JSON object, got {}",
-                type_name(&other)
-            ))),
-            Err(e) => Err(ApiError::invalid(format!(
-                "the request body is not valid JSON: {e}"
-            ))),
-        },
+        // NaN, infinities, a float past the double range: what Python's json reads too.
+        Err(_) => python().unwrap_or_else(|| {
+            // Refused input only: read again to say what it is instead.
+            match serde_json::from_str::<Value>(text) {
+                Ok(other) => Err(ApiError::invalid(format!(
+                    "the request body must be a JSON object, got {}",
+                    type_name(&other)
+                ))),
+                Err(e) => Err(ApiError::invalid(format!(
+                    "the request body is not valid JSON: {e}"
+                ))),
+            }
+        }),
     }
 }
 

@@ -118,9 +118,9 @@ impl ChatPrompt {
 /// A tool call's `arguments` string as vLLM reads it (Python's `json.loads`: NaN, infinities
 /// and integers past 64 bits kept, [`pyjson`]); `None` when it is not JSON.
 fn read_arguments(text: &str) -> Option<Value> {
-    match pyjson::needs_python(text.as_bytes()) {
-        true => pyjson::parse(text).ok().map(|(v, _)| v),
-        false => serde_json::from_str(text).ok(),
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if !pyjson::lossy(&v) => Some(v),
+        _ => pyjson::parse(text).ok().map(|(v, _)| v),
     }
 }
 

@@ -13,53 +13,29 @@
 //! then printed as the number, a few tokens shorter than vLLM renders it, which the backend's
 //! usage settles (each marked string saves at most the mark's own tokens).
 //!
-//! [`needs_python`] tells, in one pass over the bytes, whether a text may hold anything serde
-//! reads differently; only then is it read here.
+//! A text is read with serde_json first; only when serde_json refuses it, or [`lossy`] finds
+//! in its value a number serde_json read otherwise, is it read here.
 
 use serde_json::{Map, Number, Value};
 
 /// What a string standing for a number Python keeps and a `Value` cannot starts with.
 pub const NUMBER_MARK: &str = "\u{0}\u{1}python-number:";
 
-/// Whether `bytes` may hold JSON that serde_json reads otherwise than Python: the words `NaN`
-/// or `Infinity`, `-0` not followed by a fraction or exponent, a run of 19 or more digits (past
-/// what 64 bits hold), or an exponent of three digits (past the double range). Strings are not
-/// told apart from the rest: one that holds such text only costs the slower, exact reading.
-pub fn needs_python(bytes: &[u8]) -> bool {
-    let mut digits = 0usize;
-    for (i, &b) in bytes.iter().enumerate() {
-        if b.is_ascii_digit() {
-            digits += 1;
-            if digits >= 19 {
-                return true;
-            }
-            continue;
-        }
-        digits = 0;
-        let rest = &bytes[i..];
-        match b {
-            b'N' if rest.starts_with(b"NaN") => return true,
-            b'I' if rest.starts_with(b"Infinity") => return true,
-            // `-0` that is the integer: not `-0.5`, `-01` (not JSON), `-0e1`.
-            b'-' if rest.starts_with(b"-0")
-                && !matches!(rest.get(2), Some(b'0'..=b'9' | b'.' | b'e' | b'E')) =>
-            {
-                return true
-            }
-            b'e' | b'E' => {
-                let rest = &bytes[i + 1..];
-                let rest = rest
-                    .strip_prefix(b"+")
-                    .or(rest.strip_prefix(b"-"))
-                    .unwrap_or(rest);
-                if rest.len() >= 3 && rest[..3].iter().all(u8::is_ascii_digit) {
-                    return true;
-                }
-            }
-            _ => {}
-        }
+/// Whether `v`, read by serde_json, holds a number it read otherwise than Python: a float
+/// that is a whole number past 64 bits (an integer serde_json rounded, or a float Python
+/// prints alike) or -0.0 (`-0`, which Python reads as the integer 0). Only then is the text
+/// read again here; what serde_json refuses (NaN, infinities, 1e400) is read here too.
+pub fn lossy(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_f64().is_some_and(|f| {
+            // Past i64 and u64 serde_json reads an integer as a double.
+            let past_64_bits = f.fract() == 0.0 && f.abs() >= 2f64.powi(63);
+            n.is_f64() && ((f == 0.0 && f.is_sign_negative()) || past_64_bits)
+        }),
+        Value::Array(items) => items.iter().any(lossy),
+        Value::Object(map) => map.values().any(lossy),
+        _ => false,
     }
-    false
 }
 
 /// The number a marked string stands for, as Python's `str` prints it (`nan`, `inf`, `-inf`,
@@ -435,26 +411,23 @@ mod tests {
     }
 
     #[test]
-    fn the_scan_finds_what_serde_reads_otherwise() {
+    fn lossy_finds_what_serde_reads_otherwise() {
+        let serde = |t: &str| serde_json::from_str::<Value>(t).unwrap();
         for yes in [
-            r#"{"n": NaN}"#,
-            r#"[Infinity]"#,
             r#"{"n": -0}"#,
-            "[-0]",
-            "1234567890123456789",
-            "1e400",
-            "2E-999",
-            "1e+308",
+            "[1, [-0.0]]",
+            "123456789012345678901234567890",
+            "-9223372036854775809",
+            "1e20",
         ] {
-            assert!(needs_python(yes.as_bytes()), "{yes}");
+            assert!(lossy(&serde(yes)), "{yes}");
         }
         for no in [
-            r#"{"n": -0.5, "m": -01}"#,
-            "[-0e1, 1e99, 2024-03-18]",
-            "123456789012345678",
-            r#"{"a": "Nan Inf"}"#,
+            r#"{"n": -0.5, "m": 0}"#,
+            "[18446744073709551615, -9223372036854775808, 1.5e18]",
+            r#"{"a": "-0 NaN"}"#,
         ] {
-            assert!(!needs_python(no.as_bytes()), "{no}");
+            assert!(!lossy(&serde(no)), "{no}");
         }
     }
 
