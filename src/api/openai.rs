@@ -624,28 +624,46 @@ pub fn parse_tokenize(
         ],
     )?;
     let strs = optional_bool(body, "return_token_strs")?.unwrap_or(false);
-    if body.contains_key("messages") {
-        check_fields(
-            body,
-            &[
-                ("add_generation_prompt", Bool),
-                ("continue_final_message", Bool),
-                ("chat_template", OptStr),
-                ("chat_template_kwargs", OptObject),
-                ("media_io_kwargs", OptObject),
-                ("mm_processor_kwargs", OptObject),
-                ("tools", OptArray),
-            ],
-        )?;
-        return Ok((parse_chat_prompt(body, vision, ChatRoute::Tokenize)?, strs));
+    // vLLM refuses per-request multimodal settings unless started trusting them, on either
+    // form (as extra fields of the text one).
+    for param in ["mm_processor_kwargs", "media_io_kwargs"] {
+        if py_truthy(body.get(param)) {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("`{param}` is not accepted (vLLM refuses it unless started with --trust-request-mm-kwargs)"),
+            ));
+        }
     }
-    match body.get("prompt") {
-        Some(Value::String(s)) => Ok((Prompt::Text(s.clone()), strs)),
+    let text = match body.get("prompt") {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
         None | Some(Value::Null) => Err(ApiError::invalid_param(
             "prompt",
             "`prompt` (or `messages`) is required",
         )),
         Some(other) => Err(wrong_type("prompt", "a string", other)),
+    };
+    if !body.contains_key("messages") {
+        return Ok((text?, strs));
+    }
+    // The chat when its fields are one; else a text prompt beside it is read (pydantic's union
+    // of the two request models takes the one that validates).
+    let chat = check_fields(
+        body,
+        &[
+            ("add_generation_prompt", Bool),
+            ("continue_final_message", Bool),
+            ("chat_template", OptStr),
+            ("chat_template_kwargs", OptObject),
+            ("media_io_kwargs", OptObject),
+            ("mm_processor_kwargs", OptObject),
+            ("tools", OptArray),
+        ],
+    )
+    .and_then(|()| parse_chat_prompt(body, vision, ChatRoute::Tokenize));
+    match (chat, text) {
+        (Ok(chat), _) => Ok((chat, strs)),
+        (Err(_), Ok(text)) => Ok((text, strs)),
+        (Err(e), Err(_)) => Err(e),
     }
 }
 
@@ -1696,7 +1714,19 @@ mod tests {
         );
         let odd = json!({"messages": [{"role": "user", "content": "a"}], "reasoning_effort": 3});
         assert!(tokenize(odd).is_ok());
+        // Both: the chat when it is one, else the text.
+        assert!(matches!(
+            tokenize(json!({"prompt": "a", "messages": [{"role": "user", "content": "b"}]})),
+            Ok((Prompt::Chat { .. }, _))
+        ));
+        assert!(matches!(
+            tokenize(json!({"prompt": "a", "messages": [{}]})),
+            Ok((Prompt::Text(t), _)) if t == "a"
+        ));
         for refused in [
+            json!({"prompt": "a", "media_io_kwargs": {"k": {}}}),
+            json!({"prompt": "a", "mm_processor_kwargs": {"min_pixels": 1}}),
+            json!({"messages": [{}]}),
             json!({"prompt": ["a", "b"]}),
             json!({"prompt": [1, 2]}),
             json!({}),
