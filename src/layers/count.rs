@@ -491,7 +491,7 @@ impl Counter {
     }
 
     /// Output tokens to reserve (none on a pooling route): what the client asked for (clamped
-    /// to what the context leaves where the backends clamp it, [`Counter::clamps`]), or else
+    /// to what the context leaves where the backends clamp it, `Counter::clamps`), or else
     /// the default clamped to the context: `model.default_max_tokens`, or the backend's own
     /// default where it is smaller (vLLM's completions generate 16, MindIE's TGI routes 20: see
     /// [`Route::backend_default_max_tokens`]), raised to the request's `min_tokens` where
