@@ -440,6 +440,9 @@ async fn each_scrape_reads_the_meters_so_resets_and_rolling_windows_show_without
             &format!("tokengate_quota_limit{{{hour}}} 1000.0"),
             &format!("tokengate_quota_spent{{{month}}} 0.000102"),
             &format!("tokengate_quota_limit{{{month}}} 1.0"),
+            // The store's file is written to: nothing has failed.
+            "tokengate_quota_file_writable 1",
+            "tokengate_quota_file_write_errors_total 0",
         ])
     );
     let r = admin_post(
