@@ -94,10 +94,15 @@ impl<B> tower::Service<Request<B>> for Forward {
                 .take()
                 .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
             let backend = ticket.lease().map_or(0, |l| l.backend());
+            // No engine runs a prompt longer than the model's context: a backend's count of the
+            // prompts is believed up to that.
+            let prompts = (req.extensions().get::<Sequences>()).map_or(1, |s| s.prompts.len());
             let reconcile = Reconcile {
                 backend: gw.upstreams[backend].url.clone(),
                 request_id: crate::request_id::request_id(req.headers()),
                 cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
+                most_prompt_tokens: (gw.config.model.max_model_len)
+                    .saturating_mul(prompts.max(1) as u64),
             };
             let (mut parts, _) = req.into_parts();
             let mut parsed = parts

@@ -78,6 +78,10 @@ pub struct Reconcile {
     /// What a prompt token the backend's prefix cache held is charged, as a share of a token
     /// (`limiter.cached_prefill_weight`).
     pub cached_prefill_weight: f64,
+    /// The most prompt tokens the request can have run (the model's context for each of its
+    /// prompts): the backend's count settles the charge, the quotas and the record up to this,
+    /// so a backend that says it counted a trillion cannot spend a tenant's quota whole.
+    pub most_prompt_tokens: u64,
 }
 
 impl Reconcile {
@@ -526,7 +530,9 @@ impl Drop for Admitted {
         if let Some((prompt, cached)) = self.usage_prompt {
             let counted = ticket.cost().prefill;
             let weight = self.reconcile.cached_prefill_weight;
-            ticket.reconcile_prompt(prompt, cached, weight);
+            let believed = prompt.min(self.reconcile.most_prompt_tokens);
+            ticket.reconcile_prompt(believed, cached.map(|c| c.min(believed)), weight);
+            // The difference exported is the backend's word, as it said it.
             self.reconcile
                 .compare(&self.metrics, "prompt", counted, prompt);
         }
