@@ -817,9 +817,9 @@ fn header_pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
     pairs
 }
 
-/// Nothing of the client's headers reaches the backend but the request id; of the backend's
-/// answer, the hop-by-hop headers (and those `connection` names) stay behind, and the client
-/// gets the gateway's request id, not the backend's.
+/// Nothing of the client's headers reaches the backend (its request id is the gateway's); of
+/// the backend's answer, the hop-by-hop headers (and those `connection` names) stay behind, and
+/// the client gets its request id, not the backend's.
 #[tokio::test]
 async fn hop_by_hop_headers_stay_behind_and_the_request_id_crosses_both_ways() {
     let (gw, backend) = gateway(FakeSpec {
@@ -866,13 +866,17 @@ async fn hop_by_hop_headers_stay_behind_and_the_request_id_crosses_both_ways() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     };
+    // The backend's id is the gateway's, never the client's.
+    let seen = backend.seen_headers.lock().unwrap()[0].clone();
+    let gateway_id = seen["x-request-id"].to_str().unwrap().to_owned();
+    assert!(gateway_id.starts_with("tg-") && gateway_id.len() == 35, "{gateway_id}");
     assert_eq!(
-        header_pairs(&backend.seen_headers.lock().unwrap()[0]),
+        header_pairs(&seen),
         pairs(&[
             ("content-length", &len),
             ("content-type", "application/json"),
             ("host", &addr),
-            ("x-request-id", "client-42"),
+            ("x-request-id", &gateway_id),
         ])
     );
     let mut names: Vec<&str> = r.headers.keys().map(|k| k.as_str()).collect();

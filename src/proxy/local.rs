@@ -19,7 +19,6 @@ use crate::config::{Runner, ValidConfig};
 use crate::error::{Allow, ApiError};
 use crate::layers::count::Counter;
 use crate::limiter::Cost;
-use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
 use crate::tokenize::TokenCount;
 use crate::util::bounded::Bounded;
@@ -369,12 +368,12 @@ pub async fn models<B>(
     upstreams: Arc<[Upstream]>,
     req: Request<B>,
 ) -> Result<Response<GatewayBody>, ApiError> {
-    let request_id = req.headers().get(REQUEST_ID);
+    let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
     let mut last = ApiError::upstream("no backend is configured");
     for upstream in upstreams.iter() {
         let answer = async {
             let resp = upstream
-                .send(Method::GET, "/v1/models", None, request_id, None)
+                .send(Method::GET, "/v1/models", None, Some(&request_id), None)
                 .await?;
             let (mut parts, body) = resp.into_parts();
             if !parts.status.is_success() {
