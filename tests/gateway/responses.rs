@@ -92,3 +92,35 @@ async fn stored_state_is_refused_with_nothing_charged() {
     assert_eq!(gw.bucket("alice", "requests").await, 100.0);
     assert_eq!(sim.stats().requests, 0);
 }
+
+/// What a chat refuses, `/v1/responses` refuses with the same words (one list of the fields
+/// that change the engine's work beyond what the gateway charged): a negative `priority`
+/// (ahead of the request's class) and `mm_processor_kwargs` / `media_io_kwargs` (a 28x28 image
+/// counted as a few tokens, ~16K to vLLM with a `min_pixels` of 16M), each with nothing
+/// charged or forwarded. Before, both were forwarded.
+#[tokio::test]
+async fn responses_refuse_what_chat_refuses() {
+    let sim = start_sim(SimConfig::pace(Duration::from_millis(1))).await;
+    let gw = TestGateway::start(config(&[sim.addr()])).await;
+    for (extra, param) in [
+        (json!({"priority": -5}), "priority"),
+        (json!({"mm_processor_kwargs": {"min_pixels": 16_777_216}}), "mm_processor_kwargs"),
+        (json!({"media_io_kwargs": {"video": {"num_frames": 512}}}), "media_io_kwargs"),
+    ] {
+        let mut body = json!({"model": "qwen3.5-27b", "input": "hi"});
+        let mut chat_body = chat("hi", 10, false);
+        for b in [&mut body, &mut chat_body] {
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+        }
+        let chat = gw.chat("sk-alice", &chat_body).await;
+        let r = post(&gw.url("/v1/responses"), "sk-alice", &body).await;
+        assert_eq!((r.status, r.code().as_str()), (400, "invalid_request"), "{param}");
+        assert_eq!(r.json()["error"]["param"], param);
+        assert_eq!(r.json()["error"]["message"], chat.json()["error"]["message"]);
+    }
+    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0);
+    assert_eq!(gw.bucket("alice", "requests").await, 100.0);
+    assert_eq!(sim.stats().requests, 0);
+}
