@@ -828,7 +828,7 @@ impl From<UpstreamFailure> for ApiError {
                 "the backend sent a stream event larger than the gateway's limit of {max} bytes (backends[].max_event_bytes)"
             )),
             UpstreamFailure::Stalled(d) => ApiError::upstream_timeout(format!(
-                "the backend sent nothing for {} in the middle of its answer",
+                "the backend sent no output for {} in the middle of its answer",
                 t(d)
             )),
             UpstreamFailure::StreamBroke => {

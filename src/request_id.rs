@@ -1,8 +1,8 @@
 //! Step 1 of the request path: every request's id (`x-request-id`). A client's own id is kept
 //! when it is one plain token, 1 to [`MAX_CLIENT_ID_BYTES`] bytes of visible ASCII, and sent
 //! once; anything else (60 KB of it, spaces, control or non-ASCII bytes, two headers) is
-//! replaced by an id the gateway makes, so what reaches the backend, the logs and the usage log
-//! is bounded and printable.
+//! replaced by an id the gateway makes, so what reaches the logs, the usage log and the answer
+//! is bounded and printable. A backend always gets an id of the gateway's ([`backend_id`]).
 //!
 //! The gateway's ids are 128 random bits in hex (`tg-` and 32 digits). vLLM takes the request
 //! id as its engine request id: a counter would let one tenant guess the id of the next
@@ -13,8 +13,8 @@
 use http::{HeaderValue, Request};
 use rand::Rng;
 
-/// The header of a request's id (the client's, or one the gateway made): sent to the backend,
-/// and the gateway's is the one in the answer.
+/// The header of a request's id (the client's, or one the gateway made): the one in the
+/// answer; a backend gets one of the gateway's in it ([`backend_id`]).
 pub const REQUEST_ID: &str = "x-request-id";
 
 /// The request's id, from its `x-request-id` header.
@@ -72,6 +72,24 @@ impl RequestIds {
         req.extensions_mut().insert(GatewayMade);
         req
     }
+}
+
+/// The id a request goes to a backend with: always the gateway's, never a client's. vLLM
+/// takes it as its engine request id: two tenants sending the same id would collide there, and
+/// one could name another's request. The request's own id when the gateway made it; else a new
+/// one, recorded in the request's span as `backend_id` beside the client's `id`, so the logs
+/// tie the two.
+pub fn backend_id(headers: &http::HeaderMap, extensions: &http::Extensions) -> HeaderValue {
+    if extensions.get::<GatewayMade>().is_some() {
+        if let Some(id) = headers.get(REQUEST_ID) {
+            return id.clone();
+        }
+    }
+    let id = RequestIds.make();
+    if let Ok(text) = id.to_str() {
+        tracing::Span::current().record("backend_id", text);
+    }
+    id
 }
 
 #[cfg(test)]

@@ -518,7 +518,51 @@ async fn a_stream_stalled_mid_answer_ends_with_a_timeout_event_and_settles() {
         "the gateway gives up on a stalled stream",
     )
     .await;
-    let message = "the backend sent nothing for 200ms in the middle of its answer";
+    let message = "the backend sent no output for 200ms in the middle of its answer";
+    assert_cut_short_after_one_token(&gw, &r, "upstream_timeout", message).await;
+}
+
+/// A backend that sends keep-alive comments and empty deltas after its first token, and
+/// nothing else, is not making progress: past `stream_idle_timeout` without output the stream
+/// ends with the same `upstream_timeout` event and settles (one token charged, the lease freed).
+/// Before, each keep-alive restarted the timer and the lease was held for as long as the
+/// backend kept sending them.
+#[tokio::test]
+async fn keep_alives_and_empty_deltas_do_not_extend_stream_idle_timeout() {
+    let spec = FakeSpec {
+        behaviour: Behaviour::KeepAliveAfterFirst,
+        ..FakeSpec::default()
+    };
+    let (gw, _backend) = gateway_with(spec, |cfg| {
+        cfg.backends[0].stream_idle_timeout = Duration::from_millis(200);
+    })
+    .await;
+    let sent = tokio::time::Instant::now();
+    let r = chat_within_10s(
+        &gw,
+        &chat("a", 10, true),
+        "the gateway gives up on a stream of keep-alives",
+    )
+    .await;
+    assert!(sent.elapsed() >= Duration::from_millis(200));
+    let mut data = sse_data(&r.body);
+    // The empty deltas passed on before the end carry nothing.
+    let empty = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": ""}}]});
+    let last = data.pop();
+    let keep_alives = data.split_off(1);
+    assert!(keep_alives
+        .iter()
+        .all(|d| serde_json::from_str::<Value>(d).unwrap() == empty));
+    data.extend(last);
+    let r = Received {
+        body: data
+            .iter()
+            .map(|d| format!("data: {d}\n\n"))
+            .collect::<String>()
+            .into_bytes(),
+        ..r
+    };
+    let message = "the backend sent no output for 200ms in the middle of its answer";
     assert_cut_short_after_one_token(&gw, &r, "upstream_timeout", message).await;
 }
 
@@ -817,9 +861,9 @@ fn header_pairs(h: &http::HeaderMap) -> Vec<(String, String)> {
     pairs
 }
 
-/// Nothing of the client's headers reaches the backend but the request id; of the backend's
-/// answer, the hop-by-hop headers (and those `connection` names) stay behind, and the client
-/// gets the gateway's request id, not the backend's.
+/// Nothing of the client's headers reaches the backend (its request id is the gateway's); of
+/// the backend's answer, the hop-by-hop headers (and those `connection` names) stay behind, and
+/// the client gets its request id, not the backend's.
 #[tokio::test]
 async fn hop_by_hop_headers_stay_behind_and_the_request_id_crosses_both_ways() {
     let (gw, backend) = gateway(FakeSpec {
@@ -866,13 +910,20 @@ async fn hop_by_hop_headers_stay_behind_and_the_request_id_crosses_both_ways() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     };
+    // The backend's id is the gateway's, never the client's.
+    let seen = backend.seen_headers.lock().unwrap()[0].clone();
+    let gateway_id = seen["x-request-id"].to_str().unwrap().to_owned();
+    assert!(
+        gateway_id.starts_with("tg-") && gateway_id.len() == 35,
+        "{gateway_id}"
+    );
     assert_eq!(
-        header_pairs(&backend.seen_headers.lock().unwrap()[0]),
+        header_pairs(&seen),
         pairs(&[
             ("content-length", &len),
             ("content-type", "application/json"),
             ("host", &addr),
-            ("x-request-id", "client-42"),
+            ("x-request-id", &gateway_id),
         ])
     );
     let mut names: Vec<&str> = r.headers.keys().map(|k| k.as_str()).collect();

@@ -232,3 +232,47 @@ async fn a_kill_9_loses_exactly_what_was_spent_since_the_last_flush() {
     );
     assert!(serve.stop().await.success());
 }
+
+/// A quota file cut in half while the gateway was stopped (redb panics opening it): the
+/// gateway starts all the same, logs that the file was damaged, where it was set aside and
+/// which meters it kept, and alice's 25 tokens are still spent. Before, it could not start, and
+/// the only way back was to delete the file and every tenant's spend with it.
+#[tokio::test]
+async fn a_damaged_quota_file_is_set_aside_and_the_gateway_starts_with_what_it_held() {
+    let backend = FakeBackend::start(FakeSpec {
+        natural_length: OUTPUT,
+        ..FakeSpec::default()
+    })
+    .await;
+    let dir = TempDir::new("quota-restart-damaged");
+    let text = quota_text(&backend, "1h");
+    let serve = Serve::start(&dir, &text).await;
+    assert_eq!(serve.chat().await, 200);
+    let before = serve.wait_spent(OUTPUT).await;
+    assert!(serve.stop().await.success());
+    let file = dir.0.join("quotas.redb");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+
+    let (mut child, _) = spawn_serve(&dir, &text);
+    let mut logs = Logs::of(&mut child);
+    let damaged = logs.wait_for("the quota file was damaged").await;
+    let aside = dir.0.join("quotas.redb.damaged");
+    for said in [
+        format!("set_aside={}", aside.display()),
+        "kept=1".to_string(),
+        "meters=\"alice 1d|decode\"".to_string(),
+    ] {
+        assert!(damaged.contains(&said), "{said} in {damaged}");
+    }
+    assert_eq!(std::fs::read(&aside).unwrap(), bytes[..bytes.len() / 2]);
+    let listening = logs.wait_for("tokengate listening").await;
+    let serve = Serve {
+        child,
+        logs,
+        main: logged_addr(&listening, "addr="),
+        admin: logged_addr(&listening, "admin_addr="),
+    };
+    assert_eq!(kept(&serve.meter().await), kept(&before));
+    assert!(serve.stop().await.success());
+}

@@ -299,7 +299,7 @@ fn template_switches(
 /// `--trust-request-chat-template`), and `mm_processor_kwargs` / `media_io_kwargs`, which
 /// change how images are resized and videos sampled (a 1x1 PNG with a `min_pixels` of 16M is
 /// ~16,000 tokens to the engine).
-fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), ApiError> {
+pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), ApiError> {
     for (param, why) in [
         ("chat_template", "the gateway counts prompts with the deployment's chat template only"),
         ("mm_processor_kwargs", "it changes how images and videos become tokens, which the gateway counts with the deployment's settings only"),

@@ -47,6 +47,9 @@ pub fn parse_generation(
 ) -> Result<GenerationRequest, ApiError> {
     let model = served_model_or_default(&body, limits.served_names)?;
     refuse_stored_state(&body)?;
+    // vLLM runs a Responses body as a chat: what a chat refuses, it refuses, in the same words.
+    super::openai::refuse_negative_priority(&body)?;
+    super::openai::refuse_uncountable(&body)?;
     let requested = match body.get("max_output_tokens") {
         None | Some(Value::Null) => None,
         Some(v) => Some((

@@ -136,6 +136,29 @@ where
     }
 }
 
+/// The body fields that steer the engine itself, which a deployment sets and no client may
+/// through the gateway, on every route: `kv_transfer_params` says where vLLM pulls or pushes a
+/// request's KV cache in a disaggregated deployment (a client could make it fetch from, or send
+/// to, any host), `vllm_xargs` passes arguments to the engine's plugins (custom logits
+/// processors), whose work nothing counts.
+const ENGINE_CONTROLS: [&str; 2] = ["kv_transfer_params", "vllm_xargs"];
+
+/// Refuses a body that sets one of [`ENGINE_CONTROLS`] (null is not setting it).
+fn refuse_engine_controls(
+    body: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), ApiError> {
+    match ENGINE_CONTROLS
+        .iter()
+        .find(|f| body.get(**f).is_some_and(|v| !v.is_null()))
+    {
+        Some(field) => Err(ApiError::invalid_param(
+            field,
+            format!("`{field}` is not accepted: the deployment sets it, not a client"),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Every request costs at least one prefill token, one decode token and one request.
 const LEAST: Cost = Cost {
     prefill: 1,
@@ -224,6 +247,7 @@ impl Counter {
         if let Some(pending) = parts.extensions.get::<Pending>() {
             pending.named_model(&parsed.model);
         }
+        refuse_engine_controls(&parsed.body)?;
         // With max_tokens known, the decode bucket is checked before counting too (every
         // sequence's output).
         let sequences = parsed.sequences();

@@ -1,6 +1,6 @@
 //! Steps 10-11, forward + meter: the leaf service under the layers. It sends the parsed
 //! request to the backend its lease is on (`max_tokens` rewritten to what was reserved, usage
-//! asked for, the request's id) and answers with the backend's answer, metered: a whole answer
+//! asked for, an id of the gateway's: [`crate::request_id::backend_id`]) and answers with the backend's answer, metered: a whole answer
 //! (or a JSON one to a streamed request) read and settled at once, a stream passed on event by
 //! event by [`MeteredStream`], which owns the request's [`Ticket`](crate::layers::Ticket) (through [`Admitted`]) until
 //! it ends, breaks or the client goes.
@@ -27,7 +27,6 @@ use crate::layers::{Sequences, TicketSlot};
 use crate::limiter::Cost;
 use crate::metrics::Metrics;
 use crate::record::Arrived;
-use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
@@ -89,15 +88,20 @@ impl<B> tower::Service<Request<B>> for Forward {
             let Arrived(arrived) = *needs::<Arrived>(req.extensions())?;
             let route = *needs::<Route>(req.extensions())?;
             let reserved = needs::<Cost>(req.extensions())?.decode;
-            let request_id = req.headers().get(REQUEST_ID).cloned();
+            let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
             let ticket = needs::<TicketSlot>(req.extensions())?
                 .take()
                 .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
             let backend = ticket.lease().map_or(0, |l| l.backend());
+            // No engine runs a prompt longer than the model's context: a backend's count of the
+            // prompts is believed up to that.
+            let prompts = (req.extensions().get::<Sequences>()).map_or(1, |s| s.prompts.len());
             let reconcile = Reconcile {
                 backend: gw.upstreams[backend].url.clone(),
                 request_id: crate::request_id::request_id(req.headers()),
                 cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
+                most_prompt_tokens: (gw.config.model.max_model_len)
+                    .saturating_mul(prompts.max(1) as u64),
             };
             let (mut parts, _) = req.into_parts();
             let mut parsed = parts
@@ -135,14 +139,14 @@ impl<B> tower::Service<Request<B>> for Forward {
         })();
         Box::pin(async move {
             let (parsed, max_output, sequences, admitted, request_id) = taken?;
-            gw.forward(parsed, max_output, sequences, admitted, request_id.as_ref())
+            gw.forward(parsed, max_output, sequences, admitted, Some(&request_id))
                 .await
         })
     }
 }
 
 impl Backends {
-    /// Steps 10-11: send to the leased backend (with the request's id) and meter the answer.
+    /// Steps 10-11: send to the leased backend (with `request_id`, the gateway's) and meter the answer.
     async fn forward(
         &self,
         mut req: GenerationRequest,

@@ -19,7 +19,6 @@ use crate::config::{Runner, ValidConfig};
 use crate::error::{Allow, ApiError};
 use crate::layers::count::Counter;
 use crate::limiter::Cost;
-use crate::request_id::REQUEST_ID;
 use crate::tenant::Tenant;
 use crate::tokenize::TokenCount;
 use crate::util::bounded::Bounded;
@@ -259,7 +258,10 @@ fn info(config: &ValidConfig) -> Value {
 
 /// `POST /detokenize`, answered locally in vLLM's shape: `{"prompt": text}`, the ids decoded as
 /// vLLM decodes a prompt's (special tokens kept, invalid UTF-8 as U+FFFD, ids the tokenizer does
-/// not have left out). It costs one request, as `/tokenize` does.
+/// not have left out). It costs one request, as `/tokenize` does. The text is at most
+/// `server.max_body_bytes` (what the gateway takes as a body is what it answers): more is a 400,
+/// found before the text is made whole (a body of one long token, many times over, would
+/// otherwise come back twenty times its size).
 pub async fn detokenize<B>(
     counter: Arc<Counter>,
     req: Request<Bounded<B>>,
@@ -275,12 +277,21 @@ where
     })
     .await?;
     let tokenizer = counter.tokenizer.clone();
+    let max = counter.config.server.max_body_bytes;
+    let most = usize::try_from(max).unwrap_or(usize::MAX);
+    let count = ids.len();
     // Decoding an id is a lookup and a copy, cheaper than tokenizing a byte: as many ids as
     // the inline bound's bytes are decoded here.
-    let decode =
-        (counter.pool).run_maybe_inline(&tenant.name, ids.len(), move || tokenizer.decode(&ids));
+    let decode = (counter.pool).run_maybe_inline(&tenant.name, ids.len(), move || {
+        tokenizer.decode_within(&ids, most)
+    });
     let text = charged(&counter, &tenant, body_charge, async {
-        decode.await.map_err(ApiError::from)
+        decode.await.map_err(ApiError::from)?.ok_or_else(|| {
+            ApiError::invalid_param(
+                "tokens",
+                format!("the {count} ids decode to more than {max} bytes, the most text the gateway answers (server.max_body_bytes): detokenize fewer at a time"),
+            )
+        })
     })
     .await?;
     Ok(json_response(
@@ -369,12 +380,12 @@ pub async fn models<B>(
     upstreams: Arc<[Upstream]>,
     req: Request<B>,
 ) -> Result<Response<GatewayBody>, ApiError> {
-    let request_id = req.headers().get(REQUEST_ID);
+    let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
     let mut last = ApiError::upstream("no backend is configured");
     for upstream in upstreams.iter() {
         let answer = async {
             let resp = upstream
-                .send(Method::GET, "/v1/models", None, request_id, None)
+                .send(Method::GET, "/v1/models", None, Some(&request_id), None)
                 .await?;
             let (mut parts, body) = resp.into_parts();
             if !parts.status.is_success() {

@@ -78,6 +78,10 @@ pub struct Reconcile {
     /// What a prompt token the backend's prefix cache held is charged, as a share of a token
     /// (`limiter.cached_prefill_weight`).
     pub cached_prefill_weight: f64,
+    /// The most prompt tokens the request can have run (the model's context for each of its
+    /// prompts): the backend's count settles the charge, the quotas and the record up to this,
+    /// so a backend that says it counted a trillion cannot spend a tenant's quota whole.
+    pub most_prompt_tokens: u64,
 }
 
 impl Reconcile {
@@ -438,15 +442,18 @@ impl Admitted {
     }
 
     /// Takes in one event of a stream, which arrived `now` (the clock is read once for the
-    /// events of one read, not for each: they arrived together).
-    fn observe_event(&mut self, chunk: &Chunk, now: &mut Option<Instant>) {
+    /// events of one read, not for each: they arrived together). Returns whether it is
+    /// progress: it carried output, or the backend's count.
+    fn observe_event(&mut self, chunk: &Chunk, now: &mut Option<Instant>) -> bool {
         self.streamed = true;
-        if self.observe(chunk) {
+        let generated = self.observe(chunk);
+        if generated {
             let now = *now.get_or_insert_with(Instant::now);
             self.first_token.get_or_insert(now);
             self.last_token = Some(now);
             self.token_events += 1;
         }
+        generated || chunk.completion_tokens().is_some()
     }
 
     /// Takes in what an answer or chunk says: the backend's count, else the text to count,
@@ -526,7 +533,9 @@ impl Drop for Admitted {
         if let Some((prompt, cached)) = self.usage_prompt {
             let counted = ticket.cost().prefill;
             let weight = self.reconcile.cached_prefill_weight;
-            ticket.reconcile_prompt(prompt, cached, weight);
+            let believed = prompt.min(self.reconcile.most_prompt_tokens);
+            ticket.reconcile_prompt(believed, cached.map(|c| c.min(believed)), weight);
+            // The difference exported is the backend's word, as it said it.
             self.reconcile
                 .compare(&self.metrics, "prompt", counted, prompt);
         }
@@ -617,12 +626,14 @@ pin_project_lite::pin_project! {
     pub struct MeteredStream<B> {
         #[pin]
         inner: B,
-        // Fires `idle_timeout` after the stream began waiting on the backend.
+        // Fires `idle_timeout` after the stream began waiting on the backend for output.
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
-        // The last poll of the backend found nothing. Time spent between polls (a client slow
-        // to read) is not the backend's silence, so `idle` is set when waiting begins.
+        // Polls of the backend since its last output found nothing, or only what is no output
+        // (keep-alive comments, empty deltas, role-only chunks). Time spent between polls (a
+        // client slow to read) is not the backend's silence, so `idle` is set when waiting
+        // begins; what is no output does not set it again.
         waiting: bool,
         splitter: SseSplitter,
         // What the stream's events begin with, read once.
@@ -687,6 +698,10 @@ struct Filtered {
     /// The piece held an event over the bound: `bytes` ends with the error event, and the
     /// request is settled.
     ended: bool,
+    /// The piece moved the answer on: an event carried output or the backend's count, or
+    /// ended the answer (or the request is settled already). Keep-alive comments and empty
+    /// deltas do not.
+    progressed: bool,
 }
 
 /// Feeds bytes through the SSE splitter, meters each complete event, and returns what the
@@ -705,17 +720,19 @@ fn filter(
 ) -> Filtered {
     let split = splitter.push(bytes);
     let mut now = None;
+    let mut progressed = admitted.is_none();
     // The events the client does not get (by their place in `split.events`): rarely any.
     let mut left_out = Vec::new();
     for (i, event) in split.events.iter().enumerate() {
         let data = sse::payload(wire.framing(), event);
         let chunk = Chunk::of_event(wire, &data, head);
         if let Some(a) = admitted.as_mut() {
-            a.observe_event(&chunk, &mut now);
+            progressed |= a.observe_event(&chunk, &mut now);
             // The answer is whole: a client that closes now, before the backend's body ends,
             // was answered, not cut off (what may still come is metered all the same).
             if wire.ends_answer(&data) {
                 a.settle_as(Outcome::Ok);
+                progressed = true;
             }
         }
         if chunk.usage_only() && !client_wants_usage {
@@ -726,6 +743,7 @@ fn filter(
         return Filtered {
             bytes: run,
             ended: false,
+            progressed,
         };
     }
     // Room for every event once: the client's bytes are copied in one go, not grown into.
@@ -743,6 +761,7 @@ fn filter(
     Filtered {
         bytes: out.freeze(),
         ended: split.too_large,
+        progressed,
     }
 }
 
@@ -756,6 +775,27 @@ fn cut_short(admitted: &mut Option<Admitted>, wire: Wire, err: ApiError) -> Byte
         drop(a);
     }
     Bytes::from(wire.event(&err.body_in(wire)))
+}
+
+/// The stream begins to wait for the backend's output, unless it waits already: `idle` fires
+/// `timeout` from now.
+fn wait(waiting: &mut bool, idle: Pin<&mut Sleep>, timeout: Duration) {
+    if !*waiting {
+        *waiting = true;
+        idle.reset(tokio::time::Instant::now() + timeout);
+    }
+}
+
+/// Ends a stream whose backend gave no output for `timeout`: its last event, the error.
+fn stalled(
+    ended: &mut bool,
+    admitted: &mut Option<Admitted>,
+    wire: Wire,
+    timeout: Duration,
+) -> Bytes {
+    tracing::warn!(?timeout, "backend stream stalled");
+    *ended = true;
+    cut_short(admitted, wire, UpstreamFailure::Stalled(timeout).into())
 }
 
 impl<B> Body for MeteredStream<B>
@@ -779,21 +819,13 @@ where
         }
         loop {
             let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
-                if !*this.waiting {
-                    *this.waiting = true;
-                    let deadline = tokio::time::Instant::now() + *this.idle_timeout;
-                    this.idle.as_mut().reset(deadline);
-                }
+                wait(this.waiting, this.idle.as_mut(), *this.idle_timeout);
                 if this.idle.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                tracing::warn!(timeout = ?this.idle_timeout, "backend stream stalled");
-                *this.ended = true;
-                let err = UpstreamFailure::Stalled(*this.idle_timeout).into();
-                let last = cut_short(this.admitted, *this.wire, err);
+                let last = stalled(this.ended, this.admitted, *this.wire, *this.idle_timeout);
                 return Poll::Ready(Some(Ok(Frame::data(last))));
             };
-            *this.waiting = false;
             match frame {
                 Some(Ok(frame)) => {
                     let Ok(data) = frame.into_data() else {
@@ -809,6 +841,18 @@ where
                         data,
                     );
                     *this.ended = out.ended;
+                    if out.progressed {
+                        *this.waiting = false;
+                    } else if !out.ended {
+                        // No output: the wait for it goes on, and may be over (a backend that
+                        // sends keep-alives as fast as they are read is never found silent).
+                        wait(this.waiting, this.idle.as_mut(), *this.idle_timeout);
+                        if tokio::time::Instant::now() >= this.idle.deadline() {
+                            let last =
+                                stalled(this.ended, this.admitted, *this.wire, *this.idle_timeout);
+                            return Poll::Ready(Some(Ok(Frame::data(last))));
+                        }
+                    }
                     if !out.bytes.is_empty() {
                         return Poll::Ready(Some(Ok(Frame::data(out.bytes))));
                     }

@@ -232,7 +232,8 @@ pub struct Reading {
 impl Reading {
     /// What can still be reserved.
     pub fn remaining(&self) -> u64 {
-        self.limit.saturating_sub(self.spent + self.reserved)
+        self.limit
+            .saturating_sub(self.spent.saturating_add(self.reserved))
     }
 
     /// Time until `resets_at`.
@@ -263,8 +264,11 @@ impl MeterState {
 
     /// The meter read at `now` (after [`MeterState::prune`]).
     pub fn read(&self, meter: &Meter, now: i64) -> Reading {
-        let spent = self.slices.iter().map(|s| s.spent).sum::<u64>();
-        let granted = self.slices.iter().map(|s| s.granted).sum::<u64>();
+        // Saturating: grants and spend are operators' and backends' numbers (two grants of
+        // 2^63 in two slices must not wrap the limit back to what it was).
+        let total = |of: fn(&Slice) -> u64| self.slices.iter().map(of).fold(0, u64::saturating_add);
+        let spent = total(|s| s.spent);
+        let granted = total(|s| s.granted);
         let resets_at = match self.slices.first() {
             _ if !meter.window.is_rolling() => {
                 meter.window.leaves_at(meter.window.slice_start(now))
@@ -327,10 +331,13 @@ impl MeterState {
         let mut spent = reading.spent;
         let mut granted = reading.granted;
         for slice in &self.slices {
-            spent -= slice.spent;
-            granted -= slice.granted;
+            spent = spent.saturating_sub(slice.spent);
+            granted = granted.saturating_sub(slice.granted);
             let limit = reading.meter.limit.saturating_add(granted);
-            if spent + reading.reserved + needed <= limit {
+            let wanted = spent
+                .saturating_add(reading.reserved)
+                .saturating_add(needed);
+            if wanted <= limit {
                 return Some(window.leaves_at(slice.start));
             }
         }
@@ -373,8 +380,8 @@ pub fn reserve(
     }
     for ((meter, &needed), reading) in meters.iter().zip(amounts).zip(&mut readings) {
         let meter_state = state.get_mut(&meter.id()).expect("read above");
-        meter_state.reserved += needed;
-        reading.reserved += needed;
+        meter_state.reserved = meter_state.reserved.saturating_add(needed);
+        reading.reserved = reading.reserved.saturating_add(needed);
     }
     Ok(readings)
 }

@@ -2,14 +2,51 @@
 //! database, written whole in one transaction that is on disk when the commit returns. A crash
 //! at any moment leaves the file as of the last commit, so a `kill -9` loses at most the spend
 //! settled since the last flush (`quotas.flush_interval`).
+//!
+//! A file damaged otherwise (bytes overwritten, cut short: redb refuses it, or panics opening
+//! it) does not stop the gateway: [`QuotaFile::recover`] sets it aside and keeps every meter
+//! whose record can still be read in its bytes. Each record names its tenant, its meter and the
+//! write it belongs to, so a scan of the bytes finds them without redb, and takes each meter's
+//! latest.
 
 use super::ledger::Slice;
 use anyhow::Context;
-use redb::{Database, DatabaseError, ReadableTable, TableDefinition};
+use redb::{Database, DatabaseError, ReadableTable, StorageError, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// `tenant \0 meter id` -> the meter's slices as JSON.
+/// `tenant \0 meter id` -> the meter's [`Record`] as JSON.
 const SPEND: TableDefinition<&str, &[u8]> = TableDefinition::new("spend");
+
+/// `generation` -> how many writes the file has had.
+const WRITES: TableDefinition<&str, u64> = TableDefinition::new("writes");
+
+/// What every record begins with: the mark a scan of a damaged file looks for.
+const RECORD_MARK: &[u8] = br#"{"quota_record":"#;
+
+/// One meter as the file keeps it: the record's format (1), the write it belongs to, and the
+/// meter named whole. Generic so that it is written from borrowed parts and read into owned.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record<S, V> {
+    quota_record: u32,
+    generation: u64,
+    tenant: S,
+    meter: S,
+    slices: V,
+}
+
+/// A meter's value as the file may hold it: a record, or the bare slices of a file written
+/// before records named their meters.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stored {
+    Record(Record<String, Vec<Slice>>),
+    Slices(Vec<Slice>),
+}
+
+/// Every meter's slices: `(tenant, meter id, slices)`.
+pub type Spend = Vec<(String, String, Vec<Slice>)>;
 
 /// What a quota file's database is opened on: the file system, or in tests a disk that fails
 /// when told (a full disk is made without filling one).
@@ -64,8 +101,61 @@ impl QuotaFile {
         })
     }
 
+    /// Opens the file at `path` on `disk` and reads every meter it holds. A file that cannot
+    /// be opened or read whole (another gateway holding it, or no permission, is an error as
+    /// [`QuotaFile::open`]'s) is damaged: it is set aside as `<name>.damaged`, the meters whose
+    /// records can still be read in its bytes are kept (each at its latest write) in a new file
+    /// at `path`, written now, and the damage, what was kept, and that every other meter's
+    /// spend is lost are logged.
+    pub fn recover(path: &Path, disk: &dyn Disk) -> anyhow::Result<(Self, Spend)> {
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let file = Self::open_on(path, disk)?;
+            let spend = file.load()?;
+            Ok::<_, anyhow::Error>((file, spend))
+        }));
+        let cause = match opened {
+            Ok(Ok(opened)) => return Ok(opened),
+            Ok(Err(e)) if !is_damage(&e) => return Err(e),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(panic) => {
+                let said = (panic.downcast_ref::<&str>().copied())
+                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+                format!(
+                    "redb panicked reading it: {}",
+                    said.unwrap_or("(no message)")
+                )
+            }
+        };
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let aside = path.with_file_name(format!("{name}.damaged"));
+        std::fs::rename(path, &aside).with_context(|| {
+            format!(
+                "setting the damaged quota file {} aside as {}",
+                path.display(),
+                aside.display()
+            )
+        })?;
+        let bytes = std::fs::read(&aside)
+            .with_context(|| format!("reading the damaged quota file {}", aside.display()))?;
+        let spend = scan(&bytes);
+        let mut file = Self::open_on(path, disk)?;
+        file.save(&spend)?;
+        let meters: Vec<String> = (spend.iter())
+            .map(|(tenant, meter, _)| format!("{tenant} {meter}"))
+            .collect();
+        tracing::error!(
+            path = %path.display(),
+            set_aside = %aside.display(),
+            cause,
+            kept = spend.len(),
+            meters = ?meters.join(", "),
+            "the quota file was damaged: it is set aside and the meters it still held are kept in a new one; every other meter's spend and grants are lost (they start from nothing)"
+        );
+        Ok((file, spend))
+    }
+
     /// Every meter's slices the file holds: `(tenant, meter id, slices)`.
-    pub fn load(&self) -> anyhow::Result<Vec<(String, String, Vec<Slice>)>> {
+    pub fn load(&self) -> anyhow::Result<Spend> {
         let read = self.db.begin_read()?;
         let table = match read.open_table(SPEND) {
             Ok(table) => table,
@@ -78,8 +168,12 @@ impl QuotaFile {
             let Some((tenant, meter)) = key.value().split_once('\0') else {
                 continue;
             };
-            let slices: Vec<Slice> = serde_json::from_slice(value.value())
+            let stored: Stored = serde_json::from_slice(value.value())
                 .with_context(|| format!("quota file {}: meter {meter}", self.path.display()))?;
+            let slices = match stored {
+                Stored::Record(record) => record.slices,
+                Stored::Slices(slices) => slices,
+            };
             out.push((tenant.to_string(), meter.to_string(), slices));
         }
         Ok(out)
@@ -89,11 +183,21 @@ impl QuotaFile {
     pub fn save(&mut self, spend: &[(String, String, Vec<Slice>)]) -> anyhow::Result<()> {
         let write = self.db.begin_write()?;
         {
+            let mut writes = write.open_table(WRITES)?;
+            let generation = writes.get("generation")?.map_or(0, |g| g.value()) + 1;
+            writes.insert("generation", generation)?;
             let mut table = write.open_table(SPEND)?;
             table.retain(|_, _| false)?;
             for (tenant, meter, slices) in spend {
                 let key = format!("{tenant}\0{meter}");
-                table.insert(key.as_str(), serde_json::to_vec(slices)?.as_slice())?;
+                let record = Record {
+                    quota_record: 1,
+                    generation,
+                    tenant: tenant.as_str(),
+                    meter: meter.as_str(),
+                    slices: slices.as_slice(),
+                };
+                table.insert(key.as_str(), serde_json::to_vec(&record)?.as_slice())?;
             }
         }
         write
@@ -101,6 +205,39 @@ impl QuotaFile {
             .with_context(|| format!("writing the quota file {}", self.path.display()))?;
         Ok(())
     }
+}
+
+/// Whether `e`, opening or reading a quota file, is damage to the file rather than a file the
+/// gateway may not use (held by another process, not readable by it, of an older format).
+fn is_damage(e: &anyhow::Error) -> bool {
+    let refused = |d: &DatabaseError| match d {
+        DatabaseError::DatabaseAlreadyOpen | DatabaseError::UpgradeRequired(_) => true,
+        DatabaseError::Storage(StorageError::Io(io)) => {
+            io.kind() == std::io::ErrorKind::PermissionDenied
+        }
+        _ => false,
+    };
+    !(e.chain()).any(|c| c.downcast_ref::<DatabaseError>().is_some_and(refused))
+}
+
+/// Every meter whose record can be read in `bytes`, at the latest write found of it. Records
+/// left by earlier writes in pages redb has not reused are older: each meter's newest wins.
+fn scan(bytes: &[u8]) -> Spend {
+    let mut newest: BTreeMap<(String, String), (u64, Vec<Slice>)> = BTreeMap::new();
+    for at in memchr::memmem::find_iter(bytes, RECORD_MARK) {
+        let mut records = serde_json::Deserializer::from_slice(&bytes[at..])
+            .into_iter::<Record<String, Vec<Slice>>>();
+        let Some(Ok(r)) = records.next() else {
+            continue;
+        };
+        let found = newest.entry((r.tenant, r.meter)).or_insert((0, Vec::new()));
+        if r.generation >= found.0 {
+            *found = (r.generation, r.slices);
+        }
+    }
+    (newest.into_iter())
+        .map(|((tenant, meter), (_, slices))| (tenant, meter, slices))
+        .collect()
 }
 
 /// A disk that fills up when told, for tests: while full, every write, sync and resize of its
@@ -204,7 +341,115 @@ pub(crate) mod testing {
 
 #[cfg(test)]
 mod tests {
+    use super::testing::Folder;
     use super::*;
+    use crate::quota::store::{LocalQuotaStore, WriteErrors};
+
+    /// 50 tenants' meters, tenant `tI` with `10 x I` spent.
+    fn fifty() -> Vec<(String, String, Vec<Slice>)> {
+        (0..50u64)
+            .map(|i| {
+                let slice = Slice {
+                    start: i as i64,
+                    spent: 10 * i,
+                    granted: 0,
+                };
+                (format!("t{i}"), "1d|total".to_string(), vec![slice])
+            })
+            .collect()
+    }
+
+    /// The fifty meters written to a file at `path`, which `damage` then changes; the gateway's
+    /// store opened on it; what the file holds after.
+    fn recovered(
+        path: &Path,
+        damage: impl FnOnce(&mut Vec<u8>),
+    ) -> Vec<(String, String, Vec<Slice>)> {
+        // An earlier write of a token less each, whose records redb may leave in pages it has
+        // not reused: the later write's win.
+        let mut file = QuotaFile::open(path).unwrap();
+        let mut earlier = fifty();
+        for (_, _, slices) in &mut earlier {
+            slices[0].spent = slices[0].spent.saturating_sub(1);
+        }
+        file.save(&earlier).unwrap();
+        file.save(&fifty()).unwrap();
+        drop(file);
+        let mut bytes = std::fs::read(path).unwrap();
+        damage(&mut bytes);
+        std::fs::write(path, &bytes).unwrap();
+        drop(LocalQuotaStore::persisted(path, WriteErrors::default()).unwrap());
+        let aside = std::fs::read(path.with_file_name("quotas.redb.damaged")).unwrap();
+        assert_eq!(aside, bytes, "the damaged file is kept aside as it was");
+        let mut kept = QuotaFile::open(path).unwrap().load().unwrap();
+        kept.sort_by_key(|(tenant, _, _)| tenant[1..].parse::<u64>().unwrap());
+        kept
+    }
+
+    /// A file another gateway holds is not damaged: opening it is refused as before, and it
+    /// stays where it is.
+    #[test]
+    fn a_file_held_by_another_gateway_is_refused_not_set_aside() {
+        let folder = Folder::new("quota-held");
+        let path = folder.0.join("quotas.redb");
+        let _held = QuotaFile::open(&path).unwrap();
+        let e = QuotaFile::recover(&path, &FileSystem).unwrap_err();
+        assert!(format!("{e:#}").contains("Database already open"), "{e:#}");
+        assert!(path.exists() && !path.with_file_name("quotas.redb.damaged").exists());
+    }
+
+    /// A file written before records named their meters (bare slices) is read as it was.
+    #[test]
+    fn a_file_of_bare_slices_is_read() {
+        let folder = Folder::new("quota-bare");
+        let path = folder.0.join("quotas.redb");
+        let file = QuotaFile::open(&path).unwrap();
+        let write = file.db.begin_write().unwrap();
+        {
+            let mut table = write.open_table(SPEND).unwrap();
+            let bare = br#"[{"start":10,"spent":5,"granted":2}]"#;
+            table
+                .insert("a\0calendar-day|decode", bare.as_slice())
+                .unwrap();
+        }
+        write.commit().unwrap();
+        let slice = Slice {
+            start: 10,
+            spent: 5,
+            granted: 2,
+        };
+        assert_eq!(
+            file.load().unwrap(),
+            vec![("a".into(), "calendar-day|decode".into(), vec![slice])]
+        );
+    }
+
+    /// A file cut in half (redb panics opening it) is set aside and every meter it still holds
+    /// is kept; before, the gateway could not start.
+    #[test]
+    fn a_truncated_file_is_set_aside_and_what_it_holds_is_kept() {
+        let folder = Folder::new("quota-truncated");
+        let path = folder.0.join("quotas.redb");
+        let kept = recovered(&path, |bytes| bytes.truncate(bytes.len() / 2));
+        assert_eq!(kept, fifty());
+    }
+
+    /// Bytes of tenant t7's meter overwritten: the other 49 are kept, t7's is lost.
+    #[test]
+    fn a_file_with_damaged_bytes_keeps_every_meter_but_the_damaged_one() {
+        let folder = Folder::new("quota-corrupted");
+        let path = folder.0.join("quotas.redb");
+        let kept = recovered(&path, |bytes| {
+            let t7 = br#"{"start":7,"spent":70"#;
+            let at = (bytes.windows(t7.len()))
+                .position(|w| w == t7)
+                .expect("t7's slices are in the file");
+            bytes[at..at + t7.len()].fill(b'#');
+        });
+        let mut others = fifty();
+        others.remove(7);
+        assert_eq!(kept, others);
+    }
 
     #[test]
     fn what_is_saved_is_loaded_by_the_next_open_and_a_save_replaces_it() {

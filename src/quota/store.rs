@@ -4,8 +4,8 @@
 //! [`super::ledger`].
 
 use super::config::OnWriteError;
-use super::ledger::{self, Meter, QuotaDenial, Reading, Slice, TenantState};
-use super::persist::{Disk, FileSystem, QuotaFile};
+use super::ledger::{self, Meter, QuotaDenial, Reading, TenantState};
+use super::persist::{Disk, FileSystem, QuotaFile, Spend};
 use dashmap::DashMap;
 use futures_util::future::{self, BoxFuture};
 use prometheus_client::metrics::counter::Counter;
@@ -153,9 +153,10 @@ impl LocalQuotaStore {
         Self::default()
     }
 
-    /// A store whose spend is kept in the file at `path`, starting from what it holds. The
-    /// file is made by the first flush with spend to write (a gateway whose tenants spend
-    /// nothing writes none).
+    /// A store whose spend is kept in the file at `path`, starting from what it holds (what
+    /// can still be read of it, when it is damaged: [`QuotaFile::recover`]). The file is made
+    /// by the first flush with spend to write (a gateway whose tenants spend nothing writes
+    /// none).
     /// While the file cannot be written it does what `write_errors` says.
     pub fn persisted(path: &Path, write_errors: WriteErrors) -> anyhow::Result<Self> {
         Self::persisted_on(path, Box::new(FileSystem), write_errors)
@@ -168,12 +169,14 @@ impl LocalQuotaStore {
         write_errors: WriteErrors,
     ) -> anyhow::Result<Self> {
         let tenants: DashMap<String, TenantState> = DashMap::new();
-        let open = match path.exists() {
-            true => Some(QuotaFile::open_on(path, disk.as_ref())?),
-            false => None,
+        let (open, spend) = match path.exists() {
+            true => {
+                let (file, spend) = QuotaFile::recover(path, disk.as_ref())?;
+                (Some(file), spend)
+            }
+            false => (None, Vec::new()),
         };
-        let spend = open.as_ref().map(QuotaFile::load).transpose()?;
-        for (tenant, meter, slices) in spend.unwrap_or_default() {
+        for (tenant, meter, slices) in spend {
             tenants.entry(tenant).or_default().insert(
                 meter,
                 ledger::MeterState {
@@ -203,7 +206,7 @@ impl LocalQuotaStore {
     }
 
     /// Every meter's slices, for the file.
-    fn spend(&self) -> Vec<(String, String, Vec<Slice>)> {
+    fn spend(&self) -> Spend {
         let mut out = Vec::new();
         for entry in &self.tenants {
             for (meter, state) in entry.value() {

@@ -210,7 +210,9 @@ impl<S: Service<Request<B>>, B> Service<Request<B>> for Span<S> {
             .get(REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
-        let span = tracing::info_span!("request", listener = self.listener, id = %id, method = %req.method(), path = %req.uri().path());
+        // `backend_id`: the gateway's id the request goes to a backend with, when the client's
+        // is `id` (`crate::request_id::backend_id`).
+        let span = tracing::info_span!("request", listener = self.listener, id = %id, backend_id = tracing::field::Empty, method = %req.method(), path = %req.uri().path());
         self.inner.call(req).instrument(span)
     }
 }

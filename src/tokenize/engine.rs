@@ -207,13 +207,21 @@ impl Tokenizer {
     /// Text of `ids`, special tokens included; unknown ids are skipped and invalid UTF-8 is
     /// replaced by U+FFFD (as HuggingFace does).
     pub fn decode(&self, ids: &[u32]) -> String {
-        match &self.imp {
-            Imp::Fast(fast) => fast.decode(ids),
+        self.decode_within(ids, usize::MAX)
+            .expect("no text is longer than usize::MAX bytes")
+    }
+
+    /// [`Tokenizer::decode`], or `None` when the text is longer than `max_bytes`: the fast
+    /// engine stops as soon as its bytes are past it, so a long answer is never made whole.
+    pub fn decode_within(&self, ids: &[u32], max_bytes: usize) -> Option<String> {
+        let text = match &self.imp {
+            Imp::Fast(fast) => fast.decode(ids, max_bytes)?,
             Imp::Hf(hf) => hf
                 .decode(ids, false)
                 // A ByteLevel decoder cannot fail; other decoders only on malformed input.
                 .unwrap_or_default(),
-        }
+        };
+        (text.len() <= max_bytes).then_some(text)
     }
 
     /// The token `id` spelled as in the vocabulary (byte-level, e.g. `Ġthe`), or an added
@@ -621,8 +629,9 @@ impl FastEngine {
         ControlFlow::Continue(())
     }
 
-    fn decode(&self, ids: &[u32]) -> String {
-        let mut bytes = Vec::with_capacity(ids.len() * 4);
+    /// The text of `ids`, or `None` once its bytes are past `max_bytes`.
+    fn decode(&self, ids: &[u32], max_bytes: usize) -> Option<String> {
+        let mut bytes = Vec::with_capacity(ids.len().saturating_mul(4).min(max_bytes));
         for &id in ids {
             // Added tokens first: an added token may reuse a vocabulary id (HF checks it first).
             if let Some(added) = self.added_bytes.get(&id) {
@@ -630,8 +639,11 @@ impl FastEngine {
             } else if (id as usize) < self.bpe.len() {
                 bytes.extend_from_slice(self.bpe.token_bytes(id));
             }
+            if bytes.len() > max_bytes {
+                return None;
+            }
         }
-        String::from_utf8_lossy(&bytes).into_owned()
+        Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     fn token_str(&self, id: u32) -> Option<String> {

@@ -449,6 +449,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                 backend: "fuzz".to_string(),
                 request_id: None,
                 cached_prefill_weight: 0.1,
+                most_prompt_tokens: u64::MAX,
             },
             tokio::time::Instant::now(),
         );

@@ -234,3 +234,25 @@ async fn a_cost_and_a_weighted_quota_charge_cached_tokens_at_their_price_and_the
         (Some(0.000312), Some("USD"))
     );
 }
+
+/// A backend that says it counted a trillion prompt tokens (broken, or not the engine it
+/// claims to be) settles the quota on the most a prompt can be, the model's context (4,096
+/// tokens here), not on its word: alice's total is 4,096 + 10, not a trillion. Before, one
+/// answer spent any quota whole.
+#[tokio::test]
+async fn a_backends_prompt_count_settles_the_quota_within_the_context() {
+    let dir = TempDir::new("quota-clamped-prompt");
+    let backend = FakeBackend::start(FakeSpec {
+        natural_length: 10,
+        prompt_tokens: Some(1_000_000_000_000),
+        ..FakeSpec::default()
+    })
+    .await;
+    let mut cfg = config(&[backend.addr]);
+    shanghai_decode(&mut cfg, 1_000_000, &dir);
+    cfg.tenants[0].quotas = vec![toml::from_str("window = \"1h\"\ntotal = 1000000\n").unwrap()];
+    let gw = TestGateway::start_at_wall(cfg, BEFORE_SHANGHAI_MIDNIGHT).await;
+    let r = gw.chat("sk-alice", &natural(50)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_spent(&gw, 4096 + 10, 0).await;
+}

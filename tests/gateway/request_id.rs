@@ -1,6 +1,7 @@
-//! Request ids end to end (issue 26, row 5): a client's `x-request-id` crosses to the backend
-//! and back only when it is 1 to 128 bytes of visible ASCII; anything else is replaced by an
-//! unpredictable gateway id; and an unauthenticated client's own id never reaches the usage log.
+//! Request ids end to end: a client's `x-request-id` comes back in its answer (and names the
+//! request in the logs) only when it is 1 to 128 bytes of visible ASCII; anything else is
+//! replaced by an unpredictable gateway id; the backend always gets a gateway id, never the
+//! client's; and an unauthenticated client's own id never reaches the usage log.
 
 use super::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -39,17 +40,23 @@ async fn chat_with_ids(gw: &TestGateway, backend: &FakeBackend, ids: &[&str]) ->
     (answered, sent)
 }
 
+/// A fit client id comes back in the answer, and the backend gets an id of the gateway's, a new
+/// one each time: vLLM takes the id as its engine request id, so two tenants sending the same
+/// id (or one guessing another's) would collide there. Before, the client's id reached vLLM
+/// verbatim.
 #[tokio::test]
-async fn a_client_id_crosses_only_when_short_and_visible_ascii() {
+async fn a_client_id_comes_back_only_when_short_and_visible_ascii_and_never_reaches_the_backend() {
     let (gw, backend) = gateway(FakeSpec::default()).await;
     let visible: String = (0x21u8..=0x7e).map(char::from).collect();
     let longest = "a".repeat(128);
-    for id in ["client-42", visible.as_str(), longest.as_str()] {
-        assert_eq!(
-            chat_with_ids(&gw, &backend, &[id]).await,
-            (id.to_owned(), id.to_owned())
-        );
+    let mut sent_ids = std::collections::HashSet::new();
+    for id in ["client-42", "client-42", visible.as_str(), longest.as_str()] {
+        let (answered, sent) = chat_with_ids(&gw, &backend, &[id]).await;
+        assert_eq!(answered, id);
+        assert!(is_gateway_id(&sent), "{id} reached the backend as {sent}");
+        sent_ids.insert(sent);
     }
+    assert_eq!(sent_ids.len(), 4);
     let too_long = "a".repeat(129);
     let huge = "x".repeat(60 << 10);
     for ids in [

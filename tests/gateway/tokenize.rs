@@ -217,3 +217,41 @@ async fn detokenize_answers_locally_as_vllm_decodes_and_costs_one_request() {
     assert_eq!((r.status, r.json()), (200, json!({"prompt": ""})));
     assert!(backend.seen.lock().unwrap().is_empty());
 }
+
+/// What `/detokenize` answers is bounded like a body the gateway takes (`server.max_body_bytes`,
+/// 64 KiB here): 2,000 ids of a 16-space token decode to 32,000 bytes and are answered; 5,000
+/// (80,000 bytes) are refused with a 400 naming the numbers, before the text is made. Before, a
+/// 4 MiB body of one long token came back as an answer of ~89 MB.
+#[tokio::test]
+async fn detokenize_answers_no_more_text_than_a_body_may_hold() {
+    let (gw, _backend) = gateway(FakeSpec::default()).await;
+    let detokenize = gw.url("/detokenize");
+    let spaces = " ".repeat(16);
+    let id = tokenizer().encode(&spaces);
+    assert_eq!(id.len(), 1, "16 spaces are one token");
+    let r = post(
+        &detokenize,
+        "sk-alice",
+        &json!({"tokens": vec![id[0]; 2000]}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["prompt"].as_str().map(str::len)),
+        (200, Some(32_000))
+    );
+    let r = post(
+        &detokenize,
+        "sk-alice",
+        &json!({"tokens": vec![id[0]; 5000]}),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["error"].clone()),
+        (
+            400,
+            json!({"message": "the 5000 ids decode to more than 65536 bytes, the most text the gateway answers (server.max_body_bytes): detokenize fewer at a time", "type": "invalid_request_error", "param": "tokens", "code": "invalid_request"})
+        )
+    );
+    // Only the answered one was charged.
+    assert_eq!(gw.bucket("alice", "requests").await, 99.0);
+}

@@ -46,6 +46,9 @@ pub enum Behaviour {
     /// Stream the whole answer with its `[DONE]`, then keep the connection open without
     /// ending the body, until the gateway hangs up.
     OpenAfterDone,
+    /// Stream one token, then keep-alive comments and empty deltas, as fast as the gateway
+    /// reads them, until it hangs up: a stream that never stalls and never generates.
+    KeepAliveAfterFirst,
 }
 
 /// An OpenAI error body with a backend's internals in it (what must never reach a client).
@@ -375,6 +378,16 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
             let first = format!("data: {token}\n\ndata: {{\"id\": \"fake-1\", \"x\": \"");
             let rest = Bytes::from("a".repeat(16 << 10));
             tokio::spawn(send_forever(tx, Bytes::from(first), rest));
+            return streamed(channel_body(rx), "text/event-stream");
+        }
+        Behaviour::KeepAliveAfterFirst => {
+            let event = |delta: Value| {
+                let chunk = json!({"id": "fake-1", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]});
+                format!("data: {chunk}\n\n")
+            };
+            let first = event(json!({"role": "assistant", "content": WORD}));
+            let rest = format!(": keep-alive\n\n{}", event(json!({"content": ""})));
+            tokio::spawn(send_forever(tx, Bytes::from(first), Bytes::from(rest)));
             return streamed(channel_body(rx), "text/event-stream");
         }
         Behaviour::Normal

@@ -259,3 +259,38 @@ proptest! {
         }
     }
 }
+
+/// Two grants of 2^63 in two slices of a rolling hour, and spend as large: the limit, what is
+/// granted and what is spent stay at u64::MAX instead of wrapping (1000 + 2^64 wrapped is 1000
+/// again, and a debug build panics), and what a full window has left is none.
+#[test]
+fn grants_and_spend_saturate_instead_of_wrapping() {
+    let m = meter("1h", None, Unit::Total, 1000);
+    let mut state = TenantState::new();
+    let t0 = at("2026-12-01T10:00:00Z");
+    grant(&mut state, &m, 1 << 63, t0);
+    let granted = grant(&mut state, &m, 1 << 63, t0 + MINUTE);
+    assert_eq!((granted.limit, granted.granted), (u64::MAX, u64::MAX));
+    let huge = [u64::MAX - 10];
+    reserve(&mut state, std::slice::from_ref(&m), &huge, t0 + MINUTE).unwrap();
+    settle(
+        &mut state,
+        std::slice::from_ref(&m),
+        &huge,
+        &huge,
+        t0 + MINUTE,
+    );
+    reserve(&mut state, std::slice::from_ref(&m), &[10], t0 + 2 * MINUTE).unwrap();
+    settle(
+        &mut state,
+        std::slice::from_ref(&m),
+        &[10],
+        &[10],
+        t0 + 2 * MINUTE,
+    );
+    reserve(&mut state, std::slice::from_ref(&m), &[0], t0 + 2 * MINUTE).unwrap();
+    let full = &read(&mut state, std::slice::from_ref(&m), t0 + 2 * MINUTE)[0];
+    assert_eq!((full.spent, full.remaining()), (u64::MAX, 0));
+    let refused = reserve(&mut state, std::slice::from_ref(&m), &[1], t0 + 2 * MINUTE);
+    assert!(refused.is_err());
+}
