@@ -102,12 +102,14 @@ pub async fn counter(
         config.server.max_body_bytes,
         metrics.refused_body_bytes.clone(),
     ));
+    let max_items = config.server.max_json_items;
     Ok(Counter {
         config,
         limiter,
         bodies: Bodies {
             discarder,
             pool: pool.clone(),
+            max_items,
         },
         tokenizer,
         chat,

@@ -173,6 +173,18 @@ impl ApiError {
         )
     }
 
+    /// 413 `payload_too_large`: a body of more JSON items than `server.max_json_items`.
+    pub fn too_many_items(most: u64) -> Self {
+        Self::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "request body holds more than {most} JSON objects, arrays and strings, the most \
+                 the gateway reads in one body (server.max_json_items): send fewer blocks, \
+                 parts or messages"
+            ),
+        )
+    }
+
     /// 415 `unsupported_media_type`.
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::UnsupportedMediaType, message.into())

@@ -19,6 +19,7 @@ pub mod request;
 pub mod responses;
 pub mod route;
 mod scan;
+pub(crate) use scan::holds_more_items_than;
 pub mod sse;
 
 pub use crate::wire::Wire;

@@ -489,6 +489,39 @@ impl<'a> Scan<'a> {
     }
 }
 
+/// Whether a body's text holds more than `most` objects, arrays and strings (keys included),
+/// counted without reading the JSON: numbers, booleans and nulls are not counted, and a text
+/// that is not JSON is counted as far as it looks like it (it is refused either way). Each
+/// counted item takes two bytes at least, so a text of up to twice `most` bytes is not read.
+pub(crate) fn holds_more_items_than(text: &[u8], most: u64) -> bool {
+    if (text.len() / 2) as u64 <= most {
+        return false;
+    }
+    let mut items = 0u64;
+    let mut at = 0;
+    while let Some(found) = memchr::memchr3(b'{', b'[', b'"', &text[at..]) {
+        at += found + 1;
+        items += 1;
+        if items > most {
+            return true;
+        }
+        if text[at - 1] == b'"' {
+            // To the string's closing quote, past its escapes.
+            loop {
+                match memchr::memchr2(b'"', b'\\', &text[at..]) {
+                    Some(end) if text[at + end] == b'"' => {
+                        at += end + 1;
+                        break;
+                    }
+                    Some(escape) => at = (at + escape + 2).min(text.len()),
+                    None => return false,
+                }
+            }
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -601,5 +634,30 @@ mod tests {
         ] {
             assert_eq!(Scan::new(json.as_bytes()).number(), read, "{json}");
         }
+    }
+
+    #[test]
+    fn items_are_objects_arrays_and_strings_outside_strings() {
+        let items = |text: &str| {
+            (0..64)
+                .find(|&most| !holds_more_items_than(text.as_bytes(), most))
+                .unwrap()
+        };
+        assert_eq!(items(r#"{"a": [1, 2, 3], "b": {"c": null, "d": true}}"#), 7);
+        // Quotes, brackets and braces inside strings are text, escaped quotes too.
+        assert_eq!(items(r#"{"k": "[{\"x\": \\\"}]", "l": "\\"}"#), 5);
+        assert_eq!(
+            items(r#"[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]"#),
+            1
+        );
+        // An unclosed string counts once; a text that ends in an escape is not read past.
+        assert_eq!(items(r#"["abc"#), 2);
+        assert_eq!(items("[\"abcdefgh\\"), 2);
+        // Short texts are not read: "[][]" may hold 2 items, and its 4 bytes cannot hold 3.
+        assert!(!holds_more_items_than(b"[][]", 2));
+        assert!(holds_more_items_than(b"[][]", 1));
+        let blocks = format!("[{}]", r#"{"type":"text","text":"a"},"#.repeat(1000));
+        assert!(holds_more_items_than(blocks.as_bytes(), 5000));
+        assert!(!holds_more_items_than(blocks.as_bytes(), 5001));
     }
 }

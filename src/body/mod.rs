@@ -1,11 +1,13 @@
 //! The body room: reading a request's body. Its content type is checked before it is read; the
 //! body, already held to its size and time bounds (step 3, [`Bounded`]), is read at the pace of
-//! the tenant's budget for refused bodies ([`discard`]) and parsed as a JSON object (where it
+//! the tenant's budget for refused bodies ([`discard`]), its JSON items counted against
+//! `server.max_json_items`, and parsed as a JSON object (where it
 //! arrived when small, on the tenant's share of the worker pool when large); the body of a
 //! request refused unread is drained or left unread as [`discard`] decides.
 
 pub mod discard;
 
+use crate::api::holds_more_items_than;
 use crate::api::request::read_json_body;
 use crate::error::{ApiError, BodyError};
 use crate::tokenize::pool::TokenizePool;
@@ -35,6 +37,8 @@ pub struct Bodies {
     pub discarder: Arc<Discarder>,
     /// Where large bodies are parsed.
     pub pool: Arc<TokenizePool>,
+    /// `server.max_json_items`: a body of more is refused before it is parsed.
+    pub max_items: u64,
 }
 
 /// The content type, checked before the body is read: JSON or none.
@@ -77,7 +81,13 @@ impl Bodies {
             timeout,
         })?;
         let bytes_len = bytes.len();
-        let job = move || parse(read_json_body(bytes)?);
+        let max_items = self.max_items;
+        let job = move || {
+            if holds_more_items_than(&bytes, max_items) {
+                return Err(ApiError::too_many_items(max_items));
+            }
+            parse(read_json_body(bytes)?)
+        };
         if bytes_len <= PARSE_INLINE_BYTES {
             return Ok((job()?, charge));
         }

@@ -129,6 +129,12 @@ pub struct ServerConfig {
     /// Largest accepted request body.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: u64,
+    /// Most JSON objects, arrays and strings (keys included) a request body may hold; numbers,
+    /// booleans and nulls are not counted, so a prompt of token ids is one array. What the
+    /// gateway does with a body (convert, check, render, count) grows with its items, not its
+    /// bytes: a body of a hundred thousand tiny blocks costs far more than one long text.
+    #[serde(default = "default_max_json_items")]
+    pub max_json_items: u64,
     /// Time from a connection's accept to its first complete request head (the protocol
     /// sniff and HTTP/2's preface included); a connection without one is closed.
     #[serde(default = "default_header_timeout", with = "humantime_serde")]
@@ -187,6 +193,9 @@ impl ServerConfig {
         if self.max_body_bytes == 0 {
             bail!("server.max_body_bytes must be at least 1");
         }
+        if self.max_json_items == 0 {
+            bail!("server.max_json_items must be at least 1");
+        }
         if self.refused_body_bytes_per_second == 0 {
             bail!("server.refused_body_bytes_per_second must be at least 1");
         }
@@ -230,6 +239,7 @@ impl Default for ServerConfig {
             listen: default_listen(),
             admin_listen: default_admin_listen(),
             max_body_bytes: default_max_body_bytes(),
+            max_json_items: default_max_json_items(),
             header_read_timeout: default_header_timeout(),
             idle_timeout: default_idle_timeout(),
             client_write_timeout: default_client_write_timeout(),
@@ -252,6 +262,11 @@ fn default_admin_listen() -> SocketAddr {
 }
 fn default_max_body_bytes() -> u64 {
     4 * 1024 * 1024
+}
+/// A conversation of thousands of turns with content parts, tools with their schemas, and a
+/// few thousand documents is well under it; 120,000 Anthropic blocks (600,000 items) are not.
+fn default_max_json_items() -> u64 {
+    65_536
 }
 fn default_header_timeout() -> Duration {
     Duration::from_secs(10)

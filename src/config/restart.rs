@@ -56,6 +56,7 @@ impl Config {
                 listen,
                 admin_listen,
                 max_body_bytes,
+                max_json_items,
                 header_read_timeout,
                 idle_timeout,
                 client_write_timeout,

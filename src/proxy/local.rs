@@ -3,8 +3,9 @@
 //! `GET /v1/models` (from the backends) and TGI's `GET /info` (from the config). Both come after the authenticate
 //! layer, whose `Arc<Tenant>` they find in the request's extensions.
 //!
-//! `/tokenize` costs one request from the tenant's requests bucket (none is taken when it is
-//! refused) and is counted on the tokenizer pool like a generation's prompt; its answer never
+//! `/tokenize` and `count_tokens` cost one request from the tenant's requests bucket and a
+//! prefill token per [`COUNTED_PER_TOKEN`] tokens counted (nothing is taken when they are
+//! refused); `/tokenize` is counted on the tokenizer pool like a generation's prompt; its answer never
 //! holds more ids than the model's context: the prompt, images and video expanded, is counted up
 //! to `model.max_model_len` before any id is made, and one past it is a 400, so a body of a few
 //! hundred kilobytes cannot ask for hundreds of megabytes of ids.
@@ -104,20 +105,38 @@ where
     }
 }
 
-/// What `/tokenize`, `/detokenize` and `/v1/messages/count_tokens` cost: one request.
+/// What `/tokenize`, `/detokenize` and `/v1/messages/count_tokens` cost to begin with: one
+/// request. Counting is the gateway's own work, paid by the tenant too: see [`COUNTED_PER_TOKEN`].
 const ONE_REQUEST: Cost = Cost {
     prefill: 0,
     decode: 0,
     requests: 1,
 };
 
+/// A route that counts a prompt (`/tokenize`, `count_tokens`) costs one prefill token per this
+/// many tokens it counted, on top of its request, as far as the tenant's prefill bucket holds
+/// then; and it is refused before its body is read while that bucket is empty. Counting runs on
+/// the gateway's cores (a 3 MB conversation of 120,000 blocks is about 0.4 CPU-s), so a tenant
+/// that could count for the price of a request could take those cores from every other tenant;
+/// a sixteenth keeps a count far cheaper than sending the prompt, which costs every token.
+pub const COUNTED_PER_TOKEN: u64 = 16;
+
+/// What a counting route needs before its body is read: a request and a prefill token.
+const ONE_COUNT: Cost = Cost {
+    prefill: 1,
+    decode: 0,
+    requests: 1,
+};
+
 /// A local answer's request, read as a generation's is: refused before its body is read when
-/// the tenant has no request left, then its body (bounded, at the tenant's pace) `parse`d into
-/// what it asks, after its `model` (when it names one) is checked; with what reading it charged.
+/// the tenant has not `least` left (a request, and a prefill token for a count), then its body
+/// (bounded, at the tenant's pace) `parse`d into what it asks, after its `model` (when it names
+/// one) is checked; with what reading it charged.
 async fn read_local<'a, B, T: Send + 'static>(
     counter: &'a Counter,
     tenant: &'a Tenant,
     req: Request<Bounded<B>>,
+    least: Cost,
     parse: impl FnOnce(&Map<String, Value>, &ValidConfig) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<(T, BodyCharge<'a>), ApiError>
 where
@@ -126,7 +145,9 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     check_content_type(req.headers())?;
-    if let Err(e) = counter.check_at_least(tenant, ONE_REQUEST, [true; 3]).await {
+    // What a count costs past its first prefill token is charged as far as the bucket holds:
+    // `least` is all it must find, and all the refusal names.
+    if let Err(e) = counter.check_at_least(tenant, least, [true; 3]).await {
         return Err(counter.bodies.refuse_unread(&tenant.name, req, e));
     }
     let config = counter.config.clone();
@@ -147,19 +168,22 @@ where
 }
 
 /// `work`, the answer of a local request whose body was read with `body_charge`, charged the
-/// one request it costs: with no answer (`work` fails) the request is given back, with one the
-/// body's charge is.
+/// one request it costs and, for the tokens `work` says it counted, [`COUNTED_PER_TOKEN`]'s
+/// prefill: with no answer (`work` fails) the request is given back, with one the body's
+/// charge is.
 async fn charged<T>(
     counter: &Counter,
     tenant: &Tenant,
     body_charge: BodyCharge<'_>,
-    work: impl std::future::Future<Output = Result<T, ApiError>>,
+    work: impl std::future::Future<Output = Result<(T, u64), ApiError>>,
 ) -> Result<T, ApiError> {
     let mut charge = counter
         .limiter
         .reserve(&tenant.name, &tenant.limits, ONE_REQUEST)
         .await?;
-    let answer = work.await.inspect_err(|_| charge.refund_all())?;
+    let (answer, counted) = work.await.inspect_err(|_| charge.refund_all())?;
+    // Charged as the charge settles, as much as the bucket holds (the work is done).
+    charge.settle_prefill(counted.div_ceil(COUNTED_PER_TOKEN));
     body_charge.accept();
     Ok(answer)
 }
@@ -175,14 +199,17 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-    let ((prompt, spell), body_charge) = read_local(&counter, &tenant, req, |body, config| {
-        openai::parse_tokenize(body, &config.vision_rules)
-    })
-    .await?;
+    let ((prompt, spell), body_charge) =
+        read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
+            openai::parse_tokenize(body, &config.vision_rules)
+        })
+        .await?;
     let max_len = counter.config.model.max_model_len;
     within_the_context(&counter, &tenant, &prompt).await?;
     let ids = charged(&counter, &tenant, body_charge, async {
-        counter.encode_prompt(&tenant.name, prompt).await
+        let ids = counter.encode_prompt(&tenant.name, prompt).await?;
+        let counted = ids.len() as u64;
+        Ok((ids, counted))
     })
     .await?;
     let strs = spell.then(|| {
@@ -199,7 +226,7 @@ where
 /// `POST /v1/messages/count_tokens`, answered locally in vLLM's shape
 /// ([`anthropic::count_tokens_answer`]): the prompt `/v1/messages` would be charged, counted
 /// exactly up to the context (one past it is a 400, as the generation's is). It costs one
-/// request.
+/// request and [`COUNTED_PER_TOKEN`]'s prefill.
 pub async fn count_tokens<B>(
     counter: Arc<Counter>,
     req: Request<Bounded<B>>,
@@ -210,12 +237,12 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-    let (prompt, body_charge) = read_local(&counter, &tenant, req, |body, config| {
+    let (prompt, body_charge) = read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
         anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
     })
     .await?;
     let tokens = within_the_context(&counter, &tenant, &prompt).await?;
-    charged(&counter, &tenant, body_charge, async { Ok(()) }).await?;
+    charged(&counter, &tenant, body_charge, async { Ok(((), tokens)) }).await?;
     Ok(json_response(
         StatusCode::OK,
         &anthropic::count_tokens_answer(tokens),
@@ -258,7 +285,7 @@ fn info(config: &ValidConfig) -> Value {
 
 /// `POST /detokenize`, answered locally in vLLM's shape: `{"prompt": text}`, the ids decoded as
 /// vLLM decodes a prompt's (special tokens kept, invalid UTF-8 as U+FFFD, ids the tokenizer does
-/// not have left out). It costs one request, as `/tokenize` does. The text is at most
+/// not have left out). It costs one request. The text is at most
 /// `server.max_body_bytes` (what the gateway takes as a body is what it answers): more is a 400,
 /// found before the text is made whole (a body of one long token, many times over, would
 /// otherwise come back twenty times its size).
@@ -272,7 +299,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-    let (ids, body_charge) = read_local(&counter, &tenant, req, |body, _| {
+    let (ids, body_charge) = read_local(&counter, &tenant, req, ONE_REQUEST, |body, _| {
         openai::parse_detokenize(body)
     })
     .await?;
@@ -286,12 +313,14 @@ where
         tokenizer.decode_within(&ids, most)
     });
     let text = charged(&counter, &tenant, body_charge, async {
-        decode.await.map_err(ApiError::from)?.ok_or_else(|| {
+        let text = decode.await.map_err(ApiError::from)?.ok_or_else(|| {
             ApiError::invalid_param(
                 "tokens",
                 format!("the {count} ids decode to more than {max} bytes, the most text the gateway answers (server.max_body_bytes): detokenize fewer at a time"),
             )
-        })
+        })?;
+        // Decoding is a lookup and a copy per id, not a count: the request pays for it.
+        Ok((text, 0))
     })
     .await?;
     Ok(json_response(
