@@ -153,11 +153,34 @@ pub struct GenerationRequest {
     pub raw_keys_unique: bool,
 }
 
+/// The top-level members a rewrite for the backend reads or sets (the routes'
+/// `rewrite_for_backend`s and [`splice_body`]); every other member goes to the backend as the
+/// client wrote it, from the request's bytes.
+const REWRITTEN: [&str; 6] = [
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "stream_options",
+    "parameters",
+];
+
 impl GenerationRequest {
     /// The sequences the backend runs for it, each up to the output limit: every prompt's
     /// choices.
     pub fn sequences(&self) -> u64 {
         u64::from(self.choices) * (1 + self.batch.len() as u64)
+    }
+
+    /// Drops from `body` every member the rewrite does not read, once the checks that read
+    /// the body are done: the bytes (`raw`) still carry them to the backend as the client
+    /// wrote them, and a request waiting for its turn holds those bytes, not a parsed copy of
+    /// each member (a parsed value takes many times its text: a 4 MiB body of unknown members
+    /// held about 100 MB). A request built without its bytes keeps its whole body.
+    pub fn keep_only_what_the_rewrite_reads(&mut self) {
+        if !self.raw.is_empty() {
+            self.body.retain(|k, _| REWRITTEN.contains(&k.as_str()));
+        }
     }
 }
 
@@ -459,7 +482,10 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
                 .into();
         }
     };
-    let unique = members.len() == body.len();
+    let unique = req.raw_keys_unique || {
+        let mut keys = HashSet::with_capacity(members.len());
+        members.iter().all(|(k, _)| keys.insert(k.as_ref()))
+    };
     if set.is_empty() && unique {
         return raw;
     }
@@ -684,5 +710,35 @@ mod tests {
         assert_eq!(prompts.strip("Once upon", decode), " upon");
         assert_eq!(prompts.strip("<[7, 8]> a time", decode), " a time");
         assert_eq!(prompts.strip("Twice", decode), "Twice");
+    }
+
+    /// Once checked, a request keeps only the members its rewrite reads: the others (here an
+    /// unknown one of a thousand values, and the chat's messages) go to the backend from the
+    /// client's bytes, exactly as they went before they were dropped.
+    #[test]
+    fn a_checked_request_holds_its_bytes_not_its_unknown_members() {
+        let text = format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "x": [{}], "stream": true, "stream_options": {{"continuous_usage_stats": true}}, "max_completion_tokens": 7}}"#,
+            vec!["{\"k\": [1, 2]}"; 1000].join(", ")
+        );
+        let limits = super::ParseLimits {
+            served_names: &["m".to_owned()],
+            max_model_len: 100,
+            vision: &crate::vision::VisionRules::default(),
+        };
+        let route = super::super::Route::OpenAi(super::super::Endpoint::Chat);
+        let parse = || {
+            let body = super::read_json_body(Bytes::from(text.clone())).unwrap();
+            super::super::parse_generation(route, body, &limits).unwrap()
+        };
+        let (mut whole, mut kept) = (parse(), parse());
+        kept.keep_only_what_the_rewrite_reads();
+        let keys: Vec<&str> = kept.body.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["model", "stream_options", "max_completion_tokens"]);
+        assert_eq!(whole.body.len(), 6);
+        let whole = super::super::rewrite_for_backend(&mut whole, 7, "backend");
+        let kept = super::super::rewrite_for_backend(&mut kept, 7, "backend");
+        assert_eq!(kept, whole);
+        assert!(kept.starts_with(br#"{"model":"backend","messages":[{"role": "user""#));
     }
 }

@@ -348,6 +348,7 @@ impl Counter {
             return Err(e);
         }
         parts.extensions.insert(runs);
+        parsed.keep_only_what_the_rewrite_reads();
         parts.extensions.insert(parsed);
         parts.extensions.insert(cost);
         // A request the buckets may now charge: its body was not read to no purpose.
