@@ -405,6 +405,84 @@ async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
     .await;
 }
 
+/// A completions stream with `echo` starts with the prompt, which is not output: cut before
+/// the backend's usage, it is charged the one token generated, not the prompt's tokens.
+#[tokio::test]
+async fn an_echoed_prompt_in_a_cut_stream_is_not_charged_as_output() {
+    let (gw, backend) = held_gateway(
+        FakeSpec {
+            usage: false,
+            ..FakeSpec::held()
+        },
+        4,
+        "10s",
+    )
+    .await;
+    let prompt = "Once upon a time there was a gateway that counted tokens";
+    let body = json!({"model": "qwen3.5-27b", "prompt": prompt, "max_tokens": 50, "echo": true,
+                      "stream": true});
+    let client = {
+        let url = gw.url("/v1/completions");
+        tokio::spawn(async move {
+            let resp = start_request(
+                &url,
+                "POST",
+                Some(body.to_string().into_bytes()),
+                &[
+                    ("content-type", "application/json"),
+                    ("authorization", "Bearer sk-alice"),
+                ],
+            )
+            .await;
+            let mut body = resp.into_body();
+            use http_body_util::BodyExt;
+            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            assert!(String::from_utf8_lossy(&first).contains(prompt));
+        })
+    };
+    backend.wait_held(1).await;
+    client.await.unwrap();
+    // One token was generated after the prompt: 49 of the 50 reserved come back.
+    gw.wait_metric(
+        "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
+        "49",
+    )
+    .await;
+    assert_eq!(gw.bucket("alice", "decode").await, 999.0);
+}
+
+/// The first event of a completions stream with `echo` holds the whole prompt: it may be as
+/// large as a whole answer (`max_response_bytes`), not only `max_event_bytes`.
+#[tokio::test]
+async fn an_echoed_prompt_may_pass_the_stream_event_bound() {
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.backends[0].max_event_bytes = 1024;
+    })
+    .await;
+    let prompt = WORD.repeat(400);
+    for (echo, complete) in [(true, true), (false, true)] {
+        let body = json!({"model": "qwen3.5-27b", "prompt": prompt, "max_tokens": 3,
+                          "echo": echo, "stream": true});
+        let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+        assert_eq!(r.status, 200);
+        let text = r.text();
+        assert_eq!(
+            text.contains("upstream_error"),
+            false,
+            "echo {echo}: {text}"
+        );
+        assert_eq!(text.ends_with("data: [DONE]\n\n"), complete, "echo {echo}");
+    }
+    // Without `echo`, an event past the bound ends the stream with an error.
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.backends[0].max_event_bytes = 16;
+    })
+    .await;
+    let body = json!({"model": "qwen3.5-27b", "prompt": "hi", "max_tokens": 3, "stream": true});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert!(r.text().contains("upstream_error"), "{}", r.text());
+}
+
 #[tokio::test]
 async fn client_disconnect_while_queued_leaves_the_queue_at_once() {
     let (gw, backend) = held_gateway(FakeSpec::held(), 1, "30s").await;

@@ -439,6 +439,11 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
     }
     let include_usage =
         spec.usage && body["stream_options"]["include_usage"].as_bool() == Some(true);
+    // A completion with `echo` repeats its prompt before its first token, as vLLM does.
+    let echoed = match (chat, body["echo"].as_bool(), body["prompt"].as_str()) {
+        (false, Some(true), Some(prompt)) => prompt.to_owned(),
+        _ => String::new(),
+    };
     tokio::spawn(async move {
         if let Behaviour::StallAfterHeaders = spec.behaviour {
             held.send_modify(|h| *h += 1);
@@ -450,6 +455,8 @@ async fn generate(fake: &Fake, path: &str, body: &Value) -> Response<FakeBody> {
                 json!({"index": 0, "delta": {"reasoning": WORD}})
             } else if chat {
                 json!({"index": 0, "delta": {"content": WORD}})
+            } else if i == 0 {
+                json!({"index": 0, "text": format!("{echoed}{WORD}")})
             } else {
                 json!({"index": 0, "text": WORD})
             };
