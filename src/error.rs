@@ -8,6 +8,7 @@
 pub use crate::error_code::ErrorCode;
 
 use crate::admission::{AdmitError, ClassRefused, ClassShares, PRIORITY_HEADER};
+use crate::api::{Refusal, RefusalKind};
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
 use crate::reload::ReloadError;
 use crate::tenant::Unauthenticated;
@@ -536,6 +537,21 @@ fn unit(bucket: BucketKind) -> &'static str {
     }
 }
 
+impl From<Refusal> for ApiError {
+    /// A 400 `invalid_request`, or a 404 `model_not_found`, with the reader's message and field.
+    fn from(r: Refusal) -> Self {
+        let code = match r.kind {
+            RefusalKind::Invalid => ErrorCode::InvalidRequest,
+            RefusalKind::ModelNotFound => ErrorCode::ModelNotFound,
+        };
+        let e = ApiError::new(code, r.message);
+        match r.param {
+            Some(param) => e.with_param(&param),
+            None => e,
+        }
+    }
+}
+
 impl From<Denial> for ApiError {
     /// `NotYet` is a 429 with the exact wait; `Never` a 400 naming the bucket and its capacity.
     fn from(denial: Denial) -> Self {
@@ -722,12 +738,9 @@ impl From<ClassRefused> for ApiError {
 }
 
 impl From<TemplateError> for ApiError {
-    /// 400 `invalid_request` naming the field, or `messages`.
+    /// What the template refused, as the request's readers refuse it ([`Refusal`]).
     fn from(err: TemplateError) -> Self {
-        match err {
-            TemplateError::Invalid { param, message } => ApiError::invalid_param(&param, message),
-            other => ApiError::invalid_param("messages", other.to_string()),
-        }
+        Refusal::from(err).into()
     }
 }
 

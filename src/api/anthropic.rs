@@ -31,7 +31,7 @@ use super::request::{
 };
 use super::route::Route;
 use super::sse::{self, Loose};
-use crate::error::ApiError;
+use super::Refusal;
 use crate::tokenize::chat::ChatRoute;
 use crate::vision::VisionRules;
 use serde::Deserialize;
@@ -51,11 +51,11 @@ const EFFORTS: [&str; 5] = ["low", "medium", "high", "xhigh", "max"];
 pub fn parse_generation(
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let model = served_model(&body, limits.served_names)?;
     let max_tokens = match body.get("max_tokens") {
         None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "max_tokens",
                 "`max_tokens` is required",
             ))
@@ -69,7 +69,7 @@ pub fn parse_generation(
             match budget {
                 Some(b) if (1024..i128::from(max_tokens)).contains(&b) => {}
                 _ => {
-                    return Err(ApiError::invalid_param(
+                    return Err(Refusal::invalid_param(
                         "thinking.budget_tokens",
                         format!("`thinking.budget_tokens` must be a whole number of at least 1024 and less than `max_tokens` ({max_tokens})"),
                     ))
@@ -104,7 +104,7 @@ pub fn parse_count_tokens(
     body: &Map<String, Value>,
     served: &[String],
     vision: &VisionRules,
-) -> Result<Prompt, ApiError> {
+) -> Result<Prompt, Refusal> {
     served_model(body, served)?;
     check_fields_as_vllm(body)?;
     parse_prompt(body, vision)
@@ -114,7 +114,7 @@ pub fn parse_count_tokens(
 /// otherwise read (the gateway answers it itself, so it checks them as pydantic would):
 /// `system`'s and each message's blocks, `thinking`, `tool_choice`, `tools`, `output_config`,
 /// `chat_template_kwargs`.
-fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
+fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), Refusal> {
     use FieldType::{OptArray, OptBool, OptObject, OptStr};
     check_fields(
         body,
@@ -123,7 +123,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
     let one_of = |param: &str, v: Option<&Value>, allowed: &[&str], optional: bool| match v {
         None | Some(Value::Null) if optional => Ok(()),
         Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(()),
-        _ => Err(ApiError::invalid_param(
+        _ => Err(Refusal::invalid_param(
             param,
             format!("`{param}` must be one of {allowed:?}"),
         )),
@@ -160,7 +160,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
                     .and_then(lax_int)
                     .is_none_or(|b| b < 1024)
                 {
-                    return Err(ApiError::invalid_param(
+                    return Err(Refusal::invalid_param(
                         "thinking.budget_tokens",
                         "`thinking.budget_tokens` must be a whole number of at least 1024",
                     ));
@@ -190,7 +190,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
             .and_then(Value::as_str)
             .is_some_and(|n| !n.is_empty());
         if choice.get("type").and_then(Value::as_str) == Some("tool") && !named {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "tool_choice.name",
                 "`tool_choice.name` is required when `tool_choice.type` is \"tool\"",
             ));
@@ -203,7 +203,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
         ) {
             let name = choice.get("name");
             if !tools.is_empty() && !tools.iter().any(|t| t.get("name") == name) {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     "tool_choice.name",
                     "`tool_choice.name` names no tool of `tools`",
                 ));
@@ -221,7 +221,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
         let tool = object(&at, tool)?;
         let required = |key: &str, ok: fn(&Value) -> bool, what: &str| match tool.get(key) {
             Some(v) if ok(v) => Ok(()),
-            _ => Err(ApiError::invalid_param(
+            _ => Err(Refusal::invalid_param(
                 &format!("{at}.{key}"),
                 format!("`{at}.{key}` must be {what}"),
             )),
@@ -269,7 +269,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
                     ))
                 }
                 None => {
-                    return Err(ApiError::invalid_param(
+                    return Err(Refusal::invalid_param(
                         &format!("{at}.content"),
                         format!("`{at}.content` is required"),
                     ))
@@ -318,7 +318,7 @@ fn check_fields_as_vllm(body: &Map<String, Value>) -> Result<(), ApiError> {
 }
 
 /// `v` as an object, else a 400 naming `param`.
-fn object<'v>(param: &str, v: &'v Value) -> Result<&'v Map<String, Value>, ApiError> {
+fn object<'v>(param: &str, v: &'v Value) -> Result<&'v Map<String, Value>, Refusal> {
     match v {
         Value::Object(o) => Ok(o),
         other => Err(wrong_type(param, "an object", other)),
@@ -339,7 +339,7 @@ const BLOCK_TYPES: [&str; 9] = [
 ];
 
 /// `e` about a field of the block at `at`, named with it.
-fn at_block(mut e: ApiError, at: &str) -> ApiError {
+fn at_block(mut e: Refusal, at: &str) -> Refusal {
     if let Some(param) = e.param.take() {
         e.message = e
             .message
@@ -351,21 +351,18 @@ fn at_block(mut e: ApiError, at: &str) -> ApiError {
 
 /// The conversation of a Messages body as the prompt vLLM renders: the chat it converts it to,
 /// counted as a chat.
-fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, ApiError> {
+fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, Refusal> {
     let mut chat = to_chat(body)?;
     openai::take_chat_prompt(&mut chat, vision, ChatRoute::ChatCompletions)
 }
 
 /// The chat completion body vLLM makes of a Messages body, as far as its prompt goes:
 /// `messages`, `tools`, `reasoning_effort` and `chat_template_kwargs`.
-fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Refusal> {
     let messages = match body.get("messages") {
         Some(Value::Array(m)) => m,
         None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "`messages` is required",
-            ))
+            return Err(Refusal::invalid_param("messages", "`messages` is required"))
         }
         Some(other) => return Err(wrong_type("messages", "an array", other)),
     };
@@ -392,7 +389,7 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
                 r.as_str()
             }
             Some(Value::String(r)) => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.role"),
                     format!(
                         "`{at}.role` must be one of \"user\", \"assistant\", \"system\", got `{r}`"
@@ -400,7 +397,7 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
                 ))
             }
             None => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.role"),
                     format!("`{at}.role` is required"),
                 ))
@@ -422,7 +419,7 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
                 convert_blocks(role, blocks, content, &mut converted)?
             }
             (_, None | Some(Value::Null)) => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     content,
                     format!("`{content}` is required"),
                 ))
@@ -455,7 +452,7 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
 
 /// The texts of system blocks at `at`, joined (Claude Code's billing header left out); `None`
 /// when there is none.
-fn system_text(blocks: &[Value], at: &str) -> Result<Option<String>, ApiError> {
+fn system_text(blocks: &[Value], at: &str) -> Result<Option<String>, Refusal> {
     let mut text = String::new();
     for (j, block) in blocks.iter().enumerate() {
         let at = format!("{at}[{j}]");
@@ -475,17 +472,17 @@ fn system_text(blocks: &[Value], at: &str) -> Result<Option<String>, ApiError> {
 fn block_kind<'a>(
     block: &'a Value,
     at: &str,
-) -> Result<(&'a str, &'a Map<String, Value>), ApiError> {
+) -> Result<(&'a str, &'a Map<String, Value>), Refusal> {
     let Value::Object(o) = block else {
         return Err(wrong_type(at, "a content block", block));
     };
     match o.get("type") {
         Some(Value::String(k)) if BLOCK_TYPES.contains(&k.as_str()) => Ok((k.as_str(), o)),
-        Some(Value::String(k)) => Err(ApiError::invalid_param(
+        Some(Value::String(k)) => Err(Refusal::invalid_param(
             &format!("{at}.type"),
             format!("`{at}.type` must be one of {BLOCK_TYPES:?}, got `{k}`"),
         )),
-        _ => Err(ApiError::invalid_param(
+        _ => Err(Refusal::invalid_param(
             &format!("{at}.type"),
             format!("`{at}.type` is required"),
         )),
@@ -494,7 +491,7 @@ fn block_kind<'a>(
 
 /// Refuses the blocks that change the tools (the gateway counts the request's `tools` only);
 /// vLLM itself refuses them outside system messages.
-fn refuse_tool_changes(kind: &str, at: &str, in_system: bool) -> Result<(), ApiError> {
+fn refuse_tool_changes(kind: &str, at: &str, in_system: bool) -> Result<(), Refusal> {
     if kind != "tool_addition" && kind != "tool_removal" {
         return Ok(());
     }
@@ -503,14 +500,14 @@ fn refuse_tool_changes(kind: &str, at: &str, in_system: bool) -> Result<(), ApiE
     } else {
         "they are only allowed in system messages"
     };
-    Err(ApiError::invalid_param(
+    Err(Refusal::invalid_param(
         at,
         format!("`{at}` is a {kind} block, which is not accepted: {why}"),
     ))
 }
 
 /// A string field of a block (null or absent as `""`).
-fn text_field<'a>(block: &'a Map<String, Value>, at: &str, key: &str) -> Result<&'a str, ApiError> {
+fn text_field<'a>(block: &'a Map<String, Value>, at: &str, key: &str) -> Result<&'a str, Refusal> {
     match block.get(key) {
         None | Some(Value::Null) => Ok(""),
         Some(Value::String(s)) => Ok(s),
@@ -520,7 +517,7 @@ fn text_field<'a>(block: &'a Map<String, Value>, at: &str, key: &str) -> Result<
 
 /// An image block's `source` as the URL vLLM hands the chat: a `url` source's URL, else a
 /// `data:` URL of its `media_type` (default `image/jpeg`) and `data`.
-fn image_url(source: &Map<String, Value>, at: &str) -> Result<String, ApiError> {
+fn image_url(source: &Map<String, Value>, at: &str) -> Result<String, Refusal> {
     if source.get("type").and_then(Value::as_str) == Some("url") {
         return Ok(text_field(source, at, "url")?.to_owned());
     }
@@ -539,7 +536,7 @@ fn convert_blocks(
     blocks: &[Value],
     at: &str,
     out: &mut Vec<Value>,
-) -> Result<(), ApiError> {
+) -> Result<(), Refusal> {
     let mut parts: Vec<Value> = Vec::new();
     let mut calls: Vec<Value> = Vec::new();
     let mut reasoning: Option<String> = None;
@@ -572,7 +569,7 @@ fn convert_blocks(
             "tool_use" => calls.push(tool_call(block, &at)?),
             "tool_result" if role == "user" => tool_result(block, &at, out)?,
             "tool_result" => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &at,
                     format!("`{at}` is a tool_result in an assistant message, which is not accepted: tool results come in user messages"),
                 ))
@@ -608,7 +605,7 @@ fn convert_blocks(
 
 /// A `tool_use` block as an OpenAI tool call (its `input` as the arguments, which vLLM
 /// serializes and the template reads back as a mapping).
-fn tool_call(block: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+fn tool_call(block: &Map<String, Value>, at: &str) -> Result<Value, Refusal> {
     let name = text_field(block, at, "name")?;
     let arguments = match block.get("input") {
         None | Some(Value::Null) => Value::Object(Map::new()),
@@ -628,7 +625,7 @@ fn tool_call(block: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
 
 /// A user message's `tool_result` block as vLLM converts it: a `tool` message of its text (its
 /// text items joined with newlines), then a user message of its images, if any.
-fn tool_result(block: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn tool_result(block: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Result<(), Refusal> {
     let id = text_field(block, at, "tool_use_id")?;
     let mut images = Vec::new();
     let text = match block.get("content") {
@@ -654,7 +651,7 @@ fn tool_result(block: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Re
                         }
                     }
                     Some("tool_reference") => {
-                        return Err(ApiError::invalid_param(
+                        return Err(Refusal::invalid_param(
                             &at,
                             format!("`{at}` is a tool_reference, which is not accepted: the gateway counts the tools the request's `tools` declare"),
                         ))
@@ -680,7 +677,7 @@ fn tool_result(block: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Re
 }
 
 /// `tools` as the chat's functions.
-fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
+fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Array(t)) => t,
@@ -695,7 +692,7 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
         let name = match tool.get("name") {
             Some(Value::String(n)) => n,
             _ => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.name"),
                     format!("`{at}.name` is required, a string"),
                 ))
@@ -704,7 +701,7 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
         let mut schema = match tool.get("input_schema") {
             Some(Value::Object(s)) => s.clone(),
             _ => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.input_schema"),
                     format!("`{at}.input_schema` is required, an object"),
                 ))
@@ -730,14 +727,14 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
 
 /// The `reasoning_effort` vLLM sets: `"none"` for `thinking.type = "disabled"`, else
 /// `output_config.effort`.
-fn reasoning_effort(body: &Map<String, Value>) -> Result<Option<&str>, ApiError> {
+fn reasoning_effort(body: &Map<String, Value>) -> Result<Option<&str>, Refusal> {
     match body.get("thinking") {
         None | Some(Value::Null) => {}
         Some(Value::Object(t)) => match t.get("type").and_then(Value::as_str) {
             Some("disabled") => return Ok(Some("none")),
             Some("enabled" | "adaptive") => {}
             _ => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     "thinking.type",
                     "`thinking.type` must be one of \"enabled\", \"disabled\", \"adaptive\"",
                 ))
@@ -753,7 +750,7 @@ fn reasoning_effort(body: &Map<String, Value>) -> Result<Option<&str>, ApiError>
     match effort {
         None => Ok(None),
         Some(Value::String(e)) if EFFORTS.contains(&e.as_str()) => Ok(Some(e.as_str())),
-        Some(other) => Err(ApiError::invalid_param(
+        Some(other) => Err(Refusal::invalid_param(
             "output_config.effort",
             format!("`output_config.effort` must be one of {EFFORTS:?}, got {other}"),
         )),
@@ -873,7 +870,7 @@ mod tests {
         }
     }
 
-    fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
+    fn parse(v: Value) -> Result<GenerationRequest, Refusal> {
         let names = vec!["qwen".to_string()];
         let vision = VisionRules::default();
         let body = parse_object(v.to_string().as_bytes()).unwrap();

@@ -11,7 +11,7 @@ use super::request::{
 };
 use super::route::{Native, Route};
 use super::sse::{self, Loose};
-use crate::error::ApiError;
+use super::Refusal;
 use crate::tokenize::chat::ChatRoute;
 use bytes::Bytes;
 use serde::Deserialize;
@@ -31,7 +31,7 @@ pub fn parse_generation(
     native: Native,
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let has = |key: &str| body.get(key).is_some_and(|v| !v.is_null());
     if native == Native::Generate && has("prompt") {
         return parse_vllm_generate(body, limits);
@@ -41,7 +41,7 @@ pub fn parse_generation(
         let ids = match &body["input_id"] {
             Value::Array(items) if !items.is_empty() => token_ids("input_id", items)?,
             Value::Array(_) => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     "input_id",
                     "`input_id` is an empty list",
                 ))
@@ -55,7 +55,7 @@ pub fn parse_generation(
         } else {
             ""
         };
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             field,
             format!("`{field}` is required{hint}"),
         ));
@@ -82,7 +82,7 @@ pub fn parse_generation(
                     "/generate_stream"
                 },
             );
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "stream",
                 format!("`stream` is {asked}, but {path} always answers with stream = {mode}; use {other} or /infer"),
             ));
@@ -110,7 +110,7 @@ pub fn parse_generation(
             Some(v) if v.as_u64() == Some(1) => {}
             Some(v) => {
                 let param = format!("parameters.{name}");
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &param,
                     format!("`{param}` must be 1 (one sequence per request), got {v}"),
                 ));
@@ -155,7 +155,7 @@ const MAX_VLLM_SEQUENCES: u32 = 128;
 pub fn parse_vllm_generate(
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let (prompt, text) = native_prompt("prompt", &body["prompt"], limits)?;
     let stream = optional_json_bool(&body, "stream")?.unwrap_or(false);
     let field = MaxTokensField::MaxTokens;
@@ -167,7 +167,7 @@ pub fn parse_vllm_generate(
     let best_of = sequence_count(&body, "best_of", MAX_VLLM_SEQUENCES)?;
     if let (Some(n), Some(best_of)) = (n, best_of) {
         if best_of < n {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "best_of",
                 format!("`best_of` ({best_of}) must be at least `n` ({n})"),
             ));
@@ -212,12 +212,12 @@ fn native_prompt(
     field: &str,
     value: &Value,
     limits: &ParseLimits<'_>,
-) -> Result<(Prompt, NativeText), ApiError> {
+) -> Result<(Prompt, NativeText), Refusal> {
     match value {
         Value::String(s) if !s.is_empty() => {
             Ok((Prompt::Text(s.clone()), NativeText::Whole(s.clone())))
         }
-        Value::String(_) => Err(ApiError::invalid_param(
+        Value::String(_) => Err(Refusal::invalid_param(
             field,
             format!("`{field}` must not be empty"),
         )),
@@ -233,7 +233,7 @@ fn native_prompt(
                 NativeText::Parts(first_text),
             ))
         }
-        Value::Array(_) => Err(ApiError::invalid_param(
+        Value::Array(_) => Err(Refusal::invalid_param(
             field,
             format!("`{field}` is an empty list"),
         )),
@@ -247,11 +247,7 @@ fn native_prompt(
 /// the model's chat template with the generation prompt (its Qwen3-VL router does), so it is
 /// counted as that chat, its images and videos as vLLM's processor counts them. Audio is
 /// refused: Qwen3.5 takes none. Errors name the parts by `field`.
-fn parts_prompt(
-    field: &str,
-    parts: &[Value],
-    limits: &ParseLimits<'_>,
-) -> Result<Prompt, ApiError> {
+fn parts_prompt(field: &str, parts: &[Value], limits: &ParseLimits<'_>) -> Result<Prompt, Refusal> {
     let mut content = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
         let Value::Object(part) = part else {
@@ -267,7 +263,7 @@ fn parts_prompt(
                 }
             }
             Some(kind @ ("audio_url" | "input_audio")) => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{field}[{i}]"),
                     format!("`{field}[{i}]` is a `{kind}` part: Qwen3.5 takes no audio, and the gateway does not count it"),
                 ))
@@ -284,7 +280,7 @@ fn parts_prompt(
 }
 
 /// `e`, about the chat a list of parts was made into, naming the parts as the client sent them.
-fn named_by(mut e: ApiError, field: &str) -> ApiError {
+fn named_by(mut e: Refusal, field: &str) -> Refusal {
     const PARTS: &str = "messages[0].content";
     e.message = e.message.replace(PARTS, field);
     e.param = e.param.map(|p| match p.as_str() {
@@ -394,7 +390,7 @@ mod tests {
     use crate::vision::VisionRules;
     use serde_json::json;
 
-    fn parse(native: Native, v: Value) -> Result<GenerationRequest, ApiError> {
+    fn parse(native: Native, v: Value) -> Result<GenerationRequest, Refusal> {
         let names = vec!["qwen".to_string()];
         let Value::Object(map) = v else { panic!() };
         parse_generation(
@@ -548,7 +544,7 @@ mod tests {
         ];
         for (native, body, param, message) in cases {
             let e = parse(native, body.clone()).unwrap_err();
-            assert_eq!(e.status.as_u16(), 400, "{body}");
+            assert_eq!(e.kind, crate::api::RefusalKind::Invalid, "{body}");
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
             assert_eq!(e.message, message, "{body}");
         }

@@ -15,6 +15,7 @@ pub mod logprobs;
 pub mod mindie;
 pub mod openai;
 pub mod pooling;
+pub mod refusal;
 pub mod request;
 pub mod responses;
 pub mod route;
@@ -24,10 +25,10 @@ pub mod sse;
 
 pub use crate::wire::Wire;
 pub use chunk::Chunk;
+pub use refusal::{Refusal, RefusalKind};
 pub use request::{Echo, GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt};
 pub use route::{Endpoint, Native, Pooled, Route};
 
-use crate::error::ApiError;
 use bytes::Bytes;
 
 /// Validates a generation body sent to `route`, read with its bytes (see
@@ -36,7 +37,7 @@ pub fn parse_generation(
     route: Route,
     body: JsonBody,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let JsonBody {
         object,
         raw,

@@ -9,7 +9,7 @@ use super::request::{
     GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
-use crate::error::ApiError;
+use super::Refusal;
 use crate::tokenize::chat::{ChatPrompt, ChatRoute};
 use crate::vision::{Media, Modality, VisionRules};
 use bytes::Bytes;
@@ -22,7 +22,7 @@ pub fn parse_generation(
     endpoint: Endpoint,
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let body = JsonBody {
         object: body,
         raw: Bytes::new(),
@@ -39,7 +39,7 @@ pub fn parse_generation_from(
     endpoint: Endpoint,
     body: JsonBody,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let JsonBody {
         object: mut body,
         raw,
@@ -59,7 +59,7 @@ pub fn parse_generation_from(
     // vLLM tests the fields as sent, before their types are read: `{}` or null options pass
     // without a stream, and so do any options with a `stream` that is truthy (`"false"`).
     if py_truthy(body.get("stream_options")) && !py_truthy(body.get("stream")) {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             "stream_options",
             "`stream_options` is only allowed when `stream` is true",
         ));
@@ -116,7 +116,7 @@ fn output_limit(
     endpoint: Endpoint,
     echo: bool,
     max_model_len: u64,
-) -> Result<(Option<(MaxTokensField, u64)>, bool), ApiError> {
+) -> Result<(Option<(MaxTokensField, u64)>, bool), Refusal> {
     let fields: &[MaxTokensField] = match endpoint {
         Endpoint::Chat => &[
             MaxTokensField::MaxCompletionTokens,
@@ -162,9 +162,9 @@ fn echoes(prompt: &Prompt, batch: &[Prompt]) -> Echo {
 /// not cover: `use_beam_search` and `best_of` above 1 (several sequences decoded, each with its
 /// KV), `truncate_prompt_tokens` (the engine prefills a cut prompt; the gateway charges the
 /// prompt sent), and a negative body `priority` ([`refuse_negative_priority`]).
-fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
+fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
     if optional_bool(body, "use_beam_search")? == Some(true) {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             "use_beam_search",
             "`use_beam_search` is not accepted: a beam search decodes several sequences, and the gateway reserves one",
         ));
@@ -173,7 +173,7 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
         None | Some(Value::Null) => {}
         Some(v) if v.as_u64() == Some(1) => {}
         Some(v) => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "best_of",
                 format!("`best_of` must be 1 (one sequence per request), got {v}"),
             ))
@@ -182,7 +182,7 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
     match body.get("truncate_prompt_tokens") {
         None | Some(Value::Null) => {}
         Some(v) => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "truncate_prompt_tokens",
                 format!("`truncate_prompt_tokens` is not accepted (got {v}): the gateway charges the whole prompt sent, so send it cut"),
             ))
@@ -194,13 +194,13 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), ApiError> {
 /// Refuses a negative body `priority`: with vLLM's priority scheduling it would put the
 /// request ahead of its class (lower is earlier; a class is lowered with the
 /// `x-tokengate-priority` header, and 0 or above never overtakes anyone's default).
-pub(crate) fn refuse_negative_priority(body: &Map<String, Value>) -> Result<(), ApiError> {
+pub(crate) fn refuse_negative_priority(body: &Map<String, Value>) -> Result<(), Refusal> {
     match body.get("priority") {
         None | Some(Value::Null) => Ok(()),
         // In any spelling pydantic reads as a whole number (`"3"`, `5.0`).
         Some(v) => match lax_int(v) {
             Some(n) if n >= 0 => Ok(()),
-            Some(n) => Err(ApiError::invalid_param(
+            Some(n) => Err(Refusal::invalid_param(
                 "priority",
                 format!("`priority` is {n}: a negative priority would raise the request above its class; lower it with the x-tokengate-priority header or a priority of 0 or more"),
             )),
@@ -221,7 +221,7 @@ pub fn parse_chat_prompt(
     body: &Map<String, Value>,
     vision: &VisionRules,
     route: ChatRoute,
-) -> Result<Prompt, ApiError> {
+) -> Result<Prompt, Refusal> {
     let messages = chat_messages(body, vision)?;
     chat_prompt(messages.iter().map(Cow::Borrowed), body, vision, route)
 }
@@ -232,7 +232,7 @@ pub(crate) fn take_chat_prompt(
     body: &mut Map<String, Value>,
     vision: &VisionRules,
     route: ChatRoute,
-) -> Result<Prompt, ApiError> {
+) -> Result<Prompt, Refusal> {
     chat_messages(body, vision)?;
     let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
         unreachable!("chat_messages found an array")
@@ -248,10 +248,7 @@ pub(crate) fn take_chat_prompt(
 /// and a deployment's own template may read any. `reasoning_effort` is a chat completion's
 /// field: `/tokenize` and the pooling routes' request models have none, and vLLM ignores it
 /// there.
-fn template_switches(
-    body: &Map<String, Value>,
-    route: ChatRoute,
-) -> Result<Option<bool>, ApiError> {
+fn template_switches(body: &Map<String, Value>, route: ChatRoute) -> Result<Option<bool>, Refusal> {
     let kwargs = match body.get("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),
@@ -264,7 +261,7 @@ fn template_switches(
             continue;
         }
         let param = format!("chat_template_kwargs.{key}");
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             &param,
             format!("`{param}` would change the prompt the chat template renders, which the gateway cannot count; only `enable_thinking` is accepted"),
         ));
@@ -275,7 +272,7 @@ fn template_switches(
         None | Some(Value::Null) => None,
         Some(Value::String(e)) if efforts.contains(&e.as_str()) => Some(e.as_str()),
         Some(other) => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "reasoning_effort",
                 format!("`reasoning_effort` must be one of {efforts:?}, got {other}"),
             ))
@@ -299,7 +296,7 @@ fn template_switches(
 /// `--trust-request-chat-template`), and `mm_processor_kwargs` / `media_io_kwargs`, which
 /// change how images are resized and videos sampled (a 1x1 PNG with a `min_pixels` of 16M is
 /// ~16,000 tokens to the engine).
-pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), ApiError> {
+pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), Refusal> {
     for (param, why) in [
         ("chat_template", "the gateway counts prompts with the deployment's chat template only"),
         ("mm_processor_kwargs", "it changes how images and videos become tokens, which the gateway counts with the deployment's settings only"),
@@ -309,7 +306,7 @@ pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), ApiErr
             None | Some(Value::Null) => {}
             Some(Value::Object(o)) if o.is_empty() => {}
             Some(_) => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     param,
                     format!("`{param}` is not accepted: {why}"),
                 ))
@@ -324,20 +321,19 @@ pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), ApiErr
 fn chat_messages<'a>(
     body: &'a Map<String, Value>,
     vision: &VisionRules,
-) -> Result<&'a Vec<Value>, ApiError> {
+) -> Result<&'a Vec<Value>, Refusal> {
     match body.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => {
             check_media_count(m, vision)?;
             Ok(m)
         }
-        Some(Value::Array(_)) => Err(ApiError::invalid_param(
+        Some(Value::Array(_)) => Err(Refusal::invalid_param(
             "messages",
             "`messages` must contain at least one message",
         )),
-        None | Some(Value::Null) => Err(ApiError::invalid_param(
-            "messages",
-            "`messages` is required",
-        )),
+        None | Some(Value::Null) => {
+            Err(Refusal::invalid_param("messages", "`messages` is required"))
+        }
         Some(other) => Err(wrong_type("messages", "an array", other)),
     }
 }
@@ -347,7 +343,7 @@ fn chat_messages<'a>(
 /// each costs a header decoded, a placeholder rendered and up to 16,384 ids expanded, so their
 /// number bounds the work a body of a few hundred kilobytes can ask for. A 400 naming
 /// `messages` and both numbers. Without vision every media part is refused on its own.
-fn check_media_count(messages: &[Value], vision: &VisionRules) -> Result<(), ApiError> {
+fn check_media_count(messages: &[Value], vision: &VisionRules) -> Result<(), Refusal> {
     if !vision.enabled {
         return Ok(());
     }
@@ -366,7 +362,7 @@ fn check_media_count(messages: &[Value], vision: &VisionRules) -> Result<(), Api
     let most = u64::from(vision.max_media_per_request);
     for (sent, kind) in [(images, "images"), (videos, "videos")] {
         if sent > most {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 "messages",
                 format!("`messages` carries {sent} {kind}; at most {most} {kind} may be sent in one request (vision.max_media_per_request)"),
             ));
@@ -382,7 +378,7 @@ fn chat_prompt<'a>(
     body: &Map<String, Value>,
     vision: &VisionRules,
     route: ChatRoute,
-) -> Result<Prompt, ApiError> {
+) -> Result<Prompt, Refusal> {
     refuse_uncountable(body)?;
     let mut media = Vec::new();
     let mut rendered = Vec::with_capacity(messages.len());
@@ -396,14 +392,14 @@ fn chat_prompt<'a>(
             Some(Value::String(r)) if ROLES.contains(&r.as_str()) => {}
             Some(Value::String(r)) => {
                 let at = at();
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.role"),
                     format!("`{at}.role` must be one of {ROLES:?}, got `{r}`"),
                 ));
             }
             None => {
                 let at = at();
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.role"),
                     format!("`{at}.role` is required"),
                 ));
@@ -420,7 +416,7 @@ fn chat_prompt<'a>(
                         content_part(p, &format!("{}.content[{j}]", at()), vision, &mut media)
                             .transpose()
                     })
-                    .collect::<Result<Vec<Value>, ApiError>>()?,
+                    .collect::<Result<Vec<Value>, Refusal>>()?,
             ),
             Some(other) => {
                 return Err(wrong_type(
@@ -461,7 +457,7 @@ fn chat_prompt<'a>(
             true => " (`add_generation_prompt` is true unless sent as false)",
             false => "",
         };
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             "continue_final_message",
             format!(
                 "`continue_final_message` and `add_generation_prompt` cannot both be true{default}"
@@ -514,9 +510,9 @@ fn content_part(
     at: &str,
     vision: &VisionRules,
     media: &mut Vec<Media>,
-) -> Result<Option<Value>, ApiError> {
+) -> Result<Option<Value>, Refusal> {
     let not_a_part = || {
-        ApiError::invalid_param(
+        Refusal::invalid_param(
             at,
             format!("`{at}` must be a content part such as {{\"type\": \"text\", \"text\": \"...\"}} or {{\"type\": \"image_url\", \"image_url\": {{\"url\": \"...\"}}}}"),
         )
@@ -533,7 +529,7 @@ fn content_part(
         .iter()
         .find_map(|k| o.get(*k).map(|v| (*k, v)))
         .ok_or_else(|| {
-            ApiError::invalid_param(
+            Refusal::invalid_param(
                 &format!("{at}.{}", keys[0]),
                 format!("`{at}.{}` is required", keys[0]),
             )
@@ -544,7 +540,7 @@ fn content_part(
         Modality::Video => "a video",
     };
     if !vision.enabled {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             &param,
             format!("`{param}` is {what}, but this deployment accepts text only (vision.enabled = false)"),
         ));
@@ -554,7 +550,7 @@ fn content_part(
         Value::Object(o) => match o.get("url") {
             Some(Value::String(url)) => url,
             _ => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{param}.url"),
                     format!("`{param}.url` must be a string"),
                 ))
@@ -569,7 +565,7 @@ fn content_part(
         }
     };
     let counted = Media::from_url(modality, url, vision).map_err(|e| {
-        ApiError::invalid_param(
+        Refusal::invalid_param(
             &param,
             format!("`{param}` is not {what} the gateway can count: {e}"),
         )
@@ -613,7 +609,7 @@ fn text_part(part: &Map<String, Value>) -> Option<Option<Value>> {
 pub fn parse_tokenize(
     body: &Map<String, Value>,
     vision: &VisionRules,
-) -> Result<(Prompt, bool), ApiError> {
+) -> Result<(Prompt, bool), Refusal> {
     use FieldType::{Bool, OptArray, OptBool, OptObject, OptStr};
     check_fields(
         body,
@@ -628,7 +624,7 @@ pub fn parse_tokenize(
     // form (as extra fields of the text one).
     for param in ["mm_processor_kwargs", "media_io_kwargs"] {
         if py_truthy(body.get(param)) {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 param,
                 format!("`{param}` is not accepted (vLLM refuses it unless started with --trust-request-mm-kwargs)"),
             ));
@@ -636,7 +632,7 @@ pub fn parse_tokenize(
     }
     let text = match body.get("prompt") {
         Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-        None | Some(Value::Null) => Err(ApiError::invalid_param(
+        None | Some(Value::Null) => Err(Refusal::invalid_param(
             "prompt",
             "`prompt` (or `messages`) is required",
         )),
@@ -670,10 +666,10 @@ pub fn parse_tokenize(
 /// The prompts at `param` of a body (a completions body's `prompt`, an embeddings body's
 /// `input`), as vLLM takes them: a string, a list of strings, a list of token ids, or a list of
 /// lists of token ids; each one a sequence of its own.
-pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, ApiError> {
+pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, Refusal> {
     match body.get(param) {
         Some(Value::String(s)) if !s.is_empty() => Ok(vec![Prompt::Text(s.clone())]),
-        Some(Value::String(_)) => Err(ApiError::invalid_param(
+        Some(Value::String(_)) => Err(Refusal::invalid_param(
             param,
             format!("`{param}` must not be empty"),
         )),
@@ -683,7 +679,7 @@ pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Promp
             (items.iter().enumerate())
                 .map(|(i, item)| match item.as_str() {
                     Some(t) if !t.is_empty() => Ok(Prompt::Text(t.to_owned())),
-                    _ => Err(ApiError::invalid_param(
+                    _ => Err(Refusal::invalid_param(
                         param,
                         format!("`{param}[{i}]` must not be empty"),
                     )),
@@ -699,18 +695,18 @@ pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Promp
                     Some(ids) if !ids.is_empty() && ids.iter().all(is_token_id) => {
                         Ok(Prompt::TokenIds(token_ids(&format!("{param}[{i}]"), ids)?))
                     }
-                    _ => Err(ApiError::invalid_param(
+                    _ => Err(Refusal::invalid_param(
                         param,
                         format!("`{param}[{i}]` must be a non-empty list of token ids"),
                     )),
                 })
                 .collect()
         }
-        Some(Value::Array(_)) => Err(ApiError::invalid_param(
+        Some(Value::Array(_)) => Err(Refusal::invalid_param(
             param,
             format!("`{param}` must be a non-empty string, a list of strings, a list of token ids, or a list of lists of token ids"),
         )),
-        None | Some(Value::Null) => Err(ApiError::invalid_param(param, format!("`{param}` is required"))),
+        None | Some(Value::Null) => Err(Refusal::invalid_param(param, format!("`{param}` is required"))),
         Some(other) => Err(wrong_type(param, "a string", other)),
     }
 }
@@ -723,12 +719,12 @@ fn is_token_id(v: &Value) -> bool {
 
 /// `items` (token ids, all of them: [`is_token_id`]) as token ids of 32 bits, the list named
 /// `param`.
-pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, Refusal> {
     (items.iter().filter_map(lax_int).enumerate())
         .map(|(i, n)| {
             u32::try_from(n).map_err(|_| {
                 let max = u32::MAX;
-                ApiError::invalid_param(
+                Refusal::invalid_param(
                     "prompt",
                     format!("`{param}[{i}]` is {n}: token ids must fit in 32 bits (at most {max})"),
                 )
@@ -738,7 +734,7 @@ pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, ApiErr
 }
 
 /// The ids of a `/detokenize` body: `tokens`, a list (empty or not) of token ids.
-pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, Refusal> {
     match body.get("tokens") {
         Some(Value::Array(items)) => (items.iter().enumerate())
             .map(|(i, v)| {
@@ -746,14 +742,14 @@ pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError>
                 let id = lax_int(v).and_then(|n| u32::try_from(n).ok());
                 id.ok_or_else(|| {
                     let max = u32::MAX;
-                    ApiError::invalid_param(
+                    Refusal::invalid_param(
                         "tokens",
                         format!("`tokens[{i}]` is {v}: a token id is an integer from 0 to {max}"),
                     )
                 })
             })
             .collect(),
-        None | Some(Value::Null) => Err(ApiError::invalid_param("tokens", "`tokens` is required")),
+        None | Some(Value::Null) => Err(Refusal::invalid_param("tokens", "`tokens` is required")),
         Some(other) => Err(wrong_type("tokens", "a list of token ids", other)),
     }
 }
@@ -810,7 +806,7 @@ mod tests {
         (vec!["qwen".to_string()], 1000)
     }
 
-    fn parse(endpoint: Endpoint, v: Value) -> Result<GenerationRequest, ApiError> {
+    fn parse(endpoint: Endpoint, v: Value) -> Result<GenerationRequest, Refusal> {
         let (names, len) = limits();
         let Value::Object(map) = v else { panic!() };
         parse_generation(
@@ -1138,9 +1134,9 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!(
-            (e.code, e.param.as_deref(), e.message.as_str()),
+            (e.kind, e.param.as_deref(), e.message.as_str()),
             (
-                crate::error::ErrorCode::InvalidRequest,
+                crate::api::RefusalKind::Invalid,
                 Some("messages"),
                 "`messages` carries 3 images; at most 2 images may be sent in one request (vision.max_media_per_request)"
             )
@@ -1437,7 +1433,11 @@ mod tests {
         ];
         for (body, status, param) in cases {
             let e = parse(Endpoint::Chat, body.clone()).unwrap_err();
-            assert_eq!(e.status.as_u16(), status, "{body}");
+            let answered = match e.kind {
+                crate::api::RefusalKind::Invalid => 400,
+                crate::api::RefusalKind::ModelNotFound => 404,
+            };
+            assert_eq!(answered, status, "{body}");
             assert_eq!(e.param.as_deref(), Some(param), "{body}");
         }
     }
@@ -1761,8 +1761,8 @@ mod tests {
             .contains("an array"));
         let deep = "[".repeat(200) + &"]".repeat(200);
         assert_eq!(
-            parse_object(deep.as_bytes()).unwrap_err().status.as_u16(),
-            400
+            parse_object(deep.as_bytes()).unwrap_err().kind,
+            crate::api::RefusalKind::Invalid
         );
     }
 }

@@ -9,8 +9,8 @@
 use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority};
 use super::request::{served_model, wrong_type};
 use super::route::{Pooled, PooledKind, Route};
+use super::Refusal;
 use super::{GenerationRequest, ParseLimits, Prompt};
-use crate::error::ApiError;
 use crate::tokenize::chat::ChatRoute;
 use serde_json::{Map, Value};
 
@@ -21,7 +21,7 @@ pub fn parse_generation(
     pooled: Pooled,
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let model = served_model(&body, limits.served_names)?;
     refuse_negative_priority(&body)?;
     refuse_padding(&body)?;
@@ -31,7 +31,7 @@ pub fn parse_generation(
         PooledKind::Rerank => {
             let query = score_inputs(&body, "query")?;
             if query.len() != 1 {
-                return Err(ApiError::invalid_param("query", "`query` must be one text"));
+                return Err(Refusal::invalid_param("query", "`query` must be one text"));
             }
             query
                 .into_iter()
@@ -69,7 +69,7 @@ pub fn parse_generation(
 fn embed_prompts(
     body: &Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<Vec<Prompt>, ApiError> {
+) -> Result<Vec<Prompt>, Refusal> {
     let messages = body.get("messages").filter(|m| !m.is_null());
     let input = body.get("input").filter(|m| !m.is_null());
     let render = |conversations: Vec<&Value>| {
@@ -114,13 +114,13 @@ fn is_message(v: &Value) -> bool {
 }
 
 /// `body`'s `messages` as one prompt, rendered as the pooling routes render it.
-fn chat(body: &Map<String, Value>, limits: &ParseLimits<'_>) -> Result<Prompt, ApiError> {
+fn chat(body: &Map<String, Value>, limits: &ParseLimits<'_>) -> Result<Prompt, Refusal> {
     parse_chat_prompt(body, limits.vision, ChatRoute::Pooling)
 }
 
 /// A score body's prompts: its queries, then its documents. One query is scored against
 /// every document, or each query against its own (as many of each).
-fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
+fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, Refusal> {
     const NAMES: [(&str, &str); 4] = [
         ("queries", "documents"),
         ("queries", "items"),
@@ -129,7 +129,7 @@ fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
     ];
     let given = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
     let Some((first, second)) = NAMES.into_iter().find(|(a, b)| given(a) && given(b)) else {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             "queries",
             "`queries` and `documents` are required (or `queries` and `items`, `data_1` and `data_2`, `text_1` and `text_2`)",
         ));
@@ -137,7 +137,7 @@ fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
     let queries = score_inputs(body, first)?;
     let documents = score_inputs(body, second)?;
     if queries.len() > 1 && queries.len() != documents.len() {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             first,
             format!(
                 "`{first}` has {} texts and `{second}` {}: send one {first} text, or one for each",
@@ -152,15 +152,15 @@ fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
 /// The texts at `param` of a score or rerank body: a text, or a non-empty list of texts.
 /// Multimodal inputs (`{"content": [...]}`) are refused: a pooling backend's images are not
 /// counted by the gateway.
-fn score_inputs(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, ApiError> {
+fn score_inputs(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, Refusal> {
     let text = |v: &Value, at: &str| {
         match v {
         Value::String(s) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
-        Value::String(_) => Err(ApiError::invalid_param(
+        Value::String(_) => Err(Refusal::invalid_param(
             param,
             format!("`{at}` must not be empty"),
         )),
-        Value::Object(_) => Err(ApiError::invalid_param(
+        Value::Object(_) => Err(Refusal::invalid_param(
             param,
             format!("`{at}` is a multimodal input, which the gateway does not count on the pooling routes; send text"),
         )),
@@ -168,11 +168,11 @@ fn score_inputs(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, A
     }
     };
     match body.get(param) {
-        None | Some(Value::Null) => Err(ApiError::invalid_param(
+        None | Some(Value::Null) => Err(Refusal::invalid_param(
             param,
             format!("`{param}` is required"),
         )),
-        Some(Value::Array(items)) if items.is_empty() => Err(ApiError::invalid_param(
+        Some(Value::Array(items)) if items.is_empty() => Err(Refusal::invalid_param(
             param,
             format!("`{param}` must hold at least one text"),
         )),
@@ -185,14 +185,14 @@ fn score_inputs(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, A
 
 /// `truncate_prompt_tokens`: the most tokens of each prompt the backend runs (it cuts longer
 /// ones), `-1` for the context; absent, prompts run whole.
-fn truncation(body: &Map<String, Value>, max_model_len: u64) -> Result<Option<u64>, ApiError> {
+fn truncation(body: &Map<String, Value>, max_model_len: u64) -> Result<Option<u64>, Refusal> {
     const PARAM: &str = "truncate_prompt_tokens";
     match body.get(PARAM) {
         None | Some(Value::Null) => Ok(None),
         Some(v) if v.as_i64() == Some(-1) => Ok(Some(max_model_len)),
         Some(v) => match v.as_u64() {
             Some(n) if (1..=max_model_len).contains(&n) => Ok(Some(n)),
-            _ => Err(ApiError::invalid_param(
+            _ => Err(Refusal::invalid_param(
                 PARAM,
                 format!("`{PARAM}` must be -1 (the context) or a whole number from 1 to the model's context length of {max_model_len} tokens, got {v}"),
             )),
@@ -202,11 +202,11 @@ fn truncation(body: &Map<String, Value>, max_model_len: u64) -> Result<Option<u6
 
 /// Refuses `padding: "max_length"`: the backend would run every prompt padded to its longest
 /// length, which the gateway does not charge.
-fn refuse_padding(body: &Map<String, Value>) -> Result<(), ApiError> {
+fn refuse_padding(body: &Map<String, Value>) -> Result<(), Refusal> {
     match body.get("padding") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(p)) if p == "do_not_pad" => Ok(()),
-        Some(other) => Err(ApiError::invalid_param(
+        Some(other) => Err(Refusal::invalid_param(
             "padding",
             format!("`padding` must be \"do_not_pad\" (got {other}): padded prompts run tokens the gateway does not charge"),
         )),
@@ -220,7 +220,7 @@ mod tests {
     use crate::vision::VisionRules;
     use serde_json::json;
 
-    fn parse(pooled: Pooled, v: Value) -> Result<GenerationRequest, ApiError> {
+    fn parse(pooled: Pooled, v: Value) -> Result<GenerationRequest, Refusal> {
         let object = parse_object(v.to_string().as_bytes()).unwrap();
         let names = vec!["qwen".to_string()];
         let vision = VisionRules::default();

@@ -3,7 +3,7 @@
 //! client's bytes for the backend (`splice_body`).
 
 use super::route::Route;
-use crate::error::ApiError;
+use super::Refusal;
 use crate::tokenize::chat::{pyjson, ChatPrompt};
 pub(crate) use crate::util::pydantic::{lax_bool, lax_int};
 use crate::vision::{Media, VisionRules};
@@ -198,7 +198,7 @@ pub struct ParseLimits<'a> {
 /// A request body's bytes read as vLLM reads them (Python's `json.loads` of bytes): a UTF-8
 /// byte order mark before the text is skipped (and not forwarded), and the rest is
 /// [`parse_body`]'s.
-pub fn read_json_body(bytes: Bytes) -> Result<JsonBody, ApiError> {
+pub fn read_json_body(bytes: Bytes) -> Result<JsonBody, Refusal> {
     const BOM: &[u8] = b"\xef\xbb\xbf";
     let raw = match bytes.starts_with(BOM) {
         true => bytes.slice(BOM.len()..),
@@ -215,22 +215,22 @@ pub fn read_json_body(bytes: Bytes) -> Result<JsonBody, ApiError> {
 /// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
 /// non-object bodies (serde_json also bounds nesting depth at 128). NaN, infinities, integers
 /// past 64 bits and `-0` are read as Python's json reads them ([`pyjson`]).
-pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, Refusal> {
     parse_body(bytes).map(|(map, _)| map)
 }
 
 /// [`parse_object`], and whether each top-level key came once (a key sent twice is kept once in
 /// the map, with its last value).
-pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> {
+pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), Refusal> {
     let Ok(text) = std::str::from_utf8(bytes) else {
-        return Err(ApiError::invalid("the request body is not valid UTF-8"));
+        return Err(Refusal::invalid("the request body is not valid UTF-8"));
     };
     let python = || match pyjson::parse(text) {
         Ok((Value::Object(map), members)) => {
             let unique = members == map.len();
             Some(Ok((map, unique)))
         }
-        Ok((other, _)) => Some(Err(ApiError::invalid(format!(
+        Ok((other, _)) => Some(Err(Refusal::invalid(format!(
             "the request body must be a JSON object, got {}",
             type_name(&other)
         )))),
@@ -251,11 +251,11 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), ApiError> 
         Err(_) => python().unwrap_or_else(|| {
             // Refused input only: read again to say what it is instead.
             match serde_json::from_str::<Value>(text) {
-                Ok(other) => Err(ApiError::invalid(format!(
+                Ok(other) => Err(Refusal::invalid(format!(
                     "the request body must be a JSON object, got {}",
                     type_name(&other)
                 ))),
-                Err(e) => Err(ApiError::invalid(format!(
+                Err(e) => Err(Refusal::invalid(format!(
                     "the request body is not valid JSON: {e}"
                 ))),
             }
@@ -279,11 +279,11 @@ fn type_name(v: &Value) -> &'static str {
 pub(crate) fn served_model(
     body: &Map<String, Value>,
     served: &[String],
-) -> Result<String, ApiError> {
+) -> Result<String, Refusal> {
     match body.get("model") {
         Some(Value::String(m)) if !m.is_empty() => named_model(m, served),
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            Err(ApiError::invalid_param("model", "`model` is required"))
+            Err(Refusal::invalid_param("model", "`model` is required"))
         }
         Some(other) => Err(wrong_type("model", "a string", other)),
     }
@@ -295,7 +295,7 @@ pub(crate) fn served_model(
 pub(crate) fn served_model_or_default(
     body: &Map<String, Value>,
     served: &[String],
-) -> Result<String, ApiError> {
+) -> Result<String, Refusal> {
     match body.get("model") {
         None | Some(Value::Null) => Ok(served[0].clone()),
         Some(Value::String(m)) if m.is_empty() => Ok(served[0].clone()),
@@ -303,15 +303,15 @@ pub(crate) fn served_model_or_default(
     }
 }
 
-fn named_model(model: &str, served: &[String]) -> Result<String, ApiError> {
+fn named_model(model: &str, served: &[String]) -> Result<String, Refusal> {
     match served.iter().any(|n| n == model) {
         true => Ok(model.to_owned()),
-        false => Err(ApiError::model_not_found(model)),
+        false => Err(Refusal::model_not_found(model)),
     }
 }
 
-pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
-    ApiError::invalid_param(
+pub(crate) fn wrong_type(param: &str, expected: &str, got: &Value) -> Refusal {
+    Refusal::invalid_param(
         param,
         format!("`{param}` must be {expected}, got {}", type_name(got)),
     )
@@ -323,12 +323,12 @@ pub(crate) fn sequence_count(
     body: &Map<String, Value>,
     param: &str,
     max: u32,
-) -> Result<Option<u32>, ApiError> {
+) -> Result<Option<u32>, Refusal> {
     match body.get(param) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match lax_int(v).map(u32::try_from) {
             Some(Ok(n)) if (1..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(ApiError::invalid_param(
+            _ => Err(Refusal::invalid_param(
                 param,
                 format!("`{param}` must be a whole number from 1 to {max}, got {v}"),
             )),
@@ -341,7 +341,7 @@ pub(crate) fn sequence_count(
 pub(crate) fn optional_json_bool(
     body: &Map<String, Value>,
     param: &str,
-) -> Result<Option<bool>, ApiError> {
+) -> Result<Option<bool>, Refusal> {
     match body.get(param) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -354,7 +354,7 @@ pub(crate) fn optional_json_bool(
 pub(crate) fn optional_bool(
     body: &Map<String, Value>,
     param: &str,
-) -> Result<Option<bool>, ApiError> {
+) -> Result<Option<bool>, Refusal> {
     match body.get(param) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => lax_bool(v)
@@ -398,7 +398,7 @@ pub(crate) enum FieldType {
 pub(crate) fn check_fields(
     body: &Map<String, Value>,
     fields: &[(&str, FieldType)],
-) -> Result<(), ApiError> {
+) -> Result<(), Refusal> {
     for &(param, kind) in fields {
         let Some(v) = body.get(param) else { continue };
         let (ok, expected) = match kind {
@@ -417,22 +417,22 @@ pub(crate) fn check_fields(
 
 /// A positive whole number no larger than `max`, in any spelling pydantic reads as one
 /// ([`lax_int`]); fractions, negatives and other types are refused.
-pub(crate) fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, ApiError> {
+pub(crate) fn positive_int(param: &str, v: &Value, max: u64) -> Result<u64, Refusal> {
     let n = lax_int(v).ok_or_else(|| match v {
-        Value::Number(_) => ApiError::invalid_param(
+        Value::Number(_) => Refusal::invalid_param(
             param,
             format!("`{param}` must be a whole number of at least 1, got {v}"),
         ),
         other => wrong_type(param, "an integer", other),
     })?;
     if n < 1 {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             param,
             format!("`{param}` must be at least 1, got {n}"),
         ));
     }
     if n > i128::from(max) {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             param,
             format!("`{param}` is {n}, more than the model's context length of {max} tokens"),
         ));

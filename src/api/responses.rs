@@ -31,7 +31,7 @@ use super::request::{
 };
 use super::route::Route;
 use super::sse::{self, Loose};
-use crate::error::ApiError;
+use super::Refusal;
 use crate::tokenize::chat::ChatRoute;
 use crate::vision::VisionRules;
 use serde::Deserialize;
@@ -44,7 +44,7 @@ use std::borrow::Cow;
 pub fn parse_generation(
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
-) -> Result<GenerationRequest, ApiError> {
+) -> Result<GenerationRequest, Refusal> {
     let model = served_model_or_default(&body, limits.served_names)?;
     refuse_stored_state(&body)?;
     // vLLM runs a Responses body as a chat: what a chat refuses, it refuses, in the same words.
@@ -89,12 +89,12 @@ fn truncation(
     body: &Map<String, Value>,
     limited: bool,
     max_model_len: u64,
-) -> Result<Option<u64>, ApiError> {
+) -> Result<Option<u64>, Refusal> {
     match body.get("truncation") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(t)) if t == "disabled" => Ok(None),
         Some(Value::String(t)) if t == "auto" => Ok(Some(max_model_len - u64::from(limited))),
-        Some(other) => Err(ApiError::invalid_param(
+        Some(other) => Err(Refusal::invalid_param(
             "truncation",
             format!("`truncation` must be \"auto\" or \"disabled\", got {other}"),
         )),
@@ -103,13 +103,13 @@ fn truncation(
 
 /// The prompt of a Responses body: the chat vLLM builds of it, counted as a chat (the
 /// simulated backend counts with it too).
-pub fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, ApiError> {
+pub fn parse_prompt(body: &Map<String, Value>, vision: &VisionRules) -> Result<Prompt, Refusal> {
     let mut chat = to_chat(body)?;
     openai::take_chat_prompt(&mut chat, vision, ChatRoute::ChatCompletions)
 }
 
 /// A refusal about the converted chat's `messages` names the field the client sent.
-fn rename_messages(mut e: ApiError, field: &str) -> ApiError {
+fn rename_messages(mut e: Refusal, field: &str) -> Refusal {
     if e.param.as_deref() == Some("messages") {
         e.param = Some(field.to_owned());
     }
@@ -120,21 +120,21 @@ fn rename_messages(mut e: ApiError, field: &str) -> ApiError {
 /// does not see, and vLLM keeps none unless started with `VLLM_ENABLE_RESPONSES_API_STORE`.
 /// `store` itself is accepted: without a store vLLM ignores it, and it changes nothing this
 /// request is charged.
-fn refuse_stored_state(body: &Map<String, Value>) -> Result<(), ApiError> {
+fn refuse_stored_state(body: &Map<String, Value>) -> Result<(), Refusal> {
     for (param, why) in [
         ("previous_response_id", "it continues a conversation stored on the server, whose tokens the gateway cannot count; send the whole conversation in `input`"),
         ("conversation", "it continues a conversation stored on the server, whose tokens the gateway cannot count; send the whole conversation in `input`"),
         ("prompt", "a stored prompt is rendered on the server, where the gateway cannot count it; send its text in `input` or `instructions`"),
     ] {
         if body.get(param).is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 param,
                 format!("`{param}` is not accepted: {why}"),
             ));
         }
     }
     if optional_bool(body, "background")? == Some(true) {
-        return Err(ApiError::invalid_param(
+        return Err(Refusal::invalid_param(
             "background",
             "`background` is not accepted: a background response is fetched from a store later, which the gateway does not meter",
         ));
@@ -144,7 +144,7 @@ fn refuse_stored_state(body: &Map<String, Value>) -> Result<(), ApiError> {
 
 /// The chat completion body vLLM renders for a Responses body: `messages`, `tools`,
 /// `reasoning_effort`, `chat_template_kwargs` and the generation-prompt switches.
-fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, Refusal> {
     let mut messages: Vec<Value> = Vec::new();
     match body.get("instructions") {
         None | Some(Value::Null) => {}
@@ -167,7 +167,7 @@ fn to_chat(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
             continue_final = items.last().is_some_and(is_partial);
         }
         None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param("input", "`input` is required"))
+            return Err(Refusal::invalid_param("input", "`input` is required"))
         }
         Some(other) => {
             return Err(wrong_type(
@@ -217,7 +217,7 @@ fn string<'a>(
     item: &'a Map<String, Value>,
     at: &str,
     key: &str,
-) -> Result<Option<&'a str>, ApiError> {
+) -> Result<Option<&'a str>, Refusal> {
     match item.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -226,9 +226,9 @@ fn string<'a>(
 }
 
 /// A required string field of an item.
-fn required<'a>(item: &'a Map<String, Value>, at: &str, key: &str) -> Result<&'a str, ApiError> {
+fn required<'a>(item: &'a Map<String, Value>, at: &str, key: &str) -> Result<&'a str, Refusal> {
     string(item, at, key)?.ok_or_else(|| {
-        ApiError::invalid_param(&format!("{at}.{key}"), format!("`{at}.{key}` is required"))
+        Refusal::invalid_param(&format!("{at}.{key}"), format!("`{at}.{key}` is required"))
     })
 }
 
@@ -257,12 +257,12 @@ fn convert_item(
     at: &str,
     messages: &mut Vec<Value>,
     first: usize,
-) -> Result<(), ApiError> {
+) -> Result<(), Refusal> {
     let kind = string(item, at, "type")?;
     match kind {
         Some("function_call") => {
             if item.get("namespace").is_some_and(|n| !n.is_null()) {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.namespace"),
                     format!("`{at}.namespace` is not accepted: the gateway counts function tools without a namespace"),
                 ));
@@ -288,7 +288,7 @@ fn convert_item(
         }
         Some("reasoning") => {
             if item.get("encrypted_content").is_some_and(|c| !c.is_null()) {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.encrypted_content"),
                     format!("`{at}.encrypted_content` is not accepted: encrypted reasoning cannot be rendered (vLLM refuses it too)"),
                 ));
@@ -314,7 +314,7 @@ fn convert_item(
         }
         None | Some("message") => convert_message(item, at, messages, first)?,
         Some(other) => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 &format!("{at}.type"),
                 format!("`{at}.type` is `{other}`, which the gateway does not accept: input items are messages, `reasoning`, `function_call` and `function_call_output`"),
             ))
@@ -330,18 +330,18 @@ fn convert_message(
     at: &str,
     messages: &mut Vec<Value>,
     first: usize,
-) -> Result<(), ApiError> {
+) -> Result<(), Refusal> {
     const ROLES: [&str; 4] = ["user", "system", "developer", "assistant"];
     let role = match string(item, at, "role")? {
         Some(r) if ROLES.contains(&r) => r,
         Some(r) => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 &format!("{at}.role"),
                 format!("`{at}.role` must be one of {ROLES:?}, got `{r}`"),
             ))
         }
         None => {
-            return Err(ApiError::invalid_param(
+            return Err(Refusal::invalid_param(
                 &format!("{at}.role"),
                 format!("`{at}.role` is required"),
             ))
@@ -378,7 +378,7 @@ fn convert_message(
 /// Content parts of the Responses API as the chat parts vLLM reads them as: `input_text` and
 /// `output_text` as text, `input_image` as an image (its `image_url`, or its `file_id`, which
 /// the gateway cannot read and refuses).
-fn parts_of(parts: &[Value], at: &str) -> Result<Vec<Value>, ApiError> {
+fn parts_of(parts: &[Value], at: &str) -> Result<Vec<Value>, Refusal> {
     parts
         .iter()
         .enumerate()
@@ -394,12 +394,12 @@ fn parts_of(parts: &[Value], at: &str) -> Result<Vec<Value>, ApiError> {
                     Some(Value::String(url)) => {
                         Ok(json!({"type": "image_url", "image_url": {"url": url}}))
                     }
-                    _ => Err(ApiError::invalid_param(
+                    _ => Err(Refusal::invalid_param(
                         &format!("{at}.image_url"),
                         format!("`{at}.image_url` is required: the gateway counts images sent by URL or data URL, not by `file_id`"),
                     )),
                 },
-                _ => Err(ApiError::invalid_param(
+                _ => Err(Refusal::invalid_param(
                     &format!("{at}.type"),
                     format!("`{at}` must be an `input_text`, `output_text` or `input_image` part"),
                 )),
@@ -410,7 +410,7 @@ fn parts_of(parts: &[Value], at: &str) -> Result<Vec<Value>, ApiError> {
 
 /// Function tools as chat tools; other tools are not rendered (vLLM's
 /// `construct_tool_dicts`).
-fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
+fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Array(t)) => t,
@@ -425,7 +425,7 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => {}
             Some(kind @ ("namespace" | "custom")) => {
-                return Err(ApiError::invalid_param(
+                return Err(Refusal::invalid_param(
                     &format!("{at}.type"),
                     format!("`{at}.type` is `{kind}`, which the gateway does not count: declare function tools"),
                 ))
@@ -538,7 +538,7 @@ mod tests {
     use crate::api::request::parse_object;
     use crate::tokenize::chat::ChatPrompt;
 
-    fn parse(v: Value) -> Result<GenerationRequest, ApiError> {
+    fn parse(v: Value) -> Result<GenerationRequest, Refusal> {
         let names = vec!["qwen".to_string()];
         let vision = VisionRules::default();
         let body = parse_object(v.to_string().as_bytes()).unwrap();

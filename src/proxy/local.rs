@@ -201,7 +201,7 @@ where
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let ((prompt, spell), body_charge) =
         read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
-            openai::parse_tokenize(body, &config.vision_rules)
+            Ok(openai::parse_tokenize(body, &config.vision_rules)?)
         })
         .await?;
     let max_len = counter.config.model.max_model_len;
@@ -238,7 +238,11 @@ where
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (prompt, body_charge) = read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
-        anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
+        Ok(anthropic::parse_count_tokens(
+            body,
+            &config.model.served_names,
+            &config.vision_rules,
+        )?)
     })
     .await?;
     let tokens = within_the_context(&counter, &tenant, &prompt).await?;
@@ -300,7 +304,7 @@ where
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (ids, body_charge) = read_local(&counter, &tenant, req, ONE_REQUEST, |body, _| {
-        openai::parse_detokenize(body)
+        Ok(openai::parse_detokenize(body)?)
     })
     .await?;
     let tokenizer = counter.tokenizer.clone();

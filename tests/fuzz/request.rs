@@ -67,7 +67,7 @@ fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<GenerationRequest, ApiError
         raw: bytes::Bytes::copy_from_slice(bytes),
         keys_unique,
     };
-    parse_generation_from(endpoint, body, &limits)
+    Ok(parse_generation_from(endpoint, body, &limits)?)
 }
 
 // ---- valid bodies -------------------------------------------------------------------------
