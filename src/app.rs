@@ -16,6 +16,7 @@ use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
 use crate::proxy::forward::Backends;
+use crate::proxy::meter::COUNT_WARNING_PERIOD;
 use crate::proxy::upstream::Upstream;
 use crate::quota::config::QuotaStoreKind;
 use crate::quota::redis::RedisQuotaStore;
@@ -30,6 +31,7 @@ use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
 use crate::usage_log::{UsageLog, WallAnchor};
+use crate::util::throttle::Throttle;
 use anyhow::Context;
 use std::sync::Arc;
 
@@ -160,6 +162,9 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     ));
     let live = Arc::new(LiveConfig::new(config.clone()));
     let (quotas, quota_flusher) = quotas_of(&config, &deps.clock, &metrics)?;
+    // One throttle for both lanes' count warnings, so a backend counting otherwise writes one
+    // line a period whichever lane it is on.
+    let count_warnings = Arc::new(Throttle::every(COUNT_WARNING_PERIOD, deps.clock.clone()));
     let limiter = Limiter::new(store, deps.clock);
     let kv = KvCheck {
         admission: admission.clone(),
@@ -182,6 +187,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         pool: counter.pool.clone(),
         chat: chat.clone(),
         replies,
+        count_warnings: count_warnings.clone(),
     });
     // The pooling backends, when there are any: admitted on their own, in their own queue.
     let pooling = match config.running(Runner::Pooling).next() {
@@ -201,6 +207,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
                 pool: counter.pool.clone(),
                 chat: chat.clone(),
                 replies: None,
+                count_warnings,
             };
             Some(Lane {
                 admission,

@@ -31,6 +31,7 @@ use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
+use crate::util::throttle::Throttle;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response};
@@ -62,6 +63,8 @@ pub struct Backends {
     pub chat: Arc<ChatCounter>,
     /// Where chat answers are counted ahead (`None` without a memo).
     pub replies: Option<Arc<TokenizePool>>,
+    /// How often a difference between the backend's count and the gateway's is logged.
+    pub count_warnings: Arc<Throttle>,
 }
 
 impl Forward {
@@ -102,6 +105,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                 cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
                 most_prompt_tokens: (gw.config.model.max_model_len)
                     .saturating_mul(prompts.max(1) as u64),
+                warnings: gw.count_warnings.clone(),
             };
             let (mut parts, _) = req.into_parts();
             let mut parsed = parts
