@@ -148,7 +148,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         Some(log) => {
             let anchor = WallAnchor {
                 instant: deps.clock.now(),
-                wall: std::time::SystemTime::now(),
+                wall: deps.clock.wall(),
             };
             let prices = Prices::from_config(&config.prices, &config.model.served_names)?;
             Some(UsageLog::start(log, &metrics, anchor, Arc::new(prices))?)

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use support::redis_server::{connect, prefix, time_us, OwnRedis};
 use support::*;
+use tokengate::clock::SystemClock;
 use tokengate::config::Config;
 use tokengate::limiter::config::{LimiterConfig, LocalFirst, OnStoreError, StoreKind};
 use tokengate::limiter::redis::{RedisStore, StoreMetrics, StoreOpLabel};
@@ -474,13 +475,13 @@ async fn releases_made_while_redis_is_away_reach_it_when_it_returns() {
     let wait_unsent = |n: u64| {
         let gw = &gw;
         async move {
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let deadline = SystemClock.instant() + Duration::from_secs(10);
             loop {
                 let v = gw.admin("/admin/backends").await;
                 if unsent(&v) == n {
                     return v;
                 }
-                assert!(std::time::Instant::now() < deadline, "{n} unsent: {v}");
+                assert!(SystemClock.instant() < deadline, "{n} unsent: {v}");
                 tokio::task::yield_now().await;
             }
         }
@@ -1298,10 +1299,10 @@ async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 
 /// Waits until the server has run the script `n` times (a settle or a rebase runs on a task).
 async fn wait_script_calls(conn: &mut redis::aio::MultiplexedConnection, n: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = SystemClock.instant() + Duration::from_secs(10);
     while script_calls(conn).await != n {
         assert!(
-            std::time::Instant::now() < deadline,
+            SystemClock.instant() < deadline,
             "the script never ran {n} times"
         );
         tokio::task::yield_now().await;
@@ -1473,10 +1474,10 @@ async fn one_timed_out_command_does_not_mark_the_store_down_three_in_a_row_do() 
     assert_eq!(charge_errors(), 6);
     answers_again(&mut conn).await;
     // The probe (every retry_interval) finds it again.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = SystemClock.instant() + Duration::from_secs(10);
     while !store.is_healthy() {
         assert!(
-            std::time::Instant::now() < deadline,
+            SystemClock.instant() < deadline,
             "the probe never found Redis"
         );
         tokio::task::yield_now().await;
