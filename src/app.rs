@@ -15,7 +15,7 @@ use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
-use crate::proxy::forward::Backends;
+use crate::proxy::forward::{Backends, ForwardSettings};
 use crate::proxy::meter::COUNT_WARNING_PERIOD;
 use crate::proxy::upstream::Upstream;
 use crate::quota::config::QuotaStoreKind;
@@ -179,9 +179,10 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     );
     let counter = Arc::new(counter.await?);
     let chat = counter.chat.clone();
+    let settings = ForwardSettings::of(&config);
     let backends = Arc::new(Backends {
         upstreams: upstreams_of(&config, Runner::Generate)?,
-        config: config.clone(),
+        settings: settings.clone(),
         metrics: metrics.clone(),
         tokenizer: counter.tokenizer.clone(),
         pool: counter.pool.clone(),
@@ -201,7 +202,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
             // Nothing is generated there: no answer to count ahead.
             let backends = Backends {
                 upstreams: upstreams_of(&config, Runner::Pooling)?,
-                config: config.clone(),
+                settings,
                 metrics: metrics.clone(),
                 tokenizer: counter.tokenizer.clone(),
                 pool: counter.pool.clone(),
