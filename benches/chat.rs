@@ -10,7 +10,8 @@
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokengate::clock::SystemClock;
 use tokengate::tokenize::cache::ChatCounter;
 use tokengate::tokenize::chat::{spans, ChatPrompt, ChatTemplate, CountTokens};
 use tokengate::tokenize::{EngineChoice, Tokenizer};
@@ -165,13 +166,13 @@ fn measure(tok: &dyn CountTokens, template: &ChatTemplate, last: &ChatPrompt, ex
         counter
     };
     for _ in 0..REPEATS {
-        let t = Instant::now();
+        let t = SystemClock.instant();
         let n = tok.count(&template.render(black_box(last)).unwrap());
         full.push(t.elapsed());
         assert_eq!(n, expected);
 
         let counter = ChatCounter::new(ChatTemplate::builtin_qwen35(), CACHE_BYTES);
-        let t = Instant::now();
+        let t = SystemClock.instant();
         let n = counter.count(tok, black_box(last)).unwrap();
         cold.push(t.elapsed());
         assert_eq!(n, expected);
@@ -179,7 +180,7 @@ fn measure(tok: &dyn CountTokens, template: &ChatTemplate, last: &ChatPrompt, ex
         for (answers, samples, new_spans) in [(false, &mut warm, 2), (true, &mut ahead, 1)] {
             let counter = seen(answers);
             let before = counter.stats();
-            let t = Instant::now();
+            let t = SystemClock.instant();
             let n = counter.count(tok, black_box(last)).unwrap();
             samples.push(t.elapsed());
             assert_eq!(n, expected);
@@ -189,7 +190,7 @@ fn measure(tok: &dyn CountTokens, template: &ChatTemplate, last: &ChatPrompt, ex
         // The same request again: every span hits, so this is render + hash + lookup alone.
         let counter = seen(false);
         counter.count(tok, last).unwrap();
-        let t = Instant::now();
+        let t = SystemClock.instant();
         let n = counter.count(tok, black_box(last)).unwrap();
         repeat.push(t.elapsed());
         assert_eq!(n, expected);
@@ -221,7 +222,7 @@ fn compare_renderers(builtin: &ChatTemplate, prompt: &ChatPrompt, rendered: &str
         median(
             (0..REPEATS * 4)
                 .map(|_| {
-                    let t = Instant::now();
+                    let t = SystemClock.instant();
                     black_box(template.render(black_box(prompt)).unwrap());
                     t.elapsed()
                 })

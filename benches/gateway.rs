@@ -11,8 +11,9 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokengate::app::{self, Deps};
+use tokengate::clock::SystemClock;
 use tokengate::config::Config;
 use tokengate::sim::{self, SimConfig};
 use tokengate::tokenize::Tokenizer;
@@ -34,7 +35,7 @@ async fn post(client: &HttpClient, url: &str, body: &Value) -> Duration {
         .header("authorization", "Bearer sk-bench")
         .body(Full::new(Bytes::from(body.to_string())))
         .expect("request builds");
-    let started = Instant::now();
+    let started = SystemClock.instant();
     let resp = client.request(req).await.expect("request succeeds");
     assert!(resp.status().is_success(), "{url}: {}", resp.status());
     resp.into_body().collect().await.expect("body arrives");

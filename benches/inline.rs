@@ -12,7 +12,8 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokengate::clock::SystemClock;
 use tokengate::tokenize::pool::{TokenizePool, INLINE_BYTES};
 use tokengate::tokenize::Tokenizer;
 
@@ -61,7 +62,7 @@ fn main() {
     let hop = rt.block_on(async {
         let mut t = Vec::with_capacity(ROUNDS);
         for i in 0..ROUNDS {
-            let started = Instant::now();
+            let started = SystemClock.instant();
             black_box(pool.run("bench", move || black_box(i)).await.expect("runs"));
             t.push(started.elapsed());
         }
@@ -80,7 +81,7 @@ fn main() {
             let here: Vec<Duration> = texts
                 .iter()
                 .map(|text| {
-                    let started = Instant::now();
+                    let started = SystemClock.instant();
                     black_box(tok.count(black_box(text)));
                     started.elapsed()
                 })
@@ -89,7 +90,7 @@ fn main() {
                 let mut t = Vec::with_capacity(ROUNDS);
                 for i in 0..ROUNDS {
                     let (tok, texts) = (tok.clone(), texts.clone());
-                    let started = Instant::now();
+                    let started = SystemClock.instant();
                     let n = pool.run("bench", move || tok.count(&texts[i])).await;
                     black_box(n.expect("runs"));
                     t.push(started.elapsed());

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant as WallInstant;
+use tokengate::clock::SystemClock;
 use tokengate::limiter::bucket::TenantState;
 use tokengate::limiter::TenantSnapshot;
 use tokengate::limiter::{
@@ -113,7 +113,7 @@ fn limits() -> TenantLimits {
 /// `OPS_PER_THREAD` on tenants spread over all of them.
 fn throughput(store: &dyn Store, names: &[String], threads: usize) -> f64 {
     let limits = limits();
-    let started = WallInstant::now();
+    let started = SystemClock.instant();
     std::thread::scope(|scope| {
         for t in 0..threads {
             let limits = &limits;

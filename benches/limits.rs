@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant as WallInstant};
+use std::time::Duration;
 use tokengate::admission::{
     Admission, Arrival, BackendSpec, ClassShares, FairQueue, KvLedger, Need, Priority, QueueSpec,
 };
@@ -21,7 +21,7 @@ const PASSES: usize = 5;
 fn best_ns_per_op(mut pass: impl FnMut(u64)) -> f64 {
     (0..PASSES)
         .map(|_| {
-            let start = WallInstant::now();
+            let start = SystemClock.instant();
             pass(ITERS);
             start.elapsed().as_nanos() as f64 / ITERS as f64
         })

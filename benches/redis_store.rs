@@ -16,7 +16,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant as WallInstant};
+use std::time::Duration;
 use tokengate::admission::{
     Admission, BackendSpec, ClassShares, LedgerStore, Need, Priority, QueueSpec,
 };
@@ -102,7 +102,7 @@ async fn sequential(
 ) -> (Duration, Duration) {
     let mut took = Vec::with_capacity(SEQUENTIAL);
     for i in 0..SEQUENTIAL {
-        let start = WallInstant::now();
+        let start = SystemClock.instant();
         setup.request(&names[i % TENANTS], limits).await;
         took.push(start.elapsed());
     }
@@ -118,7 +118,7 @@ async fn concurrent(
     limits: &TenantLimits,
     redis: &mut Drain,
 ) -> f64 {
-    let start = WallInstant::now();
+    let start = SystemClock.instant();
     let tasks: Vec<_> = (0..TASKS)
         .map(|t| {
             let (setup, names, limits) = (setup.clone(), names.clone(), limits.clone());
@@ -157,7 +157,7 @@ impl Drain {
     }
 
     async fn wait(&mut self) {
-        let deadline = WallInstant::now() + Duration::from_secs(30);
+        let deadline = SystemClock.instant() + Duration::from_secs(30);
         loop {
             let leases: Vec<String> = redis::cmd("KEYS")
                 .arg("bench:*:lease:*")
@@ -173,7 +173,7 @@ impl Drain {
                 return;
             }
             assert!(
-                WallInstant::now() < deadline,
+                SystemClock.instant() < deadline,
                 "{} settles and {} releases still pending after 30 s",
                 leases.len(),
                 live.iter().sum::<i64>()

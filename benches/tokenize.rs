@@ -8,7 +8,8 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokengate::clock::SystemClock;
 
 use tokengate::tokenize::{Engine, EngineChoice, Tokenizer};
 
@@ -192,7 +193,7 @@ fn tokens_per_second(
     let mut totals = vec![(0.0, 0.0); counters.len()];
     for _ in 0..slices {
         for (count, total) in counters.iter().zip(&mut totals) {
-            let start = Instant::now();
+            let start = SystemClock.instant();
             let mut tokens = 0;
             let mut i = 0;
             while start.elapsed() < slice {
@@ -221,7 +222,7 @@ fn load_child(choice: &str) {
         "fast" => EngineChoice::Auto,
         _ => EngineChoice::Hf,
     };
-    let start = Instant::now();
+    let start = SystemClock.instant();
     let tokenizer = Tokenizer::load_with(&tokenizer_path(), choice).unwrap();
     let seconds = start.elapsed().as_secs_f64();
     black_box(tokenizer.count("warm"));

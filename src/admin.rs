@@ -28,9 +28,111 @@ const ADMIN_TOKEN: BearerKind = BearerKind {
     code: crate::error::ErrorCode::InvalidAdminToken,
 };
 
-/// Paths open without the admin token, so orchestrators' probes need no secret.
-fn is_probe(path: &str) -> bool {
-    matches!(path, "/healthz" | "/readyz")
+/// What answers one of the admin listener's routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminRoute {
+    /// Prometheus' text.
+    Metrics,
+    /// Liveness: the process answers.
+    Healthz,
+    /// Readiness: a backend is ready.
+    Readyz,
+    /// Every tenant's buckets.
+    Tenants,
+    /// Every tenant's quota meters.
+    Quotas,
+    /// Every backend's KV ledger.
+    Backends,
+    /// The workload profile.
+    Profile,
+    /// Reads the config file again.
+    Reload,
+    /// A change to one tenant's quotas.
+    Quota(QuotaAction),
+}
+
+impl AdminRoute {
+    /// The probes, open without the admin token so orchestrators need no secret.
+    fn is_probe(self) -> bool {
+        matches!(self, AdminRoute::Healthz | AdminRoute::Readyz)
+    }
+}
+
+/// The admin listener's route table: each path, the one method it answers and what answers it.
+/// A path holds at most one `{tenant}`: a segment naming a tenant, percent-encoded. The router,
+/// a 404's hint and a 405's `allow` read it; tests/docs.rs holds docs/reference.md's list of
+/// admin endpoints against it.
+pub const ADMIN_ROUTES: [(&str, Allow, AdminRoute); 10] = [
+    ("/metrics", Allow::Get, AdminRoute::Metrics),
+    ("/healthz", Allow::Get, AdminRoute::Healthz),
+    ("/readyz", Allow::Get, AdminRoute::Readyz),
+    ("/admin/tenants", Allow::Get, AdminRoute::Tenants),
+    ("/admin/quotas", Allow::Get, AdminRoute::Quotas),
+    ("/admin/backends", Allow::Get, AdminRoute::Backends),
+    ("/admin/profile", Allow::Get, AdminRoute::Profile),
+    ("/admin/reload", Allow::Post, AdminRoute::Reload),
+    (
+        "/admin/quotas/{tenant}/grant",
+        Allow::Post,
+        AdminRoute::Quota(QuotaAction::Grant),
+    ),
+    (
+        "/admin/quotas/{tenant}/reset",
+        Allow::Post,
+        AdminRoute::Quota(QuotaAction::Reset),
+    ),
+];
+
+/// A path of the route table, found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    route: AdminRoute,
+    /// The method it answers.
+    allow: Allow,
+    /// The tenant its `{tenant}` names, percent-decoded (a name may hold any character); empty
+    /// on a route without one.
+    tenant: String,
+}
+
+/// The route of the table `path` is, whatever the method.
+fn target(path: &str) -> Option<Target> {
+    ADMIN_ROUTES.iter().find_map(|&(pattern, allow, route)| {
+        let tenant = match pattern.split_once("{tenant}") {
+            None => (pattern == path).then(String::new)?,
+            Some((before, after)) => {
+                let named = path.strip_prefix(before)?.strip_suffix(after)?;
+                Some(percent_decoded(named)?).filter(|t| !t.is_empty())?
+            }
+        };
+        Some(Target {
+            route,
+            allow,
+            tenant,
+        })
+    })
+}
+
+/// The route `method` on `path` asks for: a 404 for a path not in the table (naming the routes
+/// under its first segment, if any), a 405 with `allow` for a known path and another method.
+fn answering(method: &http::Method, path: &str) -> Result<Target, ApiError> {
+    let Some(found) = target(path) else {
+        let first = |p: &str| p.split('/').take(3).collect::<Vec<_>>().join("/");
+        let near: Vec<String> = (ADMIN_ROUTES.iter())
+            .filter(|(p, ..)| p.contains('{') && first(p) == first(path))
+            .map(|(p, allow, _)| format!("{} {p}", allow.as_str()))
+            .collect();
+        let hint = match near.as_slice() {
+            [] => String::new(),
+            near => format!("; under {}: {}", first(path), near.join(", ")),
+        };
+        return Err(ApiError::not_found(format!(
+            "no admin route {method} {path}{hint}"
+        )));
+    };
+    if method.as_str() != found.allow.as_str() {
+        return Err(ApiError::method_not_allowed(method, path, found.allow));
+    }
+    Ok(found)
 }
 
 /// Checks the admin token when one is configured. The presented token is hashed and its digest
@@ -49,31 +151,20 @@ fn authorize(gw: &Gateway, headers: &http::HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// The method `path` answers: POST for the routes that change something, GET for the views.
-fn allowed(path: &str) -> Allow {
-    if path == "/admin/reload" || path.starts_with(QUOTAS_PREFIX) {
-        Allow::Post
-    } else {
-        Allow::Get
-    }
-}
-
-/// Routes one admin request.
+/// Routes one admin request by [`ADMIN_ROUTES`]. The token is checked before the route, so a
+/// client without it learns nothing of the routes.
 pub async fn route<B>(gw: &Gateway, req: Request<B>) -> Result<Response<GatewayBody>, ApiError>
 where
     B: http_body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let path = req.uri().path().to_string();
-    if !is_probe(&path) {
+    let path = req.uri().path();
+    if !target(path).is_some_and(|t| t.route.is_probe()) {
         authorize(gw, req.headers())?;
     }
-    let allow = allowed(&path);
-    if req.method().as_str() != allow.as_str() {
-        return Err(ApiError::method_not_allowed(req.method(), &path, allow));
-    }
-    match path.as_str() {
-        "/metrics" => {
+    let Target { route, tenant, .. } = answering(req.method(), path)?;
+    match route {
+        AdminRoute::Metrics => {
             refresh_gauges(gw).await;
             let mut resp = Response::new(crate::proxy::full(gw.metrics.encode()));
             resp.headers_mut().insert(
@@ -82,12 +173,12 @@ where
             );
             Ok(resp)
         }
-        "/healthz" => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-        "/readyz" => Ok(readiness(gw).await),
-        "/admin/tenants" => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
-        "/admin/quotas" => Ok(json_response(StatusCode::OK, &quotas_json(gw).await?)),
-        "/admin/backends" => Ok(json_response(StatusCode::OK, &backends_json(gw))),
-        "/admin/profile" => {
+        AdminRoute::Healthz => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        AdminRoute::Readyz => Ok(readiness(gw).await),
+        AdminRoute::Tenants => Ok(json_response(StatusCode::OK, &tenants_json(gw).await)),
+        AdminRoute::Quotas => Ok(json_response(StatusCode::OK, &quotas_json(gw).await?)),
+        AdminRoute::Backends => Ok(json_response(StatusCode::OK, &backends_json(gw))),
+        AdminRoute::Profile => {
             let mut report = gw.recorder.profile();
             report.advice = advise(&gw.live.current().config, &report.overall.window);
             let profile = serde_json::to_value(report).map_err(|e| {
@@ -96,17 +187,12 @@ where
             })?;
             Ok(json_response(StatusCode::OK, &profile))
         }
-        "/admin/reload" => {
+        AdminRoute::Reload => {
             let reloaded = gw.reloader.reload().await?;
             let body = json!({"status": "reloaded", "changes": reloaded});
             Ok(json_response(StatusCode::OK, &body))
         }
-        quota if quota.starts_with(QUOTAS_PREFIX) => {
-            let Some((tenant, action)) = quota_target(quota) else {
-                return Err(ApiError::not_found(format!(
-                    "no admin route {path}: POST /admin/quotas/TENANT/grant or /admin/quotas/TENANT/reset"
-                )));
-            };
+        AdminRoute::Quota(action) => {
             let timeout = gw.config.server.body_read_timeout;
             let body =
                 crate::util::bounded::read_bounded(req.into_body(), QUOTA_BODY_BYTES, timeout)
@@ -124,7 +210,6 @@ where
             let body = json!({"tenant": tenant, "meters": meters});
             Ok(json_response(StatusCode::OK, &body))
         }
-        _ => Err(ApiError::not_found(format!("no admin route {path}"))),
     }
 }
 
@@ -229,32 +314,16 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
     out
 }
 
-/// Where the quota changes are: `/admin/quotas/{tenant}/grant` and `/admin/quotas/{tenant}/reset`.
-const QUOTAS_PREFIX: &str = "/admin/quotas/";
-
 /// The largest body a quota change reads (`{"window", "unit", "amount"}` is tens of bytes).
 const QUOTA_BODY_BYTES: u64 = 64 << 10;
 
-/// What a POST under [`QUOTAS_PREFIX`] does.
+/// What a POST to a tenant's quotas does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum QuotaAction {
+pub enum QuotaAction {
     /// Raises one meter's limit for the rest of its window.
     Grant,
     /// Forgets what meters' windows have spent and been granted.
     Reset,
-}
-
-/// The tenant (percent-decoded: a name may hold any character) and the action of
-/// `/admin/quotas/{tenant}/{grant|reset}`.
-fn quota_target(path: &str) -> Option<(String, QuotaAction)> {
-    let (tenant, action) = path.strip_prefix(QUOTAS_PREFIX)?.rsplit_once('/')?;
-    let action = match action {
-        "grant" => QuotaAction::Grant,
-        "reset" => QuotaAction::Reset,
-        _ => return None,
-    };
-    let tenant = percent_decoded(tenant)?;
-    (!tenant.is_empty()).then_some((tenant, action))
 }
 
 /// `text` with its `%XX` escapes decoded; `None` when one is broken or the result is not UTF-8.
@@ -716,29 +785,110 @@ mod tests {
         (e.param, e.message)
     }
 
+    /// What the table answers `method` on `path`: the route and tenant, or the refusal's status,
+    /// `allow` header and message.
+    fn answered(method: &str, path: &str) -> Result<(AdminRoute, String), (u16, String, String)> {
+        let method = http::Method::from_bytes(method.as_bytes()).unwrap();
+        match answering(&method, path) {
+            Ok(t) => Ok((t.route, t.tenant)),
+            Err(e) => {
+                let resp = e.to_response::<http_body_util::Full<bytes::Bytes>>();
+                let allow = (resp.headers().get(header::ALLOW))
+                    .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+                Err((resp.status().as_u16(), allow, e.message))
+            }
+        }
+    }
+
     #[test]
-    fn a_quota_path_names_its_tenant_percent_decoded_and_its_action() {
-        let target = |p: &str| quota_target(p);
+    fn every_route_answers_its_method_on_its_path() {
+        let ok = |route| Ok((route, String::new()));
+        assert_eq!(answered("GET", "/metrics"), ok(AdminRoute::Metrics));
+        assert_eq!(answered("GET", "/healthz"), ok(AdminRoute::Healthz));
+        assert_eq!(answered("GET", "/readyz"), ok(AdminRoute::Readyz));
+        assert_eq!(answered("GET", "/admin/tenants"), ok(AdminRoute::Tenants));
+        assert_eq!(answered("GET", "/admin/quotas"), ok(AdminRoute::Quotas));
+        assert_eq!(answered("GET", "/admin/backends"), ok(AdminRoute::Backends));
+        assert_eq!(answered("GET", "/admin/profile"), ok(AdminRoute::Profile));
+        assert_eq!(answered("POST", "/admin/reload"), ok(AdminRoute::Reload));
         assert_eq!(
-            target("/admin/quotas/alice/grant"),
-            Some(("alice".to_string(), QuotaAction::Grant))
+            answered("POST", "/admin/quotas/alice/grant"),
+            Ok((AdminRoute::Quota(QuotaAction::Grant), "alice".to_string()))
         );
         assert_eq!(
-            target("/admin/quotas/team%20a%2Fb/reset"),
-            Some(("team a/b".to_string(), QuotaAction::Reset))
+            answered("POST", "/admin/quotas/team%20a%2Fb/reset"),
+            Ok((
+                AdminRoute::Quota(QuotaAction::Reset),
+                "team a/b".to_string()
+            ))
         );
-        for wrong in [
+    }
+
+    #[test]
+    fn an_unknown_path_is_a_404_whatever_the_method() {
+        let missing = |method: &str, path: &str| {
+            (
+                404,
+                String::new(),
+                format!("no admin route {method} {path}"),
+            )
+        };
+        for method in ["GET", "POST", "DELETE"] {
+            for path in [
+                "/admin/anything",
+                "/admin",
+                "/",
+                "/metrics/",
+                "/admin/tenants/alice",
+            ] {
+                assert_eq!(answered(method, path), Err(missing(method, path)));
+            }
+        }
+        let quota = "; under /admin/quotas: POST /admin/quotas/{tenant}/grant, POST /admin/quotas/{tenant}/reset";
+        for path in [
             "/admin/quotas/alice/spend",
             "/admin/quotas/alice",
             "/admin/quotas//grant",
             "/admin/quotas/al%2/grant",
             "/admin/quotas/%ff/grant",
         ] {
-            assert_eq!(target(wrong), None, "{wrong}");
+            let (status, allow, message) = missing("POST", path);
+            assert_eq!(
+                answered("POST", path),
+                Err((status, allow, message + quota)),
+                "{path}"
+            );
         }
-        assert_eq!(allowed("/admin/quotas/alice/grant"), Allow::Post);
-        assert_eq!(allowed("/admin/quotas"), Allow::Get);
-        assert_eq!(allowed("/admin/reload"), Allow::Post);
+    }
+
+    #[test]
+    fn a_known_path_with_another_method_is_a_405_allowing_its_own() {
+        let wrong = |method: &str, path: &str, allow: &str| {
+            let message = format!("{method} is not allowed on {path}; it answers {allow}");
+            assert_eq!(
+                answered(method, path),
+                Err((405, allow.to_string(), message))
+            );
+        };
+        wrong("POST", "/metrics", "GET");
+        wrong("POST", "/healthz", "GET");
+        wrong("HEAD", "/readyz", "GET");
+        wrong("POST", "/admin/tenants", "GET");
+        wrong("POST", "/admin/quotas", "GET");
+        wrong("DELETE", "/admin/backends", "GET");
+        wrong("PUT", "/admin/profile", "GET");
+        wrong("GET", "/admin/reload", "POST");
+        wrong("GET", "/admin/quotas/alice/grant", "POST");
+        wrong("GET", "/admin/quotas/alice/reset", "POST");
+    }
+
+    #[test]
+    fn only_the_probes_are_open_without_the_token() {
+        let open: Vec<&str> = (ADMIN_ROUTES.iter())
+            .filter(|(_, _, route)| route.is_probe())
+            .map(|(path, ..)| *path)
+            .collect();
+        assert_eq!(open, ["/healthz", "/readyz"]);
     }
 
     #[test]

@@ -15,7 +15,8 @@ use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
 use crate::metrics::Metrics;
-use crate::proxy::forward::Backends;
+use crate::proxy::forward::{Backends, ForwardSettings};
+use crate::proxy::meter::COUNT_WARNING_PERIOD;
 use crate::proxy::upstream::Upstream;
 use crate::quota::config::QuotaStoreKind;
 use crate::quota::redis::RedisQuotaStore;
@@ -30,6 +31,7 @@ use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
 use crate::usage_log::{UsageLog, WallAnchor};
+use crate::util::throttle::Throttle;
 use anyhow::Context;
 use std::sync::Arc;
 
@@ -148,7 +150,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         Some(log) => {
             let anchor = WallAnchor {
                 instant: deps.clock.now(),
-                wall: std::time::SystemTime::now(),
+                wall: deps.clock.wall(),
             };
             let prices = Prices::from_config(&config.prices, &config.model.served_names)?;
             Some(UsageLog::start(log, &metrics, anchor, Arc::new(prices))?)
@@ -162,6 +164,9 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     ));
     let live = Arc::new(LiveConfig::new(config.clone()));
     let (quotas, quota_flusher) = quotas_of(&config, &deps.clock, &metrics)?;
+    // One throttle for both lanes' count warnings, so a backend counting otherwise writes one
+    // line a period whichever lane it is on.
+    let count_warnings = Arc::new(Throttle::every(COUNT_WARNING_PERIOD, deps.clock.clone()));
     let limiter = Limiter::new(store, deps.clock);
     let kv = KvCheck {
         admission: admission.clone(),
@@ -176,14 +181,16 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     );
     let counter = Arc::new(counter.await?);
     let chat = counter.chat.clone();
+    let settings = ForwardSettings::of(&config);
     let backends = Arc::new(Backends {
         upstreams: upstreams_of(&config, Runner::Generate)?,
-        config: config.clone(),
+        settings: settings.clone(),
         metrics: metrics.clone(),
         tokenizer: counter.tokenizer.clone(),
         pool: counter.pool.clone(),
         chat: chat.clone(),
         replies,
+        count_warnings: count_warnings.clone(),
     });
     // The pooling backends, when there are any: admitted on their own, in their own queue.
     let pooling = match config.running(Runner::Pooling).next() {
@@ -197,12 +204,13 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
             // Nothing is generated there: no answer to count ahead.
             let backends = Backends {
                 upstreams: upstreams_of(&config, Runner::Pooling)?,
-                config: config.clone(),
+                settings,
                 metrics: metrics.clone(),
                 tokenizer: counter.tokenizer.clone(),
                 pool: counter.pool.clone(),
                 chat: chat.clone(),
                 replies: None,
+                count_warnings,
             };
             Some(Lane {
                 admission,

@@ -433,7 +433,7 @@ impl RateLimitHeaders {
     pub fn apply_in(&self, h: &mut HeaderMap, wire: Wire) {
         self.apply(h);
         if wire == Wire::Anthropic {
-            self.apply_anthropic(h, std::time::SystemTime::now());
+            self.apply_anthropic(h, crate::clock::Clock::wall(&crate::clock::SystemClock));
         }
     }
 

@@ -1,5 +1,5 @@
 //! The default assets (`assets/qwen3.5/tokenizer.json`) are found beside the binary, not in
-//! the current directory (issue 31): `tokenize`, `sim` and `loadgen` run from anywhere, and
+//! the current directory, so `tokenize`, `sim` and `loadgen` run from anywhere; and
 //! where the file is not, the error says where it was looked for and which flag names it.
 
 mod common;

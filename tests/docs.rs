@@ -1,5 +1,5 @@
-//! docs/reference.md held against the code it describes: the error table, the endpoint list,
-//! the command list and the metric list.
+//! docs/reference.md held against the code it describes: the error table, the endpoint lists
+//! of both listeners, the command list and the metric list.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -90,24 +90,39 @@ fn codes_in_reads_the_code_column() {
     );
 }
 
-#[test]
-fn the_endpoint_list_names_every_route_of_the_main_listener_and_no_other() {
-    let text = reference();
-    let main = text
+/// The routes (`GET /path`, `POST /path`) the paragraph of the reference starting `opening`
+/// names, up to its blank line.
+fn listed_routes(text: &str, opening: &str) -> BTreeSet<String> {
+    let paragraph = text
         .lines()
-        .skip_while(|l| !l.starts_with("Main listener:"))
+        .skip_while(|l| !l.starts_with(opening))
         .take_while(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
-    assert!(!main.is_empty(), "no \"Main listener:\" paragraph");
-    let documented: BTreeSet<String> = code_words(&main)
+    assert!(!paragraph.is_empty(), "no {opening:?} paragraph");
+    code_words(&paragraph)
         .filter(|w| w.starts_with("GET /") || w.starts_with("POST /"))
         .map(str::to_string)
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_endpoint_list_names_every_route_of_the_main_listener_and_no_other() {
     let served: BTreeSet<String> = tokengate::server::path::main_routes()
         .map(|(path, method, _)| format!("{} {path}", method.as_str()))
         .collect();
-    assert_eq!(documented, served);
+    assert_eq!(listed_routes(&reference(), "Main listener:"), served);
+}
+
+#[test]
+fn the_admin_endpoint_list_names_every_route_of_the_admin_listener_and_no_other() {
+    let served: BTreeSet<String> = (tokengate::admin::ADMIN_ROUTES.iter())
+        .map(|(path, method, _)| format!("{} {path}", method.as_str()))
+        .collect();
+    assert_eq!(
+        listed_routes(&reference(), "Admin listener (keep it private):"),
+        served
+    );
 }
 
 #[test]

@@ -1422,7 +1422,7 @@ async fn an_exhausted_tenant_is_refused_before_its_body_is_read_or_tokenized() {
     assert_eq!(gw.bucket("alice", "requests").await, 1.0);
 }
 
-/// Issue 26's flood of bodies refused after reading: a tenant with budget sending bodies past the
+/// A flood of bodies refused only after reading: a tenant with budget sending bodies past the
 /// context has every one read, parsed and counted to the ceiling before its 400. Past its
 /// budget for refused bodies (four bodies of `server.max_body_bytes`), its bodies are read at
 /// `server.refused_body_bytes_per_second`; another tenant's at once meanwhile, and an accepted
@@ -1985,7 +1985,7 @@ requests_per_second = 2
         "0.153983"
     );
 
-    // Issue 31: a max_batch set by hand is in force, and the derived one shown beside it.
+    // A max_batch set by hand is in force, and the derived one shown beside it.
     let hand_set = text.replace("tp = 2\n", "tp = 2\nmax_batch = 200\n");
     let cfg = tokengate::config::Config::parse(&hand_set).unwrap();
     let gw = TestGateway::start(cfg.into_inner()).await;
@@ -2036,9 +2036,9 @@ fn image_chat(url: &str, max_tokens: u64) -> Value {
     ]}]})
 }
 
-/// The issue's first row: a 1024x1024 PNG was counted as its 3 placeholder tokens; the backend
-/// runs 1,024 image tokens between the vision start and end tokens. `/tokenize`, the prefill
-/// charge and the KV footprint now all see them.
+/// A 1024x1024 PNG is not its 3 placeholder tokens: the backend runs 1,024 image tokens between
+/// the vision start and end tokens, and `/tokenize`, the prefill charge and the KV footprint
+/// all see them.
 #[tokio::test]
 async fn an_image_is_charged_the_tokens_the_backend_runs() {
     let (gw, backend) = gateway(FakeSpec::default()).await;

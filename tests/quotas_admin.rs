@@ -391,9 +391,21 @@ async fn unknown_tenants_windows_and_units_are_refused_naming_what_there_is() {
             404,
             "not_found".into(),
             Value::Null,
-            "no admin route /admin/quotas/alice/spend: POST /admin/quotas/TENANT/grant or /admin/quotas/TENANT/reset".into()
+            "no admin route POST /admin/quotas/alice/spend; under /admin/quotas: POST /admin/quotas/{tenant}/grant, POST /admin/quotas/{tenant}/reset".into()
         )
     );
+    // A path the listener does not have is not found, whatever the method: no `allow`.
+    let r = admin_post(&gw, "/admin/anything", "{}").await;
+    assert_eq!(
+        refused(&r),
+        (
+            404,
+            "not_found".into(),
+            Value::Null,
+            "no admin route POST /admin/anything".into()
+        )
+    );
+    assert_eq!(r.headers.get("allow"), None);
     let url = format!("http://{}/admin/quotas/alice/grant", gw.running.admin_addr);
     let r = send(&url, "GET", None, &[]).await;
     assert_eq!((r.status, r.code().as_str()), (405, "method_not_allowed"));

@@ -237,7 +237,8 @@ def main():
             fixtures.append(image_fixture(len(fixtures), width, height, variant, rng))
     for variant in VARIANTS:
         fixtures.append(image_fixture(len(fixtures), 1024, 1024, variant, rng))
-    # The example, a whole file the gateway tests send as a data URL.
+    # A plain 1024x1024 PNG, a whole file the gateway tests send as a data URL: the image once
+    # charged as its 3 placeholder tokens instead of the 1,024 the backend runs.
     fixtures.append(image_fixture(len(fixtures), 1024, 1024, "png", rng, plain=True))
     for frames, width, height in VIDEOS:
         fixtures.append(video_fixture(len(fixtures), frames, width, height, rng))

@@ -220,8 +220,8 @@ impl Pace for BodyCharge<'_> {
     /// first waits its turn: a tenant's paced bodies are read one after the other (each at the
     /// pace), so they arrive, and are parsed and counted, one at a time. Read side by side they
     /// would all end together, and their parsing and counting come as one burst on the cores
-    /// other tenants' requests run on (issue 26's bench: the victim's p99 4-8x unloaded, against
-    /// about 1x read in turn).
+    /// other tenants' requests run on (measured with one tenant flooding large bodies: the
+    /// other tenant's p99 was 4-8x its unloaded one read side by side, about 1x read in turn).
     async fn wait(&mut self, total: u64) {
         self.read = total;
         let chargeable = total.saturating_sub(FREE_BYTES as u64);

@@ -1419,7 +1419,7 @@ requests_per_second = 1
 
     #[test]
     fn describe_tells_each_value_in_force_configured_or_derived() {
-        // Issue 31: a hand-set max_batch beside the capacity model's 45, shown as neither.
+        // A hand-set max_batch beside the capacity model's 45: each is shown as what it is.
         let hand_set = sized_backend(2, "max_batch = 200").unwrap();
         assert_eq!(
             (
@@ -1458,8 +1458,8 @@ requests_per_second = 1
     #[test]
     fn a_zero_or_missing_figure_is_named_and_nothing_given_is_asked_for() {
         let err = |text: &str| Config::parse(text).unwrap_err().to_string();
-        // Issue 31: `max_batch = 0` was taken as left out beside a model, and by hand asked
-        // for kv_capacity_bytes and max_batch, both given.
+        // `max_batch = 0` is a mistake, not a figure left out for the model to derive; and
+        // nothing given is asked for.
         assert_eq!(
             err(&sized_text(2, "max_batch = 0")),
             "backends[0].max_batch must be at least 1: it is the most sequences the backend runs at once (leave it out to use the capacity model's 45)"

@@ -528,7 +528,7 @@ time_per_output_token_seconds_count{model_name=\"qwen\"} 30
     #[test]
     fn a_text_that_is_not_prometheus_text_is_refused_at_its_first_bad_line() {
         let refused = |text: &str| parse(text).expect_err("refused").to_string();
-        // The backend of issue 26: `{` after `}` sliced backwards and panicked the scraper.
+        // `{` after `}` once sliced backwards and panicked the scraper.
         assert_eq!(
             refused("}{ 1"),
             "line 1 is not a Prometheus sample (its `{` is not closed): `}{ 1`"

@@ -284,9 +284,9 @@ async fn scripted_metrics(bodies: Vec<String>) -> (String, JoinHandle<()>) {
     (format!("http://{addr}"), task)
 }
 
-/// Issue 26: a backend serving `}{ 1` made the parser slice backwards and panic, which ended
-/// the scrape task and froze the capacity scale. Now the garbage is counted as a parse failure
-/// and the next good scrapes move the scale.
+/// A backend serving `}{ 1` must not end the scrape task (a panicking parser did, and froze
+/// the capacity scale): the garbage is counted as a parse failure and the next good scrapes
+/// move the scale.
 #[tokio::test]
 async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on() {
     let mut bodies = vec!["}{ 1".to_string(); 3];

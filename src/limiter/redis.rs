@@ -291,7 +291,7 @@ pub(crate) async fn timed<T>(
     op: &str,
     command: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, StoreError> {
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let result = match tokio::time::timeout(timeout, command).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(StoreError::Redis(e)),

@@ -31,6 +31,7 @@ use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
+use crate::util::throttle::Throttle;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Method, Request, Response};
@@ -50,8 +51,8 @@ pub struct Forward {
 pub struct Backends {
     /// The backends, in config order (the admission's backend indices point here).
     pub upstreams: Arc<[Upstream]>,
-    /// The served model names (the first is sent to the backend) and the cached-prefill weight.
-    pub config: Arc<ValidConfig>,
+    /// What forwarding and metering read of the config.
+    pub settings: ForwardSettings,
     /// Where answers are metered.
     pub metrics: Arc<Metrics>,
     /// Counts what a backend's answer does not say it generated.
@@ -62,6 +63,32 @@ pub struct Backends {
     pub chat: Arc<ChatCounter>,
     /// Where chat answers are counted ahead (`None` without a memo).
     pub replies: Option<Arc<TokenizePool>>,
+    /// How often a difference between the backend's count and the gateway's is logged.
+    pub count_warnings: Arc<Throttle>,
+}
+
+/// What forwarding and metering read of the config, and no more.
+#[derive(Clone, Debug)]
+pub struct ForwardSettings {
+    /// The name the backends are asked for the model by (the first of `model.served_names`).
+    pub backend_model: String,
+    /// The model's context (`model.max_model_len`): no engine runs a longer prompt, so a
+    /// backend's count of a request's prompts is believed up to this for each.
+    pub max_model_len: u64,
+    /// What a prompt token the backend's prefix cache held is charged, as a share of a token
+    /// (`limiter.cached_prefill_weight`).
+    pub cached_prefill_weight: f64,
+}
+
+impl ForwardSettings {
+    /// The settings `config` gives.
+    pub fn of(config: &ValidConfig) -> Self {
+        Self {
+            backend_model: config.model.served_names[0].clone(),
+            max_model_len: config.model.max_model_len,
+            cached_prefill_weight: config.limiter.cached_prefill_weight,
+        }
+    }
 }
 
 impl Forward {
@@ -99,9 +126,10 @@ impl<B> tower::Service<Request<B>> for Forward {
             let reconcile = Reconcile {
                 backend: gw.upstreams[backend].url.clone(),
                 request_id: crate::request_id::request_id(req.headers()),
-                cached_prefill_weight: gw.config.limiter.cached_prefill_weight,
-                most_prompt_tokens: (gw.config.model.max_model_len)
+                cached_prefill_weight: gw.settings.cached_prefill_weight,
+                most_prompt_tokens: (gw.settings.max_model_len)
                     .saturating_mul(prompts.max(1) as u64),
+                warnings: gw.count_warnings.clone(),
             };
             let (mut parts, _) = req.into_parts();
             let mut parsed = parts
@@ -159,7 +187,7 @@ impl Backends {
         let now = tokio::time::Instant::now();
         admitted.sent(upstream.decode_floor(), sequences, now);
         let first_byte_deadline = now + upstream.first_byte_timeout();
-        let backend_model = &self.config.model.served_names[0];
+        let backend_model = &self.settings.backend_model;
         let body = api::rewrite_for_backend(&mut req, max_output, backend_model);
         let forwarded = Some(admitted.forwarded());
         let resp = match upstream

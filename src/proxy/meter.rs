@@ -21,6 +21,7 @@ use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
+use crate::util::throttle::Throttle;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use std::future::Future;
@@ -82,7 +83,15 @@ pub struct Reconcile {
     /// prompts): the backend's count settles the charge, the quotas and the record up to this,
     /// so a backend that says it counted a trillion cannot spend a tenant's quota whole.
     pub most_prompt_tokens: u64,
+    /// The throttle of the warning, shared by every request: a backend that counts every prompt
+    /// otherwise would write a line per request, a cost of its own (a formatted line and a
+    /// write to standard error on the request path: 6% of the gateway's CPU in a 2 KB chat
+    /// benchmark). See [`COUNT_WARNING_PERIOD`].
+    pub warnings: Arc<Throttle>,
 }
+
+/// Count differences are logged at most once this often.
+pub const COUNT_WARNING_PERIOD: Duration = Duration::from_secs(1);
 
 impl Reconcile {
     /// Exports the backend's count of `kind` (`prompt` or `output`) against the gateway's, and
@@ -100,8 +109,7 @@ impl Reconcile {
         if error == 0 {
             return;
         }
-        let since_start = ANCHOR.get_or_init(std::time::Instant::now).elapsed();
-        if let Some(held_back) = COUNT_WARNINGS.allow(since_start.as_millis() as u64) {
+        if let Some(held_back) = self.warnings.allow() {
             tracing::warn!(
                 request_id = self.request_id.as_deref().unwrap_or("-"),
                 backend = %self.backend,
@@ -111,54 +119,6 @@ impl Reconcile {
                 held_back,
                 "the backend counted {kind} tokens otherwise than the gateway; settled on the backend's count (held_back: differences since the last such line, not logged; tokengate_count_error_tokens counts every one)"
             );
-        }
-    }
-}
-
-/// The moment the process first compared counts: what [`COUNT_WARNINGS`] measures time from.
-static ANCHOR: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-
-/// Count differences are logged at most once a second: a backend that counts every prompt
-/// otherwise would write a line per request, a cost of its own (a formatted line and a write
-/// to standard error on the request path: 6% of the gateway's CPU in a 2 KB chat benchmark).
-static COUNT_WARNINGS: Sparse = Sparse::every(1000);
-
-/// At most one of a kind of event let through per period; the others are counted.
-struct Sparse {
-    period_ms: u64,
-    /// When the next may go through, in milliseconds from the anchor.
-    next_ms: std::sync::atomic::AtomicU64,
-    held_back: std::sync::atomic::AtomicU64,
-}
-
-impl Sparse {
-    const fn every(period_ms: u64) -> Self {
-        Self {
-            period_ms,
-            next_ms: std::sync::atomic::AtomicU64::new(0),
-            held_back: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// Whether the event at `now_ms` goes through: `Some(events held back since the last that
-    /// did)`, or `None` (and it is counted as held back).
-    fn allow(&self, now_ms: u64) -> Option<u64> {
-        use std::sync::atomic::Ordering;
-        let next = self.next_ms.load(Ordering::Relaxed);
-        let due = now_ms >= next
-            && (self.next_ms)
-                .compare_exchange(
-                    next,
-                    now_ms + self.period_ms,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok();
-        if due {
-            Some(self.held_back.swap(0, Ordering::AcqRel))
-        } else {
-            self.held_back.fetch_add(1, Ordering::AcqRel);
-            None
         }
     }
 }
@@ -887,7 +847,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{DecodeFloor, Sparse};
+    use super::DecodeFloor;
     use std::time::Duration;
 
     /// 50 ms a token, 1 ms of prefill a prompt token: 4 sequences of a 1,000-token prompt that
@@ -908,15 +868,5 @@ mod tests {
             0
         );
         assert_eq!(floor.tokens(u64::MAX, 0, Duration::MAX, 8000), 8000);
-    }
-
-    #[test]
-    fn one_event_a_period_goes_through_and_says_how_many_were_held_back() {
-        let sparse = Sparse::every(1000);
-        assert_eq!(sparse.allow(5), Some(0));
-        assert_eq!(sparse.allow(6), None);
-        assert_eq!(sparse.allow(1004), None);
-        assert_eq!(sparse.allow(1005), Some(2));
-        assert_eq!(sparse.allow(5000), Some(0));
     }
 }

@@ -19,8 +19,9 @@ pub trait StepTiming: Send + Sync + fmt::Debug {
     fn step(&self, contexts: &[u64], chunk: u64) -> Duration;
 }
 
-/// The degenerate engine of issue 2: every pass (prefill or decode, whatever the batch) takes
-/// the same time, so each running sequence gets one token per `pace`.
+/// The degenerate engine: every pass (prefill or decode, whatever the batch) takes the same
+/// time, so each running sequence gets one token per `pace`, and a test can tell exactly when
+/// each token comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pace(pub Duration);
 

@@ -327,9 +327,8 @@ pub struct Meta {
 
 /// Now in Unix seconds: the `created` of every answer, generated or pooled.
 pub(super) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    use crate::clock::{Clock, SystemClock};
+    (SystemClock.wall().duration_since(std::time::UNIX_EPOCH)).map_or(0, |d| d.as_secs())
 }
 
 /// How a finished answer ended.

@@ -448,6 +448,7 @@ fn work(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::SystemClock;
     use std::future::Future;
     use std::pin::Pin;
     use std::task::{Context, Poll, Waker};
@@ -770,12 +771,9 @@ mod tests {
 
     /// Waits (bounded) until `n` workers wait for a job.
     fn wait_idle(pool: &TokenizePool, n: usize) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = SystemClock.instant() + std::time::Duration::from_secs(10);
         while pool.shared.lock().idle != n {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "workers never went idle"
-            );
+            assert!(SystemClock.instant() < deadline, "workers never went idle");
             std::thread::yield_now();
         }
     }

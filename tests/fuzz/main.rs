@@ -26,7 +26,8 @@ use proptest::test_runner::{
     Config, FileFailurePersistence, TestCaseResult, TestError, TestRunner,
 };
 use std::fmt::Debug;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokengate::clock::SystemClock;
 
 /// Cases per target when `FUZZ_CASES` is not set: seconds per target in a debug build.
 const SHORT_RUN_CASES: u32 = 500;
@@ -67,7 +68,7 @@ fn fuzz<S>(
         ..Config::default()
     };
     let mut runner = TestRunner::new(config);
-    let started = Instant::now();
+    let started = SystemClock.instant();
     match runner.run(&strategy, property) {
         Ok(()) => println!(
             "fuzz {target}: {cases} cases passed in {:.1} s",

@@ -2,8 +2,8 @@
 //! on scrapes built from the names vLLM and MindIE export (labels with braces, commas and quotes
 //! inside their values, comments, blank lines, unknown metrics, timestamps, values of any float
 //! including NaN, infinities, negatives and percentages), then corrupted by one line that is
-//! not a sample (the `}{ 1` of issue 26, an unclosed label set, a bad name, no value, a value
-//! that is not a number), and by byte edits.
+//! not a sample (`}{ 1`, which once panicked the reader; an unclosed label set, a bad name, no
+//! value, a value that is not a number), and by byte edits.
 //!
 //! Properties:
 //! - nothing panics (integer overflow included: the fuzz profile checks it);

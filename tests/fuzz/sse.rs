@@ -36,9 +36,12 @@ use tokengate::clock::SystemClock;
 use tokengate::layers::Ticket;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, Settlement, TenantLimits};
 use tokengate::metrics::Metrics;
-use tokengate::proxy::meter::{Admitted, MeteredStream, OutputCounter, Reconcile};
+use tokengate::proxy::meter::{
+    Admitted, MeteredStream, OutputCounter, Reconcile, COUNT_WARNING_PERIOD,
+};
 use tokengate::tenant::Tenant;
 use tokengate::tokenize::TokenizePool;
+use tokengate::util::throttle::Throttle;
 use tokio::sync::mpsc;
 
 /// One choice of a chunk: what the backend generated for it.
@@ -450,6 +453,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                 request_id: None,
                 cached_prefill_weight: 0.1,
                 most_prompt_tokens: u64::MAX,
+                warnings: Arc::new(Throttle::every(COUNT_WARNING_PERIOD, Arc::new(SystemClock))),
             },
             tokio::time::Instant::now(),
         );

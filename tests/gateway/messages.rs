@@ -1,4 +1,4 @@
-//! Anthropic's `/v1/messages` end to end (issue 29): counted as the chat vLLM converts it to,
+//! Anthropic's `/v1/messages` end to end: counted as the chat vLLM converts it to,
 //! charged its `max_tokens`, metered from its usage or its events, refunded; the key in
 //! `x-api-key`; refusals and rate-limit headers in Anthropic's shape; `count_tokens` answered
 //! locally for one request.

@@ -1,4 +1,4 @@
-//! The pooling routes end to end (issue 29): `/v1/embeddings`, `/pooling`, `/score` and
+//! The pooling routes end to end: `/v1/embeddings`, `/pooling`, `/score` and
 //! `/rerank` go only to the backends declared `runner = "pooling"` (a simulated one here, which
 //! counts as vLLM's pooling runner does), are charged their prompts exactly and no decode, hold
 //! KV on the pooling backend alone while they run, and are refused, with nothing charged, when

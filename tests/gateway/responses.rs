@@ -1,4 +1,4 @@
-//! OpenAI's `/v1/responses` end to end (issue 29) through the gateway to the simulated backend,
+//! OpenAI's `/v1/responses` end to end through the gateway to the simulated backend,
 //! which counts prompts as vLLM does: the prompt charged equals the backend's count, the
 //! output limit reserved and forwarded, what was not generated refunded, a stream metered from
 //! its events, and stored state refused with nothing charged.

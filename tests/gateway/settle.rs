@@ -479,7 +479,7 @@ async fn in_front_of_the_simulator_reasoning_is_metered_and_a_cached_prompt_char
     );
 }
 
-/// `n` choices (issue 29): the decode reservation and the KV footprint are `n` sequences', the
+/// `n` choices: the decode reservation and the KV footprint are `n` sequences', the
 /// backend is asked for each choice's share, and what every choice generated is charged,
 /// whole or streamed; more choices than any backend's batch is a 400 naming `n`.
 #[tokio::test]
@@ -559,7 +559,7 @@ async fn n_choices_are_reserved_admitted_and_metered_as_n_sequences() {
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
 }
 
-/// A list of prompts to `/v1/completions` (issue 29): each prompt counted and charged, every
+/// A list of prompts to `/v1/completions`: each prompt counted and charged, every
 /// prompt's choices reserved and admitted as sequences, the backend's usage for them all
 /// settling the charge; a batch past the prefill burst is refused whole.
 #[tokio::test]

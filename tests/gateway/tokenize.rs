@@ -1,11 +1,11 @@
-//! `/tokenize` bounded (issue 26, row 3): 3,000 remote-image parts in a 189 KB body were
-//! answered with 344 MB of ids. Media parts per chat are capped (on every route that reads
+//! `/tokenize` bounded, since 3,000 remote-image parts in a 189 KB body were once answered with
+//! 344 MB of ids. Media parts per chat are capped (on every route that reads
 //! chats), a prompt past the context is a 400 before any id is made, and `/tokenize` costs a
 //! request from the tenant's bucket.
 
 use super::*;
 
-/// A chat of `n` image parts given by http(s) URL, as the issue's client sent them.
+/// A chat of `n` image parts given by http(s) URL, as a client flooding `/tokenize` sends them.
 fn remote_images(n: usize) -> Value {
     let parts: Vec<Value> = (0..n)
         .map(|i| json!({"type": "image_url", "image_url": {"url": format!("https://example.com/{i}.png")}}))

@@ -28,7 +28,8 @@ pub fn url() -> String {
 /// A key prefix of this test's own, so tests share one server without seeing each other's
 /// keys (nor a former run's).
 pub fn prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
+    use tokengate::clock::{Clock, SystemClock};
+    let nanos = (SystemClock.wall())
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();

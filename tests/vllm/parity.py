@@ -7,7 +7,7 @@ the prompt tokens the gateway counted before forwarding (`counted_prompt_tokens`
 metered (`output_tokens`) against `usage.prompt_tokens` and `usage.completion_tokens`. A request
 the gateway refuses is sent to vLLM directly: if vLLM serves it, that is a difference too.
 
-The cases are the named ones (the shapes issue 27 found charged differently, the edges of each
+The cases are the named ones (the shapes once found charged differently from vLLM, the edges of each
 route, and the engine's edges that the schema fuzzer's first runs found: `edge_cases`) and
 `--cases` more generated from `--seed`. A difference the project keeps on purpose
 is listed in KNOWN with its reason (docs/vllm-parity.md) and asserted to still be that difference.
@@ -251,7 +251,7 @@ WEATHER = {
 
 
 def named_cases():
-    """The shapes of issue 27's table and the edges of each route, by name."""
+    """The shapes once charged differently from vLLM and the edges of each route, by name."""
     no_desc = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}
     extra_keys = json.loads(json.dumps(WEATHER))
     extra_keys["function"]["strict"] = True
@@ -526,7 +526,7 @@ RESPONSES = "/v1/responses"
 
 
 def responses_cases():
-    """`/v1/responses` (issue 29), which vLLM converts to a chat: each rule of the conversion
+    """`/v1/responses`, which vLLM converts to a chat: each rule of the conversion
     by name."""
     u = {"role": "user", "content": "What is the capital of France?"}
     weather = {"type": "function", "name": "get_weather", "description": "Get the weather.",
@@ -596,7 +596,7 @@ def anthropic_image(width, height, fmt="PNG"):
 
 
 def messages_cases():
-    """`/v1/messages` (issue 29), which vLLM converts to a chat before its template renders it:
+    """`/v1/messages`, which vLLM converts to a chat before its template renders it:
     each conversion rule by name."""
     u = {"role": "user", "content": "What is the capital of France?"}
     weather = {"name": "get_weather", "description": "Get the weather for a city.",
@@ -764,7 +764,7 @@ def as_responses_body(rng, chat_messages, tools):
 
 
 def pooling_cases():
-    """The pooling routes (issue 29), for `--pooling`: each input form vLLM's pooling runner
+    """The pooling routes, for `--pooling`: each input form vLLM's pooling runner
     takes on each route, and the options that change what it counts."""
     q = "What is the capital of France?"
     docs = ["Paris is the capital of France.", "Berlin", "The Eiffel Tower is in Paris."]
