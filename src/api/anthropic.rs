@@ -79,23 +79,11 @@ pub fn parse_generation(
     }
     let prompt = parse_prompt(&body, limits.vision)?;
     Ok(GenerationRequest {
-        endpoint: Route::Messages,
-        model,
         stream,
         // Its stream always reports usage (`message_delta`): nothing is left out for the client.
         client_wants_usage: true,
         requested_max_tokens: Some((MaxTokensField::MaxTokens, max_tokens)),
-        choices: 1,
-        prompt,
-        batch: Vec::new(),
-        echoed_prompt: None,
-        truncate_to: None,
-        min_tokens: 0,
-        prompt_only: false,
-        body,
-        // Filled in by [`super::parse_generation`], which has the bytes.
-        raw: bytes::Bytes::new(),
-        raw_keys_unique: false,
+        ..GenerationRequest::new(Route::Messages, model, prompt, body)
     })
 }
 

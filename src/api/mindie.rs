@@ -123,23 +123,13 @@ pub fn parse_generation(
         }
     }
     let full_text = parameter("return_full_text") == Some(&Value::Bool(true));
+    let model = limits.served_names[0].clone();
     Ok(GenerationRequest {
-        endpoint: Route::MindIe(native),
-        model: limits.served_names[0].clone(),
         stream,
-        client_wants_usage: false,
         requested_max_tokens,
-        choices: 1,
-        prompt,
-        batch: Vec::new(),
         // Triton's answers never repeat the prompt.
         echoed_prompt: echo.filter(|_| full_text && !native.is_triton()),
-        truncate_to: None,
-        min_tokens: 0,
-        prompt_only: false,
-        body,
-        raw: Bytes::new(),
-        raw_keys_unique: false,
+        ..GenerationRequest::new(Route::MindIe(native), model, prompt, body)
     })
 }
 
@@ -179,22 +169,16 @@ pub fn parse_vllm_generate(
         NativeText::Whole(t) => t,
         NativeText::Parts(first) => first,
     };
+    let (route, model) = (
+        Route::MindIe(Native::VllmGenerate),
+        limits.served_names[0].clone(),
+    );
     Ok(GenerationRequest {
-        endpoint: Route::MindIe(Native::VllmGenerate),
-        model: limits.served_names[0].clone(),
         stream,
-        client_wants_usage: false,
         requested_max_tokens,
         choices: best_of.or(n).unwrap_or(1),
-        prompt,
-        batch: Vec::new(),
         echoed_prompt: (!stream).then_some(Echo::Text(echo)),
-        truncate_to: None,
-        min_tokens: 0,
-        prompt_only: false,
-        body,
-        raw: Bytes::new(),
-        raw_keys_unique: false,
+        ..GenerationRequest::new(route, model, prompt, body)
     })
 }
 

@@ -86,22 +86,19 @@ pub fn parse_generation_from(
             first
         }
     };
+    let echoed_prompt = echo.then(|| echoes(&prompt, &batch));
     Ok(GenerationRequest {
-        endpoint: Route::OpenAi(endpoint),
-        model,
         stream,
         client_wants_usage,
         requested_max_tokens: requested,
         choices,
-        echoed_prompt: echo.then(|| echoes(&prompt, &batch)),
-        prompt,
         batch,
-        truncate_to: None,
+        echoed_prompt,
         min_tokens,
         prompt_only,
-        body,
         raw,
         raw_keys_unique: keys_unique,
+        ..GenerationRequest::new(Route::OpenAi(endpoint), model, prompt, body)
     })
 }
 

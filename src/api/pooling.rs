@@ -42,22 +42,9 @@ pub fn parse_generation(
     let truncate_to = truncation(&body, limits.max_model_len)?;
     let first = prompts.remove(0);
     Ok(GenerationRequest {
-        endpoint: Route::Pooling(pooled),
-        model,
-        stream: false,
-        client_wants_usage: false,
-        requested_max_tokens: None,
-        choices: 1,
-        prompt: first,
         batch: prompts,
-        echoed_prompt: None,
         truncate_to,
-        min_tokens: 0,
-        prompt_only: false,
-        body,
-        // Filled in by [`super::parse_generation`], which has the bytes.
-        raw: bytes::Bytes::new(),
-        raw_keys_unique: false,
+        ..GenerationRequest::new(Route::Pooling(pooled), model, first, body)
     })
 }
 

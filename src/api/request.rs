@@ -166,6 +166,30 @@ const REWRITTEN: [&str; 6] = [
 ];
 
 impl GenerationRequest {
+    /// A request to `endpoint` for `model` of one `prompt`, read from `body`: one choice, not
+    /// streamed, with no output limit asked and nothing else set; a route's reader sets what
+    /// its body says beyond that (`GenerationRequest { stream, ..GenerationRequest::new(..) }`).
+    /// Its bytes are set by [`super::parse_generation`], which has them.
+    pub fn new(endpoint: Route, model: String, prompt: Prompt, body: Map<String, Value>) -> Self {
+        Self {
+            endpoint,
+            model,
+            stream: false,
+            client_wants_usage: false,
+            requested_max_tokens: None,
+            choices: 1,
+            prompt,
+            batch: Vec::new(),
+            echoed_prompt: None,
+            truncate_to: None,
+            min_tokens: 0,
+            prompt_only: false,
+            body,
+            raw: Bytes::new(),
+            raw_keys_unique: false,
+        }
+    }
+
     /// The sequences the backend runs for it, each up to the output limit: every prompt's
     /// choices.
     pub fn sequences(&self) -> u64 {

@@ -61,23 +61,12 @@ pub fn parse_generation(
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
     let prompt = parse_prompt(&body, limits.vision).map_err(|e| rename_messages(e, "input"))?;
     Ok(GenerationRequest {
-        endpoint: Route::Responses,
-        model,
         stream,
         // Its stream always ends with the usage (`response.completed`).
         client_wants_usage: true,
         requested_max_tokens: requested,
-        choices: 1,
-        prompt,
-        batch: Vec::new(),
-        echoed_prompt: None,
         truncate_to,
-        min_tokens: 0,
-        prompt_only: false,
-        body,
-        // Filled in by [`super::parse_generation`], which has the bytes.
-        raw: bytes::Bytes::new(),
-        raw_keys_unique: false,
+        ..GenerationRequest::new(Route::Responses, model, prompt, body)
     })
 }
 
