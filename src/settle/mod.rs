@@ -30,3 +30,5 @@ pub use floor::DecodeFloor;
 pub use metering::{Metering, Reconcile};
 pub use ticket::{Ticket, TicketSlot};
 
+#[cfg(test)]
+mod tests;
