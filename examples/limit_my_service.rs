@@ -22,8 +22,9 @@ use std::time::Duration;
 use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
 use tokengate::clock::SystemClock;
 use tokengate::error::ApiError;
-use tokengate::layers::{AdmitLayer, AsAuthenticated, ChargeLayer, KvGeometry, TicketSlot};
+use tokengate::layers::{AdmitLayer, AsAuthenticated, ChargeLayer, KvGeometry};
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, TenantLimits};
+use tokengate::settle::TicketSlot;
 use tokengate::tenant::Tenant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 

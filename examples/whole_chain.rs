@@ -6,8 +6,9 @@
 //!
 //! `app::build` makes every part from a config, as `tokengate serve` does; each layer takes
 //! only its own part of it. Your service finds the parsed request (`GenerationRequest`) and its
-//! `Ticket` in the request's extensions and holds the ticket while it works: dropping it
-//! settles, giving back the output tokens not produced, and writes the request's record.
+//! `Ticket` in the request's extensions and holds the ticket while it works: ending it (or
+//! dropping it: the client went) settles, giving back the output tokens not produced, and
+//! writes the request's record.
 //!
 //! `cargo run --example whole_chain` sends a few requests through it in-process and prints the
 //! answers; `cargo test --example whole_chain` checks them. Both need the tokenizer that
@@ -24,11 +25,10 @@ use tokengate::clock::{SharedClock, SystemClock};
 use tokengate::config::Config;
 use tokengate::error::ApiError;
 use tokengate::gateway::Gateway;
-use tokengate::layers::TicketSlot;
 use tokengate::layers::{
     AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
 };
-use tokengate::metrics::Outcome;
+use tokengate::settle::{Ending, TicketSlot};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// The gateway's config: one tenant, one backend (never called here: your service answers).
@@ -66,10 +66,9 @@ async fn my_model(req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, I
         .and_then(TicketSlot::take)
         .expect("charged");
     let cost = ticket.cost();
-    ticket.answered();
     ticket.record_output(cost.decode / 2);
-    // A complete answer (a ticket dropped unsettled counts as a client gone).
-    ticket.settle_as(Outcome::Ok);
+    // A complete answer (a ticket dropped without an ending counts as a client gone).
+    ticket.end(Ending::Completed);
     Ok(Response::new(Full::new(Bytes::from(format!(
         "{}: {} prompt tokens, {} output tokens reserved, {} generated",
         parsed.model,

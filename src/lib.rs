@@ -34,6 +34,7 @@ pub mod record;
 pub mod reload;
 pub mod request_id;
 pub mod server;
+pub mod settle;
 pub mod settled;
 pub mod sim;
 pub mod tenant;

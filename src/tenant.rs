@@ -117,7 +117,7 @@ impl InFlight {
 }
 
 /// One request's place in its tenant's [`InFlight`]; dropping it gives the place back (the
-/// request's [`crate::layers::Ticket`] holds it, so every way a request ends does).
+/// request's [`crate::settle::Ticket`] holds it, so every way a request ends does).
 #[derive(Debug)]
 pub struct InFlightPlace {
     count: Arc<InFlight>,

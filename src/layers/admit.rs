@@ -1,16 +1,16 @@
 //! Step 9, admit: the request's KV footprint (its [`Cost`]'s prompt + max output tokens, in
 //! whole blocks, plus the per-sequence state) is leased on a backend, at once or after waiting
 //! in the bounded queue in the request's [`Priority`] class (the one its extensions carry, else
-//! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`](crate::layers::Ticket),
+//! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`](crate::settle::Ticket),
 //! which frees it when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
 //! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
 
-use super::charge::TicketSlot;
 use crate::admission::{Admission, Priority};
 pub use crate::admission::{KvGeometry, Sequences};
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::Cost;
 use crate::metrics::Metrics;
+use crate::settle::TicketSlot;
 use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
 use http::Request;
@@ -140,7 +140,7 @@ mod tests {
     use crate::admission::{BackendSpec, ClassShares, Need, QueueSpec};
     use crate::layers::charge::{AsAuthenticated, ChargeLayer};
     use crate::layers::testing::{available, cost, limiter, request};
-    use crate::metrics::Outcome;
+    use crate::settle::Ending;
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::{BodyExt, Full};
@@ -185,10 +185,9 @@ mod tests {
     /// Takes the ticket, reports the bytes its lease holds, and lets the ticket go answered.
     async fn leased(req: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, ApiError> {
         let slot = req.extensions().get::<TicketSlot>().expect("charged");
-        let mut ticket = slot.take().expect("in its slot");
+        let ticket = slot.take().expect("in its slot");
         let bytes = ticket.lease().expect("admitted").bytes();
-        ticket.answered();
-        ticket.settle_as(Outcome::Ok);
+        ticket.end(Ending::Completed);
         Ok(Response::new(Full::new(Bytes::from(bytes.to_string()))))
     }
 

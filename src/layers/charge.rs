@@ -1,316 +1,26 @@
-//! Step 8, charge: the tenant's buckets are charged the request's [`Cost`] (all or nothing) and
-//! the request goes on carrying the [`Ticket`] that holds the charge, in a [`TicketSlot`] in its
-//! extensions. The cost is whatever [`Cost`] the request's extensions hold: our counting layer
-//! puts it there, or the user's own code does, so this layer works without our parser.
-//!
-//! The ticket is the request's one guard, in two phases. Until the request is forwarded (its
-//! bytes handed to the backend's connection, [`Forwarded`]) dropping it gives back everything
-//! charged: the client went away while queued, admission refused it, no connection could be
-//! made. From then on the backend has done or is doing the prefill, so dropping it settles:
-//! only the decode tokens reserved and not produced ([`Ticket::record_output`]) go back, even
-//! when the client goes before the first token or the gateway stops waiting for it (a 504).
-//! Only a backend that fails the request ([`Ticket::backend_failed`]: its error status, a
-//! connection broken before its answer) gives everything back after that. The KV lease the
-//! admission layer adds goes with it, freed first.
+//! Step 8, charge: a place among the tenant's requests in flight, then its quotas, then its
+//! buckets are charged the request's [`Cost`] (all or nothing), and the request goes on carrying
+//! the [`Ticket`] that holds all three, in a [`TicketSlot`] in its extensions. The cost is
+//! whatever [`Cost`] the request's extensions hold: our counting layer puts it there, or the
+//! user's own code does, so this layer works without our parser. What the ticket gives back,
+//! and when, is the settlement room's ([`crate::settle`]); a refusal after the charge ends the
+//! ticket [`Ending::Refused`].
 
-use crate::admission::Lease;
 use crate::api::request::GenerationRequest;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
-use crate::limiter::{Cost, Limiter, RateLimitHeaders, Reservation, TenantSnapshot};
-use crate::metrics::{Metrics, Outcome};
+use crate::limiter::{Cost, Limiter};
+use crate::metrics::Metrics;
 use crate::quota::ledger::Usage;
-use crate::quota::{QuotaHold, Quotas, RateLimitFields};
-use crate::record::{Forwarded, Pending, RecordHold};
+use crate::quota::Quotas;
+use crate::record::Pending;
 use crate::reload::live::LiveConfig;
-use crate::settled::Charged;
-use crate::tenant::{InFlightPlace, Tenant};
+use crate::settle::{Ending, Ticket, TicketSlot};
+use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
 use http::Request;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tower::{Layer, Service};
-
-/// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
-pub struct Ticket {
-    /// `None` only inside `drop`.
-    reservation: Option<Reservation>,
-    lease: Option<Lease>,
-    forwarded: Forwarded,
-    /// The backend failed the request after it was forwarded: everything goes back.
-    backend_failed: bool,
-    answered: bool,
-    /// Noted in the request's record when the ticket goes; `None` when the request is
-    /// answered with an error, whose code is its outcome.
-    outcome: Option<Outcome>,
-    /// The request's record, held open until the ticket goes.
-    record: Option<RecordHold>,
-    ttft: Option<Duration>,
-    tpot: Option<Duration>,
-    /// The request's place among its tenant's requests in flight, given back after it settles
-    /// (a field: dropped after `drop` has run).
-    in_flight: Option<InFlightPlace>,
-    /// The backend's count of the prompt and of its cached part, once its answer said them.
-    reported: Option<(u64, Option<u64>)>,
-    /// The tenant's quota reservation, settled when the ticket goes (given back whole if the
-    /// ticket goes before `drop`'s settlement tells it what was used).
-    quota: Option<QuotaHold>,
-}
-
-impl std::fmt::Debug for Ticket {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ticket")
-            .field("reservation", &self.reservation)
-            .field("lease", &self.lease)
-            .field("forwarded", &self.forwarded.is_marked())
-            .field("backend_failed", &self.backend_failed)
-            .field("answered", &self.answered)
-            .field("outcome", &self.outcome)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Ticket {
-    /// Holds `reservation` in the first phase: everything goes back unless it is forwarded.
-    pub fn new(reservation: Reservation) -> Self {
-        Self {
-            reservation: Some(reservation),
-            lease: None,
-            forwarded: Forwarded::default(),
-            backend_failed: false,
-            answered: false,
-            outcome: Some(Outcome::ClientDisconnect),
-            record: None,
-            ttft: None,
-            tpot: None,
-            in_flight: None,
-            reported: None,
-            quota: None,
-        }
-    }
-
-    /// Adds the tenant's quota reservation: it keeps what the request used when the ticket
-    /// goes (nothing unless the request is billable).
-    pub fn hold_quota(&mut self, hold: QuotaHold) {
-        self.quota = Some(hold);
-    }
-
-    /// The IETF `RateLimit-Policy` and `RateLimit` fields of the tenant's tightest quota right
-    /// after the reservation (none without quotas).
-    pub fn quota_fields(&self) -> Option<RateLimitFields> {
-        RateLimitFields::tightest(self.quota.as_ref()?.readings())
-    }
-
-    /// Notes how the request settled, and its charge, in its record when the ticket goes
-    /// (`client_disconnect` unless told otherwise; nothing when refused: the refusal's code is
-    /// the outcome), and keeps the record open until then.
-    pub fn recorded_by(&mut self, record: RecordHold) {
-        self.record = Some(record);
-    }
-
-    /// The request's time to first token and per output token, for its record.
-    pub fn record_latency(&mut self, ttft: Option<Duration>, tpot: Option<Duration>) {
-        (self.ttft, self.tpot) = (ttft, tpot);
-    }
-
-    fn reservation(&self) -> &Reservation {
-        self.reservation.as_ref().expect("taken only by drop")
-    }
-
-    fn reservation_mut(&mut self) -> &mut Reservation {
-        self.reservation.as_mut().expect("taken only by drop")
-    }
-
-    /// The tenant charged.
-    pub fn tenant(&self) -> &str {
-        self.reservation().tenant()
-    }
-
-    /// What was charged.
-    pub fn cost(&self) -> Cost {
-        self.reservation().cost()
-    }
-
-    /// The tenant's buckets right after the charge.
-    pub fn remaining(&self) -> &TenantSnapshot {
-        self.reservation().remaining()
-    }
-
-    /// The tenant's `x-ratelimit-*` headers right after the charge.
-    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
-        self.remaining().rate_limit_headers()
-    }
-
-    /// Adds the KV lease the request was admitted with; it is freed when the ticket goes.
-    pub fn admit(&mut self, lease: Lease) {
-        self.lease = Some(lease);
-    }
-
-    /// The KV lease, once admitted.
-    pub fn lease(&self) -> Option<&Lease> {
-        self.lease.as_ref()
-    }
-
-    /// Frees the KV lease now (the backend has stopped using it); the charge stays held. The
-    /// tenant's fairness counter keeps the output recorded, or nothing if the prefill is not
-    /// spent.
-    pub fn release_lease(&mut self) {
-        if let Some(mut lease) = self.lease.take() {
-            if !self.is_billable() {
-                lease.refund_all();
-            }
-        }
-    }
-
-    /// What marks the request forwarded: hand it to whatever writes the request to the
-    /// backend. From the mark on, only the decode tokens not produced go back.
-    pub fn forwarded(&self) -> Forwarded {
-        self.forwarded.clone()
-    }
-
-    /// The backend failed the request (an error status, a connection broken before its
-    /// answer): it gives everything back, forwarded or not. Not for a timeout: a backend that
-    /// is slow to answer is busy with the request.
-    pub fn backend_failed(&mut self) {
-        self.backend_failed = true;
-    }
-
-    /// Whether the prompt (and the output produced) stay charged: the request was forwarded,
-    /// or answered, and the backend did not fail it.
-    pub fn is_billable(&self) -> bool {
-        (self.answered || self.forwarded.is_marked()) && !self.backend_failed
-    }
-
-    /// The backend has answered (a 2xx and its first bytes), so the request was forwarded:
-    /// only the decode tokens not produced go back.
-    pub fn answered(&mut self) {
-        self.answered = true;
-    }
-
-    /// Whether the backend has answered.
-    pub fn is_answered(&self) -> bool {
-        self.answered
-    }
-
-    /// The backend's own count of the prompt (`usage.prompt_tokens`) and of the part its prefix
-    /// cache held (`cached_tokens`), from its answer: the prompt stays charged as the backend
-    /// counted it, each cached token at `cached_weight` of a token (rounded up: the prefill
-    /// bucket models compute, and a cached token needs next to none), and settlement gives
-    /// back or charges the difference from what was charged.
-    pub fn reconcile_prompt(&mut self, prompt: u64, cached: Option<u64>, cached_weight: f64) {
-        let cached_part = cached.unwrap_or(0).min(prompt);
-        let weighted = (cached_part as f64 * cached_weight).ceil() as u64;
-        let stays = prompt - cached_part + weighted.min(cached_part);
-        self.reservation_mut().settle_prefill(stays);
-        self.reported = Some((prompt, cached));
-    }
-
-    /// The decode tokens produced so far (a running total, saturating at the reservation).
-    pub fn record_output(&mut self, tokens: u64) {
-        self.reservation_mut().record_output(tokens);
-        if let Some(lease) = &mut self.lease {
-            lease.record_output(tokens);
-        }
-    }
-
-    /// How the request ended, counted when the ticket goes.
-    pub fn settle_as(&mut self, outcome: Outcome) {
-        self.outcome = Some(outcome);
-    }
-
-    /// The outcome the ticket will count (`None` once refused).
-    pub fn outcome(&self) -> Option<Outcome> {
-        self.outcome
-    }
-
-    /// The request is answered with an error, whose code is its outcome: the ticket notes
-    /// none (and no charge) in its record when it goes.
-    pub fn refused(&mut self) {
-        self.outcome = None;
-    }
-
-    /// [`Ticket::refused`], and the ticket goes now (giving back what its phase says), for an
-    /// answer with `e`.
-    pub fn refuse(mut self, e: ApiError) -> ApiError {
-        self.refused();
-        e
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        // KV first: the backend has stopped (or never started) using it.
-        self.release_lease();
-        let Some(mut reservation) = self.reservation.take() else {
-            return;
-        };
-        let billable = self.is_billable();
-        if !billable {
-            reservation.refund_all();
-        }
-        let cost = reservation.cost();
-        let settlement = reservation.settle();
-        // The quota settles with the buckets, before the request is recorded.
-        if let Some(mut quota) = self.quota.take() {
-            if billable {
-                let (prompt, cached) = self.reported.unwrap_or((cost.prefill, None));
-                quota.used(Usage {
-                    prompt,
-                    cached: cached.unwrap_or(0),
-                    output: settlement.actual_decode,
-                });
-            }
-        }
-        let Some(outcome) = self.outcome else {
-            return;
-        };
-        if let Some(record) = self.record.take() {
-            record.settled(
-                outcome,
-                Charged {
-                    prompt_tokens: self.reported.map_or(cost.prefill, |(prompt, _)| prompt),
-                    counted_prompt_tokens: cost.prefill,
-                    cached_prompt_tokens: self.reported.and_then(|(_, cached)| cached),
-                    reserved_output_tokens: cost.decode,
-                    output_tokens: settlement.actual_decode,
-                    refunded_output_tokens: settlement.refunded_decode,
-                    answered: self.answered,
-                    billable,
-                    ttft: self.ttft,
-                    tpot: self.tpot,
-                },
-            );
-        }
-    }
-}
-
-/// Where a request's [`Ticket`] travels in its extensions (which hold only `Clone` values): the
-/// layer after the charge adds its lease to it, the service at the end takes it out to own it
-/// until the answer is complete.
-#[derive(Clone, Debug)]
-pub struct TicketSlot(Arc<Mutex<Option<Ticket>>>);
-
-impl TicketSlot {
-    /// A slot holding `ticket`.
-    pub fn new(ticket: Ticket) -> Self {
-        Self(Arc::new(Mutex::new(Some(ticket))))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Ticket>> {
-        // Only moves of the ticket happen under the lock: nothing is left half done.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes the ticket out (`None` when it was already taken).
-    pub fn take(&self) -> Option<Ticket> {
-        self.lock().take()
-    }
-
-    /// Runs `f` on the ticket while it is in the slot.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Ticket) -> R) -> Option<R> {
-        self.lock().as_mut().map(f)
-    }
-}
 
 /// The limits a tenant is charged under: its own, as the request's `Arc<Tenant>` carries them
 /// ([`AsAuthenticated`]), or the ones in force at the charge (the gateway's: a reload may have
@@ -464,8 +174,10 @@ where
             // Later steps see the tenant as in force at the charge (its caps, its class).
             req.extensions_mut().insert(current.clone());
             let mut ticket = Ticket::new(reservation);
-            ticket.in_flight = Some(place);
-            ticket.quota = quota;
+            ticket.hold_place(place);
+            if let Some(quota) = quota {
+                ticket.hold_quota(quota);
+            }
             if let Some(pending) = req.extensions().get::<Pending>() {
                 pending.tenant(&current);
                 ticket.recorded_by(pending.hold());
@@ -475,9 +187,10 @@ where
             let answered = inner.call(req).await.map_err(Into::into);
             // A refusal after the charge (admission, or a service that left the ticket) gives
             // everything back; its outcome is the error's.
-            answered.map_err(|e| match slot.take() {
-                Some(ticket) => ticket.refuse(e),
-                None => e,
+            answered.inspect_err(|_| {
+                if let Some(ticket) = slot.take() {
+                    ticket.end(Ending::Refused);
+                }
             })
         })
     }
@@ -490,21 +203,21 @@ mod tests {
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::Full;
+    use std::time::Duration;
     use tower::{service_fn, ServiceBuilder, ServiceExt};
 
     type Answer = Result<Response<Full<Bytes>>, ApiError>;
 
     /// A service that takes the ticket, has the backend answer and produce `produced` decode
-    /// tokens, and answers with the ticket's rate-limit headers; the ticket goes with the
-    /// answer.
+    /// tokens, and answers with the ticket's rate-limit headers; the ticket ends complete.
     async fn answers(req: Request<Full<Bytes>>, produced: u64) -> Answer {
         let slot = req.extensions().get::<TicketSlot>().expect("charged");
         let mut ticket = slot.take().expect("the ticket is in its slot");
         ticket.answered();
         ticket.record_output(produced);
-        ticket.settle_as(Outcome::Ok);
         let mut resp = Response::new(Full::new(Bytes::from_static(b"done")));
         ticket.rate_limit_headers().apply(resp.headers_mut());
+        ticket.end(Ending::Completed);
         Ok(resp)
     }
 
@@ -619,11 +332,11 @@ mod tests {
             .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
             .service_fn(|req: Request<Full<Bytes>>| async move {
                 let slot = req.extensions().get::<TicketSlot>().expect("charged");
-                let mut ticket = slot.take().expect("in its slot");
+                let ticket = slot.take().expect("in its slot");
                 ticket.forwarded().mark();
                 assert!(ticket.is_billable());
-                ticket.backend_failed();
-                Err::<Response<Full<Bytes>>, _>(ticket.refuse(ApiError::upstream("reset")))
+                ticket.end(Ending::BackendFailed);
+                Err::<Response<Full<Bytes>>, _>(ApiError::upstream("reset"))
             });
         let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
         assert_eq!(e.code, crate::error::ErrorCode::UpstreamError);

@@ -2,19 +2,20 @@
 //! request to the backend its lease is on (`max_tokens` rewritten to what was reserved, usage
 //! asked for, an id of the gateway's: [`crate::request_id::backend_id`]) and answers with the backend's answer, metered: a whole answer
 //! (or a JSON one to a streamed request) read and settled at once, a stream passed on event by
-//! event by [`MeteredStream`], which owns the request's [`Ticket`](crate::layers::Ticket) (through [`Admitted`]) until
-//! it ends, breaks or the client goes.
+//! event by [`MeteredStream`], which owns the request's [`Ticket`](crate::settle::Ticket) (through [`Admitted`]) until
+//! it ends, breaks or the client goes. Each way out of `Backends::forward` ends the ticket with
+//! its [`Ending`].
 //!
 //! Once the request's bytes are handed to the backend's connection (the backend client marks
 //! the ticket [`Forwarded`](crate::record::Forwarded)), its prefill is spent: a client that goes
 //! before the first token, or a backend slower than `first_byte_timeout` (a 504), settles with
 //! the prompt and the decode floor of the time the backend ran it charged
-//! ([`super::meter::DecodeFloor`]), every other decode token back; so does a 2xx answer whose
+//! ([`crate::settle::DecodeFloor`]), every other decode token back; so does a 2xx answer whose
 //! body then fails (over `max_response_bytes`, broken, too slow). A backend that fails the
 //! request before answering (an error status, a broken connection) gives everything back. The
 //! backend's error policy is [`super::upstream`]'s.
 
-use super::meter::{Admitted, MeteredStream, OutputCounter, Reconcile, ReplyMemo};
+use super::meter::{Admitted, MeteredStream, OutputCounter, ReplyMemo};
 use super::upstream::Upstream;
 use super::{full, GatewayBody};
 use crate::api::Endpoint;
@@ -23,10 +24,11 @@ use crate::api::{self, Route};
 use crate::config::ValidConfig;
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::extensions::needs;
-use crate::layers::{Sequences, TicketSlot};
+use crate::layers::Sequences;
 use crate::limiter::Cost;
 use crate::metrics::Metrics;
 use crate::record::Arrived;
+use crate::settle::{Ending, Reconcile, TicketSlot};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
@@ -201,12 +203,15 @@ impl Backends {
             .await
         {
             Ok(r) => r,
-            Err(e) => return Err(admitted.refuse(e)),
+            Err(e) => {
+                admitted.end(Ending::unanswered(&e));
+                return Err(e);
+            }
         };
         let (mut parts, incoming) = resp.into_parts();
         if !parts.status.is_success() {
             // The lease and the charge go back before the error body is read.
-            admitted.refused();
+            admitted.end(Ending::BackendFailed);
             return Err(upstream.refusal(parts.status, incoming).await);
         }
         // What every answer from here carries: the backend's end-to-end headers and the
@@ -227,7 +232,10 @@ impl Backends {
             let bytes = match upstream.read_answer(incoming).await {
                 Ok(bytes) => bytes,
                 // The backend answered: a body that then fails does not make it free.
-                Err(e) => return Err(admitted.cut_off(e)),
+                Err(e) => {
+                    admitted.end(Ending::CutOff(e.code));
+                    return Err(e);
+                }
             };
             admitted.finish_json(&bytes);
             return Ok(Response::from_parts(parts, full(bytes)));
@@ -238,15 +246,19 @@ impl Backends {
         let mut incoming = incoming;
         let first = match tokio::time::timeout_at(first_byte_deadline, incoming.frame()).await {
             Err(_) => {
-                let e = UpstreamFailure::NoFirstChunk(upstream.first_byte_timeout());
-                return Err(admitted.refuse(e.into()));
+                let e: ApiError =
+                    UpstreamFailure::NoFirstChunk(upstream.first_byte_timeout()).into();
+                admitted.end(Ending::unanswered(&e));
+                return Err(e);
             }
             Ok(frame) => frame,
         };
         let first = match first {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             Some(Err(_)) => {
-                return Err(admitted.refuse(UpstreamFailure::BrokeBeforeFirstChunk.into()))
+                let e: ApiError = UpstreamFailure::BrokeBeforeFirstChunk.into();
+                admitted.end(Ending::unanswered(&e));
+                return Err(e);
             }
             None => Bytes::new(),
         };

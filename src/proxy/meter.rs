@@ -1,28 +1,25 @@
-//! Metering and settlement. An [`Admitted`] request owns its [`Ticket`] (the bucket charge and
-//! the KV lease); the response body owns the `Admitted` until the stream ends, errors or is
-//! dropped (client disconnect), and its `Drop` settles: the lease is freed at once, unused
-//! decode tokens are refunded once the output is known, and the metrics are recorded. No path
-//! can skip it, a panic included, because it is a `Drop`.
-//!
-//! The backend is the reference for every count: when its answer carries `usage`, the prompt
-//! is settled on its `prompt_tokens` (cached tokens at `limiter.cached_prefill_weight`) and the
-//! output on its `completion_tokens`, and each difference from the gateway's own count is
-//! exported (`tokengate_count_error_tokens{backend,kind}`) and logged at warn with the
-//! request's id ([`Reconcile`]).
+//! Metering: what the backend's answer says and streams. An [`Admitted`] request owns its
+//! [`Ticket`]; the response body owns the `Admitted` until the stream ends, errors or is dropped
+//! (client disconnect). The meter reads the answer as it passes (the backend's counts of the
+//! prompt and the output, else the text to count; the time to the first token and between the
+//! tokens; a chat answer to count ahead for its next turn) and, when the request ends, hands
+//! that [`Reading`] to the ticket with how it ended: the ticket settles ([`crate::settle`]).
+//! No path can skip it, a panic included, because a dropped `Admitted` hands it over in its
+//! `Drop`.
 
 use crate::api::sse::{self, EventHead, SseSplitter};
 use crate::api::{Chunk, Echo, Wire};
 use crate::error::{ApiError, UpstreamFailure};
-use crate::layers::Ticket;
 use crate::limiter::RateLimitHeaders;
-use crate::metrics::{CountErrorLabels, Metrics, Outcome};
+use crate::metrics::Metrics;
 use crate::record::Forwarded;
+use crate::settle::{DecodeFloor, Ending, Metering, Output, Reading, Reconcile, Ticket};
 use crate::tenant::Tenant;
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
-use crate::util::throttle::Throttle;
 use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
 use http_body::{Body, Frame};
 use std::future::Future;
 use std::pin::Pin;
@@ -69,60 +66,6 @@ impl ReplyMemo {
     }
 }
 
-/// What comparing the backend's counts with the gateway's needs.
-#[derive(Clone, Debug)]
-pub struct Reconcile {
-    /// The backend's URL: the `backend` label of `tokengate_count_error_tokens`.
-    pub backend: String,
-    /// The request's id, named by the warning a difference is logged with.
-    pub request_id: Option<String>,
-    /// What a prompt token the backend's prefix cache held is charged, as a share of a token
-    /// (`limiter.cached_prefill_weight`).
-    pub cached_prefill_weight: f64,
-    /// The most prompt tokens the request can have run (the model's context for each of its
-    /// prompts): the backend's count settles the charge, the quotas and the record up to this,
-    /// so a backend that says it counted a trillion cannot spend a tenant's quota whole.
-    pub most_prompt_tokens: u64,
-    /// The throttle of the warning, shared by every request: a backend that counts every prompt
-    /// otherwise would write a line per request, a cost of its own (a formatted line and a
-    /// write to standard error on the request path: 6% of the gateway's CPU in a 2 KB chat
-    /// benchmark). See [`COUNT_WARNING_PERIOD`].
-    pub warnings: Arc<Throttle>,
-}
-
-/// Count differences are logged at most once this often.
-pub const COUNT_WARNING_PERIOD: Duration = Duration::from_secs(1);
-
-impl Reconcile {
-    /// Exports the backend's count of `kind` (`prompt` or `output`) against the gateway's, and
-    /// warns when they differ.
-    fn compare(&self, metrics: &Metrics, kind: &str, gateway: u64, backend: u64) {
-        let error = i128::from(backend) - i128::from(gateway);
-        let labels = CountErrorLabels {
-            backend: self.backend.clone(),
-            kind: kind.to_owned(),
-        };
-        metrics
-            .count_error
-            .get_or_create(&labels)
-            .observe(error as f64);
-        if error == 0 {
-            return;
-        }
-        if let Some(held_back) = self.warnings.allow() {
-            tracing::warn!(
-                request_id = self.request_id.as_deref().unwrap_or("-"),
-                backend = %self.backend,
-                kind,
-                gateway,
-                backend_count = backend,
-                held_back,
-                "the backend counted {kind} tokens otherwise than the gateway; settled on the backend's count (held_back: differences since the last such line, not logged; tokengate_count_error_tokens counts every one)"
-            );
-        }
-    }
-}
-
 /// The room a streamed text is given when its first piece comes (about 250 tokens of
 /// prose): a stream's text grows a piece of a few bytes at a time, and grown from nothing by
 /// doubling it was reallocated 17 times in a 200-event answer.
@@ -140,69 +83,13 @@ fn grow(text: &mut String, piece: &str) {
 /// `best_of` is at most 128).
 const MAX_TEXTS_APART: usize = 128;
 
-/// The least decode a backend did for a request it ran and never answered (its client left,
-/// or the gateway stopped waiting: a 504): each sequence one token per `tpot`, once the
-/// prompt's prefill (`prefill_per_token` each) is done, capped at the reservation. Refunding
-/// all of it let a tenant run decode for the price of its prompts (`n` sequences of
-/// `max_tokens` each, the client gone before the answer).
-///
-/// `tpot` is the backend's TPOT target (`backends[].tpot_slo_ms`, 50 ms unless given: the
-/// capacity model's default), which the backend's batch is sized to stay under, so a sequence
-/// it runs makes at least one token in that time. `prefill_per_token` is the capacity model's
-/// prefill time of a prompt token for a backend it sizes (`hardware` + `model`); none is known
-/// otherwise, and then none is set aside.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeFloor {
-    /// The time in which a running sequence makes at least one token.
-    pub tpot: Duration,
-    /// The prefill time of one prompt token, set aside before decode begins.
-    pub prefill_per_token: Duration,
-}
-
-impl DecodeFloor {
-    /// `backend`'s floor (see the type's doc).
-    pub fn of(backend: &crate::config::BackendConfig) -> Self {
-        let tpot_ms =
-            (backend.tpot_slo_ms).unwrap_or(crate::capacity::DEFAULT_TPOT_SLO_SECONDS * 1e3);
-        let prefill_per_token = backend.derived.as_ref().map_or(0.0, |d| {
-            let r = &d.per_replica;
-            r.ttft_ms / 1e3 / r.input_tokens.max(1) as f64
-        });
-        Self {
-            tpot: Duration::from_secs_f64(tpot_ms / 1e3),
-            prefill_per_token: Duration::try_from_secs_f64(prefill_per_token).unwrap_or_default(),
-        }
-    }
-
-    /// The decode tokens `sequences` of a prompt of `prompt` tokens made at least in `ran`,
-    /// at most `reserved`.
-    pub fn tokens(&self, sequences: u64, prompt: u64, ran: Duration, reserved: u64) -> u64 {
-        let prefill =
-            (self.prefill_per_token).saturating_mul(u32::try_from(prompt).unwrap_or(u32::MAX));
-        let decoding = ran.saturating_sub(prefill).as_nanos();
-        let each = decoding / self.tpot.as_nanos().max(1);
-        sequences
-            .saturating_mul(u64::try_from(each).unwrap_or(u64::MAX))
-            .min(reserved)
-    }
-}
-
-/// A request on its way to the backend: what its decode floor is counted from.
-#[derive(Clone, Copy, Debug)]
-struct Running {
-    floor: DecodeFloor,
-    sequences: u64,
-    since: Instant,
-}
-
-/// An admitted request, from admission to settlement.
+/// An admitted request, from the backend's choice to its ending: its [`Ticket`] and what is
+/// read of the answer, handed to the ticket when the request ends.
 pub struct Admitted {
     tenant: Arc<Tenant>,
-    /// `None` only inside `drop`.
+    /// `None` once ended.
     ticket: Option<Ticket>,
-    metrics: Arc<Metrics>,
     counter: OutputCounter,
-    reconcile: Reconcile,
     arrived: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
@@ -224,28 +111,31 @@ pub struct Admitted {
     /// The prompt a whole answer's texts start with, when they repeat it (TGI's
     /// `return_full_text`, MindIE's vLLM-compatible `/generate`).
     echoed_prompt: Option<Echo>,
-    /// Once it is sent to the backend: what the decode floor of a request that ends
-    /// unanswered is counted from.
-    running: Option<Running>,
+    /// The answer is whole: a client that goes now was answered, not cut off.
+    whole: bool,
 }
 
 impl Admitted {
-    /// Takes ownership of what was charged and leased.
+    /// Takes ownership of what was charged and leased; its settlement is counted in `metrics`
+    /// under `tenant`, the backend's counts believed as `reconcile` says.
     pub fn new(
         tenant: Arc<Tenant>,
-        ticket: Ticket,
+        mut ticket: Ticket,
         metrics: Arc<Metrics>,
         counter: OutputCounter,
         reconcile: Reconcile,
         arrived: Instant,
     ) -> Self {
+        ticket.metered_by(Metering {
+            tenant: tenant.clone(),
+            metrics,
+            reconcile,
+        });
         let reply = counter.replies.as_ref().map(|_| String::new());
         Self {
             tenant,
             ticket: Some(ticket),
-            metrics,
             counter,
-            reconcile,
             arrived,
             first_token: None,
             last_token: None,
@@ -256,38 +146,22 @@ impl Admitted {
             texts: Vec::new(),
             reply,
             echoed_prompt: None,
-            running: None,
+            whole: false,
         }
     }
 
     /// The request is sent to a backend whose floor is `floor`, `now`, as `sequences`
-    /// sequences: should it end unanswered, the backend ran it from now on.
+    /// sequences (see [`Ticket::sent`]).
     pub fn sent(&mut self, floor: DecodeFloor, sequences: u64, now: Instant) {
-        self.running = Some(Running {
-            floor,
-            sequences,
-            since: now,
-        });
-    }
-
-    /// The decode a request that ends unanswered is charged: none unless it stays billable
-    /// (forwarded, and the backend did not fail it), else the floor of the time it ran.
-    fn unanswered_decode(&self, ticket: &Ticket) -> u64 {
-        match &self.running {
-            Some(r) if ticket.is_billable() && !ticket.is_answered() => {
-                let cost = ticket.cost();
-                (r.floor).tokens(r.sequences, cost.prefill, r.since.elapsed(), cost.decode)
-            }
-            _ => 0,
-        }
+        self.ticket_mut().sent(floor, sequences, now);
     }
 
     fn ticket(&self) -> &Ticket {
-        self.ticket.as_ref().expect("taken only by drop")
+        self.ticket.as_ref().expect("taken only by the ending")
     }
 
     fn ticket_mut(&mut self) -> &mut Ticket {
-        self.ticket.as_mut().expect("taken only by drop")
+        self.ticket.as_mut().expect("taken only by the ending")
     }
 
     /// The tenant's `x-ratelimit-*` headers right after this request was charged.
@@ -311,52 +185,17 @@ impl Admitted {
         self.ticket().forwarded()
     }
 
-    /// The backend refused or failed the request before answering (whose outcome the record
-    /// counts): its ticket gives everything back, forwarded or not.
-    pub fn refused(mut self) {
-        if let Some(ticket) = self.ticket.as_mut() {
-            ticket.backend_failed();
-            ticket.refused();
+    /// The request ended so: its ticket settles now, with what was read of the answer.
+    pub fn end(mut self, ending: Ending) {
+        if let Some(ticket) = self.ticket.take() {
+            self.hand_over(ticket, ending);
         }
-    }
-
-    /// The request ends in `e` before the backend answered. A timeout (504) is the gateway
-    /// giving up on a backend busy with the request ([`Admitted::cut_off`]); any other error is
-    /// the backend failing ([`Admitted::refused`]).
-    pub fn refuse(self, e: ApiError) -> ApiError {
-        if e.status == http::StatusCode::GATEWAY_TIMEOUT {
-            return self.cut_off(e);
-        }
-        self.refused();
-        e
-    }
-
-    /// The request ends in `e` while the backend had it: the gateway stopped waiting (a 504),
-    /// or the backend's 2xx answer could not be passed on whole (over `max_response_bytes`,
-    /// broken, too slow). A request that was forwarded stays billable: its prompt and the
-    /// decode floor of the time the backend ran it stay charged, and the ticket notes it in the
-    /// request's record with that charge.
-    pub fn cut_off(mut self, e: ApiError) -> ApiError {
-        if let Some(ticket) = self.ticket.as_mut() {
-            if ticket.is_billable() {
-                ticket.settle_as(Outcome::Failed(e.code));
-            } else {
-                ticket.refused();
-            }
-        }
-        e
     }
 
     /// The backend has answered (a 2xx, and a stream's first bytes): the ticket's second
     /// phase, where only the decode tokens not produced go back.
     pub fn answered(&mut self) {
         self.ticket_mut().answered();
-    }
-
-    /// How the request ended, once the backend answered: the outcome its settlement counts.
-    fn settle_as(&mut self, outcome: Outcome) {
-        self.answered();
-        self.ticket_mut().settle_as(outcome);
     }
 
     /// The whole answer's texts will start with `prompt`, which is not output.
@@ -385,7 +224,7 @@ impl Admitted {
         if answer.answer().is_none() {
             self.reply = None;
         }
-        self.settle_as(Outcome::Ok);
+        self.end(Ending::Completed);
     }
 
     /// Time to first token (from arrival), and the mean gap between the tokens after it
@@ -400,7 +239,6 @@ impl Admitted {
         });
         (Some(first - self.arrived), tpot)
     }
-
     /// Takes in one event of a stream, which arrived `now` (the clock is read once for the
     /// events of one read, not for each: they arrived together). Returns whether it is
     /// progress: it carried output, or the backend's count.
@@ -450,131 +288,87 @@ impl Admitted {
         }
         generated
     }
-}
 
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        let Some(mut ticket) = self.ticket.take() else {
-            return;
-        };
-        let floor = self.unanswered_decode(&ticket);
-        if floor > 0 {
-            // Before the lease goes: the tenant's fairness counter keeps it.
-            ticket.record_output(floor);
-        }
-        // KV first: the backend has stopped (or never started) using it.
-        ticket.release_lease();
-        // A whole chat answer is counted ahead for the next turn, which will carry it.
-        if let (Some(Outcome::Ok), Some(memo), Some(reply)) =
-            (ticket.outcome(), &self.counter.replies, self.reply.take())
+    /// The stream's answer is whole: a client that closes now, before the backend's body ends,
+    /// was answered, not cut off (what may still come is read all the same).
+    fn answered_whole(&mut self) {
+        self.whole = true;
+    }
+
+    /// Hands `ticket` what was read of the answer, and lets it settle as `ending` says; a whole
+    /// chat answer is counted ahead for the next turn, which will carry it.
+    fn hand_over(&mut self, ticket: Ticket, ending: Ending) {
+        if let (Ending::Completed, Some(memo), Some(reply)) =
+            (ending, &self.counter.replies, self.reply.take())
         {
             if !reply.is_empty() {
                 memo.remember(&self.tenant.name, self.counter.tokenizer.clone(), reply);
             }
         }
-        let reserved = ticket.cost().decode;
+        let output = match self.usage_tokens {
+            Some(tokens) => Output::Reported {
+                tokens,
+                streamed: self.streamed.then_some(self.token_events),
+            },
+            None if self.texts.iter().all(String::is_empty) => Output::Counted(0),
+            None => Output::Counting {
+                count: self.count_texts(),
+                fallback: self.token_events,
+            },
+        };
         let (ttft, tpot) = self.latency();
-        ticket.record_latency(ttft, tpot);
-        let settle = Settle {
-            tenant: self.tenant.clone(),
-            metrics: self.metrics.clone(),
+        let reading = Reading {
+            prompt: self.usage_prompt,
+            output,
             ttft,
             tpot,
-            counter: self.counter.clone(),
         };
-        // The ticket goes last: the request's record is written once everything else is
-        // counted.
-        if !ticket.is_answered() {
-            // Nothing was delivered: every decode token past the floor of the time the backend
-            // ran goes back (and the prompt too, unless it was forwarded).
-            settle.record(floor, reserved);
-            return;
-        }
-        if let Some((prompt, cached)) = self.usage_prompt {
-            let counted = ticket.cost().prefill;
-            let weight = self.reconcile.cached_prefill_weight;
-            let believed = prompt.min(self.reconcile.most_prompt_tokens);
-            ticket.reconcile_prompt(believed, cached.map(|c| c.min(believed)), weight);
-            // The difference exported is the backend's word, as it said it.
-            self.reconcile
-                .compare(&self.metrics, "prompt", counted, prompt);
-        }
-        match self.usage_tokens {
-            Some(n) => {
-                if self.streamed {
-                    let metered = self.token_events;
-                    self.reconcile.compare(&self.metrics, "output", metered, n);
-                }
-                ticket.record_output(n);
-                settle.record(n.min(reserved), reserved);
-            }
-            None if self.texts.iter().all(String::is_empty) => {
-                ticket.record_output(0);
-                settle.record(0, reserved);
-            }
-            None => {
-                // No usage from the backend: count what streamed, on the tokenizer pool, without
-                // the prompt a completion with `echo` repeated first.
-                let texts = std::mem::take(&mut self.texts);
-                let echoed = self.echoed_prompt.take();
-                let fallback = self.token_events;
-                let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                    ticket.record_output(fallback);
-                    settle.record(fallback.min(reserved), reserved);
-                    return;
-                };
-                rt.spawn(async move {
-                    let tok = settle.counter.tokenizer.clone();
-                    let counted = settle
-                        .counter
-                        .pool
-                        .run(&settle.tenant.name, move || {
-                            let generated = |t: &'_ String| match &echoed {
-                                Some(echo) => echo.strip(t, |ids| tok.decode(ids)).to_owned(),
-                                None => t.clone(),
-                            };
-                            texts.iter().map(|t| tok.count(&generated(t))).sum::<usize>()
-                        })
-                        .await;
-                    let n = match counted {
-                        Ok(n) => n as u64,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "could not count streamed output; using the chunk count");
-                            fallback
-                        }
+        ticket.end_read(ending, reading);
+    }
+
+    /// No usage from the backend: what streamed, counted on the tokenizer pool, without the
+    /// prompt a completion with `echo` repeated first (the stream's count of token events if
+    /// it cannot be counted).
+    fn count_texts(&mut self) -> BoxFuture<'static, u64> {
+        let texts = std::mem::take(&mut self.texts);
+        let echoed = self.echoed_prompt.take();
+        let fallback = self.token_events;
+        let counter = self.counter.clone();
+        let tenant = self.tenant.clone();
+        Box::pin(async move {
+            let tok = counter.tokenizer.clone();
+            let counted = (counter.pool)
+                .run(&tenant.name, move || {
+                    let generated = |t: &'_ String| match &echoed {
+                        Some(echo) => echo.strip(t, |ids| tok.decode(ids)).to_owned(),
+                        None => t.clone(),
                     };
-                    ticket.record_output(n);
-                    settle.record(n.min(reserved), reserved);
-                    drop(ticket);
-                });
+                    texts
+                        .iter()
+                        .map(|t| tok.count(&generated(t)))
+                        .sum::<usize>()
+                })
+                .await;
+            match counted {
+                Ok(n) => n as u64,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not count streamed output; using the chunk count");
+                    fallback
+                }
             }
-        }
+        })
     }
 }
 
-/// The parts of an [`Admitted`] that recording metrics needs, detached so it can move into
-/// a task after the lease is gone.
-struct Settle {
-    tenant: Arc<Tenant>,
-    metrics: Arc<Metrics>,
-    ttft: Option<Duration>,
-    tpot: Option<Duration>,
-    counter: OutputCounter,
-}
-
-impl Settle {
-    fn record(&self, actual: u64, reserved: u64) {
-        let s = self;
-        let m = &s.metrics;
-        let t = &s.tenant.metrics;
-        t.decode_tokens(m).inc_by(actual);
-        (t.decode_tokens_refunded(m)).inc_by(reserved.saturating_sub(actual));
-        t.output_tokens(m).observe(actual as f64);
-        if let Some(ttft) = s.ttft {
-            t.ttft(m).observe(ttft.as_secs_f64());
-        }
-        if let Some(tpot) = s.tpot {
-            t.tpot(m).observe(tpot.as_secs_f64());
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        // Gone without an ending: the client went, answered or not.
+        if let Some(ticket) = self.ticket.take() {
+            let ending = match self.whole {
+                true => Ending::Completed,
+                false => Ending::ClientGone,
+            };
+            self.hand_over(ticket, ending);
         }
     }
 }
@@ -691,7 +485,7 @@ fn filter(
             // The answer is whole: a client that closes now, before the backend's body ends,
             // was answered, not cut off (what may still come is metered all the same).
             if wire.ends_answer(&data) {
-                a.settle_as(Outcome::Ok);
+                a.answered_whole();
                 progressed = true;
             }
         }
@@ -730,9 +524,8 @@ fn filter(
 /// unfinished is dropped: it can never be completed, and sent ahead of the error it would
 /// merge with it.
 fn cut_short(admitted: &mut Option<Admitted>, wire: Wire, err: ApiError) -> Bytes {
-    if let Some(mut a) = admitted.take() {
-        a.settle_as(Outcome::Failed(err.code));
-        drop(a);
+    if let Some(a) = admitted.take() {
+        a.end(Ending::CutOff(err.code));
     }
     Bytes::from(wire.event(&err.body_in(wire)))
 }
@@ -828,9 +621,8 @@ where
                     return Poll::Ready(Some(Ok(Frame::data(last))));
                 }
                 None => {
-                    if let Some(mut a) = this.admitted.take() {
-                        a.settle_as(Outcome::Ok);
-                        drop(a);
+                    if let Some(a) = this.admitted.take() {
+                        a.end(Ending::Completed);
                     }
                     *this.ended = true;
                     return Poll::Ready(this.splitter.finish().map(|b| Ok(Frame::data(b))));
@@ -842,31 +634,5 @@ where
     fn is_end_stream(&self) -> bool {
         // Not the backend body's end: the request settles only when `poll_frame` sees it.
         self.pending.is_none() && self.ended
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::DecodeFloor;
-    use std::time::Duration;
-
-    /// 50 ms a token, 1 ms of prefill a prompt token: 4 sequences of a 1,000-token prompt that
-    /// ran 3.05 s decoded 41 tokens each after their 1 s prefill; capped at the reservation;
-    /// none within the prefill; and no overflow at the extremes.
-    #[test]
-    fn the_decode_floor_counts_whole_tokens_per_sequence_after_the_prefill() {
-        let floor = DecodeFloor {
-            tpot: Duration::from_millis(50),
-            prefill_per_token: Duration::from_millis(1),
-        };
-        let ran = Duration::from_millis(3050);
-        assert_eq!(floor.tokens(4, 1000, ran, 8000), 4 * 41);
-        assert_eq!(floor.tokens(4, 1000, ran, 100), 100);
-        assert_eq!(floor.tokens(4, 1000, Duration::from_millis(999), 8000), 0);
-        assert_eq!(
-            floor.tokens(4, u64::MAX, Duration::from_secs(3600), 8000),
-            0
-        );
-        assert_eq!(floor.tokens(u64::MAX, 0, Duration::MAX, 8000), 8000);
     }
 }

@@ -61,7 +61,7 @@ pub struct Upstream {
     pub url: String,
     base: BackendBase,
     first_byte_timeout: Duration,
-    decode_floor: super::meter::DecodeFloor,
+    decode_floor: crate::settle::DecodeFloor,
     stream_idle_timeout: Duration,
     body_read_timeout: Duration,
     max_response_bytes: u64,
@@ -177,7 +177,7 @@ impl Upstream {
             url: cfg.url.trim_end_matches('/').to_string(),
             base: base.clone(),
             first_byte_timeout: cfg.first_byte_timeout,
-            decode_floor: super::meter::DecodeFloor::of(cfg),
+            decode_floor: crate::settle::DecodeFloor::of(cfg),
             stream_idle_timeout: cfg.stream_idle_timeout,
             body_read_timeout: cfg.body_read_timeout,
             max_response_bytes: cfg.max_response_bytes,
@@ -210,7 +210,7 @@ impl Upstream {
     }
 
     /// The least decode it does for a request it runs and never answers.
-    pub fn decode_floor(&self) -> super::meter::DecodeFloor {
+    pub fn decode_floor(&self) -> crate::settle::DecodeFloor {
         self.decode_floor
     }
 

@@ -11,7 +11,7 @@ pub struct Arrived(pub Instant);
 
 /// Whether a request was forwarded: set by whatever hands its bytes to the backend (the
 /// gateway's backend client marks it when the connection first asks for the body, so a connect
-/// failure or a refused connection leaves it unset), read by its [`Ticket`](crate::layers::Ticket) when it settles.
+/// failure or a refused connection leaves it unset), read by its [`Ticket`](crate::settle::Ticket) when it settles.
 #[derive(Clone, Debug, Default)]
 pub struct Forwarded(Arc<AtomicBool>);
 

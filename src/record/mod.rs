@@ -6,7 +6,7 @@
 //! A [`Settled`] record goes to the workload profile ([`crate::profile`]) and the usage log
 //! ([`crate::usage_log`]); the outcome is counted in `tokengate_requests_total` after it.
 //!
-//! [`Ticket`]: crate::layers::Ticket
+//! [`Ticket`]: crate::settle::Ticket
 
 pub mod facts;
 

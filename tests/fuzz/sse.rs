@@ -33,12 +33,10 @@ use std::time::Duration;
 use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
 use tokengate::api::Wire;
 use tokengate::clock::SystemClock;
-use tokengate::layers::Ticket;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, Settlement, TenantLimits};
 use tokengate::metrics::Metrics;
-use tokengate::proxy::meter::{
-    Admitted, MeteredStream, OutputCounter, Reconcile, COUNT_WARNING_PERIOD,
-};
+use tokengate::proxy::meter::{Admitted, MeteredStream, OutputCounter};
+use tokengate::settle::{Reconcile, Ticket, COUNT_WARNING_PERIOD};
 use tokengate::tenant::Tenant;
 use tokengate::tokenize::TokenizePool;
 use tokengate::util::throttle::Throttle;

@@ -1,0 +1,363 @@
+//! The [`Ticket`]: what a charged request holds, and its one settlement.
+
+use super::ending::{Ending, Output, Reading};
+use super::floor::{DecodeFloor, Running};
+use super::metering::Metering;
+use crate::admission::Lease;
+use crate::limiter::{Cost, RateLimitHeaders, Reservation, TenantSnapshot};
+use crate::metrics::Outcome;
+use crate::quota::ledger::Usage;
+use crate::quota::{QuotaHold, RateLimitFields};
+use crate::record::{Forwarded, RecordHold};
+use crate::settled::Charged;
+use crate::tenant::InFlightPlace;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
+pub struct Ticket {
+    /// `None` once settled.
+    reservation: Option<Reservation>,
+    lease: Option<Lease>,
+    forwarded: Forwarded,
+    answered: bool,
+    /// Once it is sent to the backend: what the decode floor of a request that ends unanswered
+    /// is counted from.
+    running: Option<Running>,
+    /// Where its settlement is counted, when it goes through the gateway's meter.
+    metering: Option<Metering>,
+    /// The request's record, held open until the ticket settles.
+    record: Option<RecordHold>,
+    /// The tenant's quota reservation, settled with the buckets (given back whole unless the
+    /// request stays billable).
+    quota: Option<QuotaHold>,
+    /// The request's place among its tenant's requests in flight, given back last.
+    in_flight: Option<InFlightPlace>,
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("reservation", &self.reservation)
+            .field("lease", &self.lease)
+            .field("forwarded", &self.forwarded.is_marked())
+            .field("answered", &self.answered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// Holds `reservation` in the first phase: everything goes back unless it is forwarded.
+    pub fn new(reservation: Reservation) -> Self {
+        Self {
+            reservation: Some(reservation),
+            lease: None,
+            forwarded: Forwarded::default(),
+            answered: false,
+            running: None,
+            metering: None,
+            record: None,
+            quota: None,
+            in_flight: None,
+        }
+    }
+
+    /// Adds the request's place among its tenant's requests in flight: given back when the
+    /// ticket has settled.
+    pub fn hold_place(&mut self, place: InFlightPlace) {
+        self.in_flight = Some(place);
+    }
+
+    /// Adds the tenant's quota reservation: it keeps what the request used when the ticket
+    /// settles (nothing unless the request is billable).
+    pub fn hold_quota(&mut self, hold: QuotaHold) {
+        self.quota = Some(hold);
+    }
+
+    /// The IETF `RateLimit-Policy` and `RateLimit` fields of the tenant's tightest quota right
+    /// after the reservation (none without quotas).
+    pub fn quota_fields(&self) -> Option<RateLimitFields> {
+        RateLimitFields::tightest(self.quota.as_ref()?.readings())
+    }
+
+    /// Notes how the request settled, and its charge, in its record when the ticket settles
+    /// (nothing when it ends refused: the refusal's code is the outcome), and keeps the record
+    /// open until then.
+    pub fn recorded_by(&mut self, record: RecordHold) {
+        self.record = Some(record);
+    }
+
+    /// Counts its settlement in `metering` (the gateway's meter does, for every request it
+    /// forwards).
+    pub fn metered_by(&mut self, metering: Metering) {
+        self.metering = Some(metering);
+    }
+
+    fn reservation(&self) -> &Reservation {
+        self.reservation.as_ref().expect("taken only by settlement")
+    }
+
+    /// The tenant charged.
+    pub fn tenant(&self) -> &str {
+        self.reservation().tenant()
+    }
+
+    /// What was charged.
+    pub fn cost(&self) -> Cost {
+        self.reservation().cost()
+    }
+
+    /// The tenant's buckets right after the charge.
+    pub fn remaining(&self) -> &TenantSnapshot {
+        self.reservation().remaining()
+    }
+
+    /// The tenant's `x-ratelimit-*` headers right after the charge.
+    pub fn rate_limit_headers(&self) -> RateLimitHeaders {
+        self.remaining().rate_limit_headers()
+    }
+
+    /// Adds the KV lease the request was admitted with; it is freed first when the ticket
+    /// settles.
+    pub fn admit(&mut self, lease: Lease) {
+        self.lease = Some(lease);
+    }
+
+    /// The KV lease, once admitted.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// What marks the request forwarded: hand it to whatever writes the request to the
+    /// backend. From the mark on, only the decode tokens not produced go back.
+    pub fn forwarded(&self) -> Forwarded {
+        self.forwarded.clone()
+    }
+
+    /// The request is sent to a backend whose floor is `floor`, `now`, as `sequences`
+    /// sequences: should it end unanswered but billable, the decode the backend made at least
+    /// in the time it ran stays charged.
+    pub fn sent(&mut self, floor: DecodeFloor, sequences: u64, now: Instant) {
+        self.running = Some(Running {
+            floor,
+            sequences,
+            since: now,
+        });
+    }
+
+    /// The backend has answered (a 2xx and its first bytes), so the request was forwarded:
+    /// only the decode tokens not produced go back.
+    pub fn answered(&mut self) {
+        self.answered = true;
+    }
+
+    /// Whether the prompt (and the output produced) stay charged should the request end now
+    /// without an ending of its own: it was forwarded, or answered.
+    pub fn is_billable(&self) -> bool {
+        self.answered || self.forwarded.is_marked()
+    }
+
+    /// The decode tokens produced so far (a running total, saturating at the reservation); the
+    /// lease's tenant keeps them in its fairness counter.
+    pub fn record_output(&mut self, tokens: u64) {
+        if let Some(reservation) = &mut self.reservation {
+            reservation.record_output(tokens);
+        }
+        if let Some(lease) = &mut self.lease {
+            lease.record_output(tokens);
+        }
+    }
+
+    /// The request ended so: the ticket settles now (see [`Ending`]).
+    pub fn end(mut self, ending: Ending) {
+        self.settle(ending, Reading::default());
+    }
+
+    /// The request ended so, and its answer read so (what the meter read): the ticket settles
+    /// now.
+    pub fn end_read(mut self, ending: Ending, reading: Reading) {
+        self.settle(ending, reading);
+    }
+
+    /// The one settlement, in a fixed order: the KV lease (the backend has stopped, or never
+    /// started, using it), the buckets, the quota, the metrics, the record, and the place in
+    /// flight. When the output is still being counted, everything after the lease waits for
+    /// the count off the request path.
+    fn settle(&mut self, ending: Ending, reading: Reading) {
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
+        let (answered, billable, outcome) = ending.settles(self.answered, self.is_billable());
+        // What a request the backend ran and never answered made at least.
+        let floor = match &self.running {
+            Some(running) if billable && !answered => {
+                let cost = reservation.cost();
+                running.decode(cost.prefill, cost.decode)
+            }
+            _ => 0,
+        };
+        // 1. The lease, at once: the tenant's fairness counter keeps the floor, or nothing when
+        // the prefill is not spent.
+        if let Some(mut lease) = self.lease.take() {
+            if floor > 0 {
+                lease.record_output(floor);
+            }
+            if !billable {
+                lease.refund_all();
+            }
+        }
+        let rest = Rest {
+            reservation,
+            answered,
+            billable,
+            outcome,
+            floor,
+            prompt: reading.prompt,
+            ttft: reading.ttft,
+            tpot: reading.tpot,
+            metering: self.metering.take(),
+            quota: self.quota.take(),
+            record: self.record.take(),
+            in_flight: self.in_flight.take(),
+        };
+        match reading.output {
+            Output::Counting { count, fallback } => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move { rest.settle(&Output::Counted(count.await)) });
+                }
+                Err(_) => rest.settle(&Output::Counted(fallback)),
+            },
+            output => rest.settle(&output),
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // A ticket that goes without an ending: the client went (or the service holding it).
+        self.settle(Ending::ClientGone, Reading::default());
+    }
+}
+
+/// What a ticket holds after its lease is freed, settled once its output is known.
+struct Rest {
+    reservation: Reservation,
+    answered: bool,
+    billable: bool,
+    /// `None` when the request is answered with an error, whose code is its outcome.
+    outcome: Option<Outcome>,
+    /// The decode floor of a request that ended unanswered (0 otherwise).
+    floor: u64,
+    prompt: Option<(u64, Option<u64>)>,
+    ttft: Option<Duration>,
+    tpot: Option<Duration>,
+    metering: Option<Metering>,
+    quota: Option<QuotaHold>,
+    record: Option<RecordHold>,
+    in_flight: Option<InFlightPlace>,
+}
+
+impl Rest {
+    /// Steps 2-6 of the settlement, the output being `output` (read only once the backend
+    /// answered).
+    fn settle(self, output: &Output) {
+        let Rest {
+            mut reservation,
+            answered,
+            billable,
+            outcome,
+            floor,
+            prompt,
+            ttft,
+            tpot,
+            metering,
+            quota,
+            record,
+            in_flight,
+        } = self;
+        let cost = reservation.cost();
+        // 2. The buckets: the prompt as the backend counted it, the output produced.
+        let mut reported = None;
+        if answered {
+            if let (Some((prompt, cached)), Some(m)) = (prompt, &metering) {
+                let (believed, cached, stays) = m.reconcile.prompt(prompt, cached);
+                reservation.settle_prefill(stays);
+                reported = Some((believed, cached));
+            }
+            if let Some(tokens) = output.tokens() {
+                reservation.record_output(tokens);
+            }
+        } else if floor > 0 {
+            reservation.record_output(floor);
+        }
+        if !billable {
+            reservation.refund_all();
+        }
+        let settlement = reservation.settle();
+        // 3. The quota, with the buckets.
+        if let (Some(mut quota), true) = (quota, billable) {
+            let (prompt, cached) = reported.unwrap_or((cost.prefill, None));
+            quota.used(Usage {
+                prompt,
+                cached: cached.unwrap_or(0),
+                output: settlement.actual_decode,
+            });
+        }
+        // 4. The metrics.
+        if let Some(m) = &metering {
+            if answered {
+                m.compare(cost, prompt, output);
+            }
+            m.count(&settlement, ttft, tpot);
+        }
+        // 5. The record, once everything else is counted.
+        if let (Some(record), Some(outcome)) = (record, outcome) {
+            record.settled(
+                outcome,
+                Charged {
+                    prompt_tokens: reported.map_or(cost.prefill, |(prompt, _)| prompt),
+                    counted_prompt_tokens: cost.prefill,
+                    cached_prompt_tokens: reported.and_then(|(_, cached)| cached),
+                    reserved_output_tokens: cost.decode,
+                    output_tokens: settlement.actual_decode,
+                    refunded_output_tokens: settlement.refunded_decode,
+                    answered,
+                    billable,
+                    ttft,
+                    tpot,
+                },
+            );
+        }
+        // 6. The place in flight, last: a request counted in flight has not settled yet.
+        drop(in_flight);
+    }
+}
+
+/// Where a request's [`Ticket`] travels in its extensions (which hold only `Clone` values): the
+/// layer after the charge adds its lease to it, the service at the end takes it out to own it
+/// until the answer is complete.
+#[derive(Clone, Debug)]
+pub struct TicketSlot(Arc<Mutex<Option<Ticket>>>);
+
+impl TicketSlot {
+    /// A slot holding `ticket`.
+    pub fn new(ticket: Ticket) -> Self {
+        Self(Arc::new(Mutex::new(Some(ticket))))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Ticket>> {
+        // Only moves of the ticket happen under the lock: nothing is left half done.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the ticket out (`None` when it was already taken).
+    pub fn take(&self) -> Option<Ticket> {
+        self.lock().take()
+    }
+
+    /// Runs `f` on the ticket while it is in the slot.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Ticket) -> R) -> Option<R> {
+        self.lock().as_mut().map(f)
+    }
+}
