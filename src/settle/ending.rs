@@ -77,7 +77,7 @@ pub struct Reading {
 /// The output an answered request produced, as the meter knows it.
 #[derive(Default)]
 pub enum Output {
-    /// What the ticket was told ([`Ticket::record_output`]).
+    /// What the ticket was told ([`Ticket::record_output`](super::Ticket::record_output)).
     #[default]
     AsRecorded,
     /// The backend's count; `streamed`: the gateway's own count of a stream's token events,
