@@ -12,6 +12,7 @@ pub mod admission;
 pub mod api;
 pub mod app;
 pub mod body;
+pub mod cache_salt;
 pub mod capacity;
 pub mod cli;
 pub mod clock;

@@ -253,12 +253,18 @@ impl Counter {
         let sequences = parsed.sequences();
         let class = (parts.extensions.get::<Priority>().copied()).unwrap_or(tenant.priority);
         // OpenAI's `service_tier` may lower the class further (never raise it past the tenant's).
+        // A client's `cache_salt` is checked here, as vLLM checks it, since an isolated
+        // tenant's is sent hashed, which vLLM would no longer refuse.
         let class = match parsed.endpoint {
-            Route::OpenAi(_) | Route::Responses => class.for_service_tier(
-                tenant.priority,
-                parsed.body.get(crate::admission::priority::SERVICE_TIER),
-                parsed.endpoint != Route::Responses,
-            )?,
+            Route::OpenAi(_) | Route::Responses => {
+                crate::cache_salt::client_salt(parsed.body.get(crate::cache_salt::CACHE_SALT))
+                    .map_err(|m| ApiError::invalid_param(crate::cache_salt::CACHE_SALT, m))?;
+                class.for_service_tier(
+                    tenant.priority,
+                    parsed.body.get(crate::admission::priority::SERVICE_TIER),
+                    parsed.endpoint != Route::Responses,
+                )?
+            }
             _ => class,
         };
         parts.extensions.insert(class);

@@ -138,6 +138,13 @@ impl<B> tower::Service<Request<B>> for Forward {
                 .extensions
                 .remove::<GenerationRequest>()
                 .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
+            // An isolated tenant's requests carry its salt (scoping the client's own) on the
+            // routes where vLLM reads one.
+            if let (Route::OpenAi(_) | Route::Responses, Some(salt)) = (route, &tenant.cache_salt) {
+                let client = parsed.body.get(crate::cache_salt::CACHE_SALT);
+                let client = client.and_then(serde_json::Value::as_str);
+                parsed.cache_salt = Some(crate::cache_salt::scoped(salt, client));
+            }
             // Each sequence (every prompt's `n` choices) may write its share of the reservation.
             let sequences = (parts.extensions.get::<Sequences>()).map_or(1, Sequences::count);
             let max_output = reserved / sequences.max(1);
