@@ -41,6 +41,7 @@ pub mod sim;
 pub mod tenant;
 pub mod tls;
 pub mod tokenize;
+pub mod trace_context;
 pub mod usage_log;
 pub mod util;
 pub mod vision;
