@@ -7,7 +7,7 @@
 
 pub use crate::error_code::ErrorCode;
 
-use crate::admission::{AdmitError, ClassRefused, ClassShares, PRIORITY_HEADER};
+use crate::admission::{AdmitError, ClassRefused, ClassShares};
 use crate::api::{Refusal, RefusalKind};
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
 use crate::reload::ReloadError;
@@ -731,9 +731,9 @@ impl From<Unauthenticated> for ApiError {
 }
 
 impl From<ClassRefused> for ApiError {
-    /// 400 `invalid_request` naming the `x-tokengate-priority` header.
+    /// 400 `invalid_request` naming the `x-tokengate-priority` header or `service_tier`.
     fn from(e: ClassRefused) -> Self {
-        ApiError::invalid_param(PRIORITY_HEADER, e.0)
+        ApiError::invalid_param(e.param, e.message)
     }
 }
 

@@ -37,6 +37,9 @@ pub struct Tenant {
     pub metrics: TenantMetrics,
     /// Its quotas (none by default).
     pub quotas: Arc<TenantQuotas>,
+    /// The `cache_salt` its requests are sent with (see [`crate::cache_salt`]); `None`: it
+    /// shares the engine's prefix cache.
+    pub cache_salt: Option<String>,
 }
 
 impl Tenant {
@@ -51,6 +54,7 @@ impl Tenant {
             caps: Caps::default(),
             in_flight: Arc::default(),
             quotas: Arc::default(),
+            cache_salt: None,
         }
     }
 
@@ -238,6 +242,7 @@ impl TenantDirectory {
                 .with_priority(t.priority)
                 .with_caps(caps)
                 .with_quotas(t.quota_meters.clone());
+            tenant.cache_salt = config.prefix_cache.salt_of(&t.name, t.prefix_cache);
             if let Some(kept) = previous.and_then(|p| p.named(&t.name)) {
                 tenant.in_flight = kept.in_flight.clone();
             }
@@ -333,6 +338,7 @@ mod tests {
             priority: Priority::Standard,
             max_inflight: None,
             max_queued: None,
+            prefix_cache: None,
             quotas: Vec::new(),
             quota_meters: Arc::default(),
         }

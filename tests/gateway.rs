@@ -2152,6 +2152,8 @@ async fn images_that_cannot_be_counted_are_refused_and_change_nothing() {
 #[path = "gateway/mindie.rs"]
 mod mindie;
 
+#[path = "gateway/cache_salt.rs"]
+mod cache_salt;
 #[path = "gateway/caps.rs"]
 mod caps;
 #[path = "gateway/diagnose.rs"]

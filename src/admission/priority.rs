@@ -6,18 +6,35 @@
 //! its tenant's class; a class at or below the tenant's is taken; a class above it, or a value
 //! that is not a class, is a 400 `invalid_request` naming the header, the value and the tenant's
 //! class, and changes nothing.
+//!
+//! OpenAI's body field `service_tier` asks for a class too ([`Priority::for_service_tier`]):
+//! `priority` and `scale` (OpenAI's tiers above its default) are `critical`, `default` is
+//! `standard`, `flex` is `sheddable`, `auto` (and, where the route takes it, null) is the class
+//! the request already has. Unlike the header, a tier above the tenant's class is clamped to it,
+//! not refused: OpenAI serves a tier the project may not use at the tier it may, and SDKs send
+//! `priority` as a matter of course. A value that is not a tier is a 400 naming `service_tier`.
 
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::fmt;
 
 /// The header a request lowers its class with.
 pub const PRIORITY_HEADER: &str = "x-tokengate-priority";
 
-/// A request's header asked for a class it may not have (a 400 naming the header).
+/// The body field that asks for a class by OpenAI's tier names.
+pub const SERVICE_TIER: &str = "service_tier";
+
+/// A request asked for a class it may not have, or for none (a 400 naming `param`: the header
+/// or `service_tier`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ClassRefused(pub String);
+#[error("{message}")]
+pub struct ClassRefused {
+    /// The header or field that asked.
+    pub param: &'static str,
+    /// What was wrong, and what to send.
+    pub message: String,
+}
 
 /// A priority class, lowest first (so `Ord` compares by precedence).
 #[derive(
@@ -71,17 +88,55 @@ impl Priority {
         let asked = Self::HIGHEST_FIRST
             .into_iter()
             .find(|p| p.as_str().eq_ignore_ascii_case(text));
+        let refused = |message| ClassRefused {
+            param: PRIORITY_HEADER,
+            message,
+        };
         match asked {
             Some(asked) if asked <= self => Ok(asked),
-            Some(asked) => Err(ClassRefused(format!(
+            Some(asked) => Err(refused(format!(
                     "header {PRIORITY_HEADER} asks for class {asked}, above tenant {tenant}'s class {self}; a request may only lower its class: send {}",
                     allowed()
                 ))),
-            None => Err(ClassRefused(format!(
+            None => Err(refused(format!(
                     "header {PRIORITY_HEADER} is {:?}, not a priority class; tenant {tenant}'s class is {self}: send {} (or leave the header out)",
                     String::from_utf8_lossy(value.as_bytes()),
                     allowed()
                 ))),
+        }
+    }
+
+    /// The class of a request that has class `self` (its tenant's, or the lower one its header
+    /// asked for; `ceiling` is the tenant's) and sent `tier` as its `service_tier`: the tier's
+    /// class clamped to `ceiling`, never above `self`. `nullable`: whether the route reads null
+    /// as `auto` (OpenAI's chat and completions do; vLLM's Responses API refuses it).
+    pub fn for_service_tier(
+        self,
+        ceiling: Priority,
+        tier: Option<&Value>,
+        nullable: bool,
+    ) -> Result<Priority, ClassRefused> {
+        let asked = match tier {
+            None => return Ok(self),
+            Some(Value::Null) if nullable => return Ok(self),
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => return Ok(self),
+                "priority" | "scale" => Some(Priority::Critical),
+                "default" => Some(Priority::Standard),
+                "flex" => Some(Priority::Sheddable),
+                _ => None,
+            },
+            Some(_) => None,
+        };
+        match asked {
+            Some(asked) => Ok(self.min(asked.min(ceiling))),
+            None => Err(ClassRefused {
+                param: SERVICE_TIER,
+                message: format!(
+                    "`service_tier` is {}, not a service tier: send \"auto\", \"default\", \"flex\", \"scale\" or \"priority\"",
+                    tier.map_or_else(String::new, Value::to_string)
+                ),
+            }),
         }
     }
 }
@@ -176,6 +231,71 @@ mod tests {
             e.message,
             "header x-tokengate-priority is \"\u{fffd}\", not a priority class; tenant bob's class is standard: send standard or sheddable (or leave the header out)"
         );
+    }
+
+    #[test]
+    fn a_service_tier_lands_in_its_class_clamped_to_the_tenants() {
+        use serde_json::json;
+        use Priority::*;
+        // (tenant's class, class before the tier, tier, class it lands in)
+        let cases = [
+            (Critical, Critical, json!("priority"), Critical),
+            (Critical, Critical, json!("scale"), Critical),
+            (Critical, Critical, json!("default"), Standard),
+            (Critical, Critical, json!("flex"), Sheddable),
+            (Critical, Critical, json!("auto"), Critical),
+            // Above the tenant's class: clamped to it.
+            (Standard, Standard, json!("priority"), Standard),
+            (Sheddable, Sheddable, json!("scale"), Sheddable),
+            (Sheddable, Sheddable, json!("default"), Sheddable),
+            (Standard, Standard, json!("flex"), Sheddable),
+            // The header lowered the class already: the tier never raises it back.
+            (Critical, Sheddable, json!("priority"), Sheddable),
+            (Critical, Standard, json!("auto"), Standard),
+            (Critical, Standard, json!(null), Standard),
+        ];
+        for (tenant, before, tier, class) in cases {
+            assert_eq!(
+                before.for_service_tier(tenant, Some(&tier), true).unwrap(),
+                class,
+                "{tenant} at {before} asking {tier}"
+            );
+        }
+        assert_eq!(
+            Standard.for_service_tier(Critical, None, false).unwrap(),
+            Standard
+        );
+    }
+
+    #[test]
+    fn a_service_tier_that_is_not_one_is_a_400_naming_the_field() {
+        use serde_json::json;
+        let refused = |tier: serde_json::Value, nullable| {
+            let e = Priority::Critical
+                .for_service_tier(Priority::Critical, Some(&tier), nullable)
+                .unwrap_err();
+            ApiError::from(e)
+        };
+        for (tier, nullable, shown) in [
+            (json!("Priority"), true, r#""Priority""#),
+            (json!("standard"), true, r#""standard""#),
+            (json!(1), true, "1"),
+            (json!(null), false, "null"),
+        ] {
+            let e = refused(tier, nullable);
+            assert_eq!(
+                (e.status, e.code, e.param.as_deref()),
+                (
+                    StatusCode::BAD_REQUEST,
+                    crate::error::ErrorCode::InvalidRequest,
+                    Some("service_tier")
+                )
+            );
+            assert_eq!(
+                e.message,
+                format!("`service_tier` is {shown}, not a service tier: send \"auto\", \"default\", \"flex\", \"scale\" or \"priority\"")
+            );
+        }
     }
 
     #[test]

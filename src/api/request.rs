@@ -151,13 +151,17 @@ pub struct GenerationRequest {
     /// them): when nothing is to change, the rewrite then sends `raw` without reading it again.
     /// `false` when not known.
     pub raw_keys_unique: bool,
+    /// The `cache_salt` the backend is sent in place of the client's (its tenant's, see
+    /// [`crate::cache_salt`]), set by forwarding; `None`: the client's goes as sent.
+    pub cache_salt: Option<String>,
 }
 
 /// The top-level members a rewrite for the backend reads or sets (the routes'
 /// `rewrite_for_backend`s and [`splice_body`]); every other member goes to the backend as the
 /// client wrote it, from the request's bytes.
-const REWRITTEN: [&str; 6] = [
+const REWRITTEN: [&str; 7] = [
     "model",
+    "cache_salt",
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
@@ -187,6 +191,7 @@ impl GenerationRequest {
             body,
             raw: Bytes::new(),
             raw_keys_unique: false,
+            cache_salt: None,
         }
     }
 
@@ -481,8 +486,12 @@ pub struct JsonBody {
 /// again when [`GenerationRequest::raw_keys_unique`] says no key came twice), else every
 /// member not in `set` copied as the client wrote it, so a long prompt is neither escaped nor
 /// written again. A key sent twice is sent once, where it first came, with its last value, as
-/// it was parsed (and counted).
+/// it was parsed (and counted). The request's [`GenerationRequest::cache_salt`], when set, is
+/// set too.
 pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value)>) -> Bytes {
+    if let Some(salt) = req.cache_salt.take() {
+        set.push(("cache_salt", Value::from(salt)));
+    }
     let mut body = std::mem::take(&mut req.body);
     let raw = std::mem::take(&mut req.raw);
     set.retain(|(k, v)| body.get(*k) != Some(v));

@@ -68,6 +68,10 @@ pub struct Config {
     /// Where tenants' quota spend is kept (`[quotas]`).
     #[serde(default)]
     pub quotas: crate::quota::config::QuotaStoreConfig,
+    /// Whether tenants share the engine's prefix cache (`[prefix_cache]`; each tenant may
+    /// set its own).
+    #[serde(default)]
+    pub prefix_cache: crate::cache_salt::PrefixCacheConfig,
     /// Prices per million tokens by model name (`[prices."MODEL"]`), for cost quotas and the
     /// usage log's cost.
     #[serde(default)]
@@ -739,6 +743,11 @@ pub struct TenantConfig {
     /// `admission.queue_max_waiting` bounds it.
     #[serde(default)]
     pub max_queued: Option<u32>,
+    /// `shared` or `tenant`: whether this tenant's prompts share the engine's prefix cache
+    /// with other tenants' (`tenant`: a `cache_salt` of its own on every request); None:
+    /// `prefix_cache.isolation`.
+    #[serde(default)]
+    pub prefix_cache: Option<crate::cache_salt::CacheIsolation>,
     /// Budgets over windows (`[[tenants.quotas]]`): each a window and its limits.
     #[serde(default)]
     pub quotas: Vec<crate::quota::config::QuotaConfig>,

@@ -44,6 +44,8 @@ impl Config {
             usage_log,
             quotas,
             prices,
+            // Applied with the tenants, whose salts it makes.
+            prefix_cache: _,
             file: _,
         } = self;
         restart_only!(

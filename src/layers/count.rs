@@ -252,6 +252,22 @@ impl Counter {
         // sequence's output).
         let sequences = parsed.sequences();
         let class = (parts.extensions.get::<Priority>().copied()).unwrap_or(tenant.priority);
+        // OpenAI's `service_tier` may lower the class further (never raise it past the tenant's).
+        // A client's `cache_salt` is checked here, as vLLM checks it, since an isolated
+        // tenant's is sent hashed, which vLLM would no longer refuse.
+        let class = match parsed.endpoint {
+            Route::OpenAi(_) | Route::Responses => {
+                crate::cache_salt::client_salt(parsed.body.get(crate::cache_salt::CACHE_SALT))
+                    .map_err(|m| ApiError::invalid_param(crate::cache_salt::CACHE_SALT, m))?;
+                class.for_service_tier(
+                    tenant.priority,
+                    parsed.body.get(crate::admission::priority::SERVICE_TIER),
+                    parsed.endpoint != Route::Responses,
+                )?
+            }
+            _ => class,
+        };
+        parts.extensions.insert(class);
         // (Where the backends clamp the output to the context, the least it may cost is one
         // token: the bucket decides after counting.)
         let asked = parsed
@@ -666,6 +682,79 @@ mod tests {
         assert_eq!(
             cost.decode, 16,
             "vLLM's completions default, under default_max_tokens (100)"
+        );
+    }
+
+    /// `service_tier` puts the request in its class, clamped to the tenant's (alice is
+    /// `standard`), after the header's; the class goes on in the extensions for admission, and
+    /// a value that is not a tier is a 400 before anything is counted.
+    #[tokio::test]
+    async fn the_service_tier_sets_the_class_within_the_tenants() {
+        let gw = counting(10.0).await;
+        let svc = ServiceBuilder::new()
+            .layer(CountLayer::new(gw.counter.clone()))
+            .service_fn(|req: Request<Empty<Bytes>>| async move {
+                let class = req.extensions().get::<Priority>().expect("classed");
+                Ok::<_, ApiError>(Response::new(*class))
+            });
+        let class = |route: Route, header: Option<Priority>, tier: &str| {
+            let (gw, svc) = (gw.clone(), svc.clone());
+            let prompt = match route {
+                Route::Responses => r#""input": "hi""#,
+                _ => r#""prompt": [1]"#,
+            };
+            let body = format!(
+                r#"{{"model": "qwen3.5-27b", {prompt}, "max_tokens": 1, "service_tier": {tier}}}"#
+            );
+            async move {
+                let mut req = completion(&gw, body).await;
+                req.extensions_mut().insert(route);
+                if let Some(header) = header {
+                    req.extensions_mut().insert(header);
+                }
+                svc.oneshot(req).await.map(Response::into_body)
+            }
+        };
+        let completions = Route::OpenAi(Endpoint::Completions);
+        use Priority::*;
+        assert_eq!(
+            class(completions, None, r#""flex""#).await.unwrap(),
+            Sheddable
+        );
+        assert_eq!(
+            class(completions, None, r#""priority""#).await.unwrap(),
+            Standard
+        );
+        assert_eq!(
+            class(completions, None, r#""auto""#).await.unwrap(),
+            Standard
+        );
+        assert_eq!(class(completions, None, "null").await.unwrap(), Standard);
+        let lowered = Some(Sheddable);
+        assert_eq!(
+            class(completions, lowered, r#""default""#).await.unwrap(),
+            Sheddable
+        );
+        assert_eq!(
+            class(Route::Responses, None, r#""flex""#).await.unwrap(),
+            Sheddable
+        );
+        let e = class(Route::Responses, None, "null").await.unwrap_err();
+        assert_eq!(
+            (e.status, e.param.as_deref(), e.message.as_str()),
+            (
+                StatusCode::BAD_REQUEST,
+                Some("service_tier"),
+                r#"`service_tier` is null, not a service tier: send "auto", "default", "flex", "scale" or "priority""#
+            )
+        );
+        // Anthropic's `service_tier` has its own values: it is not read as OpenAI's.
+        let anthropic = r#"{"model": "qwen3.5-27b", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "service_tier": "standard_only"}"#;
+        let mut req = completion(&gw, anthropic).await;
+        req.extensions_mut().insert(Route::Messages);
+        assert_eq!(
+            svc.clone().oneshot(req).await.unwrap().into_body(),
+            Standard
         );
     }
 

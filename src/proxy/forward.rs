@@ -93,6 +93,18 @@ impl ForwardSettings {
     }
 }
 
+/// How a request goes to its backend beside its body.
+struct Sent {
+    /// The output limit of each sequence (its share of the reservation).
+    max_output: u64,
+    /// The sequences it runs (every prompt's `n` choices).
+    sequences: u64,
+    /// The id the backend gets (the gateway's).
+    request_id: http::HeaderValue,
+    /// The client's trace context, passed on ([`crate::trace_context`]).
+    trace: Vec<(http::HeaderName, http::HeaderValue)>,
+}
+
 impl Forward {
     /// Forwards to `backends`.
     pub fn new(backends: Arc<Backends>) -> Self {
@@ -118,6 +130,7 @@ impl<B> tower::Service<Request<B>> for Forward {
             let route = *needs::<Route>(req.extensions())?;
             let reserved = needs::<Cost>(req.extensions())?.decode;
             let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
+            let trace = crate::trace_context::passed_on(req.headers());
             let ticket = needs::<TicketSlot>(req.extensions())?
                 .take()
                 .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
@@ -138,6 +151,13 @@ impl<B> tower::Service<Request<B>> for Forward {
                 .extensions
                 .remove::<GenerationRequest>()
                 .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
+            // An isolated tenant's requests carry its salt (scoping the client's own) on the
+            // routes where vLLM reads one.
+            if let (Route::OpenAi(_) | Route::Responses, Some(salt)) = (route, &tenant.cache_salt) {
+                let client = parsed.body.get(crate::cache_salt::CACHE_SALT);
+                let client = client.and_then(serde_json::Value::as_str);
+                parsed.cache_salt = Some(crate::cache_salt::scoped(salt, client));
+            }
             // Each sequence (every prompt's `n` choices) may write its share of the reservation.
             let sequences = (parts.extensions.get::<Sequences>()).map_or(1, Sequences::count);
             let max_output = reserved / sequences.max(1);
@@ -165,26 +185,35 @@ impl<B> tower::Service<Request<B>> for Forward {
                 arrived,
             );
             admitted.echoes(parsed.echoed_prompt.take());
-            Ok::<_, ApiError>((parsed, max_output, sequences, admitted, request_id))
+            let sent = Sent {
+                max_output,
+                sequences,
+                request_id,
+                trace,
+            };
+            Ok::<_, ApiError>((parsed, sent, admitted))
         })();
         Box::pin(async move {
-            let (parsed, max_output, sequences, admitted, request_id) = taken?;
-            gw.forward(parsed, max_output, sequences, admitted, Some(&request_id))
-                .await
+            let (parsed, sent, admitted) = taken?;
+            gw.forward(parsed, sent, admitted).await
         })
     }
 }
 
 impl Backends {
-    /// Steps 10-11: send to the leased backend (with `request_id`, the gateway's) and meter the answer.
+    /// Steps 10-11: send to the leased backend as `sent` says and meter the answer.
     async fn forward(
         &self,
         mut req: GenerationRequest,
-        max_output: u64,
-        sequences: u64,
+        sent: Sent,
         mut admitted: Admitted,
-        request_id: Option<&http::HeaderValue>,
     ) -> Result<Response<GatewayBody>, ApiError> {
+        let Sent {
+            max_output,
+            sequences,
+            request_id,
+            trace,
+        } = sent;
         let upstream = &self.upstreams[admitted.backend()];
         let now = tokio::time::Instant::now();
         admitted.sent(upstream.decode_floor(), sequences, now);
@@ -197,7 +226,8 @@ impl Backends {
                 Method::POST,
                 &req.endpoint.backend_path(backend_model),
                 Some(body),
-                request_id,
+                Some(&request_id),
+                &trace,
                 forwarded,
             )
             .await

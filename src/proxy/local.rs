@@ -414,11 +414,19 @@ pub async fn models<B>(
     req: Request<B>,
 ) -> Result<Response<GatewayBody>, ApiError> {
     let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
+    let trace = crate::trace_context::passed_on(req.headers());
     let mut last = ApiError::upstream("no backend is configured");
     for upstream in upstreams.iter() {
         let answer = async {
             let resp = upstream
-                .send(Method::GET, "/v1/models", None, Some(&request_id), None)
+                .send(
+                    Method::GET,
+                    "/v1/models",
+                    None,
+                    Some(&request_id),
+                    &trace,
+                    None,
+                )
                 .await?;
             let (mut parts, body) = resp.into_parts();
             if !parts.status.is_success() {

@@ -235,6 +235,7 @@ impl Upstream {
         path: &str,
         body: Outgoing,
         request_id: Option<&HeaderValue>,
+        trace: &[(HeaderName, HeaderValue)],
         timeout: Duration,
     ) -> Result<Response<Incoming>, SendError> {
         let mut req = Request::builder().method(method).uri(self.uri(path));
@@ -243,6 +244,9 @@ impl Upstream {
         }
         if let Some(id) = request_id {
             req = req.header(REQUEST_ID, id);
+        }
+        for (name, value) in trace {
+            req = req.header(name, value);
         }
         let req = req
             .body(body)
@@ -261,15 +265,17 @@ impl Upstream {
         }
     }
 
-    /// Sends a request (with the client request's id) and waits for the response headers,
-    /// bounded by the first-byte timeout. `forwarded`, when given, is marked once the body is
-    /// handed to the backend's connection (see this module's `Outgoing`).
+    /// Sends a request (with the client request's id and the `trace` context to pass on:
+    /// [`crate::trace_context`]) and waits for the response headers, bounded by the first-byte
+    /// timeout. `forwarded`, when given, is marked once the body is handed to the backend's
+    /// connection (see this module's `Outgoing`).
     pub async fn send(
         &self,
         method: Method,
         path: &str,
         body: Option<Bytes>,
         request_id: Option<&HeaderValue>,
+        trace: &[(HeaderName, HeaderValue)],
         forwarded: Option<Forwarded>,
     ) -> Result<Response<Incoming>, ApiError> {
         let timeout = self.first_byte_timeout;
@@ -277,7 +283,7 @@ impl Upstream {
             bytes: body,
             forwarded,
         };
-        self.request(method, path, body, request_id, timeout)
+        self.request(method, path, body, request_id, trace, timeout)
             .await
             .map_err(|e| {
                 ApiError::from(match e {
@@ -339,6 +345,7 @@ impl Upstream {
                 &self.health_path,
                 Outgoing::default(),
                 None,
+                &[],
                 timeout,
             )
             .await

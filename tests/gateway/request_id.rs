@@ -1,7 +1,8 @@
 //! Request ids end to end: a client's `x-request-id` comes back in its answer (and names the
 //! request in the logs) only when it is 1 to 128 bytes of visible ASCII; anything else is
 //! replaced by an unpredictable gateway id; the backend always gets a gateway id, never the
-//! client's; and an unauthenticated client's own id never reaches the usage log.
+//! client's; and an unauthenticated client's own id never reaches the usage log. A client's W3C
+//! trace context reaches the backend when valid.
 
 use super::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -196,4 +197,39 @@ async fn admin_answers_carry_request_ids_too() {
     .await;
     assert_eq!(r.status, 404);
     assert!(is_gateway_id(r.headers["x-request-id"].to_str().unwrap()));
+}
+
+/// A client's W3C trace context reaches the backend as sent; an invalid `traceparent` does not,
+/// nor its `tracestate`.
+#[tokio::test]
+async fn the_clients_trace_context_reaches_the_backend() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let url = gw.url("/v1/chat/completions");
+    let body = chat("hi", 3, false).to_string().into_bytes();
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let sent = |traceparent: &'static str| {
+        let (url, body) = (url.clone(), body.clone());
+        let seen_headers = backend.seen_headers.clone();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-alice"),
+                ("traceparent", traceparent),
+                ("tracestate", "congo=t61rcWkgMzE"),
+            ];
+            assert_eq!(send(&url, "POST", Some(body), &headers).await.status, 200);
+            let seen = seen_headers.lock().unwrap().last().unwrap().clone();
+            let header = |name: &str| seen.get(name).map(|v| v.to_str().unwrap().to_owned());
+            (header("traceparent"), header("tracestate"))
+        }
+    };
+    assert_eq!(
+        sent(parent).await,
+        (
+            Some(parent.to_owned()),
+            Some("congo=t61rcWkgMzE".to_owned())
+        )
+    );
+    let zero_trace = "00-00000000000000000000000000000000-00f067aa0ba902b7-01";
+    assert_eq!(sent(zero_trace).await, (None, None));
 }
