@@ -6,7 +6,7 @@
 use super::request::{
     check_fields, lax_bool, lax_int, optional_bool, positive_int, py_truthy, sequence_count,
     served_model_or_default, splice_body, wrong_type, Echo, EchoedPrompt, FieldType,
-    GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt,
+    GenerationRequest, JsonBody, MaxTokensField, Member, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
 use super::Refusal;
@@ -47,9 +47,9 @@ pub fn parse_generation_from(
     } = body;
     let model = served_model_or_default(&body, limits.served_names)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
-    let client_wants_usage = match body.get("stream_options") {
+    let client_wants_usage = match body.member("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
+        Some(Value::Object(o)) => match o.member("include_usage") {
             None | Some(Value::Null) => false,
             Some(v) => lax_bool(v)
                 .ok_or_else(|| wrong_type("stream_options.include_usage", "a boolean", v))?,
@@ -58,7 +58,7 @@ pub fn parse_generation_from(
     };
     // vLLM tests the fields as sent, before their types are read: `{}` or null options pass
     // without a stream, and so do any options with a `stream` that is truthy (`"false"`).
-    if py_truthy(body.get("stream_options")) && !py_truthy(body.get("stream")) {
+    if py_truthy(body.member("stream_options")) && !py_truthy(body.member("stream")) {
         return Err(Refusal::invalid_param(
             "stream_options",
             "`stream_options` is only allowed when `stream` is true",
@@ -68,7 +68,7 @@ pub fn parse_generation_from(
     refuse_uncounted_work(&body)?;
     let echo = endpoint == Endpoint::Completions && optional_bool(&body, "echo")?.unwrap_or(false);
     let (requested, prompt_only) = output_limit(&body, endpoint, echo, limits.max_model_len)?;
-    let min_tokens = match body.get("min_tokens") {
+    let min_tokens = match body.member("min_tokens") {
         None | Some(Value::Null) => 0,
         // A negative or unreadable one vLLM refuses: forwarded for it to.
         Some(v) => lax_int(v).map_or(0, |n| u64::try_from(n).unwrap_or(0)),
@@ -124,7 +124,7 @@ fn output_limit(
     let mut used = None;
     for &field in fields {
         let param = field.param();
-        match body.get(param) {
+        match body.member(param) {
             None | Some(Value::Null) => {}
             Some(v) if used.is_none() => used = Some((field, v)),
             Some(v) if lax_int(v).is_none() => return Err(wrong_type(param, "an integer", v)),
@@ -166,7 +166,7 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
             "`use_beam_search` is not accepted: a beam search decodes several sequences, and the gateway reserves one",
         ));
     }
-    match body.get("best_of") {
+    match body.member("best_of") {
         None | Some(Value::Null) => {}
         Some(v) if v.as_u64() == Some(1) => {}
         Some(v) => {
@@ -176,7 +176,7 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
             ))
         }
     }
-    match body.get("truncate_prompt_tokens") {
+    match body.member("truncate_prompt_tokens") {
         None | Some(Value::Null) => {}
         Some(v) => {
             return Err(Refusal::invalid_param(
@@ -192,7 +192,7 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
 /// request ahead of its class (lower is earlier; a class is lowered with the
 /// `x-tokengate-priority` header, and 0 or above never overtakes anyone's default).
 pub(crate) fn refuse_negative_priority(body: &Map<String, Value>) -> Result<(), Refusal> {
-    match body.get("priority") {
+    match body.member("priority") {
         None | Some(Value::Null) => Ok(()),
         // In any spelling pydantic reads as a whole number (`"3"`, `5.0`).
         Some(v) => match lax_int(v) {
@@ -246,7 +246,7 @@ pub(crate) fn take_chat_prompt(
 /// field: `/tokenize` and the pooling routes' request models have none, and vLLM ignores it
 /// there.
 fn template_switches(body: &Map<String, Value>, route: ChatRoute) -> Result<Option<bool>, Refusal> {
-    let kwargs = match body.get("chat_template_kwargs") {
+    let kwargs = match body.member("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),
         Some(other) => return Err(wrong_type("chat_template_kwargs", "an object", other)),
@@ -264,7 +264,7 @@ fn template_switches(body: &Map<String, Value>, route: ChatRoute) -> Result<Opti
         ));
     }
     let efforts = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
-    let effort = match body.get("reasoning_effort") {
+    let effort = match body.member("reasoning_effort") {
         _ if route != ChatRoute::ChatCompletions => None,
         None | Some(Value::Null) => None,
         Some(Value::String(e)) if efforts.contains(&e.as_str()) => Some(e.as_str()),
@@ -275,7 +275,7 @@ fn template_switches(body: &Map<String, Value>, route: ChatRoute) -> Result<Opti
             ))
         }
     };
-    match kwargs.and_then(|k| k.get("enable_thinking")) {
+    match kwargs.and_then(|k| k.member("enable_thinking")) {
         Some(Value::Bool(b)) => Ok(Some(*b)),
         // Present but null: vLLM leaves it so, and does not derive it from the effort.
         Some(Value::Null) => Ok(None),
@@ -299,7 +299,7 @@ pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), Refusa
         ("mm_processor_kwargs", "it changes how images and videos become tokens, which the gateway counts with the deployment's settings only"),
         ("media_io_kwargs", "it changes how images and videos are read and sampled, which the gateway counts with the deployment's settings only"),
     ] {
-        match body.get(param) {
+        match body.member(param) {
             None | Some(Value::Null) => {}
             Some(Value::Object(o)) if o.is_empty() => {}
             Some(_) => {
@@ -319,7 +319,7 @@ fn chat_messages<'a>(
     body: &'a Map<String, Value>,
     vision: &VisionRules,
 ) -> Result<&'a Vec<Value>, Refusal> {
-    match body.get("messages") {
+    match body.member("messages") {
         Some(Value::Array(m)) if !m.is_empty() => {
             check_media_count(m, vision)?;
             Ok(m)
@@ -385,7 +385,7 @@ fn chat_prompt<'a>(
         let Value::Object(m) = message.as_ref() else {
             return Err(wrong_type(&at(), "an object", &message));
         };
-        match m.get("role") {
+        match m.member("role") {
             Some(Value::String(r)) if ROLES.contains(&r.as_str()) => {}
             Some(Value::String(r)) => {
                 let at = at();
@@ -403,7 +403,7 @@ fn chat_prompt<'a>(
             }
             Some(other) => return Err(wrong_type(&format!("{}.role", at()), "a string", other)),
         }
-        let parts = match m.get("content") {
+        let parts = match m.member("content") {
             None | Some(Value::Null) | Some(Value::String(_)) => None,
             Some(Value::Array(parts)) => Some(
                 parts
@@ -439,7 +439,7 @@ fn chat_prompt<'a>(
         };
         rendered.push(message);
     }
-    let tools = match body.get("tools") {
+    let tools = match body.member("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
@@ -461,7 +461,7 @@ fn chat_prompt<'a>(
             ),
         ));
     }
-    let documents = match body.get("documents") {
+    let documents = match body.member("documents") {
         None | Some(Value::Null) => None,
         Some(Value::Array(d)) if d.iter().all(Value::is_object) => Some(d.clone()),
         Some(other) => return Err(wrong_type("documents", "an array of objects", other)),
@@ -482,7 +482,7 @@ fn chat_prompt<'a>(
 /// Whether a content part is an image or a video, told apart the way the chat template does:
 /// image first (an `image_url` or `image` key, or that `type`), then video.
 fn part_modality(part: &Map<String, Value>) -> Option<Modality> {
-    let kind = part.get("type").and_then(Value::as_str);
+    let kind = part.member("type").and_then(Value::as_str);
     let is = |keys: [&str; 2]| {
         keys.iter()
             .any(|k| part.contains_key(*k) || kind == Some(*k))
@@ -524,7 +524,7 @@ fn content_part(
     };
     let (key, source) = keys
         .iter()
-        .find_map(|k| o.get(*k).map(|v| (*k, v)))
+        .find_map(|k| o.member(k).map(|v| (*k, v)))
         .ok_or_else(|| {
             Refusal::invalid_param(
                 &format!("{at}.{}", keys[0]),
@@ -544,7 +544,7 @@ fn content_part(
     }
     let url = match source {
         Value::String(url) => url,
-        Value::Object(o) => match o.get("url") {
+        Value::Object(o) => match o.member("url") {
             Some(Value::String(url)) => url,
             _ => {
                 return Err(Refusal::invalid_param(
@@ -579,13 +579,13 @@ fn content_part(
 /// as the template sees it: `Some(None)` for a `text` or `refusal` part whose text is missing or
 /// null (skipped); `None` when the part is not one, or its text is not a string (refused).
 fn text_part(part: &Map<String, Value>) -> Option<Option<Value>> {
-    let key = match part.get("type").and_then(Value::as_str)? {
+    let key = match part.member("type").and_then(Value::as_str)? {
         "text" | "input_text" | "output_text" => "text",
         "refusal" => "refusal",
         "thinking" => "thinking",
         _ => return None,
     };
-    let text = match part.get(key) {
+    let text = match part.member(key) {
         None | Some(Value::Null) if key != "thinking" => return Some(None),
         None | Some(Value::Null) => Value::Null,
         Some(Value::String(s)) => Value::String(s.clone()),
@@ -620,14 +620,14 @@ pub fn parse_tokenize(
     // vLLM refuses per-request multimodal settings unless started trusting them, on either
     // form (as extra fields of the text one).
     for param in ["mm_processor_kwargs", "media_io_kwargs"] {
-        if py_truthy(body.get(param)) {
+        if py_truthy(body.member(param)) {
             return Err(Refusal::invalid_param(
                 param,
                 format!("`{param}` is not accepted (vLLM refuses it unless started with --trust-request-mm-kwargs)"),
             ));
         }
     }
-    let text = match body.get("prompt") {
+    let text = match body.member("prompt") {
         Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
         None | Some(Value::Null) => Err(Refusal::invalid_param(
             "prompt",
@@ -664,7 +664,7 @@ pub fn parse_tokenize(
 /// `input`), as vLLM takes them: a string, a list of strings, a list of token ids, or a list of
 /// lists of token ids; each one a sequence of its own.
 pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, Refusal> {
-    match body.get(param) {
+    match body.member(param) {
         Some(Value::String(s)) if !s.is_empty() => Ok(vec![Prompt::Text(s.clone())]),
         Some(Value::String(_)) => Err(Refusal::invalid_param(
             param,
@@ -732,7 +732,7 @@ pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, Refusa
 
 /// The ids of a `/detokenize` body: `tokens`, a list (empty or not) of token ids.
 pub fn parse_detokenize(body: &Map<String, Value>) -> Result<Vec<u32>, Refusal> {
-    match body.get("tokens") {
+    match body.member("tokens") {
         Some(Value::Array(items)) => (items.iter().enumerate())
             .map(|(i, v)| {
                 // In any spelling pydantic reads as a whole number (`"3"`, `1.0`, `true`).
@@ -771,13 +771,13 @@ pub fn rewrite_for_backend(
     if chat
         && !req
             .body
-            .get("max_completion_tokens")
+            .member("max_completion_tokens")
             .is_none_or(Value::is_null)
     {
         set.push(("max_completion_tokens", Value::from(reserved)));
     }
     if req.stream {
-        let mut opts = match req.body.get("stream_options") {
+        let mut opts = match req.body.member("stream_options") {
             Some(Value::Object(o)) => o.clone(),
             // Absent or null: `parse_generation` refused anything else.
             _ => Map::new(),

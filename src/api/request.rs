@@ -213,6 +213,29 @@ impl GenerationRequest {
     }
 }
 
+/// A member of a JSON object by its key, as `Map::get` finds it. A request body and each of its
+/// messages have few members (the 2 KB chat: a model, its messages and a limit; a message: its
+/// role and content), and a reader asks for 20 or more keys, most of them absent: comparing
+/// with each key costs a few instructions, where `serde_json`'s map hashes the key asked for
+/// with SipHash (about 300), so objects of up to [`FEW`] members are searched in order.
+pub(crate) trait Member {
+    /// The value at `key`, if any.
+    fn member(&self, key: &str) -> Option<&Value>;
+}
+
+/// The most members an object may have to be searched in order rather than by hash.
+const FEW: usize = 8;
+
+impl Member for Map<String, Value> {
+    fn member(&self, key: &str) -> Option<&Value> {
+        match self.len() <= FEW {
+            // A key comes once in a map: the first found is the only one.
+            true => self.iter().find_map(|(k, v)| (k == key).then_some(v)),
+            false => self.get(key),
+        }
+    }
+}
+
 /// Limits that validation needs.
 #[derive(Debug, Clone)]
 pub struct ParseLimits<'a> {
@@ -309,7 +332,7 @@ pub(crate) fn served_model(
     body: &Map<String, Value>,
     served: &[String],
 ) -> Result<String, Refusal> {
-    match body.get("model") {
+    match body.member("model") {
         Some(Value::String(m)) if !m.is_empty() => named_model(m, served),
         Some(Value::String(_)) | None | Some(Value::Null) => {
             Err(Refusal::invalid_param("model", "`model` is required"))
@@ -325,7 +348,7 @@ pub(crate) fn served_model_or_default(
     body: &Map<String, Value>,
     served: &[String],
 ) -> Result<String, Refusal> {
-    match body.get("model") {
+    match body.member("model") {
         None | Some(Value::Null) => Ok(served[0].clone()),
         Some(Value::String(m)) if m.is_empty() => Ok(served[0].clone()),
         _ => served_model(body, served),
@@ -353,7 +376,7 @@ pub(crate) fn sequence_count(
     param: &str,
     max: u32,
 ) -> Result<Option<u32>, Refusal> {
-    match body.get(param) {
+    match body.member(param) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match lax_int(v).map(u32::try_from) {
             Some(Ok(n)) if (1..=max).contains(&n) => Ok(Some(n)),
@@ -371,7 +394,7 @@ pub(crate) fn optional_json_bool(
     body: &Map<String, Value>,
     param: &str,
 ) -> Result<Option<bool>, Refusal> {
-    match body.get(param) {
+    match body.member(param) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(other) => Err(wrong_type(param, "a boolean", other)),
@@ -384,7 +407,7 @@ pub(crate) fn optional_bool(
     body: &Map<String, Value>,
     param: &str,
 ) -> Result<Option<bool>, Refusal> {
-    match body.get(param) {
+    match body.member(param) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => lax_bool(v)
             .map(Some)
@@ -429,7 +452,9 @@ pub(crate) fn check_fields(
     fields: &[(&str, FieldType)],
 ) -> Result<(), Refusal> {
     for &(param, kind) in fields {
-        let Some(v) = body.get(param) else { continue };
+        let Some(v) = body.member(param) else {
+            continue;
+        };
         let (ok, expected) = match kind {
             FieldType::Bool => (lax_bool(v).is_some(), "a boolean"),
             FieldType::OptBool => (v.is_null() || lax_bool(v).is_some(), "a boolean"),
@@ -494,7 +519,7 @@ pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value
     }
     let mut body = std::mem::take(&mut req.body);
     let raw = std::mem::take(&mut req.raw);
-    set.retain(|(k, v)| body.get(*k) != Some(v));
+    set.retain(|(k, v)| body.member(k) != Some(v));
     if set.is_empty() && req.raw_keys_unique && !raw.is_empty() {
         return raw;
     }
@@ -716,6 +741,27 @@ mod tests {
                 super::read_json_body(Bytes::copy_from_slice(bad)).is_err(),
                 "{bad:?}"
             );
+        }
+    }
+
+    /// A member is found in order in a small object and by hash in a larger one, as `get`
+    /// finds it in both.
+    #[test]
+    fn members_are_found_as_get_finds_them() {
+        use super::Member;
+        for size in [0, 1, 3, super::FEW, super::FEW + 1, 20] {
+            let map: serde_json::Map<String, serde_json::Value> =
+                (0..size).map(|i| (format!("k{i}"), json!(i))).collect();
+            for key in [
+                "k0",
+                "k2",
+                &format!("k{}", size.saturating_sub(1)),
+                "k",
+                "k00",
+                "",
+            ] {
+                assert_eq!(map.member(key), map.get(key), "{size} {key}");
+            }
         }
     }
 
