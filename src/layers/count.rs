@@ -240,7 +240,7 @@ impl Counter {
                     vision: &config.vision_rules,
                 };
                 // Forwarded as sent where the rewrite changes nothing.
-                Ok(api::parse_generation(route, body, &limits)?)
+                api::parse_generation(route, body, &limits)
             })
             .await?;
         // A refusal from here on is recorded with the model it named.

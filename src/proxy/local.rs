@@ -12,8 +12,8 @@
 
 use super::upstream::Upstream;
 use super::{full, json_response, json_text_response, GatewayBody};
-use crate::api::Prompt;
 use crate::api::{anthropic, openai};
+use crate::api::{Prompt, Refusal};
 use crate::body::check_content_type;
 use crate::body::discard::BodyCharge;
 use crate::config::{Runner, ValidConfig};
@@ -137,7 +137,7 @@ async fn read_local<'a, B, T: Send + 'static>(
     tenant: &'a Tenant,
     req: Request<Bounded<B>>,
     least: Cost,
-    parse: impl FnOnce(&Map<String, Value>, &ValidConfig) -> Result<T, ApiError> + Send + 'static,
+    parse: impl FnOnce(&Map<String, Value>, &ValidConfig) -> Result<T, Refusal> + Send + 'static,
 ) -> Result<(T, BodyCharge<'a>), ApiError>
 where
     B: http_body::Body + Send + 'static,
@@ -159,12 +159,13 @@ where
             if let Some(v) = body.get("model").filter(|v| !v.is_null() && *v != "") {
                 let m = v.as_str().unwrap_or_default();
                 if !config.model.served_names.iter().any(|n| n == m) {
-                    return Err(ApiError::model_not_found(m));
+                    return Err(Refusal::model_not_found(m));
                 }
             }
             parse(&body, &config)
         })
         .await
+        .map_err(ApiError::from)
 }
 
 /// `work`, the answer of a local request whose body was read with `body_charge`, charged the
@@ -201,7 +202,7 @@ where
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let ((prompt, spell), body_charge) =
         read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
-            Ok(openai::parse_tokenize(body, &config.vision_rules)?)
+            openai::parse_tokenize(body, &config.vision_rules)
         })
         .await?;
     let max_len = counter.config.model.max_model_len;
@@ -238,11 +239,7 @@ where
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (prompt, body_charge) = read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
-        Ok(anthropic::parse_count_tokens(
-            body,
-            &config.model.served_names,
-            &config.vision_rules,
-        )?)
+        anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
     })
     .await?;
     let tokens = within_the_context(&counter, &tenant, &prompt).await?;
@@ -304,7 +301,7 @@ where
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (ids, body_charge) = read_local(&counter, &tenant, req, ONE_REQUEST, |body, _| {
-        Ok(openai::parse_detokenize(body)?)
+        openai::parse_detokenize(body)
     })
     .await?;
     let tokenizer = counter.tokenizer.clone();
