@@ -137,6 +137,13 @@ pub(crate) mod testing {
         Arc::new(LiveConfig::new(Arc::new(config)))
     }
 
+    /// `body` bounded as step 3 bounds it under [`gateway_to`]'s config.
+    pub fn bounded<B>(body: B) -> crate::util::bounded::Bounded<B> {
+        let config = config_to(NO_BACKEND, 10.0);
+        let server = &config.server;
+        crate::util::bounded::Bounded::new(body, server.max_body_bytes, server.body_read_timeout)
+    }
+
     /// What the counting layer of [`gateway_to`] counts with (its limiter on a clock that stands
     /// still), and tenant `alice`.
     pub async fn counter(requests_per_second: f64) -> (Arc<Counter>, Arc<Tenant>) {
