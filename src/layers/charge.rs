@@ -7,6 +7,7 @@
 //! and when, is the settlement room's ([`crate::settle`]); a refusal after the charge ends the
 //! ticket [`Ending::Refused`].
 
+use super::step::{Step, StepLayer};
 use crate::api::request::GenerationRequest;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter};
@@ -20,8 +21,7 @@ use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tower::{Layer, Service};
+use tower::Service;
 
 /// The limits a tenant is charged under: its own, as the request's `Arc<Tenant>` carries them
 /// ([`AsAuthenticated`]), or the ones in force at the charge (the gateway's: a reload may have
@@ -55,13 +55,11 @@ impl LimitsInForce for Arc<LiveConfig> {
 
 /// Step 8 as a layer: needs `Arc<Tenant>` and [`Cost`] in the request's extensions, adds a
 /// [`TicketSlot`].
-#[derive(Clone, Debug)]
-pub struct ChargeLayer<L = AsAuthenticated> {
-    shared: Arc<Shared<L>>,
-}
+pub type ChargeLayer<L = AsAuthenticated> = StepLayer<Charging<L>>;
 
+/// What step 8 charges with.
 #[derive(Clone, Debug)]
-struct Shared<L> {
+pub struct Charging<L> {
     limiter: Limiter,
     limits: L,
     metrics: Option<Arc<Metrics>>,
@@ -72,27 +70,23 @@ impl<L: LimitsInForce> ChargeLayer<L> {
     /// Charges `limiter`'s buckets under the tenants' limits `limits` finds. With `metrics`,
     /// each tenant's requests in flight are shown in its gauge.
     pub fn new(limiter: Limiter, limits: L, metrics: Option<Arc<Metrics>>) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                limiter,
-                limits,
-                metrics,
-                quotas: None,
-            }),
-        }
+        StepLayer::of(Charging {
+            limiter,
+            limits,
+            metrics,
+            quotas: None,
+        })
     }
 
     /// Reserves the tenants' quotas too, before their buckets.
     pub fn with_quotas(self, quotas: Quotas) -> Self {
-        let mut shared = Shared::clone(&self.shared);
-        shared.quotas = Some(quotas);
-        Self {
-            shared: Arc::new(shared),
-        }
+        let mut step = Charging::clone(self.step());
+        step.quotas = Some(quotas);
+        StepLayer::of(step)
     }
 }
 
-impl<L> Shared<L> {
+impl<L> Charging<L> {
     /// 8a, the in-flight cap: a place among `tenant`'s requests in flight (`max_inflight`),
     /// taken before anything is charged, so a refusal here charges nothing.
     fn enter_in_flight(&self, tenant: &Tenant) -> Result<InFlightPlace, ApiError> {
@@ -133,45 +127,23 @@ impl<L> Shared<L> {
     }
 }
 
-impl<S, L> Layer<S> for ChargeLayer<L> {
-    type Service = Charge<S, L>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Charge {
-            inner,
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-/// The service of [`ChargeLayer`].
-#[derive(Clone, Debug)]
-pub struct Charge<S, L = AsAuthenticated> {
-    inner: S,
-    shared: Arc<Shared<L>>,
-}
-
-impl<S, L, B> Service<Request<B>> for Charge<S, L>
+impl<S, L, B> Step<S, Request<B>> for Charging<L>
 where
-    S: Service<Request<B>> + Clone + Send + 'static,
+    S: Service<Request<B>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     L: LimitsInForce,
     B: Send + 'static,
 {
+    type Passes = Request<B>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        // The clone that was made ready goes with this request.
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
-        let shared = self.shared.clone();
+    fn run(
+        self: Arc<Self>,
+        mut req: Request<B>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
+        let shared = self;
         Box::pin(async move {
             let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;

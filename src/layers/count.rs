@@ -15,6 +15,7 @@
 //! checks only peek; the charge layer charges.
 
 use super::admit::{KvGeometry, Sequences};
+use super::step::{Step, StepLayer};
 use crate::admission::{Admission, Priority};
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
@@ -39,21 +40,17 @@ use futures_util::future::BoxFuture;
 use http::Request;
 use http_body_util::Empty;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::Service;
 
 /// Steps 6-7 as a layer: needs `Arc<Tenant>` and [`Route`] in the request's extensions, adds
 /// [`GenerationRequest`] (its prompt taken out) and [`Cost`].
-#[derive(Clone, Debug)]
-pub struct CountLayer {
-    counter: Arc<Counter>,
-}
+pub type CountLayer = StepLayer<Counter>;
 
 impl CountLayer {
     /// Parses and counts with `counter`.
     pub fn new(counter: Arc<Counter>) -> Self {
-        Self { counter }
+        StepLayer::of(counter)
     }
 }
 
@@ -128,45 +125,24 @@ pub struct KvCheck {
     pub geometry: KvGeometry,
 }
 
-impl<S> Layer<S> for CountLayer {
-    type Service = Count<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Count {
-            inner,
-            counter: self.counter.clone(),
-        }
-    }
-}
-
-/// The service of [`CountLayer`].
-#[derive(Clone, Debug)]
-pub struct Count<S> {
-    inner: S,
-    counter: Arc<Counter>,
-}
-
-impl<S, B> Service<Request<Bounded<B>>> for Count<S>
+impl<S, B> Step<S, Request<Bounded<B>>> for Counter
 where
-    S: Service<Request<Empty<Bytes>>> + Clone + Send + 'static,
+    S: Service<Request<Empty<Bytes>>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    type Passes = Request<Empty<Bytes>>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<Bounded<B>>) -> Self::Future {
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
-        let counter = self.counter.clone();
+    fn run(
+        self: Arc<Self>,
+        req: Request<Bounded<B>>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
+        let counter = self;
         Box::pin(async move {
             let req = counter.count(req).await?;
             inner.call(req).await.map_err(Into::into)

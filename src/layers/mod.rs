@@ -13,6 +13,9 @@
 //! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` (and [`Sequences`], one when absent) | the KV lease, in the ticket |
 //! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket until it ends (`settle/`) |
 //!
+//! Every step but the body's bound is a [`StepLayer`] of what it does (a [`Step`]): the layer
+//! and service skeleton ([`step`]) is written once.
+//!
 //! Every layer's error is an [`ApiError`](crate::error::ApiError) (its inner service's error
 //! converts into one), and none reads the body but the counting layer, so the charge and
 //! admission layers go in front of any service with any body type: the
@@ -27,6 +30,7 @@ pub mod charge;
 pub mod count;
 pub(crate) mod extensions;
 pub mod record;
+pub mod step;
 
 pub use admit::{AdmitLayer, KvGeometry, Sequences};
 pub use authenticate::AuthenticateLayer;
@@ -34,6 +38,7 @@ pub use bound::BoundBodyLayer;
 pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce};
 pub use count::CountLayer;
 pub use record::RecordLayer;
+pub use step::{Step, StepLayer, Stepped};
 
 /// What the layers' tests share: a limiter on a manual clock, one tenant, requests carrying a
 /// [`Cost`](crate::limiter::Cost) on an in-memory body.
