@@ -3,9 +3,10 @@
 //! and an operator's grants and resets of a tenant's quotas. With `server.admin_token` set,
 //! every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
+use crate::body::BodyError;
 use crate::config::{Runner, Source};
 use crate::digest::hash_key;
-use crate::error::{Allow, ApiError, BodyError};
+use crate::error::{Allow, ApiError};
 use crate::gateway::Gateway;
 use crate::limiter::BucketLabels;
 use crate::metrics::{BackendLabel, QuotaLabels};

@@ -10,7 +10,7 @@ use crate::feedback::engine::HandSet;
 use crate::feedback::{KvWatch, Watched};
 use crate::gateway::{Gateway, Lane};
 use crate::layers::admit::KvGeometry;
-use crate::layers::count::{Counter, KvCheck};
+use crate::layers::count::{CountSettings, Counter, KvCheck};
 use crate::limiter::config::StoreKind;
 use crate::limiter::redis::RedisStore;
 use crate::limiter::{BucketStore, Limiter, LocalStore};
@@ -106,7 +106,7 @@ pub async fn counter(
     ));
     let max_items = config.server.max_json_items;
     Ok(Counter {
-        config,
+        settings: Arc::new(CountSettings::of(&config)),
         limiter,
         bodies: Bodies {
             discarder,

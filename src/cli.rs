@@ -1,6 +1,8 @@
 //! The command line: one binary, one subcommand per tool. Each subcommand's arguments and
 //! work live in its own room; this file only dispatches.
 
+pub mod tokenize;
+
 use crate::app::{self, Deps};
 use crate::config::Config;
 use crate::feedback::Watched;
@@ -39,7 +41,7 @@ enum Command {
         command: TokenizerCommand,
     },
     /// Count or encode text from standard input with the model's tokenizer.
-    Tokenize(crate::tokenize::cli::TokenizeArgs),
+    Tokenize(tokenize::TokenizeArgs),
     /// Capacity model of an accelerator + model (roofline, or the article formula docs/capacity.md corrects).
     Capacity(crate::capacity::cli::CapacityArgs),
     /// Run the simulated backend (OpenAI + MindIE APIs on a 910B3 capacity model).
@@ -60,7 +62,7 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum TokenizerCommand {
     /// Build a HuggingFace tokenizer.json from tiktoken ranks.
-    Import(crate::tokenize::cli::ImportArgs),
+    Import(tokenize::ImportArgs),
 }
 
 fn init_tracing() {
@@ -161,13 +163,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tokenizer {
             command: TokenizerCommand::Import(args),
-        } => crate::tokenize::cli::run_import(args),
+        } => tokenize::run_import(args),
         Command::Tokenize(args) => {
             let from_config = args.config.as_deref().map(|file| {
                 let tokenizer = crate::config::Config::load(file)?.into_inner().tokenizer;
                 anyhow::Ok((tokenizer.path, tokenizer.chat_template))
             });
-            crate::tokenize::cli::run_tokenize(args, from_config.transpose()?)
+            tokenize::run_tokenize(args, from_config.transpose()?)
         }
         Command::Capacity(args) => crate::capacity::cli::run_capacity(args),
         Command::Sim(args) => crate::sim::cli::run_sim(args),

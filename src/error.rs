@@ -2,13 +2,14 @@
 //! status, headers and OpenAI's `{"error": {"message", "type", "param", "code"}}` body (TGI's
 //! `{"error", "error_type"}` on MindIE's native routes).
 //! Every room returns its own typed failure ([`Denial`], [`LowerBound`], [`AdmitError`],
-//! [`PoolError`], [`BodyError`], [`UpstreamFailure`]); they all become an [`ApiError`] here, and
+//! [`PoolError`], [`BodyRefusal`], [`UpstreamFailure`]); they all become an [`ApiError`] here, and
 //! nowhere else.
 
 pub use crate::error_code::ErrorCode;
 
 use crate::admission::{AdmitError, ClassRefused, ClassShares};
 use crate::api::{Refusal, RefusalKind};
+use crate::body::{BodyError, BodyRefusal, ClosesConnection};
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
 use crate::reload::ReloadError;
 use crate::tenant::Unauthenticated;
@@ -761,16 +762,23 @@ impl From<PoolError> for ApiError {
     }
 }
 
-/// A client's request body that could not be read within `server.max_body_bytes` and
-/// `server.body_read_timeout`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyError {
-    /// Why the read stopped.
-    pub error: ReadError,
-    /// The size bound.
-    pub max_bytes: u64,
-    /// The time bound.
-    pub timeout: Duration,
+impl From<BodyRefusal> for ApiError {
+    /// 415 for a body not JSON, 413 for one of too many items; the rest as their own kind.
+    fn from(r: BodyRefusal) -> Self {
+        match r {
+            BodyRefusal::NotJson(_) => ApiError::unsupported_media_type(r.to_string()),
+            BodyRefusal::Unread(e) => e.into(),
+            BodyRefusal::TooManyItems(most) => ApiError::too_many_items(most),
+            BodyRefusal::Invalid(r) => r.into(),
+            BodyRefusal::Pool(e) => e.into(),
+        }
+    }
+}
+
+impl ClosesConnection for ApiError {
+    fn closing_connection(self) -> Self {
+        ApiError::closing_connection(self)
+    }
 }
 
 impl From<BodyError> for ApiError {
@@ -1244,6 +1252,42 @@ mod tests {
             )
         );
         assert_eq!(e.message, "this sheddable request waited 1s 500ms in the full KV queue (limit 256) and gave its place to a critical request; retry later");
+    }
+
+    #[test]
+    fn body_refusals_map_to_their_answers() {
+        let not_json = ApiError::from(BodyRefusal::NotJson("text/plain".into()));
+        assert_eq!(
+            (not_json.status, not_json.code, not_json.message.as_str()),
+            (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::UnsupportedMediaType,
+                "content-type must be application/json, got `text/plain`"
+            )
+        );
+        let items = ApiError::from(BodyRefusal::TooManyItems(7));
+        assert_eq!(
+            (items.status, items.code),
+            (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::PayloadTooLarge)
+        );
+        assert!(items
+            .message
+            .starts_with("request body holds more than 7 JSON"));
+        let invalid = ApiError::from(BodyRefusal::from(Refusal::invalid_param("n", "bad n")));
+        assert_eq!(
+            (invalid.status, invalid.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("n"))
+        );
+        let unread = ApiError::from(BodyRefusal::Unread(BodyError {
+            error: ReadError::TooLarge,
+            max_bytes: 5,
+            timeout: Duration::from_secs(3),
+        }));
+        assert_eq!(
+            unread.message,
+            "request body is larger than the limit of 5 bytes"
+        );
+        assert!(ClosesConnection::closing_connection(unread).closes_connection);
     }
 
     #[test]

@@ -653,7 +653,7 @@ impl Metrics {
 /// Wall-clock seconds since the Unix epoch (a timestamp for dashboards, never a decision).
 fn unix_now() -> f64 {
     use crate::clock::{Clock, SystemClock};
-    (SystemClock.wall().duration_since(std::time::UNIX_EPOCH)).map_or(0.0, |d| d.as_secs_f64())
+    SystemClock.wall_ms() as f64 / 1000.0
 }
 
 /// Label helper.

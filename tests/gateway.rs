@@ -2200,8 +2200,8 @@ async fn an_address_in_use_is_named_with_its_setting() {
 
 #[tokio::test]
 async fn tokenize_jsonl_counts_a_chat_as_the_gateway_charges_it() {
+    use tokengate::cli::tokenize::count_line;
     use tokengate::tokenize::chat::ChatTemplate;
-    use tokengate::tokenize::cli::count_line;
     let (gw, _backend) = gateway(FakeSpec::default()).await;
     let template = ChatTemplate::builtin_qwen35();
     let bodies = [

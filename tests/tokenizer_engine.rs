@@ -222,8 +222,8 @@ fn runs_of_vocabulary_characters_match_huggingface() {
 
 #[test]
 fn jsonl_lines_are_counted_with_the_tokenizer_and_the_chat_template() {
+    use tokengate::cli::tokenize::{count_line, run_jsonl};
     use tokengate::tokenize::chat::ChatTemplate;
-    use tokengate::tokenize::cli::{count_line, run_jsonl};
     let template = ChatTemplate::builtin_qwen35();
     let input: &[u8] = b"{\"text\": \"Hello, world!\"}\n{\"text\": 5}\n\
         {\"messages\": [{\"role\": \"user\", \"content\": \"Hello, world!\"}]}\n\

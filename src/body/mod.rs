@@ -3,13 +3,16 @@
 //! the tenant's budget for refused bodies ([`discard`]), its JSON items counted against
 //! `server.max_json_items`, and parsed as a JSON object (where it
 //! arrived when small, on the tenant's share of the worker pool when large); the body of a
-//! request refused unread is drained or left unread as [`discard`] decides.
+//! request refused unread is drained or left unread as [`discard`] decides. What it refuses
+//! is a typed [`BodyRefusal`] ([`refusal`]) the error room makes an answer: this room builds
+//! no answers and stands below the error room.
 
 pub mod discard;
+pub mod refusal;
 
 use crate::api::holds_more_items_than;
 use crate::api::request::read_json_body;
-use crate::error::{ApiError, BodyError};
+use crate::api::Refusal;
 use crate::tokenize::pool::TokenizePool;
 use crate::util::bounded::{read_paced, Bounded};
 use discard::{BodyCharge, Discarder};
@@ -17,6 +20,7 @@ use http::{header, HeaderMap, Request};
 use std::sync::Arc;
 
 pub use crate::api::JsonBody;
+pub use refusal::{BodyError, BodyRefusal, ClosesConnection};
 
 /// Request bodies up to this size are parsed where they arrive (well under a millisecond);
 /// larger ones on the tokenizer pool (see [`Bodies::read_body_json`]). As many bytes of every
@@ -42,13 +46,11 @@ pub struct Bodies {
 }
 
 /// The content type, checked before the body is read: JSON or none.
-pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), BodyRefusal> {
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or_default();
         if !is_json(ct) {
-            return Err(ApiError::unsupported_media_type(format!(
-                "content-type must be application/json, got `{ct}`"
-            )));
+            return Err(BodyRefusal::NotJson(ct.to_owned()));
         }
     }
     Ok(())
@@ -65,8 +67,8 @@ impl Bodies {
         &'a self,
         tenant: &'a str,
         body: Bounded<B>,
-        parse: impl FnOnce(JsonBody) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<(T, BodyCharge<'a>), ApiError>
+        parse: impl FnOnce(JsonBody) -> Result<T, Refusal> + Send + 'static,
+    ) -> Result<(T, BodyCharge<'a>), BodyRefusal>
     where
         B: http_body::Body,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -75,18 +77,20 @@ impl Bodies {
         let mut charge = self.discarder.charge_body(tenant);
         let read = read_paced(body, &mut charge).await;
         charge.read_all();
-        let bytes = read.map_err(|error| BodyError {
-            error,
-            max_bytes,
-            timeout,
+        let bytes = read.map_err(|error| {
+            BodyRefusal::Unread(BodyError {
+                error,
+                max_bytes,
+                timeout,
+            })
         })?;
         let bytes_len = bytes.len();
         let max_items = self.max_items;
         let job = move || {
             if holds_more_items_than(&bytes, max_items) {
-                return Err(ApiError::too_many_items(max_items));
+                return Err(BodyRefusal::TooManyItems(max_items));
             }
-            parse(read_json_body(bytes)?)
+            Ok(parse(read_json_body(bytes)?)?)
         };
         if bytes_len <= PARSE_INLINE_BYTES {
             return Ok((job()?, charge));
@@ -99,7 +103,12 @@ impl Bodies {
     /// of ([`discard`]): a short one is drained in the background at the tenant's pace, so the connection
     /// serves the client's next request; a long one, or one the client waits for `100
     /// Continue` to send, is left unread, and `e` closes the connection.
-    pub fn refuse_unread<B>(&self, tenant: &str, req: Request<Bounded<B>>, e: ApiError) -> ApiError
+    pub fn refuse_unread<B, E: ClosesConnection>(
+        &self,
+        tenant: &str,
+        req: Request<Bounded<B>>,
+        e: E,
+    ) -> E
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,

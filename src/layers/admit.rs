@@ -5,6 +5,7 @@
 //! which frees it when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
 //! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
 
+use super::step::{Step, StepLayer};
 use crate::admission::{Admission, Priority};
 pub use crate::admission::{KvGeometry, Sequences};
 use crate::error::{ApiError, NotAdmitted};
@@ -15,20 +16,17 @@ use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::Service;
 
 /// Step 9 as a layer: needs `Arc<Tenant>`, [`Cost`] and a [`TicketSlot`] (the charge layer's)
 /// in the request's extensions, and takes its [`Priority`] from them when there is one; adds the
 /// lease to the ticket.
-#[derive(Clone, Debug)]
-pub struct AdmitLayer {
-    shared: Arc<Shared>,
-}
+pub type AdmitLayer = StepLayer<Admitting>;
 
+/// What step 9 admits with.
 #[derive(Debug)]
-struct Shared {
+pub struct Admitting {
     admission: Admission,
     geometry: KvGeometry,
     metrics: Option<Arc<Metrics>>,
@@ -39,53 +37,30 @@ impl AdmitLayer {
     /// each tenant's queue wait, the queue's refusals by class and, per admitted request, its
     /// prompt and reserved tokens.
     pub fn new(admission: Admission, geometry: KvGeometry, metrics: Option<Arc<Metrics>>) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                admission,
-                geometry,
-                metrics,
-            }),
-        }
+        StepLayer::of(Admitting {
+            admission,
+            geometry,
+            metrics,
+        })
     }
 }
 
-impl<S> Layer<S> for AdmitLayer {
-    type Service = Admit<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Admit {
-            inner,
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-/// The service of [`AdmitLayer`].
-#[derive(Clone, Debug)]
-pub struct Admit<S> {
-    inner: S,
-    shared: Arc<Shared>,
-}
-
-impl<S, B> Service<Request<B>> for Admit<S>
+impl<S, B> Step<S, Request<B>> for Admitting
 where
-    S: Service<Request<B>> + Clone + Send + 'static,
+    S: Service<Request<B>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: Send + 'static,
 {
+    type Passes = Request<B>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
-        let shared = self.shared.clone();
+    fn run(
+        self: Arc<Self>,
+        req: Request<B>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
+        let shared = self;
         Box::pin(async move {
             let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;

@@ -5,64 +5,46 @@
 //! when it has one. A missing or unknown key is a 401; a header asking for a class above the
 //! tenant's, or for none, a 400 before anything is counted.
 
+use super::step::{Step, StepLayer};
 use crate::error::ApiError;
 use crate::record::Pending;
 use crate::reload::live::LiveConfig;
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tower::{Layer, Service};
+use tower::Service;
 
 /// Step 5 as a layer: adds `Arc<Tenant>` and [`Priority`](crate::admission::Priority).
-#[derive(Clone, Debug)]
-pub struct AuthenticateLayer {
+pub type AuthenticateLayer = StepLayer<Authenticating>;
+
+/// What step 5 authenticates against.
+#[derive(Debug)]
+pub struct Authenticating {
     live: Arc<LiveConfig>,
 }
 
 impl AuthenticateLayer {
     /// Authenticates against the tenants in force in `live`.
     pub fn new(live: Arc<LiveConfig>) -> Self {
-        Self { live }
+        StepLayer::of(Authenticating { live })
     }
 }
 
-impl<S> Layer<S> for AuthenticateLayer {
-    type Service = Authenticate<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Authenticate {
-            inner,
-            live: self.live.clone(),
-        }
-    }
-}
-
-/// The service of [`AuthenticateLayer`].
-#[derive(Clone, Debug)]
-pub struct Authenticate<S> {
-    inner: S,
-    live: Arc<LiveConfig>,
-}
-
-impl<S, B> Service<Request<B>> for Authenticate<S>
+impl<S, B> Step<S, Request<B>> for Authenticating
 where
-    S: Service<Request<B>> + Clone + Send + 'static,
+    S: Service<Request<B>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: Send + 'static,
 {
+    type Passes = Request<B>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
+    fn run(
+        self: Arc<Self>,
+        mut req: Request<B>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let authenticated = self.live.current().tenants.authenticate(req.headers());
         let classed = authenticated.map(|tenant| {
             if let Some(pending) = req.extensions().get::<Pending>() {

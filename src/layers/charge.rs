@@ -1,26 +1,27 @@
-//! Step 8, charge: a place among the tenant's requests in flight, then its quotas, then its
-//! buckets are charged the request's [`Cost`] (all or nothing), and the request goes on carrying
-//! the [`Ticket`] that holds all three, in a [`TicketSlot`] in its extensions. The cost is
+//! Step 8, charge, in three named parts: 8a the in-flight cap (a place among the tenant's
+//! requests in flight, `max_inflight`), 8b its quotas (reserved for the most the request may
+//! spend), 8c its buckets charged the request's [`Cost`] (all or nothing); the request goes on
+//! carrying the [`Ticket`] that holds all three, in a [`TicketSlot`] in its extensions. The cost is
 //! whatever [`Cost`] the request's extensions hold: our counting layer puts it there, or the
 //! user's own code does, so this layer works without our parser. What the ticket gives back,
 //! and when, is the settlement room's ([`crate::settle`]); a refusal after the charge ends the
 //! ticket [`Ending::Refused`].
 
+use super::step::{Step, StepLayer};
 use crate::api::request::GenerationRequest;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter};
 use crate::metrics::Metrics;
 use crate::quota::ledger::Usage;
-use crate::quota::Quotas;
+use crate::quota::{QuotaHold, Quotas};
 use crate::record::Pending;
 use crate::reload::live::LiveConfig;
 use crate::settle::{Ending, Ticket, TicketSlot};
-use crate::tenant::Tenant;
+use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tower::{Layer, Service};
+use tower::Service;
 
 /// The limits a tenant is charged under: its own, as the request's `Arc<Tenant>` carries them
 /// ([`AsAuthenticated`]), or the ones in force at the charge (the gateway's: a reload may have
@@ -54,13 +55,11 @@ impl LimitsInForce for Arc<LiveConfig> {
 
 /// Step 8 as a layer: needs `Arc<Tenant>` and [`Cost`] in the request's extensions, adds a
 /// [`TicketSlot`].
-#[derive(Clone, Debug)]
-pub struct ChargeLayer<L = AsAuthenticated> {
-    shared: Arc<Shared<L>>,
-}
+pub type ChargeLayer<L = AsAuthenticated> = StepLayer<Charging<L>>;
 
+/// What step 8 charges with.
 #[derive(Clone, Debug)]
-struct Shared<L> {
+pub struct Charging<L> {
     limiter: Limiter,
     limits: L,
     metrics: Option<Arc<Metrics>>,
@@ -71,102 +70,90 @@ impl<L: LimitsInForce> ChargeLayer<L> {
     /// Charges `limiter`'s buckets under the tenants' limits `limits` finds. With `metrics`,
     /// each tenant's requests in flight are shown in its gauge.
     pub fn new(limiter: Limiter, limits: L, metrics: Option<Arc<Metrics>>) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                limiter,
-                limits,
-                metrics,
-                quotas: None,
-            }),
-        }
+        StepLayer::of(Charging {
+            limiter,
+            limits,
+            metrics,
+            quotas: None,
+        })
     }
 
     /// Reserves the tenants' quotas too, before their buckets.
     pub fn with_quotas(self, quotas: Quotas) -> Self {
-        let mut shared = Shared::clone(&self.shared);
-        shared.quotas = Some(quotas);
-        Self {
-            shared: Arc::new(shared),
-        }
+        let mut step = Charging::clone(self.step());
+        step.quotas = Some(quotas);
+        StepLayer::of(step)
     }
 }
 
-impl<S, L> Layer<S> for ChargeLayer<L> {
-    type Service = Charge<S, L>;
+impl<L> Charging<L> {
+    /// 8a, the in-flight cap: a place among `tenant`'s requests in flight (`max_inflight`),
+    /// taken before anything is charged, so a refusal here charges nothing.
+    fn enter_in_flight(&self, tenant: &Tenant) -> Result<InFlightPlace, ApiError> {
+        let gauge = (self.metrics.as_deref()).map(|m| tenant.metrics.inflight(m).clone());
+        let caps = tenant.caps;
+        (tenant.in_flight.enter(caps.max_inflight, gauge)).map_err(|held| {
+            ApiError::concurrency_exceeded(
+                format!(
+                    "tenant {} has {held} requests in flight; max_inflight is {}",
+                    tenant.name,
+                    caps.max_inflight.unwrap_or(u32::MAX)
+                ),
+                CONCURRENCY_RETRY_AFTER,
+            )
+        })
+    }
 
-    fn layer(&self, inner: S) -> Self::Service {
-        Charge {
-            inner,
-            shared: self.shared.clone(),
-        }
+    /// 8b, the quotas: `tenant`'s quotas reserved for the most `cost` may spend on `model`
+    /// (none when the gateway or the tenant has none), before the buckets.
+    async fn reserve_quotas(
+        &self,
+        tenant: &Tenant,
+        model: &str,
+        cost: Cost,
+    ) -> Result<Option<QuotaHold>, ApiError> {
+        let Some(quotas) = self.quotas.as_ref().filter(|_| !tenant.quotas.is_empty()) else {
+            return Ok(None);
+        };
+        let most = Usage {
+            prompt: cost.prefill,
+            cached: 0,
+            output: cost.decode,
+        };
+        let hold = quotas
+            .reserve(&tenant.name, &tenant.quotas, model, most)
+            .await;
+        hold.map(Some).map_err(|e| ApiError::quota(&tenant.name, e))
     }
 }
 
-/// The service of [`ChargeLayer`].
-#[derive(Clone, Debug)]
-pub struct Charge<S, L = AsAuthenticated> {
-    inner: S,
-    shared: Arc<Shared<L>>,
-}
-
-impl<S, L, B> Service<Request<B>> for Charge<S, L>
+impl<S, L, B> Step<S, Request<B>> for Charging<L>
 where
-    S: Service<Request<B>> + Clone + Send + 'static,
+    S: Service<Request<B>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     L: LimitsInForce,
     B: Send + 'static,
 {
+    type Passes = Request<B>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        // The clone that was made ready goes with this request.
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
-        let shared = self.shared.clone();
+    fn run(
+        self: Arc<Self>,
+        mut req: Request<B>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
+        let shared = self;
         Box::pin(async move {
             let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let current = shared.limits.in_force(&tenant)?;
-            // A place among the tenant's requests in flight before anything is charged: a
-            // refusal here charges nothing.
-            let gauge = (shared.metrics.as_deref()).map(|m| current.metrics.inflight(m).clone());
-            let caps = current.caps;
-            let place = (current.in_flight.enter(caps.max_inflight, gauge)).map_err(|held| {
-                ApiError::concurrency_exceeded(
-                    format!(
-                        "tenant {} has {held} requests in flight; max_inflight is {}",
-                        current.name,
-                        caps.max_inflight.unwrap_or(u32::MAX)
-                    ),
-                    CONCURRENCY_RETRY_AFTER,
-                )
-            })?;
-            // The quotas before the buckets: a refusal by the buckets drops the hold unused,
-            // which gives its reservation back.
-            let quota = match &shared.quotas {
-                Some(quotas) if !current.quotas.is_empty() => {
-                    let model = (req.extensions().get::<GenerationRequest>())
-                        .map_or("", |p| p.model.as_str());
-                    let most = Usage {
-                        prompt: cost.prefill,
-                        cached: 0,
-                        output: cost.decode,
-                    };
-                    let hold = (quotas
-                        .reserve(&current.name, &current.quotas, model, most)
-                        .await)
-                        .map_err(|e| ApiError::quota(&current.name, e))?;
-                    Some(hold)
-                }
-                _ => None,
-            };
+            // 8a, then 8b, then 8c: a refusal by a later part drops what the earlier ones
+            // hold, which gives it back.
+            let place = shared.enter_in_flight(&current)?;
+            let model =
+                (req.extensions().get::<GenerationRequest>()).map_or("", |p| p.model.as_str());
+            let quota = shared.reserve_quotas(&current, model, cost).await?;
             let reservation = shared
                 .limiter
                 .reserve(&current.name, &current.limits, cost)

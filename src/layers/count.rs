@@ -15,6 +15,7 @@
 //! checks only peek; the charge layer charges.
 
 use super::admit::{KvGeometry, Sequences};
+use super::step::{Step, StepLayer};
 use crate::admission::{Admission, Priority};
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
@@ -22,7 +23,7 @@ use crate::api::ParseLimits;
 use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::body::{check_content_type, Bodies};
-use crate::config::ValidConfig;
+use crate::config::{ModelConfig, Runner, ValidConfig};
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
 use crate::metrics::{Metrics, TenantLabel};
@@ -33,35 +34,31 @@ use crate::tokenize::chat::ChatPrompt;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::{TokenCount, Tokenizer};
 use crate::util::bounded::Bounded;
-use crate::vision;
+use crate::vision::{self, VisionRules};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::Request;
 use http_body_util::Empty;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::Service;
 
 /// Steps 6-7 as a layer: needs `Arc<Tenant>` and [`Route`] in the request's extensions, adds
 /// [`GenerationRequest`] (its prompt taken out) and [`Cost`].
-#[derive(Clone, Debug)]
-pub struct CountLayer {
-    counter: Arc<Counter>,
-}
+pub type CountLayer = StepLayer<Counter>;
 
 impl CountLayer {
     /// Parses and counts with `counter`.
     pub fn new(counter: Arc<Counter>) -> Self {
-        Self { counter }
+        StepLayer::of(counter)
     }
 }
 
 /// What steps 6-7 read and count with.
 #[derive(Debug, Clone)]
 pub struct Counter {
-    /// The model's names and lengths, the vision rules (restart-only settings).
-    pub config: Arc<ValidConfig>,
+    /// What counting reads of the config (restart-only settings).
+    pub settings: Arc<CountSettings>,
     /// The buckets, peeked (never charged) before the body is read and before counting.
     pub limiter: Limiter,
     /// How bodies are read.
@@ -80,6 +77,44 @@ pub struct Counter {
     pub kv: Option<KvCheck>,
 }
 
+/// What counting and the local answers read of the config, and no more.
+#[derive(Clone, Debug)]
+pub struct CountSettings {
+    /// The model's names, context and default output (`[model]`).
+    pub model: ModelConfig,
+    /// What images and video may be and cost (`[vision]`).
+    pub vision_rules: VisionRules,
+    /// `server.max_body_bytes`: also the most text `/detokenize` answers.
+    pub max_body_bytes: u64,
+    /// The largest answer a generating backend may send (`backends[].max_response_bytes`):
+    /// the log probabilities a request asks for must fit in it.
+    pub max_response_bytes: u64,
+    /// Whether every generating backend clamps a request's output to what the context leaves
+    /// ([`ValidConfig::clamps_output_to_context`]).
+    pub clamps_output_to_context: bool,
+    /// The requests the generating backends run at once (their `max_batch`es), as TGI's
+    /// `/info` says it.
+    pub max_concurrent_requests: u64,
+}
+
+impl CountSettings {
+    /// The settings `config` gives.
+    pub fn of(config: &ValidConfig) -> Self {
+        let generating = || config.running(Runner::Generate).map(|(b, _)| b);
+        Self {
+            model: config.model.clone(),
+            vision_rules: config.vision_rules.clone(),
+            max_body_bytes: config.server.max_body_bytes,
+            max_response_bytes: generating()
+                .map(|b| b.max_response_bytes)
+                .max()
+                .unwrap_or(0),
+            clamps_output_to_context: config.clamps_output_to_context(),
+            max_concurrent_requests: generating().map(|b| u64::from(b.max_batch())).sum(),
+        }
+    }
+}
+
 /// What tells a request that could never be admitted so, before it is charged: the backends'
 /// admission and the model's KV geometry.
 #[derive(Clone, Debug)]
@@ -90,45 +125,24 @@ pub struct KvCheck {
     pub geometry: KvGeometry,
 }
 
-impl<S> Layer<S> for CountLayer {
-    type Service = Count<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Count {
-            inner,
-            counter: self.counter.clone(),
-        }
-    }
-}
-
-/// The service of [`CountLayer`].
-#[derive(Clone, Debug)]
-pub struct Count<S> {
-    inner: S,
-    counter: Arc<Counter>,
-}
-
-impl<S, B> Service<Request<Bounded<B>>> for Count<S>
+impl<S, B> Step<S, Request<Bounded<B>>> for Counter
 where
-    S: Service<Request<Empty<Bytes>>> + Clone + Send + 'static,
+    S: Service<Request<Empty<Bytes>>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    type Passes = Request<Empty<Bytes>>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Request<Bounded<B>>) -> Self::Future {
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
-        let counter = self.counter.clone();
+    fn run(
+        self: Arc<Self>,
+        req: Request<Bounded<B>>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
+        let counter = self;
         Box::pin(async move {
             let req = counter.count(req).await?;
             inner.call(req).await.map_err(Into::into)
@@ -210,7 +224,7 @@ impl Counter {
         check_content_type(req.headers())?;
         // A Triton route names its model in the path: one not served is refused unread.
         if let Some(model) = route.path_model(req.uri().path()) {
-            if !self.config.model.served_names.iter().any(|n| n == model) {
+            if !self.settings.model.served_names.iter().any(|n| n == model) {
                 let e = ApiError::model_not_found(model);
                 return Err(self.bodies.refuse_unread(&tenant.name, req, e));
             }
@@ -228,7 +242,7 @@ impl Counter {
             return Err(self.bodies.refuse_unread(&tenant.name, req, e));
         }
         let (mut parts, body) = req.into_parts();
-        let config = self.config.clone();
+        let config = self.settings.clone();
         // Read at the tenant's pace for refused bodies; the charge is kept if this request is
         // refused before the end of this step.
         let (mut parsed, body_charge) = self
@@ -240,7 +254,7 @@ impl Counter {
                     vision: &config.vision_rules,
                 };
                 // Forwarded as sent where the rewrite changes nothing.
-                Ok(api::parse_generation(route, body, &limits)?)
+                api::parse_generation(route, body, &limits)
             })
             .await?;
         // A refusal from here on is recorded with the model it named.
@@ -337,7 +351,7 @@ impl Counter {
                 parsed.endpoint,
                 Route::OpenAi(Endpoint::Chat) | Route::Responses
             )
-            && max_output < self.config.model.max_model_len - prompt_tokens
+            && max_output < self.settings.model.max_model_len - prompt_tokens
         {
             // vLLM alone would let this chat write up to the context: the gateway's cap shows.
             self.metrics
@@ -387,11 +401,7 @@ impl Counter {
         let least = (asked.bytes_per_token)
             .saturating_mul(max_output)
             .saturating_mul(sequences);
-        let generating = self.config.backends.iter();
-        let limit = (generating.filter(|b| b.runner == crate::config::Runner::Generate))
-            .map(|b| b.max_response_bytes)
-            .max()
-            .unwrap_or(0);
+        let limit = self.settings.max_response_bytes;
         if least <= limit {
             return Ok(());
         }
@@ -508,9 +518,9 @@ impl Counter {
 
     /// Whether `req`'s output limit is clamped to what the context leaves rather than refused
     /// past it: on the routes vLLM serves, when every generating backend is a vLLM that does so
-    /// ([`ValidConfig::clamps_output_to_context`]).
+    /// ([`CountSettings::clamps_output_to_context`]).
     fn clamps(&self, req: &GenerationRequest) -> bool {
-        !matches!(req.endpoint, Route::MindIe(_)) && self.config.clamps_output_to_context()
+        !matches!(req.endpoint, Route::MindIe(_)) && self.settings.clamps_output_to_context
     }
 
     /// The longest prompt `req` may have: the context minus the output asked for (the prompt
@@ -518,7 +528,7 @@ impl Counter {
     /// no more than the tenant's prefill burst. Counting stops past it: a longer prompt is
     /// refused whatever its exact count (a batch's prompts together stop at the burst).
     fn prompt_ceiling(&self, tenant: &Tenant, req: &GenerationRequest) -> u64 {
-        let max_len = self.config.model.max_model_len;
+        let max_len = self.settings.model.max_model_len;
         let context = match (req.truncate_to, req.requested_max_tokens) {
             // Cut where the request says (a pooling route's `truncate_prompt_tokens`, the
             // Responses API's `truncation`): past it, only the cut runs.
@@ -545,7 +555,7 @@ impl Counter {
         req: &GenerationRequest,
         prompt: TokenCount,
     ) -> Result<u64, ApiError> {
-        let max_len = self.config.model.max_model_len;
+        let max_len = self.settings.model.max_model_len;
         let (prompt_tokens, least) = match prompt {
             TokenCount::Exact(n) => (n as u64, ""),
             TokenCount::AtLeast(n) => (n as u64, "at least "),
@@ -573,7 +583,7 @@ impl Counter {
             ))
             .with_param(req.endpoint.prompt_param())),
             _ => {
-                let default = self.config.model.default_max_tokens;
+                let default = self.settings.model.default_max_tokens;
                 // What vLLM would allow on its own: its completions' 16, else the context.
                 let vllm = req.endpoint.backend_default_max_tokens().unwrap_or(room);
                 default
@@ -627,12 +637,7 @@ mod tests {
 
     /// A completion request from alice with `body`, bounded as step 3 bounds it.
     async fn completion(gw: &Counting, body: impl Into<Bytes>) -> Request<Bounded<Full<Bytes>>> {
-        let server = &gw.counter.config.server;
-        let body = Bounded::new(
-            Full::new(body.into()),
-            server.max_body_bytes,
-            server.body_read_timeout,
-        );
+        let body = crate::layers::testing::bounded(Full::new(body.into()));
         let mut req = Request::new(body);
         let alice = gw.alice.clone();
         req.extensions_mut().insert(alice);
@@ -802,12 +807,7 @@ mod tests {
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.clone()))
             .service_fn(costed);
-        let server = &gw.config.server;
-        let body = Bounded::new(
-            Full::new(Bytes::from(body)),
-            server.max_body_bytes,
-            server.body_read_timeout,
-        );
+        let body = crate::layers::testing::bounded(Full::new(Bytes::from(body)));
         let mut req = Request::new(body);
         req.extensions_mut().insert(alice.clone());
         req.extensions_mut().insert(route);

@@ -9,9 +9,12 @@
 //! | the outcome | [`RecordLayer`] | `layers/record.rs` | | [`Pending`](crate::record::Pending) (the request's record), [`Arrived`](crate::record::Arrived) |
 //! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Priority`](crate::admission::Priority) |
 //! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the bounded body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost), [`Sequences`] |
-//! | 8 charge | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`](crate::settle::TicketSlot) (the [`Ticket`](crate::settle::Ticket)) |
+//! | 8 charge: 8a in-flight cap, 8b quotas, 8c buckets | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`](crate::settle::TicketSlot) (the [`Ticket`](crate::settle::Ticket)) |
 //! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` (and [`Sequences`], one when absent) | the KV lease, in the ticket |
 //! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket until it ends (`settle/`) |
+//!
+//! Every step but the body's bound is a [`StepLayer`] of what it does (a [`Step`]): the layer
+//! and service skeleton ([`step`]) is written once.
 //!
 //! Every layer's error is an [`ApiError`](crate::error::ApiError) (its inner service's error
 //! converts into one), and none reads the body but the counting layer, so the charge and
@@ -27,6 +30,7 @@ pub mod charge;
 pub mod count;
 pub(crate) mod extensions;
 pub mod record;
+pub mod step;
 
 pub use admit::{AdmitLayer, KvGeometry, Sequences};
 pub use authenticate::AuthenticateLayer;
@@ -34,6 +38,7 @@ pub use bound::BoundBodyLayer;
 pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce};
 pub use count::CountLayer;
 pub use record::RecordLayer;
+pub use step::{Step, StepLayer, Stepped};
 
 /// What the layers' tests share: a limiter on a manual clock, one tenant, requests carrying a
 /// [`Cost`](crate::limiter::Cost) on an in-memory body.
@@ -135,6 +140,13 @@ pub(crate) mod testing {
     pub fn live(requests_per_second: f64) -> Arc<LiveConfig> {
         let config = config_to(NO_BACKEND, requests_per_second);
         Arc::new(LiveConfig::new(Arc::new(config)))
+    }
+
+    /// `body` bounded as step 3 bounds it under [`gateway_to`]'s config.
+    pub fn bounded<B>(body: B) -> crate::util::bounded::Bounded<B> {
+        let config = config_to(NO_BACKEND, 10.0);
+        let server = &config.server;
+        crate::util::bounded::Bounded::new(body, server.max_body_bytes, server.body_read_timeout)
     }
 
     /// What the counting layer of [`gateway_to`] counts with (its limiter on a clock that stands

@@ -7,6 +7,7 @@
 //! [`crate::record`]). A refused request is recorded with its error code, under its tenant
 //! (`unknown` when its key named none), with the id the client sent only once its key checked.
 
+use super::step::{Step, StepLayer};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::record::{Arrived, Pending, Recorder};
@@ -14,13 +15,15 @@ use crate::request_id::{request_id, GatewayMade};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::time::Instant;
-use tower::{Layer, Service};
+use tower::Service;
 
 /// The outcome layer: adds [`Pending`] and [`Arrived`].
-#[derive(Clone, Debug)]
-pub struct RecordLayer {
+pub type RecordLayer = StepLayer<Recording>;
+
+/// Where step 5-11's outcomes are recorded and counted.
+#[derive(Debug)]
+pub struct Recording {
     recorder: Arc<Recorder>,
     metrics: Arc<Metrics>,
 }
@@ -28,48 +31,27 @@ pub struct RecordLayer {
 impl RecordLayer {
     /// Records every request in `recorder` and counts its outcome in `metrics`.
     pub fn new(recorder: Arc<Recorder>, metrics: Arc<Metrics>) -> Self {
-        Self { recorder, metrics }
+        StepLayer::of(Recording { recorder, metrics })
     }
 }
 
-impl<S> Layer<S> for RecordLayer {
-    type Service = Record<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Record {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service of [`RecordLayer`].
-#[derive(Clone, Debug)]
-pub struct Record<S> {
-    inner: S,
-    layer: RecordLayer,
-}
-
-impl<S, B> Service<Request<B>> for Record<S>
+impl<S, B> Step<S, Request<B>> for Recording
 where
-    S: Service<Request<B>> + Clone + Send + 'static,
+    S: Service<Request<B>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: Send + 'static,
 {
+    type Passes = Request<B>;
     type Response = S::Response;
-    type Error = ApiError;
-    type Future = BoxFuture<'static, Result<S::Response, ApiError>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ApiError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+    fn run(
+        self: Arc<Self>,
+        mut req: Request<B>,
+        mut inner: S,
+    ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let arrived = Instant::now();
-        let mut inner = self.inner.clone();
-        std::mem::swap(&mut self.inner, &mut inner);
-        let RecordLayer { recorder, metrics } = self.layer.clone();
+        let (recorder, metrics) = (self.recorder.clone(), self.metrics.clone());
         let made_here = req.extensions().get::<GatewayMade>().is_some();
         let (pending, hold) = Pending::open(
             recorder,

@@ -12,13 +12,12 @@
 
 use super::upstream::Upstream;
 use super::{full, json_response, json_text_response, GatewayBody};
-use crate::api::Prompt;
 use crate::api::{anthropic, openai};
+use crate::api::{Prompt, Refusal};
 use crate::body::check_content_type;
 use crate::body::discard::BodyCharge;
-use crate::config::{Runner, ValidConfig};
 use crate::error::{Allow, ApiError};
-use crate::layers::count::Counter;
+use crate::layers::count::{CountSettings, Counter};
 use crate::limiter::Cost;
 use crate::tenant::Tenant;
 use crate::tokenize::TokenCount;
@@ -101,7 +100,7 @@ where
         Local::Detokenize => detokenize(counter, req).await,
         Local::CountTokens => count_tokens(counter, req).await,
         Local::Models => models(upstreams, req).await,
-        Local::Info => Ok(json_response(StatusCode::OK, &info(&counter.config))),
+        Local::Info => Ok(json_response(StatusCode::OK, &info(&counter.settings))),
     }
 }
 
@@ -137,7 +136,7 @@ async fn read_local<'a, B, T: Send + 'static>(
     tenant: &'a Tenant,
     req: Request<Bounded<B>>,
     least: Cost,
-    parse: impl FnOnce(&Map<String, Value>, &ValidConfig) -> Result<T, ApiError> + Send + 'static,
+    parse: impl FnOnce(&Map<String, Value>, &CountSettings) -> Result<T, Refusal> + Send + 'static,
 ) -> Result<(T, BodyCharge<'a>), ApiError>
 where
     B: http_body::Body + Send + 'static,
@@ -150,7 +149,7 @@ where
     if let Err(e) = counter.check_at_least(tenant, least, [true; 3]).await {
         return Err(counter.bodies.refuse_unread(&tenant.name, req, e));
     }
-    let config = counter.config.clone();
+    let config = counter.settings.clone();
     counter
         .bodies
         .read_body_json(&tenant.name, req.into_body(), move |body| {
@@ -159,12 +158,13 @@ where
             if let Some(v) = body.get("model").filter(|v| !v.is_null() && *v != "") {
                 let m = v.as_str().unwrap_or_default();
                 if !config.model.served_names.iter().any(|n| n == m) {
-                    return Err(ApiError::model_not_found(m));
+                    return Err(Refusal::model_not_found(m));
                 }
             }
             parse(&body, &config)
         })
         .await
+        .map_err(ApiError::from)
 }
 
 /// `work`, the answer of a local request whose body was read with `body_charge`, charged the
@@ -201,10 +201,10 @@ where
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let ((prompt, spell), body_charge) =
         read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
-            Ok(openai::parse_tokenize(body, &config.vision_rules)?)
+            openai::parse_tokenize(body, &config.vision_rules)
         })
         .await?;
-    let max_len = counter.config.model.max_model_len;
+    let max_len = counter.settings.model.max_model_len;
     within_the_context(&counter, &tenant, &prompt).await?;
     let ids = charged(&counter, &tenant, body_charge, async {
         let ids = counter.encode_prompt(&tenant.name, prompt).await?;
@@ -238,11 +238,7 @@ where
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (prompt, body_charge) = read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
-        Ok(anthropic::parse_count_tokens(
-            body,
-            &config.model.served_names,
-            &config.vision_rules,
-        )?)
+        anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
     })
     .await?;
     let tokens = within_the_context(&counter, &tenant, &prompt).await?;
@@ -260,11 +256,9 @@ where
 /// clients (`models` with `max_total_tokens`, `max_input_length`; what the gateway does not know
 /// of the engine, as its prefill budget and weights' dtype, is null, as MindIE writes what it
 /// does not support). It costs nothing, as `/v1/models` does.
-fn info(config: &ValidConfig) -> Value {
-    let model = &config.model;
-    let concurrent: u64 = (config.running(Runner::Generate))
-        .map(|(b, _)| u64::from(b.max_batch()))
-        .sum();
+fn info(settings: &CountSettings) -> Value {
+    let model = &settings.model;
+    let concurrent = settings.max_concurrent_requests;
     let max_input = model.max_model_len.saturating_sub(1);
     serde_json::json!({
         "model_id": model.served_names[0],
@@ -304,11 +298,11 @@ where
 {
     let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (ids, body_charge) = read_local(&counter, &tenant, req, ONE_REQUEST, |body, _| {
-        Ok(openai::parse_detokenize(body)?)
+        openai::parse_detokenize(body)
     })
     .await?;
     let tokenizer = counter.tokenizer.clone();
-    let max = counter.config.server.max_body_bytes;
+    let max = counter.settings.max_body_bytes;
     let most = usize::try_from(max).unwrap_or(usize::MAX);
     let count = ids.len();
     // Decoding an id is a lookup and a copy, cheaper than tokenizing a byte: as many ids as
@@ -340,7 +334,7 @@ async fn within_the_context(
     tenant: &Tenant,
     prompt: &Prompt,
 ) -> Result<u64, ApiError> {
-    let max_len = counter.config.model.max_model_len;
+    let max_len = counter.settings.model.max_model_len;
     let counted = counter
         .count_prompt(&tenant.name, prompt.clone(), max_len)
         .await?;

@@ -1,7 +1,8 @@
 //! The request path of DESIGN.md, written once. `main_stack` is the main listener's whole
 //! chain, outermost first: 1 request id and span, 2 a panic as a 500 and every refusal as its
 //! answer, 3 the body's bounds, 4 the route table; a generation route then runs
-//! [`lane_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge, 9 admit,
+//! [`lane_service`]: the outcome record, 5 authenticate, 6-7 count, 8 charge (8a the in-flight
+//! cap, 8b the quotas, 8c the buckets), 9 admit,
 //! 10-11 forward and meter (see [`crate::layers`] for what each leaves in the request's
 //! extensions). `/tokenize`, `/detokenize` and `/v1/models` are answered after step 5 alone. The admin listener
 //! has steps 1-2 around its own routes. The listeners that serve them are [`super`]'s.
@@ -104,7 +105,9 @@ where
         // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
         //      buckets cannot give even the least a request costs)
         .layer(CountLayer::new(lane.counter.clone()))
-        // 8. charge the buckets (under the limits in force now): the request's `Ticket`
+        // 8. charge, under the limits in force now: 8a a place under the tenant's in-flight
+        //    cap, 8b its quotas reserved (`with_quotas`), 8c its buckets; the request's
+        //    `Ticket` holds all three
         .layer(
             ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), metrics.clone())
                 .with_quotas(gw.quotas.clone()),

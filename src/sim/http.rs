@@ -3,6 +3,7 @@
 //! `/sim/tpot-slo` (the TPOT SLO this engine holds, which `tokengate loadgen` scores by).
 //! Errors come in OpenAI's shape, and in TGI's on MindIE's native routes.
 
+use super::config::{Faults, SimConfig, SimStats};
 use super::engine::{EngineConfig, SeqRequest};
 use super::metrics::SimMetrics;
 use super::prefix::PrefixCache;
@@ -10,7 +11,6 @@ use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
 use super::timing::StepTiming;
 use super::wire::{parse_converted, parse_native, parse_openai, unix_now, Api, Finish, Job, Meta};
-use super::{Faults, SimConfig, SimStats};
 use crate::api::Native;
 use crate::api::{Route, Wire};
 use crate::capacity::{held_tpot_slo_seconds, mean_context_tokens};

@@ -7,6 +7,8 @@ use ::http::{Request, StatusCode};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
+use std::time::Duration;
+use timing::StepTiming;
 
 async fn sim(cfg: SimConfig) -> SimHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

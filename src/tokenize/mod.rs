@@ -1,13 +1,12 @@
 //! Tokenizer room: the model's tokenizer (a fast exact engine over the vocabulary and merge
 //! list of `tokenizer.json`, with the HuggingFace `tokenizers` crate as loader and fallback), the bounded worker pool that runs it
-//! off the async executor, the tiktoken-ranks import, and the `tokenize` / `tokenizer import`
-//! CLI commands.
+//! off the async executor, and the tiktoken-ranks import (the `tokenize` / `tokenizer import`
+//! commands that drive them live in `src/cli/tokenize.rs`).
 
 mod bpe;
 pub mod byte_level;
 pub mod cache;
 pub mod chat;
-pub mod cli;
 pub mod engine;
 pub mod import;
 pub mod pool;

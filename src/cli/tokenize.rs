@@ -1,5 +1,6 @@
-//! Tokenizer room: the `tokenizer import` and `tokenize` subcommands (argument structs and
-//! their `run_*` functions; the lead wires them into `src/cli.rs`).
+//! The `tokenizer import` and `tokenize` subcommands (argument structs and their `run_*`
+//! functions, dispatched by `src/cli.rs`). They stand above the tokenizer, the request readers
+//! and the vision rules they drive, so none of those rooms imports back up to a command.
 
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
@@ -7,12 +8,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::chat::{ChatRoute, ChatTemplate};
-use super::engine::Tokenizer;
-use super::import::import_file;
-use super::preset::{preset, PRESETS};
 use crate::api::openai::parse_chat_prompt;
 use crate::api::Prompt;
+use crate::tokenize::chat::{ChatRoute, ChatTemplate};
+use crate::tokenize::import::import_file;
+use crate::tokenize::preset::{preset, PRESETS};
+use crate::tokenize::Tokenizer;
 use crate::vision::{self, VisionRules};
 
 /// `tokengate tokenizer import --tiktoken FILE --preset qwen3.5 --out PATH`
