@@ -375,6 +375,7 @@ def named_cases():
              "/v1/completions"),
         case("use_beam_search", chat([U], use_beam_search=True)),
         case("body priority", chat([U], priority=-10)),
+        case("vllm_xargs", chat([U], vllm_xargs={"x": 1})),
         case("request-level chat_template", chat([U], chat_template="{{ messages[0].content }}")),
         case("completions", {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3},
              "/v1/completions"),
@@ -475,9 +476,9 @@ def edge_cases():
         case("model empty", {"model": "", "prompt": "Once", "max_tokens": 2}, "/v1/completions"),
         case("a UTF-8 byte order mark before the body",
              b"\xef\xbb\xbf" + json.dumps(chat([U])).encode()),
-        case("NaN in a field vLLM passes on (vllm_xargs)", raw(
+        case("NaN in a field vLLM passes over (an unknown member)", raw(
             '{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, '
-            '"vllm_xargs": {"x": NaN}}' % MODEL)),
+            '"client_data": {"x": NaN}}' % MODEL)),
         case("a tool schema with NaN and Infinity", raw(
             '{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}], '
             '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": '
@@ -914,6 +915,7 @@ KNOWN = {
     "best_of 2": ("gateway 400", "one sequence is reserved; vLLM 0.32 ignores best_of"),
     "use_beam_search": ("gateway 400", "a beam search decodes several sequences"),
     "body priority": ("gateway 400", "a negative priority would lift a request above its class"),
+    "vllm_xargs": ("gateway 400", "the engine's extension arguments are the deployment's to set"),
     "pooling /v1/embeddings: padded": (
         "gateway 400", "each text would run padded to the whole context"),
     "pooling /score: a multimodal document": (

@@ -701,6 +701,9 @@ KNOWN = [
      "it changes how media are read"),
     ("chat_template", "gateway refused", truthy_set("chat_template"),
      "a request's own template is not counted"),
+    ("vllm_xargs", "gateway refused",
+     lambda c: tagged(c, "vllm_xargs", lambda kind, v: v is not None and kind != "absent"),
+     "arguments to the engine's own extensions are the deployment's to set"),
 ]
 
 
