@@ -108,17 +108,18 @@ impl Priority {
 
     /// The class of a request that has class `self` (its tenant's, or the lower one its header
     /// asked for; `ceiling` is the tenant's) and sent `tier` as its `service_tier`: the tier's
-    /// class clamped to `ceiling`, never above `self`. `nullable`: whether the route reads null
-    /// as `auto` (OpenAI's chat and completions do; vLLM's Responses API refuses it).
+    /// class clamped to `ceiling`, never above `self`. `lenient`: whether the route passes
+    /// over a value that is not a tier (null included), leaving the class as it is: vLLM's chat
+    /// and completions do not read the field, and serve whatever it holds; its Responses API
+    /// refuses anything but a tier.
     pub fn for_service_tier(
         self,
         ceiling: Priority,
         tier: Option<&Value>,
-        nullable: bool,
+        lenient: bool,
     ) -> Result<Priority, ClassRefused> {
         let asked = match tier {
             None => return Ok(self),
-            Some(Value::Null) if nullable => return Ok(self),
             Some(Value::String(s)) => match s.as_str() {
                 "auto" => return Ok(self),
                 "priority" | "scale" => Some(Priority::Critical),
@@ -130,6 +131,7 @@ impl Priority {
         };
         match asked {
             Some(asked) => Ok(self.min(asked.min(ceiling))),
+            None if lenient => Ok(self),
             None => Err(ClassRefused {
                 param: SERVICE_TIER,
                 message: format!(
@@ -268,21 +270,25 @@ mod tests {
     }
 
     #[test]
-    fn a_service_tier_that_is_not_one_is_a_400_naming_the_field() {
+    fn a_service_tier_that_is_not_one_is_a_400_naming_the_field_where_vllm_reads_it() {
         use serde_json::json;
-        let refused = |tier: serde_json::Value, nullable| {
+        let refused = |tier: &serde_json::Value| {
             let e = Priority::Critical
-                .for_service_tier(Priority::Critical, Some(&tier), nullable)
+                .for_service_tier(Priority::Critical, Some(tier), false)
                 .unwrap_err();
             ApiError::from(e)
         };
-        for (tier, nullable, shown) in [
-            (json!("Priority"), true, r#""Priority""#),
-            (json!("standard"), true, r#""standard""#),
-            (json!(1), true, "1"),
-            (json!(null), false, "null"),
+        for (tier, shown) in [
+            (json!("Priority"), r#""Priority""#),
+            (json!("standard"), r#""standard""#),
+            (json!(1), "1"),
+            (json!(null), "null"),
         ] {
-            let e = refused(tier, nullable);
+            // Where vLLM does not read the field, the class stays as it was.
+            let passed_over =
+                Priority::Standard.for_service_tier(Priority::Critical, Some(&tier), true);
+            assert_eq!(passed_over.unwrap(), Priority::Standard, "{tier}");
+            let e = refused(&tier);
             assert_eq!(
                 (e.status, e.code, e.param.as_deref()),
                 (

@@ -691,8 +691,9 @@ mod tests {
     }
 
     /// `service_tier` puts the request in its class, clamped to the tenant's (alice is
-    /// `standard`), after the header's; the class goes on in the extensions for admission, and
-    /// a value that is not a tier is a 400 before anything is counted.
+    /// `standard`), after the header's; the class goes on in the extensions for admission. A
+    /// value that is not a tier is passed over on chat and completions, as vLLM passes over the
+    /// field there, and is a 400 before anything is counted on `/v1/responses`, as vLLM's.
     #[tokio::test]
     async fn the_service_tier_sets_the_class_within_the_tenants() {
         let gw = counting(10.0).await;
@@ -735,6 +736,12 @@ mod tests {
             Standard
         );
         assert_eq!(class(completions, None, "null").await.unwrap(), Standard);
+        // vLLM's chat and completions do not read the field: what is not a tier is passed over.
+        assert_eq!(
+            class(completions, None, r#""bogus""#).await.unwrap(),
+            Standard
+        );
+        assert_eq!(class(completions, None, "1").await.unwrap(), Standard);
         let lowered = Some(Sheddable);
         assert_eq!(
             class(completions, lowered, r#""default""#).await.unwrap(),
