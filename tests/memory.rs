@@ -81,10 +81,16 @@ async fn a_queued_body_of_unknown_members_waits_as_its_bytes() {
             })
         })
         .collect();
-    // Parsing them takes a debug build seconds: waited for as long as it takes.
-    while gw.admin("/admin/backends").await["queued"].as_u64() != Some(QUEUED as u64) {
-        tokio::task::yield_now().await;
-    }
+    // Parsing them takes a debug build seconds on a busy machine: waited for up to ten minutes
+    // (the test still ends by itself should they never queue).
+    let queued_all = async {
+        while gw.admin("/admin/backends").await["queued"].as_u64() != Some(QUEUED as u64) {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(600), queued_all)
+        .await
+        .expect("the bodies never all queued");
     let held = LIVE.load(Ordering::Relaxed).saturating_sub(before);
     assert!(
         held < QUEUED * 3 * BODY,
