@@ -313,3 +313,38 @@ async fn output_still_being_counted_frees_the_lease_at_once_and_settles_the_rest
     assert_eq!(outcomes(&w.metrics, "ok"), 1);
     assert_eq!(w.tenant.in_flight.current(), 0);
 }
+
+/// A count that never ends (its task dropped as the runtime stops) settles at its fallback:
+/// the tenant pays the output the meter saw and the request is recorded, where the parts'
+/// own guards alone would give the whole reservation back and record nothing.
+#[test]
+fn output_whose_count_never_ends_settles_at_its_fallback_when_the_runtime_stops() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let stopping = runtime();
+    let mut w = stopping.block_on(async {
+        let w = World::new();
+        let mut ticket = w.ticket().await;
+        ticket.answered();
+        let reading = Reading {
+            output: Output::Counting {
+                count: Box::pin(std::future::pending()),
+                fallback: 30,
+            },
+            ..Reading::default()
+        };
+        ticket.end_read(Ending::Completed, reading);
+        w
+    });
+    drop(stopping);
+    runtime().block_on(async {
+        assert_eq!(w.settled().await, in_order(gave_back(200, 30, false)));
+        assert_eq!(available(&w.limiter).await, (800.0, 70.0, 4.0));
+        assert_eq!(outcomes(&w.metrics, "ok"), 1);
+        assert_eq!(w.tenant.in_flight.current(), 0);
+    });
+}

@@ -222,13 +222,38 @@ impl Ticket {
             in_flight: self.in_flight.take(),
         };
         match reading.output {
-            Output::Counting { count, fallback } => match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(async move { rest.settle(&Output::Counted(count.await)) });
+            Output::Counting { count, fallback } => {
+                // Settled by the count, or by the guard's drop at the fallback when the count
+                // never ends (its task dropped at shutdown, or no runtime to run it on).
+                let mut deferred = Deferred {
+                    rest: Some(rest),
+                    fallback,
+                };
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let counted = count.await;
+                        if let Some(rest) = deferred.rest.take() {
+                            rest.settle(&Output::Counted(counted));
+                        }
+                    });
                 }
-                Err(_) => rest.settle(&Output::Counted(fallback)),
-            },
+            }
             output => rest.settle(&output),
+        }
+    }
+}
+
+/// A settlement waiting for its output to be counted: settled at `fallback` tokens if it is
+/// dropped before the count ends.
+struct Deferred {
+    rest: Option<Rest>,
+    fallback: u64,
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if let Some(rest) = self.rest.take() {
+            rest.settle(&Output::Counted(self.fallback));
         }
     }
 }
