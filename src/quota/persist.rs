@@ -101,13 +101,28 @@ impl QuotaFile {
         })
     }
 
-    /// Opens the file at `path` on `disk` and reads every meter it holds. A file that cannot
-    /// be opened or read whole (another gateway holding it, or no permission, is an error as
-    /// [`QuotaFile::open`]'s) is damaged: it is set aside as `<name>.damaged`, the meters whose
-    /// records can still be read in its bytes are kept (each at its latest write) in a new file
-    /// at `path`, written now, and the damage, what was kept, and that every other meter's
-    /// spend is lost are logged.
+    /// Opens the file at `path` on `disk` and reads every meter it holds. A file that is
+    /// damaged (redb finds it corrupted or panics reading it, or a record is not JSON; any
+    /// other error, as another gateway holding it, no permission or a failing disk, is an error
+    /// as [`QuotaFile::open`]'s) is replaced: the meters whose records can still be read in its
+    /// bytes (each at its latest write) are written to `<name>.recovering`, the damaged file is
+    /// set aside as `<name>.damaged` (`.damaged.1`, ... when that is taken) and the new one
+    /// takes its name, and the damage, what was kept, and that every other meter's spend is
+    /// lost are logged. Stopped anywhere in between, the next start finds either the damaged
+    /// file at `path` (and recovers again) or the recovered one at `<name>.recovering` (and
+    /// takes it): never no file.
     pub fn recover(path: &Path, disk: &dyn Disk) -> anyhow::Result<(Self, Spend)> {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        let recovering = path.with_file_name(format!("{name}.recovering"));
+        if !path.exists() && recovering.exists() {
+            std::fs::rename(&recovering, path).with_context(|| {
+                format!(
+                    "taking the recovered quota file {} as {}",
+                    recovering.display(),
+                    path.display()
+                )
+            })?;
+        }
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let file = Self::open_on(path, disk)?;
             let spend = file.load()?;
@@ -126,20 +141,31 @@ impl QuotaFile {
                 )
             }
         };
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let aside = path.with_file_name(format!("{name}.damaged"));
-        std::fs::rename(path, &aside).with_context(|| {
-            format!(
-                "setting the damaged quota file {} aside as {}",
-                path.display(),
-                aside.display()
-            )
-        })?;
-        let bytes = std::fs::read(&aside)
-            .with_context(|| format!("reading the damaged quota file {}", aside.display()))?;
+        let bytes = std::fs::read(path)
+            .with_context(|| format!("reading the damaged quota file {}", path.display()))?;
         let spend = scan(&bytes);
-        let mut file = Self::open_on(path, disk)?;
-        file.save(&spend)?;
+        if recovering.exists() {
+            std::fs::remove_file(&recovering)
+                .with_context(|| format!("removing the unfinished {}", recovering.display()))?;
+        }
+        Self::open_on(&recovering, disk)?.save(&spend)?;
+        let aside = (0..)
+            .map(|n| match n {
+                0 => path.with_file_name(format!("{name}.damaged")),
+                n => path.with_file_name(format!("{name}.damaged.{n}")),
+            })
+            .find(|aside| !aside.exists())
+            .expect("a free name");
+        for (from, to) in [(path, aside.as_path()), (recovering.as_path(), path)] {
+            std::fs::rename(from, to).with_context(|| {
+                format!(
+                    "renaming the quota file {} to {}",
+                    from.display(),
+                    to.display()
+                )
+            })?;
+        }
+        let file = Self::open_on(path, disk)?;
         let meters: Vec<String> = (spend.iter())
             .map(|(tenant, meter, _)| format!("{tenant} {meter}"))
             .collect();
@@ -207,17 +233,19 @@ impl QuotaFile {
     }
 }
 
-/// Whether `e`, opening or reading a quota file, is damage to the file rather than a file the
-/// gateway may not use (held by another process, not readable by it, of an older format).
+/// Whether `e`, opening or reading a quota file, proves the file damaged: redb found it
+/// corrupted, or a record is not JSON. Anything else (held by another process, not readable,
+/// of an older format, a failing or full disk) is a file the gateway may not use now, not one
+/// to replace.
 fn is_damage(e: &anyhow::Error) -> bool {
-    let refused = |d: &DatabaseError| match d {
-        DatabaseError::DatabaseAlreadyOpen | DatabaseError::UpgradeRequired(_) => true,
-        DatabaseError::Storage(StorageError::Io(io)) => {
-            io.kind() == std::io::ErrorKind::PermissionDenied
-        }
-        _ => false,
-    };
-    !(e.chain()).any(|c| c.downcast_ref::<DatabaseError>().is_some_and(refused))
+    let corrupted = |s: &StorageError| matches!(s, StorageError::Corrupted(_));
+    e.chain().any(|c| {
+        c.is::<serde_json::Error>()
+            || c.downcast_ref::<StorageError>().is_some_and(corrupted)
+            || matches!(c.downcast_ref::<DatabaseError>(), Some(DatabaseError::Storage(s)) if corrupted(s))
+            || matches!(c.downcast_ref::<redb::TransactionError>(), Some(redb::TransactionError::Storage(s)) if corrupted(s))
+            || matches!(c.downcast_ref::<redb::TableError>(), Some(redb::TableError::Storage(s)) if corrupted(s))
+    })
 }
 
 /// Every meter whose record can be read in `bytes`, at the latest write found of it. Records
@@ -449,6 +477,65 @@ mod tests {
         let mut others = fifty();
         others.remove(7);
         assert_eq!(kept, others);
+    }
+
+    /// A recovery stopped after the recovered file was written and the damaged one set aside
+    /// (no file at `path`): the next start takes the recovered one, never none. A second damage
+    /// is set aside beside the first, which is kept.
+    #[test]
+    fn a_recovery_stopped_half_way_is_finished_by_the_next_and_the_first_damage_is_kept() {
+        let folder = Folder::new("quota-half-way");
+        let path = folder.0.join("quotas.redb");
+        let recovering = folder.0.join("quotas.redb.recovering");
+        QuotaFile::open(&recovering)
+            .unwrap()
+            .save(&fifty())
+            .unwrap();
+        let (_, spend) = QuotaFile::recover(&path, &FileSystem).unwrap();
+        assert_eq!((spend.len(), recovering.exists()), (50, false));
+
+        std::fs::write(folder.0.join("quotas.redb.damaged"), b"the first").unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        drop(LocalQuotaStore::persisted(&path, WriteErrors::default()).unwrap());
+        let first = std::fs::read(folder.0.join("quotas.redb.damaged")).unwrap();
+        let second = std::fs::read(folder.0.join("quotas.redb.damaged.1")).unwrap();
+        assert_eq!(
+            (first.as_slice(), second.len()),
+            (&b"the first"[..], bytes.len() / 2)
+        );
+        assert_eq!(QuotaFile::open(&path).unwrap().load().unwrap().len(), 50);
+    }
+
+    /// `scan` keeps each meter's record of the latest write whatever order the records lie in,
+    /// and passes over a record cut short and bytes between records.
+    #[test]
+    fn a_scan_keeps_each_meters_newest_record() {
+        let record = |generation: u64, spent: u64| {
+            let slices = [Slice {
+                start: 1,
+                spent,
+                granted: 0,
+            }];
+            serde_json::to_vec(&Record {
+                quota_record: 1,
+                generation,
+                tenant: "a",
+                meter: "1d|total",
+                slices: slices.as_slice(),
+            })
+            .unwrap()
+        };
+        let spent = |bytes: &[u8]| {
+            let spend = scan(bytes);
+            assert_eq!(spend.len(), 1);
+            spend[0].2[0].spent
+        };
+        let (older, newer) = (record(1, 10), record(2, 20));
+        let cut = &newer[..newer.len() - 3];
+        assert_eq!(spent(&[older.as_slice(), b"junk", &newer].concat()), 20);
+        assert_eq!(spent(&[newer.as_slice(), b"\0\0", &older].concat()), 20);
+        assert_eq!(spent(&[older.as_slice(), cut].concat()), 10);
     }
 
     #[test]
