@@ -5,6 +5,7 @@
 use super::route::Route;
 use super::Refusal;
 use crate::tokenize::chat::{pyjson, ChatPrompt};
+use crate::util::json::type_name;
 pub(crate) use crate::util::pydantic::{lax_bool, lax_int};
 use crate::vision::{Media, VisionRules};
 use bytes::Bytes;
@@ -312,17 +313,6 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, bool), Refusal> {
                 ))),
             }
         }),
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
