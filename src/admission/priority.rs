@@ -12,7 +12,9 @@
 //! `standard`, `flex` is `sheddable`, `auto` (and, where the route takes it, null) is the class
 //! the request already has. Unlike the header, a tier above the tenant's class is clamped to it,
 //! not refused: OpenAI serves a tier the project may not use at the tier it may, and SDKs send
-//! `priority` as a matter of course. A value that is not a tier is a 400 naming `service_tier`.
+//! `priority` as a matter of course. A value that is not a tier is a 400 naming `service_tier`
+//! on `/v1/responses`, as vLLM refuses it there, and changes nothing on chat and completions,
+//! where vLLM does not read the field.
 
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
@@ -107,14 +109,13 @@ impl Priority {
     }
 
     /// The class of a request that has class `self` (its tenant's, or the lower one its header
-    /// asked for; `ceiling` is the tenant's) and sent `tier` as its `service_tier`: the tier's
-    /// class clamped to `ceiling`, never above `self`. `lenient`: whether the route passes
+    /// asked for: never above the tenant's) and sent `tier` as its `service_tier`: the tier's
+    /// class, never above `self`, so never above the tenant's. `lenient`: whether the route passes
     /// over a value that is not a tier (null included), leaving the class as it is: vLLM's chat
     /// and completions do not read the field, and serve whatever it holds; its Responses API
     /// refuses anything but a tier.
     pub fn for_service_tier(
         self,
-        ceiling: Priority,
         tier: Option<&Value>,
         lenient: bool,
     ) -> Result<Priority, ClassRefused> {
@@ -130,13 +131,13 @@ impl Priority {
             Some(_) => None,
         };
         match asked {
-            Some(asked) => Ok(self.min(asked.min(ceiling))),
+            Some(asked) => Ok(self.min(asked)),
             None if lenient => Ok(self),
             None => Err(ClassRefused {
                 param: SERVICE_TIER,
                 message: format!(
                     "`service_tier` is {}, not a service tier: send \"auto\", \"default\", \"flex\", \"scale\" or \"priority\"",
-                    tier.map_or_else(String::new, Value::to_string)
+                    tier.map_or_else(String::new, |t| crate::util::json::shown(t, 32))
                 ),
             }),
         }
@@ -257,16 +258,14 @@ mod tests {
             (Critical, Standard, json!(null), Standard),
         ];
         for (tenant, before, tier, class) in cases {
+            assert!(before <= tenant, "a class is never above its tenant's");
             assert_eq!(
-                before.for_service_tier(tenant, Some(&tier), true).unwrap(),
+                before.for_service_tier(Some(&tier), true).unwrap(),
                 class,
                 "{tenant} at {before} asking {tier}"
             );
         }
-        assert_eq!(
-            Standard.for_service_tier(Critical, None, false).unwrap(),
-            Standard
-        );
+        assert_eq!(Standard.for_service_tier(None, false).unwrap(), Standard);
     }
 
     #[test]
@@ -274,7 +273,7 @@ mod tests {
         use serde_json::json;
         let refused = |tier: &serde_json::Value| {
             let e = Priority::Critical
-                .for_service_tier(Priority::Critical, Some(tier), false)
+                .for_service_tier(Some(tier), false)
                 .unwrap_err();
             ApiError::from(e)
         };
@@ -285,8 +284,7 @@ mod tests {
             (json!(null), "null"),
         ] {
             // Where vLLM does not read the field, the class stays as it was.
-            let passed_over =
-                Priority::Standard.for_service_tier(Priority::Critical, Some(&tier), true);
+            let passed_over = Priority::Standard.for_service_tier(Some(&tier), true);
             assert_eq!(passed_over.unwrap(), Priority::Standard, "{tier}");
             let e = refused(&tier);
             assert_eq!(

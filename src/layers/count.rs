@@ -274,7 +274,6 @@ impl Counter {
                 crate::cache_salt::client_salt(parsed.body.get(crate::cache_salt::CACHE_SALT))
                     .map_err(|m| ApiError::invalid_param(crate::cache_salt::CACHE_SALT, m))?;
                 class.for_service_tier(
-                    tenant.priority,
                     parsed.body.get(crate::admission::priority::SERVICE_TIER),
                     parsed.endpoint != Route::Responses,
                 )?
