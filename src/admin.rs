@@ -113,10 +113,11 @@ fn target(path: &str) -> Option<Target> {
     })
 }
 
-/// The route `method` on `path` asks for: a 404 for a path not in the table (naming the routes
-/// under its first segment, if any), a 405 with `allow` for a known path and another method.
-fn answering(method: &http::Method, path: &str) -> Result<Target, ApiError> {
-    let Some(found) = target(path) else {
+/// The route `method` on `path` (whose [`target`] is `found`) asks for: a 404 for a path not in
+/// the table (naming the routes under its first segment, if any), a 405 with `allow` for a known
+/// path and another method.
+fn answering(method: &http::Method, path: &str, found: Option<Target>) -> Result<Target, ApiError> {
+    let Some(found) = found else {
         let first = |p: &str| p.split('/').take(3).collect::<Vec<_>>().join("/");
         let near: Vec<String> = (ADMIN_ROUTES.iter())
             .filter(|(p, ..)| p.contains('{') && first(p) == first(path))
@@ -160,10 +161,11 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let path = req.uri().path();
-    if !target(path).is_some_and(|t| t.route.is_probe()) {
+    let found = target(path);
+    if !found.as_ref().is_some_and(|t| t.route.is_probe()) {
         authorize(gw, req.headers())?;
     }
-    let Target { route, tenant, .. } = answering(req.method(), path)?;
+    let Target { route, tenant, .. } = answering(req.method(), path, found)?;
     match route {
         AdminRoute::Metrics => {
             refresh_gauges(gw).await;
@@ -790,7 +792,7 @@ mod tests {
     /// `allow` header and message.
     fn answered(method: &str, path: &str) -> Result<(AdminRoute, String), (u16, String, String)> {
         let method = http::Method::from_bytes(method.as_bytes()).unwrap();
-        match answering(&method, path) {
+        match answering(&method, path, target(path)) {
             Ok(t) => Ok((t.route, t.tenant)),
             Err(e) => {
                 let resp = e.to_response::<http_body_util::Full<bytes::Bytes>>();
