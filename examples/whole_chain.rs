@@ -56,7 +56,7 @@ burst_seconds = 10
 "#;
 
 /// The pretend model: answers with what tokengate counted and charged, generates half the
-/// output it was allowed, and settles the ticket by dropping it.
+/// output it was allowed, and settles the ticket by ending it as completed.
 async fn my_model(req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
     let parsed = req
         .extensions()
@@ -202,7 +202,7 @@ mod tests {
             body,
             "qwen3.5-27b: 17 prompt tokens, 40 output tokens reserved, 20 generated"
         );
-        // 40 charged, 20 given back when the ticket dropped.
+        // 40 charged, 20 given back when the ticket ended.
         assert_eq!(decode().await, 980.0);
 
         // An unknown key: a 401 before anything is read or charged.

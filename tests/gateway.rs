@@ -356,6 +356,21 @@ async fn a_flood_from_one_tenant_does_not_starve_another() {
     }
 }
 
+/// alice's stream of `body` to `url`, on a task that reads its first piece, returns it as text
+/// and leaves: the body dropped closes the connection mid-stream.
+fn first_event_then_leave(url: String, body: Value) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-alice"),
+        ];
+        let resp = start_request(&url, "POST", Some(body.to_string().into_bytes()), &headers).await;
+        use http_body_util::BodyExt;
+        let first = resp.into_body().frame().await.unwrap().unwrap();
+        String::from_utf8_lossy(&first.into_data().unwrap()).into_owned()
+    })
+}
+
 #[tokio::test]
 async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
     let (gw, backend) = held_gateway(
@@ -367,29 +382,9 @@ async fn client_disconnect_mid_stream_frees_kv_and_settles_tokens_seen() {
         "10s",
     )
     .await;
-    let client = {
-        let url = gw.url("/v1/chat/completions");
-        tokio::spawn(async move {
-            let auth = "Bearer sk-alice";
-            let resp = start_request(
-                &url,
-                "POST",
-                Some(chat("a", 50, true).to_string().into_bytes()),
-                &[
-                    ("content-type", "application/json"),
-                    ("authorization", auth),
-                ],
-            )
-            .await;
-            let mut body = resp.into_body();
-            use http_body_util::BodyExt;
-            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-            assert!(String::from_utf8_lossy(&first).contains(WORD));
-            // dropping `body` here closes the connection mid-stream
-        })
-    };
+    let client = first_event_then_leave(gw.url("/v1/chat/completions"), chat("a", 50, true));
     backend.wait_held(1).await;
-    client.await.unwrap();
+    assert!(client.await.unwrap().contains(WORD));
     // One token was streamed: 49 of the 50 reserved come back once the drop is seen.
     gw.wait_metric(
         "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
@@ -421,27 +416,9 @@ async fn an_echoed_prompt_in_a_cut_stream_is_not_charged_as_output() {
     let prompt = "Once upon a time there was a gateway that counted tokens";
     let body = json!({"model": "qwen3.5-27b", "prompt": prompt, "max_tokens": 50, "echo": true,
                       "stream": true});
-    let client = {
-        let url = gw.url("/v1/completions");
-        tokio::spawn(async move {
-            let resp = start_request(
-                &url,
-                "POST",
-                Some(body.to_string().into_bytes()),
-                &[
-                    ("content-type", "application/json"),
-                    ("authorization", "Bearer sk-alice"),
-                ],
-            )
-            .await;
-            let mut body = resp.into_body();
-            use http_body_util::BodyExt;
-            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-            assert!(String::from_utf8_lossy(&first).contains(prompt));
-        })
-    };
+    let client = first_event_then_leave(gw.url("/v1/completions"), body);
     backend.wait_held(1).await;
-    client.await.unwrap();
+    assert!(client.await.unwrap().contains(prompt));
     // One token was generated after the prompt: 49 of the 50 reserved come back.
     gw.wait_metric(
         "tokengate_decode_tokens_refunded_total{tenant=\"alice\"}",
