@@ -28,6 +28,19 @@ struct AtBuckets {
     settlement: Settlement,
 }
 
+/// The outcomes a ticket may note, in the order [`noted`] gives them.
+const OUTCOMES: [&str; 4] = [
+    "ok",
+    "client_disconnect",
+    "upstream_timeout",
+    "upstream_error",
+];
+
+/// The requests counted under each of [`OUTCOMES`].
+fn noted(metrics: &Metrics) -> [u64; 4] {
+    OUTCOMES.map(|outcome| outcomes(metrics, outcome))
+}
+
 /// One tenant `a` (prefill 1,000, decode 100, 5 requests of burst), a backend of 1,000 KV
 /// bytes, the metrics and a record of the request.
 struct World {
@@ -58,15 +71,7 @@ impl World {
         let (tx, at_buckets) = mpsc::unbounded_channel();
         let (a, m, t) = (admission.clone(), metrics.clone(), tenant.clone());
         let limiter = limiter().with_settle_hook(Arc::new(move |_, settlement| {
-            let recorded = [
-                "ok",
-                "client_disconnect",
-                "upstream_timeout",
-                "upstream_error",
-            ]
-            .iter()
-            .map(|outcome| outcomes(&m, outcome))
-            .sum();
+            let recorded = noted(&m).iter().sum();
             let _ = tx.send(AtBuckets {
                 kv_leased: a.snapshot().backends[0].kv_reserved_bytes,
                 decode_counted: t.metrics.decode_tokens(&m).get(),
@@ -209,7 +214,7 @@ async fn a_completed_request_keeps_the_prompt_the_backend_counted_and_the_output
     assert_eq!(w.settled().await, in_order(gave_back(60, 30, false)));
     assert_eq!(available(&w.limiter).await, (940.0, 70.0, 4.0));
     assert_eq!(w.decode_metrics(), (30, 50));
-    assert_eq!(outcomes(&w.metrics, "ok"), 1);
+    assert_eq!(noted(&w.metrics), [1, 0, 0, 0]);
     assert_eq!(w.tenant.in_flight.current(), 0);
 }
 
@@ -223,8 +228,7 @@ async fn a_backend_error_gives_everything_back_even_after_forwarding_and_notes_n
     assert_eq!(available(&w.limiter).await, (1000.0, 100.0, 5.0));
     assert_eq!(w.decode_metrics(), (0, 80));
     // The error answered is the outcome (the record layer's): the ticket notes none.
-    assert_eq!(outcomes(&w.metrics, "client_disconnect"), 0);
-    assert_eq!(outcomes(&w.metrics, "upstream_error"), 0);
+    assert_eq!(noted(&w.metrics), [0; 4]);
     assert_eq!((w.kv_leased(), w.tenant.in_flight.current()), (0, 0));
 }
 
@@ -239,7 +243,7 @@ async fn a_timeout_keeps_the_prompt_and_the_decode_floor_of_the_time_the_backend
     assert_eq!(w.settled().await, in_order(gave_back(200, 25, false)));
     assert_eq!(available(&w.limiter).await, (800.0, 75.0, 4.0));
     assert_eq!(w.decode_metrics(), (25, 55));
-    assert_eq!(outcomes(&w.metrics, "upstream_timeout"), 1);
+    assert_eq!(noted(&w.metrics), [0, 0, 1, 0]);
     assert_eq!((w.kv_leased(), w.tenant.in_flight.current()), (0, 0));
 }
 
@@ -252,7 +256,8 @@ async fn a_timeout_before_forwarding_is_a_refusal_that_gives_everything_back() {
         .end(Ending::CutOff(ErrorCode::UpstreamTimeout));
     assert_eq!(w.settled().await, in_order(gave_back(0, 0, true)));
     assert_eq!(available(&w.limiter).await, (1000.0, 100.0, 5.0));
-    assert_eq!(outcomes(&w.metrics, "upstream_timeout"), 0);
+    assert_eq!(noted(&w.metrics), [0; 4]);
+    assert_eq!((w.kv_leased(), w.tenant.in_flight.current()), (0, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -264,7 +269,7 @@ async fn a_client_gone_after_forwarding_keeps_the_prompt_and_the_decode_floor() 
     drop(ran(ticket, 1, 2, 300).await);
     assert_eq!(w.settled().await, in_order(gave_back(200, 20, false)));
     assert_eq!(available(&w.limiter).await, (800.0, 80.0, 4.0));
-    assert_eq!(outcomes(&w.metrics, "client_disconnect"), 1);
+    assert_eq!(noted(&w.metrics), [0, 1, 0, 0]);
     assert_eq!((w.kv_leased(), w.tenant.in_flight.current()), (0, 0));
 }
 
@@ -275,7 +280,8 @@ async fn a_client_gone_before_forwarding_gets_everything_back() {
     drop(ticket);
     assert_eq!(w.settled().await, in_order(gave_back(0, 0, true)));
     assert_eq!(available(&w.limiter).await, (1000.0, 100.0, 5.0));
-    assert_eq!(outcomes(&w.metrics, "client_disconnect"), 1);
+    assert_eq!(noted(&w.metrics), [0, 1, 0, 0]);
+    assert_eq!((w.kv_leased(), w.tenant.in_flight.current()), (0, 0));
 }
 
 #[tokio::test]
@@ -285,7 +291,7 @@ async fn a_request_refused_before_forwarding_gets_everything_back_and_notes_no_o
     ticket.end(Ending::Refused);
     assert_eq!(w.settled().await, in_order(gave_back(0, 0, true)));
     assert_eq!(available(&w.limiter).await, (1000.0, 100.0, 5.0));
-    assert_eq!(outcomes(&w.metrics, "client_disconnect"), 0);
+    assert_eq!(noted(&w.metrics), [0; 4]);
     assert_eq!((w.kv_leased(), w.tenant.in_flight.current()), (0, 0));
 }
 
@@ -305,12 +311,12 @@ async fn output_still_being_counted_frees_the_lease_at_once_and_settles_the_rest
     ticket.end_read(Ending::Completed, reading);
     assert_eq!(w.kv_leased(), 0);
     assert_eq!(available(&w.limiter).await, (800.0, 20.0, 4.0));
-    assert_eq!(outcomes(&w.metrics, "ok"), 0);
+    assert_eq!(noted(&w.metrics), [0; 4]);
     assert_eq!(w.tenant.in_flight.current(), 1);
     count.send(35).expect("the count is awaited");
     assert_eq!(w.settled().await, in_order(gave_back(200, 35, false)));
     assert_eq!(available(&w.limiter).await, (800.0, 65.0, 4.0));
-    assert_eq!(outcomes(&w.metrics, "ok"), 1);
+    assert_eq!(noted(&w.metrics), [1, 0, 0, 0]);
     assert_eq!(w.tenant.in_flight.current(), 0);
 }
 
@@ -344,7 +350,7 @@ fn output_whose_count_never_ends_settles_at_its_fallback_when_the_runtime_stops(
     runtime().block_on(async {
         assert_eq!(w.settled().await, in_order(gave_back(200, 30, false)));
         assert_eq!(available(&w.limiter).await, (800.0, 70.0, 4.0));
-        assert_eq!(outcomes(&w.metrics, "ok"), 1);
+        assert_eq!(noted(&w.metrics), [1, 0, 0, 0]);
         assert_eq!(w.tenant.in_flight.current(), 0);
     });
 }
