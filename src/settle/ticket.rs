@@ -17,14 +17,19 @@ use tokio::time::Instant;
 
 /// A request's charge and, once admitted, its KV lease: everything it holds until it settles.
 pub struct Ticket {
-    /// `None` once settled.
-    reservation: Option<Reservation>,
+    /// What settles after the lease; `None` once settled.
+    held: Option<Held>,
     lease: Option<Lease>,
     forwarded: Forwarded,
     answered: bool,
     /// Once it is sent to the backend: what the decode floor of a request that ends unanswered
     /// is counted from.
     running: Option<Running>,
+}
+
+/// What a ticket holds that settles after its lease: the charge, and what settles with it.
+struct Held {
+    reservation: Reservation,
     /// Where its settlement is counted, when it goes through the gateway's meter.
     metering: Option<Metering>,
     /// The request's record, held open until the ticket settles.
@@ -39,7 +44,7 @@ pub struct Ticket {
 impl std::fmt::Debug for Ticket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ticket")
-            .field("reservation", &self.reservation)
+            .field("reservation", &self.held.as_ref().map(|h| &h.reservation))
             .field("lease", &self.lease)
             .field("forwarded", &self.forwarded.is_marked())
             .field("answered", &self.answered)
@@ -51,51 +56,61 @@ impl Ticket {
     /// Holds `reservation` in the first phase: everything goes back unless it is forwarded.
     pub fn new(reservation: Reservation) -> Self {
         Self {
-            reservation: Some(reservation),
+            held: Some(Held {
+                reservation,
+                metering: None,
+                record: None,
+                quota: None,
+                in_flight: None,
+            }),
             lease: None,
             forwarded: Forwarded::default(),
             answered: false,
             running: None,
-            metering: None,
-            record: None,
-            quota: None,
-            in_flight: None,
         }
+    }
+
+    fn held(&self) -> &Held {
+        self.held.as_ref().expect("taken only by settlement")
+    }
+
+    fn held_mut(&mut self) -> &mut Held {
+        self.held.as_mut().expect("taken only by settlement")
     }
 
     /// Adds the request's place among its tenant's requests in flight: given back when the
     /// ticket has settled.
     pub fn hold_place(&mut self, place: InFlightPlace) {
-        self.in_flight = Some(place);
+        self.held_mut().in_flight = Some(place);
     }
 
     /// Adds the tenant's quota reservation: it keeps what the request used when the ticket
     /// settles (nothing unless the request is billable).
     pub fn hold_quota(&mut self, hold: QuotaHold) {
-        self.quota = Some(hold);
+        self.held_mut().quota = Some(hold);
     }
 
     /// The IETF `RateLimit-Policy` and `RateLimit` fields of the tenant's tightest quota right
     /// after the reservation (none without quotas).
     pub fn quota_fields(&self) -> Option<RateLimitFields> {
-        RateLimitFields::tightest(self.quota.as_ref()?.readings())
+        RateLimitFields::tightest(self.held().quota.as_ref()?.readings())
     }
 
     /// Notes how the request settled, and its charge, in its record when the ticket settles
     /// (nothing when it ends refused: the refusal's code is the outcome), and keeps the record
     /// open until then.
     pub fn recorded_by(&mut self, record: RecordHold) {
-        self.record = Some(record);
+        self.held_mut().record = Some(record);
     }
 
     /// Counts its settlement in `metering` (the gateway's meter does, for every request it
     /// forwards).
     pub fn metered_by(&mut self, metering: Metering) {
-        self.metering = Some(metering);
+        self.held_mut().metering = Some(metering);
     }
 
     fn reservation(&self) -> &Reservation {
-        self.reservation.as_ref().expect("taken only by settlement")
+        &self.held().reservation
     }
 
     /// The tenant charged.
@@ -161,8 +176,8 @@ impl Ticket {
     /// The decode tokens produced so far (a running total, saturating at the reservation); the
     /// lease's tenant keeps them in its fairness counter.
     pub fn record_output(&mut self, tokens: u64) {
-        if let Some(reservation) = &mut self.reservation {
-            reservation.record_output(tokens);
+        if let Some(held) = &mut self.held {
+            held.reservation.record_output(tokens);
         }
         if let Some(lease) = &mut self.lease {
             lease.record_output(tokens);
@@ -185,14 +200,14 @@ impl Ticket {
     /// flight. When the output is still being counted, everything after the lease waits for
     /// the count off the request path.
     fn settle(&mut self, ending: Ending, reading: Reading) {
-        let Some(reservation) = self.reservation.take() else {
+        let Some(held) = self.held.take() else {
             return;
         };
         let (answered, billable, outcome) = ending.settles(self.answered, self.is_billable());
         // What a request the backend ran and never answered made at least.
         let floor = match &self.running {
             Some(running) if billable && !answered => {
-                let cost = reservation.cost();
+                let cost = held.reservation.cost();
                 running.decode(cost.prefill, cost.decode)
             }
             _ => 0,
@@ -208,7 +223,7 @@ impl Ticket {
             }
         }
         let rest = Rest {
-            reservation,
+            held,
             answered,
             billable,
             outcome,
@@ -216,10 +231,6 @@ impl Ticket {
             prompt: reading.prompt,
             ttft: reading.ttft,
             tpot: reading.tpot,
-            metering: self.metering.take(),
-            quota: self.quota.take(),
-            record: self.record.take(),
-            in_flight: self.in_flight.take(),
         };
         match reading.output {
             Output::Counting { count, fallback } => {
@@ -267,7 +278,7 @@ impl Drop for Ticket {
 
 /// What a ticket holds after its lease is freed, settled once its output is known.
 struct Rest {
-    reservation: Reservation,
+    held: Held,
     answered: bool,
     billable: bool,
     /// `None` when the request is answered with an error, whose code is its outcome.
@@ -277,10 +288,6 @@ struct Rest {
     prompt: Option<(u64, Option<u64>)>,
     ttft: Option<Duration>,
     tpot: Option<Duration>,
-    metering: Option<Metering>,
-    quota: Option<QuotaHold>,
-    record: Option<RecordHold>,
-    in_flight: Option<InFlightPlace>,
 }
 
 impl Rest {
@@ -288,7 +295,14 @@ impl Rest {
     /// answered).
     fn settle(self, output: &Output) {
         let Rest {
-            mut reservation,
+            held:
+                Held {
+                    mut reservation,
+                    metering,
+                    record,
+                    quota,
+                    in_flight,
+                },
             answered,
             billable,
             outcome,
@@ -296,10 +310,6 @@ impl Rest {
             prompt,
             ttft,
             tpot,
-            metering,
-            quota,
-            record,
-            in_flight,
         } = self;
         let cost = reservation.cost();
         // 2. The buckets: the prompt as the backend counted it, the output produced.
