@@ -608,6 +608,12 @@ impl Admission {
         drop(orphans);
     }
 
+    /// The fairness counter of `tenant` in class `p` (weighted tokens served).
+    #[cfg(test)]
+    pub(crate) fn fairness_counter(&self, p: Priority, tenant: &str) -> u64 {
+        self.shared.state().queue.counter(p, tenant)
+    }
+
     /// Backends and queue now.
     pub fn snapshot(&self) -> AdmissionSnapshot {
         let state = self.shared.state();
@@ -665,100 +671,169 @@ impl Drop for Waiting<'_> {
 }
 
 /// KV bytes and a batch slot held on one backend. Dropping it gives them back, settles its
-/// tenant's fairness counter (the output not produced goes back) and grants waiters.
+/// tenant's fairness counter (the output not produced goes back) and grants waiters;
+/// [`Lease::free_kv`] gives the KV back at once and leaves the counter to a [`Served`] that
+/// settles when the output is known.
 pub struct Lease {
     shared: Arc<Shared>,
-    grant: Grant,
+    backend: usize,
+    class: Priority,
+    need: Need,
     waited: Duration,
-    /// Output tokens produced so far; `None` once the backend is known never to have answered.
-    output: Option<u64>,
     /// Its id in the shared ledger (none with a local one).
     id: Option<u64>,
+    /// What its tenant is served; taken only by [`Lease::free_kv`], which consumes the lease.
+    served: Option<Served>,
 }
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("backend", &self.grant.backend)
-            .field("class", &self.grant.class)
-            .field("need", &self.grant.need)
+            .field("backend", &self.backend)
+            .field("class", &self.class)
+            .field("need", &self.need)
             .field("waited", &self.waited)
-            .field("output", &self.output)
+            .field("output", &self.served.as_ref().and_then(|s| s.output))
             .finish()
     }
 }
 
 impl Lease {
     fn new(shared: &Arc<Shared>, grant: Grant, waited: Duration, id: Option<u64>) -> Self {
+        let Grant {
+            backend,
+            tenant,
+            class,
+            need,
+            ..
+        } = grant;
         Self {
             shared: Arc::clone(shared),
-            grant,
+            backend,
+            class,
+            need,
             waited,
-            output: Some(0),
             id,
+            served: Some(Served {
+                shared: Arc::clone(shared),
+                tenant,
+                class,
+                need,
+                output: Some(0),
+            }),
         }
     }
 
     /// Index of the backend (into the `backends` given to [`Admission::new`]).
     pub fn backend(&self) -> usize {
-        self.grant.backend
+        self.backend
     }
 
     /// Name of the backend.
     pub fn backend_name(&self) -> &str {
-        &self.shared.names[self.grant.backend]
+        &self.shared.names[self.backend]
     }
 
     /// KV bytes held.
     pub fn bytes(&self) -> u64 {
-        self.grant.need.bytes
+        self.need.bytes
     }
 
     /// The class it was admitted in.
     pub fn class(&self) -> Priority {
-        self.grant.class
+        self.class
     }
 
     /// Records the output tokens produced SO FAR (a running total); when the lease goes, its
     /// tenant's fairness counter keeps them and gets back the rest of the reserved output.
     pub fn record_output(&mut self, tokens: u64) {
-        if self.output.is_some() {
-            self.output = Some(tokens);
+        if let Some(served) = &mut self.served {
+            served.record_output(tokens);
         }
     }
 
     /// The backend never answered: the counter gets back everything it was charged.
     pub fn refund_all(&mut self) {
-        self.output = None;
+        if let Some(served) = &mut self.served {
+            served.refund_all();
+        }
     }
 
     /// Time spent in the queue (zero when admitted at once).
     pub fn waited(&self) -> Duration {
         self.waited
     }
+
+    /// Gives the KV bytes and the batch slot back now (the backend has stopped using them) and
+    /// grants waiters, while the tenant's fairness counter waits for the output still being
+    /// counted: the returned [`Served`] settles it when it goes.
+    pub fn free_kv(mut self) -> Served {
+        self.served
+            .take()
+            .expect("only free_kv takes it, and it consumes the lease")
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let Grant {
-            backend,
-            ref tenant,
-            class,
-            need,
-            ..
-        } = self.grant;
+        // The counter first, so that the waiters granted below are ordered by it.
+        drop(self.served.take());
+        let (backend, footprint, class) = (self.backend, self.need.footprint(), self.class);
         let orphans = {
             let mut state = self.shared.state();
-            state.queue.settle(tenant, class, need, self.output);
             if let (Some(link), Some(id)) = (&self.shared.link, self.id) {
                 // Given back in Redis by the background task, which then grants.
-                shared::released(link, &mut state, id, backend, need.footprint(), class);
+                shared::released(link, &mut state, id, backend, footprint, class);
                 return;
             }
-            state.ledgers[backend].release(need.footprint(), class);
+            state.ledgers[backend].release(footprint, class);
             grant_waiters(&self.shared, &mut state)
         };
         drop(orphans);
+    }
+}
+
+/// What a lease's tenant was served, in its class's fairness counter: admission charged the
+/// prompt and the whole reserved output; dropping this gives back the output not produced (or
+/// everything, when the backend never answered).
+pub struct Served {
+    shared: Arc<Shared>,
+    tenant: String,
+    class: Priority,
+    need: Need,
+    /// Output tokens produced so far; `None` once the backend is known never to have answered.
+    output: Option<u64>,
+}
+
+impl fmt::Debug for Served {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Served")
+            .field("tenant", &self.tenant)
+            .field("class", &self.class)
+            .field("need", &self.need)
+            .field("output", &self.output)
+            .finish()
+    }
+}
+
+impl Served {
+    /// [`Lease::record_output`].
+    pub fn record_output(&mut self, tokens: u64) {
+        if self.output.is_some() {
+            self.output = Some(tokens);
+        }
+    }
+
+    /// [`Lease::refund_all`].
+    pub fn refund_all(&mut self) {
+        self.output = None;
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let mut state = self.shared.state();
+        (state.queue).settle(&self.tenant, self.class, self.need, self.output);
     }
 }
 
@@ -1136,7 +1211,7 @@ mod tests {
             output_tokens: 50,
             sequences: 1,
         };
-        let counter = |adm: &Admission| adm.shared.state().queue.counter(Standard, "a");
+        let counter = |adm: &Admission| adm.fairness_counter(Standard, "a");
         let mut lease = adm.admit("a", Standard, asked).await.expect("room");
         assert_eq!(counter(&adm), 100 + 2 * 50);
         lease.record_output(20);

@@ -6,8 +6,9 @@
 //! how it ended ([`Ticket::end`], an [`Ending`]), or drops it: the client went. Either way the
 //! ticket settles once, in a fixed order:
 //!
-//! 1. the KV lease, at once (the backend has stopped, or never started, using it);
-//! 2. the buckets: everything back before the request was forwarded (a refusal, a client gone
+//! 1. the KV lease's bytes and batch slot, at once (the backend has stopped, or never started,
+//!    using them);
+//! 2. the buckets and the tenant's fairness counter in the admission queue: everything back before the request was forwarded (a refusal, a client gone
 //!    while queued, a connection never made) or when the backend failed it; after that the
 //!    prompt stays charged (as the backend counted it, when it said) and only the decode
 //!    tokens not produced go back, past the decode floor ([`DecodeFloor`]) of a request the
@@ -18,7 +19,9 @@
 //! 6. the place in flight.
 //!
 //! When the output is still being counted (a stream whose backend sent no count, counted on the
-//! tokenizer pool), steps 2-6 wait for the count off the request path; the lease does not.
+//! tokenizer pool), steps 2-6 wait for the count off the request path; the KV does not. The
+//! fairness counter waits with the buckets, so that a tenant's share of the queue is charged
+//! the output it was served, not the prompt alone.
 
 mod ending;
 mod floor;

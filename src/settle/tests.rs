@@ -2,7 +2,9 @@
 //! in (the limiter's settle hook looks at the others when the buckets settle).
 
 use super::*;
-use crate::admission::{Admission, BackendSpec, ClassShares, Need, Priority, QueueSpec};
+use crate::admission::{
+    Admission, BackendSpec, ClassShares, Need, Priority, QueueSpec, OUTPUT_WEIGHT, PROMPT_WEIGHT,
+};
 use crate::clock::ManualClock;
 use crate::error_code::ErrorCode;
 use crate::layers::testing::{available, cost, limiter, outcomes, tenant};
@@ -17,11 +19,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// What a settlement looked like at the moment the buckets settled: KV bytes still leased, the
-/// tenant's decode tokens counted in the metrics, its requests counted as recorded (any
-/// outcome), its requests in flight; and what the buckets gave back.
+/// tenant's fairness counter, its decode tokens counted in the metrics, its requests counted as
+/// recorded (any outcome), its requests in flight; and what the buckets gave back.
 #[derive(Debug, PartialEq)]
 struct AtBuckets {
     kv_leased: u64,
+    fairness: u64,
     decode_counted: u64,
     recorded: u64,
     in_flight: u32,
@@ -74,6 +77,7 @@ impl World {
             let recorded = noted(&m).iter().sum();
             let _ = tx.send(AtBuckets {
                 kv_leased: a.snapshot().backends[0].kv_reserved_bytes,
+                fairness: a.fairness_counter(Priority::Standard, "a"),
                 decode_counted: t.metrics.decode_tokens(&m).get(),
                 recorded,
                 in_flight: t.in_flight.current(),
@@ -180,11 +184,18 @@ async fn ran(mut ticket: Ticket, prefill_ms: u64, sequences: u64, ms: u64) -> Ti
     ticket
 }
 
-/// The buckets settle after the lease is freed and before the metrics, the record and the
-/// place in flight, whatever the ending.
+/// The buckets settle after the lease is freed and with the tenant's fairness counter (which
+/// keeps the 200 prompt tokens admitted and the output the buckets keep, or nothing when they
+/// give everything back), before the metrics, the record and the place in flight, whatever the
+/// ending.
 fn in_order(settlement: Settlement) -> AtBuckets {
+    let fairness = match settlement.refunded_all {
+        true => 0,
+        false => PROMPT_WEIGHT * 200 + OUTPUT_WEIGHT * settlement.actual_decode,
+    };
     AtBuckets {
         kv_leased: 0,
+        fairness,
         decode_counted: 0,
         recorded: 0,
         in_flight: 1,

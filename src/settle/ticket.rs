@@ -3,7 +3,7 @@
 use super::ending::{Ending, Output, Reading};
 use super::floor::{DecodeFloor, Running};
 use super::metering::Metering;
-use crate::admission::Lease;
+use crate::admission::{Lease, Served};
 use crate::limiter::{Cost, RateLimitHeaders, Reservation, TenantSnapshot};
 use crate::metrics::Outcome;
 use crate::quota::ledger::Usage;
@@ -212,18 +212,20 @@ impl Ticket {
             }
             _ => 0,
         };
-        // 1. The lease, at once: the tenant's fairness counter keeps the floor, or nothing when
-        // the prefill is not spent.
-        if let Some(mut lease) = self.lease.take() {
+        // 1. The lease's KV, at once; its tenant's fairness counter settles with the buckets,
+        // on the output produced: the floor, or nothing when the prefill is not spent.
+        let served = self.lease.take().map(|mut lease| {
             if floor > 0 {
                 lease.record_output(floor);
             }
             if !billable {
                 lease.refund_all();
             }
-        }
+            lease.free_kv()
+        });
         let rest = Rest {
             held,
+            served,
             answered,
             billable,
             outcome,
@@ -279,6 +281,8 @@ impl Drop for Ticket {
 /// What a ticket holds after its lease is freed, settled once its output is known.
 struct Rest {
     held: Held,
+    /// The lease's claim on its tenant's fairness counter, settled with the buckets.
+    served: Option<Served>,
     answered: bool,
     billable: bool,
     /// `None` when the request is answered with an error, whose code is its outcome.
@@ -303,6 +307,7 @@ impl Rest {
                     quota,
                     in_flight,
                 },
+            mut served,
             answered,
             billable,
             outcome,
@@ -312,7 +317,8 @@ impl Rest {
             tpot,
         } = self;
         let cost = reservation.cost();
-        // 2. The buckets: the prompt as the backend counted it, the output produced.
+        // 2. The buckets and the fairness counter: the prompt as the backend counted it, the
+        // output produced.
         let mut reported = None;
         if answered {
             if let (Some((prompt, cached)), Some(m)) = (prompt, &metering) {
@@ -322,10 +328,14 @@ impl Rest {
             }
             if let Some(tokens) = output.tokens() {
                 reservation.record_output(tokens);
+                if let Some(served) = &mut served {
+                    served.record_output(tokens);
+                }
             }
         } else if floor > 0 {
             reservation.record_output(floor);
         }
+        drop(served);
         if !billable {
             reservation.refund_all();
         }
