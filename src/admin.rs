@@ -3,6 +3,7 @@
 //! and an operator's grants and resets of a tenant's quotas. With `server.admin_token` set,
 //! every path but the probes (`/healthz`, `/readyz`) needs it as a bearer token.
 
+use crate::admission::Admission;
 use crate::body::BodyError;
 use crate::config::{Runner, Source};
 use crate::digest::hash_key;
@@ -219,16 +220,33 @@ where
 /// Every backend's health path, asked at once, each bounded by its `health_timeout`: ready
 /// while at least one backend is.
 async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
-    let upstreams: Vec<&Upstream> = (gw.lanes())
-        .flat_map(|(_, _, b)| b.upstreams.iter())
+    // Each backend with the admission that admits to it and its index there.
+    let backends: Vec<(&Admission, usize, &Upstream)> = (gw.lanes())
+        .flat_map(|(_, admission, b)| {
+            (b.upstreams.iter().enumerate()).map(move |(i, u)| (admission, i, u))
+        })
         .collect();
-    let found = futures_util::future::join_all(upstreams.iter().map(|u| u.probe())).await;
-    let ready = found.contains(&Health::Ready);
-    let backends: Vec<_> = (upstreams.iter())
+    let found = futures_util::future::join_all(backends.iter().map(|(_, _, u)| u.probe())).await;
+    let mut ready = false;
+    let backends: Vec<_> = (backends.iter())
         .zip(&found)
-        .map(
-            |(u, h)| json!({"url": u.url, "state": h.state(), "detail": h.detail(u.health_path())}),
-        )
+        .map(|((admission, i, u), h)| {
+            let path = u.health_path();
+            // Up, but admitting nothing until its engine's cache is read: not ready, or a
+            // replica just started would take traffic only to refuse it.
+            let (state, detail) = match h {
+                Health::Ready if admission.is_learning(*i) => (
+                    "learning",
+                    format!(
+                        "{path} answered; its KV cache (backends[].kv = \"engine\") is not read \
+                         from the engine yet, and it admits nothing until it is"
+                    ),
+                ),
+                _ => (h.state(), h.detail(path)),
+            };
+            ready |= state == "ready";
+            json!({"url": u.url, "state": state, "detail": detail})
+        })
         .collect();
     let (status, word) = if ready {
         (StatusCode::OK, "ready")

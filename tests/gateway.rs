@@ -1099,6 +1099,32 @@ async fn readyz_probes_every_backend_at_once_within_its_own_timeout() {
     );
 }
 
+/// A backend that learns its cache from its engine is not ready until it has: its health path
+/// answers, but it would refuse every request meanwhile. This one has no engine to read.
+#[tokio::test]
+async fn readyz_is_not_ready_while_a_backend_learns_its_engines_cache() {
+    let backend = FakeBackend::start(FakeSpec::default()).await;
+    let text = config_text(&[backend.addr]).replace(
+        "kv_capacity_bytes = 8000000000\nmax_batch = 32\n",
+        "kv = \"engine\"\n",
+    );
+    let gw = TestGateway::start(
+        tokengate::config::Config::parse(&text)
+            .unwrap()
+            .into_inner(),
+    )
+    .await;
+    let r = gw.admin_answer("/readyz").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.json(),
+        json!({"status": "not ready", "backends": [{"url": format!("http://{}", backend.addr),
+            "state": "learning",
+            "detail": "/health answered; its KV cache (backends[].kv = \"engine\") is not read \
+                from the engine yet, and it admits nothing until it is"}]})
+    );
+}
+
 /// An HTTP/1.1 connection of its own to `addr`, kept open for several requests.
 async fn connection(
     addr: std::net::SocketAddr,

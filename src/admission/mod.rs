@@ -502,6 +502,17 @@ impl Admission {
         learned.get(backend).copied().flatten().flatten()
     }
 
+    /// Whether backend `backend` learns its geometry from its engine (`kv = "engine"`) and has
+    /// not read it yet: it admits nothing until then.
+    pub fn is_learning(&self, backend: usize) -> bool {
+        let learned = self
+            .shared
+            .learned
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        matches!(learned.get(backend), Some(Some(None)))
+    }
+
     /// How long a request may wait for KV space (the `retry-after` of a 503 that refuses one).
     pub fn queue_deadline(&self) -> Duration {
         self.shared.queue.deadline

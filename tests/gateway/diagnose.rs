@@ -367,6 +367,12 @@ async fn a_backend_that_learns_the_sims_cache_keeps_it_from_preempting() {
         serde_json::json!([{"key": "model.max_model_len", "configured": 4096, "engine": 100,
             "unit": "tokens"}])
     );
+    // Learned, it is ready.
+    assert_eq!(
+        gw.admin("/readyz").await,
+        serde_json::json!({"status": "ready", "backends": [{"url": sim.url(), "state": "ready",
+            "detail": "/health answered"}]})
+    );
     let answers = burst(&gw, "sk-alice", 4, 30).await;
     assert!(answers.iter().all(|r| r.status == 200));
     assert_eq!(sim.stats().engine.preemptions, 0);

@@ -313,6 +313,10 @@ async fn handle(
                 "application/json",
             ));
         }
+        // No engine behind it: nothing else is read (its metrics, `/server_info`).
+        _ if req.method() == http::Method::GET => {
+            return Ok(answer_with(404, Bytes::from("{}"), "application/json"));
+        }
         _ => {}
     }
     fake.seen_headers
@@ -763,16 +767,15 @@ impl TestGateway {
         post(&self.url("/v1/chat/completions"), key, body).await
     }
 
+    /// GETs an admin path.
+    pub async fn admin_answer(&self, path: &str) -> Received {
+        let url = format!("http://{}{}", self.running.admin_addr, path);
+        send(&url, "GET", None, &[]).await
+    }
+
     /// GETs an admin path as JSON.
     pub async fn admin(&self, path: &str) -> Value {
-        let r = send(
-            &format!("http://{}{}", self.running.admin_addr, path),
-            "GET",
-            None,
-            &[],
-        )
-        .await;
-        serde_json::from_slice(&r.body).unwrap()
+        serde_json::from_slice(&self.admin_answer(path).await.body).unwrap()
     }
 
     /// The admin view of one tenant's bucket: (available, capacity).
@@ -815,14 +818,7 @@ impl TestGateway {
 
     /// The metrics text.
     pub async fn metrics(&self) -> String {
-        let r = send(
-            &format!("http://{}/metrics", self.running.admin_addr),
-            "GET",
-            None,
-            &[],
-        )
-        .await;
-        String::from_utf8(r.body).unwrap()
+        String::from_utf8(self.admin_answer("/metrics").await.body).unwrap()
     }
 
     /// The value of the metrics series `series` (name and labels), if it is exported.
