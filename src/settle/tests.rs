@@ -74,7 +74,7 @@ impl World {
             let recorded = noted(&m).iter().sum();
             let _ = tx.send(AtBuckets {
                 kv_leased: a.snapshot().backends[0].kv_reserved_bytes,
-                decode_counted: t.metrics.decode_tokens(&m).get(),
+                decode_counted: t.metrics.decode_tokens(&m.settle).get(),
                 recorded,
                 in_flight: t.in_flight.current(),
                 settlement: *settlement,
@@ -113,7 +113,7 @@ impl World {
         let recorder = Recorder::new(Arc::new(ManualClock::new()), Duration::from_secs(60), None);
         let (pending, first) = Pending::open(
             Arc::new(recorder),
-            self.metrics.clone(),
+            self.metrics.record.clone(),
             None,
             true,
             Instant::now(),
@@ -123,7 +123,7 @@ impl World {
         drop(first);
         ticket.metered_by(Metering {
             tenant: self.tenant.clone(),
-            metrics: self.metrics.clone(),
+            metrics: self.metrics.settle.clone(),
             reconcile: Reconcile {
                 backend: "b".to_string(),
                 request_id: None,
@@ -151,8 +151,8 @@ impl World {
     fn decode_metrics(&self) -> (u64, u64) {
         let t = &self.tenant.metrics;
         (
-            t.decode_tokens(&self.metrics).get(),
-            t.decode_tokens_refunded(&self.metrics).get(),
+            t.decode_tokens(&self.metrics.settle).get(),
+            t.decode_tokens_refunded(&self.metrics.settle).get(),
         )
     }
 }
