@@ -94,7 +94,10 @@ pub fn whole_chain(
             server.max_body_bytes,
             server.body_read_timeout,
         ))
-        .layer(RecordLayer::new(gw.recorder.clone(), gw.metrics.clone()))
+        .layer(RecordLayer::new(
+            gw.recorder.clone(),
+            gw.metrics.record.clone(),
+        ))
         .layer(AuthenticateLayer::new(gw.live.clone()))
         .layer(CountLayer::new(gw.counter.clone()))
         .layer(ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), None))

@@ -674,9 +674,10 @@ async fn refresh_quota_gauges(gw: &Gateway) {
         }
     }
     // No await from here on: a scrape on this thread never sees the series half set.
+    let m = &gw.metrics.state;
     if complete {
-        gw.metrics.quota_spent.clear();
-        gw.metrics.quota_limit.clear();
+        m.quota_spent.clear();
+        m.quota_limit.clear();
     }
     for (tenant, readings) in read {
         for r in readings {
@@ -685,8 +686,7 @@ async fn refresh_quota_gauges(gw: &Gateway) {
                 window: r.meter.window.label().to_string(),
                 unit: r.meter.unit.name().to_string(),
             };
-            gw.metrics
-                .quota(&labels, r.meter.shown(r.spent), r.meter.shown(r.limit));
+            m.quota(&labels, r.meter.shown(r.spent), r.meter.shown(r.limit));
         }
     }
 }
@@ -701,36 +701,33 @@ async fn refresh_gauges(gw: &Gateway) {
         .flat_map(|(_, admission, _)| admission.snapshot().backends)
         .collect();
     let snap = gw.admission.snapshot();
+    let m = &gw.metrics.state;
     for ((b, u), h) in ledgers.iter().zip(upstreams).zip(&health) {
         let label = BackendLabel {
             backend: u.url.clone(),
         };
-        gw.metrics
-            .backend_up
+        m.backend_up
             .get_or_create(&label)
             .set(i64::from(*h == Health::Ready));
-        gw.metrics
-            .kv_reserved_bytes
+        m.kv_reserved_bytes
             .get_or_create(&label)
             .set(b.kv_reserved_bytes as i64);
-        gw.metrics
-            .kv_capacity_bytes
+        m.kv_capacity_bytes
             .get_or_create(&label)
             .set(b.kv_capacity_bytes as i64);
     }
-    gw.metrics.queue_depth.set(snap.queued as i64);
+    m.queue_depth.set(snap.queued as i64);
     for (class, depth) in &snap.queued_by_class {
         let label = crate::metrics::ClassLabel {
             class: class.as_str().to_string(),
         };
-        gw.metrics
-            .queue_depth_by_class
+        m.queue_depth_by_class
             .get_or_create(&label)
             .set(*depth as i64);
     }
     for t in gw.live.current().tenants.tenants() {
         let queued = snap.queued_by_tenant.get(&t.name).copied().unwrap_or(0);
-        (gw.metrics.queue_depth_by_tenant)
+        (m.queue_depth_by_tenant)
             .get_or_create(&crate::metrics::tenant(&t.name))
             .set(queued as i64);
         let s = gw.limiter.snapshot(&t.name, &t.limits).await;
@@ -743,18 +740,12 @@ async fn refresh_gauges(gw: &Gateway) {
                 tenant: t.name.clone(),
                 bucket: bucket.to_string(),
             };
-            gw.metrics
-                .bucket_available
-                .get_or_create(&labels)
-                .set(b.available);
-            gw.metrics
-                .bucket_capacity
-                .get_or_create(&labels)
-                .set(b.capacity);
+            m.bucket_available.get_or_create(&labels).set(b.available);
+            m.bucket_capacity.get_or_create(&labels).set(b.capacity);
         }
     }
     refresh_quota_gauges(gw).await;
-    gw.metrics.sync_cache_counters(&gw.chat.stats());
+    m.sync_cache_counters(&gw.chat.stats());
 }
 
 #[cfg(test)]

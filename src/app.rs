@@ -12,9 +12,9 @@ use crate::gateway::{Gateway, Lane};
 use crate::layers::admit::KvGeometry;
 use crate::layers::count::{CountSettings, Counter, KvCheck};
 use crate::limiter::config::StoreKind;
-use crate::limiter::redis::RedisStore;
+use crate::limiter::redis::{RedisStore, StoreMetrics};
 use crate::limiter::{BucketStore, Limiter, LocalStore};
-use crate::metrics::Metrics;
+use crate::metrics::{CountMetrics, Metrics};
 use crate::proxy::forward::{Backends, ForwardSettings};
 use crate::proxy::upstream::Upstream;
 use crate::quota::config::QuotaStoreKind;
@@ -78,7 +78,7 @@ pub async fn counter(
     config: Arc<ValidConfig>,
     tokenizer: Option<Arc<Tokenizer>>,
     limiter: Limiter,
-    metrics: Arc<Metrics>,
+    metrics: Arc<CountMetrics>,
     kv: Option<KvCheck>,
 ) -> anyhow::Result<Counter> {
     let tokenizer = match tokenizer {
@@ -135,7 +135,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         shares: config.admission.class_shares(),
     };
     let metrics = Arc::new(Metrics::new());
-    metrics.config_loaded();
+    metrics.config.config_loaded();
     let store: Arc<dyn BucketStore> = match config.limiter.store {
         StoreKind::Local => Arc::new(LocalStore::default()),
         StoreKind::Redis => Arc::new(RedisStore::new(
@@ -143,9 +143,9 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
             metrics.limiter_store.clone(),
         )?),
     };
-    let admission = admit_on(&config, Runner::Generate, queue, &metrics)?;
+    let admission = admit_on(&config, Runner::Generate, queue, &metrics.limiter_store)?;
     // Feedback reads generation engines (validation refuses it on a pooling backend).
-    let feedback = crate::feedback::spawn(&watched(&config), &admission, &metrics);
+    let feedback = crate::feedback::spawn(&watched(&config), &admission, &metrics.feedback);
     let usage_log = match &config.usage_log {
         Some(log) => {
             let anchor = WallAnchor {
@@ -153,7 +153,12 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
                 wall: deps.clock.wall(),
             };
             let prices = Prices::from_config(&config.prices, &config.model.served_names)?;
-            Some(UsageLog::start(log, &metrics, anchor, Arc::new(prices))?)
+            Some(UsageLog::start(
+                log,
+                &metrics.usage_log,
+                anchor,
+                Arc::new(prices),
+            )?)
         }
         None => None,
     };
@@ -176,7 +181,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         config.clone(),
         deps.tokenizer,
         limiter.clone(),
-        metrics.clone(),
+        metrics.count.clone(),
         Some(kv),
     );
     let counter = Arc::new(counter.await?);
@@ -185,7 +190,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     let backends = Arc::new(Backends {
         upstreams: upstreams_of(&config, Runner::Generate)?,
         settings: settings.clone(),
-        metrics: metrics.clone(),
+        metrics: metrics.settle.clone(),
         tokenizer: counter.tokenizer.clone(),
         pool: counter.pool.clone(),
         chat: chat.clone(),
@@ -196,7 +201,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     let pooling = match config.running(Runner::Pooling).next() {
         None => None,
         Some(_) => {
-            let admission = admit_on(&config, Runner::Pooling, queue, &metrics)?;
+            let admission = admit_on(&config, Runner::Pooling, queue, &metrics.limiter_store)?;
             let kv = KvCheck {
                 admission: admission.clone(),
                 geometry: KvGeometry::from(&config.model),
@@ -205,7 +210,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
             let backends = Backends {
                 upstreams: upstreams_of(&config, Runner::Pooling)?,
                 settings,
-                metrics: metrics.clone(),
+                metrics: metrics.settle.clone(),
                 tokenizer: counter.tokenizer.clone(),
                 pool: counter.pool.clone(),
                 chat: chat.clone(),
@@ -224,7 +229,8 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         limiter: limiter.clone(),
         admission: admission.clone(),
         pooling: (pooling.as_ref()).map(|l| l.admission.clone()),
-        metrics: metrics.clone(),
+        metrics: metrics.config.clone(),
+        gauges: metrics.state.clone(),
     };
     Ok(Arc::new(Gateway {
         config,
@@ -316,7 +322,7 @@ fn admit_on(
     config: &ValidConfig,
     runner: Runner,
     queue: QueueSpec,
-    metrics: &Metrics,
+    metrics: &StoreMetrics,
 ) -> anyhow::Result<Admission> {
     let backends = (config.running(runner))
         .map(|(b, _)| BackendSpec {
@@ -333,8 +339,7 @@ fn admit_on(
                 Runner::Generate => "",
                 Runner::Pooling => "pooling:",
             };
-            let store =
-                LedgerStore::new(&config.limiter, namespace, metrics.limiter_store.clone())?;
+            let store = LedgerStore::new(&config.limiter, namespace, metrics.clone())?;
             Admission::shared(backends, queue, store)
         }
     })

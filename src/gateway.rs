@@ -30,7 +30,8 @@ pub struct Gateway {
     pub backends: Arc<Backends>,
     /// Chat rendering and its per-message memo (the admin listener reports its cache).
     pub chat: Arc<ChatCounter>,
-    /// Metrics registry.
+    /// The metrics registry and its groups, each handed to the room that records into it;
+    /// the admin listener encodes it whole.
     pub metrics: Arc<Metrics>,
     /// Where every settled request is recorded: the workload profile.
     pub recorder: Arc<Recorder>,

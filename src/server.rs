@@ -3,7 +3,7 @@
 //! through is [`path`]'s.
 
 use crate::gateway::Gateway;
-use crate::metrics::ListenerLabel;
+use crate::metrics::{ConnectionClosedLabels, ConnectionMetrics, ListenerLabel};
 use anyhow::Context as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -175,14 +175,12 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
         name,
         max_connections,
         evict_idle,
-        open: gw
-            .metrics
-            .open_connections
+        open: (gw.metrics.connections.open_connections)
             .get_or_create(&ListenerLabel {
                 listener: name.to_string(),
             })
             .clone(),
-        closed: closed_counters(&gw.metrics, name),
+        closed: closed_counters(&gw.metrics.connections, name),
         grace: cfg.server.shutdown_grace,
         deadlines: Deadlines {
             first_head: cfg.server.header_read_timeout,
@@ -218,11 +216,11 @@ pub async fn serve(gw: Arc<Gateway>) -> anyhow::Result<Running> {
 }
 
 /// The listener's `connections_closed_total` counters, one per reason.
-fn closed_counters(metrics: &crate::metrics::Metrics, listener: &str) -> Closed {
+fn closed_counters(metrics: &ConnectionMetrics, listener: &str) -> Closed {
     let counter = |reason: &str| {
         metrics
             .connections_closed
-            .get_or_create(&crate::metrics::ConnectionClosedLabels {
+            .get_or_create(&ConnectionClosedLabels {
                 listener: listener.to_string(),
                 reason: reason.to_string(),
             })

@@ -13,7 +13,7 @@
 //! `cached_prompt_tokens` at the cached price): the others were given everything back. `cost`
 //! is that bill at the model's `[prices]` (0 for a line not billable; `null` without a price).
 
-use crate::metrics::Metrics;
+use crate::metrics::UsageLogMetrics;
 use crate::quota::ledger::Usage;
 use crate::quota::Prices;
 use crate::settled::Settled;
@@ -169,7 +169,7 @@ impl UsageLog {
     /// writer thread.
     pub fn start(
         config: &UsageLogConfig,
-        metrics: &Metrics,
+        metrics: &UsageLogMetrics,
         anchor: WallAnchor,
         prices: Arc<Prices>,
     ) -> anyhow::Result<Self> {
@@ -198,7 +198,7 @@ impl UsageLog {
     fn with_writer(
         out: Box<dyn Write + Send>,
         buffer: usize,
-        metrics: &Metrics,
+        metrics: &UsageLogMetrics,
         anchor: WallAnchor,
         prices: Arc<Prices>,
     ) -> Self {

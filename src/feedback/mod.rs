@@ -16,7 +16,7 @@ pub mod parse;
 pub mod pressure;
 
 use crate::admission::{Admission, BackendSnapshot};
-use crate::metrics::{BackendLabel, KvMismatchLabels, Metrics, ScrapeFailureLabels};
+use crate::metrics::{BackendLabel, FeedbackMetrics, KvMismatchLabels, ScrapeFailureLabels};
 use crate::util::get::{fetch, HttpClient};
 use engine::{CacheInfo, Difference, EngineKv, EngineLimits, HandSet};
 use hyper_util::client::legacy::Client;
@@ -375,7 +375,7 @@ struct Scraper {
     batch_cap_tries: u32,
     admission: Admission,
     feedback: Arc<Observations>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<FeedbackMetrics>,
     pressure: Pressure,
 }
 
@@ -608,7 +608,11 @@ impl Drop for Scrapers {
 
 /// Starts a scrape loop for every backend that is read (feedback enabled, or `kv = "engine"`;
 /// `backends` in config order), on the current runtime. The first reading is at once.
-pub fn spawn(backends: &[Watched], admission: &Admission, metrics: &Arc<Metrics>) -> Scrapers {
+pub fn spawn(
+    backends: &[Watched],
+    admission: &Admission,
+    metrics: &Arc<FeedbackMetrics>,
+) -> Scrapers {
     let feedback = Arc::new(Observations {
         observed: backends.iter().map(|_| Mutex::new(None)).collect(),
     });

@@ -1,5 +1,6 @@
 use super::*;
 use crate::admission::{BackendSpec, ClassShares, Need, Priority, QueueSpec};
+use crate::metrics::Metrics;
 use crate::util::get::get_text;
 
 /// 100 bytes of KV for 100 prompt tokens.
@@ -111,7 +112,7 @@ fn scraper(cfg: FeedbackConfig) -> (Scraper, Admission, Arc<Metrics>) {
         batch_cap_tries: 0,
         admission: admission.clone(),
         feedback: observed,
-        metrics: metrics.clone(),
+        metrics: metrics.feedback.clone(),
     };
     (s, admission, metrics)
 }
@@ -310,7 +311,7 @@ async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on
         feedback: cfg,
         kv: KvWatch::Check(HAND),
     };
-    let scrapers = spawn(&[watched], &admission, &metrics);
+    let scrapers = spawn(&[watched], &admission, &metrics.feedback);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let seen = loop {
         let seen = scrapers.observed.observed(0).expect("feedback on");
@@ -439,7 +440,7 @@ async fn an_engine_backend_learns_its_pages_and_relearns_them_when_the_engine_re
             max_model_len: 8192,
         },
     };
-    let scrapers = spawn(&[watched], &admission, &metrics);
+    let scrapers = spawn(&[watched], &admission, &metrics.feedback);
     let seen = observed_until(&scrapers, |o| o.engine_kv.is_some()).await;
     let kv = seen.engine_kv.expect("learned");
     assert_eq!(
@@ -494,7 +495,7 @@ async fn an_engine_that_cannot_be_read_is_said_so_and_admits_nothing() {
             max_model_len: 4096,
         },
     };
-    let scrapers = spawn(&[watched], &admission, &Arc::new(Metrics::new()));
+    let scrapers = spawn(&[watched], &admission, &Arc::default());
     let seen = observed_until(&scrapers, |o| o.engine_kv_error.is_some()).await;
     assert_eq!(
         seen.engine_kv_error.as_deref(),
@@ -526,7 +527,7 @@ async fn a_hand_set_geometry_is_checked_against_the_engines() {
             max_batch: 32,
         }),
     };
-    let scrapers = spawn(&[watched], &admission, &metrics);
+    let scrapers = spawn(&[watched], &admission, &metrics.feedback);
     // Without /server_info the batch cap is asked for at most BATCH_CAP_TRIES readings.
     let seen = observed_until(&scrapers, |o| o.engine_kv.is_some()).await;
     assert_eq!(

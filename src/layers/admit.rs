@@ -10,7 +10,7 @@ use crate::admission::{Admission, Priority};
 pub use crate::admission::{KvGeometry, Sequences};
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::Cost;
-use crate::metrics::Metrics;
+use crate::metrics::AdmitMetrics;
 use crate::settle::TicketSlot;
 use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
@@ -29,14 +29,18 @@ pub type AdmitLayer = StepLayer<Admitting>;
 pub struct Admitting {
     admission: Admission,
     geometry: KvGeometry,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<AdmitMetrics>>,
 }
 
 impl AdmitLayer {
     /// Admits by `geometry`'s footprint on `admission`'s backends. With `metrics`, it records
     /// each tenant's queue wait, the queue's refusals by class and, per admitted request, its
     /// prompt and reserved tokens.
-    pub fn new(admission: Admission, geometry: KvGeometry, metrics: Option<Arc<Metrics>>) -> Self {
+    pub fn new(
+        admission: Admission,
+        geometry: KvGeometry,
+        metrics: Option<Arc<AdmitMetrics>>,
+    ) -> Self {
         StepLayer::of(Admitting {
             admission,
             geometry,
@@ -169,7 +173,7 @@ mod tests {
     #[tokio::test]
     async fn leases_the_footprint_of_the_cost_into_the_ticket_which_frees_it() {
         let (limiter, admission) = (limiter(), admission());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(AdmitMetrics::default());
         let svc = ServiceBuilder::new()
             .layer(ChargeLayer::new(limiter, AsAuthenticated, None))
             .layer(AdmitLayer::new(
@@ -315,7 +319,7 @@ mod tests {
     #[tokio::test]
     async fn the_requests_class_is_queued_and_its_refusals_counted_by_class() {
         let (limiter, admission) = (limiter(), admission());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(AdmitMetrics::default());
         let svc = ServiceBuilder::new()
             .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
             .layer(AdmitLayer::new(

@@ -11,7 +11,7 @@ use super::step::{Step, StepLayer};
 use crate::api::request::GenerationRequest;
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter};
-use crate::metrics::Metrics;
+use crate::metrics::ChargeMetrics;
 use crate::quota::ledger::Usage;
 use crate::quota::{QuotaHold, Quotas};
 use crate::record::Pending;
@@ -62,14 +62,14 @@ pub type ChargeLayer<L = AsAuthenticated> = StepLayer<Charging<L>>;
 pub struct Charging<L> {
     limiter: Limiter,
     limits: L,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<ChargeMetrics>>,
     quotas: Option<Quotas>,
 }
 
 impl<L: LimitsInForce> ChargeLayer<L> {
     /// Charges `limiter`'s buckets under the tenants' limits `limits` finds. With `metrics`,
     /// each tenant's requests in flight are shown in its gauge.
-    pub fn new(limiter: Limiter, limits: L, metrics: Option<Arc<Metrics>>) -> Self {
+    pub fn new(limiter: Limiter, limits: L, metrics: Option<Arc<ChargeMetrics>>) -> Self {
         StepLayer::of(Charging {
             limiter,
             limits,
@@ -187,6 +187,7 @@ where
 mod tests {
     use super::*;
     use crate::layers::testing::{available, cost, limiter, outcomes, record_layer, request};
+    use crate::metrics::Metrics;
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::Full;
@@ -217,7 +218,7 @@ mod tests {
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
-                Some(metrics.clone()),
+                Some(metrics.charge.clone()),
             ))
             .service_fn(|req| answers(req, 30));
         let resp = svc.oneshot(request(cost(200, 80))).await.expect("charged");
@@ -237,7 +238,7 @@ mod tests {
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
-                Some(metrics.clone()),
+                Some(metrics.charge.clone()),
             ))
             .service_fn(|_: Request<Full<Bytes>>| async {
                 Err::<Response<Full<Bytes>>, _>(ApiError::upstream("the backend is gone"))
@@ -260,7 +261,7 @@ mod tests {
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
-                Some(metrics.clone()),
+                Some(metrics.charge.clone()),
             ))
             .service_fn(move |_: Request<Full<Bytes>>| {
                 let reached = reached.clone();
@@ -300,7 +301,7 @@ mod tests {
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
-                Some(metrics.clone()),
+                Some(metrics.charge.clone()),
             ))
             .service_fn(move |req| forwards_and_waits(req, reached.clone()));
         let call = tokio::spawn(svc.oneshot(request(cost(200, 80))));
@@ -347,7 +348,7 @@ mod tests {
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
-                Some(metrics.clone()),
+                Some(metrics.charge.clone()),
             ))
             .service_fn(move |req: Request<Full<Bytes>>| {
                 let reached = reached.clone();
@@ -368,7 +369,7 @@ mod tests {
             req.extensions_mut().insert(how);
             tokio::spawn(svc.clone().oneshot(req))
         };
-        let gauge = || capped.metrics.inflight(&metrics).get();
+        let gauge = || capped.metrics.inflight(&metrics.charge).get();
         let held = call("hold");
         reached_rx.recv().await.expect("the service was called");
         assert_eq!((capped.in_flight.current(), gauge()), (1, 1));

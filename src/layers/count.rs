@@ -26,7 +26,7 @@ use crate::body::{check_content_type, Bodies};
 use crate::config::{ModelConfig, Runner, ValidConfig};
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
-use crate::metrics::{Metrics, TenantLabel};
+use crate::metrics::CountMetrics;
 use crate::record::Pending;
 use crate::tenant::Tenant;
 use crate::tokenize::cache::{ChatCounter, LookUp};
@@ -70,7 +70,7 @@ pub struct Counter {
     /// Where counting runs.
     pub pool: Arc<TokenizePool>,
     /// Where tokenize time and output caps are counted.
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<CountMetrics>,
     /// The backends' admission, asked whether a request could ever be admitted before it is
     /// charged or told to retry (`None` where nothing is admitted, as for the local answers
     /// alone).
@@ -353,12 +353,7 @@ impl Counter {
             && max_output < self.settings.model.max_model_len - prompt_tokens
         {
             // vLLM alone would let this chat write up to the context: the gateway's cap shows.
-            self.metrics
-                .output_capped_at_default
-                .get_or_create(&TenantLabel {
-                    tenant: tenant.name.clone(),
-                })
-                .inc();
+            self.metrics.capped_at_default(&tenant.name);
         }
         let runs = Sequences {
             prompts: counted_each,
@@ -793,7 +788,13 @@ mod tests {
         assert_eq!(decode(native("/generate_stream"), generate).await, 20);
         assert_eq!(decode(native("/infer"), generate).await, 100);
         let chat = r#"{"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}]}"#;
-        let capped = || gw.counter.metrics.encode();
+        let capped = || {
+            let mut registry = prometheus_client::registry::Registry::with_prefix("tokengate");
+            gw.counter.metrics.register(&mut registry);
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("to a String");
+            text
+        };
         assert!(!capped().contains("tokengate_output_capped_at_default_total{"));
         assert_eq!(decode(Route::OpenAi(Endpoint::Chat), chat).await, 100);
         assert!(capped().contains(r#"tokengate_output_capped_at_default_total{tenant="alice"} 1"#));

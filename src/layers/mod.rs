@@ -48,7 +48,7 @@ pub(crate) mod testing {
     use crate::layers::count::Counter;
     use crate::limiter::bucket::fixtures::limits;
     use crate::limiter::{Cost, Limiter, LocalStore};
-    use crate::metrics::{Metrics, OutcomeLabels};
+    use crate::metrics::{CountMetrics, Metrics, OutcomeLabels};
     use crate::reload::live::LiveConfig;
     use crate::tenant::Tenant;
     use bytes::Bytes;
@@ -95,17 +95,16 @@ pub(crate) mod testing {
 
     /// The record layer, counting outcomes in `metrics` (its records kept in a profile on a
     /// clock that stands still).
-    pub fn record_layer(metrics: &Arc<Metrics>) -> crate::layers::RecordLayer {
+    pub fn record_layer(metrics: &Metrics) -> crate::layers::RecordLayer {
         let clock = Arc::new(ManualClock::new());
         let window = std::time::Duration::from_secs(60);
         let recorder = crate::record::Recorder::new(clock, window, None);
-        crate::layers::RecordLayer::new(Arc::new(recorder), metrics.clone())
+        crate::layers::RecordLayer::new(Arc::new(recorder), metrics.record.clone())
     }
 
     /// How many of `tenant`'s requests ended with `outcome`.
     pub fn outcomes_of(metrics: &Metrics, tenant: &str, outcome: &str) -> u64 {
-        metrics
-            .requests
+        (metrics.record.requests)
             .get_or_create(&OutcomeLabels {
                 tenant: tenant.to_string(),
                 outcome: outcome.to_string(),
@@ -165,7 +164,7 @@ pub(crate) mod testing {
         let config = Arc::new(config);
         let alice = alice_in(&LiveConfig::new(config.clone()));
         let tokenizer = Some(crate::tokenize::test_tokenizer());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(CountMetrics::default());
         let counter = crate::app::counter(config, tokenizer, limiter(), metrics, None);
         (Arc::new(counter.await.expect("builds")), alice)
     }

@@ -9,7 +9,7 @@
 
 use super::step::{Step, StepLayer};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::RecordMetrics;
 use crate::record::{Arrived, Pending, Recorder};
 use crate::request_id::{request_id, GatewayMade};
 use futures_util::future::BoxFuture;
@@ -25,12 +25,12 @@ pub type RecordLayer = StepLayer<Recording>;
 #[derive(Debug)]
 pub struct Recording {
     recorder: Arc<Recorder>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<RecordMetrics>,
 }
 
 impl RecordLayer {
     /// Records every request in `recorder` and counts its outcome in `metrics`.
-    pub fn new(recorder: Arc<Recorder>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(recorder: Arc<Recorder>, metrics: Arc<RecordMetrics>) -> Self {
         StepLayer::of(Recording { recorder, metrics })
     }
 }
@@ -76,7 +76,7 @@ mod tests {
     use super::*;
     use crate::error_code::ErrorCode;
     use crate::layers::testing::{outcomes, outcomes_of, record_layer, tenant};
-    use crate::metrics::Outcome;
+    use crate::metrics::{Metrics, Outcome};
     use crate::record::RecordHold;
     use crate::settled::Charged;
     use http::Response;

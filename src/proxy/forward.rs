@@ -26,7 +26,7 @@ use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::extensions::needs;
 use crate::layers::Sequences;
 use crate::limiter::Cost;
-use crate::metrics::Metrics;
+use crate::metrics::SettleMetrics;
 use crate::record::Arrived;
 use crate::settle::{Ending, Reconcile, TicketSlot};
 use crate::tenant::Tenant;
@@ -56,7 +56,7 @@ pub struct Backends {
     /// What forwarding and metering read of the config.
     pub settings: ForwardSettings,
     /// Where answers are metered.
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<SettleMetrics>,
     /// Counts what a backend's answer does not say it generated.
     pub tokenizer: Arc<Tokenizer>,
     /// Where that counting runs.

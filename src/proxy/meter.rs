@@ -11,7 +11,7 @@ use crate::api::sse::{self, EventHead, SseSplitter};
 use crate::api::{Chunk, Echo, Wire};
 use crate::error::{ApiError, UpstreamFailure};
 use crate::limiter::RateLimitHeaders;
-use crate::metrics::Metrics;
+use crate::metrics::SettleMetrics;
 use crate::record::Forwarded;
 use crate::settle::{DecodeFloor, Ending, Metering, Output, Reading, Reconcile, Ticket};
 use crate::tenant::Tenant;
@@ -121,7 +121,7 @@ impl Admitted {
     pub fn new(
         tenant: Arc<Tenant>,
         mut ticket: Ticket,
-        metrics: Arc<Metrics>,
+        metrics: Arc<SettleMetrics>,
         counter: OutputCounter,
         reconcile: Reconcile,
         arrived: Instant,

@@ -14,7 +14,7 @@ pub use facts::{Arrived, Forwarded};
 
 use crate::clock::SharedClock;
 use crate::error_code::ErrorCode;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{Outcome, RecordMetrics};
 use crate::profile::{Profile, ProfileReport};
 use crate::settled::{Charged, Settled};
 use crate::tenant::Tenant;
@@ -79,7 +79,7 @@ pub struct RecordHold(Arc<Open>);
 #[derive(Debug)]
 struct Open {
     recorder: Arc<Recorder>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<RecordMetrics>,
     facts: Mutex<Facts>,
 }
 
@@ -107,7 +107,7 @@ impl Pending {
     /// on it.
     pub fn open(
         recorder: Arc<Recorder>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<RecordMetrics>,
         request_id: Option<String>,
         id_made_here: bool,
         arrived: Instant,

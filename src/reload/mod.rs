@@ -24,7 +24,7 @@ pub use live::{LiveConfig, Snapshot};
 use crate::admission::Admission;
 use crate::config::{Config, Runner};
 use crate::limiter::Limiter;
-use crate::metrics::Metrics;
+use crate::metrics::{ConfigMetrics, StateGauges};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -72,8 +72,10 @@ pub struct Reloader {
     pub admission: Admission,
     /// The pooling backends' (when there are any).
     pub pooling: Option<Admission>,
-    /// Where reloads and removed tenants are counted.
-    pub metrics: Arc<Metrics>,
+    /// Where reloads are counted.
+    pub metrics: Arc<ConfigMetrics>,
+    /// Where a removed tenant's series are forgotten.
+    pub gauges: Arc<StateGauges>,
 }
 
 impl Reloader {
@@ -131,7 +133,7 @@ impl Reloader {
         self.live.replace(new);
         for name in &changes.tenants_removed {
             self.limiter.forget(name);
-            self.metrics.forget_tenant_buckets(name);
+            self.gauges.forget_tenant_buckets(name);
         }
         Ok(changes)
     }

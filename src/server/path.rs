@@ -96,10 +96,12 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let geometry = KvGeometry::from(&gw.config.model);
-    let metrics = Some(gw.metrics.clone());
     ServiceBuilder::new()
         // the request's record: its outcome, refused or settled, written and counted once
-        .layer(RecordLayer::new(gw.recorder.clone(), gw.metrics.clone()))
+        .layer(RecordLayer::new(
+            gw.recorder.clone(),
+            gw.metrics.record.clone(),
+        ))
         // 5. API key -> `Arc<Tenant>`
         .layer(AuthenticateLayer::new(gw.live.clone()))
         // 6-7. parse + count: `GenerationRequest` and its `Cost` (refused unread when the
@@ -109,11 +111,19 @@ where
         //    cap, 8b its quotas reserved (`with_quotas`), 8c its buckets; the request's
         //    `Ticket` holds all three
         .layer(
-            ChargeLayer::new(gw.limiter.clone(), gw.live.clone(), metrics.clone())
-                .with_quotas(gw.quotas.clone()),
+            ChargeLayer::new(
+                gw.limiter.clone(),
+                gw.live.clone(),
+                Some(gw.metrics.charge.clone()),
+            )
+            .with_quotas(gw.quotas.clone()),
         )
         // 9. admit by KV footprint, waiting fairly: the lease goes into the ticket
-        .layer(AdmitLayer::new(lane.admission.clone(), geometry, metrics))
+        .layer(AdmitLayer::new(
+            lane.admission.clone(),
+            geometry,
+            Some(gw.metrics.admit.clone()),
+        ))
         // 10-11. forward to the leased backend; the metered answer owns the ticket
         .service(Forward::new(lane.backends.clone()))
 }

@@ -9,7 +9,7 @@
 
 use super::ending::Output;
 use crate::limiter::{Cost, Settlement};
-use crate::metrics::{CountErrorLabels, Metrics};
+use crate::metrics::{CountErrorLabels, SettleMetrics};
 use crate::tenant::Tenant;
 use crate::util::throttle::Throttle;
 use std::sync::Arc;
@@ -21,8 +21,8 @@ use std::time::Duration;
 pub struct Metering {
     /// The tenant, whose series are counted.
     pub tenant: Arc<Tenant>,
-    /// The gateway's metrics.
-    pub metrics: Arc<Metrics>,
+    /// Where the settlement is counted.
+    pub metrics: Arc<SettleMetrics>,
     /// The backend and how its counts are believed.
     pub reconcile: Reconcile,
 }
@@ -106,7 +106,7 @@ impl Reconcile {
 
     /// Exports the backend's count of `kind` (`prompt` or `output`) against the gateway's, and
     /// warns when they differ.
-    fn compare(&self, metrics: &Metrics, kind: &str, gateway: u64, backend: u64) {
+    fn compare(&self, metrics: &SettleMetrics, kind: &str, gateway: u64, backend: u64) {
         let error = i128::from(backend) - i128::from(gateway);
         let labels = CountErrorLabels {
             backend: self.backend.clone(),

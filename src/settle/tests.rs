@@ -78,7 +78,7 @@ impl World {
             let _ = tx.send(AtBuckets {
                 kv_leased: a.snapshot().backends[0].kv_reserved_bytes,
                 fairness: a.fairness_counter(Priority::Standard, "a"),
-                decode_counted: t.metrics.decode_tokens(&m).get(),
+                decode_counted: t.metrics.decode_tokens(&m.settle).get(),
                 recorded,
                 in_flight: t.in_flight.current(),
                 settlement: *settlement,
@@ -117,7 +117,7 @@ impl World {
         let recorder = Recorder::new(Arc::new(ManualClock::new()), Duration::from_secs(60), None);
         let (pending, first) = Pending::open(
             Arc::new(recorder),
-            self.metrics.clone(),
+            self.metrics.record.clone(),
             None,
             true,
             Instant::now(),
@@ -127,7 +127,7 @@ impl World {
         drop(first);
         ticket.metered_by(Metering {
             tenant: self.tenant.clone(),
-            metrics: self.metrics.clone(),
+            metrics: self.metrics.settle.clone(),
             reconcile: Reconcile {
                 backend: "b".to_string(),
                 request_id: None,
@@ -155,8 +155,8 @@ impl World {
     fn decode_metrics(&self) -> (u64, u64) {
         let t = &self.tenant.metrics;
         (
-            t.decode_tokens(&self.metrics).get(),
-            t.decode_tokens_refunded(&self.metrics).get(),
+            t.decode_tokens(&self.metrics.settle).get(),
+            t.decode_tokens_refunded(&self.metrics.settle).get(),
         )
     }
 }

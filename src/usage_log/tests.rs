@@ -1,5 +1,5 @@
 use super::*;
-use crate::metrics::Outcome;
+use crate::metrics::{Metrics, Outcome};
 use crate::settled::Charged;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -121,14 +121,14 @@ async fn a_full_buffer_drops_and_counts_and_never_waits() {
         go: Arc::new(Mutex::new(go_rx)),
         written: written.clone(),
     };
-    let log = UsageLog::with_writer(Box::new(gate), 1, &metrics, a, Arc::default());
+    let log = UsageLog::with_writer(Box::new(gate), 1, &metrics.usage_log, a, Arc::default());
     log.offer(answered(&a), a.instant);
     // The writer has the first record and is stuck writing it.
     entered_rx.recv().expect("the writer writes");
     log.offer(answered(&a), a.instant); // waits in the buffer of one
     log.offer(answered(&a), a.instant); // dropped
     log.offer(answered(&a), a.instant); // dropped
-    assert_eq!(metrics.usage_log_dropped.get(), 2);
+    assert_eq!(metrics.usage_log.usage_log_dropped.get(), 2);
     for _ in 0..2 {
         go.send(()).expect("the writer waits");
     }
@@ -157,7 +157,7 @@ impl Write for Broken {
 #[tokio::test]
 async fn a_failing_write_is_counted_once_per_batch_and_loses_only_that_batch() {
     let a = anchor();
-    let metrics = Metrics::new();
+    let metrics = UsageLogMetrics::default();
     let log = UsageLog::with_writer(Box::new(Broken), 8, &metrics, a, Arc::default());
     log.offer(answered(&a), a.instant);
     log.flush(Duration::from_secs(10)).await;

@@ -34,7 +34,7 @@ use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
 use tokengate::api::Wire;
 use tokengate::clock::SystemClock;
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, Settlement, TenantLimits};
-use tokengate::metrics::Metrics;
+use tokengate::metrics::SettleMetrics;
 use tokengate::proxy::meter::{Admitted, MeteredStream, OutputCounter};
 use tokengate::settle::{Reconcile, Ticket, COUNT_WARNING_PERIOD};
 use tokengate::tenant::Tenant;
@@ -351,7 +351,7 @@ struct Harness {
     limiter: Limiter,
     admission: Admission,
     tenant: Arc<Tenant>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<SettleMetrics>,
     pool: Arc<TokenizePool>,
     settled: std::sync::Mutex<mpsc::UnboundedReceiver<Settlement>>,
 }
@@ -398,7 +398,7 @@ fn harness() -> &'static Harness {
             limiter,
             admission,
             tenant,
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::default(),
             pool: Arc::new(TokenizePool::new("fuzz-sse", 1, 4)),
             settled: std::sync::Mutex::new(rx),
         }
