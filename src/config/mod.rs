@@ -65,6 +65,9 @@ pub struct Config {
     /// The usage log (the billing record): off unless the section is given.
     #[serde(default)]
     pub usage_log: Option<crate::usage_log::UsageLogConfig>,
+    /// OpenTelemetry traces and metrics over OTLP: off unless the section is given.
+    #[serde(default)]
+    pub otel: Option<crate::otel::OtelConfig>,
     /// Where tenants' quota spend is kept (`[quotas]`).
     #[serde(default)]
     pub quotas: crate::quota::config::QuotaStoreConfig,
@@ -883,6 +886,9 @@ impl Config {
         self.profile.check()?;
         if let Some(log) = &self.usage_log {
             log.check()?;
+        }
+        if let Some(otel) = &self.otel {
+            otel.check()?;
         }
         let backend_bases = self.check_model_and_backends()?;
         let key_digests = self.check_tenants()?;
