@@ -130,7 +130,13 @@ impl<B> tower::Service<Request<B>> for Forward {
             let route = *needs::<Route>(req.extensions())?;
             let reserved = needs::<Cost>(req.extensions())?.decode;
             let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
-            let trace = crate::trace_context::passed_on(req.headers());
+            // With OpenTelemetry on, the backend's parent span is the forward step's; it ends
+            // when the request settles.
+            let span = crate::otel::step(req.extensions(), crate::otel::Step::Forward);
+            let trace = match &span {
+                Some(span) => span.passed_on(),
+                None => crate::trace_context::passed_on(req.headers()),
+            };
             let ticket = needs::<TicketSlot>(req.extensions())?
                 .take()
                 .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
@@ -183,6 +189,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                 },
                 reconcile,
                 arrived,
+                span,
             );
             admitted.echoes(parsed.echoed_prompt.take());
             let sent = Sent {

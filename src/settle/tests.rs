@@ -134,6 +134,7 @@ impl World {
                     Arc::new(ManualClock::new()),
                 )),
             },
+            span: None,
         });
         ticket
     }
