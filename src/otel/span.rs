@@ -197,11 +197,14 @@ impl Drop for Root {
         let histograms = &self.shared.histograms;
         let duration = ended.saturating_duration_since(self.started);
         histograms.observe(Instrument::Duration, &series, duration);
-        if let Some(ttft) = notes.ttft {
-            histograms.observe(Instrument::TimeToFirstToken, &series, ttft);
-        }
-        if let Some(tpot) = notes.tpot {
-            histograms.observe(Instrument::TimePerOutputToken, &series, tpot);
+        // The conventions count the token latencies of successful responses only.
+        if notes.error.is_none() {
+            if let Some(ttft) = notes.ttft {
+                histograms.observe(Instrument::TimeToFirstToken, &series, ttft);
+            }
+            if let Some(tpot) = notes.tpot {
+                histograms.observe(Instrument::TimePerOutputToken, &series, tpot);
+            }
         }
         let name = match &notes.model {
             Some(model) => format!("{} {model}", self.operation),

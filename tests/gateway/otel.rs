@@ -499,3 +499,62 @@ async fn a_receiver_that_is_down_changes_nothing_for_requests() {
         assert_eq!(backend.seen.lock().unwrap().len(), n);
     }
 }
+
+/// A client that leaves mid-stream ends its request's spans all the same (their guards drop):
+/// the request's span says `client_disconnect` with the one token it was charged, the forward
+/// span ends with it, and the request counts in the duration alone.
+#[tokio::test]
+async fn a_client_gone_mid_stream_ends_its_spans_with_the_error() {
+    let mut receiver = Receiver::start(Hold::Never).await;
+    let otel = receiver.config(64, Duration::from_secs(5));
+    let spec = FakeSpec {
+        usage: false,
+        ..FakeSpec::held()
+    };
+    let (gw, backend) = gateway_with(spec, |cfg| cfg.otel = Some(otel)).await;
+    let client = first_event_then_leave(gw.url("/v1/chat/completions"), chat("a", 50, true));
+    backend.wait_held(1).await;
+    client.await.unwrap();
+    let seen = backend.seen_headers.lock().unwrap().last().unwrap().clone();
+    let sent = seen["traceparent"].to_str().unwrap().to_owned();
+    let spans = by_name(
+        receiver
+            .spans_of(&hex::decode(&sent[3..35]).unwrap(), 5)
+            .await,
+    );
+    let root = &spans["chat qwen3.5-27b"];
+    let prompt = chat_tokens("a").to_string();
+    assert_eq!(
+        attrs(&root.attributes),
+        map(&[
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.request.model", MODEL),
+            ("gen_ai.request.max_tokens", "50"),
+            ("gen_ai.usage.input_tokens", prompt.as_str()),
+            ("gen_ai.usage.output_tokens", "1"),
+            ("http.response.status_code", "200"),
+            ("tokengate.tenant", "alice"),
+            ("error.type", "client_disconnect"),
+        ])
+    );
+    let status = root.status.clone().unwrap();
+    assert_eq!(
+        (status.code, status.message.as_str()),
+        (2, "client_disconnect")
+    );
+    assert_eq!(sent[36..52], hex::encode(&spans["forward"].span_id));
+    let gone = map(&[
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", MODEL),
+        ("error.type", "client_disconnect"),
+    ]);
+    let metrics = receiver
+        .metrics_when(|m| !histogram(m, "gen_ai.server.request.duration").is_empty())
+        .await;
+    assert_eq!(
+        histogram(&metrics, "gen_ai.server.request.duration"),
+        [(gone, 1)]
+    );
+    // A first token streamed, but the conventions count latencies of successful answers only.
+    assert_eq!(histogram(&metrics, "gen_ai.server.time_to_first_token"), []);
+}
