@@ -117,6 +117,7 @@ pub(super) fn unix_nanos(ms: i64, after: Duration) -> u64 {
 /// Sends what [`Shared`] holds to the receiver until dropped.
 #[derive(Debug)]
 pub(super) struct Exporter {
+    sender: Arc<Sender>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -127,6 +128,7 @@ impl Drop for Exporter {
 }
 
 /// Where and how the exporter sends.
+#[derive(Debug)]
 struct Sender {
     shared: Arc<Shared>,
     client: Client<HttpConnector, Full<Bytes>>,
@@ -159,13 +161,26 @@ impl Exporter {
                 ..Default::default()
             },
         };
-        let task = tokio::spawn(sender.run(config.export_interval));
-        Ok(Self { task })
+        let sender = Arc::new(sender);
+        let task = tokio::spawn(sender.clone().run(config.export_interval));
+        Ok(Self { sender, task })
+    }
+
+    /// Sends the spans waiting and the metrics now, within `otel.export_timeout` in all (at a
+    /// clean stop, once every request has settled).
+    pub(super) async fn flush(&self) {
+        let round = self.sender.round(true);
+        if tokio::time::timeout(self.sender.timeout, round)
+            .await
+            .is_err()
+        {
+            tracing::warn!("OpenTelemetry: the last spans and metrics were not all sent within otel.export_timeout");
+        }
     }
 }
 
 impl Sender {
-    async fn run(self, interval: Duration) {
+    async fn run(self: Arc<Self>, interval: Duration) {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -173,25 +188,30 @@ impl Sender {
                 _ = ticks.tick() => true,
                 () = self.shared.batch_ready.notified() => false,
             };
-            // What waits now goes, a batch at a time; what comes meanwhile waits for the next
-            // round, so the metrics are never held back by a steady flow of spans.
-            let waiting = self.shared.queue().len();
-            for _ in 0..waiting.div_ceil(self.shared.batch) {
-                let spans = self.shared.batch();
-                if spans.is_empty() {
-                    break;
-                }
-                let count = spans.len() as u64;
-                if let Err(why) = self.post(&self.traces, self.traces_body(spans)).await {
-                    let lost = &self.shared.dropped_export_failed;
-                    lost.fetch_add(count, Ordering::Relaxed);
-                    self.failed("traces", &why);
-                }
+            self.round(metrics_due).await;
+        }
+    }
+
+    /// One round of exports: the spans waiting, then the metrics when `metrics_due`.
+    async fn round(&self, metrics_due: bool) {
+        // What waits now goes, a batch at a time; what comes meanwhile waits for the next
+        // round, so the metrics are never held back by a steady flow of spans.
+        let waiting = self.shared.queue().len();
+        for _ in 0..waiting.div_ceil(self.shared.batch) {
+            let spans = self.shared.batch();
+            if spans.is_empty() {
+                break;
             }
-            if metrics_due {
-                if let Err(why) = self.post(&self.metrics, self.metrics_body()).await {
-                    self.failed("metrics", &why);
-                }
+            let count = spans.len() as u64;
+            if let Err(why) = self.post(&self.traces, self.traces_body(spans)).await {
+                let lost = &self.shared.dropped_export_failed;
+                lost.fetch_add(count, Ordering::Relaxed);
+                self.failed("traces", &why);
+            }
+        }
+        if metrics_due {
+            if let Err(why) = self.post(&self.metrics, self.metrics_body()).await {
+                self.failed("metrics", &why);
             }
         }
     }

@@ -35,7 +35,7 @@ use std::task::{Context, Poll};
 #[derive(Debug)]
 pub struct Otel {
     shared: Arc<Shared>,
-    _exporter: Exporter,
+    exporter: Exporter,
 }
 
 impl Otel {
@@ -43,10 +43,13 @@ impl Otel {
     pub fn start(config: &OtelConfig, clock: SharedClock) -> anyhow::Result<Self> {
         let shared = Arc::new(Shared::new(config, clock));
         let exporter = Exporter::start(config, shared.clone())?;
-        Ok(Self {
-            shared,
-            _exporter: exporter,
-        })
+        Ok(Self { shared, exporter })
+    }
+
+    /// Sends the spans waiting and the metrics now, within `otel.export_timeout` (at a clean
+    /// stop, once every request has settled: nothing finished is left unsent).
+    pub async fn flush(&self) {
+        self.exporter.flush().await;
     }
 
     /// The layer that starts each request's span.

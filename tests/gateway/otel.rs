@@ -558,3 +558,41 @@ async fn a_client_gone_mid_stream_ends_its_spans_with_the_error() {
     // A first token streamed, but the conventions count latencies of successful answers only.
     assert_eq!(histogram(&metrics, "gen_ai.server.time_to_first_token"), []);
 }
+
+/// A clean stop sends what waits: the spans that never filled a batch and the last metrics
+/// go before the gateway's shutdown returns, an interval or not.
+#[tokio::test]
+async fn a_clean_stop_sends_the_spans_and_metrics_left() {
+    let mut receiver = Receiver::start(Hold::Never).await;
+    let otel = OtelConfig {
+        // Only the metrics at start go before the stop: the batch is never full.
+        export_interval: Duration::from_secs(3600),
+        max_export_batch: 64,
+        ..receiver.config(64, Duration::from_secs(5))
+    };
+    let (gw, _backend) = gateway_with(FakeSpec::default(), |cfg| cfg.otel = Some(otel)).await;
+    let at_start = receiver.metrics_when(|_| true).await;
+    assert!(histogram(&at_start, "gen_ai.server.request.duration").is_empty());
+    let r = chat_with(&gw, &chat("hi", 3, false), &[("traceparent", PARENT)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(receiver.traces.try_recv().is_err());
+    gw.running.shutdown().await;
+    let spans = by_name(receiver.spans_of(&hex::decode(TRACE_ID).unwrap(), 5).await);
+    assert_eq!(spans.len(), 5);
+    let last = receiver
+        .metrics
+        .try_recv()
+        .expect("the last metrics, sent before the stop returned");
+    let last: Vec<Metric> = (last.resource_metrics.into_iter())
+        .flat_map(|r| r.scope_metrics)
+        .flat_map(|s| s.metrics)
+        .collect();
+    let model = map(&[
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", MODEL),
+    ]);
+    assert_eq!(
+        histogram(&last, "gen_ai.server.request.duration"),
+        [(model, 1)]
+    );
+}
