@@ -6,7 +6,7 @@ use serde::Deserialize;
 use std::time::Duration;
 
 /// `[otel]`: an OTLP/HTTP receiver and how the gateway exports to it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtelConfig {
     /// `http://host:port` of the receiver (an OpenTelemetry Collector's OTLP/HTTP port, 4318),
@@ -29,6 +29,11 @@ pub struct OtelConfig {
     /// The most spans in one export; a full batch is sent without waiting for the interval.
     #[serde(default = "default_max_export_batch")]
     pub max_export_batch: usize,
+    /// The share of requests without a trace context whose spans are recorded (0 to 1); a
+    /// request with one follows its caller's `sampled` flag. Every request counts in the
+    /// metrics.
+    #[serde(default = "default_sampling_ratio")]
+    pub sampling_ratio: f64,
 }
 
 fn default_service_name() -> String {
@@ -49,6 +54,10 @@ fn default_max_queued_spans() -> usize {
 
 fn default_max_export_batch() -> usize {
     512
+}
+
+fn default_sampling_ratio() -> f64 {
+    1.0
 }
 
 /// The most finished spans that may wait: each holds a few hundred bytes, so this bounds the
@@ -81,6 +90,12 @@ impl OtelConfig {
                 "otel.max_export_batch is {}; it must be 1 to otel.max_queued_spans ({})",
                 self.max_export_batch,
                 self.max_queued_spans
+            );
+        }
+        if !(0.0..=1.0).contains(&self.sampling_ratio) {
+            anyhow::bail!(
+                "otel.sampling_ratio is {}; it must be 0 to 1",
+                self.sampling_ratio
             );
         }
         Ok(())
@@ -125,6 +140,7 @@ mod tests {
                 export_timeout: Duration::from_secs(10),
                 max_queued_spans: 2048,
                 max_export_batch: 512,
+                sampling_ratio: 1.0,
             }
         );
         assert_eq!(config.base().unwrap(), "http://collector:4318");
@@ -164,6 +180,14 @@ mod tests {
             (
                 "endpoint = \"http://c\"\nmax_queued_spans = 10\nmax_export_batch = 11",
                 "otel.max_export_batch is 11; it must be 1 to otel.max_queued_spans (10)",
+            ),
+            (
+                "endpoint = \"http://c\"\nsampling_ratio = 1.5",
+                "otel.sampling_ratio is 1.5; it must be 0 to 1",
+            ),
+            (
+                "endpoint = \"http://c\"\nsampling_ratio = nan",
+                "otel.sampling_ratio is NaN; it must be 0 to 1",
             ),
             ("service_name = \"x\"", "missing field `endpoint`"),
         ] {

@@ -57,6 +57,8 @@ pub(super) struct Shared {
     warnings: Throttle,
     /// When the metrics' counts started (Unix nanoseconds).
     start: u64,
+    /// `otel.sampling_ratio`.
+    sampling_ratio: f64,
 }
 
 impl Shared {
@@ -72,7 +74,13 @@ impl Shared {
             histograms: Histograms::default(),
             dropped_queue_full: AtomicU64::new(0),
             dropped_export_failed: AtomicU64::new(0),
+            sampling_ratio: config.sampling_ratio,
         }
+    }
+
+    /// Whether a new trace's spans are recorded.
+    pub(super) fn sampled(&self) -> bool {
+        self.sampling_ratio >= 1.0 || rand::random::<f64>() < self.sampling_ratio
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Span>> {

@@ -114,7 +114,7 @@ where
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let context = crate::trace_context::passed_on(req.headers());
         let operation = operation(req.extensions().get::<Route>());
-        let trace = RequestTrace::start(self.shared.clone(), operation, &context);
+        let trace = RequestTrace::start(self.shared.clone(), operation, context);
         req.extensions_mut().insert(trace.clone());
         let answer = self.inner.call(req);
         Box::pin(async move {

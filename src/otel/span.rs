@@ -31,6 +31,11 @@ struct Root {
     parent: Option<[u8; 8]>,
     /// The client's `tracestate`, passed on beside the gateway's `traceparent`.
     tracestate: Option<HeaderValue>,
+    /// Whether its spans are recorded: the caller's `sampled` flag, else `otel.sampling_ratio`.
+    sampled: bool,
+    /// The client's trace context as kept: what the backend gets when the spans are not
+    /// recorded (the gateway then stays outside the trace, as without `[otel]`).
+    context: Vec<(HeaderName, HeaderValue)>,
     started: Instant,
     /// `started` on the wall clock, Unix milliseconds.
     wall_ms: i64,
@@ -77,35 +82,44 @@ fn id<const N: usize>() -> [u8; N] {
     }
 }
 
-/// The trace and span ids of a valid `traceparent`.
-fn parse_parent(value: &HeaderValue) -> Option<([u8; 16], [u8; 8])> {
+/// The trace and span ids of a valid `traceparent`, and its `sampled` flag.
+fn parse_parent(value: &HeaderValue) -> Option<([u8; 16], [u8; 8], bool)> {
     let text = value.to_str().ok()?;
     let trace = hex::decode(text.get(3..35)?).ok()?;
     let span = hex::decode(text.get(36..52)?).ok()?;
-    Some((trace.try_into().ok()?, span.try_into().ok()?))
+    let flags = u8::from_str_radix(text.get(53..55)?, 16).ok()?;
+    Some((
+        trace.try_into().ok()?,
+        span.try_into().ok()?,
+        flags & 1 == 1,
+    ))
 }
 
 impl RequestTrace {
     /// The span of a request of `operation` whose client sent `context` (what
     /// [`crate::trace_context::passed_on`] keeps of its trace context): a child of the client's
-    /// span, else the root of a new trace.
+    /// span, recorded when the client's is, else the root of a new trace, recorded at
+    /// `otel.sampling_ratio`.
     pub(super) fn start(
         shared: Arc<Shared>,
         operation: &'static str,
-        context: &[(HeaderName, HeaderValue)],
+        context: Vec<(HeaderName, HeaderValue)>,
     ) -> Self {
         let header = |name: &HeaderName| (context.iter()).find(|(n, _)| n == name).map(|(_, v)| v);
         let parent = header(&crate::trace_context::TRACEPARENT).and_then(parse_parent);
         let tracestate = (parent.is_some())
             .then(|| header(&crate::trace_context::TRACESTATE).cloned())
             .flatten();
+        let sampled = parent.map_or_else(|| shared.sampled(), |(_, _, sampled)| sampled);
         let started = shared.clock.now();
         let wall_ms = shared.clock.wall_ms();
         Self(Arc::new(Root {
-            trace_id: parent.map_or_else(id, |(trace, _)| trace),
+            trace_id: parent.map_or_else(id, |(trace, _, _)| trace),
             span_id: id(),
-            parent: parent.map(|(_, span)| span),
+            parent: parent.map(|(_, span, _)| span),
             tracestate,
+            sampled,
+            context,
             started,
             wall_ms,
             operation,
@@ -206,6 +220,9 @@ impl Drop for Root {
                 histograms.observe(Instrument::TimePerOutputToken, &series, tpot);
             }
         }
+        if !self.sampled {
+            return;
+        }
         let name = match &notes.model {
             Some(model) => format!("{} {model}", self.operation),
             None => self.operation.to_owned(),
@@ -277,9 +294,13 @@ pub struct StepSpan {
 
 impl StepSpan {
     /// The trace context the backend gets: the gateway's `traceparent` naming this span, and
-    /// the client's `tracestate` when it sent one.
+    /// the client's `tracestate` when it sent one; the client's context as sent when the spans
+    /// are not recorded.
     pub fn passed_on(&self) -> Vec<(HeaderName, HeaderValue)> {
         let root = &self.root.0;
+        if !root.sampled {
+            return root.context.clone();
+        }
         let parent = format!(
             "00-{}-{}-{SAMPLED}",
             hex::encode(root.trace_id),
@@ -304,6 +325,9 @@ impl StepSpan {
 impl Drop for StepSpan {
     fn drop(&mut self) {
         let root = &self.root.0;
+        if !root.sampled {
+            return;
+        }
         let kind = match self.step {
             Step::Forward => SpanKind::Client,
             _ => SpanKind::Internal,

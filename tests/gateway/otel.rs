@@ -124,6 +124,7 @@ impl Receiver {
             max_queued_spans,
             // A request makes five spans: its whole trace goes in one export, at once.
             max_export_batch: 5.min(max_queued_spans),
+            sampling_ratio: 1.0,
         }
     }
 
@@ -491,6 +492,7 @@ async fn a_receiver_that_is_down_changes_nothing_for_requests() {
         export_timeout: Duration::from_millis(100),
         max_queued_spans: 4,
         max_export_batch: 1,
+        sampling_ratio: 1.0,
     };
     let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| cfg.otel = Some(otel)).await;
     for n in 1..=3 {
@@ -594,5 +596,73 @@ async fn a_clean_stop_sends_the_spans_and_metrics_left() {
     assert_eq!(
         histogram(&last, "gen_ai.server.request.duration"),
         [(model, 1)]
+    );
+}
+
+/// A request whose caller's trace is not sampled (flags `00`), and one without a trace context
+/// at `otel.sampling_ratio` 0, record no span: the backend gets the client's context as sent
+/// (none for the second), and both count in the metrics. A sampled caller's trace is recorded.
+#[tokio::test]
+async fn an_unsampled_trace_records_no_span_and_counts_in_the_metrics() {
+    let mut receiver = Receiver::start(Hold::Never).await;
+    let otel = OtelConfig {
+        sampling_ratio: 0.0,
+        ..receiver.config(64, Duration::from_secs(5))
+    };
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| cfg.otel = Some(otel)).await;
+    let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let r = chat_with(
+        &gw,
+        &chat("hi", 3, false),
+        &[
+            ("traceparent", unsampled),
+            ("tracestate", "congo=t61rcWkgMzE"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = backend.seen_headers.lock().unwrap().last().unwrap().clone();
+    assert_eq!(seen["traceparent"], unsampled);
+    assert_eq!(seen["tracestate"], "congo=t61rcWkgMzE");
+    let r = chat_with(&gw, &chat("hi", 3, false), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = backend.seen_headers.lock().unwrap().last().unwrap().clone();
+    assert!(seen.get("traceparent").is_none());
+    // A sampled caller is followed whatever the ratio; its spans come after any of the others.
+    let sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let r = chat_with(&gw, &chat("hi", 3, false), &[("traceparent", sampled)]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let trace_id = hex::decode("0af7651916cd43dd8448eb211c80319c").unwrap();
+    let mut exported = Vec::new();
+    while exported
+        .iter()
+        .filter(|s: &&Span| s.trace_id == trace_id)
+        .count()
+        < 5
+    {
+        let export = tokio::time::timeout(Duration::from_secs(10), receiver.traces.recv())
+            .await
+            .expect("the sampled spans within 10 s")
+            .unwrap();
+        exported.extend(
+            (export.resource_spans.into_iter())
+                .flat_map(|r| r.scope_spans)
+                .flat_map(|s| s.spans),
+        );
+    }
+    assert_eq!(exported.len(), 5, "only the sampled trace's spans");
+    let model = map(&[
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", MODEL),
+    ]);
+    let metrics = receiver
+        .metrics_when(|m| {
+            let counts = histogram(m, "gen_ai.server.request.duration");
+            counts.first().is_some_and(|(_, n)| *n == 3)
+        })
+        .await;
+    assert_eq!(
+        histogram(&metrics, "gen_ai.server.request.duration"),
+        [(model, 3)]
     );
 }
