@@ -9,6 +9,7 @@ use super::attribute::{int, string};
 use super::export::{unix_nanos, Shared};
 use super::histograms::{Instrument, Series};
 use http::{HeaderName, HeaderValue};
+use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, Span, Status};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -171,6 +172,7 @@ impl RequestTrace {
             span_id: id(),
             step,
             started: self.0.shared.clock.now(),
+            attributes: Vec::new(),
         }
     }
 }
@@ -290,6 +292,7 @@ pub struct StepSpan {
     span_id: [u8; 8],
     step: Step,
     started: Instant,
+    attributes: Vec<KeyValue>,
 }
 
 impl StepSpan {
@@ -316,6 +319,22 @@ impl StepSpan {
         context
     }
 
+    /// The backend at `url` is the server this step calls (`server.address`, `server.port`).
+    pub fn server(&mut self, url: &str) {
+        let Ok(uri) = url.parse::<http::Uri>() else {
+            return;
+        };
+        let default_port = match uri.scheme_str() {
+            Some("https") => 443,
+            _ => 80,
+        };
+        if let Some(host) = uri.host() {
+            self.attributes.push(string("server.address", host));
+            let port = uri.port_u16().unwrap_or(default_port);
+            self.attributes.push(int("server.port", u64::from(port)));
+        }
+    }
+
     /// The request settled so: noted in the request's span.
     pub fn settled(&self, settled: Settled) {
         self.root.settled(settled);
@@ -334,6 +353,7 @@ impl Drop for StepSpan {
         };
         let name = self.step.name().to_owned();
         let mut span = root.span(self.span_id, Some(root.span_id), name, kind);
+        span.attributes = std::mem::take(&mut self.attributes);
         span.start_time_unix_nano = root.unix_nanos(self.started);
         span.end_time_unix_nano = root.unix_nanos(root.shared.clock.now());
         root.shared.finished(span);

@@ -299,7 +299,14 @@ async fn a_requests_spans_and_the_genai_metrics_reach_an_otlp_receiver() {
             _ => SpanKind::Internal,
         };
         assert_eq!(span.kind, kind as i32, "{step}");
-        assert!(span.attributes.is_empty(), "{step}");
+        let attributes = match step {
+            "forward" => map(&[
+                ("server.address", "127.0.0.1"),
+                ("server.port", &backend.addr.port().to_string()),
+            ]),
+            _ => BTreeMap::new(),
+        };
+        assert_eq!(attrs(&span.attributes), attributes, "{step}");
         assert_eq!(
             (span.start_time_unix_nano, span.end_time_unix_nano),
             (root.start_time_unix_nano, root.end_time_unix_nano),
