@@ -1323,6 +1323,12 @@ requests_per_second = 1
             running.restart_only_changes(&two),
             ["backends (their number: 1 then 2)"]
         );
+        // The exporter is started once, with the gateway.
+        let traced = edit(&[(
+            "[[tenants]]\nname = \"alice\"",
+            "[otel]\nendpoint = \"http://127.0.0.1:4318\"\n\n[[tenants]]\nname = \"alice\"",
+        )]);
+        assert_eq!(running.restart_only_changes(&traced), ["otel"]);
     }
 
     #[test]
