@@ -36,7 +36,8 @@ use tokio::sync::Notify;
 /// connection be used again).
 const MAX_ANSWER_BYTES: u64 = 64 * 1024;
 
-/// Spans and drop warnings are logged at most once this often.
+/// Failed exports and dropped spans are logged at warn at most once this often (one throttle
+/// for both; each line says how many were held back since the last).
 const WARNING_PERIOD: Duration = Duration::from_secs(10);
 
 /// What requests and the exporter share: the queue of finished spans, the metrics, the counts
