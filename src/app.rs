@@ -136,6 +136,10 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     };
     let metrics = Arc::new(Metrics::new());
     metrics.config.config_loaded();
+    // Spans are timed on the gateway's clock, so tests read exact timestamps.
+    let otel = (config.otel.as_ref())
+        .map(|o| crate::otel::Otel::start(o, deps.clock.clone()))
+        .transpose()?;
     let store: Arc<dyn BucketStore> = match config.limiter.store {
         StoreKind::Local => Arc::new(LocalStore::default()),
         StoreKind::Redis => Arc::new(RedisStore::new(
@@ -247,6 +251,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         pooling,
         quotas,
         quota_flusher,
+        otel,
     }))
 }
 

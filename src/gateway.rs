@@ -48,6 +48,8 @@ pub struct Gateway {
     /// Writes the local quota store's spend to its file every `quotas.flush_interval` (`None`
     /// for a store in Redis); dropping it stops the writes.
     pub quota_flusher: Option<crate::quota::Flusher>,
+    /// OpenTelemetry's exporter (`None` without `[otel]`); dropping it stops the exports.
+    pub otel: Option<crate::otel::Otel>,
 }
 
 impl Gateway {

@@ -28,6 +28,7 @@ pub mod layers;
 pub mod limiter;
 pub mod loadgen;
 pub mod metrics;
+pub mod otel;
 pub mod profile;
 pub mod proxy;
 pub mod quota;

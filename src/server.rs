@@ -45,7 +45,8 @@ pub struct Running {
 
 impl Running {
     /// Stops accepting, lets in-flight requests finish within the grace period, gives back
-    /// local-first slices, writes the quota spend, flushes the usage log, then returns.
+    /// local-first slices, writes the quota spend, flushes the usage log and OpenTelemetry's
+    /// last spans and metrics, then returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for t in self.tasks {
@@ -58,6 +59,10 @@ impl Running {
             tracing::error!(error = %format!("{e:#}"), "the last quota spend was not written");
         }
         self.gateway.recorder.flush(USAGE_LOG_FLUSH).await;
+        // The last spans and metrics, the requests' spans all ended.
+        if let Some(otel) = &self.gateway.otel {
+            otel.flush().await;
+        }
         drop(self.release);
     }
 

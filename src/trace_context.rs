@@ -1,7 +1,9 @@
 //! W3C Trace Context passed on to the backend: a client's `traceparent` (and its `tracestate`
 //! with it) goes to the backend as sent, so the engine's own spans (vLLM's
-//! `--otlp-traces-endpoint`) join the client's trace. The gateway makes no span of its own yet,
-//! so it passes the context on unchanged, as a proxy outside the trace does.
+//! `--otlp-traces-endpoint`) join the client's trace. Without `[otel]` the gateway makes no span
+//! of its own, so it passes the context on unchanged, as a proxy outside the trace does; with
+//! it, the context kept here is the parent of the gateway's span ([`crate::otel`]), and the
+//! backend's parent is the gateway's forward span.
 //!
 //! Only a context the W3C Trace Context recommendation accepts is passed on: one `traceparent`
 //! of `version-traceid-parentid-flags` in lowercase hex (version not `ff`; for version `00`

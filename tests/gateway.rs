@@ -2163,6 +2163,8 @@ mod caps;
 mod diagnose;
 #[path = "gateway/messages.rs"]
 mod messages;
+#[path = "gateway/otel.rs"]
+mod otel;
 #[path = "gateway/pooling.rs"]
 mod pooling;
 #[path = "gateway/priority.rs"]

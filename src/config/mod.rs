@@ -65,6 +65,9 @@ pub struct Config {
     /// The usage log (the billing record): off unless the section is given.
     #[serde(default)]
     pub usage_log: Option<crate::usage_log::UsageLogConfig>,
+    /// OpenTelemetry traces and metrics over OTLP: off unless the section is given.
+    #[serde(default)]
+    pub otel: Option<crate::otel::OtelConfig>,
     /// Where tenants' quota spend is kept (`[quotas]`).
     #[serde(default)]
     pub quotas: crate::quota::config::QuotaStoreConfig,
@@ -884,6 +887,9 @@ impl Config {
         if let Some(log) = &self.usage_log {
             log.check()?;
         }
+        if let Some(otel) = &self.otel {
+            otel.check()?;
+        }
         let backend_bases = self.check_model_and_backends()?;
         let key_digests = self.check_tenants()?;
         self.check_quotas()?;
@@ -1317,6 +1323,12 @@ requests_per_second = 1
             running.restart_only_changes(&two),
             ["backends (their number: 1 then 2)"]
         );
+        // The exporter is started once, with the gateway.
+        let traced = edit(&[(
+            "[[tenants]]\nname = \"alice\"",
+            "[otel]\nendpoint = \"http://127.0.0.1:4318\"\n\n[[tenants]]\nname = \"alice\"",
+        )]);
+        assert_eq!(running.restart_only_changes(&traced), ["otel"]);
     }
 
     #[test]

@@ -42,6 +42,7 @@ impl Config {
             vision_rules,
             profile,
             usage_log,
+            otel,
             quotas,
             prices,
             // Applied with the tenants, whose salts it makes.
@@ -167,6 +168,9 @@ impl Config {
         }
         if usage_log != &new.usage_log {
             out.push("usage_log".to_string());
+        }
+        if otel != &new.otel {
+            out.push("otel".to_string());
         }
         if vision == &new.vision && vision_rules != &new.vision_rules {
             out.push("vision (the processor files' contents)".to_string());

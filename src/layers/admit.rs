@@ -76,6 +76,7 @@ where
                 req.extensions().get::<Sequences>(),
             );
             let tokens = cost.prefill + cost.decode;
+            let span = crate::otel::step(req.extensions(), crate::otel::Step::QueueWait);
             let started = Instant::now();
             let max_queued = tenant.caps.max_queued.map(|n| n as usize);
             let admitted = match need {
@@ -86,6 +87,7 @@ where
                 }
                 None => Err(crate::admission::AdmitError::Unlearned),
             };
+            drop(span);
             let metrics = shared.metrics.as_deref();
             let t = &tenant.metrics;
             if let Some(m) = metrics {

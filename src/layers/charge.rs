@@ -145,6 +145,7 @@ where
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let shared = self;
         Box::pin(async move {
+            let span = crate::otel::step(req.extensions(), crate::otel::Step::Charge);
             let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let current = shared.limits.in_force(&tenant)?;
@@ -171,6 +172,7 @@ where
             }
             let slot = TicketSlot::new(ticket);
             req.extensions_mut().insert(slot.clone());
+            drop(span);
             let answered = inner.call(req).await.map_err(Into::into);
             // A refusal after the charge (admission, or a service that left the ticket) gives
             // everything back; its outcome is the error's.

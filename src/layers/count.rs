@@ -144,7 +144,10 @@ where
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let counter = self;
         Box::pin(async move {
+            let span = crate::otel::step(req.extensions(), crate::otel::Step::Count);
             let req = counter.count(req).await?;
+            crate::otel::counted(req.extensions());
+            drop(span);
             inner.call(req).await.map_err(Into::into)
         })
     }

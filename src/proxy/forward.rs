@@ -130,11 +130,20 @@ impl<B> tower::Service<Request<B>> for Forward {
             let route = *needs::<Route>(req.extensions())?;
             let reserved = needs::<Cost>(req.extensions())?.decode;
             let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
-            let trace = crate::trace_context::passed_on(req.headers());
             let ticket = needs::<TicketSlot>(req.extensions())?
                 .take()
                 .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
             let backend = ticket.lease().map_or(0, |l| l.backend());
+            // With OpenTelemetry on, the backend's parent span is the forward step's; it ends
+            // when the request settles.
+            let mut span = crate::otel::step(req.extensions(), crate::otel::Step::Forward);
+            let trace = match &mut span {
+                Some(span) => {
+                    span.server(&gw.upstreams[backend].url);
+                    span.passed_on()
+                }
+                None => crate::trace_context::passed_on(req.headers()),
+            };
             // No engine runs a prompt longer than the model's context: a backend's count of the
             // prompts is believed up to that.
             let prompts = (req.extensions().get::<Sequences>()).map_or(1, |s| s.prompts.len());
@@ -183,6 +192,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                 },
                 reconcile,
                 arrived,
+                span,
             );
             admitted.echoes(parsed.echoed_prompt.take());
             let sent = Sent {

@@ -117,7 +117,8 @@ pub struct Admitted {
 
 impl Admitted {
     /// Takes ownership of what was charged and leased; its settlement is counted in `metrics`
-    /// under `tenant`, the backend's counts believed as `reconcile` says.
+    /// under `tenant`, the backend's counts believed as `reconcile` says, and noted in the
+    /// forward step's `span` (with OpenTelemetry on), which ends with the settlement.
     pub fn new(
         tenant: Arc<Tenant>,
         mut ticket: Ticket,
@@ -125,11 +126,13 @@ impl Admitted {
         counter: OutputCounter,
         reconcile: Reconcile,
         arrived: Instant,
+        span: Option<crate::otel::StepSpan>,
     ) -> Self {
         ticket.metered_by(Metering {
             tenant: tenant.clone(),
             metrics,
             reconcile,
+            span: span.map(Arc::new),
         });
         let reply = counter.replies.as_ref().map(|_| String::new());
         Self {

@@ -97,6 +97,8 @@ where
 {
     let geometry = KvGeometry::from(&gw.config.model);
     ServiceBuilder::new()
+        // with `[otel]`, the request's span: its steps' spans are its children
+        .option_layer(gw.otel.as_ref().map(crate::otel::Otel::layer))
         // the request's record: its outcome, refused or settled, written and counted once
         .layer(RecordLayer::new(
             gw.recorder.clone(),

@@ -9,7 +9,7 @@
 
 use super::ending::Output;
 use crate::limiter::{Cost, Settlement};
-use crate::metrics::{CountErrorLabels, SettleMetrics};
+use crate::metrics::{CountErrorLabels, Outcome, SettleMetrics};
 use crate::tenant::Tenant;
 use crate::util::throttle::Throttle;
 use std::sync::Arc;
@@ -25,6 +25,9 @@ pub struct Metering {
     pub metrics: Arc<SettleMetrics>,
     /// The backend and how its counts are believed.
     pub reconcile: Reconcile,
+    /// The forward step's span, with OpenTelemetry on: the settlement is noted in its request's
+    /// span, and it ends when the settlement lets it go.
+    pub span: Option<Arc<crate::otel::StepSpan>>,
 }
 
 impl Metering {
@@ -61,6 +64,26 @@ impl Metering {
         }
         if let Some(tpot) = tpot {
             t.tpot(m).observe(tpot.as_secs_f64());
+        }
+    }
+
+    /// Notes the settlement in the request's span: `prompt` tokens charged, the output kept,
+    /// the latencies, and the outcome when it is a failure.
+    pub(super) fn trace(
+        &self,
+        prompt: u64,
+        settlement: &Settlement,
+        latencies: (Option<Duration>, Option<Duration>),
+        outcome: Option<Outcome>,
+    ) {
+        if let Some(span) = &self.span {
+            span.settled(crate::otel::Settled {
+                input_tokens: prompt,
+                output_tokens: settlement.actual_decode,
+                ttft: latencies.0,
+                tpot: latencies.1,
+                failed: outcome.filter(|o| *o != Outcome::Ok).map(Outcome::as_str),
+            });
         }
     }
 }

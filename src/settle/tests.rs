@@ -138,6 +138,7 @@ impl World {
                     Arc::new(ManualClock::new()),
                 )),
             },
+            span: None,
         });
         ticket
     }

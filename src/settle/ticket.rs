@@ -349,19 +349,21 @@ impl Rest {
                 output: settlement.actual_decode,
             });
         }
+        let prompt_tokens = reported.map_or(cost.prefill, |(prompt, _)| prompt);
         // 4. The metrics.
         if let Some(m) = &metering {
             if answered {
                 m.compare(cost, prompt, output);
             }
             m.count(&settlement, ttft, tpot);
+            m.trace(prompt_tokens, &settlement, (ttft, tpot), outcome);
         }
         // 5. The record, once everything else is counted.
         if let (Some(record), Some(outcome)) = (record, outcome) {
             record.settled(
                 outcome,
                 Charged {
-                    prompt_tokens: reported.map_or(cost.prefill, |(prompt, _)| prompt),
+                    prompt_tokens,
                     counted_prompt_tokens: cost.prefill,
                     cached_prompt_tokens: reported.and_then(|(_, cached)| cached),
                     reserved_output_tokens: cost.decode,

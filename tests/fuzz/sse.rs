@@ -454,6 +454,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                 warnings: Arc::new(Throttle::every(COUNT_WARNING_PERIOD, Arc::new(SystemClock))),
             },
             tokio::time::Instant::now(),
+            None,
         );
         let mut frames = frames.into_iter();
         let first = frames.next().unwrap_or_default();
