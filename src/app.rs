@@ -138,7 +138,7 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
     metrics.config.config_loaded();
     // Spans are timed on the gateway's clock, so tests read exact timestamps.
     let otel = (config.otel.as_ref())
-        .map(|o| crate::otel::Otel::start(o, deps.clock.clone()))
+        .map(|o| crate::otel::Otel::start(o, deps.clock.clone(), &metrics.otel))
         .transpose()?;
     let store: Arc<dyn BucketStore> = match config.limiter.store {
         StoreKind::Local => Arc::new(LocalStore::default()),

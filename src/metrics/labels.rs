@@ -115,6 +115,13 @@ pub struct ConnectionClosedLabels {
     pub reason: String,
 }
 
+/// `{reason}`: why OpenTelemetry spans were not sent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SpansDroppedLabel {
+    /// `queue_full` or `export_failed`.
+    pub reason: String,
+}
+
 /// `{result}` of a config reload.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {

@@ -22,7 +22,7 @@ pub use labels::{
 };
 pub use path::{AdmitMetrics, ChargeMetrics, CountMetrics, RecordMetrics, SettleMetrics};
 pub use series::TenantMetrics;
-pub use service::{ConfigMetrics, ConnectionMetrics, UsageLogMetrics};
+pub use service::{ConfigMetrics, ConnectionMetrics, OtelMetrics, UsageLogMetrics};
 pub use state::{FeedbackMetrics, StateGauges};
 
 use crate::limiter::redis::StoreMetrics;
@@ -53,6 +53,8 @@ pub struct Metrics {
     pub config: Arc<ConfigMetrics>,
     /// The usage log's lost records.
     pub usage_log: UsageLogMetrics,
+    /// The OpenTelemetry exporter's lost spans.
+    pub otel: OtelMetrics,
     /// The shared limiter store's errors, latency and fallback state.
     pub limiter_store: StoreMetrics,
     /// How the local quota store's file writes go.
@@ -86,6 +88,7 @@ impl Metrics {
             connections: Default::default(),
             config: Default::default(),
             usage_log: Default::default(),
+            otel: Default::default(),
             limiter_store: Default::default(),
             quota_file: Default::default(),
         };
@@ -100,6 +103,7 @@ impl Metrics {
         m.connections.register(r);
         m.config.register(r);
         m.usage_log.register(r);
+        m.otel.register(r);
         m.limiter_store.register(r);
         m.quota_file.register(r);
         m

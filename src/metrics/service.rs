@@ -1,7 +1,7 @@
 //! The groups of the gateway's own running, beside the requests: its listeners' connections,
 //! its config's loads, and its usage log.
 
-use super::labels::{ConnectionClosedLabels, ListenerLabel, ReloadLabel};
+use super::labels::{ConnectionClosedLabels, ListenerLabel, ReloadLabel, SpansDroppedLabel};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -123,5 +123,33 @@ impl UsageLogMetrics {
             "Usage-log batches that failed to write (their records are lost)",
             self.usage_log_write_errors.clone(),
         );
+    }
+}
+
+/// What the OpenTelemetry exporter records of the spans it could not send, where it cannot be
+/// lost with them (a receiver that is down never hears of its own drops).
+#[derive(Clone, Debug, Default)]
+pub struct OtelMetrics {
+    /// Finished spans never sent, by reason.
+    pub spans_dropped: Family<SpansDroppedLabel, Counter>,
+}
+
+impl OtelMetrics {
+    /// Registers `otel_spans_dropped_total` (its series appear once `[otel]` is on).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "otel_spans_dropped",
+            "OpenTelemetry spans never sent: the span queue was full (otel.max_queued_spans), or their export failed",
+            self.spans_dropped.clone(),
+        );
+    }
+
+    /// The counter of the spans dropped for `reason`.
+    pub fn dropped(&self, reason: &str) -> Counter {
+        (self.spans_dropped)
+            .get_or_create(&SpansDroppedLabel {
+                reason: reason.to_string(),
+            })
+            .clone()
     }
 }

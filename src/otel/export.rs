@@ -9,6 +9,7 @@ use super::attribute::string;
 use super::config::OtelConfig;
 use super::histograms::Histograms;
 use crate::clock::SharedClock;
+use crate::metrics::OtelMetrics;
 use crate::util::bounded::read_bounded;
 use crate::util::throttle::Throttle;
 use bytes::Bytes;
@@ -25,9 +26,9 @@ use opentelemetry_proto::tonic::metrics::v1::{
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prometheus_client::metrics::counter::Counter;
 use prost::Message;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -51,10 +52,10 @@ pub(super) struct Shared {
     /// Told when a whole batch waits, so it goes before the interval.
     batch_ready: Notify,
     pub histograms: Histograms,
-    /// Spans dropped because the queue was full.
-    dropped_queue_full: AtomicU64,
+    /// Spans dropped because the queue was full (`tokengate_otel_spans_dropped_total` too).
+    dropped_queue_full: Counter,
     /// Spans lost with an export that failed.
-    dropped_export_failed: AtomicU64,
+    dropped_export_failed: Counter,
     warnings: Throttle,
     /// When the metrics' counts started (Unix nanoseconds).
     start: u64,
@@ -63,7 +64,7 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub(super) fn new(config: &OtelConfig, clock: SharedClock) -> Self {
+    pub(super) fn new(config: &OtelConfig, clock: SharedClock, metrics: &OtelMetrics) -> Self {
         Self {
             start: unix_nanos(clock.wall_ms(), Duration::ZERO),
             warnings: Throttle::every(WARNING_PERIOD, clock.clone()),
@@ -73,8 +74,8 @@ impl Shared {
             batch: config.max_export_batch,
             batch_ready: Notify::new(),
             histograms: Histograms::default(),
-            dropped_queue_full: AtomicU64::new(0),
-            dropped_export_failed: AtomicU64::new(0),
+            dropped_queue_full: metrics.dropped("queue_full"),
+            dropped_export_failed: metrics.dropped("export_failed"),
             sampling_ratio: config.sampling_ratio,
         }
     }
@@ -93,7 +94,7 @@ impl Shared {
         let mut queue = self.queue();
         if queue.len() >= self.max_queued {
             drop(queue);
-            let total = self.dropped_queue_full.fetch_add(1, Ordering::Relaxed) + 1;
+            let total = self.dropped_queue_full.inc() + 1;
             if let Some(held_back) = self.warnings.allow() {
                 tracing::warn!(
                     total,
@@ -213,8 +214,7 @@ impl Sender {
             }
             let count = spans.len() as u64;
             if let Err(why) = self.post(&self.traces, self.traces_body(spans)).await {
-                let lost = &self.shared.dropped_export_failed;
-                lost.fetch_add(count, Ordering::Relaxed);
+                self.shared.dropped_export_failed.inc_by(count);
                 self.failed("traces", &why);
             }
         }
@@ -271,7 +271,7 @@ impl Sender {
                         start_time_unix_nano: shared.start,
                         time_unix_nano: now,
                         value: Some(number_data_point::Value::AsInt(
-                            i64::try_from(count.load(Ordering::Relaxed)).unwrap_or(i64::MAX),
+                            i64::try_from(count.get()).unwrap_or(i64::MAX),
                         )),
                         ..Default::default()
                     })

@@ -24,6 +24,7 @@ use crate::api::route::{Endpoint, PooledKind};
 use crate::api::Route;
 use crate::clock::SharedClock;
 use crate::error::ApiError;
+use crate::metrics::OtelMetrics;
 use crate::tenant::Tenant;
 use export::{Exporter, Shared};
 use futures_util::future::BoxFuture;
@@ -39,9 +40,14 @@ pub struct Otel {
 }
 
 impl Otel {
-    /// Starts exporting as `config` says (on the current runtime), timing spans on `clock`.
-    pub fn start(config: &OtelConfig, clock: SharedClock) -> anyhow::Result<Self> {
-        let shared = Arc::new(Shared::new(config, clock));
+    /// Starts exporting as `config` says (on the current runtime), timing spans on `clock` and
+    /// counting the spans it drops in `metrics`.
+    pub fn start(
+        config: &OtelConfig,
+        clock: SharedClock,
+        metrics: &OtelMetrics,
+    ) -> anyhow::Result<Self> {
+        let shared = Arc::new(Shared::new(config, clock, metrics));
         let exporter = Exporter::start(config, shared.clone())?;
         Ok(Self { shared, exporter })
     }

@@ -470,6 +470,22 @@ async fn a_slow_receiver_holds_back_no_request_and_the_overflow_is_dropped_and_c
         histogram(&metrics, "gen_ai.server.request.duration").len(),
         1
     );
+    // Prometheus counts them too.
+    assert_eq!(prometheus_dropped(&gw).await, (3, 0));
+}
+
+/// `tokengate_otel_spans_dropped_total`: the spans dropped because the queue was full, and
+/// lost with exports that failed.
+async fn prometheus_dropped(gw: &TestGateway) -> (u64, u64) {
+    let count = |reason: &str, text: &str| -> u64 {
+        let series = format!("tokengate_otel_spans_dropped_total{{reason=\"{reason}\"}} ");
+        let line = text.lines().find_map(|l| l.strip_prefix(series.as_str()));
+        line.expect("the series is exported with [otel]")
+            .parse()
+            .unwrap()
+    };
+    let text = gw.metrics().await;
+    (count("queue_full", &text), count("export_failed", &text))
 }
 
 /// A receiver that never answers an export: that export is abandoned at
@@ -506,6 +522,20 @@ async fn a_receiver_that_is_down_changes_nothing_for_requests() {
         let r = chat_within_10s(&gw, &chat("hi", 3, false), "an answer").await;
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(backend.seen.lock().unwrap().len(), n);
+    }
+    // Each of the 3 requests' 5 spans is lost, dropped from the full queue or with its failed
+    // export, and said where the receiver cannot miss it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (full, failed) = prometheus_dropped(&gw).await;
+        if full + failed == 15 {
+            break;
+        }
+        assert!(
+            full + failed < 15 && tokio::time::Instant::now() < deadline,
+            "{full} dropped from a full queue and {failed} with failed exports, of 15"
+        );
+        tokio::task::yield_now().await;
     }
 }
 
