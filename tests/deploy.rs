@@ -431,6 +431,11 @@ async fn the_dashboard_and_the_alerts_use_only_exported_metrics() {
     cfg.quotas.path = dir.0.join("quotas.redb");
     cfg.tenants[0].quotas =
         vec![toml::from_str("window = \"calendar-day\"\ndecode = 1000000\n").unwrap()];
+    // OpenTelemetry on (a receiver nobody listens at), so its dropped-span series exist.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody = closed.local_addr().unwrap();
+    drop(closed);
+    cfg.otel = Some(toml::from_str(&format!("endpoint = \"http://{nobody}\"\n")).unwrap());
     let gw = TestGateway::start(cfg).await;
     for stream in [true, false] {
         let r = gw.chat("sk-alice", &chat("hello there", 4, stream)).await;
