@@ -2,7 +2,7 @@
 //! validation) and what the gateway builds from an accepted one (its tenant directory).
 //!
 //! Valid configs are generated as TOML tables (hand-sized and capacity-model backends, tenants
-//! with rates or a `share`, `[vision]`), then mutated: a required key removed, an unknown key added, a value
+//! with rates or a `share`, `[vision]`, `[otel]`), then mutated: a required key removed, an unknown key added, a value
 //! of the wrong type, a value validation refuses, profile figures of any float (zero, negative,
 //! NaN, infinite, huge), and some byte edits of the text. Properties: a config is refused only
 //! for something a mutation broke, and the message names it; an accepted config keeps every
@@ -128,6 +128,43 @@ fn vision() -> impl Strategy<Value = Table> {
     ])
 }
 
+/// `[otel]`: absent (empty), or on with any figures validation accepts (the export batch never
+/// above the queue, so the two come together).
+fn otel() -> impl Strategy<Value = Table> {
+    let endpoints = vec![
+        "http://127.0.0.1:4318",
+        "http://collector:4318/",
+        "http://[::1]:4318/otlp",
+    ];
+    let on = (
+        select(endpoints),
+        some_of(vec![
+            (
+                "service_name",
+                select(vec!["tokengate", "gw-eu"])
+                    .prop_map(Value::from)
+                    .boxed(),
+            ),
+            ("export_interval", duration().boxed()),
+            ("export_timeout", duration().boxed()),
+            (
+                "sampling_ratio",
+                (0.0..=1.0f64).prop_map(Value::from).boxed(),
+            ),
+        ]),
+        proptest::option::of((1i64..=1_000_000).prop_flat_map(|q| (Just(q), 1..=q))),
+    )
+        .prop_map(|(endpoint, mut t, spans)| {
+            t.insert("endpoint".into(), endpoint.into());
+            if let Some((queued, batch)) = spans {
+                t.insert("max_queued_spans".into(), Value::Integer(queued));
+                t.insert("max_export_batch".into(), Value::Integer(batch));
+            }
+            t
+        });
+    prop_oneof![Just(Table::new()), on]
+}
+
 fn workload() -> impl Strategy<Value = Table> {
     some_of(vec![
         ("avg_input_tokens", int(1..=32_768).boxed()),
@@ -250,7 +287,7 @@ fn valid_config() -> impl Strategy<Value = Table> {
         tokenizer(),
         model(),
         (admission(), limiter()),
-        (workload(), vision()),
+        (workload(), vision(), otel()),
         backends,
         1usize..=4,
     )
@@ -267,7 +304,14 @@ fn valid_config() -> impl Strategy<Value = Table> {
         )
         .prop_map(
             |(
-                (server, tokenizer, model, (admission, limiter), (workload, vision), backends),
+                (
+                    server,
+                    tokenizer,
+                    model,
+                    (admission, limiter),
+                    (workload, vision, otel),
+                    backends,
+                ),
                 tenants,
             )| {
                 let mut t = Table::new();
@@ -277,6 +321,7 @@ fn valid_config() -> impl Strategy<Value = Table> {
                     ("limiter", limiter),
                     ("workload", workload),
                     ("vision", vision),
+                    ("otel", otel),
                 ] {
                     if !table.is_empty() {
                         t.insert(key.into(), table.into());
@@ -423,7 +468,7 @@ impl Mutation {
 }
 
 fn required() -> impl Strategy<Value = Mutation> {
-    (0..10, any::<Index>()).prop_map(|(which, i)| {
+    (0..11, any::<Index>()).prop_map(|(which, i)| {
         let (path, key) = match which {
             0 => (vec![], "tokenizer"),
             1 => (vec![], "model"),
@@ -434,6 +479,7 @@ fn required() -> impl Strategy<Value = Mutation> {
             6 => (vec![Seg::Key("model")], "max_model_len"),
             7 => (vec![Seg::Key("model")], "default_max_tokens"),
             8 => (vec![Seg::Nth("backends", i)], "url"),
+            9 => (vec![Seg::Key("otel")], "endpoint"),
             _ => (vec![Seg::Nth("tenants", i)], "name"),
         };
         Mutation::Remove(path, key)
@@ -451,6 +497,7 @@ fn any_table() -> impl Strategy<Value = Path> {
             vec![Seg::Key("limiter")],
             vec![Seg::Key("workload")],
             vec![Seg::Key("vision")],
+            vec![Seg::Key("otel")],
             vec![Seg::Nth("backends", i)],
             vec![Seg::Nth("tenants", i)],
             vec![Seg::Nth("backends", i), Seg::Key("overrides")],
@@ -492,6 +539,16 @@ fn invalid() -> impl Strategy<Value = Mutation> {
         ("vision", "remote_image_tokens", zero()),
         ("vision", "video_tokens", Value::Integer(2)),
         ("vision", "max_media_per_request", zero()),
+        ("otel", "endpoint", "https://127.0.0.1:4318".into()),
+        ("otel", "endpoint", "127.0.0.1:4318".into()),
+        ("otel", "service_name", "".into()),
+        ("otel", "export_interval", no_time()),
+        ("otel", "export_timeout", no_time()),
+        ("otel", "max_queued_spans", zero()),
+        ("otel", "max_queued_spans", Value::Integer(1_000_001)),
+        ("otel", "max_export_batch", zero()),
+        ("otel", "sampling_ratio", 1.5.into()),
+        ("otel", "sampling_ratio", (-0.1).into()),
     ];
     for url in ["https://127.0.0.1:1", "127.0.0.1:80", "not a url", ""] {
         cases.push(("backends", "url", url.into()));
