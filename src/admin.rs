@@ -234,17 +234,18 @@ async fn readiness(gw: &Gateway) -> Response<GatewayBody> {
             let path = u.health_path();
             // Up, but admitting nothing until its engine's cache is read: not ready, or a
             // replica just started would take traffic only to refuse it.
-            let (state, detail) = match h {
-                Health::Ready if admission.is_learning(*i) => (
+            let learning = *h == Health::Ready && admission.is_learning(*i);
+            let (state, detail) = match learning {
+                true => (
                     "learning",
                     format!(
                         "{path} answered; its KV cache (backends[].kv = \"engine\") is not read \
                          from the engine yet, and it admits nothing until it is"
                     ),
                 ),
-                _ => (h.state(), h.detail(path)),
+                false => (h.state(), h.detail(path)),
             };
-            ready |= state == "ready";
+            ready |= *h == Health::Ready && !learning;
             json!({"url": u.url, "state": state, "detail": detail})
         })
         .collect();
