@@ -26,7 +26,7 @@ pub mod sse;
 pub use crate::wire::Wire;
 pub use chunk::Chunk;
 pub use refusal::{Refusal, RefusalKind};
-pub use request::{Echo, GenerationRequest, JsonBody, MaxTokensField, ParseLimits, Prompt};
+pub use request::{Echo, GenerationRequest, JsonBody, Layout, MaxTokensField, ParseLimits, Prompt};
 pub use route::{Endpoint, Native, Pooled, Route};
 
 use bytes::Bytes;
@@ -41,14 +41,14 @@ pub fn parse_generation(
     let JsonBody {
         object,
         raw,
-        keys_unique,
+        layout,
     } = body;
     let parsed = match route {
         Route::OpenAi(endpoint) => {
             let body = JsonBody {
                 object,
                 raw,
-                keys_unique,
+                layout,
             };
             return openai::parse_generation_from(endpoint, body, limits);
         }
@@ -59,7 +59,7 @@ pub fn parse_generation(
     }?;
     Ok(GenerationRequest {
         raw,
-        raw_keys_unique: keys_unique,
+        raw_layout: layout,
         ..parsed
     })
 }

@@ -6,7 +6,7 @@
 use super::request::{
     check_fields, lax_bool, lax_int, optional_bool, positive_int, py_truthy, sequence_count,
     served_model_or_default, splice_body, wrong_type, Echo, EchoedPrompt, FieldType,
-    GenerationRequest, JsonBody, MaxTokensField, Member, ParseLimits, Prompt,
+    GenerationRequest, JsonBody, Layout, MaxTokensField, Member, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
 use super::Refusal;
@@ -26,7 +26,7 @@ pub fn parse_generation(
     let body = JsonBody {
         object: body,
         raw: Bytes::new(),
-        keys_unique: false,
+        layout: Layout::default(),
     };
     parse_generation_from(endpoint, body, limits)
 }
@@ -43,7 +43,7 @@ pub fn parse_generation_from(
     let JsonBody {
         object: mut body,
         raw,
-        keys_unique,
+        layout,
     } = body;
     let model = served_model_or_default(&body, limits.served_names)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
@@ -97,7 +97,7 @@ pub fn parse_generation_from(
         min_tokens,
         prompt_only,
         raw,
-        raw_keys_unique: keys_unique,
+        raw_layout: layout,
         ..GenerationRequest::new(Route::OpenAi(endpoint), model, prompt, body)
     })
 }
@@ -826,10 +826,11 @@ mod tests {
             vision: &VisionRules::default(),
         };
         let raw = br#"{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
+        let (object, layout) = parse_body(raw).unwrap();
         let body = JsonBody {
-            object: parse_object(raw).unwrap(),
+            object,
             raw: Bytes::from_static(raw),
-            keys_unique: true,
+            layout,
         };
         let mut r = parse_generation_from(Endpoint::Chat, body, &limits).unwrap();
         assert_eq!(r.body["messages"], Value::Null);
@@ -1177,27 +1178,28 @@ mod tests {
     /// A request parsed from `text` as the gateway does, its bytes kept.
     fn from_bytes(text: &str) -> GenerationRequest {
         let raw = Bytes::copy_from_slice(text.as_bytes());
-        let (body, raw_keys_unique) = parse_body(&raw).unwrap();
+        let (body, raw_layout) = parse_body(&raw).unwrap();
         GenerationRequest {
             raw,
-            raw_keys_unique,
+            raw_layout,
             ..parse(Endpoint::Chat, Value::Object(body)).unwrap()
         }
     }
 
     #[test]
     fn parse_body_tells_whether_a_key_came_twice() {
-        let (map, unique) = parse_body(br#"{"a": 1, "b": {"a": 2, "a": 3}}"#).unwrap();
+        let (map, layout) = parse_body(br#"{"a": 1, "b": {"a": 2, "a": 3}}"#).unwrap();
         assert_eq!(Value::Object(map), json!({"a": 1, "b": {"a": 3}}));
         assert!(
-            unique,
+            layout.keys_unique,
             "a key repeated inside a member is not a top-level repeat"
         );
         // The same key in two spellings: kept where it first came, with its last value.
-        let (map, unique) = parse_body(br#"{"a": 1, "b": 2, "\u0061": 3}"#).unwrap();
+        let (map, layout) = parse_body(br#"{"a": 1, "b": 2, "\u0061": 3}"#).unwrap();
         assert_eq!(serde_json::to_string(&map).unwrap(), r#"{"a":3,"b":2}"#);
-        assert!(!unique);
-        assert_eq!(parse_body(b"{}").unwrap(), (Map::new(), true));
+        assert!(!layout.keys_unique);
+        let (map, layout) = parse_body(b"{}").unwrap();
+        assert_eq!((map, layout.keys_unique), (Map::new(), true));
         for (text, got) in [
             ("1.5", "a number"),
             ("-2", "a number"),

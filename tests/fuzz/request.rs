@@ -11,7 +11,8 @@
 //! - every refusal is a 400 (404 for an unknown model) in OpenAI's error shape;
 //! - an accepted body survives the rewrite for the backend: parsing the rewritten body gives
 //!   the same request with `max_tokens` set to what was reserved, the backend's model name, usage
-//!   asked for in a stream, and every other field unchanged;
+//!   asked for in a stream, and every other field unchanged; the rewrite writes the same bytes
+//!   from where the body's reading found its members as from reading the body again;
 //! - an accepted chat is counted exactly as its rendered text (memo included), or refused by the
 //!   template with a 400 naming `messages`: a valid body never yields a 5xx.
 
@@ -29,6 +30,7 @@ use tokengate::api::request::parse_object;
 use tokengate::api::Endpoint;
 use tokengate::api::GenerationRequest;
 use tokengate::api::JsonBody;
+use tokengate::api::Layout;
 use tokengate::api::MaxTokensField;
 use tokengate::api::ParseLimits;
 use tokengate::api::Prompt;
@@ -61,11 +63,11 @@ fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<GenerationRequest, ApiError
     };
     // As the gateway reads a body: with its bytes, kept for the rewrite (a chat's messages then
     // move into the prompt).
-    let (object, keys_unique) = parse_body(bytes)?;
+    let (object, layout) = parse_body(bytes)?;
     let body = JsonBody {
         object,
         raw: bytes::Bytes::copy_from_slice(bytes),
-        keys_unique,
+        layout,
     };
     Ok(parse_generation_from(endpoint, body, &limits)?)
 }
@@ -985,7 +987,17 @@ fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), Te
         ));
     };
     let (stream, prompt) = (req.stream, req.prompt.clone());
+    // The same request with its layout forgotten: the rewrite reads its bytes again to find the
+    // members, and must write the very bytes it writes from the layout.
+    let mut forgotten = GenerationRequest {
+        raw_layout: Layout::default(),
+        ..req.clone()
+    };
     let rewritten = rewrite_for_backend(&mut req, reserved, SERVED[0]);
+    prop_assert_eq!(
+        &rewritten,
+        &rewrite_for_backend(&mut forgotten, reserved, SERVED[0])
+    );
     let again = parse(endpoint, &rewritten)
         .map_err(|e| TestCaseError::fail(format!("the rewritten body is refused: {e}")))?;
     prop_assert_eq!(&again.model, SERVED[0]);
