@@ -6,8 +6,7 @@ use super::ledger::KvLedger;
 use super::priority::Priority;
 use super::queue::Grant;
 use crate::limiter::config::{LimiterConfig, OnStoreError};
-use crate::limiter::redis::{connect, timed, StoreError, StoreMetrics};
-use redis::aio::ConnectionManager;
+use crate::limiter::redis::{connect, timed, Connections, StoreError, StoreMetrics};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,7 +22,7 @@ pub(super) const CLASSES: [Priority; 3] =
 
 /// The shared KV ledger in Redis, as one replica uses it.
 pub struct LedgerStore {
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: Connections,
     pub(super) script: redis::Script,
     /// The registry, the reserved and live totals, this replica's leases.
     pub(super) keys: [String; 4],
@@ -106,8 +105,9 @@ impl LedgerStore {
             }
         }
         call.arg(m).arg(items);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let reply: Vec<i64> = timed(
+            &self.conn,
             &self.metrics,
             self.timeout,
             &format!("kv_{op}"),

@@ -41,9 +41,8 @@
 use super::ledger::{self, Meter, MeterState, Reading, Slice, TenantState};
 use super::store::{QuotaRefusal, QuotaStore, StoreDown};
 use crate::limiter::config::LimiterConfig;
-use crate::limiter::redis::{connect, timed, StoreError, StoreMetrics, StoreOpLabel};
+use crate::limiter::redis::{connect, timed, Connections, StoreError, StoreMetrics, StoreOpLabel};
 use futures_util::future::BoxFuture;
-use redis::aio::ConnectionManager;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,10 +53,10 @@ const SCRIPT: &str = include_str!("quota.lua");
 /// back, what was used is not counted).
 const SETTLE_ATTEMPTS: u32 = 3;
 
-/// Tenants' meters in the `[limiter]` section's Redis. Cheap to clone (one connection, shared).
+/// Tenants' meters in the `[limiter]` section's Redis. Cheap to clone (its connections are shared).
 #[derive(Clone)]
 pub struct RedisQuotaStore {
-    conn: ConnectionManager,
+    conn: Connections,
     script: Arc<redis::Script>,
     prefix: String,
     /// This process's name in lease keys, so leases of replicas never collide.
@@ -238,8 +237,9 @@ impl RedisQuotaStore {
                 .arg(call.amounts.get(i).copied().unwrap_or(0).to_string());
         }
         let op = format!("quota_{}", call.op);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let reply: Vec<String> = timed(
+            &self.conn,
             &self.metrics,
             self.timeout,
             &op,
