@@ -6,7 +6,8 @@ use super::ledger::KvLedger;
 use super::priority::Priority;
 use super::queue::Grant;
 use crate::limiter::config::{LimiterConfig, OnStoreError};
-use crate::limiter::redis::{connect, timed, Connections, StoreError, StoreMetrics};
+use crate::limiter::redis::{connect, timed, StoreError, StoreMetrics};
+use redis::aio::ConnectionManager;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ pub(super) const CLASSES: [Priority; 3] =
 
 /// The shared KV ledger in Redis, as one replica uses it.
 pub struct LedgerStore {
-    pub(super) conn: Connections,
+    pub(super) conn: ConnectionManager,
     pub(super) script: redis::Script,
     /// The registry, the reserved and live totals, this replica's leases.
     pub(super) keys: [String; 4],
@@ -105,9 +106,8 @@ impl LedgerStore {
             }
         }
         call.arg(m).arg(items);
-        let mut conn = self.conn.get();
+        let mut conn = self.conn.clone();
         let reply: Vec<i64> = timed(
-            &self.conn,
             &self.metrics,
             self.timeout,
             &format!("kv_{op}"),

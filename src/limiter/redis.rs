@@ -39,7 +39,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -160,7 +160,7 @@ impl std::fmt::Debug for RedisStore {
 }
 
 struct Inner {
-    conn: Connections,
+    conn: ConnectionManager,
     script: redis::Script,
     prefix: String,
     /// This process's name in lease keys, so leases of replicas never collide.
@@ -267,9 +267,9 @@ impl RedisStore {
     }
 }
 
-/// Connections to `config.redis_url` (validated), made lazily: a Redis that is down at
+/// A connection to `config.redis_url` (validated), made lazily: a Redis that is down at
 /// startup is met with the `on_store_error` policy and used once it answers.
-pub(crate) fn connect(config: &LimiterConfig) -> anyhow::Result<Connections> {
+pub(crate) fn connect(config: &LimiterConfig) -> anyhow::Result<ConnectionManager> {
     let url = config
         .redis_url
         .as_deref()
@@ -280,81 +280,12 @@ pub(crate) fn connect(config: &LimiterConfig) -> anyhow::Result<Connections> {
         .set_response_timeout(Some(config.command_timeout))
         // One attempt per command: the probe, not the request, waits for Redis to return.
         .set_number_of_retries(0);
-    // Made once here so that a config it refuses is refused at startup, not at a request.
-    ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())?;
-    Ok(Connections(Arc::new(Connect {
-        client,
-        manager,
-        renewed: AtomicU64::new(0),
-    })))
+    Ok(ConnectionManager::new_lazy_with_config(client, manager)?)
 }
 
-/// A store's connections to Redis, one per thread that sends it commands, each made lazily on
-/// that thread. A connection's reading and writing is a task of the runtime where it was first
-/// used: shared by every gateway worker, each command from another worker woke that runtime's
-/// thread and was woken back (about two wake-ups of another thread per request under load,
-/// counted with the limits in Redis). One per thread keeps a worker's commands on its own
-/// runtime. Commands sent from one thread go out in order, on its connection.
-///
-/// A command that fails renews them all: every thread's next command goes on a new connection.
-/// A connection that failed while Redis was away fails its next command too, even once Redis is
-/// back (it only starts reconnecting then); renewed, the first command on each thread after
-/// Redis returns is answered.
-#[derive(Clone)]
-pub(crate) struct Connections(Arc<Connect>);
-
-/// What makes a [`Connections`]' connections.
-struct Connect {
-    client: redis::Client,
-    manager: ConnectionManagerConfig,
-    /// Renewals so far: a connection made before the last one is not used again.
-    renewed: AtomicU64,
-}
-
-thread_local! {
-    /// The connections made on this thread, each with the [`Connections`] it is one of and
-    /// their renewals when it was made.
-    static MADE: std::cell::RefCell<Vec<(Weak<Connect>, u64, ConnectionManager)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-impl Connections {
-    /// This thread's connection (made now, to connect at its first command, when it has none
-    /// or when it was made before the last renewal).
-    pub(crate) fn get(&self) -> ConnectionManager {
-        let renewed = self.0.renewed.load(Ordering::Relaxed);
-        MADE.with_borrow_mut(|made| {
-            // A dropped store's connection, and a renewed one, go with the next look-up here.
-            made.retain(|(of, at, _)| match of.upgrade() {
-                Some(of) => !Arc::ptr_eq(&of, &self.0) || *at == renewed,
-                None => false,
-            });
-            let mine = made
-                .iter()
-                .find(|(of, ..)| std::ptr::eq(of.as_ptr(), Arc::as_ptr(&self.0)));
-            if let Some((.., conn)) = mine {
-                return conn.clone();
-            }
-            let Connect {
-                client, manager, ..
-            } = &*self.0;
-            let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager.clone())
-                .expect("the config was accepted when the store was made");
-            made.push((Arc::downgrade(&self.0), renewed, conn.clone()));
-            conn
-        })
-    }
-
-    /// After a failure: every thread's next command goes on a new connection.
-    fn renew(&self) {
-        self.0.renewed.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Runs `command` (on one of `conns`) within `timeout`, counting its latency in `metrics`, or
-/// its failure under `op` (and then every thread's next command goes on a new connection).
+/// Runs `command` within `timeout`, counting its latency in `metrics`, or its failure under
+/// `op`.
 pub(crate) async fn timed<T>(
-    conns: &Connections,
     metrics: &StoreMetrics,
     timeout: Duration,
     op: &str,
@@ -366,9 +297,6 @@ pub(crate) async fn timed<T>(
         Ok(Err(e)) => Err(StoreError::Redis(e)),
         Err(_) => Err(StoreError::Timeout(timeout)),
     };
-    if result.is_err() {
-        conns.renew();
-    }
     match &result {
         Ok(_) => metrics.latency.observe(started.elapsed().as_secs_f64()),
         Err(_) => {
@@ -391,7 +319,7 @@ async fn probe(weak: Weak<Inner>) {
         tokio::time::sleep(interval).await;
         let Some(inner) = weak.upgrade() else { return };
         if !inner.healthy.load(Ordering::Relaxed) {
-            let mut conn = inner.conn.get();
+            let mut conn = inner.conn.clone();
             let ping = redis::cmd("PING");
             let answer = inner.timed("ping", ping.query_async::<()>(&mut conn)).await;
             if answer.is_ok() {
@@ -481,7 +409,7 @@ impl Inner {
         op: &str,
         command: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        let result = timed(&self.conn, &self.metrics, self.timeout, op, command).await;
+        let result = timed(&self.metrics, self.timeout, op, command).await;
         match &result {
             Ok(_) => self.failures.store(0, Ordering::Relaxed),
             Err(e) => self.marked_down(op, e),
@@ -573,7 +501,7 @@ impl Inner {
             call.arg(n.to_string());
         }
         call.arg(tail);
-        let mut conn = self.conn.get();
+        let mut conn = self.conn.clone();
         let reply: Vec<String> = self.timed(op, call.invoke_async(&mut conn)).await?;
         let parsed = match reply.as_slice() {
             [fits, levels @ ..] if levels.len() == 3 => levels
@@ -622,7 +550,7 @@ impl Inner {
         for u in units {
             call.arg(u.to_string());
         }
-        let mut conn = self.conn.get();
+        let mut conn = self.conn.clone();
         let found: i64 = self.timed(op, call.invoke_async(&mut conn)).await?;
         Ok(found == 1)
     }
@@ -962,13 +890,12 @@ impl BucketStore for RedisStore {
         }
         args.push(state_ttl_ms(limits).to_string());
         let inner = self.inner.clone();
-        // Sent on this thread's connection; a charge that overtakes it (sent by another of this
-        // replica's workers, or by another replica) refills at the new rate since the last
-        // update.
+        // Sent before this replica's later charges on its one connection; a charge of another
+        // replica that overtakes it refills at the new rate since the last update.
         tokio::spawn(async move {
             let mut call = inner.script.prepare_invoke();
             call.key(key).arg(args);
-            let mut conn = inner.conn.get();
+            let mut conn = inner.conn.clone();
             let _ = inner
                 .timed("rebase", call.invoke_async::<redis::Value>(&mut conn))
                 .await;
@@ -984,7 +911,7 @@ impl BucketStore for RedisStore {
         let inner = self.inner.clone();
         let key = state_key(&inner.prefix, tenant);
         tokio::spawn(async move {
-            let mut conn = inner.conn.get();
+            let mut conn = inner.conn.clone();
             let del = redis::cmd("DEL").arg(key).clone();
             let _ = inner
                 .timed("forget", del.query_async::<()>(&mut conn))
@@ -1031,64 +958,6 @@ impl BucketStore for RedisStore {
 mod tests {
     use super::*;
     use crate::limiter::bucket::fixtures::limits;
-
-    /// How many connections this thread holds, and the renewals at which each of `of`'s was
-    /// made.
-    fn made_here(of: &Connections) -> (usize, Vec<u64>) {
-        MADE.with_borrow(|made| {
-            let own = made
-                .iter()
-                .filter(|(c, ..)| std::ptr::eq(c.as_ptr(), Arc::as_ptr(&of.0)));
-            (made.len(), own.map(|(_, at, _)| *at).collect())
-        })
-    }
-
-    /// Each thread gets a connection of its own, made once, made again after a renewal; a
-    /// dropped store's go with the next look-up on the thread. Nothing connects: a connection
-    /// connects at its first command.
-    #[tokio::test]
-    async fn each_thread_makes_its_own_connection_once() {
-        let config = LimiterConfig {
-            redis_url: Some("redis://127.0.0.1:9".to_string()),
-            ..LimiterConfig::default()
-        };
-        let (a, b) = (connect(&config).unwrap(), connect(&config).unwrap());
-        a.get();
-        a.get();
-        b.get();
-        assert_eq!(made_here(&a), (2, vec![0]));
-        assert_eq!(made_here(&b), (2, vec![0]));
-        // Another thread, with a runtime of its own, as a gateway worker has.
-        let there = a.clone();
-        let elsewhere = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                there.get();
-                made_here(&there)
-            })
-        });
-        assert_eq!(elsewhere.join().unwrap(), (1, vec![0]));
-        assert_eq!(
-            made_here(&a),
-            (2, vec![0]),
-            "the other thread's is not this one's"
-        );
-        // A failed command renews `a`'s connections, not `b`'s.
-        let metrics = StoreMetrics::default();
-        let failed = timed(&a, &metrics, Duration::from_secs(5), "ping", async {
-            redis::RedisResult::<()>::Err((redis::ErrorKind::Io, "gone").into())
-        });
-        assert!(failed.await.is_err());
-        a.get();
-        b.get();
-        assert_eq!(made_here(&a), (2, vec![1]));
-        assert_eq!(made_here(&b), (2, vec![0]));
-        drop(b);
-        a.get();
-        assert_eq!(made_here(&a), (1, vec![1]));
-    }
 
     #[test]
     fn a_tenants_keys_share_its_hash_tag() {

@@ -41,8 +41,9 @@
 use super::ledger::{self, Meter, MeterState, Reading, Slice, TenantState};
 use super::store::{QuotaRefusal, QuotaStore, StoreDown};
 use crate::limiter::config::LimiterConfig;
-use crate::limiter::redis::{connect, timed, Connections, StoreError, StoreMetrics, StoreOpLabel};
+use crate::limiter::redis::{connect, timed, StoreError, StoreMetrics, StoreOpLabel};
 use futures_util::future::BoxFuture;
+use redis::aio::ConnectionManager;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,10 +54,10 @@ const SCRIPT: &str = include_str!("quota.lua");
 /// back, what was used is not counted).
 const SETTLE_ATTEMPTS: u32 = 3;
 
-/// Tenants' meters in the `[limiter]` section's Redis. Cheap to clone (its connections are shared).
+/// Tenants' meters in the `[limiter]` section's Redis. Cheap to clone (one connection, shared).
 #[derive(Clone)]
 pub struct RedisQuotaStore {
-    conn: Connections,
+    conn: ConnectionManager,
     script: Arc<redis::Script>,
     prefix: String,
     /// This process's name in lease keys, so leases of replicas never collide.
@@ -237,9 +238,8 @@ impl RedisQuotaStore {
                 .arg(call.amounts.get(i).copied().unwrap_or(0).to_string());
         }
         let op = format!("quota_{}", call.op);
-        let mut conn = self.conn.get();
+        let mut conn = self.conn.clone();
         let reply: Vec<String> = timed(
-            &self.conn,
             &self.metrics,
             self.timeout,
             &op,
