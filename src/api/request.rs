@@ -285,6 +285,7 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, Layout), Refusal>
             let layout = Layout {
                 keys_unique: members == map.len(),
                 keys: None,
+                bytes: bytes.len(),
             };
             Some(Ok((map, layout)))
         }
@@ -311,6 +312,7 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, Layout), Refusal>
                         .map(|key| at(key)..at(key) + key.len())
                         .collect()
                 }),
+                bytes: bytes.len(),
             };
             Ok((map, layout))
         }
@@ -520,18 +522,25 @@ pub struct Layout {
     /// Each member's key in the order written, as the place of its text between its quotes;
     /// `None` when not known (a key with escapes, or a body read the way Python reads it).
     keys: Option<Vec<Range<usize>>>,
+    /// How many bytes the body had.
+    bytes: usize,
 }
 
 impl Layout {
     /// The members of `raw`, the bytes this layout was found in, each key with its value as
-    /// written; `None` when the layout does not know them. Only JSON's whitespace lies between
+    /// written; `None` when the layout does not know them, or `raw` cannot be those bytes (of
+    /// another length, or without a quote around each key). Only JSON's whitespace lies between
     /// a key's closing quote and its colon, and between a value and the comma or brace after
     /// it: each value is what lies between those, trimmed.
     fn members<'a>(&self, raw: &'a [u8]) -> Option<Vec<(Cow<'a, str>, &'a [u8])>> {
-        let keys = self.keys.as_ref()?;
+        let keys = self.keys.as_ref().filter(|_| raw.len() == self.bytes)?;
         let mut members = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
-            let name = std::str::from_utf8(raw.get(key.clone())?).ok()?;
+            let quoted = raw.get(key.start.checked_sub(1)?..=key.end)?;
+            if !(quoted.starts_with(b"\"") && quoted.ends_with(b"\"")) {
+                return None;
+            }
+            let name = std::str::from_utf8(&quoted[1..quoted.len() - 1]).ok()?;
             let after_key = key.end + 1;
             let colon = after_key + raw.get(after_key..)?.iter().position(|&b| b == b':')?;
             let end = match keys.get(i + 1) {
@@ -884,6 +893,15 @@ mod tests {
             if let Some(found) = found {
                 prop_assert_eq!(found, read);
             }
+            // Not the bytes it was found in: one more byte, or the same length shifted.
+            let longer = format!("{text} ");
+            prop_assert!(layout.members(longer.as_bytes()).is_none());
+            let shifted = format!(" {}", &text[..text.len() - 1]);
+            prop_assert!(
+                inner.is_empty() || layout.members(shifted.as_bytes()).is_none(),
+                "{}",
+                text
+            );
         }
     }
 
