@@ -16,10 +16,12 @@
 //! | `engine.rs` | `backends[].vllm_version`, and the request handling that follows it |
 //! | `describe.rs` | the human summary of a config ([`describe::describe`]) |
 //! | `profile.rs` | `[profile]`, the workload profile's window |
+//! | `otel.rs` | `[otel]`, the OpenTelemetry receiver and the export's bounds (what `crate::otel` exports with) |
 
 mod derive;
 pub mod describe;
 pub mod engine;
+mod otel;
 pub mod profile;
 mod restart;
 mod validate;
@@ -32,6 +34,7 @@ use crate::tls::BackendTls;
 use crate::vision::{VisionConfig, VisionRules};
 use anyhow::{bail, Context};
 use http::uri::{Authority, Scheme};
+pub use otel::OtelConfig;
 use profile::ProfileConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -67,7 +70,7 @@ pub struct Config {
     pub usage_log: Option<crate::usage_log::UsageLogConfig>,
     /// OpenTelemetry traces and metrics over OTLP: off unless the section is given.
     #[serde(default)]
-    pub otel: Option<crate::otel::OtelConfig>,
+    pub otel: Option<OtelConfig>,
     /// Where tenants' quota spend is kept (`[quotas]`).
     #[serde(default)]
     pub quotas: crate::quota::config::QuotaStoreConfig,

@@ -6,9 +6,9 @@
 //! `otel.max_export_batch` spans; at most [`MAX_ANSWER_BYTES`] of the receiver's answer read).
 
 use super::attribute::string;
-use super::config::OtelConfig;
 use super::histograms::Histograms;
 use crate::clock::SharedClock;
+use crate::config::OtelConfig;
 use crate::metrics::OtelMetrics;
 use crate::util::bounded::read_bounded;
 use crate::util::throttle::Throttle;

@@ -11,12 +11,11 @@
 //! latencies in it ([`StepSpan::settled`]). Every span ends when its guard drops.
 
 mod attribute;
-mod config;
 mod export;
 mod histograms;
 mod span;
 
-pub use config::OtelConfig;
+pub use crate::config::OtelConfig;
 pub use span::{RequestTrace, Settled, Step, StepSpan};
 
 use crate::api::request::GenerationRequest;

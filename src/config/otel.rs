@@ -102,7 +102,7 @@ impl OtelConfig {
     }
 
     /// The endpoint without a trailing `/`: what the signals' paths are appended to.
-    pub(super) fn base(&self) -> anyhow::Result<String> {
+    pub(crate) fn base(&self) -> anyhow::Result<String> {
         let uri: http::Uri = (self.endpoint.parse())
             .map_err(|e| anyhow::anyhow!("otel.endpoint {:?}: {e}", self.endpoint))?;
         if uri.scheme_str() != Some("http") || uri.authority().is_none() {
