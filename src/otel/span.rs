@@ -319,20 +319,11 @@ impl StepSpan {
         context
     }
 
-    /// The backend at `url` is the server this step calls (`server.address`, `server.port`).
-    pub fn server(&mut self, url: &str) {
-        let Ok(uri) = url.parse::<http::Uri>() else {
-            return;
-        };
-        let default_port = match uri.scheme_str() {
-            Some("https") => 443,
-            _ => 80,
-        };
-        if let Some(host) = uri.host() {
-            self.attributes.push(string("server.address", host));
-            let port = uri.port_u16().unwrap_or(default_port);
-            self.attributes.push(int("server.port", u64::from(port)));
-        }
+    /// The backend at `host` and `port` is the server this step calls (`server.address`,
+    /// `server.port`).
+    pub fn server(&mut self, (host, port): (&str, u16)) {
+        self.attributes.push(string("server.address", host));
+        self.attributes.push(int("server.port", u64::from(port)));
     }
 
     /// The request settled so: noted in the request's span.

@@ -139,7 +139,7 @@ impl<B> tower::Service<Request<B>> for Forward {
             let mut span = crate::otel::step(req.extensions(), crate::otel::Step::Forward);
             let trace = match &mut span {
                 Some(span) => {
-                    span.server(&gw.upstreams[backend].url);
+                    span.server(gw.upstreams[backend].address());
                     span.passed_on()
                 }
                 None => crate::trace_context::passed_on(req.headers()),

@@ -194,6 +194,17 @@ impl Upstream {
         self.pools.get(index).unwrap_or(&self.pools[0])
     }
 
+    /// The backend's host and port (the scheme's when the URL names none).
+    pub fn address(&self) -> (&str, u16) {
+        let BackendBase { scheme, authority } = &self.base;
+        let default = if *scheme == http::uri::Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        (authority.host(), authority.port_u16().unwrap_or(default))
+    }
+
     fn uri(&self, path: &str) -> Uri {
         Uri::builder()
             .scheme(self.base.scheme.clone())
