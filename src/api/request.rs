@@ -543,13 +543,12 @@ impl Layout {
             let name = std::str::from_utf8(&quoted[1..quoted.len() - 1]).ok()?;
             let after_key = key.end + 1;
             let colon = after_key + raw.get(after_key..)?.iter().position(|&b| b == b':')?;
-            let end = match keys.get(i + 1) {
-                // The comma before the next key's opening quote.
-                Some(next) => raw.get(..next.start.checked_sub(1)?)?,
-                None => raw,
-            }
-            .iter()
-            .rposition(|&b| b == b',' || b == b'}')?;
+            // The comma before the next key's opening quote, or the object's closing brace.
+            let (before, after_value) = match keys.get(i + 1) {
+                Some(next) => (raw.get(..next.start.checked_sub(1)?)?, b','),
+                None => (raw, b'}'),
+            };
+            let end = before.iter().rposition(|&b| b == after_value)?;
             members.push((Cow::Borrowed(name), raw.get(colon + 1..end)?.trim_ascii()));
         }
         Some(members)
