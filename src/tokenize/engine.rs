@@ -14,7 +14,8 @@
 //! than a second and hundreds of MB that the fast engine would throw away. It reproduces
 //! HuggingFace's order of operations: added tokens are matched on the raw text first, each
 //! segment between them is NFC-normalized (by HuggingFace's own NFC, only when a quick check
-//! says it may not be already), then split by the regex and BPE-encoded.
+//! says it may not be already; runs of chars below U+0300 are passed over without decoding),
+//! then split by the regex (Qwen's matched by hand over ASCII: `super::split`) and BPE-encoded.
 //!
 //! Counting with a ceiling reads only what it needs: no token is longer than the longest in
 //! the vocabulary, so once a segment (or one pre-token) is that many bytes times the tokens
@@ -30,12 +31,9 @@ use std::path::Path;
 
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use anyhow::Context;
-use regex_automata::util::pool::Pool;
-use regex_automata::{meta, Anchored, Input};
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
-use std::panic::{RefUnwindSafe, UnwindSafe};
 use tokenizers::{
     AddedToken, DecoderWrapper, Model, NormalizerWrapper, OffsetReferential, OffsetType,
     PostProcessorWrapper, PreTokenizer, PreTokenizerWrapper,
@@ -45,6 +43,7 @@ use unicode_normalization_alignments::{IsNormalized, UnicodeNormalization};
 
 use super::bpe::{Bpe, Work};
 use super::byte_level::{bytes_to_string, string_to_bytes};
+use super::split::PreTokenSplit;
 
 /// A token count that may have stopped early: counting with a ceiling stops as soon as the
 /// count passes it, since the rest of the text cannot change the answer.
@@ -572,32 +571,52 @@ impl FastEngine {
             };
         }
         // The NFC form is `out` followed by `segment[copied..]` up to the last cut found.
+        let bytes = segment.as_bytes();
         let mut out = String::new();
         let mut copied = 0;
         let mut last_cut = 0;
-        let mut chars = segment.char_indices().peekable();
-        while let Some((i, c)) = chars.next() {
+        let mut at = 0;
+        while at < segment.len() {
+            // A run of chars below U+0300 (plainly NFC, so cuts) is passed over without
+            // decoding: a char's first byte is 0xCC or more exactly when the char is U+0300 or
+            // above. The run stops short of the first cut whose length check below would fail
+            // (its start at `fails_from` or after), which the char-by-char reading finds.
+            let fails_from = enough.saturating_add(copied).saturating_sub(out.len());
+            let bound = fails_from.min(segment.len());
+            let mut run_end = bytes[at..bound.max(at)]
+                .iter()
+                .position(|&b| b >= 0xCC)
+                .map_or(bound.max(at), |n| at + n);
+            if !segment.is_char_boundary(run_end) {
+                run_end -= 1; // inside a two-byte char: its lead byte is the one before
+            }
+            if run_end > at {
+                // The run's last char is one byte, or two ending in a continuation byte.
+                last_cut = run_end - if bytes[run_end - 1] < 0x80 { 1 } else { 2 };
+                at = run_end;
+                continue;
+            }
+            let c = segment[at..].chars().next().expect("a char starts here");
             if cuts_nfc(c) {
-                last_cut = i;
-                let known = out.len() + (i - copied);
+                last_cut = at;
+                let known = out.len() + (at - copied);
                 if known >= enough {
                     return Err(known);
                 }
+                at += c.len_utf8();
                 continue;
             }
             // Normalize from the last cut up to the next one (or the end).
-            let mut next_cut = segment.len();
-            while let Some(&(j, c)) = chars.peek() {
-                if cuts_nfc(c) {
-                    next_cut = j;
-                    break;
-                }
-                chars.next();
-            }
+            let from = at + c.len_utf8();
+            let next_cut = segment[from..]
+                .char_indices()
+                .find(|&(_, c)| cuts_nfc(c))
+                .map_or(segment.len(), |(j, _)| from + j);
             out.push_str(&segment[copied..last_cut]);
             out.extend(segment[last_cut..next_cut].nfc().map(|(c, _)| c));
             copied = next_cut;
             last_cut = next_cut;
+            at = next_cut;
         }
         let known = out.len() + (segment.len() - copied);
         if known >= enough {
@@ -739,107 +758,6 @@ impl Sink<'_> {
     }
 }
 
-/// The pre-tokenizer split (HuggingFace's `Split` with `Isolated`: each match is a pre-token,
-/// and so is the text between two matches), with the `regex` crate's engine (no look-around, no
-/// backtracking). Each search is first anchored where the last pre-token ended, which needs only
-/// a forward scan; unanchored only when that finds nothing (a gap).
-///
-/// A regex ending in `|\s+(?!\S)|\s+` (Qwen, cl100k, o200k style) is split with the
-/// `\s+(?!\S)` branch dropped and emulated. That branch, given a whitespace run of two or more
-/// characters followed by a non-space, takes all but the last character; with it dropped, `\s+`
-/// takes the whole run, so such a match is shortened by one character and the next search
-/// starts at the last one, as before. (A backtracking engine such as fancy-regex runs
-/// `\s+(?!\S)` on a stack that overflows on a run of about a million spaces; HuggingFace's
-/// Oniguruma handles it.) Any other regex must compile as it is.
-struct PreTokenSplit {
-    regex: meta::Regex,
-    /// Search caches, one taken per segment (not per search, as `meta::Regex::search` would).
-    caches: Pool<meta::Cache, CacheFn>,
-    /// Whether the `\s+(?!\S)` branch is emulated.
-    whitespace_tail: bool,
-}
-
-type CacheFn = Box<dyn Fn() -> meta::Cache + Send + Sync + UnwindSafe + RefUnwindSafe>;
-
-impl PreTokenSplit {
-    const TAIL: &'static str = r"|\s+(?!\S)|\s+";
-
-    fn new(pattern: &str) -> Result<PreTokenSplit, String> {
-        let (pattern, whitespace_tail) = match pattern.strip_suffix(Self::TAIL) {
-            Some(head) => (format!(r"{head}|\s+"), true),
-            None => (pattern.to_owned(), false),
-        };
-        let hir = regex_syntax::parse(&pattern).map_err(|e| {
-            // The last line of a parse error says what is wrong; the others draw the pattern.
-            let error = e.to_string();
-            let why = error.lines().last().unwrap_or_default();
-            format!(
-                "split regex not supported (only a trailing `\\s+(?!\\S)` may look around): {}",
-                why.trim_start_matches("error: ")
-            )
-        })?;
-        if hir.properties().minimum_len() == Some(0) {
-            return Err("split regex can match the empty string".to_owned());
-        }
-        let regex = meta::Regex::builder()
-            .build_from_hir(&hir)
-            .map_err(|e| format!("split regex: {e}"))?;
-        let for_caches = regex.clone();
-        Ok(PreTokenSplit {
-            regex,
-            caches: Pool::new(Box::new(move || for_caches.create_cache())),
-            whitespace_tail,
-        })
-    }
-
-    /// The next match at or after `start`.
-    fn find(&self, cache: &mut meta::Cache, text: &str, start: usize) -> Option<(usize, usize)> {
-        let input = Input::new(text).range(start..).anchored(Anchored::Yes);
-        self.regex
-            .search_with(cache, &input)
-            .or_else(|| self.regex.search_with(cache, &input.anchored(Anchored::No)))
-            .map(|m| (m.start(), m.end()))
-    }
-
-    fn pieces<'t>(&'t self, text: &'t str) -> impl Iterator<Item = &'t str> + 't {
-        let mut cache = self.caches.get();
-        let mut start = 0;
-        // A match found after a gap, returned after the gap.
-        let mut next = None;
-        std::iter::from_fn(move || {
-            if start == text.len() {
-                return None;
-            }
-            let Some((m_start, m_end)) = next.take().or_else(|| self.find(&mut cache, text, start))
-            else {
-                let rest = &text[start..];
-                start = text.len();
-                return Some(rest);
-            };
-            if m_start > start {
-                next = Some((m_start, m_end));
-                let gap = &text[start..m_start];
-                start = m_start;
-                return Some(gap);
-            }
-            let mut end = m_end;
-            let piece = &text[m_start..m_end];
-            // A `\s+` match: whitespace not ending in a newline (the earlier branches of these
-            // regexes never match such text: they need a letter, digit, punctuation or newline).
-            if self.whitespace_tail && end < text.len() && piece.chars().all(char::is_whitespace) {
-                let mut chars = piece.chars();
-                if let (Some(last), Some(_)) = (chars.next_back(), chars.next()) {
-                    if last != '\r' && last != '\n' {
-                        end -= last.len_utf8();
-                    }
-                }
-            }
-            start = end;
-            Some(&text[m_start..end])
-        })
-    }
-}
-
 /// The BPE options that rank-based BPE cannot express.
 fn check_bpe(model: &ModelFile<'_>) -> Result<(), String> {
     if model.dropout.is_some() {
@@ -964,6 +882,50 @@ mod tests {
             .all(plainly_nfc_char));
         assert!(!plainly_nfc_char('\u{301}'));
         assert!(!plainly_nfc_char('\u{2000}'));
+    }
+
+    /// Texts of chars on both sides of U+0300 and of the NFC cuts: ASCII, two-byte Latin
+    /// (composed and not), combining marks that compose and reorder, Hangul jamo, CJK.
+    fn nfc_texts() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let chars = prop::sample::select(vec![
+            'a', 'e', 'q', ' ', '\u{e9}', '\u{ff}', '\u{2ff}', '\u{300}', '\u{301}', '\u{302}',
+            '\u{307}', '\u{316}', '\u{323}', '\u{338}', '\u{1100}', '\u{1161}', '\u{11a8}',
+            '\u{4e2d}', '\u{212b}', '\u{2026}', '=',
+        ]);
+        prop::collection::vec(chars, 0..24).prop_map(|v| v.into_iter().collect())
+    }
+
+    proptest::proptest! {
+        /// `normalize_within` is NFC of the whole while that is shorter than `enough`, and
+        /// otherwise the NFC length of the text before the first cut where it reaches `enough`
+        /// (or of the whole).
+        #[test]
+        fn nfc_within_a_bound_stops_at_the_first_cut_past_it(
+            text in nfc_texts(),
+            enough in 0usize..40,
+        ) {
+            let tokenizer = crate::tokenize::test_tokenizer();
+            let Imp::Fast(fast) = &tokenizer.imp else {
+                panic!("Qwen3.5 runs the fast engine");
+            };
+            let nfc_len = |s: &str| s.nfc().map(|(c, _)| c.len_utf8()).sum::<usize>();
+            let whole: String = text.nfc().map(|(c, _)| c).collect();
+            let first_past = text
+                .char_indices()
+                .filter(|&(_, c)| cuts_nfc(c))
+                .map(|(i, _)| nfc_len(&text[..i]))
+                .find(|&known| known >= enough);
+            let expected = match first_past {
+                Some(known) => Err(known),
+                None if whole.len() >= enough => Err(whole.len()),
+                None => Ok(whole),
+            };
+            proptest::prop_assert_eq!(
+                fast.normalize_within(&text, enough).map(Cow::into_owned),
+                expected
+            );
+        }
     }
 
     #[test]

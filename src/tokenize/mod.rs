@@ -11,6 +11,7 @@ pub mod engine;
 pub mod import;
 pub mod pool;
 pub mod preset;
+mod split;
 
 pub use engine::{Engine, EngineChoice, TokenCount, Tokenizer};
 pub use pool::{PoolError, TokenizePool};
