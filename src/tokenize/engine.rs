@@ -575,48 +575,52 @@ impl FastEngine {
         let mut out = String::new();
         let mut copied = 0;
         let mut last_cut = 0;
-        let mut at = 0;
-        while at < segment.len() {
-            // A run of chars below U+0300 (plainly NFC, so cuts) is passed over without
-            // decoding: a char's first byte is 0xCC or more exactly when the char is U+0300 or
-            // above. The run stops short of the first cut whose length check below would fail
-            // (its start at `fails_from` or after), which the char-by-char reading finds.
-            let fails_from = enough.saturating_add(copied).saturating_sub(out.len());
-            let bound = fails_from.min(segment.len());
-            let mut run_end = bytes[at..bound.max(at)]
-                .iter()
-                .position(|&b| b >= 0xCC)
-                .map_or(bound.max(at), |n| at + n);
-            if !segment.is_char_boundary(run_end) {
-                run_end -= 1; // inside a two-byte char: its lead byte is the one before
+        // `chars` reads `segment` from `offset` on.
+        let mut offset = 0;
+        let mut chars = segment.char_indices();
+        while let Some((k, c)) = chars.next() {
+            let i = offset + k;
+            if c < '\u{300}' {
+                // A run of chars below U+0300 (plainly NFC, so cuts) is passed over without
+                // decoding: a char's first byte is 0xCC or more exactly when the char is U+0300
+                // or above. The run stops short of the first cut whose length check below would
+                // fail (its start at `fails_from` or after), which is then read as any cut.
+                let fails_from = enough.saturating_add(copied).saturating_sub(out.len());
+                let bound = fails_from.clamp(i, segment.len());
+                let mut run_end = bytes[i..bound]
+                    .iter()
+                    .position(|&b| b >= 0xCC)
+                    .map_or(bound, |n| i + n);
+                if !segment.is_char_boundary(run_end) {
+                    run_end -= 1; // inside a two-byte char: its lead byte is the one before
+                }
+                if run_end > i {
+                    // The run's last char is one byte, or two ending in a continuation byte.
+                    last_cut = run_end - if bytes[run_end - 1] < 0x80 { 1 } else { 2 };
+                    offset = run_end;
+                    chars = segment[run_end..].char_indices();
+                    continue;
+                }
             }
-            if run_end > at {
-                // The run's last char is one byte, or two ending in a continuation byte.
-                last_cut = run_end - if bytes[run_end - 1] < 0x80 { 1 } else { 2 };
-                at = run_end;
-                continue;
-            }
-            let c = segment[at..].chars().next().expect("a char starts here");
             if cuts_nfc(c) {
-                last_cut = at;
-                let known = out.len() + (at - copied);
+                last_cut = i;
+                let known = out.len() + (i - copied);
                 if known >= enough {
                     return Err(known);
                 }
-                at += c.len_utf8();
                 continue;
             }
-            // Normalize from the last cut up to the next one (or the end).
-            let from = at + c.len_utf8();
-            let next_cut = segment[from..]
-                .char_indices()
+            // Normalize from the last cut up to the next one (or the end), and read on there.
+            let next_cut = chars
+                .clone()
                 .find(|&(_, c)| cuts_nfc(c))
-                .map_or(segment.len(), |(j, _)| from + j);
+                .map_or(segment.len(), |(j, _)| offset + j);
             out.push_str(&segment[copied..last_cut]);
             out.extend(segment[last_cut..next_cut].nfc().map(|(c, _)| c));
             copied = next_cut;
             last_cut = next_cut;
-            at = next_cut;
+            offset = next_cut;
+            chars = segment[next_cut..].char_indices();
         }
         let known = out.len() + (segment.len() - copied);
         if known >= enough {
