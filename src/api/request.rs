@@ -560,9 +560,9 @@ impl Layout {
 /// ([`GenerationRequest::raw`]) they are kept: the very bytes when nothing changes (not even read
 /// again when [`GenerationRequest::raw_layout`] says no key came twice), else every member
 /// not in `set` copied as the client wrote it (from where the layout says it is, else found by
-/// reading the bytes again), so a long prompt is neither escaped nor written again. A key sent twice is sent once, where it first came, with its last value, as
-/// it was parsed (and counted). The request's [`GenerationRequest::cache_salt`], when set, is
-/// set too.
+/// reading the bytes again), so a long prompt is neither escaped nor written again. A key sent
+/// twice is sent once, where it first came, with its last value, as it was parsed (and
+/// counted). The request's [`GenerationRequest::cache_salt`], when set, is set too.
 pub(crate) fn splice_body(req: &mut GenerationRequest, mut set: Vec<(&str, Value)>) -> Bytes {
     if let Some(salt) = req.cache_salt.take() {
         set.push(("cache_salt", Value::from(salt)));

@@ -15,7 +15,7 @@ mod export;
 mod histograms;
 mod span;
 
-pub use crate::config::OtelConfig;
+use crate::config::OtelConfig;
 pub use span::{RequestTrace, Settled, Step, StepSpan};
 
 use crate::api::request::GenerationRequest;

@@ -18,7 +18,7 @@ use prost::Message;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokengate::otel::OtelConfig;
+use tokengate::config::OtelConfig;
 use tokio::sync::{mpsc, Semaphore};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
