@@ -3,6 +3,7 @@
 //! client's bytes for the backend (`splice_body`).
 
 use super::route::Route;
+use super::scan::{Kind, Malformed, Scan};
 use super::Refusal;
 use crate::tokenize::chat::{pyjson, ChatPrompt};
 use crate::util::json::type_name;
@@ -295,41 +296,34 @@ pub fn parse_body(bytes: &[u8]) -> Result<(Map<String, Value>, Layout), Refusal>
         )))),
         Err(_) => None,
     };
-    match serde_json::from_str::<Top>(text) {
-        Ok(Top { map, members, keys }) => {
-            // A number serde_json rounds or reads as -0.0: read as Python reads it.
-            if map.values().any(pyjson::lossy) {
-                if let Some(read) = python() {
-                    return read;
-                }
+    // The usual body: an object, read in one pass as serde_json reads it.
+    if let Some(Top { map, members, keys }) = read_top(text) {
+        // A number serde_json rounds or reads as -0.0: read as Python reads it.
+        if map.values().any(pyjson::lossy) {
+            if let Some(read) = python() {
+                return read;
             }
-            let layout = Layout {
-                keys_unique: members == map.len(),
-                // Each key's place: how far its text is from the body's first byte.
-                keys: keys.map(|keys| {
-                    let at = |key: &str| key.as_ptr() as usize - text.as_ptr() as usize;
-                    keys.into_iter()
-                        .map(|key| at(key)..at(key) + key.len())
-                        .collect()
-                }),
-                bytes: bytes.len(),
-            };
-            Ok((map, layout))
         }
-        // NaN, infinities, a float past the double range: what Python's json reads too.
-        Err(_) => python().unwrap_or_else(|| {
-            // Refused input only: read again to say what it is instead.
-            match serde_json::from_str::<Value>(text) {
-                Ok(other) => Err(Refusal::invalid(format!(
-                    "the request body must be a JSON object, got {}",
-                    type_name(&other)
-                ))),
-                Err(e) => Err(Refusal::invalid(format!(
-                    "the request body is not valid JSON: {e}"
-                ))),
-            }
-        }),
+        let layout = Layout {
+            keys_unique: members == map.len(),
+            keys,
+            bytes: bytes.len(),
+        };
+        return Ok((map, layout));
     }
+    // NaN, infinities, a float past the double range: what Python's json reads too.
+    python().unwrap_or_else(|| {
+        // Refused input only: read again to say what it is instead.
+        match serde_json::from_str::<Value>(text) {
+            Ok(other) => Err(Refusal::invalid(format!(
+                "the request body must be a JSON object, got {}",
+                type_name(&other)
+            ))),
+            Err(e) => Err(Refusal::invalid(format!(
+                "the request body is not valid JSON: {e}"
+            ))),
+        }
+    })
 }
 
 /// A body's `model`, when the gateway serves it: a 400 when it is missing or not a string, a
@@ -664,39 +658,41 @@ fn python_members(raw: &[u8]) -> Option<Vec<(Cow<'_, str>, &[u8])>> {
 }
 
 /// A request body that is a JSON object, with the number of members it was written with (a key
-/// sent twice counts twice; the map keeps it once) and each key as written in the input when
-/// none has escapes. Anything else fails to deserialize.
-pub(crate) struct Top<'a> {
+/// sent twice counts twice; the map keeps it once) and where each key is in the input when none
+/// has escapes.
+struct Top {
     map: Map<String, Value>,
     members: usize,
-    keys: Option<Vec<&'a str>>,
+    /// Where each key's text lies between its quotes, in the order written.
+    keys: Option<Vec<Range<usize>>>,
 }
 
-impl<'de> Deserialize<'de> for Top<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Object;
-        impl<'de> Visitor<'de> for Object {
-            type Value = Top<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top<'de>, A::Error> {
-                let (mut map, mut members) = (Map::new(), 0);
-                let mut keys = Some(Vec::new());
-                while let Some(Key(key)) = access.next_key()? {
-                    match (&mut keys, &key) {
-                        (Some(keys), Cow::Borrowed(text)) => keys.push(*text),
-                        _ => keys = None,
-                    }
-                    // As serde_json's own map: a repeated key keeps its place, with the last value.
-                    map.insert(key.into_owned(), access.next_value()?);
-                    members += 1;
-                }
-                Ok(Top { map, members, keys })
-            }
-        }
-        d.deserialize_map(Object)
+/// A body read in one pass over its text, its values as `serde_json::from_str` reads them (see
+/// [`Scan::value`]); `None` when the text is not a JSON object serde_json reads (it is then
+/// read as Python reads it, or refused).
+fn read_top(text: &str) -> Option<Top> {
+    let mut scan = Scan::text(text);
+    if scan.kind().ok()? != Kind::Object {
+        return None;
     }
+    let (mut map, mut members, mut keys) = (Map::new(), 0, Some(Vec::new()));
+    scan.object(|scan, key| {
+        match (&mut keys, scan.key_escaped()) {
+            (Some(keys), false) => {
+                let start = scan.key_start() + 1;
+                keys.push(start..start + key.len());
+            }
+            _ => keys = None,
+        }
+        let key = std::str::from_utf8(key).map_err(|_| Malformed)?.to_owned();
+        // As serde_json's own map: a repeated key keeps its place, with the last value.
+        map.insert(key, scan.value()?);
+        members += 1;
+        Ok(())
+    })
+    .ok()?;
+    scan.end().ok()?;
+    Some(Top { map, members, keys })
 }
 
 /// A JSON object's members in the order written, each value as its text in the input.

@@ -1,5 +1,7 @@
 //! A strict JSON reader for picking a few fields out of a text and passing over the rest,
-//! without building anything: what metering reads from every stream event and whole answer.
+//! without building anything: what metering reads from every stream event and whole answer. It
+//! also reads a request body whole into a `serde_json::Value` ([`Scan::value`]), in one pass
+//! whose strings' plain bytes are passed over a block at a time.
 //!
 //! It reads as serde_json reads the same text into a serde-derived struct, error for error, so
 //! that a reader written with it can be checked against one written with serde (see the
@@ -13,6 +15,7 @@
 //!   UTF-8 with paired surrogates, a number must be in range, and each object or array read
 //!   counts toward serde_json's limit of 127 nested containers.
 
+use serde_json::{Map, Value};
 use std::borrow::Cow;
 
 /// The text is not one JSON value that serde_json would read.
@@ -24,23 +27,35 @@ pub(crate) type Read<T> = Result<T, Malformed>;
 /// How many containers being read may nest, as serde_json counts them: it refuses the 128th.
 const DEPTH: u8 = 128;
 
-/// The bytes that end a run of a string's plain bytes: its quote, a backslash, and the control
-/// characters it may not hold.
-static STOP: [bool; 256] = {
-    let mut stop = [false; 256];
-    let mut b = 0;
-    while b < 0x20 {
-        stop[b] = true;
-        b += 1;
-    }
-    stop[b'"' as usize] = true;
-    stop[b'\\' as usize] = true;
-    stop
-};
+/// Whether `b` ends a run of a string's plain bytes: its quote, a backslash, or one of the
+/// control characters it may not hold.
+fn stops(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
 
-/// The length of `bytes`' run of a string's plain bytes: up to its first [`STOP`] byte, or all
-/// of it. Eight bytes at a time, each word tested for the three kinds of byte at once.
+/// How many bytes [`plain_run`] tests at once in a long run: a block is tested for a stop
+/// without a branch per byte, which the compiler turns into vector compares (docs/performance.md,
+/// "Long prompts read in one pass", counts what that saves on a 64 KB prompt).
+const BLOCK: usize = 64;
+
+/// The length of `bytes`' run of a string's plain bytes: up to its first byte that [`stops`] it,
+/// or all of it. A block at a time (the block that holds a stop is searched for it), then what
+/// is left of the run eight bytes at a time: most strings of a stream's events are shorter than
+/// a block.
 fn plain_run(bytes: &[u8]) -> usize {
+    let blocks = bytes.chunks_exact(BLOCK);
+    let rest = blocks.remainder();
+    for (i, block) in blocks.enumerate() {
+        if block.iter().fold(false, |any, &b| any | stops(b)) {
+            return i * BLOCK + plain_words(block);
+        }
+    }
+    bytes.len() - rest.len() + plain_words(rest)
+}
+
+/// [`plain_run`] of a short text, eight bytes at a time, each word tested for the three kinds of
+/// byte at once.
+fn plain_words(bytes: &[u8]) -> usize {
     const ONES: u64 = u64::MAX / 255;
     const HIGH: u64 = ONES << 7;
     let words = bytes.chunks_exact(8);
@@ -60,7 +75,61 @@ fn plain_run(bytes: &[u8]) -> usize {
         }
     }
     let done = bytes.len() - tail.len();
-    done + tail.iter().take_while(|&&b| !STOP[usize::from(b)]).count()
+    done + tail.iter().take_while(|&&b| !stops(b)).count()
+}
+
+/// Decodes the escape whose backslash is just before `at` in `bytes` onto `out`, as serde_json
+/// decodes one in a string: one of JSON's, a `\u` escape of a surrogate the first of a pair.
+/// Returns where the escape ends.
+fn unescape(bytes: &[u8], at: usize, out: &mut String) -> Read<usize> {
+    let c = match bytes.get(at).ok_or(Malformed)? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => {
+            let unit = hex_unit(&bytes[at + 1..])?;
+            let (code, end) = match unit {
+                0xD800..=0xDBFF => {
+                    let low = bytes.get(at + 5..at + 7).filter(|&u| u == b"\\u");
+                    let low = hex_unit(&bytes[low.map(|_| at + 7).ok_or(Malformed)?..])?;
+                    if !(0xDC00..=0xDFFF).contains(&low) {
+                        return Err(Malformed);
+                    }
+                    let high = u32::from(unit) - 0xD800;
+                    (0x10000 + (high << 10) + (u32::from(low) - 0xDC00), at + 11)
+                }
+                0xDC00..=0xDFFF => return Err(Malformed),
+                unit => (u32::from(unit), at + 5),
+            };
+            out.push(char::from_u32(code).ok_or(Malformed)?);
+            return Ok(end);
+        }
+        _ => return Err(Malformed),
+    };
+    out.push(c);
+    Ok(at + 1)
+}
+
+/// The UTF-16 unit of the four hex digits `bytes` starts with.
+fn hex_unit(bytes: &[u8]) -> Read<u16> {
+    let digits = bytes
+        .get(..4)
+        .filter(|d| d.iter().all(u8::is_ascii_hexdigit));
+    let digits = std::str::from_utf8(digits.ok_or(Malformed)?).map_err(|_| Malformed)?;
+    u16::from_str_radix(digits, 16).map_err(|_| Malformed)
+}
+
+/// A number's text, when it is a non-negative integer that fits a `u64`: its value.
+fn plain_u64(text: &[u8]) -> Option<u64> {
+    match text.iter().all(u8::is_ascii_digit) {
+        true => std::str::from_utf8(text).ok()?.parse().ok(),
+        false => None,
+    }
 }
 
 /// A number as read: a non-negative integer that fits a `u64`, or any other number in range.
@@ -90,6 +159,8 @@ pub(crate) struct Scan<'a> {
     depth: u8,
     /// Where the key being read starts.
     key_start: usize,
+    /// Whether the key being read has escapes.
+    key_escaped: bool,
 }
 
 impl<'a> Scan<'a> {
@@ -101,6 +172,7 @@ impl<'a> Scan<'a> {
             at: 0,
             depth: DEPTH,
             key_start: 0,
+            key_escaped: false,
         }
     }
 
@@ -185,22 +257,22 @@ impl<'a> Scan<'a> {
         self.key_start
     }
 
+    /// Whether the key being read, in the object read last, has escapes (it was decoded, and
+    /// is not the text after [`Scan::key_start`]).
+    pub(crate) fn key_escaped(&self) -> bool {
+        self.key_escaped
+    }
+
     /// An object's members, up to and through its closing brace.
     fn members(&mut self, mut field: impl FnMut(&mut Self, &[u8]) -> Read<()>) -> Read<()> {
         loop {
             self.peek()?;
             self.key_start = self.at;
-            let (raw, escaped) = self.raw_string()?;
+            self.eat(b'"')?;
+            let key = self.string_body()?;
             self.eat(b':')?;
-            if escaped {
-                let key = Self::decode(raw)?;
-                field(self, key.as_bytes())?;
-            } else {
-                if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
-                    return Err(Malformed);
-                }
-                field(self, raw)?;
-            }
+            self.key_escaped = matches!(key, Cow::Owned(_));
+            field(self, key.as_bytes())?;
             match self.peek()? {
                 b',' => self.at += 1,
                 b'}' => {
@@ -247,17 +319,15 @@ impl<'a> Scan<'a> {
 
     /// Reads a string (the next value must be one), decoded: borrowed when it has no escapes.
     pub(crate) fn string(&mut self) -> Read<Cow<'a, str>> {
-        let (raw, escaped) = self.raw_string()?;
-        self.decoded(raw, escaped)
+        self.eat(b'"')?;
+        self.string_body()
     }
 
     /// Reads the rest of a string whose body starts at `at` (just after its opening quote),
     /// through its closing quote, as [`Scan::string`] reads the whole string.
     pub(crate) fn string_from(&mut self, at: usize) -> Read<Cow<'a, str>> {
         self.at = at;
-        let escaped = self.pass_string_body()?;
-        let bytes = self.bytes;
-        self.decoded(&bytes[at..self.at - 1], escaped)
+        self.string_body()
     }
 
     /// Where the cursor is: the next byte to read.
@@ -265,17 +335,46 @@ impl<'a> Scan<'a> {
         self.at
     }
 
-    /// A string's body `raw`, just read (the cursor after its closing quote), decoded.
-    fn decoded(&self, raw: &'a [u8], escaped: bool) -> Read<Cow<'a, str>> {
-        if escaped {
-            return Self::decode(raw).map(Cow::Owned);
+    /// Reads a string's bytes after its opening quote, through its closing one, decoded as
+    /// serde_json decodes a string: borrowed when it has no escapes, else each escape decoded
+    /// ([`unescape`]) after the plain bytes before it, which are copied, not read one by one
+    /// (prompts are written with their newlines and quotes escaped).
+    fn string_body(&mut self) -> Read<Cow<'a, str>> {
+        let bytes = self.bytes;
+        let body = self.at;
+        let mut decoded = String::new();
+        let mut piece = body;
+        loop {
+            let rest = &bytes[self.at..];
+            let stop = plain_run(rest);
+            if stop == rest.len() {
+                return Err(Malformed);
+            }
+            self.at += stop + 1;
+            match rest[stop] {
+                b'"' if piece == body => return self.cut(body..self.at - 1).map(Cow::Borrowed),
+                b'"' => {
+                    decoded.push_str(self.cut(piece..self.at - 1)?);
+                    return Ok(Cow::Owned(decoded));
+                }
+                b'\\' => {
+                    decoded.push_str(self.cut(piece..self.at - 1)?);
+                    self.at = unescape(bytes, self.at, &mut decoded)?;
+                    piece = self.at;
+                }
+                _ => return Err(Malformed),
+            }
         }
-        let text = match self.text {
-            // Cut at quotes, so at character boundaries.
-            Some(text) => text.get(self.at - 1 - raw.len()..self.at - 1),
-            None => std::str::from_utf8(raw).ok(),
-        };
-        text.map(Cow::Borrowed).ok_or(Malformed)
+    }
+
+    /// The text of `range`, which starts and ends at an ASCII byte or an end of the text: cut
+    /// from the text when it is known to be UTF-8, else checked.
+    fn cut(&self, range: std::ops::Range<usize>) -> Read<&'a str> {
+        match self.text {
+            Some(text) => text.get(range),
+            None => std::str::from_utf8(&self.bytes[range]).ok(),
+        }
+        .ok_or(Malformed)
     }
 
     /// Passes over a string (the next value must be one): its body between the quotes, and
@@ -288,31 +387,69 @@ impl<'a> Scan<'a> {
         Ok((&bytes[body..self.at - 1], escaped))
     }
 
-    /// A string body with escapes, decoded. Rare: serde_json decodes it, so escapes and
-    /// surrogates are read as it reads them.
-    fn decode(raw: &[u8]) -> Read<String> {
-        let mut quoted = Vec::with_capacity(raw.len() + 2);
-        quoted.push(b'"');
-        quoted.extend_from_slice(raw);
-        quoted.push(b'"');
-        serde_json::from_slice(&quoted).map_err(|_| Malformed)
-    }
-
     /// Reads a number (the next value must be one).
     pub(crate) fn number(&mut self) -> Read<Number> {
-        self.peek()?;
-        let start = self.at;
-        self.pass_number()?;
-        let text = &self.bytes[start..self.at];
-        if text.iter().all(u8::is_ascii_digit) {
-            if let Some(n) = std::str::from_utf8(text).ok().and_then(|t| t.parse().ok()) {
-                return Ok(Number::U64(n));
-            }
+        let text = self.number_text()?;
+        if let Some(n) = plain_u64(text) {
+            return Ok(Number::U64(n));
         }
         // Rare: negative, fractional, or past u64. serde_json says whether it is in range.
         serde_json::from_slice::<serde_json::Number>(text)
             .map(|_| Number::Other)
             .map_err(|_| Malformed)
+    }
+
+    /// Reads a number (the next value must be one) as serde_json parses it.
+    fn number_value(&mut self) -> Read<serde_json::Number> {
+        let text = self.number_text()?;
+        match plain_u64(text) {
+            Some(n) => Ok(n.into()),
+            None => serde_json::from_slice(text).map_err(|_| Malformed),
+        }
+    }
+
+    /// Passes over a number (the next value must be one): its text.
+    fn number_text(&mut self) -> Read<&'a [u8]> {
+        self.peek()?;
+        let start = self.at;
+        self.pass_number()?;
+        let bytes = self.bytes;
+        Ok(&bytes[start..self.at])
+    }
+
+    /// Reads the next value whole, as `serde_json::from_str::<Value>` reads it: each object's
+    /// members in the order written, a key written twice kept where it first came with its
+    /// last value. (serde_json's own reading also takes an object whose first key is its
+    /// private raw-value marker for the JSON text in its value; Python, and so this, does not.)
+    pub(crate) fn value(&mut self) -> Read<Value> {
+        Ok(match self.kind()? {
+            Kind::Object => {
+                let mut map = Map::new();
+                self.object(|scan, key| {
+                    let key = std::str::from_utf8(key).map_err(|_| Malformed)?;
+                    let value = scan.value()?;
+                    map.insert(key.to_owned(), value);
+                    Ok(())
+                })?;
+                Value::Object(map)
+            }
+            Kind::Array => {
+                let mut items = Vec::new();
+                self.array(|scan| scan.value().map(|v| items.push(v)))?;
+                Value::Array(items)
+            }
+            Kind::String => Value::String(self.string()?.into_owned()),
+            Kind::Number => Value::Number(self.number_value()?),
+            Kind::Literal => {
+                let first = self.bytes[self.at];
+                self.literal()?;
+                match first {
+                    b't' => Value::Bool(true),
+                    b'f' => Value::Bool(false),
+                    _ => Value::Null,
+                }
+            }
+        })
     }
 
     /// Reads the next value with `read` when it is of `kind`, and any other value as
@@ -532,6 +669,20 @@ mod tests {
         serde_json::from_slice::<IgnoredAny>(json).is_ok()
     }
 
+    /// The bytes that end a run of a string's plain bytes, by definition: its quote, a
+    /// backslash, and the control characters it may not hold.
+    static STOP: [bool; 256] = {
+        let mut stop = [false; 256];
+        let mut b = 0;
+        while b < 0x20 {
+            stop[b] = true;
+            b += 1;
+        }
+        stop[b'"' as usize] = true;
+        stop[b'\\' as usize] = true;
+        stop
+    };
+
     fn passes(json: &[u8]) -> bool {
         let mut scan = Scan::new(json);
         scan.pass().and_then(|()| scan.end()).is_ok()
@@ -542,14 +693,156 @@ mod tests {
         fn a_plain_run_ends_at_the_first_quote_backslash_or_control_character(
             bytes in proptest::collection::vec(
                 proptest::prop_oneof![
-                    8 => proptest::num::u8::ANY,
+                    // Runs longer than a block, and stops anywhere in one.
+                    60 => 0x20u8..=0xff,
+                    1 => proptest::num::u8::ANY,
                     1 => proptest::sample::select(vec![b'"', b'\\', 0x1f, 0x20, 0x7f, 0x80]),
                 ],
-                0..40,
+                0..300,
             ),
         ) {
             let by_definition = bytes.iter().position(|&b| STOP[usize::from(b)]);
             proptest::prop_assert_eq!(plain_run(&bytes), by_definition.unwrap_or(bytes.len()));
+        }
+    }
+
+    /// Any JSON value (strings of any chars, numbers of every kind serde_json writes), nested a
+    /// few levels.
+    fn any_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let text = || proptest::collection::vec(any::<char>(), 0..12).prop_map(String::from_iter);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec((text(), inner), 0..6)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `value` written as clients write JSON, each choice taken from `choices` in turn: any
+    /// char of a string or key raw or as a `\u` escape (a surrogate pair past the BMP), the short
+    /// escapes and `\/`, whitespace of each kind between tokens; a key may come twice.
+    fn written(value: &Value, choices: &mut impl Iterator<Item = u8>, out: &mut String) {
+        let space = |choices: &mut dyn Iterator<Item = u8>, out: &mut String| {
+            let pick = choices.next().unwrap_or(0);
+            out.push_str(
+                [" ", "\n", "\t", "\r", " \n  "]
+                    .get(usize::from(pick))
+                    .unwrap_or(&""),
+            );
+        };
+        let string = |s: &str, choices: &mut dyn Iterator<Item = u8>, out: &mut String| {
+            out.push('"');
+            for c in s.chars() {
+                let escaped = choices.next().unwrap_or(0) % 3 == 0;
+                match c {
+                    '"' => out.push_str("\\\""),
+                    '\\' => out.push_str("\\\\"),
+                    '\n' if escaped => out.push_str("\\n"),
+                    '/' if escaped => out.push_str("\\/"),
+                    c if (c as u32) < 0x20 || escaped => {
+                        let mut units = [0u16; 2];
+                        for unit in c.encode_utf16(&mut units) {
+                            out.push_str(&format!("\\u{unit:04x}"));
+                        }
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        };
+        space(choices, out);
+        match value {
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    written(item, choices, out);
+                }
+                space(choices, out);
+                out.push(']');
+            }
+            Value::Object(members) => {
+                out.push('{');
+                for (i, (key, item)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    // A key sent twice: first with another value, which the second replaces.
+                    if choices.next().unwrap_or(1) == 0 {
+                        string(key, choices, out);
+                        out.push_str(":0,");
+                    }
+                    space(choices, out);
+                    string(key, choices, out);
+                    space(choices, out);
+                    out.push(':');
+                    written(item, choices, out);
+                }
+                space(choices, out);
+                out.push('}');
+            }
+            Value::String(s) => string(s, choices, out),
+            other => out.push_str(&other.to_string()),
+        }
+        space(choices, out);
+    }
+
+    /// `text` read whole as a value, by [`Scan::value`] and by serde_json.
+    fn both_read(text: &str) -> (Option<Value>, Option<Value>) {
+        let mut scan = Scan::text(text);
+        let ours = scan.value().and_then(|v| scan.end().map(|()| v)).ok();
+        (ours, serde_json::from_str::<Value>(text).ok())
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_value_reads_as_serde_json_reads_it(
+            value in any_value(),
+            choices in proptest::collection::vec(0u8..8, 0..400),
+        ) {
+            let mut text = String::new();
+            written(&value, &mut choices.into_iter().cycle(), &mut text);
+            let (ours, serde) = both_read(&text);
+            proptest::prop_assert!(ours.is_some(), "{}", text);
+            // Equal, with every object's members in the same order.
+            proptest::prop_assert_eq!(ours.as_ref().map(Value::to_string), serde.as_ref().map(Value::to_string));
+            proptest::prop_assert_eq!(ours.as_ref(), Some(&value));
+        }
+
+        #[test]
+        fn a_changed_text_is_read_or_refused_as_serde_json_reads_or_refuses_it(
+            value in any_value(),
+            at in proptest::num::usize::ANY,
+            byte in proptest::sample::select(b"{}[],:\"\\ 0-.eE+tfnu1\x01\x7f".to_vec()),
+            how in 0u8..3,
+        ) {
+            let mut chars: Vec<char> = value.to_string().chars().collect();
+            let (at, byte) = (at % (chars.len() + 1), char::from(byte));
+            match how {
+                0 => chars.insert(at, byte),
+                1 if at < chars.len() => chars[at] = byte,
+                _ if at < chars.len() => {
+                    chars.remove(at);
+                }
+                _ => chars.push(byte),
+            }
+            let text = String::from_iter(chars);
+            let (ours, serde) = both_read(&text);
+            proptest::prop_assert_eq!(ours, serde, "{}", text);
         }
     }
 
@@ -617,12 +910,19 @@ mod tests {
             r#""\ud800""#,
             r#""\udc00x""#,
             "\"\u{e9}\"",
+            r#""\ud800\u0041""#,
+            r#""\ud800\n""#,
+            r#""\ud800x""#,
+            r#""\udbff\udfff\u0000\b\f\r\t\/""#,
+            "\"\u{e9}\\u00e9\u{1f600}\\n\u{1f600}\"",
+            r#""\\\\\"""#,
         ] {
             let ours = Scan::new(json.as_bytes()).string().ok();
             let serde = serde_json::from_str::<String>(json).ok();
             assert_eq!(ours.as_deref(), serde.as_deref(), "{json}");
         }
         assert!(Scan::new(b"\"\xff\"").string().is_err());
+        assert!(Scan::new(b"\"\\n\xff\"").string().is_err());
         for (json, read) in [
             ("0", Ok(Number::U64(0))),
             ("18446744073709551615", Ok(Number::U64(u64::MAX))),
