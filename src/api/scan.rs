@@ -38,16 +38,24 @@ fn stops(b: u8) -> bool {
 /// "Long prompts read in one pass", counts what that saves on a 64 KB prompt).
 const BLOCK: usize = 64;
 
+/// How many bytes [`plain_run`] tests a word at a time before it takes blocks: most strings are
+/// a key or a stream event's piece of text, and end within them.
+const HEAD: usize = 16;
+
 /// The length of `bytes`' run of a string's plain bytes: up to its first byte that [`stops`] it,
-/// or all of it. A block at a time (the block that holds a stop is searched for it), then what
-/// is left of the run eight bytes at a time: most strings of a stream's events are shorter than
-/// a block.
+/// or all of it. Its first [`HEAD`] bytes eight at a time, then a block at a time (the block
+/// that holds a stop is searched for it), then what is left eight at a time.
 fn plain_run(bytes: &[u8]) -> usize {
-    let blocks = bytes.chunks_exact(BLOCK);
+    let head = bytes.len().min(HEAD);
+    let run = plain_words(&bytes[..head]);
+    if run < head {
+        return run;
+    }
+    let blocks = bytes[head..].chunks_exact(BLOCK);
     let rest = blocks.remainder();
     for (i, block) in blocks.enumerate() {
         if block.iter().fold(false, |any, &b| any | stops(b)) {
-            return i * BLOCK + plain_words(block);
+            return head + i * BLOCK + plain_words(block);
         }
     }
     bytes.len() - rest.len() + plain_words(rest)
@@ -147,6 +155,13 @@ pub(crate) enum Kind {
     String,
     Number,
     Literal,
+}
+
+/// A string's body as read: where it lies between its quotes when it has no escapes, else its
+/// text decoded.
+enum Body {
+    Plain(std::ops::Range<usize>),
+    Decoded(String),
 }
 
 /// A cursor over one JSON text.
@@ -271,8 +286,17 @@ impl<'a> Scan<'a> {
             self.eat(b'"')?;
             let key = self.string_body()?;
             self.eat(b':')?;
-            self.key_escaped = matches!(key, Cow::Owned(_));
-            field(self, key.as_bytes())?;
+            self.key_escaped = matches!(key, Body::Decoded(_));
+            match key {
+                Body::Plain(range) => {
+                    let raw = &self.bytes[range];
+                    if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
+                        return Err(Malformed);
+                    }
+                    field(self, raw)?;
+                }
+                Body::Decoded(key) => field(self, key.as_bytes())?,
+            }
             match self.peek()? {
                 b',' => self.at += 1,
                 b'}' => {
@@ -320,14 +344,24 @@ impl<'a> Scan<'a> {
     /// Reads a string (the next value must be one), decoded: borrowed when it has no escapes.
     pub(crate) fn string(&mut self) -> Read<Cow<'a, str>> {
         self.eat(b'"')?;
-        self.string_body()
+        let body = self.string_body()?;
+        self.text_of(body)
     }
 
     /// Reads the rest of a string whose body starts at `at` (just after its opening quote),
     /// through its closing quote, as [`Scan::string`] reads the whole string.
     pub(crate) fn string_from(&mut self, at: usize) -> Read<Cow<'a, str>> {
         self.at = at;
-        self.string_body()
+        let body = self.string_body()?;
+        self.text_of(body)
+    }
+
+    /// A string's text, as read.
+    fn text_of(&self, body: Body) -> Read<Cow<'a, str>> {
+        match body {
+            Body::Plain(range) => self.cut(range).map(Cow::Borrowed),
+            Body::Decoded(text) => Ok(Cow::Owned(text)),
+        }
     }
 
     /// Where the cursor is: the next byte to read.
@@ -336,10 +370,10 @@ impl<'a> Scan<'a> {
     }
 
     /// Reads a string's bytes after its opening quote, through its closing one, decoded as
-    /// serde_json decodes a string: borrowed when it has no escapes, else each escape decoded
-    /// ([`unescape`]) after the plain bytes before it, which are copied, not read one by one
-    /// (prompts are written with their newlines and quotes escaped).
-    fn string_body(&mut self) -> Read<Cow<'a, str>> {
+    /// serde_json decodes a string: where it lies when it has no escapes, else each escape
+    /// decoded ([`unescape`]) after the plain bytes before it, which are copied, not read one by
+    /// one (prompts are written with their newlines and quotes escaped).
+    fn string_body(&mut self) -> Read<Body> {
         let bytes = self.bytes;
         let body = self.at;
         let mut decoded = String::new();
@@ -352,10 +386,10 @@ impl<'a> Scan<'a> {
             }
             self.at += stop + 1;
             match rest[stop] {
-                b'"' if piece == body => return self.cut(body..self.at - 1).map(Cow::Borrowed),
+                b'"' if piece == body => return Ok(Body::Plain(body..self.at - 1)),
                 b'"' => {
                     decoded.push_str(self.cut(piece..self.at - 1)?);
-                    return Ok(Cow::Owned(decoded));
+                    return Ok(Body::Decoded(decoded));
                 }
                 b'\\' => {
                     decoded.push_str(self.cut(piece..self.at - 1)?);
