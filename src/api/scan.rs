@@ -38,24 +38,16 @@ fn stops(b: u8) -> bool {
 /// "Long prompts read in one pass", counts what that saves on a 64 KB prompt).
 const BLOCK: usize = 64;
 
-/// How many bytes [`plain_run`] tests a word at a time before it takes blocks: most strings are
-/// a key or a stream event's piece of text, and end within them.
-const HEAD: usize = 16;
-
 /// The length of `bytes`' run of a string's plain bytes: up to its first byte that [`stops`] it,
-/// or all of it. Its first [`HEAD`] bytes eight at a time, then a block at a time (the block
-/// that holds a stop is searched for it), then what is left eight at a time.
+/// or all of it. A block at a time (the block that holds a stop is searched for it), then what
+/// is left of the run eight bytes at a time: most strings of a stream's events are shorter than
+/// a block.
 fn plain_run(bytes: &[u8]) -> usize {
-    let head = bytes.len().min(HEAD);
-    let run = plain_words(&bytes[..head]);
-    if run < head {
-        return run;
-    }
-    let blocks = bytes[head..].chunks_exact(BLOCK);
+    let blocks = bytes.chunks_exact(BLOCK);
     let rest = blocks.remainder();
     for (i, block) in blocks.enumerate() {
         if block.iter().fold(false, |any, &b| any | stops(b)) {
-            return head + i * BLOCK + plain_words(block);
+            return i * BLOCK + plain_words(block);
         }
     }
     bytes.len() - rest.len() + plain_words(rest)
