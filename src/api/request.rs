@@ -269,7 +269,7 @@ pub fn read_json_body(bytes: Bytes) -> Result<JsonBody, Refusal> {
 }
 
 /// Parses raw bytes as a JSON object, with clear messages for non-UTF-8, non-JSON and
-/// non-object bodies (serde_json also bounds nesting depth at 128). NaN, infinities, integers
+/// non-object bodies (nesting bounded at serde_json's depth of 128). NaN, infinities, integers
 /// past 64 bits and `-0` are read as Python's json reads them ([`pyjson`]).
 pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, Refusal> {
     parse_body(bytes).map(|(map, _)| map)
@@ -859,7 +859,7 @@ mod tests {
 
         /// The members found where the body's reading left them are those a second reading
         /// finds, whatever whitespace, repeats and nesting the body has; the layout knows them
-        /// exactly when no top-level key has escapes and serde_json read the body.
+        /// exactly when no top-level key has escapes and the one-pass reading read the body.
         #[test]
         fn a_layout_finds_the_members_a_second_reading_finds(
             members in prop::collection::vec(
