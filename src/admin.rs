@@ -303,6 +303,12 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 Runner::Generate => json!(gw.feedback.observed.observed(i)),
                 Runner::Pooling => serde_json::Value::Null,
             };
+            // The vLLM it runs, as declared or learned from its engine (generating backends).
+            let vllm_version = match runner {
+                Runner::Generate => (gw.counter.settings.versions.in_force(i))
+                    .map(|(v, source)| json!({"version": v.to_string(), "source": source})),
+                Runner::Pooling => None,
+            };
             backends.push(json!({
                 "url": u.url,
                 "runner": runner.as_str(),
@@ -320,12 +326,16 @@ fn backends_json(gw: &Gateway) -> serde_json::Value {
                 // Waiting for the backends of its runner.
                 "queued": lane_snap.queued,
                 "derived": cfg.derived,
+                "vllm_version": vllm_version,
                 "observed": observed,
             }));
         }
     }
     let mut out = json!({
         "backends": backends,
+        // Whether every generating backend runs a vLLM that serves an output limit past the
+        // context with what the context leaves (and so the gateway reserves and forwards that).
+        "clamps_output_to_context": gw.counter.settings.versions.clamps_output_to_context(),
         "queued": snap.queued,
         "queued_by_tenant": snap.queued_by_tenant,
         "queued_by_class": snap.queued_by_class,

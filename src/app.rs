@@ -148,8 +148,6 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         )?),
     };
     let admission = admit_on(&config, Runner::Generate, queue, &metrics.limiter_store)?;
-    // Feedback reads generation engines (validation refuses it on a pooling backend).
-    let feedback = crate::feedback::spawn(&watched(&config), &admission, &metrics.feedback);
     let usage_log = match &config.usage_log {
         Some(log) => {
             let anchor = WallAnchor {
@@ -189,6 +187,14 @@ pub async fn build(config: ValidConfig, deps: Deps) -> anyhow::Result<Arc<Gatewa
         Some(kv),
     );
     let counter = Arc::new(counter.await?);
+    // Feedback reads generation engines (validation refuses it on a pooling backend), and
+    // learns their versions for the counter.
+    let feedback = crate::feedback::spawn(
+        &watched(&config),
+        &admission,
+        &counter.settings.versions,
+        &metrics.feedback,
+    );
     let chat = counter.chat.clone();
     let settings = ForwardSettings::of(&config);
     let backends = Arc::new(Backends {

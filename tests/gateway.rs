@@ -1841,6 +1841,9 @@ async fn admin_and_metrics_show_the_contract() {
     assert_eq!(b["backends"][0]["kv_capacity_bytes"], 8_000_000_000u64);
     assert_eq!(b["backends"][0]["max_batch"], 32);
     assert_eq!(b["backends"][0]["inflight"], 0);
+    // No vLLM version declared, and no engine read to learn one from: refused past the context.
+    assert_eq!(b["backends"][0]["vllm_version"], serde_json::Value::Null);
+    assert_eq!(b["clamps_output_to_context"], false);
     assert_eq!(gw.admin("/healthz").await["status"], "ok");
     assert_eq!(gw.admin("/readyz").await["status"], "ready");
     let m = gw.metrics().await;

@@ -4,13 +4,20 @@
 //! `max_model_len` (a 400); vLLM 0.32 takes `max_tokens` as an upper bound and generates at most
 //! `min(max_tokens, max_model_len - prompt)` (`get_max_tokens` in
 //! `vllm/entrypoints/serve/utils/api_utils.py`). The gateway does what the backends do: it
-//! clamps, reserves and forwards the clamped limit only when every generating backend declares a
+//! clamps, reserves and forwards the clamped limit only when every generating backend runs a
 //! version that clamps (a request may go to any of them), and refuses as before otherwise.
+//!
+//! A backend's version is the one its `vllm_version` declares or, when it declares none, the
+//! one its engine says (`GET /version`), asked by the backend's scrape loop
+//! ([`crate::feedback`]) when it first reads a vLLM engine and again after a scrape that failed
+//! (the engine may have been restarted as another version): [`EngineVersions`].
 
 use super::{Runner, ValidConfig};
 use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// A vLLM version as `vllm --version` prints it: `MAJOR.MINOR[.PATCH]`, anything after the
 /// numbers (`0.32.0rc1`, `0.32.0+cpu`, `.dev12`) ignored.
@@ -79,21 +86,122 @@ impl<'de> Deserialize<'de> for VllmVersion {
     }
 }
 
-impl ValidConfig {
+/// Which vLLM each generating backend runs (config order): the version it declares or, when
+/// it declares none, the one learned from its engine; and so whether a generation's output
+/// limit past the context is clamped to it, which it is only when every one of them clamps.
+#[derive(Debug)]
+pub struct EngineVersions {
+    declared: Box<[Option<VllmVersion>]>,
+    /// Each backend's learned version; held while [`Self::clamps`] is set from them, so two
+    /// scrape loops learning at once leave it as the last one found.
+    learned: Mutex<Box<[Option<VllmVersion>]>>,
+    clamps: AtomicBool,
+}
+
+impl EngineVersions {
+    /// The generating backends of `config`, as declared; none learned yet.
+    pub fn of(config: &ValidConfig) -> Self {
+        Self::declared((config.running(Runner::Generate)).map(|(b, _)| b.vllm_version))
+    }
+
+    /// Backends that declare these versions (`None`: to be learned), in order.
+    pub fn declared(versions: impl IntoIterator<Item = Option<VllmVersion>>) -> Self {
+        let declared: Box<[_]> = versions.into_iter().collect();
+        let learned = vec![None; declared.len()].into_boxed_slice();
+        let clamps = AtomicBool::new(Self::all_clamp(&declared, &learned));
+        Self {
+            declared,
+            learned: Mutex::new(learned),
+            clamps,
+        }
+    }
+
     /// Whether a generation whose output limit passes the context is served with the limit
     /// clamped to what the context leaves (vLLM 0.32's behaviour): only when every generating
-    /// backend declares a `vllm_version` that does so.
+    /// backend runs a vLLM that does so.
     pub fn clamps_output_to_context(&self) -> bool {
-        (self.running(Runner::Generate)).all(|(b, _)| {
-            b.vllm_version
-                .is_some_and(VllmVersion::clamps_output_to_context)
-        })
+        self.clamps.load(Ordering::Relaxed)
+    }
+
+    /// Backend `index`'s engine said it runs `version` (`None`: it said nothing a version
+    /// reads from). Returns whether that changed what [`Self::clamps_output_to_context`] says.
+    pub fn learned(&self, index: usize, version: Option<VllmVersion>) -> bool {
+        let mut learned = self.learned.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = learned.get_mut(index) else {
+            return false;
+        };
+        *slot = version;
+        let clamps = Self::all_clamp(&self.declared, &learned);
+        clamps != self.clamps.swap(clamps, Ordering::Relaxed)
+    }
+
+    /// Backend `index`'s version in force and where it comes from: `declared` or `learned`.
+    pub fn in_force(&self, index: usize) -> Option<(VllmVersion, &'static str)> {
+        match self.declared.get(index)? {
+            Some(v) => Some((*v, "declared")),
+            None => self.learned.lock().unwrap_or_else(PoisonError::into_inner)[index]
+                .map(|v| (v, "learned")),
+        }
+    }
+
+    /// Whether every backend's version in force (the declared one, else the learned one)
+    /// clamps.
+    fn all_clamp(declared: &[Option<VllmVersion>], learned: &[Option<VllmVersion>]) -> bool {
+        (declared.iter().zip(learned))
+            .all(|(d, l)| d.or(*l).is_some_and(VllmVersion::clamps_output_to_context))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::VllmVersion;
+    use super::{EngineVersions, VllmVersion};
+    use crate::config::Config;
+
+    /// Two generating backends and a pooling one, each with `extra` lines.
+    fn versions(first: &str, second: &str, pooling: &str) -> EngineVersions {
+        let backend = |url: &str, extra: &str| {
+            format!("[[backends]]\nurl = \"{url}\"\nkv_capacity_bytes = 1000000\nmax_batch = 4\n{extra}\n")
+        };
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n[tokenizer]\npath = \"unused\"\n\
+             [model]\nserved_names = [\"m\"]\nmax_model_len = 4096\ndefault_max_tokens = 16\n{}{}{}\
+             [[tenants]]\nname = \"a\"\napi_keys = [\"sk-a\"]\nprefill_tokens_per_second = 10\n\
+             decode_tokens_per_second = 10\nrequests_per_second = 1\nburst_seconds = 10\n",
+            backend("http://127.0.0.1:1", first),
+            backend("http://127.0.0.1:2", second),
+            backend("http://127.0.0.1:3", &format!("runner = \"pooling\"\n{pooling}")),
+        );
+        EngineVersions::of(&Config::parse(&text).expect("valid"))
+    }
+
+    #[test]
+    fn the_output_is_clamped_only_once_every_generating_backend_runs_a_vllm_that_clamps() {
+        let v = |t: &str| VllmVersion::parse(t);
+        // Declared on both: decided at once, and what an engine says does not change it.
+        let both = versions("vllm_version = \"0.32.0\"", "vllm_version = \"0.33\"", "");
+        assert!(both.clamps_output_to_context());
+        assert!(!both.learned(1, v("0.20.0")));
+        assert!(both.clamps_output_to_context());
+        assert_eq!(both.in_force(1), Some((v("0.33").unwrap(), "declared")));
+        // One declared, one learned: clamped from when the second says 0.32, not before, and
+        // no more once it says an older version or nothing (the pooling backend has no say).
+        let one = versions("vllm_version = \"0.32.0\"", "", "vllm_version = \"0.20.0\"");
+        assert!(!one.clamps_output_to_context());
+        assert_eq!(one.in_force(1), None);
+        assert!(one.learned(1, v("0.32.0+cpu")));
+        assert!(one.clamps_output_to_context());
+        assert_eq!(one.in_force(1), Some((v("0.32.0").unwrap(), "learned")));
+        assert!(!one.learned(1, v("0.32.1")));
+        assert!(one.learned(1, v("0.31.2")));
+        assert!(!one.clamps_output_to_context());
+        assert!(one.learned(1, v("0.32.0")) && one.learned(1, None));
+        assert!(!one.clamps_output_to_context());
+        // Declared older than 0.32: an engine saying otherwise is not believed over it.
+        let old = versions("vllm_version = \"0.31.0\"", "", "");
+        assert!(!old.learned(0, v("0.32.0")) && !old.learned(1, v("0.32.0")));
+        assert!(!old.clamps_output_to_context());
+        assert!(!old.learned(7, v("0.32.0")));
+    }
 
     #[test]
     fn versions_read_as_vllm_prints_them() {

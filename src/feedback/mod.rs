@@ -16,6 +16,7 @@ pub mod parse;
 pub mod pressure;
 
 use crate::admission::{Admission, BackendSnapshot};
+use crate::config::engine::{EngineVersions, VllmVersion};
 use crate::metrics::{BackendLabel, FeedbackMetrics, KvMismatchLabels, ScrapeFailureLabels};
 use crate::util::get::{fetch, HttpClient};
 use engine::{CacheInfo, Difference, EngineKv, EngineLimits, HandSet};
@@ -170,6 +171,8 @@ pub struct Observed {
     /// Where the geometry in force (set by hand, or the context length) differs from the
     /// engine's.
     pub kv_differences: Vec<Difference>,
+    /// The version the engine says it runs (`GET /version`, a vLLM engine only), as it says it.
+    pub engine_version: Option<String>,
 }
 
 /// Every backend's latest observation (index = backend; `None` where feedback is off).
@@ -361,6 +364,9 @@ impl Watched {
 /// Readings that ask for an engine's batch cap before it is taken as not said.
 const BATCH_CAP_TRIES: u32 = 12;
 
+/// The most of a `/version` answer read (vLLM's is about 30 bytes).
+const VERSION_BYTES: u64 = 4096;
+
 /// One backend's scrape loop.
 struct Scraper {
     index: usize,
@@ -373,6 +379,9 @@ struct Scraper {
     learned_from: Option<(CacheInfo, u64)>,
     /// Readings so far that learned all but the engine's batch cap.
     batch_cap_tries: u32,
+    /// Whether the engine's version was learned since its last failed scrape.
+    version_learned: bool,
+    versions: Arc<EngineVersions>,
     admission: Admission,
     feedback: Arc<Observations>,
     metrics: Arc<FeedbackMetrics>,
@@ -396,8 +405,13 @@ impl Scraper {
             .await
             .map_err(ScrapeError::Fetch)
             .and_then(|text| Ok(parse::parse(&text)?));
-            if let Ok(reading) = &got {
-                self.learn(&client, reading).await;
+            match &got {
+                Ok(reading) => {
+                    self.learn(&client, reading).await;
+                    self.learn_version(&client, reading).await;
+                }
+                // The engine may come back as another version.
+                Err(_) => self.version_learned = false,
             }
             self.take(got);
         }
@@ -467,6 +481,52 @@ impl Scraper {
             o.engine_kv_error = None;
             o.kv_differences = differences;
         });
+    }
+
+    /// Asks a vLLM engine (its metrics say its cache configuration) which version it runs,
+    /// once, and again after a scrape that failed: the backend then clamps an output limit past
+    /// the context as that version does ([`EngineVersions`]), unless it declares its own. An
+    /// engine that does not answer is asked again at the next scrape.
+    async fn learn_version(&mut self, client: &HttpClient, reading: &BackendReading) {
+        if self.version_learned || reading.cache.is_none() {
+            return;
+        }
+        let url = format!("{}/version", self.backend_url.trim_end_matches('/'));
+        let Ok(uri) = url.parse::<http::Uri>() else {
+            return;
+        };
+        let said = match fetch(client, &uri, self.cfg.timeout, VERSION_BYTES, None).await {
+            Ok(text) => engine::version(&text),
+            Err(e) => {
+                tracing::debug!(backend = %self.backend_url, error = %e, "GET /version failed");
+                return;
+            }
+        };
+        self.version_learned = true;
+        let version = said.as_deref().and_then(VllmVersion::parse);
+        let changed = self.versions.learned(self.index, version);
+        let clamps = self.versions.clamps_output_to_context();
+        match (&said, version) {
+            (Some(said), Some(_)) => {
+                tracing::info!(backend = %self.backend_url, version = %said, clamps_output_to_context = clamps,
+                    "engine runs vLLM {said}")
+            }
+            _ => tracing::warn!(backend = %self.backend_url, said = ?said,
+                "the engine's /version names no vLLM version: an output limit past the context is refused, as vLLM before 0.32 does (set backends[].vllm_version to say otherwise)"),
+        }
+        if changed {
+            tracing::info!(
+                clamps_output_to_context = clamps,
+                "a generation whose output limit passes the context is now {}",
+                if clamps {
+                    "served with the limit clamped to what the context leaves"
+                } else {
+                    "refused"
+                }
+            );
+        }
+        self.feedback
+            .update(self.index, |o| o.engine_version = said);
     }
 
     /// The engine's geometry could not be learned: said once per reason, in the log and in
@@ -611,6 +671,7 @@ impl Drop for Scrapers {
 pub fn spawn(
     backends: &[Watched],
     admission: &Admission,
+    versions: &Arc<EngineVersions>,
     metrics: &Arc<FeedbackMetrics>,
 ) -> Scrapers {
     let feedback = Arc::new(Observations {
@@ -639,6 +700,8 @@ pub fn spawn(
                 kv: b.kv,
                 learned_from: None,
                 batch_cap_tries: 0,
+                version_learned: false,
+                versions: versions.clone(),
                 admission: admission.clone(),
                 feedback: feedback.clone(),
                 metrics: metrics.clone(),

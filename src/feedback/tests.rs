@@ -110,6 +110,8 @@ fn scraper(cfg: FeedbackConfig) -> (Scraper, Admission, Arc<Metrics>) {
         kv: KvWatch::Check(HAND),
         learned_from: None,
         batch_cap_tries: 0,
+        version_learned: false,
+        versions: unlearned(),
         admission: admission.clone(),
         feedback: observed,
         metrics: metrics.feedback.clone(),
@@ -311,7 +313,7 @@ async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on
         feedback: cfg,
         kv: KvWatch::Check(HAND),
     };
-    let scrapers = spawn(&[watched], &admission, &metrics.feedback);
+    let scrapers = spawn(&[watched], &admission, &unlearned(), &metrics.feedback);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let seen = loop {
         let seen = scrapers.observed.observed(0).expect("feedback on");
@@ -342,27 +344,50 @@ async fn a_scrape_that_is_not_prometheus_text_is_counted_and_the_scraper_goes_on
     )));
 }
 
+/// A scrape's answer in [`fake_engine`]'s list that is a 503: the engine is down.
+const DOWN: &str = "down";
+
 /// A vLLM engine's answers by path: its metrics (the `k`-th scrape gets `metrics[k]`, the last
-/// one after), `/v1/models` and, when `max_num_seqs` is given, `/server_info`.
-async fn fake_engine(metrics: Vec<String>, max_num_seqs: Option<u32>) -> (String, JoinHandle<()>) {
+/// one after; [`DOWN`] a 503), `/v1/models`, `/version` (the `k`-th ask gets `versions[k]`, the
+/// last one after; a 404 without any) and, when `max_num_seqs` is given, `/server_info`.
+async fn fake_engine(
+    metrics: Vec<String>,
+    versions: &[&'static str],
+    max_num_seqs: Option<u32>,
+) -> (String, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let versions = versions.to_vec();
     let task = tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
                 return;
             };
             let (metrics, scrapes) = (metrics.clone(), scrapes.clone());
+            let (versions, asked) = (versions.clone(), asked.clone());
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
                 let n = stream.read(&mut buf).await.unwrap_or(0);
                 let head = String::from_utf8_lossy(&buf[..n]);
                 let path = head.split_whitespace().nth(1).unwrap_or("");
+                let not_found =
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
                 let answer = match path {
                     "/metrics" => {
                         let k = scrapes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        ok(&metrics[k.min(metrics.len() - 1)])
+                        match &metrics[k.min(metrics.len() - 1)] {
+                            m if m == DOWN => "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string(),
+                            m => ok(m),
+                        }
+                    }
+                    "/version" if !versions.is_empty() => {
+                        let k = asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        ok(&format!(
+                            r#"{{"version":"{}"}}"#,
+                            versions[k.min(versions.len() - 1)]
+                        ))
                     }
                     "/v1/models" => ok(
                         r#"{"object":"list","data":[{"id":"qwen3.5-27b","max_model_len":4096}]}"#,
@@ -371,8 +396,7 @@ async fn fake_engine(metrics: Vec<String>, max_num_seqs: Option<u32>) -> (String
                         r#"{{"vllm_config":{{"scheduler_config":{{"max_num_seqs":{}}}}}}}"#,
                         max_num_seqs.unwrap_or(0)
                     )),
-                    _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                        .to_string(),
+                    _ => not_found.to_string(),
                 };
                 let _ = stream.write_all(answer.as_bytes()).await;
             });
@@ -404,6 +428,11 @@ async fn observed_until(scrapers: &Scrapers, done: impl Fn(&Observed) -> bool) -
     }
 }
 
+/// One backend that declares no vLLM version.
+fn unlearned() -> Arc<EngineVersions> {
+    Arc::new(EngineVersions::declared([None]))
+}
+
 fn engine_admission() -> Admission {
     Admission::new(
         vec![BackendSpec {
@@ -425,7 +454,7 @@ async fn an_engine_backend_learns_its_pages_and_relearns_them_when_the_engine_re
     // The engine restarts with 128 pages after three readings of 64.
     let mut readings = vec![cache_config(64); 3];
     readings.push(cache_config(128));
-    let (base, _server) = fake_engine(readings, Some(16)).await;
+    let (base, _server) = fake_engine(readings, &[], Some(16)).await;
     let admission = engine_admission();
     let metrics = Arc::new(Metrics::new());
     let watched = Watched {
@@ -440,7 +469,7 @@ async fn an_engine_backend_learns_its_pages_and_relearns_them_when_the_engine_re
             max_model_len: 8192,
         },
     };
-    let scrapers = spawn(&[watched], &admission, &metrics.feedback);
+    let scrapers = spawn(&[watched], &admission, &unlearned(), &metrics.feedback);
     let seen = observed_until(&scrapers, |o| o.engine_kv.is_some()).await;
     let kv = seen.engine_kv.expect("learned");
     assert_eq!(
@@ -481,7 +510,7 @@ async fn an_engine_backend_learns_its_pages_and_relearns_them_when_the_engine_re
 #[tokio::test]
 async fn an_engine_that_cannot_be_read_is_said_so_and_admits_nothing() {
     // A MindIE scrape: no cache configuration to learn from.
-    let (base, _server) = fake_engine(vec![mindie_text(0, 0)], None).await;
+    let (base, _server) = fake_engine(vec![mindie_text(0, 0)], &["0.32.0"], None).await;
     let admission = engine_admission();
     let watched = Watched {
         url: base,
@@ -495,7 +524,7 @@ async fn an_engine_that_cannot_be_read_is_said_so_and_admits_nothing() {
             max_model_len: 4096,
         },
     };
-    let scrapers = spawn(&[watched], &admission, &Arc::default());
+    let scrapers = spawn(&[watched], &admission, &unlearned(), &Arc::default());
     let seen = observed_until(&scrapers, |o| o.engine_kv_error.is_some()).await;
     assert_eq!(
         seen.engine_kv_error.as_deref(),
@@ -504,11 +533,14 @@ async fn an_engine_that_cannot_be_read_is_said_so_and_admits_nothing() {
     assert_eq!(seen.engine_kv, None);
     let snap = &admission.snapshot().backends[0];
     assert_eq!((snap.kv_capacity_bytes, snap.max_batch), (0, 0));
+    // Not a vLLM: its /version is not asked (each scrape is taken after that would be).
+    let seen = observed_until(&scrapers, |o| o.scrapes >= 2).await;
+    assert_eq!(seen.engine_version, None);
 }
 
 #[tokio::test]
 async fn a_hand_set_geometry_is_checked_against_the_engines() {
-    let (base, _server) = fake_engine(vec![cache_config(64)], None).await;
+    let (base, _server) = fake_engine(vec![cache_config(64)], &[], None).await;
     let (_, admission, metrics) = scraper(FeedbackConfig::default());
     let watched = Watched {
         url: base.clone(),
@@ -527,7 +559,7 @@ async fn a_hand_set_geometry_is_checked_against_the_engines() {
             max_batch: 32,
         }),
     };
-    let scrapers = spawn(&[watched], &admission, &metrics.feedback);
+    let scrapers = spawn(&[watched], &admission, &unlearned(), &metrics.feedback);
     // Without /server_info the batch cap is asked for at most BATCH_CAP_TRIES readings.
     let seen = observed_until(&scrapers, |o| o.engine_kv.is_some()).await;
     assert_eq!(
@@ -546,4 +578,35 @@ async fn a_hand_set_geometry_is_checked_against_the_engines() {
     );
     // The configured backend's capacity is what the file says.
     assert_eq!(admission.snapshot().backends[0].kv_capacity_bytes, 1000);
+}
+
+#[tokio::test]
+async fn an_engine_says_its_version_and_is_asked_again_once_a_scrape_failed() {
+    // Readings of an engine at 0.31.2, a failed scrape, then readings of the engine at 0.32.0.
+    let mut readings = vec![cache_config(64); 20];
+    readings.push(DOWN.to_string());
+    readings.push(cache_config(64));
+    let (base, _server) = fake_engine(readings, &["0.31.2", "0.32.0+cpu"], None).await;
+    let versions = unlearned();
+    let watched = Watched {
+        url: base,
+        feedback: FeedbackConfig {
+            enabled: true,
+            interval: Duration::from_millis(5),
+            ..FeedbackConfig::default()
+        },
+        kv: KvWatch::Check(HAND),
+    };
+    let (_, admission, metrics) = scraper(FeedbackConfig::default());
+    let scrapers = spawn(&[watched], &admission, &versions, &metrics.feedback);
+    let said = |v: &'static str| move |o: &Observed| o.engine_version.as_deref() == Some(v);
+    observed_until(&scrapers, said("0.31.2")).await;
+    assert!(!versions.clamps_output_to_context());
+    let seen = observed_until(&scrapers, said("0.32.0+cpu")).await;
+    assert_eq!(seen.failures, 1);
+    assert!(versions.clamps_output_to_context());
+    assert_eq!(
+        versions.in_force(0),
+        Some((VllmVersion::parse("0.32.0").expect("a version"), "learned"))
+    );
 }

@@ -23,6 +23,7 @@ use crate::api::ParseLimits;
 use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::body::{check_content_type, Bodies};
+use crate::config::engine::EngineVersions;
 use crate::config::{ModelConfig, Runner, ValidConfig};
 use crate::error::{ApiError, NotAdmitted};
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
@@ -89,9 +90,9 @@ pub struct CountSettings {
     /// The largest answer a generating backend may send (`backends[].max_response_bytes`):
     /// the log probabilities a request asks for must fit in it.
     pub max_response_bytes: u64,
-    /// Whether every generating backend clamps a request's output to what the context leaves
-    /// ([`ValidConfig::clamps_output_to_context`]).
-    pub clamps_output_to_context: bool,
+    /// Which vLLM each generating backend runs, declared or learned from its engine, and so
+    /// whether every one clamps a request's output to what the context leaves.
+    pub versions: Arc<EngineVersions>,
     /// The requests the generating backends run at once (their `max_batch`es), as TGI's
     /// `/info` says it.
     pub max_concurrent_requests: u64,
@@ -109,7 +110,7 @@ impl CountSettings {
                 .map(|b| b.max_response_bytes)
                 .max()
                 .unwrap_or(0),
-            clamps_output_to_context: config.clamps_output_to_context(),
+            versions: Arc::new(EngineVersions::of(config)),
             max_concurrent_requests: generating().map(|b| u64::from(b.max_batch())).sum(),
         }
     }
@@ -515,9 +516,10 @@ impl Counter {
 
     /// Whether `req`'s output limit is clamped to what the context leaves rather than refused
     /// past it: on the routes vLLM serves, when every generating backend is a vLLM that does so
-    /// ([`CountSettings::clamps_output_to_context`]).
+    /// ([`EngineVersions::clamps_output_to_context`]).
     fn clamps(&self, req: &GenerationRequest) -> bool {
-        !matches!(req.endpoint, Route::MindIe(_)) && self.settings.clamps_output_to_context
+        !matches!(req.endpoint, Route::MindIe(_))
+            && self.settings.versions.clamps_output_to_context()
     }
 
     /// The longest prompt `req` may have: the context minus the output asked for (the prompt
@@ -829,7 +831,7 @@ mod tests {
     }
 
     /// vLLM 0.32 answers an output limit past the context with what the context leaves; before
-    /// it, with a 400. The gateway does as the backend's declared version does.
+    /// it, with a 400. The gateway does as the backend's version does: declared, or learned.
     #[tokio::test]
     async fn an_output_limit_past_the_context_follows_the_backends_version() {
         let completions = Route::OpenAi(Endpoint::Completions);
@@ -876,6 +878,15 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!(e.1, "this model's maximum context length is 4096 tokens; the prompt is at least 3200 tokens and 900 output tokens were requested (at least 4100 in all)", "{version}");
+            // Its engine says it runs 0.32 (learned by the backend's scrape loop): clamped from
+            // then on, unless it declares an older vLLM.
+            let said = crate::config::engine::VllmVersion::parse("0.32.0+cpu");
+            assert_eq!(old.settings.versions.learned(0, said), version.is_empty());
+            let cost = reserved(&old, &alice, completions, long.clone()).await;
+            match version {
+                "" => assert_eq!(cost.map(|c| (c.prefill, c.decode)), Ok((3200, 896))),
+                _ => assert!(cost.is_err()),
+            }
         }
     }
 

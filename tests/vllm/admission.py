@@ -22,7 +22,10 @@ Asserted, from vLLM's own metrics and the phases' timings in this one run:
   state pages every sequence holds);
 - every chat was admitted by the gateway at once (its queue wait under 8 ms): the pages kept for
   the critical tenant were free whenever it asked;
-- what the gateway learned (`/admin/backends`) is the engine's page size, pages and state pages.
+- what the gateway learned (`/admin/backends`) is the engine's page size, pages and state pages,
+  and the vLLM version the engine says (`GET /version`; the config declares none);
+- a chat whose `max_tokens` is the whole context is answered 200 by vLLM 0.32 and by the gateway
+  (which, not knowing the version, would refuse it as older vLLMs do).
 
 The chat's times to first token and to its whole answer, direct and gated, are printed as ratios
 of this run, not asserted: vLLM 0.32 defers a waiting request that does not fit and takes the
@@ -40,6 +43,7 @@ import concurrent.futures
 import json
 import math
 import random
+import re
 import socket
 import statistics
 import sys
@@ -144,6 +148,37 @@ def timed(host, port, body, key):
         return status, first, time.monotonic() - started
     finally:
         s.close()
+
+
+def first_status(host, port, body, key):
+    """Streams `body` to /v1/chat/completions and returns the answer's status, closing the
+    connection at its head (the engine then stops generating)."""
+    payload = json.dumps(body).encode()
+    head = [f"POST /v1/chat/completions HTTP/1.1", f"host: {host}:{port}",
+            "content-type: application/json", f"content-length: {len(payload)}",
+            f"authorization: Bearer {key}", "connection: close"]
+    with socket.create_connection((host, port), timeout=120) as s:
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        return int(s.makefile("rb").readline().split()[1])
+
+
+def vllm_version(vllm_url):
+    """The engine's `GET /version` as the gateway reads it: MAJOR.MINOR.PATCH."""
+    said = get_json(f"{vllm_url}/version")["version"]
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", said)
+    return f"{m[1]}.{m[2]}.{m[3] or 0}"
+
+
+def learned_version(admin_port, seconds=30):
+    """What the gateway's /admin/backends says its backend runs, once it says anything (or
+    None after `seconds`): its scrape loop asks the engine right after learning its pages."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        backend = get_json(f"http://127.0.0.1:{admin_port}/admin/backends")["backends"][0]
+        if backend.get("vllm_version") is not None:
+            return backend["vllm_version"]
+        time.sleep(0.1)
+    return None
 
 
 class Sampler:
@@ -298,11 +333,21 @@ def main():
                    learned["state_pages_per_sequence"]) == (block, usable, state),
               f"the gateway learned {learned}, the engine has {block}-token pages, "
               f"{usable} usable, {state} state pages")
+        said = learned_version(admin_port)
+        check(said == {"version": vllm_version(a.vllm_url), "source": "learned"},
+              f"the gateway learned vLLM {said}, the engine says {vllm_version(a.vllm_url)}")
         t1 = time.monotonic()
         gated = phase(a.vllm_url, "127.0.0.1", port, [p for p, _ in prompts[a.floods:]],
                       chat_body, FLOOD_KEY, CHAT_KEY)
         t_gated = time.monotonic() - t1
         waits = harness.get(f"http://127.0.0.1:{admin_port}/metrics")
+        # An output limit of the whole context: vLLM 0.32 serves it with what the context
+        # leaves, and so does the gateway, having learned the version (undeclared, it refuses).
+        whole = dict(chat_body, max_tokens=max_model_len)
+        statuses = [first_status("127.0.0.1", int(a.vllm_url.rsplit(":", 1)[1]), whole, "none"),
+                    first_status("127.0.0.1", port, whole, CHAT_KEY)]
+        check(statuses == [200, 200],
+              f"max_tokens = max_model_len: vLLM answered {statuses[0]}, the gateway {statuses[1]}")
     finally:
         procs.stop_all()
 
