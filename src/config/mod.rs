@@ -13,14 +13,12 @@
 //! | `derive.rs` | what the capacity model derives (backends' sizing, tenants' rates), kept beside what the file gives |
 //! | `validate.rs` | the cross-field checks, relative paths |
 //! | `restart.rs` | which settings only a restart applies ([`Config::restart_only_changes`]) |
-//! | `engine.rs` | `backends[].vllm_version`, and the request handling that follows it |
 //! | `describe.rs` | the human summary of a config ([`describe::describe`]) |
 //! | `profile.rs` | `[profile]`, the workload profile's window |
 //! | `otel.rs` | `[otel]`, the OpenTelemetry receiver and the export's bounds (what `crate::otel` exports with) |
 
 mod derive;
 pub mod describe;
-pub mod engine;
 mod otel;
 pub mod profile;
 mod restart;
@@ -500,10 +498,12 @@ pub struct BackendConfig {
     #[serde(default)]
     pub kv: KvSource,
     /// The vLLM it runs, as `vllm --version` prints it (`"0.32.0"`): where vLLM's versions
-    /// handle a request differently, the gateway does as this one does ([`engine`]). Left out
-    /// (MindIE, the sim, a vLLM not said), the behaviour of the versions before 0.32.
+    /// handle a request differently, the gateway does as this one does
+    /// ([`crate::feedback::version`]). Left out, the version its engine says when its scrape
+    /// loop reads it; until then, or when none is said (MindIE, the sim), the behaviour of the
+    /// versions before 0.32.
     #[serde(default)]
-    pub vllm_version: Option<engine::VllmVersion>,
+    pub vllm_version: Option<crate::feedback::version::VllmVersion>,
     /// TLS for an `https` URL: the CA that signed the backend's certificate, and the
     /// gateway's own certificate for backends that verify their clients (MindIE does).
     #[serde(default)]

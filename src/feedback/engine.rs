@@ -327,12 +327,6 @@ pub fn max_model_len(models: &str) -> Option<u64> {
         .max()
 }
 
-/// The version in a `/version` answer (`{"version": "0.32.0"}`), as the engine writes it.
-pub fn version(answer: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(answer).ok()?;
-    Some(v.get("version")?.as_str()?.trim().to_owned()).filter(|v| !v.is_empty())
-}
-
 /// The batch cap in a `/server_info?config_format=json` answer
 /// (`vllm_config.scheduler_config.max_num_seqs`).
 pub fn max_num_seqs(info: &str) -> Option<u32> {
@@ -537,19 +531,6 @@ mod tests {
         let info = r#"{"vllm_config":{"scheduler_config":{"max_num_seqs":16,"max_num_batched_tokens":8192}},"vllm_env":{}}"#;
         assert_eq!(max_num_seqs(info), Some(16));
         assert_eq!(max_num_seqs(r#"{"vllm_config":"text form"}"#), None);
-        assert_eq!(
-            version(r#"{"version":"0.32.0+cpu"}"#).as_deref(),
-            Some("0.32.0+cpu")
-        );
-        for none in [
-            r#"{"version":""}"#,
-            r#"{"version":32}"#,
-            r#"{}"#,
-            "0.32.0",
-            "[]",
-        ] {
-            assert_eq!(version(none), None, "{none}");
-        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! in `/admin/backends`, and lets a backend that queues or preempts shrink its ledger's
 //! effective KV capacity, and calm regrow it ([`pressure`]). From a vLLM engine it also learns
 //! the KV geometry in the engine's own units ([`engine`]): a backend with `kv = "engine"`
-//! admits by it, and one whose geometry is set by hand is checked against it.
+//! admits by it, and one whose geometry is set by hand is checked against it; and the vLLM
+//! version it runs ([`version`]), which says how an output limit past the context is answered.
 //!
 //! This module is the thin async shell: one task per backend with `[backends.feedback]`
 //! enabled or `kv = "engine"`, each GET bounded in time (`timeout`) and size (`max_bytes`), the
@@ -14,9 +15,9 @@
 pub mod engine;
 pub mod parse;
 pub mod pressure;
+pub mod version;
 
 use crate::admission::{Admission, BackendSnapshot};
-use crate::config::engine::{EngineVersions, VllmVersion};
 use crate::metrics::{BackendLabel, FeedbackMetrics, KvMismatchLabels, ScrapeFailureLabels};
 use crate::util::get::{fetch, HttpClient};
 use engine::{CacheInfo, Difference, EngineKv, EngineLimits, HandSet};
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::task::JoinHandle;
+use version::{EngineVersions, VllmVersion};
 
 /// `[backends.feedback]`: reading one backend's metrics and adjusting its ledger from them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -496,7 +498,7 @@ impl Scraper {
             return;
         };
         let said = match fetch(client, &uri, self.cfg.timeout, VERSION_BYTES, None).await {
-            Ok(text) => engine::version(&text),
+            Ok(text) => version::said(&text),
             Err(e) => {
                 tracing::debug!(backend = %self.backend_url, error = %e, "GET /version failed");
                 return;

@@ -23,9 +23,9 @@ use crate::api::ParseLimits;
 use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::body::{check_content_type, Bodies};
-use crate::config::engine::EngineVersions;
 use crate::config::{ModelConfig, Runner, ValidConfig};
 use crate::error::{ApiError, NotAdmitted};
+use crate::feedback::version::EngineVersions;
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
 use crate::metrics::CountMetrics;
 use crate::record::Pending;
@@ -110,7 +110,9 @@ impl CountSettings {
                 .map(|b| b.max_response_bytes)
                 .max()
                 .unwrap_or(0),
-            versions: Arc::new(EngineVersions::of(config)),
+            versions: Arc::new(EngineVersions::declared(
+                generating().map(|b| b.vllm_version),
+            )),
             max_concurrent_requests: generating().map(|b| u64::from(b.max_batch())).sum(),
         }
     }
@@ -880,7 +882,7 @@ mod tests {
             assert_eq!(e.1, "this model's maximum context length is 4096 tokens; the prompt is at least 3200 tokens and 900 output tokens were requested (at least 4100 in all)", "{version}");
             // Its engine says it runs 0.32 (learned by the backend's scrape loop): clamped from
             // then on, unless it declares an older vLLM.
-            let said = crate::config::engine::VllmVersion::parse("0.32.0+cpu");
+            let said = crate::feedback::version::VllmVersion::parse("0.32.0+cpu");
             assert_eq!(old.settings.versions.learned(0, said), version.is_empty());
             let cost = reserved(&old, &alice, completions, long.clone()).await;
             match version {

@@ -1,18 +1,16 @@
-//! `backends[].vllm_version`: which vLLM a backend runs, for the request handling that differs
-//! between its versions. One thing does today: a generation's output limit past the context.
-//! vLLM before 0.32 refuses a request whose prompt and `max_tokens` together pass
-//! `max_model_len` (a 400); vLLM 0.32 takes `max_tokens` as an upper bound and generates at most
-//! `min(max_tokens, max_model_len - prompt)` (`get_max_tokens` in
+//! Which vLLM each generating backend runs (`backends[].vllm_version`), for the request
+//! handling that differs between its versions. One thing does today: a generation's output
+//! limit past the context. vLLM before 0.32 refuses a request whose prompt and `max_tokens`
+//! together pass `max_model_len` (a 400); vLLM 0.32 takes `max_tokens` as an upper bound and
+//! generates at most `min(max_tokens, max_model_len - prompt)` (`get_max_tokens` in
 //! `vllm/entrypoints/serve/utils/api_utils.py`). The gateway does what the backends do: it
 //! clamps, reserves and forwards the clamped limit only when every generating backend runs a
 //! version that clamps (a request may go to any of them), and refuses as before otherwise.
 //!
-//! A backend's version is the one its `vllm_version` declares or, when it declares none, the
-//! one its engine says (`GET /version`), asked by the backend's scrape loop
-//! ([`crate::feedback`]) when it first reads a vLLM engine and again after a scrape that failed
-//! (the engine may have been restarted as another version): [`EngineVersions`].
+//! A backend's version is the one it declares or, when it declares none, the one its engine says
+//! (`GET /version`), asked by the backend's scrape loop when it first reads a vLLM engine and
+//! again after a scrape that failed (the engine may have come back as another version).
 
-use super::{Runner, ValidConfig};
 use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
 use std::fmt;
@@ -86,6 +84,12 @@ impl<'de> Deserialize<'de> for VllmVersion {
     }
 }
 
+/// The version in a `/version` answer (`{"version": "0.32.0"}`), as the engine writes it.
+pub fn said(answer: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(answer).ok()?;
+    Some(v.get("version")?.as_str()?.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
 /// Which vLLM each generating backend runs (config order): the version it declares or, when
 /// it declares none, the one learned from its engine; and so whether a generation's output
 /// limit past the context is clamped to it, which it is only when every one of them clamps.
@@ -99,11 +103,6 @@ pub struct EngineVersions {
 }
 
 impl EngineVersions {
-    /// The generating backends of `config`, as declared; none learned yet.
-    pub fn of(config: &ValidConfig) -> Self {
-        Self::declared((config.running(Runner::Generate)).map(|(b, _)| b.vllm_version))
-    }
-
     /// Backends that declare these versions (`None`: to be learned), in order.
     pub fn declared(versions: impl IntoIterator<Item = Option<VllmVersion>>) -> Self {
         let declared: Box<[_]> = versions.into_iter().collect();
@@ -154,38 +153,24 @@ impl EngineVersions {
 
 #[cfg(test)]
 mod tests {
-    use super::{EngineVersions, VllmVersion};
-    use crate::config::Config;
+    use super::{said, EngineVersions, VllmVersion};
 
-    /// Two generating backends and a pooling one, each with `extra` lines.
-    fn versions(first: &str, second: &str, pooling: &str) -> EngineVersions {
-        let backend = |url: &str, extra: &str| {
-            format!("[[backends]]\nurl = \"{url}\"\nkv_capacity_bytes = 1000000\nmax_batch = 4\n{extra}\n")
-        };
-        let text = format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n[tokenizer]\npath = \"unused\"\n\
-             [model]\nserved_names = [\"m\"]\nmax_model_len = 4096\ndefault_max_tokens = 16\n{}{}{}\
-             [[tenants]]\nname = \"a\"\napi_keys = [\"sk-a\"]\nprefill_tokens_per_second = 10\n\
-             decode_tokens_per_second = 10\nrequests_per_second = 1\nburst_seconds = 10\n",
-            backend("http://127.0.0.1:1", first),
-            backend("http://127.0.0.1:2", second),
-            backend("http://127.0.0.1:3", &format!("runner = \"pooling\"\n{pooling}")),
-        );
-        EngineVersions::of(&Config::parse(&text).expect("valid"))
+    fn versions(declared: [&str; 2]) -> EngineVersions {
+        EngineVersions::declared(declared.map(VllmVersion::parse))
     }
 
     #[test]
     fn the_output_is_clamped_only_once_every_generating_backend_runs_a_vllm_that_clamps() {
         let v = |t: &str| VllmVersion::parse(t);
         // Declared on both: decided at once, and what an engine says does not change it.
-        let both = versions("vllm_version = \"0.32.0\"", "vllm_version = \"0.33\"", "");
+        let both = versions(["0.32.0", "0.33"]);
         assert!(both.clamps_output_to_context());
         assert!(!both.learned(1, v("0.20.0")));
         assert!(both.clamps_output_to_context());
         assert_eq!(both.in_force(1), Some((v("0.33").unwrap(), "declared")));
         // One declared, one learned: clamped from when the second says 0.32, not before, and
-        // no more once it says an older version or nothing (the pooling backend has no say).
-        let one = versions("vllm_version = \"0.32.0\"", "", "vllm_version = \"0.20.0\"");
+        // no more once it says an older version or nothing.
+        let one = versions(["0.32.0", ""]);
         assert!(!one.clamps_output_to_context());
         assert_eq!(one.in_force(1), None);
         assert!(one.learned(1, v("0.32.0+cpu")));
@@ -197,10 +182,27 @@ mod tests {
         assert!(one.learned(1, v("0.32.0")) && one.learned(1, None));
         assert!(!one.clamps_output_to_context());
         // Declared older than 0.32: an engine saying otherwise is not believed over it.
-        let old = versions("vllm_version = \"0.31.0\"", "", "");
+        let old = versions(["0.31.0", ""]);
         assert!(!old.learned(0, v("0.32.0")) && !old.learned(1, v("0.32.0")));
         assert!(!old.clamps_output_to_context());
         assert!(!old.learned(7, v("0.32.0")));
+    }
+
+    #[test]
+    fn the_version_is_read_from_the_engines_answer() {
+        assert_eq!(
+            said(r#"{"version":"0.32.0+cpu"}"#).as_deref(),
+            Some("0.32.0+cpu")
+        );
+        for none in [
+            r#"{"version":""}"#,
+            r#"{"version":32}"#,
+            r#"{}"#,
+            "0.32.0",
+            "[]",
+        ] {
+            assert_eq!(said(none), None, "{none}");
+        }
     }
 
     #[test]
