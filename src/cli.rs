@@ -123,6 +123,15 @@ async fn engines(watched: &[Watched]) -> String {
                 for d in b.kv.differences(&kv) {
                     out += &format!("warning: backends[{i}]: {d}\n");
                 }
+                out += &match crate::feedback::read_engine_version(b).await {
+                    Ok(Some(v)) => {
+                        format!("engine of backends[{i}] runs vLLM {v} (GET /version)\n")
+                    }
+                    Ok(None) => {
+                        format!("engine of backends[{i}]: its /version names no vLLM version\n")
+                    }
+                    Err(e) => format!("engine of backends[{i}]: version not read: {e}\n"),
+                };
             }
             Err(e) => out += &format!("engine of backends[{i}] ({}) not read: {e}\n", b.url),
         }

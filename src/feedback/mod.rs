@@ -317,6 +317,27 @@ async fn engine_limits(
     })
 }
 
+/// What the engine at `base` says it runs (`GET /version`, bounded by `cfg`'s timeout and
+/// [`VERSION_BYTES`]): `None` when its answer names no version.
+async fn engine_version(
+    client: &HttpClient,
+    base: &str,
+    cfg: &FeedbackConfig,
+) -> Result<Option<String>, String> {
+    let url = format!("{}/version", base.trim_end_matches('/'));
+    let uri: http::Uri = url.parse().map_err(|_| format!("{url} is not a URL"))?;
+    let text = fetch(client, &uri, cfg.timeout, VERSION_BYTES, None)
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    Ok(version::said(&text))
+}
+
+/// What backend `b`'s engine says it runs, read once (`tokengate check-config`).
+pub async fn read_engine_version(b: &Watched) -> Result<Option<String>, String> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    engine_version(&client, &b.url, &b.feedback).await
+}
+
 /// Reads backend `b`'s engine once (`tokengate check-config`): its metrics, context length and
 /// batch cap, and the KV geometry they give.
 pub async fn read_engine(b: &Watched) -> Result<EngineKv, String> {
@@ -493,14 +514,10 @@ impl Scraper {
         if self.version_learned || reading.cache.is_none() {
             return;
         }
-        let url = format!("{}/version", self.backend_url.trim_end_matches('/'));
-        let Ok(uri) = url.parse::<http::Uri>() else {
-            return;
-        };
-        let said = match fetch(client, &uri, self.cfg.timeout, VERSION_BYTES, None).await {
-            Ok(text) => version::said(&text),
+        let said = match engine_version(client, &self.backend_url, &self.cfg).await {
+            Ok(said) => said,
             Err(e) => {
-                tracing::debug!(backend = %self.backend_url, error = %e, "GET /version failed");
+                tracing::debug!(backend = %self.backend_url, error = %e, "engine's version not read");
                 return;
             }
         };

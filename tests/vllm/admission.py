@@ -23,7 +23,8 @@ Asserted, from vLLM's own metrics and the phases' timings in this one run:
 - every chat was admitted by the gateway at once (its queue wait under 8 ms): the pages kept for
   the critical tenant were free whenever it asked;
 - what the gateway learned (`/admin/backends`) is the engine's page size, pages and state pages,
-  and the vLLM version the engine says (`GET /version`; the config declares none);
+  and the vLLM version the engine says (`GET /version`; the config declares none), which
+  `tokengate check-config` prints too;
 - a chat whose `max_tokens` is the whole context is answered 200 by vLLM 0.32 and by the gateway
   (which, not knowing the version, would refuse it as older vLLMs do).
 
@@ -46,6 +47,7 @@ import random
 import re
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -336,6 +338,11 @@ def main():
         said = learned_version(admin_port)
         check(said == {"version": vllm_version(a.vllm_url), "source": "learned"},
               f"the gateway learned vLLM {said}, the engine says {vllm_version(a.vllm_url)}")
+        checked = subprocess.run([a.gateway, "check-config", str(work / "gateway.toml")],
+                                 capture_output=True, text=True, timeout=60).stdout
+        says = get_json(f"{a.vllm_url}/version")["version"]
+        check(f"engine of backends[0] runs vLLM {says} (GET /version)\n" in checked,
+              f"check-config does not say the engine runs vLLM {says}: {checked}")
         t1 = time.monotonic()
         gated = phase(a.vllm_url, "127.0.0.1", port, [p for p, _ in prompts[a.floods:]],
                       chat_body, FLOOD_KEY, CHAT_KEY)
