@@ -175,6 +175,8 @@ pub struct Observed {
     pub kv_differences: Vec<Difference>,
     /// The version the engine says it runs (`GET /version`, a vLLM engine only), as it says it.
     pub engine_version: Option<String>,
+    /// Where the backend's declared `vllm_version` is not the engine's, in words.
+    pub engine_version_difference: Option<String>,
 }
 
 /// Every backend's latest observation (index = backend; `None` where feedback is off).
@@ -544,8 +546,18 @@ impl Scraper {
                 }
             );
         }
-        self.feedback
-            .update(self.index, |o| o.engine_version = said);
+        // A declared version the engine does not run: said, as a hand-set geometry is.
+        let differs = (self.versions.declared_by(self.index))
+            .zip(version)
+            .zip(said.as_deref())
+            .and_then(|((declared, engine), said)| version::difference(declared, engine, said));
+        if let Some(d) = &differs {
+            tracing::warn!(backend = %self.backend_url, "{d}");
+        }
+        self.feedback.update(self.index, |o| {
+            o.engine_version = said;
+            o.engine_version_difference = differs;
+        });
     }
 
     /// The engine's geometry could not be learned: said once per reason, in the log and in

@@ -580,14 +580,9 @@ async fn a_hand_set_geometry_is_checked_against_the_engines() {
     assert_eq!(admission.snapshot().backends[0].kv_capacity_bytes, 1000);
 }
 
-#[tokio::test]
-async fn an_engine_says_its_version_and_is_asked_again_once_a_scrape_failed() {
-    // Readings of an engine at 0.31.2, a failed scrape, then readings of the engine at 0.32.0.
-    let mut readings = vec![cache_config(64); 20];
-    readings.push(DOWN.to_string());
-    readings.push(cache_config(64));
-    let (base, _server) = fake_engine(readings, &["0.31.2", "0.32.0+cpu"], None).await;
-    let versions = unlearned();
+/// The scrape loop of the engine at `base` (feedback on, geometry set by hand), learning its
+/// version into `versions`.
+fn read_versions(base: String, versions: &Arc<EngineVersions>) -> (Scrapers, Arc<Metrics>) {
     let watched = Watched {
         url: base,
         feedback: FeedbackConfig {
@@ -598,15 +593,47 @@ async fn an_engine_says_its_version_and_is_asked_again_once_a_scrape_failed() {
         kv: KvWatch::Check(HAND),
     };
     let (_, admission, metrics) = scraper(FeedbackConfig::default());
-    let scrapers = spawn(&[watched], &admission, &versions, &metrics.feedback);
+    (
+        spawn(&[watched], &admission, versions, &metrics.feedback),
+        metrics,
+    )
+}
+
+#[tokio::test]
+async fn an_engine_says_its_version_and_is_asked_again_once_a_scrape_failed() {
+    // Readings of an engine at 0.31.2, a failed scrape, then readings of the engine at 0.32.0.
+    let mut readings = vec![cache_config(64); 20];
+    readings.push(DOWN.to_string());
+    readings.push(cache_config(64));
+    let (base, _server) = fake_engine(readings, &["0.31.2", "0.32.0+cpu"], None).await;
+    let versions = unlearned();
+    let (scrapers, _metrics) = read_versions(base, &versions);
     let said = |v: &'static str| move |o: &Observed| o.engine_version.as_deref() == Some(v);
     observed_until(&scrapers, said("0.31.2")).await;
     assert!(!versions.clamps_output_to_context());
     let seen = observed_until(&scrapers, said("0.32.0+cpu")).await;
-    assert_eq!(seen.failures, 1);
+    assert_eq!((seen.failures, seen.engine_version_difference), (1, None));
     assert!(versions.clamps_output_to_context());
     assert_eq!(
         versions.in_force(0),
         Some((VllmVersion::parse("0.32.0").expect("a version"), "learned"))
+    );
+}
+
+#[tokio::test]
+async fn a_declared_version_the_engine_does_not_run_is_said_and_kept() {
+    let (base, _server) = fake_engine(vec![cache_config(64)], &["0.32.0"], None).await;
+    let versions = Arc::new(EngineVersions::declared([VllmVersion::parse("0.31.0")]));
+    let (scrapers, _metrics) = read_versions(base, &versions);
+    let seen = observed_until(&scrapers, |o| o.engine_version.is_some()).await;
+    assert_eq!(
+        seen.engine_version_difference.as_deref(),
+        Some("backends[].vllm_version is 0.31.0 but the engine says it runs 0.32.0: the gateway refuses an output limit past the context, which the engine serves with what the context leaves")
+    );
+    // The declared version stays in force.
+    assert!(!versions.clamps_output_to_context());
+    assert_eq!(
+        versions.in_force(0),
+        Some((VllmVersion::parse("0.31.0").expect("a version"), "declared"))
     );
 }

@@ -90,6 +90,25 @@ pub fn said(answer: &str) -> Option<String> {
     Some(v.get("version")?.as_str()?.trim().to_owned()).filter(|v| !v.is_empty())
 }
 
+/// Where a backend's declared version is not the one its engine says (`said`, read as
+/// `engine`), in words; `None` when they are the same version.
+pub fn difference(declared: VllmVersion, engine: VllmVersion, said: &str) -> Option<String> {
+    if declared == engine {
+        return None;
+    }
+    let effect = match (
+        declared.clamps_output_to_context(),
+        engine.clamps_output_to_context(),
+    ) {
+        (true, false) => ": the gateway serves an output limit past the context with what the context leaves, which the engine refuses",
+        (false, true) => ": the gateway refuses an output limit past the context, which the engine serves with what the context leaves",
+        _ => "",
+    };
+    Some(format!(
+        "backends[].vllm_version is {declared} but the engine says it runs {said}{effect}"
+    ))
+}
+
 /// Which vLLM each generating backend runs (config order): the version it declares or, when
 /// it declares none, the one learned from its engine; and so whether a generation's output
 /// limit past the context is clamped to it, which it is only when every one of them clamps.
@@ -134,6 +153,11 @@ impl EngineVersions {
         clamps != self.clamps.swap(clamps, Ordering::Relaxed)
     }
 
+    /// What backend `index` declares (`backends[].vllm_version`).
+    pub fn declared_by(&self, index: usize) -> Option<VllmVersion> {
+        self.declared.get(index).copied().flatten()
+    }
+
     /// Backend `index`'s version in force and where it comes from: `declared` or `learned`.
     pub fn in_force(&self, index: usize) -> Option<(VllmVersion, &'static str)> {
         match self.declared.get(index)? {
@@ -153,7 +177,7 @@ impl EngineVersions {
 
 #[cfg(test)]
 mod tests {
-    use super::{said, EngineVersions, VllmVersion};
+    use super::{difference, said, EngineVersions, VllmVersion};
 
     fn versions(declared: [&str; 2]) -> EngineVersions {
         EngineVersions::declared(declared.map(VllmVersion::parse))
@@ -186,6 +210,20 @@ mod tests {
         assert!(!old.learned(0, v("0.32.0")) && !old.learned(1, v("0.32.0")));
         assert!(!old.clamps_output_to_context());
         assert!(!old.learned(7, v("0.32.0")));
+    }
+
+    #[test]
+    fn a_declared_version_the_engine_does_not_run_is_said() {
+        let v = |t: &str| VllmVersion::parse(t).expect("a version");
+        assert_eq!(difference(v("0.32.0"), v("0.32.0"), "0.32.0+cpu"), None);
+        assert_eq!(
+            difference(v("0.32.0"), v("0.33.1"), "0.33.1").as_deref(),
+            Some("backends[].vllm_version is 0.32.0 but the engine says it runs 0.33.1")
+        );
+        assert_eq!(
+            difference(v("0.31.0"), v("0.32.0"), "0.32.0").as_deref(),
+            Some("backends[].vllm_version is 0.31.0 but the engine says it runs 0.32.0: the gateway refuses an output limit past the context, which the engine serves with what the context leaves")
+        );
     }
 
     #[test]
