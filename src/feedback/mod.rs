@@ -288,6 +288,22 @@ impl KvWatch {
     }
 }
 
+/// GETs `path` from the engine at `base` within `timeout`, reading at most `max_bytes`; the
+/// error names the URL.
+async fn engine_get(
+    client: &HttpClient,
+    base: &str,
+    path: &str,
+    timeout: Duration,
+    max_bytes: u64,
+) -> Result<String, String> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let uri: http::Uri = url.parse().map_err(|_| format!("{url} is not a URL"))?;
+    fetch(client, &uri, timeout, max_bytes, None)
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))
+}
+
 /// The engine's context length (`/v1/models`) and batch cap (`/server_info`, when served),
 /// each GET bounded by `cfg`'s timeout and size.
 async fn engine_limits(
@@ -295,16 +311,7 @@ async fn engine_limits(
     base: &str,
     cfg: &FeedbackConfig,
 ) -> Result<EngineLimits, String> {
-    let base = base.trim_end_matches('/');
-    let get = |path: &str| {
-        let url = format!("{base}{path}");
-        async move {
-            let uri: http::Uri = url.parse().map_err(|_| format!("{url} is not a URL"))?;
-            fetch(client, &uri, cfg.timeout, cfg.max_bytes, None)
-                .await
-                .map_err(|e| format!("GET {url}: {e}"))
-        }
-    };
+    let get = |path| engine_get(client, base, path, cfg.timeout, cfg.max_bytes);
     let models = get("/v1/models").await?;
     let max_model_len = engine::max_model_len(&models)
         .ok_or_else(|| engine::LearnError::NoContextLength.to_string())?;
@@ -326,11 +333,7 @@ async fn engine_version(
     base: &str,
     cfg: &FeedbackConfig,
 ) -> Result<Option<String>, String> {
-    let url = format!("{}/version", base.trim_end_matches('/'));
-    let uri: http::Uri = url.parse().map_err(|_| format!("{url} is not a URL"))?;
-    let text = fetch(client, &uri, cfg.timeout, VERSION_BYTES, None)
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+    let text = engine_get(client, base, "/version", cfg.timeout, VERSION_BYTES).await?;
     Ok(version::said(&text))
 }
 
@@ -532,8 +535,10 @@ impl Scraper {
                 tracing::info!(backend = %self.backend_url, version = %said, clamps_output_to_context = clamps,
                     "engine runs vLLM {said}")
             }
-            _ => tracing::warn!(backend = %self.backend_url, said = ?said,
-                "the engine's /version names no vLLM version: an output limit past the context is refused, as vLLM before 0.32 does (set backends[].vllm_version to say otherwise)"),
+            _ => {
+                tracing::warn!(backend = %self.backend_url, said = ?said, clamps_output_to_context = clamps,
+                "the engine's /version names no vLLM version: none is learned (backends[].vllm_version, when set, is the one in force)")
+            }
         }
         if changed {
             tracing::info!(

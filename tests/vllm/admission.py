@@ -133,14 +133,8 @@ def delivers_token(line):
 def timed(host, port, body, key):
     """Streams `body` to /v1/chat/completions and reads it whole; returns (status, seconds to
     its first generated token, seconds to its end)."""
-    payload = json.dumps(body).encode()
-    head = [f"POST /v1/chat/completions HTTP/1.1", f"host: {host}:{port}",
-            "content-type: application/json", f"content-length: {len(payload)}",
-            f"authorization: Bearer {key}", "connection: close"]
     started = time.monotonic()
-    s = socket.create_connection((host, port), timeout=600)
-    try:
-        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    with send_chat(host, port, body, key, 600) as s:
         f = s.makefile("rb")
         status = int(f.readline().split()[1])
         first = None
@@ -148,19 +142,28 @@ def timed(host, port, body, key):
             if first is None and line.startswith(b"data: {") and delivers_token(line):
                 first = time.monotonic() - started
         return status, first, time.monotonic() - started
-    finally:
+
+
+def send_chat(host, port, body, key, timeout):
+    """A new connection that has sent `body` to /v1/chat/completions (closed after the
+    answer), for the caller to read the answer from."""
+    payload = json.dumps(body).encode()
+    head = [f"POST /v1/chat/completions HTTP/1.1", f"host: {host}:{port}",
+            "content-type: application/json", f"content-length: {len(payload)}",
+            f"authorization: Bearer {key}", "connection: close"]
+    s = socket.create_connection((host, port), timeout=timeout)
+    try:
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    except BaseException:
         s.close()
+        raise
+    return s
 
 
 def first_status(host, port, body, key):
     """Streams `body` to /v1/chat/completions and returns the answer's status, closing the
     connection at its head (the engine then stops generating)."""
-    payload = json.dumps(body).encode()
-    head = [f"POST /v1/chat/completions HTTP/1.1", f"host: {host}:{port}",
-            "content-type: application/json", f"content-length: {len(payload)}",
-            f"authorization: Bearer {key}", "connection: close"]
-    with socket.create_connection((host, port), timeout=120) as s:
-        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    with send_chat(host, port, body, key, 120) as s:
         return int(s.makefile("rb").readline().split()[1])
 
 
