@@ -2234,6 +2234,49 @@ async fn tokenize_jsonl_counts_a_chat_as_the_gateway_charges_it() {
     );
 }
 
+/// A template argument the Qwen3.5 template does not read is charged as if it had not been
+/// sent (vLLM hands the template only those it reads); one it reads is a 400 naming it, and
+/// nothing is charged.
+#[tokio::test]
+async fn template_arguments_are_charged_as_the_template_reads_them() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let chat = |kwargs: Value| {
+        json!({"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}],
+               "chat_template_kwargs": kwargs, "max_tokens": 5})
+    };
+    let mut charged = Vec::new();
+    for kwargs in [
+        json!({"enable_thinking": false}),
+        json!({"enable_thinking": false, "thinking": false, "documents": [{"text": "d"}]}),
+    ] {
+        let prefill = gw.bucket("alice", "prefill").await;
+        let r = gw.chat("sk-alice", &chat(kwargs)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        charged.push(prefill - gw.bucket("alice", "prefill").await);
+    }
+    assert_eq!(charged[0], charged[1]);
+    let forwarded = backend.max_tokens_seen().len();
+    let before = (
+        gw.bucket("alice", "prefill").await,
+        gw.bucket("alice", "decode").await,
+    );
+    let r = gw
+        .chat("sk-alice", &chat(json!({"add_vision_id": true})))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["param"],
+        "chat_template_kwargs.add_vision_id"
+    );
+    assert_eq!(backend.max_tokens_seen().len(), forwarded);
+    let after = (
+        gw.bucket("alice", "prefill").await,
+        gw.bucket("alice", "decode").await,
+    );
+    assert_eq!(after, before);
+    assert_eq!(gw.kv_reserved(0).await, 0);
+}
+
 #[tokio::test]
 async fn a_request_that_could_never_be_admitted_is_a_400_before_any_retry_advice() {
     let (gw, backend) = gateway(FakeSpec::default()).await;

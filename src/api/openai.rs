@@ -239,29 +239,45 @@ pub(crate) fn take_chat_prompt(
 
 /// The chat template switches the gateway counts, from `chat_template_kwargs` and
 /// `reasoning_effort`: `enable_thinking` as sent, else, as vLLM sets it, false for
-/// `reasoning_effort: "none"` and true for any other effort (the Qwen3.5 template reads
-/// nothing else of them). Any other template argument is refused, naming it: vLLM passes the
-/// ones the template reads (Qwen3.5's `add_vision_id` adds "Picture 1: " before each image)
-/// and a deployment's own template may read any. `reasoning_effort` is a chat completion's
-/// field: `/tokenize` and the pooling routes' request models have none, and vLLM ignores it
-/// there.
-fn template_switches(body: &Map<String, Value>, route: ChatRoute) -> Result<Option<bool>, Refusal> {
+/// `reasoning_effort: "none"` and true for any other effort; with the names of the other
+/// arguments sent (not null), which vLLM hands the template only where it reads them (the
+/// template refuses those it reads: [`ChatPrompt::other_arguments`]). An argument that the
+/// call of the template takes itself is refused, as vLLM refuses it. `reasoning_effort` is a
+/// chat completion's field: `/tokenize` and the pooling routes' request models have none, and
+/// vLLM ignores it there.
+fn template_switches(
+    body: &Map<String, Value>,
+    route: ChatRoute,
+) -> Result<(Option<bool>, Vec<String>), Refusal> {
     let kwargs = match body.member("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),
         Some(other) => return Err(wrong_type("chat_template_kwargs", "an object", other)),
     };
+    let mut others = Vec::new();
     for (key, value) in kwargs.into_iter().flatten() {
         // vLLM sets these from the request's own fields, over what the arguments say.
         const OVERRIDDEN: [&str; 2] = ["add_generation_prompt", "continue_final_message"];
+        // vLLM refuses these: its own call of the template takes them (a request's own
+        // template needs `--trust-request-chat-template`).
+        const REFUSED: [&str; 5] = [
+            "chat_template",
+            "conversation",
+            "messages",
+            "return_assistant_tokens_mask",
+            "self",
+        ];
         if key == "enable_thinking" || value.is_null() || OVERRIDDEN.contains(&key.as_str()) {
             continue;
         }
-        let param = format!("chat_template_kwargs.{key}");
-        return Err(Refusal::invalid_param(
-            &param,
-            format!("`{param}` would change the prompt the chat template renders, which the gateway cannot count; only `enable_thinking` is accepted"),
-        ));
+        if REFUSED.contains(&key.as_str()) {
+            let param = format!("chat_template_kwargs.{key}");
+            return Err(Refusal::invalid_param(
+                &param,
+                format!("`{param}` is not a template argument: the call of the chat template sets it itself (vLLM refuses it too)"),
+            ));
+        }
+        others.push(key.clone());
     }
     let efforts = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
     let effort = match body.member("reasoning_effort") {
@@ -275,17 +291,20 @@ fn template_switches(body: &Map<String, Value>, route: ChatRoute) -> Result<Opti
             ))
         }
     };
-    match kwargs.and_then(|k| k.member("enable_thinking")) {
-        Some(Value::Bool(b)) => Ok(Some(*b)),
+    let enable_thinking = match kwargs.and_then(|k| k.member("enable_thinking")) {
+        Some(Value::Bool(b)) => Some(*b),
         // Present but null: vLLM leaves it so, and does not derive it from the effort.
-        Some(Value::Null) => Ok(None),
-        Some(other) => Err(wrong_type(
-            "chat_template_kwargs.enable_thinking",
-            "a boolean",
-            other,
-        )),
-        None => Ok(effort.map(|e| e != "none")),
-    }
+        Some(Value::Null) => None,
+        Some(other) => {
+            return Err(wrong_type(
+                "chat_template_kwargs.enable_thinking",
+                "a boolean",
+                other,
+            ))
+        }
+        None => effort.map(|e| e != "none"),
+    };
+    Ok((enable_thinking, others))
 }
 
 /// Refuses the chat fields that change what vLLM prefills in ways the gateway does not count:
@@ -444,7 +463,7 @@ fn chat_prompt<'a>(
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
     };
-    let enable_thinking = template_switches(body, route)?;
+    let (enable_thinking, other_arguments) = template_switches(body, route)?;
     let add_generation_prompt =
         optional_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
     let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
@@ -473,6 +492,7 @@ fn chat_prompt<'a>(
         enable_thinking,
         continue_final_message,
         documents,
+        other_arguments,
     };
     // What vLLM does to the messages and tools before its template sees them.
     prompt.normalize_like_vllm(route)?;
@@ -893,16 +913,46 @@ mod tests {
         .add_generation_prompt);
     }
 
+    /// The other template arguments are kept by name for the template to judge (it refuses
+    /// those it reads); the call's own arguments are refused here, as vLLM refuses them.
+    #[test]
+    fn other_template_arguments_are_kept_by_name_and_the_calls_own_refused() {
+        let prompt = chat_of(json!({"chat_template_kwargs": {
+            "enable_thinking": false, "thinking": false, "add_vision_id": true,
+            "reasoning_effort": "low", "add_generation_prompt": false, "documents": null}}))
+        .unwrap();
+        assert_eq!(prompt.enable_thinking, Some(false));
+        assert_eq!(
+            prompt.other_arguments,
+            ["thinking", "add_vision_id", "reasoning_effort"]
+        );
+        for key in [
+            "chat_template",
+            "conversation",
+            "messages",
+            "return_assistant_tokens_mask",
+            "self",
+        ] {
+            assert_eq!(
+                chat_of(json!({"chat_template_kwargs": {key: 1}})).unwrap_err(),
+                (
+                    format!("chat_template_kwargs.{key}"),
+                    format!("`chat_template_kwargs.{key}` is not a template argument: the call of the chat template sets it itself (vLLM refuses it too)")
+                )
+            );
+        }
+    }
+
     #[test]
     fn fields_that_change_the_prompt_uncounted_are_refused_by_name() {
         for (extra, param) in [
             (
-                json!({"chat_template_kwargs": {"add_vision_id": true}}),
-                "chat_template_kwargs.add_vision_id",
+                json!({"chat_template_kwargs": {"messages": []}}),
+                "chat_template_kwargs.messages",
             ),
             (
-                json!({"chat_template_kwargs": {"documents": []}}),
-                "chat_template_kwargs.documents",
+                json!({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}),
+                "chat_template_kwargs.chat_template",
             ),
             (json!({"chat_template": "{{ messages }}"}), "chat_template"),
             (

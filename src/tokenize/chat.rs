@@ -63,6 +63,12 @@ pub struct ChatPrompt {
     /// Documents for templates that render them (retrieval); the Qwen3.5 template does not.
     #[serde(default)]
     pub documents: Option<Vec<Value>>,
+    /// The names of the request's other template arguments (`chat_template_kwargs` not null,
+    /// other than the switches above). vLLM hands the template only the arguments it reads,
+    /// so one the template never reads renders as if it had not been sent; one it reads is
+    /// refused ([`ChatTemplate::render`]), as the gateway cannot count what it changes.
+    #[serde(default)]
+    pub other_arguments: Vec<String>,
 }
 
 impl ChatPrompt {
@@ -187,6 +193,14 @@ enum Engine {
     Jinja(Box<jinja::JinjaTemplate>),
 }
 
+/// The arguments whose value the official Qwen3.5 chat template renders, other than the
+/// switches a [`ChatPrompt`] holds: `add_vision_id` numbers the images and videos ("Picture 1:
+/// "), `tools` lists tools. Of the other variables it reads without setting them, `messages` is
+/// refused with the request, `namespace` and `raise_exception` are functions, and vLLM (whose
+/// jinja2 also finds `content` and `reasoning_content`, set before they are read) renders the
+/// same prompt with or without them.
+const QWEN35_READS: [&str; 2] = ["add_vision_id", "tools"];
+
 /// The special token every turn starts with; rendered text is cut into spans right before it.
 const IM_START: &str = "<|im_start|>";
 
@@ -238,6 +252,7 @@ impl ChatTemplate {
     /// tag after it, and the text is cut where the tag starts (also before the whitespace the
     /// template left before it, when the template trimmed the tag's own trailing space).
     pub fn render(&self, prompt: &ChatPrompt) -> Result<String, TemplateError> {
+        self.refuse_read_arguments(prompt)?;
         if !prompt.continue_final_message {
             return self.render_whole(prompt);
         }
@@ -259,6 +274,23 @@ impl ChatTemplate {
             text.truncate(pyfmt::rstrip(&text).len());
         }
         Ok(text)
+    }
+
+    /// Refuses a template argument of `prompt`'s [`ChatPrompt::other_arguments`] that this
+    /// template reads: the built-in renderer's, those the official Qwen3.5 template reads
+    /// ([`QWEN35_READS`]); a Jinja template's, every variable it reads without setting it.
+    fn refuse_read_arguments(&self, prompt: &ChatPrompt) -> Result<(), TemplateError> {
+        let reads = |name: &str| match &self.engine {
+            Engine::BuiltinQwen35 => QWEN35_READS.contains(&name),
+            Engine::Jinja(template) => template.reads(name),
+        };
+        match prompt.other_arguments.iter().find(|name| reads(name)) {
+            None => Ok(()),
+            Some(name) => Err(TemplateError::Invalid {
+                param: format!("chat_template_kwargs.{name}"),
+                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only `enable_thinking` is accepted"),
+            }),
+        }
     }
 
     fn render_whole(&self, prompt: &ChatPrompt) -> Result<String, TemplateError> {
@@ -382,6 +414,59 @@ mod tests {
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
              <|im_start|>assistant\n<think>\n"
         );
+    }
+
+    /// A template argument the template never reads renders as if it had not been sent (vLLM
+    /// drops it); one it reads is refused by name, for the built-in renderer as for a Jinja
+    /// template.
+    #[test]
+    fn template_arguments_the_template_reads_are_refused_and_the_others_change_nothing() {
+        let plain = prompt(json!([{"role": "user", "content": "Hi"}]));
+        let with = |names: &[&str]| ChatPrompt {
+            other_arguments: names.iter().map(|n| n.to_string()).collect(),
+            ..plain.clone()
+        };
+        let refused = |name: &str| {
+            Err(TemplateError::Invalid {
+                param: format!("chat_template_kwargs.{name}"),
+                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only `enable_thinking` is accepted"),
+            })
+        };
+        let builtin = ChatTemplate::builtin_qwen35();
+        let text = builtin.render(&plain).unwrap();
+        assert_eq!(
+            builtin.render(&with(&["thinking", "min_pixels", "documents"])),
+            Ok(text)
+        );
+        for name in QWEN35_READS {
+            assert_eq!(builtin.render(&with(&["thinking", name])), refused(name));
+        }
+        let jinja = ChatTemplate::from_jinja_source(
+            "{% for m in messages %}{{ m.content }}{% endfor %}{% if numbered %}1{% endif %}"
+                .into(),
+        )
+        .unwrap();
+        assert_eq!(jinja.render(&with(&["add_vision_id"])), Ok("Hi".into()));
+        assert_eq!(jinja.render(&with(&["numbered"])), refused("numbered"));
+    }
+
+    /// The built-in renderer's list of the arguments the official template renders is that
+    /// template's own: every variable it reads without setting, but the switches a prompt
+    /// holds, `messages`, and the functions it calls.
+    #[test]
+    fn the_builtin_list_of_read_arguments_is_the_official_templates() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/assets/qwen3.5/chat_template.jinja"
+        );
+        let source = std::fs::read_to_string(path).expect("made by scripts/fetch-tokenizer");
+        let official = jinja::JinjaTemplate::parse(source).unwrap();
+        let mut reads: Vec<&str> = official.reads.iter().map(String::as_str).collect();
+        let held = ["add_generation_prompt", "enable_thinking", "messages"];
+        let functions = ["namespace", "raise_exception"];
+        reads.retain(|name| !held.contains(name) && !functions.contains(name));
+        reads.sort_unstable();
+        assert_eq!(reads, QWEN35_READS);
     }
 
     #[test]

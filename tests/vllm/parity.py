@@ -368,6 +368,17 @@ def named_cases():
             mm_processor_kwargs={"min_pixels": 1048576})),
         case("chat_template_kwargs reasoning_effort",
              chat([U], chat_template_kwargs={"reasoning_effort": "low"})),
+        # vLLM hands the template only the arguments it reads: the others change nothing.
+        case("chat_template_kwargs the template does not read", chat([{"role": "user", "content": [
+            image_part(64, 64), {"type": "text", "text": "?"}]}], chat_template_kwargs={
+                "enable_thinking": False, "thinking": False, "min_pixels": 1, "tokenize": True,
+                "documents": [{"title": "A", "text": "B"}], "content": "x",
+                "reasoning_content": "y", "raise_exception": 1})),
+        case("chat_template_kwargs add_vision_id", chat([{"role": "user", "content": [
+            image_part(64, 64), {"type": "text", "text": "?"}]}],
+            chat_template_kwargs={"add_vision_id": True})),
+        case("chat_template_kwargs tools", chat([U], chat_template_kwargs={"tools": [WEATHER]})),
+        case("chat_template_kwargs messages", chat([U], chat_template_kwargs={"messages": []})),
         case("reasoning_effort", chat([U], reasoning_effort="low")),
         case("documents", chat([U], documents=[{"title": "A", "text": "Paris is in France."}])),
         case("truncate_prompt_tokens", chat([U], truncate_prompt_tokens=5)),
@@ -909,8 +920,10 @@ REFUSED = "gateway 400 ({}), vLLM 200"
 # Differences kept on purpose (docs/vllm-parity.md): name -> (the start of the difference
 # expected, why). A known difference that changes, or goes away, fails the suite.
 KNOWN = {
-    "chat_template_kwargs reasoning_effort": (
-        "gateway 400", "template arguments the gateway does not count are refused"),
+    "chat_template_kwargs add_vision_id": (
+        "gateway 400", "template arguments the template renders are refused, but enable_thinking"),
+    "chat_template_kwargs tools": (
+        "gateway 400", "template arguments the template renders are refused, but enable_thinking"),
     "truncate_prompt_tokens": ("gateway 400", "the gateway charges the prompt sent: send it cut"),
     "best_of 2": ("gateway 400", "one sequence is reserved; vLLM 0.32 ignores best_of"),
     "use_beam_search": ("gateway 400", "a beam search decodes several sequences"),

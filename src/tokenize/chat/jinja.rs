@@ -8,7 +8,7 @@ use super::pyfmt::{self, is_space, json_dumps, py_str};
 use super::{ChatPrompt, TemplateError};
 use minijinja::value::{from_args, Value};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 const NAME: &str = "chat_template";
 
@@ -16,6 +16,9 @@ const NAME: &str = "chat_template";
 #[derive(Debug)]
 pub(super) struct JinjaTemplate {
     env: Environment<'static>,
+    /// The variables the template reads without setting them (minijinja's
+    /// `undeclared_variables`, nested attributes not followed).
+    pub(super) reads: HashSet<String>,
 }
 
 /// The error `raise_exception` returns, found again in the error's source chain so the
@@ -48,7 +51,13 @@ impl JinjaTemplate {
             string_method(value, method, args)
         });
         env.add_template_owned(NAME, source)?;
-        Ok(Self { env })
+        let reads = env.get_template(NAME)?.undeclared_variables(false);
+        Ok(Self { env, reads })
+    }
+
+    /// Whether the template reads the variable `name` (one it does not set itself).
+    pub(super) fn reads(&self, name: &str) -> bool {
+        self.reads.contains(name)
     }
 
     /// Renders `prompt` with the variables transformers passes (`messages`, `tools`,
