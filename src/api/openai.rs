@@ -68,6 +68,13 @@ pub fn parse_generation_from(
     refuse_uncounted_work(&body)?;
     let echo = endpoint == Endpoint::Completions && optional_bool(&body, "echo")?.unwrap_or(false);
     let (requested, prompt_only) = output_limit(&body, endpoint, echo, limits.max_model_len)?;
+    // Whether vLLM holds a token of the context back from a cut at `-1` for the output: when
+    // the body asks for some (a completion without `max_tokens` asks for vLLM's 16).
+    let limited = match endpoint {
+        Endpoint::Chat => requested.is_some(),
+        Endpoint::Completions => !prompt_only && body.member("max_tokens") != Some(&Value::Null),
+    };
+    let truncate_to = truncation(&body, limited, limits.max_model_len)?;
     let min_tokens = match body.member("min_tokens") {
         None | Some(Value::Null) => 0,
         // A negative or unreadable one vLLM refuses: forwarded for it to.
@@ -94,6 +101,7 @@ pub fn parse_generation_from(
         choices,
         batch,
         echoed_prompt,
+        truncate_to,
         min_tokens,
         prompt_only,
         raw,
@@ -155,10 +163,51 @@ fn echoes(prompt: &Prompt, batch: &[Prompt]) -> Echo {
     )
 }
 
+/// `truncate_prompt_tokens` as vLLM 0.32 reads it (any spelling pydantic reads as a whole
+/// number): the most tokens of each prompt the engine runs, cutting the rest from the side
+/// `truncation_side` names (or its tokenizer's); `-1` is the context, less the token vLLM holds
+/// back for the output when the body asks for output (`limited`). Refused as vLLM refuses it:
+/// below -1, past the context, or 0 (an empty prompt); and so is a `truncation_side` other
+/// than "left" or "right".
+fn truncation(
+    body: &Map<String, Value>,
+    limited: bool,
+    max_model_len: u64,
+) -> Result<Option<u64>, Refusal> {
+    const PARAM: &str = "truncate_prompt_tokens";
+    match body.member("truncation_side") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(side)) if side == "left" || side == "right" => {}
+        Some(other) => {
+            return Err(Refusal::invalid_param(
+                "truncation_side",
+                format!("`truncation_side` must be \"left\" or \"right\", got {other}"),
+            ))
+        }
+    }
+    let v = match body.member(PARAM) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    match lax_int(v).ok_or_else(|| wrong_type(PARAM, "an integer", v))? {
+        -1 => Ok(Some(max_model_len - u64::from(limited))),
+        0 => Err(Refusal::invalid_param(
+            PARAM,
+            format!("`{PARAM}` is {v}: the prompt would be cut to nothing, which the engine refuses"),
+        )),
+        n => match u64::try_from(n) {
+            Ok(n) if n <= max_model_len => Ok(Some(n)),
+            _ => Err(Refusal::invalid_param(
+                PARAM,
+                format!("`{PARAM}` must be -1 (the context) or a whole number from 1 to the model's context length of {max_model_len} tokens, got {v}"),
+            )),
+        },
+    }
+}
+
 /// Refuses the generation fields that change the backend's work in ways one reservation does
 /// not cover: `use_beam_search` and `best_of` above 1 (several sequences decoded, each with its
-/// KV), `truncate_prompt_tokens` (the engine prefills a cut prompt; the gateway charges the
-/// prompt sent), and a negative body `priority` ([`refuse_negative_priority`]).
+/// KV), and a negative body `priority` ([`refuse_negative_priority`]).
 fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
     if optional_bool(body, "use_beam_search")? == Some(true) {
         return Err(Refusal::invalid_param(
@@ -173,15 +222,6 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
             return Err(Refusal::invalid_param(
                 "best_of",
                 format!("`best_of` must be 1 (one sequence per request), got {v}"),
-            ))
-        }
-    }
-    match body.member("truncate_prompt_tokens") {
-        None | Some(Value::Null) => {}
-        Some(v) => {
-            return Err(Refusal::invalid_param(
-                "truncate_prompt_tokens",
-                format!("`truncate_prompt_tokens` is not accepted (got {v}): the gateway charges the whole prompt sent, so send it cut"),
             ))
         }
     }
@@ -913,6 +953,97 @@ mod tests {
         .add_generation_prompt);
     }
 
+    /// `truncate_prompt_tokens` is read as vLLM 0.32 reads it, in pydantic's spellings: the
+    /// cut of each prompt, `-1` the context less the token held for the output when the body
+    /// asks for output (a completion without `max_tokens` asks for 16); 0, below -1 or past
+    /// the context is refused, and so is a `truncation_side` vLLM does not know.
+    #[test]
+    fn truncate_prompt_tokens_is_read_as_vllm_reads_it() {
+        let (_, len) = limits();
+        let cut = |endpoint, extra: Value| {
+            let mut body = match endpoint {
+                Endpoint::Chat => {
+                    json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]})
+                }
+                Endpoint::Completions => json!({"model": "qwen", "prompt": "hi"}),
+            };
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(endpoint, body)
+                .map(|r| r.truncate_to)
+                .map_err(|e| (e.param.unwrap_or_default(), e.message))
+        };
+        let chat = |extra| cut(Endpoint::Chat, extra);
+        for (sent, cut_at) in [
+            (json!(5), 5),
+            (json!("5"), 5),
+            (json!(5.0), 5),
+            (json!(true), 1),
+            (json!(len), len),
+        ] {
+            assert_eq!(
+                chat(json!({"truncate_prompt_tokens": sent})),
+                Ok(Some(cut_at))
+            );
+        }
+        assert_eq!(chat(json!({"truncate_prompt_tokens": null})), Ok(None));
+        assert_eq!(chat(json!({"truncate_prompt_tokens": -1})), Ok(Some(len)));
+        assert_eq!(
+            chat(json!({"truncate_prompt_tokens": "-1", "max_tokens": 5})),
+            Ok(Some(len - 1))
+        );
+        let completion = |extra| cut(Endpoint::Completions, extra);
+        assert_eq!(
+            completion(json!({"truncate_prompt_tokens": -1})),
+            Ok(Some(len - 1))
+        );
+        assert_eq!(
+            completion(json!({"truncate_prompt_tokens": -1, "max_tokens": null})),
+            Ok(Some(len))
+        );
+        assert_eq!(
+            completion(json!({"truncate_prompt_tokens": 3, "truncation_side": "left"})),
+            Ok(Some(3))
+        );
+        let refused = |sent: Value| {
+            (
+                "truncate_prompt_tokens".to_string(),
+                format!("`truncate_prompt_tokens` must be -1 (the context) or a whole number from 1 to the model's context length of {len} tokens, got {sent}"),
+            )
+        };
+        for sent in [
+            json!(-2),
+            json!(len + 1),
+            json!(9_223_372_036_854_775_808u64),
+        ] {
+            assert_eq!(
+                chat(json!({"truncate_prompt_tokens": sent})),
+                Err(refused(sent))
+            );
+        }
+        for sent in [json!(0), json!(false)] {
+            assert_eq!(
+                chat(json!({"truncate_prompt_tokens": sent})),
+                Err((
+                    "truncate_prompt_tokens".into(),
+                    format!("`truncate_prompt_tokens` is {sent}: the prompt would be cut to nothing, which the engine refuses")
+                ))
+            );
+        }
+        assert_eq!(
+            chat(json!({"truncate_prompt_tokens": "x"})).unwrap_err().0,
+            "truncate_prompt_tokens"
+        );
+        assert_eq!(
+            chat(json!({"truncate_prompt_tokens": 5, "truncation_side": "middle"})),
+            Err((
+                "truncation_side".into(),
+                r#"`truncation_side` must be "left" or "right", got "middle""#.into()
+            ))
+        );
+    }
+
     /// The other template arguments are kept by name for the template to judge (it refuses
     /// those it reads); the call's own arguments are refused here, as vLLM refuses them.
     #[test]
@@ -965,10 +1096,6 @@ mod tests {
             ),
             (json!({"use_beam_search": true}), "use_beam_search"),
             (json!({"best_of": 3}), "best_of"),
-            (
-                json!({"truncate_prompt_tokens": 10}),
-                "truncate_prompt_tokens",
-            ),
             (json!({"priority": -5}), "priority"),
             (json!({"priority": "high"}), "priority"),
             (json!({"documents": "x"}), "documents"),

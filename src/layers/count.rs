@@ -163,6 +163,32 @@ where
 /// processors), whose work nothing counts.
 const ENGINE_CONTROLS: [&str; 2] = ["kv_transfer_params", "vllm_xargs"];
 
+/// Refuses a cut of a prompt (`truncate_prompt_tokens`, or the Responses API's `truncation`, at
+/// `cut` tokens of at least `counted`)
+/// whose result the gateway does not know: one with images or videos, whose cut vLLM refuses
+/// where it would split one (and fails where it would drop one), and a completion that echoes
+/// its prompt, whose answer would repeat the cut prompt.
+fn refuse_uncounted_cut(
+    req: &GenerationRequest,
+    media: bool,
+    counted: usize,
+    cut: u64,
+) -> Result<(), ApiError> {
+    let param = match req.endpoint {
+        Route::Responses => "truncation",
+        _ => "truncate_prompt_tokens",
+    };
+    let why = match (media, &req.echoed_prompt) {
+        (true, _) => "a prompt with images or videos is not cut: where the cut falls among them is the engine's",
+        (false, Some(_)) => "a prompt that `echo` repeats is not cut: the answer would repeat the cut prompt",
+        (false, None) => return Ok(()),
+    };
+    Err(ApiError::invalid_param(
+        param,
+        format!("`{param}` would cut a prompt of at least {counted} tokens to {cut}, and {why}; send the prompt cut, or without `{param}`"),
+    ))
+}
+
 /// Refuses a body that sets one of [`ENGINE_CONTROLS`] (null is not setting it).
 fn refuse_engine_controls(
     body: &serde_json::Map<String, serde_json::Value>,
@@ -324,10 +350,12 @@ impl Counter {
             let prompt_tokens: u64 = counted_each.iter().sum();
             let burst_left = burst.saturating_sub(prompt_tokens);
             let ceiling = context.min(burst_left);
+            let media = matches!(&prompt, Prompt::Chat { media, .. } if !media.is_empty());
             let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
             let counted = match (counted, parsed.truncate_to) {
                 // Past the cut the backend makes, only the cut runs.
-                (TokenCount::AtLeast(_), Some(cut)) if cut <= burst_left => {
+                (TokenCount::AtLeast(n), Some(cut)) if cut <= burst_left => {
+                    refuse_uncounted_cut(&parsed, media, n, cut)?;
                     TokenCount::Exact(usize::try_from(cut).unwrap_or(usize::MAX))
                 }
                 (counted, _) => counted,
@@ -915,6 +943,72 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.0.as_deref(), Some("truncation"));
+    }
+
+    /// `truncate_prompt_tokens` on a chat or a completion: vLLM runs each prompt cut to that
+    /// many tokens, so that is what is charged (and what the output limit is held against); a
+    /// cut the gateway cannot follow (a prompt with an image, a completion that echoes its
+    /// prompt) is refused with the numbers, and a prompt within the cut runs whole.
+    #[tokio::test]
+    async fn truncate_prompt_tokens_charges_the_cut_prompt() {
+        let (vllm, alice) = crate::layers::testing::counter_of_vllm("0.32.0").await;
+        let (chat, completions) = (
+            Route::OpenAi(Endpoint::Chat),
+            Route::OpenAi(Endpoint::Completions),
+        );
+        let long = "word ".repeat(300);
+        let prefill = |body: String, route| {
+            let vllm = vllm.clone();
+            let alice = alice.clone();
+            async move {
+                reserved(&vllm, &alice, route, body)
+                    .await
+                    .map(|c| c.prefill)
+            }
+        };
+        let chat_body = |content: &str, extra: &str| {
+            format!(
+                r#"{{"model": "qwen3.5-27b", "messages": [{{"role": "user", "content": {content}}}], "max_tokens": 5{extra}}}"#
+            )
+        };
+        let whole = prefill(chat_body(&format!("\"{long}\""), ""), chat).await;
+        assert!(whole.clone().is_ok_and(|n| n > 300), "{whole:?}");
+        let cut = r#", "truncate_prompt_tokens": "20""#;
+        assert_eq!(
+            prefill(chat_body(&format!("\"{long}\""), cut), chat).await,
+            Ok(20)
+        );
+        // Within the cut: the prompt as counted.
+        let big = r#", "truncate_prompt_tokens": 4000"#;
+        assert_eq!(
+            prefill(chat_body(&format!("\"{long}\""), big), chat).await,
+            whole
+        );
+        // A batch: each prompt cut (three token ids fit under 20).
+        let batch = |prompts: &str| {
+            format!(
+                r#"{{"model": "qwen3.5-27b", "prompt": {prompts}, "max_tokens": 5, "truncate_prompt_tokens": 20}}"#
+            )
+        };
+        let texts = format!(r#"["{long}", "{long}"]"#);
+        assert_eq!(prefill(batch(&texts), completions).await, Ok(40));
+        let ids = format!("[{:?}, [1, 2, 3]]", [7u32; 30]);
+        assert_eq!(prefill(batch(&ids), completions).await, Ok(23));
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+        let parts = format!(
+            r#"[{{"type": "text", "text": "{long}"}}, {{"type": "image_url", "image_url": {{"url": "data:image/png;base64,{png}"}}}}]"#
+        );
+        let e = reserved(&vllm, &alice, chat, chat_body(&parts, cut))
+            .await
+            .unwrap_err();
+        assert_eq!(e, (Some("truncate_prompt_tokens".into()), "`truncate_prompt_tokens` would cut a prompt of at least 68 tokens to 20, and a prompt with images or videos is not cut: where the cut falls among them is the engine's; send the prompt cut, or without `truncate_prompt_tokens`".into()));
+        let echoed = format!(
+            r#"{{"model": "qwen3.5-27b", "prompt": "{long}", "echo": true, "max_tokens": 5, "truncate_prompt_tokens": 20}}"#
+        );
+        let e = reserved(&vllm, &alice, completions, echoed)
+            .await
+            .unwrap_err();
+        assert_eq!(e.1, "`truncate_prompt_tokens` would cut a prompt of at least 21 tokens to 20, and a prompt that `echo` repeats is not cut: the answer would repeat the cut prompt; send the prompt cut, or without `truncate_prompt_tokens`");
     }
 
     /// A default output limit is raised to `min_tokens` where vLLM's own default would allow

@@ -214,6 +214,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             &shared.served_names,
             &shared.template,
             shared.counter.as_ref(),
+            shared.engine_cfg.max_model_len,
         )?,
     };
     if let (Some(cache), Api::Chat | Api::Completion | Api::Messages | Api::Responses) =

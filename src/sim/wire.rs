@@ -101,6 +101,9 @@ struct OpenAiRequest {
     #[serde(default)]
     ignore_eos: bool,
     n: Option<u32>,
+    /// The most tokens of each prompt that run (`-1`: the context, less a token for the output
+    /// when the body asks for output).
+    truncate_prompt_tokens: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -128,13 +131,16 @@ fn bad_json(e: serde_json::Error) -> ApiError {
 // ApiError is the crate's one error type, returned as is on every path (as in the limiter).
 #[allow(clippy::result_large_err)]
 /// Parses an OpenAI chat or completions body and counts its prompt (a chat rendered with
-/// `template`, as vLLM renders it before tokenizing); the job, and the prompt's text.
+/// `template`, as vLLM renders it before tokenizing, each prompt cut at its
+/// `truncate_prompt_tokens` within the context of `max_model_len`); the job, and the prompt's
+/// text.
 pub fn parse_openai(
     api: Api,
     body: &[u8],
     served_names: &[String],
     template: &ChatTemplate,
     counter: &dyn CountTokens,
+    max_model_len: u64,
 ) -> Result<(Job, String), ApiError> {
     let req: OpenAiRequest = serde_json::from_slice(body).map_err(bad_json)?;
     if let Some(model) = &req.model {
@@ -142,6 +148,26 @@ pub fn parse_openai(
             return Err(ApiError::model_not_found(model));
         }
     }
+    let cut = match req.truncate_prompt_tokens {
+        Some(0) => {
+            return Err(ApiError::invalid_param(
+                "truncate_prompt_tokens",
+                "The decoder prompt cannot be empty",
+            ))
+        }
+        // vLLM's completions ask for 16 tokens when the body names no limit.
+        Some(-1) => {
+            let limit = req.max_completion_tokens.or(req.max_tokens);
+            let limited = limit.map_or(api == Api::Completion, |m| m > 0);
+            Some(max_model_len - u64::from(limited))
+        }
+        Some(n) => u64::try_from(n).ok(),
+        None => None,
+    };
+    let count = |text: &str| {
+        let n = counter.count(text) as u64;
+        cut.map_or(n, |cut| n.min(cut))
+    };
     let mut thinking = false;
     // A batch of prompts runs each one's choices: the simulated engine runs one sequence of
     // them all, and answers it as every choice of every prompt.
@@ -168,7 +194,7 @@ pub fn parse_openai(
             Some(Prompt::One(p)) => p,
             Some(Prompt::Many(ps)) if !ps.is_empty() => {
                 prompts = ps.len() as u64;
-                let counted: u64 = ps.iter().map(|p| counter.count(p) as u64).sum();
+                let counted: u64 = ps.iter().map(|p| count(p)).sum();
                 prompt_tokens = Some(counted);
                 ps.concat()
             }
@@ -185,7 +211,7 @@ pub fn parse_openai(
         api,
         stream: req.stream,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-        prompt_tokens: prompt_tokens.unwrap_or_else(|| counter.count(&prompt) as u64),
+        prompt_tokens: prompt_tokens.unwrap_or_else(|| count(&prompt)),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         ignore_eos: req.ignore_eos,
         details: false,

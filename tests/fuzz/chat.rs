@@ -185,6 +185,7 @@ fn prompt() -> impl Strategy<Value = (ChatPrompt, Normalize)> {
                         enable_thinking,
                         continue_final_message: continued,
                         documents: None,
+                        other_arguments: Vec::new(),
                     },
                     normalize,
                 )

@@ -683,9 +683,11 @@ def truthy_set(key):
 # difference it explains, when it applies, why). A difference a rule explains must be of the
 # rule's kind; every other difference fails the run.
 KNOWN = [
-    ("truncate_prompt_tokens", "gateway refused",
-     lambda c: tagged(c, "truncate_prompt_tokens", lambda kind, v: v is not None),
-     "the gateway charges the prompt it is sent; send it cut"),
+    ("truncate_prompt_tokens cutting an echoed prompt", "gateway refused",
+     lambda c: c["path"] == COMPLETIONS
+     and c["body"].get("truncate_prompt_tokens") is not None
+     and c["body"].get("echo") not in (None, False, 0, "false", "0"),
+     "the answer would repeat the cut prompt, which the gateway does not know"),
     ("best_of above 1", "gateway refused", truthy_set("best_of"),
      "one sequence is reserved (vLLM 0.32 ignores best_of)"),
     ("use_beam_search", "gateway refused", truthy_set("use_beam_search"),
