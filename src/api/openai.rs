@@ -279,22 +279,22 @@ pub(crate) fn take_chat_prompt(
 
 /// The chat template switches the gateway counts, from `chat_template_kwargs` and
 /// `reasoning_effort`: `enable_thinking` as sent, else, as vLLM sets it, false for
-/// `reasoning_effort: "none"` and true for any other effort; with the names of the other
-/// arguments sent (not null), which vLLM hands the template only where it reads them (the
-/// template refuses those it reads: [`ChatPrompt::other_arguments`]). An argument that the
+/// `reasoning_effort: "none"` and true for any other effort; `add_vision_id` when a boolean;
+/// with the names of the other arguments sent (not null), which vLLM hands the template only
+/// where it reads them (the template refuses those it reads: [`ChatPrompt::other_arguments`]). An argument that the
 /// call of the template takes itself is refused, as vLLM refuses it. `reasoning_effort` is a
 /// chat completion's field: `/tokenize` and the pooling routes' request models have none, and
 /// vLLM ignores it there.
 fn template_switches(
     body: &Map<String, Value>,
     route: ChatRoute,
-) -> Result<(Option<bool>, Vec<String>), Refusal> {
+) -> Result<TemplateSwitches, Refusal> {
     let kwargs = match body.member("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(o)) => Some(o),
         Some(other) => return Err(wrong_type("chat_template_kwargs", "an object", other)),
     };
-    let mut others = Vec::new();
+    let (mut others, mut add_vision_id) = (Vec::new(), None);
     for (key, value) in kwargs.into_iter().flatten() {
         // vLLM sets these from the request's own fields, over what the arguments say.
         const OVERRIDDEN: [&str; 2] = ["add_generation_prompt", "continue_final_message"];
@@ -308,6 +308,10 @@ fn template_switches(
             "self",
         ];
         if key == "enable_thinking" || value.is_null() || OVERRIDDEN.contains(&key.as_str()) {
+            continue;
+        }
+        if let ("add_vision_id", Value::Bool(b)) = (key.as_str(), value) {
+            add_vision_id = Some(*b);
             continue;
         }
         if REFUSED.contains(&key.as_str()) {
@@ -344,7 +348,18 @@ fn template_switches(
         }
         None => effort.map(|e| e != "none"),
     };
-    Ok((enable_thinking, others))
+    Ok(TemplateSwitches {
+        enable_thinking,
+        add_vision_id,
+        other_arguments: others,
+    })
+}
+
+/// The template arguments of a chat body ([`template_switches`]), as [`ChatPrompt`] holds them.
+struct TemplateSwitches {
+    enable_thinking: Option<bool>,
+    add_vision_id: Option<bool>,
+    other_arguments: Vec<String>,
 }
 
 /// Refuses the chat fields that change what vLLM prefills in ways the gateway does not count:
@@ -503,7 +518,11 @@ fn chat_prompt<'a>(
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
     };
-    let (enable_thinking, other_arguments) = template_switches(body, route)?;
+    let TemplateSwitches {
+        enable_thinking,
+        add_vision_id,
+        other_arguments,
+    } = template_switches(body, route)?;
     let add_generation_prompt =
         optional_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
     let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
@@ -530,6 +549,7 @@ fn chat_prompt<'a>(
         tools,
         add_generation_prompt,
         enable_thinking,
+        add_vision_id,
         continue_final_message,
         documents,
         other_arguments,
@@ -1053,9 +1073,13 @@ mod tests {
             "reasoning_effort": "low", "add_generation_prompt": false, "documents": null}}))
         .unwrap();
         assert_eq!(prompt.enable_thinking, Some(false));
+        assert_eq!(prompt.add_vision_id, Some(true));
+        assert_eq!(prompt.other_arguments, ["thinking", "reasoning_effort"]);
+        // Only a boolean is the switch: another value is left for the template to judge.
+        let prompt = chat_of(json!({"chat_template_kwargs": {"add_vision_id": 1}})).unwrap();
         assert_eq!(
-            prompt.other_arguments,
-            ["thinking", "add_vision_id", "reasoning_effort"]
+            (prompt.add_vision_id, prompt.other_arguments),
+            (None, vec!["add_vision_id".to_string()])
         );
         for key in [
             "chat_template",

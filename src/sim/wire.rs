@@ -115,6 +115,7 @@ struct StreamOptions {
 #[derive(Deserialize)]
 struct TemplateKwargs {
     enable_thinking: Option<bool>,
+    add_vision_id: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -177,11 +178,13 @@ pub fn parse_openai(
             let messages = req
                 .messages
                 .ok_or_else(|| ApiError::invalid_param("messages", "`messages` is required"))?;
+            let kwargs = req.chat_template_kwargs;
             let mut prompt = ChatPrompt {
                 messages,
                 tools: req.tools,
                 add_generation_prompt: true,
-                enable_thinking: req.chat_template_kwargs.and_then(|k| k.enable_thinking),
+                enable_thinking: kwargs.as_ref().and_then(|k| k.enable_thinking),
+                add_vision_id: kwargs.as_ref().and_then(|k| k.add_vision_id),
                 ..ChatPrompt::default()
             };
             // As vLLM: developer messages as system, system messages merged, reasoning renamed.

@@ -56,6 +56,10 @@ pub struct ChatPrompt {
     /// Qwen3.5's thinking switch; `Some(false)` renders an empty think block.
     #[serde(default)]
     pub enable_thinking: Option<bool>,
+    /// Qwen3.5's `add_vision_id`: `Some(true)` numbers the conversation's images and videos
+    /// ("Picture 1: " before the first image, "Video 1: " before the first video).
+    #[serde(default)]
+    pub add_vision_id: Option<bool>,
     /// transformers' `continue_final_message`: the prompt ends inside the final message's
     /// text, which the model goes on writing (see [`ChatTemplate::render`]).
     #[serde(default)]
@@ -194,11 +198,12 @@ enum Engine {
 }
 
 /// The arguments whose value the official Qwen3.5 chat template renders, other than the
-/// switches a [`ChatPrompt`] holds: `add_vision_id` numbers the images and videos ("Picture 1:
-/// "), `tools` lists tools. Of the other variables it reads without setting them, `messages` is
-/// refused with the request, `namespace` and `raise_exception` are functions, and vLLM (whose
-/// jinja2 also finds `content` and `reasoning_content`, set before they are read) renders the
-/// same prompt with or without them.
+/// switches a [`ChatPrompt`] holds: `add_vision_id` when it is not a boolean (a boolean is the
+/// prompt's switch), and `tools`, which would list tools the body does not send. Of the other
+/// variables it reads without setting them, `messages` is refused with the request,
+/// `namespace` and `raise_exception` are functions, and vLLM (whose jinja2 also finds `content`
+/// and `reasoning_content`, set before they are read) renders the same prompt with or without
+/// them.
 const QWEN35_READS: [&str; 2] = ["add_vision_id", "tools"];
 
 /// The special token every turn starts with; rendered text is cut into spans right before it.

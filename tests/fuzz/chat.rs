@@ -8,7 +8,8 @@
 //! roles known, unknown, missing or not strings; content as text (with think tags, tool
 //! responses, special tokens), as parts (text, image, video, strings, numbers, nested lists),
 //! null, or of the wrong type; reasoning; tool calls with arguments as mappings, JSON text,
-//! lists or numbers, nested or flat, or not calls at all; tool definitions of any JSON.
+//! lists or numbers, nested or flat, or not calls at all; tool definitions of any JSON; the
+//! thinking switch and `add_vision_id` (images and videos numbered) set, unset or false.
 //! Properties:
 //! - both renderers give byte-identical text, or both refuse: with the same message when the
 //!   template raises, or both unable to render;
@@ -168,6 +169,7 @@ fn prompt() -> impl Strategy<Value = (ChatPrompt, Normalize)> {
         )),
         any::<bool>(),
         prop::option::of(any::<bool>()),
+        prop::option::of(any::<bool>()),
         prop_oneof![
             1 => Just(Normalize::No),
             1 => Just(Normalize::Like(ChatRoute::ChatCompletions)),
@@ -176,7 +178,15 @@ fn prompt() -> impl Strategy<Value = (ChatPrompt, Normalize)> {
         prop::bool::weighted(0.2),
     )
         .prop_map(
-            |(messages, tools, add_generation_prompt, enable_thinking, normalize, continued)| {
+            |(
+                messages,
+                tools,
+                add_generation_prompt,
+                enable_thinking,
+                add_vision_id,
+                normalize,
+                continued,
+            )| {
                 (
                     ChatPrompt {
                         messages,
@@ -185,6 +195,7 @@ fn prompt() -> impl Strategy<Value = (ChatPrompt, Normalize)> {
                         enable_thinking,
                         continue_final_message: continued,
                         documents: None,
+                        add_vision_id,
                         other_arguments: Vec::new(),
                     },
                     normalize,

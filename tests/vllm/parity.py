@@ -375,8 +375,12 @@ def named_cases():
                 "documents": [{"title": "A", "text": "B"}], "content": "x",
                 "reasoning_content": "y", "raise_exception": 1})),
         case("chat_template_kwargs add_vision_id", chat([{"role": "user", "content": [
-            image_part(64, 64), {"type": "text", "text": "?"}]}],
+            image_part(64, 64), {"type": "text", "text": "?"}]}, A, {"role": "user", "content": [
+                image_part(96, 64), video_part(4, 64, 64), {"type": "text", "text": "And?"}]}],
             chat_template_kwargs={"add_vision_id": True})),
+        case("chat_template_kwargs add_vision_id not a boolean", chat([{"role": "user", "content": [
+            image_part(64, 64), {"type": "text", "text": "?"}]}],
+            chat_template_kwargs={"add_vision_id": 1})),
         case("chat_template_kwargs tools", chat([U], chat_template_kwargs={"tools": [WEATHER]})),
         case("chat_template_kwargs messages", chat([U], chat_template_kwargs={"messages": []})),
         case("reasoning_effort", chat([U], reasoning_effort="low")),
@@ -940,10 +944,10 @@ REFUSED = "gateway 400 ({}), vLLM 200"
 # Differences kept on purpose (docs/vllm-parity.md): name -> (the start of the difference
 # expected, why). A known difference that changes, or goes away, fails the suite.
 KNOWN = {
-    "chat_template_kwargs add_vision_id": (
-        "gateway 400", "template arguments the template renders are refused, but enable_thinking"),
+    "chat_template_kwargs add_vision_id not a boolean": (
+        "gateway 400", "template arguments the template renders are refused, but its switches"),
     "chat_template_kwargs tools": (
-        "gateway 400", "template arguments the template renders are refused, but enable_thinking"),
+        "gateway 400", "template arguments the template renders are refused, but its switches"),
     "truncate_prompt_tokens cutting a prompt with an image": (
         "gateway 400", "where a cut falls among images is the engine's (vLLM refuses a split image)"),
     "truncate_prompt_tokens cutting an echoed prompt": (

@@ -61,7 +61,8 @@ impl JinjaTemplate {
     }
 
     /// Renders `prompt` with the variables transformers passes (`messages`, `tools`,
-    /// `documents`, `add_generation_prompt`, and `enable_thinking` only when set) into `out`.
+    /// `documents`, `add_generation_prompt`, and `enable_thinking` and `add_vision_id` only when
+    /// set) into `out`.
     pub(super) fn render(
         &self,
         prompt: &ChatPrompt,
@@ -77,6 +78,9 @@ impl JinjaTemplate {
         );
         if let Some(enable_thinking) = prompt.enable_thinking {
             ctx.insert("enable_thinking", Value::from(enable_thinking));
+        }
+        if let Some(add_vision_id) = prompt.add_vision_id {
+            ctx.insert("add_vision_id", Value::from(add_vision_id));
         }
         let template = self.env.get_template(NAME).map_err(render_error)?;
         let text = template.render(ctx).map_err(render_error)?;

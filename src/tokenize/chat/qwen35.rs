@@ -40,7 +40,7 @@ pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), Templa
             }
             out.push_str(TOOLS_FOOTER);
             if first_is_system {
-                let content = render_content(attr(first, "content"), true)?;
+                let content = render_content(attr(first, "content"), true, None)?;
                 let content = strip(&content);
                 if !content.is_empty() {
                     out.push_str("\n\n");
@@ -51,7 +51,7 @@ pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), Templa
         }
         _ => {
             if first_is_system {
-                let content = render_content(attr(first, "content"), true)?;
+                let content = render_content(attr(first, "content"), true, None)?;
                 push_all(
                     out,
                     &["<|im_start|>system\n", strip(&content), "<|im_end|>\n"],
@@ -61,8 +61,12 @@ pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), Templa
     }
 
     let last_query = last_query_index(messages)?;
+    let mut ids = VisionIds {
+        on: prompt.add_vision_id == Some(true),
+        ..VisionIds::default()
+    };
     for (index, message) in messages.iter().enumerate() {
-        let content = render_content(attr(message, "content"), false)?;
+        let content = render_content(attr(message, "content"), false, Some(&mut ids))?;
         let content = strip(&content);
         match role(message) {
             Some("system") => {
@@ -104,7 +108,7 @@ pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), Templa
 fn last_query_index(messages: &[Value]) -> Result<usize, TemplateError> {
     for (index, message) in messages.iter().enumerate().rev() {
         if role(message) == Some("user") {
-            let content = render_content(attr(message, "content"), false)?;
+            let content = render_content(attr(message, "content"), false, None)?;
             let content = strip(&content);
             if !(content.starts_with("<tool_response>") && content.ends_with("</tool_response>")) {
                 return Ok(index);
@@ -217,7 +221,23 @@ fn render_arguments(arguments: &Map<String, Value>, out: &mut String) {
 
 /// The template's `render_content` macro: a string as is, a list of parts as text and vision
 /// pads, nothing for null. A string is borrowed, not copied.
-fn render_content(content: Option<&Value>, is_system: bool) -> Result<Cow<'_, str>, TemplateError> {
+/// The template's `image_count` and `video_count`, which its main loop over the messages counts
+/// up, and `add_vision_id` (`on`), which writes each count before its image or video.
+#[derive(Default)]
+struct VisionIds {
+    on: bool,
+    images: usize,
+    videos: usize,
+}
+
+/// The template's `render_content`. `ids`: the counts its main loop keeps (`do_vision_count`);
+/// without them (the system turn, which may not hold images, and the search for the last query,
+/// whose text only has to start with a tool response), nothing is numbered.
+fn render_content<'a>(
+    content: Option<&'a Value>,
+    is_system: bool,
+    mut ids: Option<&mut VisionIds>,
+) -> Result<Cow<'a, str>, TemplateError> {
     match content {
         None | Some(Value::Null) => Ok(Cow::Borrowed("")),
         Some(Value::String(s)) => Ok(Cow::Borrowed(s)),
@@ -231,10 +251,22 @@ fn render_content(content: Option<&Value>, is_system: bool) -> Result<Cow<'_, st
                     if is_system {
                         return Err(rejected("System message cannot contain images."));
                     }
+                    if let Some(ids) = ids.as_deref_mut() {
+                        ids.images += 1;
+                        if ids.on {
+                            out.push_str(&format!("Picture {}: ", ids.images));
+                        }
+                    }
                     out.push_str(IMAGE);
                 } else if contains(item, "video")? || is_type(item, "video") {
                     if is_system {
                         return Err(rejected("System message cannot contain videos."));
+                    }
+                    if let Some(ids) = ids.as_deref_mut() {
+                        ids.videos += 1;
+                        if ids.on {
+                            out.push_str(&format!("Video {}: ", ids.videos));
+                        }
                     }
                     out.push_str(VIDEO);
                 } else if contains(item, "text")? {
