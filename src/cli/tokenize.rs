@@ -152,10 +152,9 @@ pub fn run_jsonl<R: BufRead, W: Write>(
 
 /// Counts a `{"text": "..."}` line as is, or a `{"messages": [...], ...}` line as the gateway
 /// charges that body sent to `/v1/chat/completions`: the same fields read the same way (`tools`,
-/// `add_generation_prompt` true unless false, `chat_template_kwargs.enable_thinking` and
-/// `add_vision_id`,
-/// `reasoning_effort`, vLLM's normalization of the messages), images and videos expanded as
-/// the engine expands them.
+/// `add_generation_prompt` true unless false, `chat_template_kwargs`, `reasoning_effort`,
+/// vLLM's normalization of the messages), images and videos expanded as the engine expands
+/// them.
 pub fn count_line(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
