@@ -281,10 +281,11 @@ pub(crate) fn take_chat_prompt(
 /// `reasoning_effort`: `enable_thinking` as sent, else, as vLLM sets it, false for
 /// `reasoning_effort: "none"` and true for any other effort; `add_vision_id` when a boolean;
 /// with the names of the other arguments sent (not null), which vLLM hands the template only
-/// where it reads them (the template refuses those it reads: [`ChatPrompt::other_arguments`]). An argument that the
-/// call of the template takes itself is refused, as vLLM refuses it. `reasoning_effort` is a
-/// chat completion's field: `/tokenize` and the pooling routes' request models have none, and
-/// vLLM ignores it there.
+/// where it reads them (the template refuses those it reads: [`ChatPrompt::other_arguments`]),
+/// a switch that is a number or a text among them. An argument that the call of the template
+/// takes itself is refused, as vLLM refuses it. `reasoning_effort` is a chat completion's
+/// field: `/tokenize` and the pooling routes' request models have none, and vLLM ignores it
+/// there.
 fn template_switches(
     body: &Map<String, Value>,
     route: ChatRoute,
@@ -307,12 +308,24 @@ fn template_switches(
             "return_assistant_tokens_mask",
             "self",
         ];
-        if key == "enable_thinking" || value.is_null() || OVERRIDDEN.contains(&key.as_str()) {
+        if value.is_null() || OVERRIDDEN.contains(&key.as_str()) {
             continue;
         }
-        if let ("add_vision_id", Value::Bool(b)) = (key.as_str(), value) {
-            add_vision_id = Some(*b);
-            continue;
+        match (key.as_str(), value) {
+            ("add_vision_id", Value::Bool(b)) => {
+                add_vision_id = Some(*b);
+                continue;
+            }
+            ("enable_thinking", Value::Bool(_)) => continue,
+            // Not hashable: vLLM refuses it.
+            ("enable_thinking", Value::Object(_) | Value::Array(_)) => {
+                return Err(wrong_type(
+                    "chat_template_kwargs.enable_thinking",
+                    "a boolean",
+                    value,
+                ))
+            }
+            _ => {}
         }
         if REFUSED.contains(&key.as_str()) {
             let param = format!("chat_template_kwargs.{key}");
@@ -337,15 +350,9 @@ fn template_switches(
     };
     let enable_thinking = match kwargs.and_then(|k| k.member("enable_thinking")) {
         Some(Value::Bool(b)) => Some(*b),
-        // Present but null: vLLM leaves it so, and does not derive it from the effort.
-        Some(Value::Null) => None,
-        Some(other) => {
-            return Err(wrong_type(
-                "chat_template_kwargs.enable_thinking",
-                "a boolean",
-                other,
-            ))
-        }
+        // Present but null, or a number or a text (left to the template, which reads it as it
+        // does: another argument): vLLM does not derive it from the effort then.
+        Some(_) => None,
         None => effort.map(|e| e != "none"),
     };
     Ok(TemplateSwitches {
@@ -1075,11 +1082,29 @@ mod tests {
         assert_eq!(prompt.enable_thinking, Some(false));
         assert_eq!(prompt.add_vision_id, Some(true));
         assert_eq!(prompt.other_arguments, ["thinking", "reasoning_effort"]);
-        // Only a boolean is the switch: another value is left for the template to judge.
-        let prompt = chat_of(json!({"chat_template_kwargs": {"add_vision_id": 1}})).unwrap();
+        // Only a boolean is a switch: a number or a text is left for the template to judge
+        // (and, present, keeps the effort from setting the thinking switch); an object or a
+        // list vLLM refuses.
+        let prompt = chat_of(json!({"reasoning_effort": "none",
+            "chat_template_kwargs": {"add_vision_id": 1, "enable_thinking": "false"}}))
+        .unwrap();
         assert_eq!(
-            (prompt.add_vision_id, prompt.other_arguments),
-            (None, vec!["add_vision_id".to_string()])
+            (
+                prompt.add_vision_id,
+                prompt.enable_thinking,
+                prompt.other_arguments
+            ),
+            (
+                None,
+                None,
+                vec!["add_vision_id".to_string(), "enable_thinking".to_string()]
+            )
+        );
+        assert_eq!(
+            chat_of(json!({"chat_template_kwargs": {"enable_thinking": [false]}}))
+                .unwrap_err()
+                .0,
+            "chat_template_kwargs.enable_thinking"
         );
         for key in [
             "chat_template",

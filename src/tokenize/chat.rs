@@ -199,11 +199,12 @@ enum Engine {
 
 /// The arguments whose value the official Qwen3.5 chat template renders, other than the
 /// switches a [`ChatPrompt`] holds: `add_vision_id` when it is not a boolean (a boolean is the
-/// prompt's switch), and `tools`, which would list tools the body does not send. Of the other
-/// variables it reads without setting them, `messages` is refused with the request,
-/// `namespace` and `raise_exception` are functions, and vLLM (whose jinja2 also finds `content`
-/// and `reasoning_content`, set before they are read) renders the same prompt with or without
-/// them.
+/// prompt's switch; the template tests its truth), and `tools`, which would list tools the body
+/// does not send. Of the other variables it reads without setting them, `enable_thinking` that
+/// is not a boolean renders as none was sent (the template tests `enable_thinking is false`),
+/// `messages` is refused with the request, `namespace` and `raise_exception` are functions, and
+/// vLLM (whose jinja2 also finds `content` and `reasoning_content`, set before they are read)
+/// renders the same prompt with or without them.
 const QWEN35_READS: [&str; 2] = ["add_vision_id", "tools"];
 
 /// The special token every turn starts with; rendered text is cut into spans right before it.
@@ -293,7 +294,7 @@ impl ChatTemplate {
             None => Ok(()),
             Some(name) => Err(TemplateError::Invalid {
                 param: format!("chat_template_kwargs.{name}"),
-                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only `enable_thinking` is accepted"),
+                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only the switches `enable_thinking` and `add_vision_id` are accepted, as booleans"),
             }),
         }
     }
@@ -434,7 +435,7 @@ mod tests {
         let refused = |name: &str| {
             Err(TemplateError::Invalid {
                 param: format!("chat_template_kwargs.{name}"),
-                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only `enable_thinking` is accepted"),
+                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only the switches `enable_thinking` and `add_vision_id` are accepted, as booleans"),
             })
         };
         let builtin = ChatTemplate::builtin_qwen35();

@@ -382,6 +382,11 @@ def named_cases():
             image_part(64, 64), {"type": "text", "text": "?"}]}],
             chat_template_kwargs={"add_vision_id": 1})),
         case("chat_template_kwargs tools", chat([U], chat_template_kwargs={"tools": [WEATHER]})),
+        # The template tests `enable_thinking is false`: "false" thinks, as if nothing was sent.
+        case("chat_template_kwargs enable_thinking as a text", chat(
+            [U], reasoning_effort="none", chat_template_kwargs={"enable_thinking": "false"})),
+        case("chat_template_kwargs enable_thinking as a list",
+             chat([U], chat_template_kwargs={"enable_thinking": [False]})),
         case("chat_template_kwargs messages", chat([U], chat_template_kwargs={"messages": []})),
         case("reasoning_effort", chat([U], reasoning_effort="low")),
         case("documents", chat([U], documents=[{"title": "A", "text": "Paris is in France."}])),

@@ -695,11 +695,6 @@ KNOWN = [
     ("a negative priority", "gateway refused",
      lambda c: tagged(c, "priority", lambda kind, v: as_int(v) is not None and as_int(v) < 0),
      "with vLLM's priority scheduling it would lift a request above its class"),
-    ("chat_template_kwargs.enable_thinking not a boolean", "gateway refused",
-     lambda c: tagged(c, "chat_template_kwargs", lambda kind, v: isinstance(v, dict)
-                      and v.get("enable_thinking") is not None
-                      and not isinstance(v["enable_thinking"], bool)),
-     "a template may read another value as on or as off; the gateway counts a boolean"),
     ("mm_processor_kwargs", "gateway refused", truthy_set("mm_processor_kwargs"),
      "it changes how images become tokens"),
     ("media_io_kwargs", "gateway refused", truthy_set("media_io_kwargs"),
