@@ -178,9 +178,40 @@ async fn chats_are_counted_as_vllm_renders_them() {
     assert_eq!(prompt(plain).await, 21);
 }
 
+/// `truncate_prompt_tokens`, as vLLM: each prompt runs with at most that many tokens (`-1`, the
+/// context less one); 0 would leave an empty prompt, which is refused.
+#[tokio::test(start_paused = true)]
+async fn truncate_prompt_tokens_cuts_each_prompt() {
+    let s = sim(SimConfig::default()).await;
+    let prompt_tokens = |truncate: i64, prompt: Value| {
+        let addr = s.addr();
+        async move {
+            let body = json!({"model": DEFAULT_MODEL, "max_tokens": 1, "prompt": prompt,
+                              "truncate_prompt_tokens": truncate});
+            let a = post(addr, "/v1/completions", body).await;
+            match a.status {
+                StatusCode::OK => Ok(a.json()["usage"]["prompt_tokens"].as_u64().unwrap()),
+                status => Err((status, a.json()["error"]["message"].clone())),
+            }
+        }
+    };
+    let long = "one two three four five six seven eight";
+    assert_eq!(prompt_tokens(-1, json!(long)).await, Ok(8));
+    assert_eq!(prompt_tokens(3, json!(long)).await, Ok(3));
+    assert_eq!(prompt_tokens(3, json!([long, "one"])).await, Ok(4));
+    assert_eq!(
+        prompt_tokens(0, json!(long)).await,
+        Err((
+            StatusCode::BAD_REQUEST,
+            json!("The decoder prompt cannot be empty")
+        ))
+    );
+}
+
 /// With `--reasoning-parser qwen3`, as vLLM 0.32: a chat that thinks (Qwen3.5's default) sends
 /// the first half of its output in `delta.reasoning` / `message.reasoning` and the rest in
-/// `content`; one with `enable_thinking: false` only content; completions never reasoning.
+/// `content`; one with `enable_thinking: false` only content (not one with the text "false");
+/// completions never reasoning.
 /// Usage counts both.
 #[tokio::test(start_paused = true)]
 async fn a_reasoning_parser_splits_a_thinking_chat_into_reasoning_and_content() {
@@ -225,10 +256,17 @@ async fn a_reasoning_parser_splits_a_thinking_chat_into_reasoning_and_content() 
     );
     let mut off = whole.clone();
     off["chat_template_kwargs"] = json!({"enable_thinking": false});
-    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, off)).await;
+    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, off.clone())).await;
     assert_eq!(
         a.json()["choices"][0]["message"],
         json!({"role": "assistant", "content": words(0, 5)})
+    );
+    // The template tests `enable_thinking is false`: the text "false" thinks.
+    off["chat_template_kwargs"] = json!({"enable_thinking": "false"});
+    let a = post(s.addr(), "/v1/chat/completions", chat(HELLO, off)).await;
+    assert_eq!(
+        a.json()["choices"][0]["message"],
+        json!({"role": "assistant", "reasoning": words(0, 3), "content": words(3, 2)})
     );
     let body = json!({"model": DEFAULT_MODEL, "prompt": "hi", "max_tokens": 5, "ignore_eos": true});
     let a = post(s.addr(), "/v1/completions", body).await;

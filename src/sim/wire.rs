@@ -114,7 +114,8 @@ struct StreamOptions {
 
 #[derive(Deserialize)]
 struct TemplateKwargs {
-    enable_thinking: Option<bool>,
+    /// Any value, as vLLM hands it to the template, which tests `enable_thinking is false`.
+    enable_thinking: Option<Value>,
     add_vision_id: Option<bool>,
 }
 
@@ -183,7 +184,10 @@ pub fn parse_openai(
                 messages,
                 tools: req.tools,
                 add_generation_prompt: true,
-                enable_thinking: kwargs.as_ref().and_then(|k| k.enable_thinking),
+                enable_thinking: kwargs
+                    .as_ref()
+                    .and_then(|k| k.enable_thinking.as_ref())
+                    .and_then(Value::as_bool),
                 add_vision_id: kwargs.as_ref().and_then(|k| k.add_vision_id),
                 ..ChatPrompt::default()
             };
