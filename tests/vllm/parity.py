@@ -407,7 +407,9 @@ def named_cases():
               "truncate_prompt_tokens": 3}, "/v1/completions"),
         case("truncate_prompt_tokens cutting a prompt with an image", chat([{"role": "user", "content": [
             {"type": "text", "text": "Describe this picture in a few words, please. " * 8},
-            image_part(64, 64)]}], truncate_prompt_tokens=100)),
+            # An image of its own: a body vLLM refuses after reading its images can leave its
+            # engine's image cache behind its frontend's (a later body with the same image fails).
+            image_part(72, 48)]}], truncate_prompt_tokens=100)),
         case("truncate_prompt_tokens cutting an echoed prompt",
              {"model": MODEL, "prompt": "Once upon a time there was a king", "max_tokens": 2,
               "echo": True, "truncate_prompt_tokens": 4}, "/v1/completions"),
