@@ -14,15 +14,16 @@
 //!   previous assistant message's reasoning the same way; a `function_call` joins the previous
 //!   assistant message's tool calls, or starts one;
 //! - `function_call_output` (and `custom_tool_call_output`) is a tool message;
-//! - function tools become chat tools; other tools (built-in ones, which vLLM serves only with
-//!   a tool server) are not rendered;
+//! - function tools become chat tools, and so does a `custom` tool, as the function of one
+//!   string argument vLLM shows the model for it; other tools (built-in ones, which vLLM serves
+//!   only with a tool server) are not rendered;
 //! - `reasoning.effort` is the chat's `reasoning_effort`; a last `message` or `reasoning` item
 //!   whose `status` is `in_progress` or `incomplete` is continued (`continue_final_message`).
 //!
 //! What depends on state the gateway cannot count is refused with a 400 that says so:
 //! `previous_response_id`, `conversation`, `prompt` (a stored prompt), `background`. So are
 //! items vLLM refuses or renders from a server's state (`item_reference`, built-in tool calls,
-//! encrypted reasoning, namespaced and custom tools).
+//! encrypted reasoning, namespaced tools).
 
 use super::openai;
 use super::request::{
@@ -397,8 +398,9 @@ fn parts_of(parts: &[Value], at: &str) -> Result<Vec<Value>, Refusal> {
         .collect()
 }
 
-/// Function tools as chat tools; other tools are not rendered (vLLM's
-/// `construct_tool_dicts`).
+/// Function tools as chat tools, and a `custom` tool as the function vLLM 0.32 shows the model
+/// for it (one string argument, `input`: [`custom_tool_function`]); other tools are not
+/// rendered (vLLM's `get_function_tools`).
 fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
     let tools = match body.get("tools") {
         None | Some(Value::Null) => return Ok(None),
@@ -413,7 +415,11 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
         };
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => {}
-            Some(kind @ ("namespace" | "custom")) => {
+            Some("custom") => {
+                functions.push(custom_tool_function(tool, &at)?);
+                continue;
+            }
+            Some(kind @ "namespace") => {
                 return Err(Refusal::invalid_param(
                     &format!("{at}.type"),
                     format!("`{at}.type` is `{kind}`, which the gateway does not count: declare function tools"),
@@ -428,6 +434,39 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
         functions.push(json!({"type": "function", "function": function}));
     }
     Ok((!functions.is_empty()).then_some(functions))
+}
+
+/// The function vLLM 0.32 shows the model for a `custom` tool (`custom_tool_as_function_dict`):
+/// its name and description, and one string argument, `input`, for its free-form text. A
+/// custom tool with a grammar `format` is refused, as vLLM refuses it.
+fn custom_tool_function(tool: &Map<String, Value>, at: &str) -> Result<Value, Refusal> {
+    let name = match tool.get("name") {
+        Some(Value::String(name)) => name,
+        other => {
+            let got = other.unwrap_or(&Value::Null);
+            return Err(wrong_type(&format!("{at}.name"), "a string", got));
+        }
+    };
+    let description = match tool.get("description") {
+        None | Some(Value::Null) => Value::Null,
+        Some(Value::String(d)) => Value::from(d.as_str()),
+        Some(other) => return Err(wrong_type(&format!("{at}.description"), "a string", other)),
+    };
+    let grammar = tool.get("format").and_then(|f| f.get("type")) == Some(&json!("grammar"));
+    if grammar {
+        return Err(Refusal::invalid_param(
+            &format!("{at}.format"),
+            "custom tools with a grammar format are not supported; only free-form text custom tools are accepted",
+        ));
+    }
+    let input = json!({
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": "The freeform text payload for this tool."}},
+        "required": ["input"],
+        "additionalProperties": false,
+    });
+    Ok(json!({"type": "function", "function": {
+        "name": name, "description": description, "parameters": input}}))
 }
 
 /// A whole answer or one stream event, as far as metering reads it: `usage` (a whole
@@ -648,6 +687,29 @@ mod tests {
         );
         // store is accepted: without a store vLLM ignores it.
         assert!(parse(json!({"model": "qwen", "input": "hi", "store": true})).is_ok());
+        let grammar = json!({"type": "custom", "name": "g", "format": {"type": "grammar"}});
+        assert_eq!(refused(json!({"tools": [grammar]})), "tools[0].format");
+        assert_eq!(
+            refused(json!({"tools": [{"type": "custom"}]})),
+            "tools[0].name"
+        );
+    }
+
+    /// A custom tool is shown as vLLM 0.32 shows it: a function of one string, `input`.
+    #[test]
+    fn a_custom_tool_is_the_function_of_one_string_vllm_shows() {
+        let p = chat(json!({"model": "qwen", "input": "hi", "tools": [
+            {"type": "custom", "name": "shell", "format": {"type": "text"}},
+            {"type": "web_search"}]}));
+        assert_eq!(
+            p.tools,
+            Some(vec![json!({"type": "function", "function": {
+                "name": "shell", "description": null, "parameters": {
+                    "type": "object",
+                    "properties": {"input": {"type": "string",
+                        "description": "The freeform text payload for this tool."}},
+                    "required": ["input"], "additionalProperties": false}}})])
+        );
     }
 
     #[test]

@@ -604,6 +604,13 @@ def responses_cases():
             [u, call, output, said, {"role": "user", "content": "Thanks."}], tools=[weather])),
         r("tools, streamed", base([u, call, output], 4, stream=True, tools=[weather])),
         r("a built-in tool beside a function", base([u], tools=[weather, {"type": "web_search"}])),
+        # vLLM 0.32 shows the model a custom tool as a function of one string, `input`.
+        r("custom tools", base([u], tools=[weather, {"type": "custom", "name": "shell"},
+                                           {"type": "custom", "name": "sql",
+                                            "description": "Runs a query.",
+                                            "format": {"type": "text"}}])),
+        r("a custom tool with a grammar", base([u], tools=[{"type": "custom", "name": "g",
+            "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"a\""}}])),
         r("developer item", base([{"role": "developer", "content": "Answer in French."}, u])),
         r("reasoning effort none", base([u], reasoning={"effort": "none"})),
         r("reasoning effort high", base([u], reasoning={"effort": "high"})),
