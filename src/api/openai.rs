@@ -317,8 +317,10 @@ fn template_switches(
                 continue;
             }
             ("enable_thinking", Value::Bool(_)) => continue,
-            // Not hashable: vLLM refuses it.
-            ("enable_thinking", Value::Object(_) | Value::Array(_)) => {
+            // Not hashable: vLLM refuses it where it generates (its `/tokenize` renders it).
+            ("enable_thinking", Value::Object(_) | Value::Array(_))
+                if route != ChatRoute::Tokenize =>
+            {
                 return Err(wrong_type(
                     "chat_template_kwargs.enable_thinking",
                     "a boolean",
@@ -1105,6 +1107,18 @@ mod tests {
                 .unwrap_err()
                 .0,
             "chat_template_kwargs.enable_thinking"
+        );
+        // vLLM's /tokenize renders it: a list is not `false`.
+        let tokenize = json!({"messages": [{"role": "user", "content": "hi"}],
+                              "chat_template_kwargs": {"enable_thinking": [false]}});
+        let Ok((Prompt::Chat { prompt, .. }, _)) =
+            parse_tokenize(tokenize.as_object().unwrap(), &VisionRules::default())
+        else {
+            panic!("a chat")
+        };
+        assert_eq!(
+            (prompt.enable_thinking, prompt.other_arguments),
+            (None, vec!["enable_thinking".to_string()])
         );
         for key in [
             "chat_template",

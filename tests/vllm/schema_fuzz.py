@@ -683,6 +683,11 @@ def truthy_set(key):
 # difference it explains, when it applies, why). A difference a rule explains must be of the
 # rule's kind; every other difference fails the run.
 KNOWN = [
+    ("a text part without text on /tokenize", "gateway served",
+     lambda c: c["path"] == TOKENIZE
+     and tagged(c, "messages", lambda kind, v: isinstance(v, str) and '"text": null' in v),
+     "the gateway renders it as vLLM's renderer does (as nothing); vLLM's /tokenize request "
+     "model refuses it first, and its generating routes refuse it to the gateway"),
     ("truncate_prompt_tokens cutting an echoed prompt", "gateway refused",
      lambda c: c["path"] == COMPLETIONS
      and c["body"].get("truncate_prompt_tokens") is not None
