@@ -164,10 +164,9 @@ where
 const ENGINE_CONTROLS: [&str; 2] = ["kv_transfer_params", "vllm_xargs"];
 
 /// Refuses a cut of a prompt (`truncate_prompt_tokens`, or the Responses API's `truncation`, at
-/// `cut` tokens of at least `counted`)
-/// whose result the gateway does not know: one with images or videos, whose cut vLLM refuses
-/// where it would split one (and fails where it would drop one), and a completion that echoes
-/// its prompt, whose answer would repeat the cut prompt.
+/// `cut` tokens of at least `counted`) whose result the gateway does not know: one with images
+/// or videos, whose cut vLLM refuses where it would split one (and fails where it would drop
+/// one), and a completion that echoes its prompt, whose answer would repeat the cut prompt.
 fn refuse_uncounted_cut(
     req: &GenerationRequest,
     media: bool,
