@@ -2261,13 +2261,10 @@ async fn template_arguments_are_charged_as_the_template_reads_them() {
         gw.bucket("alice", "decode").await,
     );
     let r = gw
-        .chat("sk-alice", &chat(json!({"add_vision_id": true})))
+        .chat("sk-alice", &chat(json!({"tools": [{"type": "function"}]})))
         .await;
     assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(
-        r.json()["error"]["param"],
-        "chat_template_kwargs.add_vision_id"
-    );
+    assert_eq!(r.json()["error"]["param"], "chat_template_kwargs.tools");
     assert_eq!(backend.max_tokens_seen().len(), forwarded);
     let after = (
         gw.bucket("alice", "prefill").await,
