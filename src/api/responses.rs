@@ -12,18 +12,20 @@
 //!   part's text) fills the previous assistant message's content when it has none, else starts
 //!   one; a `reasoning` item (its first `content` text, else its first `summary` text) fills the
 //!   previous assistant message's reasoning the same way; a `function_call` joins the previous
-//!   assistant message's tool calls, or starts one;
+//!   assistant message's tool calls, or starts one (named `<namespace>__<name>` when it has a
+//!   namespace), and so does a `custom_tool_call`, as a call of its tool's function;
 //! - `function_call_output` (and `custom_tool_call_output`) is a tool message;
 //! - function tools become chat tools, and so does a `custom` tool, as the function of one
-//!   string argument vLLM shows the model for it; other tools (built-in ones, which vLLM serves
-//!   only with a tool server) are not rendered;
+//!   string argument vLLM shows the model for it, and so do a `namespace` tool's functions,
+//!   each named `<namespace>__<name>`; other tools (built-in ones, which vLLM serves only with
+//!   a tool server) are not rendered;
 //! - `reasoning.effort` is the chat's `reasoning_effort`; a last `message` or `reasoning` item
 //!   whose `status` is `in_progress` or `incomplete` is continued (`continue_final_message`).
 //!
 //! What depends on state the gateway cannot count is refused with a 400 that says so:
 //! `previous_response_id`, `conversation`, `prompt` (a stored prompt), `background`. So are
 //! items vLLM refuses or renders from a server's state (`item_reference`, built-in tool calls,
-//! encrypted reasoning, namespaced tools).
+//! encrypted reasoning).
 
 use super::openai;
 use super::request::{
@@ -229,6 +231,26 @@ fn last_assistant(messages: &mut [Value], first: usize) -> Option<&mut Map<Strin
     (last.get("role").and_then(Value::as_str) == Some("assistant")).then_some(last)
 }
 
+/// Adds a tool call to the previous assistant message's calls, or starts an assistant message
+/// with it (vLLM's merging of consecutive calls).
+fn push_call(messages: &mut Vec<Value>, first: usize, call: Value) {
+    if let Some(prev) = last_assistant(messages, first) {
+        match prev.get_mut("tool_calls") {
+            Some(Value::Array(calls)) => calls.push(call),
+            _ => {
+                prev.insert("tool_calls".into(), Value::Array(vec![call]));
+            }
+        }
+        return;
+    }
+    messages.push(json!({"role": "assistant", "tool_calls": [call]}));
+}
+
+/// The name vLLM 0.32 gives the model for the function `name` of the namespace `namespace`.
+fn flat_name(namespace: &str, name: &str) -> String {
+    format!("{namespace}__{name}")
+}
+
 /// Sets `key` of the previous assistant message when it has none, else pushes a new assistant
 /// message with it (vLLM's merging of consecutive assistant items).
 fn fill_or_push(messages: &mut Vec<Value>, first: usize, key: &str, value: Value) {
@@ -251,30 +273,31 @@ fn convert_item(
     let kind = string(item, at, "type")?;
     match kind {
         Some("function_call") => {
-            if item.get("namespace").is_some_and(|n| !n.is_null()) {
-                return Err(Refusal::invalid_param(
-                    &format!("{at}.namespace"),
-                    format!("`{at}.namespace` is not accepted: the gateway counts function tools without a namespace"),
-                ));
-            }
+            let name = required(item, at, "name")?;
+            // A namespaced call names the function as its namespace's tools list it (an empty
+            // namespace is none, as vLLM reads it).
+            let name = match string(item, at, "namespace")? {
+                Some(namespace) if !namespace.is_empty() => flat_name(namespace, name),
+                _ => name.to_owned(),
+            };
             let call = json!({
                 "id": required(item, at, "call_id")?,
                 "type": "function",
-                "function": {
-                    "name": required(item, at, "name")?,
-                    "arguments": required(item, at, "arguments")?,
-                },
+                "function": {"name": name, "arguments": required(item, at, "arguments")?},
             });
-            if let Some(prev) = last_assistant(messages, first) {
-                match prev.get_mut("tool_calls") {
-                    Some(Value::Array(calls)) => calls.push(call),
-                    _ => {
-                        prev.insert("tool_calls".into(), Value::Array(vec![call]));
-                    }
-                }
-                return Ok(());
-            }
-            messages.push(json!({"role": "assistant", "tool_calls": [call]}));
+            push_call(messages, first, call);
+        }
+        Some("custom_tool_call") => {
+            // The call of a custom tool's function: its text as that function's one argument,
+            // written as Python's `json.dumps` writes it (vLLM's `encode_custom_tool_input`).
+            let input = required(item, at, "input")?;
+            let arguments = format!("{{\"input\": {}}}", Value::from(input));
+            let call = json!({
+                "id": required(item, at, "call_id")?,
+                "type": "function",
+                "function": {"name": required(item, at, "name")?, "arguments": arguments},
+            });
+            push_call(messages, first, call);
         }
         Some("reasoning") => {
             if item.get("encrypted_content").is_some_and(|c| !c.is_null()) {
@@ -306,7 +329,7 @@ fn convert_item(
         Some(other) => {
             return Err(Refusal::invalid_param(
                 &format!("{at}.type"),
-                format!("`{at}.type` is `{other}`, which the gateway does not accept: input items are messages, `reasoning`, `function_call` and `function_call_output`"),
+                format!("`{at}.type` is `{other}`, which the gateway does not accept: input items are messages, `reasoning`, `function_call`, `custom_tool_call` and their outputs"),
             ))
         }
     }
@@ -419,21 +442,68 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
                 functions.push(custom_tool_function(tool, &at)?);
                 continue;
             }
-            Some(kind @ "namespace") => {
-                return Err(Refusal::invalid_param(
-                    &format!("{at}.type"),
-                    format!("`{at}.type` is `{kind}`, which the gateway does not count: declare function tools"),
-                ))
+            Some("namespace") => {
+                namespace_functions(tool, &at, &mut functions)?;
+                continue;
             }
             _ => continue,
         }
-        let function: Map<String, Value> = (tool.iter())
-            .filter(|(k, _)| k.as_str() != "type")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        functions.push(json!({"type": "function", "function": function}));
+        functions.push(function_tool(tool, None));
     }
     Ok((!functions.is_empty()).then_some(functions))
+}
+
+/// A function tool as a chat tool: its members but `type`, its name given as `name` when set.
+fn function_tool(tool: &Map<String, Value>, name: Option<String>) -> Value {
+    let mut function: Map<String, Value> = (tool.iter())
+        .filter(|(k, _)| k.as_str() != "type")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some(name) = name {
+        function.insert("name".into(), Value::from(name));
+    }
+    json!({"type": "function", "function": function})
+}
+
+/// A `namespace` tool's functions, as vLLM 0.32 shows them to the model: each named
+/// `<namespace>__<name>`, in order; its custom tools are not shown. Its `name`, `description`
+/// and `tools`, and each of its tools' `type` and `name`, are required as vLLM's request model
+/// requires them.
+fn namespace_functions(
+    tool: &Map<String, Value>,
+    at: &str,
+    functions: &mut Vec<Value>,
+) -> Result<(), Refusal> {
+    let namespace = required(tool, at, "name")?;
+    required(tool, at, "description")?;
+    let inner = match tool.get("tools") {
+        Some(Value::Array(inner)) => inner,
+        other => {
+            let got = other.unwrap_or(&Value::Null);
+            return Err(wrong_type(&format!("{at}.tools"), "an array of tools", got));
+        }
+    };
+    for (j, member) in inner.iter().enumerate() {
+        let at = format!("{at}.tools[{j}]");
+        let Value::Object(member) = member else {
+            return Err(wrong_type(&at, "an object", member));
+        };
+        let function = match member.get("type").and_then(Value::as_str) {
+            Some("function") => true,
+            Some("custom") => false,
+            _ => {
+                return Err(Refusal::invalid_param(
+                    &format!("{at}.type"),
+                    format!("`{at}.type` must be `function` or `custom`"),
+                ))
+            }
+        };
+        let name = required(member, &at, "name")?;
+        if function {
+            functions.push(function_tool(member, Some(flat_name(namespace, name))));
+        }
+    }
+    Ok(())
 }
 
 /// The function vLLM 0.32 shows the model for a `custom` tool (`custom_tool_as_function_dict`):
@@ -710,6 +780,66 @@ mod tests {
                         "description": "The freeform text payload for this tool."}},
                     "required": ["input"], "additionalProperties": false}}})])
         );
+    }
+
+    /// A namespace's functions are shown as vLLM 0.32 shows them, named `<namespace>__<name>`
+    /// (its custom tools are not shown), and a call naming its namespace calls that name; a
+    /// custom tool's call is a call of its function, its text the argument `input`.
+    #[test]
+    fn namespaced_functions_and_custom_calls_are_what_vllm_renders() {
+        let crm = json!({"type": "namespace", "name": "crm", "description": "CRM tools.", "tools": [
+            {"type": "function", "name": "lookup", "parameters": {"type": "object"}},
+            {"type": "custom", "name": "note", "format": {"type": "grammar"}}]});
+        let p = chat(
+            json!({"model": "qwen", "tools": [crm, {"type": "custom", "name": "sh"}], "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "function_call", "call_id": "c1", "namespace": "crm", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "namespace": "", "name": "lookup", "arguments": "{}"},
+            {"type": "custom_tool_call", "call_id": "c3", "name": "sh", "input": "ls \"a\"\n\u{e9}"},
+            {"type": "custom_tool_call_output", "call_id": "c3", "output": "ok"}]}),
+        );
+        let names: Vec<_> = (p.tools.unwrap().iter())
+            .map(|t| t["function"]["name"].clone())
+            .collect();
+        assert_eq!(names, [json!("crm__lookup"), json!("sh")]);
+        assert_eq!(
+            p.messages[1]["tool_calls"],
+            json!([
+                {"id": "c1", "type": "function", "function": {"name": "crm__lookup", "arguments": {}}},
+                {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": {}}},
+                {"id": "c3", "type": "function", "function": {"name": "sh", "arguments": {"input": "ls \"a\"\n\u{e9}"}}}
+            ])
+        );
+        let refused = |tools: Value, input: Value| {
+            let b = json!({"model": "qwen", "tools": tools, "input": input});
+            parse(b).unwrap_err().param.unwrap_or_default()
+        };
+        let hi = json!("hi");
+        let ns = |extra: Value| {
+            let mut t =
+                json!({"type": "namespace", "name": "crm", "description": "d", "tools": []});
+            t.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            json!([t])
+        };
+        assert_eq!(
+            refused(ns(json!({"description": null})), hi.clone()),
+            "tools[0].description"
+        );
+        assert_eq!(refused(ns(json!({"name": 5})), hi.clone()), "tools[0].name");
+        assert_eq!(
+            refused(ns(json!({"tools": null})), hi.clone()),
+            "tools[0].tools"
+        );
+        let web = json!({"tools": [{"type": "web_search"}]});
+        assert_eq!(refused(ns(web), hi.clone()), "tools[0].tools[0].type");
+        let unnamed = json!({"tools": [{"type": "function"}]});
+        assert_eq!(refused(ns(unnamed), hi), "tools[0].tools[0].name");
+        let call = json!({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "namespace": 5});
+        assert_eq!(refused(json!([]), json!([call])), "input[0].namespace");
+        let custom = json!({"type": "custom_tool_call", "call_id": "c", "name": "f"});
+        assert_eq!(refused(json!([]), json!([custom])), "input[0].input");
     }
 
     #[test]

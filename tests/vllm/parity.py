@@ -611,6 +611,23 @@ def responses_cases():
                                             "format": {"type": "text"}}])),
         r("a custom tool with a grammar", base([u], tools=[{"type": "custom", "name": "g",
             "format": {"type": "grammar", "syntax": "lark", "definition": "start: \"a\""}}])),
+        # A namespace's functions are shown as `<namespace>__<name>`, its custom tools not at
+        # all; a call that names its namespace calls that function.
+        r("namespace tools and a namespaced call", base(
+            [u, {**call, "namespace": "crm"}, output],
+            tools=[weather, {"type": "namespace", "name": "crm", "description": "CRM tools.",
+                             "tools": [{**weather, "description": "Looks a city up."},
+                                       {"type": "custom", "name": "note"}]}])),
+        r("a call with an empty namespace", base([u, {**call, "namespace": ""}, output],
+                                               tools=[weather])),
+        r("a namespace without a description", base([u], tools=[
+            {"type": "namespace", "name": "crm", "tools": [weather]}])),
+        # A custom tool's call is a call of its function, its text the argument `input`.
+        r("a custom tool's call and its output", base(
+            [u, {"type": "custom_tool_call", "call_id": "call_2", "name": "shell",
+                 "input": "ls -la \"docs\"\n\u00e9\t\u0001"},
+             {"type": "custom_tool_call_output", "call_id": "call_2", "output": "README.md"}],
+            tools=[{"type": "custom", "name": "shell"}])),
         r("developer item", base([{"role": "developer", "content": "Answer in French."}, u])),
         r("reasoning effort none", base([u], reasoning={"effort": "none"})),
         r("reasoning effort high", base([u], reasoning={"effort": "high"})),
