@@ -206,8 +206,9 @@ fn truncation(
 }
 
 /// Refuses the generation fields that change the backend's work in ways one reservation does
-/// not cover: `use_beam_search` and `best_of` above 1 (several sequences decoded, each with its
-/// KV), and a negative body `priority` ([`refuse_negative_priority`]).
+/// not cover: `use_beam_search` (several sequences decoded, each with its KV), and a negative
+/// body `priority` ([`refuse_negative_priority`]). `best_of` is the count layer's to judge
+/// ([`refuse_best_of`]): whether it costs anything depends on the backends' vLLM.
 fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
     if optional_bool(body, "use_beam_search")? == Some(true) {
         return Err(Refusal::invalid_param(
@@ -215,17 +216,25 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
             "`use_beam_search` is not accepted: a beam search decodes several sequences, and the gateway reserves one",
         ));
     }
-    match body.member("best_of") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.as_u64() == Some(1) => {}
-        Some(v) => {
-            return Err(Refusal::invalid_param(
-                "best_of",
-                format!("`best_of` must be 1 (one sequence per request), got {v}"),
-            ))
-        }
-    }
     refuse_negative_priority(body)
+}
+
+/// Refuses a `best_of` other than 1 on a chat or a completion: a vLLM before 0.32 decodes that
+/// many sequences, where the gateway reserves one. vLLM 0.32's request models have no
+/// `best_of` and ignore it, so the count layer asks this only while a generating backend may
+/// run an earlier vLLM ([`EngineVersions::ignores_best_of`](crate::feedback::version::EngineVersions::ignores_best_of)).
+pub fn refuse_best_of(req: &GenerationRequest) -> Result<(), Refusal> {
+    if !matches!(req.endpoint, Route::OpenAi(_)) {
+        return Ok(());
+    }
+    match req.body.member("best_of") {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if v.as_u64() == Some(1) => Ok(()),
+        Some(v) => Err(Refusal::invalid_param(
+            "best_of",
+            format!("`best_of` must be 1 (one sequence per request) unless every backend runs vLLM 0.32 or later, which ignores it; got {v}"),
+        )),
+    }
 }
 
 /// Refuses a negative body `priority`: with vLLM's priority scheduling it would put the
@@ -1158,7 +1167,6 @@ mod tests {
                 "media_io_kwargs",
             ),
             (json!({"use_beam_search": true}), "use_beam_search"),
-            (json!({"best_of": 3}), "best_of"),
             (json!({"priority": -5}), "priority"),
             (json!({"priority": "high"}), "priority"),
             (json!({"documents": "x"}), "documents"),
@@ -1190,10 +1198,37 @@ mod tests {
         // Completions too.
         let e = parse(
             Endpoint::Completions,
-            json!({"model": "qwen", "prompt": "a", "best_of": 2}),
+            json!({"model": "qwen", "prompt": "a", "use_beam_search": true}),
         )
         .unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("best_of"));
+        assert_eq!(e.param.as_deref(), Some("use_beam_search"));
+    }
+
+    /// `best_of` other than 1 is refused where a backend may decode that many sequences; the
+    /// count layer asks only while one may run a vLLM before 0.32.
+    #[test]
+    fn best_of_other_than_one_is_refused_on_the_openai_routes() {
+        let refusal = |endpoint, best_of: Value| {
+            let mut body = json!({"model": "qwen", "prompt": "a",
+                "messages": [{"role": "user", "content": "hi"}]});
+            body["best_of"] = best_of;
+            let body = body.as_object_mut().unwrap();
+            body.remove(if endpoint == Endpoint::Chat {
+                "prompt"
+            } else {
+                "messages"
+            });
+            let req = parse(endpoint, Value::Object(body.clone())).unwrap();
+            refuse_best_of(&req).err().map(|e| e.message)
+        };
+        for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+            assert_eq!(refusal(endpoint, json!(1)), None);
+            assert_eq!(refusal(endpoint, Value::Null), None);
+            assert_eq!(
+                refusal(endpoint, json!("3")).as_deref(),
+                Some("`best_of` must be 1 (one sequence per request) unless every backend runs vLLM 0.32 or later, which ignores it; got \"3\"")
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Which vLLM each generating backend runs (`backends[].vllm_version`), for the request
-//! handling that differs between its versions. One thing does today: a generation's output
+//! handling that differs between its versions. Two things do today, both from vLLM 0.32 on:
+//! a chat's or a completion's `best_of`, which vLLM 0.32 ignores (it has no such field) and
+//! earlier vLLMs decode as that many sequences, and a generation's output
 //! limit past the context. vLLM before 0.32 refuses a request whose prompt and `max_tokens`
 //! together pass `max_model_len` (a 400); vLLM 0.32 takes `max_tokens` as an upper bound and
 //! generates at most `min(max_tokens, max_model_len - prompt)` (`get_max_tokens` in
@@ -139,6 +141,13 @@ impl EngineVersions {
     /// backend runs a vLLM that does so.
     pub fn clamps_output_to_context(&self) -> bool {
         self.clamps.load(Ordering::Relaxed)
+    }
+
+    /// Whether a chat's or a completion's `best_of` is ignored: vLLM 0.32's request models have
+    /// no such field (vLLM before it decoded `best_of` sequences and returned the best `n`).
+    /// Both follow from the same version, so this is [`Self::clamps_output_to_context`].
+    pub fn ignores_best_of(&self) -> bool {
+        self.clamps_output_to_context()
     }
 
     /// Backend `index`'s engine said it runs `version` (`None`: it said nothing a version

@@ -293,6 +293,9 @@ impl Counter {
             pending.named_model(&parsed.model);
         }
         refuse_engine_controls(&parsed.body)?;
+        if !self.settings.versions.ignores_best_of() {
+            api::openai::refuse_best_of(&parsed)?;
+        }
         // With max_tokens known, the decode bucket is checked before counting too (every
         // sequence's output).
         let sequences = parsed.sequences();
@@ -916,6 +919,27 @@ mod tests {
                 "" => assert_eq!(cost.map(|c| (c.prefill, c.decode)), Ok((3200, 896))),
                 _ => assert!(cost.is_err()),
             }
+        }
+    }
+
+    /// `best_of` above 1 is served as one sequence where every backend runs vLLM 0.32 (which
+    /// has no such field), and refused before anything is charged where one may run an
+    /// earlier vLLM, which decodes that many.
+    #[tokio::test]
+    async fn best_of_follows_the_backends_version() {
+        let chat = Route::OpenAi(Endpoint::Chat);
+        let body = r#"{"model": "qwen3.5-27b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "best_of": 3}"#;
+        let (vllm, alice) = crate::layers::testing::counter_of_vllm("0.32.0").await;
+        let cost = reserved(&vllm, &alice, chat, body.into()).await.unwrap();
+        assert_eq!(cost.decode, 5);
+        for version in ["0.31.2", ""] {
+            let (old, alice) = match version {
+                "" => crate::layers::testing::counter(10.0).await,
+                v => crate::layers::testing::counter_of_vllm(v).await,
+            };
+            let e = reserved(&old, &alice, chat, body.into()).await.unwrap_err();
+            assert_eq!(e.0.as_deref(), Some("best_of"), "{version}");
+            assert_eq!(e.1, "`best_of` must be 1 (one sequence per request) unless every backend runs vLLM 0.32 or later, which ignores it; got 3");
         }
     }
 

@@ -693,8 +693,6 @@ KNOWN = [
      and c["body"].get("truncate_prompt_tokens") is not None
      and c["body"].get("echo") not in (None, False, 0, "false", "0"),
      "the answer would repeat the cut prompt, which the gateway does not know"),
-    ("best_of above 1", "gateway refused", truthy_set("best_of"),
-     "one sequence is reserved (vLLM 0.32 ignores best_of)"),
     ("use_beam_search", "gateway refused", truthy_set("use_beam_search"),
      "a beam search decodes several sequences"),
     ("a negative priority", "gateway refused",
