@@ -80,8 +80,10 @@ DETOKENIZE = "/detokenize"
 ROUTES = [(CHAT, 30), (COMPLETIONS, 18), (RESPONSES, 14), (MESSAGES, 14), (COUNT_TOKENS, 6),
           (TOKENIZE, 10), (DETOKENIZE, 4)]
 
-# The fields of each route's body whose output limit is the route's.
-LIMITS = {CHAT: ("max_tokens", "max_completion_tokens"), COMPLETIONS: ("max_tokens",),
+# The fields of each route's body whose output limit is the route's, the one vLLM reads
+# first (a chat's `max_completion_tokens` wins over its `max_tokens`: a case with a small
+# `max_tokens` and a fuzzed `max_completion_tokens` of 32000 is not small, and is braked).
+LIMITS = {CHAT: ("max_completion_tokens", "max_tokens"), COMPLETIONS: ("max_tokens",),
           RESPONSES: ("max_output_tokens",), MESSAGES: ("max_tokens",)}
 
 # Fields never fuzzed: the request id the gateway logs by; what only a disaggregated deployment
