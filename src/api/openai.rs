@@ -47,13 +47,20 @@ pub fn parse_generation_from(
     } = body;
     let model = served_model_or_default(&body, limits.served_names)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    // Both of vLLM's stream options are booleans in any spelling pydantic reads.
+    let option = |o: &Map<String, Value>, key: &str| match o.member(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(v) => {
+            lax_bool(v).ok_or_else(|| wrong_type(&format!("stream_options.{key}"), "a boolean", v))
+        }
+    };
     let client_wants_usage = match body.member("stream_options") {
         None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => match o.member("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(v) => lax_bool(v)
-                .ok_or_else(|| wrong_type("stream_options.include_usage", "a boolean", v))?,
-        },
+        Some(Value::Object(o)) => {
+            let include_usage = option(o, "include_usage")?;
+            option(o, "continuous_usage_stats")?;
+            include_usage
+        }
         Some(other) => return Err(wrong_type("stream_options", "an object", other)),
     };
     // vLLM tests the fields as sent, before their types are read: `{}` or null options pass
@@ -541,6 +548,16 @@ fn chat_prompt<'a>(
         add_vision_id,
         other_arguments,
     } = template_switches(body, route)?;
+    // vLLM's request models test the pair as sent, before reading their types: `"on"` and
+    // `"no"` are both true there, though pydantic reads `"no"` as false.
+    if py_truthy(body.member("continue_final_message"))
+        && py_truthy(body.member("add_generation_prompt"))
+    {
+        return Err(Refusal::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` and `add_generation_prompt` cannot both be set (vLLM tests both as sent: any value but false, 0, null or an empty one is set)",
+        ));
+    }
     let add_generation_prompt =
         optional_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
     let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
@@ -1202,6 +1219,44 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("use_beam_search"));
+    }
+
+    /// What vLLM's request models check before or besides the types the gateway acts on: both
+    /// stream options are booleans in pydantic's spellings, and `continue_final_message` and
+    /// `add_generation_prompt` may not both be set as sent (`"no"` is set there).
+    #[test]
+    fn stream_options_and_the_generation_prompt_pair_are_checked_as_vllm_checks_them() {
+        let chat = |extra: Value| {
+            let mut body = json!({"model": "qwen", "stream": true, "messages": [
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": "He"}]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse(Endpoint::Chat, body).map(|r| r.client_wants_usage)
+        };
+        let options = |o: Value| chat(json!({ "stream_options": o }));
+        assert_eq!(options(json!({"continuous_usage_stats": "on"})), Ok(false));
+        assert_eq!(
+            options(json!({"include_usage": "y", "continuous_usage_stats": 0})),
+            Ok(true)
+        );
+        assert_eq!(
+            options(json!({"continuous_usage_stats": "maybe"}))
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("stream_options.continuous_usage_stats")
+        );
+        let pair = |agp: Value, cfm: Value| {
+            chat(json!({"add_generation_prompt": agp, "continue_final_message": cfm}))
+                .map_err(|e| e.message)
+        };
+        assert_eq!(
+            pair(json!("no"), json!("on")),
+            Err("`continue_final_message` and `add_generation_prompt` cannot both be set (vLLM tests both as sent: any value but false, 0, null or an empty one is set)".into())
+        );
+        assert_eq!(pair(json!(0), json!("yes")), Ok(false));
+        assert_eq!(pair(json!(false), json!(1)), Ok(false));
     }
 
     /// `best_of` other than 1 is refused where a backend may decode that many sequences; the

@@ -5,6 +5,20 @@
 
 use serde_json::Value;
 
+/// What a string standing for a number Python keeps and a `Value` cannot starts with (the
+/// gateway reads a body as Python's `json.loads` does: see `tokenize::chat::pyjson`).
+pub const NUMBER_MARK: &str = "\u{0}\u{1}python-number:";
+
+/// The number a marked string stands for, as Python's `str` prints it (`nan`, `inf`, `-inf`,
+/// digits), when `s` is one ([`NUMBER_MARK`] and nothing else after it).
+pub fn python_number(s: &str) -> Option<&str> {
+    let n = s.strip_prefix(NUMBER_MARK)?;
+    let digits = n.strip_prefix('-').unwrap_or(n);
+    let ok = matches!(n, "nan" | "inf" | "-inf")
+        || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
+    ok.then_some(n)
+}
+
 /// A boolean as pydantic's lax mode reads one, as vLLM's request models take their fields: a
 /// JSON boolean, the numbers 0 and 1 (`1.0` too), or one of the strings `true`/`false`,
 /// `yes`/`no`, `on`/`off`, `t`/`f`, `y`/`n`, `1`/`0` in any case. `None` for anything else.
@@ -35,9 +49,10 @@ pub fn lax_bool(v: &Value) -> Option<bool> {
 /// A whole number as pydantic's lax mode reads an `int`: a JSON integer, a float without a
 /// fraction within 64 bits (`5.0`), a boolean (0 or 1), or a string of one: whitespace around
 /// it, a sign, digits with single `_` between them, and a fraction of zeros (`" +5_000.00 "`).
-/// Past `i128` a string's number saturates (pydantic keeps it; every field the gateway reads
-/// refuses it as too large all the same). `None` for anything else (`5.5`, NaN, `"1e3"`,
-/// `"0x5"`, null).
+/// An integer literal past 64 bits (held as a [`NUMBER_MARK`]ed string) is one too: Python's
+/// json keeps it exactly. Past `i128` a number saturates (pydantic keeps it; a field with an
+/// upper bound refuses it as too large all the same). `None` for anything else (`5.5`, NaN,
+/// `"1e3"`, `"0x5"`, null).
 pub fn lax_int(v: &Value) -> Option<i128> {
     match v {
         Value::Bool(b) => Some(i128::from(*b)),
@@ -54,7 +69,11 @@ pub fn lax_int(v: &Value) -> Option<i128> {
                 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f);
             fits.then_some(f as i128)
         }
-        Value::String(s) => lax_int_text(s),
+        Value::String(s) => match python_number(s) {
+            // An integer's digits (NaN and the infinities are no integers).
+            Some(number) => lax_int_text(number),
+            None => lax_int_text(s),
+        },
         _ => None,
     }
 }
@@ -136,6 +155,17 @@ mod tests {
                 json!("99999999999999999999999"),
                 Some(99_999_999_999_999_999_999_999),
             ),
+            // Integer literals past 64 bits, as a body read as Python reads it holds them.
+            (
+                json!(format!("{NUMBER_MARK}1000000000000000000000000000000")),
+                Some(1_000_000_000_000_000_000_000_000_000_000),
+            ),
+            (
+                json!(format!("{NUMBER_MARK}-18446744073709551616")),
+                Some(-18_446_744_073_709_551_616),
+            ),
+            (json!(format!("{NUMBER_MARK}nan")), None),
+            (json!(format!("{NUMBER_MARK}inf")), None),
             (json!(5.5), None),
             (json!(1e20), None),
             (json!("5."), None),

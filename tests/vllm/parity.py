@@ -419,6 +419,14 @@ def named_cases():
              "/v1/completions"),
         case("best_of as a text, on a chat", chat([U], best_of="abc")),
         case("use_beam_search", chat([U], use_beam_search=True)),
+        # Sent as bytes: vLLM gets the same stream options (a refused case's body goes to it
+        # unstreamed otherwise).
+        case("a stream option that is not a boolean", json.dumps(chat(
+            [U], 2, True, stream_options={"include_usage": True, "continuous_usage_stats": "maybe"}
+        )).encode()),
+        case("add_generation_prompt and continue_final_message both truthy as sent", chat(
+            [U, {"role": "assistant", "content": "Hi"}], add_generation_prompt="no",
+            continue_final_message="on")),
         case("body priority", chat([U], priority=-10)),
         case("vllm_xargs", chat([U], vllm_xargs={"x": 1})),
         case("request-level chat_template", chat([U], chat_template="{{ messages[0].content }}")),
@@ -1229,6 +1237,16 @@ def local_answers(port, vllm_url, seed):
             '"assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": %s}]}, '
             '{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", '
             '"content": "ok"}]}]}' % (MODEL, odd)).encode()),
+        # A thinking budget past 64 bits, which Python's json keeps as an integer.
+        (MESSAGES + "/count_tokens", (
+            '{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "thinking": '
+            '{"type": "enabled", "budget_tokens": 1000000000000000000000000000000}}'
+            % MODEL).encode()),
+        # vLLM tests the pair as sent, before pydantic reads "no" as false.
+        ("/tokenize", {"model": MODEL, "messages": [U], "add_generation_prompt": "no",
+                       "continue_final_message": "on"}),
+        ("/tokenize", {"model": MODEL, "messages": [U, {"role": "assistant", "content": "Hi"}],
+                       "add_generation_prompt": 0, "continue_final_message": "yes"}),
     ]
     fields_of = {"/tokenize": ["count", "max_model_len", "tokens", "token_strs"],
                  "/detokenize": ["prompt"],

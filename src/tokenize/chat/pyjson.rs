@@ -18,8 +18,7 @@
 
 use serde_json::{Map, Number, Value};
 
-/// What a string standing for a number Python keeps and a `Value` cannot starts with.
-pub const NUMBER_MARK: &str = "\u{0}\u{1}python-number:";
+pub use crate::util::pydantic::{python_number, NUMBER_MARK};
 
 /// Whether `v`, read by serde_json, holds a number it read otherwise than Python: a float
 /// that is a whole number past 64 bits (an integer serde_json rounded, or a float Python
@@ -36,16 +35,6 @@ pub fn lossy(v: &Value) -> bool {
         Value::Object(map) => map.values().any(lossy),
         _ => false,
     }
-}
-
-/// The number a marked string stands for, as Python's `str` prints it (`nan`, `inf`, `-inf`,
-/// digits), when `s` is one ([`NUMBER_MARK`] and nothing else after it).
-pub fn python_number(s: &str) -> Option<&str> {
-    let n = s.strip_prefix(NUMBER_MARK)?;
-    let digits = n.strip_prefix('-').unwrap_or(n);
-    let ok = matches!(n, "nan" | "inf" | "-inf")
-        || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
-    ok.then_some(n)
 }
 
 /// The number a marked string stands for, as `json.dumps` writes it (`NaN`, `Infinity`,
