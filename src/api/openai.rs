@@ -295,7 +295,7 @@ pub(crate) fn take_chat_prompt(
 
 /// The chat template switches the gateway counts, from `chat_template_kwargs` and
 /// `reasoning_effort`: `enable_thinking` as sent, else, as vLLM sets it, false for
-/// `reasoning_effort: "none"` and true for any other effort; `add_vision_id` when a boolean;
+/// `reasoning_effort: "none"` and true for any other effort; `add_vision_id` as sent;
 /// with the names of the other arguments sent (not null), which vLLM hands the template only
 /// where it reads them (the template refuses those it reads: [`ChatPrompt::other_arguments`]),
 /// a switch that is a number or a text among them. An argument that the call of the template
@@ -328,8 +328,9 @@ fn template_switches(
             continue;
         }
         match (key.as_str(), value) {
-            ("add_vision_id", Value::Bool(b)) => {
-                add_vision_id = Some(*b);
+            // Any value: the template tests its truth.
+            ("add_vision_id", _) => {
+                add_vision_id = Some(value.clone());
                 continue;
             }
             ("enable_thinking", Value::Bool(_)) => continue,
@@ -383,7 +384,7 @@ fn template_switches(
 /// The template arguments of a chat body ([`template_switches`]), as [`ChatPrompt`] holds them.
 struct TemplateSwitches {
     enable_thinking: Option<bool>,
-    add_vision_id: Option<bool>,
+    add_vision_id: Option<Value>,
     other_arguments: Vec<String>,
 }
 
@@ -1108,11 +1109,11 @@ mod tests {
             "reasoning_effort": "low", "add_generation_prompt": false, "documents": null}}))
         .unwrap();
         assert_eq!(prompt.enable_thinking, Some(false));
-        assert_eq!(prompt.add_vision_id, Some(true));
+        assert_eq!(prompt.add_vision_id, Some(json!(true)));
         assert_eq!(prompt.other_arguments, ["thinking", "reasoning_effort"]);
-        // Only a boolean is a switch: a number or a text is left for the template to judge
-        // (and, present, keeps the effort from setting the thinking switch); an object or a
-        // list vLLM refuses.
+        // `add_vision_id` is kept as sent (the template tests its truth); only a boolean is the
+        // thinking switch: a number or a text is left for the template to judge (and, present,
+        // keeps the effort from setting the thinking switch); an object or a list vLLM refuses.
         let prompt = chat_of(json!({"reasoning_effort": "none",
             "chat_template_kwargs": {"add_vision_id": 1, "enable_thinking": "false"}}))
         .unwrap();
@@ -1122,11 +1123,7 @@ mod tests {
                 prompt.enable_thinking,
                 prompt.other_arguments
             ),
-            (
-                None,
-                None,
-                vec!["add_vision_id".to_string(), "enable_thinking".to_string()]
-            )
+            (Some(json!(1)), None, vec!["enable_thinking".to_string()])
         );
         assert_eq!(
             chat_of(json!({"chat_template_kwargs": {"enable_thinking": [false]}}))

@@ -7,7 +7,7 @@ use super::scan::{Kind, Malformed, Scan};
 use super::Refusal;
 use crate::tokenize::chat::{pyjson, ChatPrompt};
 use crate::util::json::type_name;
-pub(crate) use crate::util::pydantic::{lax_bool, lax_int};
+pub(crate) use crate::util::pydantic::{lax_bool, lax_int, py_truthy};
 use crate::vision::{Media, VisionRules};
 use bytes::Bytes;
 use serde::de::{MapAccess, Visitor};
@@ -412,20 +412,6 @@ pub(crate) fn optional_bool(
         Some(v) => lax_bool(v)
             .map(Some)
             .ok_or_else(|| wrong_type(param, "a boolean", v)),
-    }
-}
-
-/// Python's truth value of a JSON value as vLLM's validators test a raw field before its type
-/// is read (`data.get("stream_options") and not data.get("stream")`): null, false, 0, and an
-/// empty string, list or object are false; anything else (the string `"false"`, NaN) is true.
-pub(crate) fn py_truthy(v: Option<&Value>) -> bool {
-    match v {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
     }
 }
 

@@ -116,7 +116,7 @@ struct StreamOptions {
 struct TemplateKwargs {
     /// Any value, as vLLM hands it to the template, which tests `enable_thinking is false`.
     enable_thinking: Option<Value>,
-    add_vision_id: Option<bool>,
+    add_vision_id: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -188,7 +188,7 @@ pub fn parse_openai(
                     .as_ref()
                     .and_then(|k| k.enable_thinking.as_ref())
                     .and_then(Value::as_bool),
-                add_vision_id: kwargs.as_ref().and_then(|k| k.add_vision_id),
+                add_vision_id: kwargs.as_ref().and_then(|k| k.add_vision_id.clone()),
                 ..ChatPrompt::default()
             };
             // As vLLM: developer messages as system, system messages merged, reasoning renamed.

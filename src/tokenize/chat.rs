@@ -56,10 +56,11 @@ pub struct ChatPrompt {
     /// Qwen3.5's thinking switch; `Some(false)` renders an empty think block.
     #[serde(default)]
     pub enable_thinking: Option<bool>,
-    /// Qwen3.5's `add_vision_id`: `Some(true)` numbers the conversation's images and videos
-    /// ("Picture 1: " before the first image, "Video 1: " before the first video).
+    /// Qwen3.5's `add_vision_id`, as sent (not null): a true one (Python's truth, which the
+    /// template tests: `1`, `"no"` and `[0]` are true) numbers the conversation's images and
+    /// videos ("Picture 1: " before the first image, "Video 1: " before the first video).
     #[serde(default)]
-    pub add_vision_id: Option<bool>,
+    pub add_vision_id: Option<Value>,
     /// transformers' `continue_final_message`: the prompt ends inside the final message's
     /// text, which the model goes on writing (see [`ChatTemplate::render`]).
     #[serde(default)]
@@ -198,14 +199,13 @@ enum Engine {
 }
 
 /// The arguments whose value the official Qwen3.5 chat template renders, other than the
-/// switches a [`ChatPrompt`] holds: `add_vision_id` when it is not a boolean (a boolean is the
-/// prompt's switch; the template tests its truth), and `tools`, which would list tools the body
-/// does not send. Of the other variables it reads without setting them, `enable_thinking` that
+/// switches a [`ChatPrompt`] holds (`add_vision_id`, whose truth the template tests): `tools`,
+/// which would list tools the body does not send. Of the other variables it reads without setting them, `enable_thinking` that
 /// is not a boolean renders as none was sent (the template tests `enable_thinking is false`),
 /// `messages` is refused with the request, `namespace` and `raise_exception` are functions, and
 /// vLLM (whose jinja2 also finds `content` and `reasoning_content`, set before they are read)
 /// renders the same prompt with or without them.
-const QWEN35_READS: [&str; 2] = ["add_vision_id", "tools"];
+const QWEN35_READS: [&str; 1] = ["tools"];
 
 /// The special token every turn starts with; rendered text is cut into spans right before it.
 const IM_START: &str = "<|im_start|>";
@@ -294,7 +294,7 @@ impl ChatTemplate {
             None => Ok(()),
             Some(name) => Err(TemplateError::Invalid {
                 param: format!("chat_template_kwargs.{name}"),
-                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only the switches `enable_thinking` and `add_vision_id` are accepted, as booleans"),
+                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only the switches `enable_thinking` (a boolean) and `add_vision_id` are accepted"),
             }),
         }
     }
@@ -435,7 +435,7 @@ mod tests {
         let refused = |name: &str| {
             Err(TemplateError::Invalid {
                 param: format!("chat_template_kwargs.{name}"),
-                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only the switches `enable_thinking` and `add_vision_id` are accepted, as booleans"),
+                message: format!("`chat_template_kwargs.{name}` is read by the chat template and would change the prompt it renders, which the gateway cannot count; of the arguments the template reads, only the switches `enable_thinking` (a boolean) and `add_vision_id` are accepted"),
             })
         };
         let builtin = ChatTemplate::builtin_qwen35();
@@ -468,7 +468,12 @@ mod tests {
         let source = std::fs::read_to_string(path).expect("made by scripts/fetch-tokenizer");
         let official = jinja::JinjaTemplate::parse(source).unwrap();
         let mut reads: Vec<&str> = official.reads.iter().map(String::as_str).collect();
-        let held = ["add_generation_prompt", "enable_thinking", "messages"];
+        let held = [
+            "add_generation_prompt",
+            "add_vision_id",
+            "enable_thinking",
+            "messages",
+        ];
         let functions = ["namespace", "raise_exception"];
         reads.retain(|name| !held.contains(name) && !functions.contains(name));
         reads.sort_unstable();

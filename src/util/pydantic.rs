@@ -46,6 +46,20 @@ pub fn lax_bool(v: &Value) -> Option<bool> {
     }
 }
 
+/// Python's truth value of a JSON value, as vLLM's validators test a raw field before its type
+/// is read, and as a chat template tests an argument (`data.get("stream_options") and not data.get("stream")`): null, false, 0, and an
+/// empty string, list or object are false; anything else (the string `"false"`, NaN) is true.
+pub fn py_truthy(v: Option<&Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
 /// A whole number as pydantic's lax mode reads an `int`: a JSON integer, a float without a
 /// fraction within 64 bits (`5.0`), a boolean (0 or 1), or a string of one: whitespace around
 /// it, a sign, digits with single `_` between them, and a fraction of zeros (`" +5_000.00 "`).

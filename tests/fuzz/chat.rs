@@ -9,7 +9,8 @@
 //! responses, special tokens), as parts (text, image, video, strings, numbers, nested lists),
 //! null, or of the wrong type; reasoning; tool calls with arguments as mappings, JSON text,
 //! lists or numbers, nested or flat, or not calls at all; tool definitions of any JSON; the
-//! thinking switch and `add_vision_id` (images and videos numbered) set, unset or false.
+//! thinking switch and `add_vision_id` (images and videos numbered when it is true as Python
+//! tests it) set, unset or false.
 //! Properties:
 //! - both renderers give byte-identical text, or both refuse: with the same message when the
 //!   template raises, or both unable to render;
@@ -169,7 +170,11 @@ fn prompt() -> impl Strategy<Value = (ChatPrompt, Normalize)> {
         )),
         any::<bool>(),
         prop::option::of(any::<bool>()),
-        prop::option::of(any::<bool>()),
+        // Any value but null (which the readers drop): the template tests its truth.
+        prop::option::of(prop_oneof![
+            3 => any::<bool>().prop_map(Value::Bool),
+            1 => json_except(&[Kind::Null]),
+        ]),
         prop_oneof![
             1 => Just(Normalize::No),
             1 => Just(Normalize::Like(ChatRoute::ChatCompletions)),

@@ -378,9 +378,16 @@ def named_cases():
             image_part(64, 64), {"type": "text", "text": "?"}]}, A, {"role": "user", "content": [
                 image_part(96, 64), video_part(4, 64, 64), {"type": "text", "text": "And?"}]}],
             chat_template_kwargs={"add_vision_id": True})),
+        # The template tests its truth, as Python does: 1 and "no" are true, [] is false.
         case("chat_template_kwargs add_vision_id not a boolean", chat([{"role": "user", "content": [
             image_part(64, 64), {"type": "text", "text": "?"}]}],
             chat_template_kwargs={"add_vision_id": 1})),
+        case("chat_template_kwargs add_vision_id as a text", chat([{"role": "user", "content": [
+            image_part(64, 64), {"type": "text", "text": "?"}]}],
+            chat_template_kwargs={"add_vision_id": "no"})),
+        case("chat_template_kwargs add_vision_id an empty list", chat([{"role": "user", "content": [
+            image_part(64, 64), {"type": "text", "text": "?"}]}],
+            chat_template_kwargs={"add_vision_id": []})),
         case("chat_template_kwargs tools", chat([U], chat_template_kwargs={"tools": [WEATHER]})),
         # The template tests `enable_thinking is false`: "false" thinks, as if nothing was sent.
         case("chat_template_kwargs enable_thinking as a text", chat(
@@ -986,8 +993,6 @@ REFUSED = "gateway 400 ({}), vLLM 200"
 # Differences kept on purpose (docs/vllm-parity.md): name -> (the start of the difference
 # expected, why). A known difference that changes, or goes away, fails the suite.
 KNOWN = {
-    "chat_template_kwargs add_vision_id not a boolean": (
-        "gateway 400", "template arguments the template renders are refused, but its switches"),
     "chat_template_kwargs tools": (
         "gateway 400", "template arguments the template renders are refused, but its switches"),
     "truncate_prompt_tokens cutting a prompt with an image": (

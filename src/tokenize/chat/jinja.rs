@@ -79,8 +79,8 @@ impl JinjaTemplate {
         if let Some(enable_thinking) = prompt.enable_thinking {
             ctx.insert("enable_thinking", Value::from(enable_thinking));
         }
-        if let Some(add_vision_id) = prompt.add_vision_id {
-            ctx.insert("add_vision_id", Value::from(add_vision_id));
+        if let Some(add_vision_id) = &prompt.add_vision_id {
+            ctx.insert("add_vision_id", Value::from_serialize(add_vision_id));
         }
         let template = self.env.get_template(NAME).map_err(render_error)?;
         let text = template.render(ctx).map_err(render_error)?;

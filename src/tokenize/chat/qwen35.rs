@@ -62,7 +62,7 @@ pub(super) fn render(prompt: &ChatPrompt, out: &mut String) -> Result<(), Templa
 
     let last_query = last_query_index(messages)?;
     let mut ids = VisionIds {
-        on: prompt.add_vision_id == Some(true),
+        on: crate::util::pydantic::py_truthy(prompt.add_vision_id.as_ref()),
         ..VisionIds::default()
     };
     for (index, message) in messages.iter().enumerate() {
