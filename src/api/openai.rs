@@ -392,13 +392,20 @@ struct TemplateSwitches {
 /// a request's own `chat_template` (vLLM refuses it too unless started with
 /// `--trust-request-chat-template`), and `mm_processor_kwargs` / `media_io_kwargs`, which
 /// change how images are resized and videos sampled (a 1x1 PNG with a `min_pixels` of 16M is
-/// ~16,000 tokens to the engine).
-pub(crate) fn refuse_uncountable(body: &Map<String, Value>) -> Result<(), Refusal> {
+/// ~16,000 tokens to the engine). `chat_template` only where the route's request model has
+/// one (`own_template`): vLLM's Responses model has none, and passes it over.
+pub(crate) fn refuse_uncountable(
+    body: &Map<String, Value>,
+    own_template: bool,
+) -> Result<(), Refusal> {
     for (param, why) in [
         ("chat_template", "the gateway counts prompts with the deployment's chat template only"),
         ("mm_processor_kwargs", "it changes how images and videos become tokens, which the gateway counts with the deployment's settings only"),
         ("media_io_kwargs", "it changes how images and videos are read and sampled, which the gateway counts with the deployment's settings only"),
     ] {
+        if param == "chat_template" && !own_template {
+            continue;
+        }
         match body.member(param) {
             None | Some(Value::Null) => {}
             Some(Value::Object(o)) if o.is_empty() => {}
@@ -476,7 +483,7 @@ fn chat_prompt<'a>(
     vision: &VisionRules,
     route: ChatRoute,
 ) -> Result<Prompt, Refusal> {
-    refuse_uncountable(body)?;
+    refuse_uncountable(body, true)?;
     let mut media = Vec::new();
     let mut rendered = Vec::with_capacity(messages.len());
     for (i, message) in messages.enumerate() {

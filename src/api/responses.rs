@@ -52,7 +52,7 @@ pub fn parse_generation(
     refuse_stored_state(&body)?;
     // vLLM runs a Responses body as a chat: what a chat refuses, it refuses, in the same words.
     super::openai::refuse_negative_priority(&body)?;
-    super::openai::refuse_uncountable(&body)?;
+    super::openai::refuse_uncountable(&body, false)?;
     let requested = match body.get("max_output_tokens") {
         None | Some(Value::Null) => None,
         Some(v) => Some((
@@ -755,8 +755,14 @@ mod tests {
             refused(json!({"max_output_tokens": 0})),
             "max_output_tokens"
         );
-        // store is accepted: without a store vLLM ignores it.
+        // store is accepted: without a store vLLM ignores it. So is a `chat_template`: vLLM's
+        // Responses model has no such field, and renders with the deployment's template.
         assert!(parse(json!({"model": "qwen", "input": "hi", "store": true})).is_ok());
+        assert!(parse(json!({"model": "qwen", "input": "hi", "chat_template": "{{ 1 }}"})).is_ok());
+        assert_eq!(
+            refused(json!({"mm_processor_kwargs": {"min_pixels": 1}})),
+            "mm_processor_kwargs"
+        );
         let grammar = json!({"type": "custom", "name": "g", "format": {"type": "grammar"}});
         assert_eq!(refused(json!({"tools": [grammar]})), "tools[0].format");
         assert_eq!(

@@ -658,6 +658,9 @@ def responses_cases():
             [u, {"type": "message", "id": "msg_2", "role": "assistant", "status": "incomplete",
                  "content": [{"type": "output_text", "text": "The capital is", "annotations": []}]}])),
         r("store true", base("Hi", store=True)),
+        # Not a field of vLLM's Responses model: passed over, the deployment's template renders.
+        r("a request's chat_template", base("Hi", chat_template="{{ messages[0].content }}")),
+        r("an empty chat_template", base("Hi", chat_template="")),
         r("previous_response_id", base("Hi", previous_response_id="resp_x")),
     ]
 
