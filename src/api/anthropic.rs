@@ -556,12 +556,7 @@ fn convert_blocks(
             },
             "tool_use" => calls.push(tool_call(block, &at)?),
             "tool_result" if role == "user" => tool_result(block, &at, out)?,
-            "tool_result" => {
-                return Err(Refusal::invalid_param(
-                    &at,
-                    format!("`{at}` is a tool_result in an assistant message, which is not accepted: tool results come in user messages"),
-                ))
-            }
+            "tool_result" => parts.push(assistant_tool_result(block, &at)?),
             // redacted_thinking is opaque, tool_reference is read inside tool results: vLLM
             // renders neither.
             _ => {}
@@ -589,6 +584,30 @@ fn convert_blocks(
         out.push(Value::Object(message));
     }
     Ok(())
+}
+
+/// A `tool_result` block in an assistant message, as vLLM 0.32 converts it: a text part,
+/// "Tool result: " and Python's `str` of its `content` (a text as it is, a list of blocks as
+/// Python prints a list of dicts, nothing when empty or null).
+fn assistant_tool_result(block: &Map<String, Value>, at: &str) -> Result<Value, Refusal> {
+    let content = match block.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(list @ Value::Array(items)) if items.iter().all(Value::is_object) => {
+            match items.is_empty() {
+                true => String::new(),
+                false => crate::tokenize::chat::pyfmt::py_str(list),
+            }
+        }
+        Some(other) => {
+            return Err(wrong_type(
+                &format!("{at}.content"),
+                "a string or a list of objects",
+                other,
+            ))
+        }
+    };
+    Ok(json!({"type": "text", "text": format!("Tool result: {content}")}))
 }
 
 /// A `tool_use` block as an OpenAI tool call (its `input` as the arguments, which vLLM
@@ -980,6 +999,34 @@ mod tests {
         assert_eq!(p.enable_thinking, None);
     }
 
+    /// A tool result in an assistant turn is the text vLLM 0.32 makes of it: "Tool result: "
+    /// and Python's `str()` of its content.
+    #[test]
+    fn a_tool_result_in_an_assistant_turn_is_its_python_text() {
+        let p = chat(json!({
+            "model": "qwen", "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "tool_result", "tool_use_id": "t", "content": [
+                        {"type": "text", "text": "ok", "n": 1.5, "b": true, "z": null}]},
+                    {"type": "tool_result", "content": "plain"},
+                    {"type": "tool_result", "content": []}
+                ]}
+            ]
+        }));
+        assert_eq!(
+            p.messages[1],
+            json!({"role": "assistant", "content": [
+                {"type": "text", "text": "a"},
+                {"type": "text", "text": "Tool result: [{'type': 'text', 'text': 'ok', 'n': 1.5, 'b': True, 'z': None}]"},
+                {"type": "text", "text": "Tool result: plain"},
+                {"type": "text", "text": "Tool result: "}
+            ]})
+        );
+    }
+
     #[test]
     fn tools_become_functions_and_disabled_thinking_turns_it_off() {
         let p = chat(json!({
@@ -1044,12 +1091,11 @@ mod tests {
                 .0,
             "thinking.budget_tokens"
         );
-        let (param, message) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
+        let (param, _) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
             {"role": "user", "content": "q"},
-            {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}
+            {"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}
         ]}));
-        assert_eq!(param, "messages[1].content[0]");
-        assert!(message.contains("assistant message"), "{message}");
+        assert_eq!(param, "messages[1].content[0].content");
         let (param, _) = refusal(json!({"model": "qwen", "max_tokens": 8, "messages": [
             {"role": "user", "content": [{"type": "tool_addition", "tool": {"type": "tool_reference", "name": "x"}}]}
         ]}));

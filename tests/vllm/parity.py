@@ -704,6 +704,15 @@ def messages_cases():
     return [
         m("plain", messages([u])),
         m("plain, streamed", messages([u], 4, True)),
+        # vLLM 0.32 renders it as "Tool result: " and Python's str() of its content.
+        m("tool results in an assistant turn", messages(
+            [u, {"role": "assistant", "content": [
+                {"type": "text", "text": "Noted."},
+                {"type": "tool_result", "tool_use_id": "t", "content": [
+                    {"type": "text", "text": "ok", "n": 1.5, "b": True, "z": None}]},
+                {"type": "tool_result", "tool_use_id": "u", "content": "plain"},
+                {"type": "tool_result", "tool_use_id": "v"}]},
+             {"role": "user", "content": "Go on."}])),
         m("system string", messages([u], system="You are terse.")),
         m("system blocks with Claude Code's billing header",
           messages([u], system=[{"type": "text", "text": "x-anthropic-billing-header: cc=1"},
