@@ -555,6 +555,32 @@ def usage_of(status, ctype, raw):
         return None
 
 
+# How an answer says a sequence ran to its output limit (OpenAI's `finish_reason`, Anthropic's
+# `stop_reason`, the Responses API's `incomplete_details.reason`).
+AT_LIMIT = {"length", "max_tokens", "max_output_tokens"}
+
+
+def ends(ctype, raw):
+    """Why each of a generation's sequences ended, as its answer (or stream) says."""
+    if "event-stream" in ctype:
+        docs = [e for e in events_of(raw) if isinstance(e, dict)]
+    else:
+        try:
+            docs = [json.loads(raw)]
+        except ValueError:
+            return []
+    out = []
+    for d in docs:
+        out += [ch["finish_reason"] for ch in d.get("choices") or []
+                if isinstance(ch, dict) and ch.get("finish_reason")]
+        delta = d.get("delta") if isinstance(d.get("delta"), dict) else {}
+        out += [r for r in (d.get("stop_reason"), delta.get("stop_reason")) if r]
+        resp = d.get("response") if isinstance(d.get("response"), dict) else d
+        if resp.get("object") == "response" and resp.get("status") in ("completed", "incomplete"):
+            out.append((resp.get("incomplete_details") or {}).get("reason") or resp["status"])
+    return out
+
+
 def refused_in_stream(ctype, raw):
     """Whether a stream carried an error and no output."""
     if "event-stream" not in ctype or stream_error(ctype, raw) is None:
@@ -654,8 +680,11 @@ def judge(r, line):
                                 f"{gu.get('completion_tokens')}"))
     if gu is None and "event-stream" not in gct:
         diffs.append(("usage", "the gateway's answer carried no usage"))
+    # Compared only where every sequence, both ways, ran to its limit: a sampled sequence that
+    # ends early (its end-of-turn token drawn) is the model's, on either side.
     if (not c.get("braked") and small_limit(c) is not None and gu and vu
             and not any(t[0] in STOPPERS for t in c["tags"])
+            and all(e in AT_LIMIT for e in ends(gct, graw) + ends(vct, vraw))
             and gu.get("completion_tokens") != vu.get("completion_tokens")):
         diffs.append(("limit", f"output: through the gateway {gu.get('completion_tokens')}, "
                                f"straight to vLLM {vu.get('completion_tokens')}"))
