@@ -593,11 +593,9 @@ fn assistant_tool_result(block: &Map<String, Value>, at: &str) -> Result<Value, 
     let content = match block.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) if items.is_empty() => String::new(),
         Some(list @ Value::Array(items)) if items.iter().all(Value::is_object) => {
-            match items.is_empty() {
-                true => String::new(),
-                false => crate::tokenize::chat::pyfmt::py_str(list),
-            }
+            crate::tokenize::chat::pyfmt::py_str(list)
         }
         Some(other) => {
             return Err(wrong_type(

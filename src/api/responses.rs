@@ -437,18 +437,11 @@ fn tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, Refusal> {
             return Err(wrong_type(&at, "an object", tool));
         };
         match tool.get("type").and_then(Value::as_str) {
-            Some("function") => {}
-            Some("custom") => {
-                functions.push(custom_tool_function(tool, &at)?);
-                continue;
-            }
-            Some("namespace") => {
-                namespace_functions(tool, &at, &mut functions)?;
-                continue;
-            }
-            _ => continue,
+            Some("function") => functions.push(function_tool(tool, None)),
+            Some("custom") => functions.push(custom_tool_function(tool, &at)?),
+            Some("namespace") => namespace_functions(tool, &at, &mut functions)?,
+            _ => {}
         }
-        functions.push(function_tool(tool, None));
     }
     Ok((!functions.is_empty()).then_some(functions))
 }
