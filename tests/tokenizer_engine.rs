@@ -329,3 +329,85 @@ fn counting_past_a_ceiling_reads_no_more_than_the_ceiling_needs() {
         );
     }
 }
+
+#[test]
+fn char_spans_are_huggingfaces_offsets() {
+    // Random lines of what NFC composes (e + U+0301, a Hangul jamo run), reorders (two marks),
+    // replaces (U+212B) and splits in two (U+0344, U+0F73), of characters one token splits
+    // (CJK, emoji, a ZWJ sequence) and of added tokens, beside the samples.
+    use rand::{Rng, SeedableRng};
+    let pieces = [
+        "e\u{301}",
+        "\u{344}",
+        "\u{f73}",
+        "\u{212b}",
+        "\u{1100}\u{1161}\u{11a8}",
+        "a\u{323}\u{301}",
+        "a\u{301}\u{323}",
+        "\u{301}",
+        "中",
+        "🚀",
+        "👩\u{200d}💻",
+        " ",
+        "  ",
+        "x",
+        "word",
+        "\n",
+        "<|im_start|>",
+        "<|im_end|>",
+        "'s",
+        "7",
+        "é",
+        "\u{a0}",
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let lines = (0..5_000).map(|_| {
+        let len = rng.gen_range(1..=16);
+        (0..len)
+            .map(|_| pieces[rng.gen_range(0..pieces.len())])
+            .collect::<String>()
+    });
+    for text in SAMPLES.iter().map(|s| s.to_string()).chain(lines) {
+        assert_eq!(fast().char_spans(&text), hf().char_spans(&text), "{text:?}");
+    }
+    // A composed char stands for its first; a token of part of a char covers all of it.
+    for t in [fast(), hf()] {
+        assert_eq!(
+            t.char_spans("e\u{301} 👩\u{200d}💻"),
+            [(0, 1), (2, 4), (3, 4), (4, 5), (4, 5), (5, 6), (5, 6)]
+        );
+    }
+}
+
+#[test]
+fn texts_are_cut_to_tokens_as_vllm_cuts_scored_texts() {
+    // What vLLM 0.32's `truncate_text_to_tokens` (max_tokens_per_query, max_tokens_per_doc)
+    // makes of each, with the Qwen3.5 tokenizer in transformers.
+    let cases = [
+        ("hello there my friend", 3, "hello there my"),
+        (
+            "東京から大阪まで新幹線で何分かかりますか？",
+            4,
+            "東京から大阪まで",
+        ),
+        (
+            "emoji test 🚀🔥 — does 👩\u{200d}💻 count",
+            5,
+            "emoji test 🚀",
+        ),
+        ("<|im_start|>user\nhi<|im_end|>", 2, "<|im_start|>user"),
+        ("e\u{301}cole cafe\u{301} Å", 2, "e\u{301}cole cafe"),
+        ("cafe\u{301}s cafe\u{301}s", 1, "caf"),
+        ("a\u{344}b c", 1, "a"),
+        ("a", 1, "a"),
+        ("abc def", 1, "abc"),
+        ("👩\u{200d}👩\u{200d}👧\u{200d}👦 family", 2, ""),
+        ("  spaced  out  ", 2, "  spaced"),
+        ("anything", 0, ""),
+    ];
+    for t in [fast(), hf()] {
+        for (text, most, cut) in cases {
+            assert_eq!(t.cut_to_tokens(text, most), cut, "{text:?} to {most}");
+        }
+    }
+}

@@ -29,6 +29,16 @@ pub trait CountTokens {
     fn count_up_to(&self, text: &str, ceiling: usize) -> TokenCount {
         TokenCount::of(self.count(text), ceiling)
     }
+
+    /// `text` as vLLM's score routes cut a query or a document to at most `most` tokens (the
+    /// tokenizer's [`Tokenizer::cut_to_tokens`](crate::tokenize::Tokenizer::cut_to_tokens)).
+    /// This default keeps the longest run of whole chars with at most `most` tokens, which is
+    /// that cut where no token spans two chars.
+    fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> &'t str {
+        let ends = text.char_indices().map(|(i, c)| i + c.len_utf8());
+        let end = (ends.take_while(|&end| self.count(&text[..end]) <= most)).last();
+        &text[..end.unwrap_or(0)]
+    }
 }
 
 /// A counter of one token per byte, for tests that count without the Qwen tokenizer.

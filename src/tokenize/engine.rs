@@ -191,6 +191,43 @@ impl Tokenizer {
         }
     }
 
+    /// The characters of `text` each of its tokens covers, as HuggingFace's offsets give them
+    /// (`encode_char_offsets`; transformers' `return_offsets_mapping`): a token of part of a
+    /// character covers the whole character, and a character NFC composes from several covers
+    /// the first of them.
+    pub fn char_spans(&self, text: &str) -> Vec<(usize, usize)> {
+        match &self.imp {
+            Imp::Fast(fast) => fast.char_spans(text),
+            Imp::Hf(hf) => match hf.encode_char_offsets(text, false) {
+                Ok(encoding) => encoding.get_offsets().to_vec(),
+                Err(e) => unreachable!("tokenizers encode failed after a successful load: {e}"),
+            },
+        }
+    }
+
+    /// `text` as vLLM 0.32's score and rerank routes cut a query or a document to at most
+    /// `most` tokens (`max_tokens_per_query`, `max_tokens_per_doc`; its
+    /// `truncate_text_to_tokens`): while the text has more, it ends where its `most`-th token
+    /// ends or where the next one begins, whichever comes first, and at least one character
+    /// short of its end ([`Tokenizer::char_spans`]), and is read again. The result may have
+    /// fewer than `most` tokens (a character split between two tokens goes whole).
+    pub fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> &'t str {
+        if most == 0 {
+            return "";
+        }
+        let mut text = text;
+        while !text.is_empty() {
+            let spans = self.char_spans(text);
+            if spans.len() <= most {
+                break;
+            }
+            let chars = text.chars().count();
+            let end = spans[most - 1].1.min(spans[most].0).min(chars - 1);
+            text = &text[..text.char_indices().nth(end).map_or(text.len(), |(i, _)| i)];
+        }
+        text
+    }
+
     /// Token ids of `text`.
     pub fn encode(&self, text: &str) -> Vec<u32> {
         match &self.imp {
@@ -650,6 +687,70 @@ impl FastEngine {
             flow?;
         }
         ControlFlow::Continue(())
+    }
+
+    /// [`Tokenizer::char_spans`]: each segment between added tokens normalized with the
+    /// alignment HuggingFace keeps (each char of the NFC form stands for the original char it
+    /// replaces; one NFC inserts stands for the original char before it), its tokens' bytes
+    /// laid over that form.
+    fn char_spans(&self, text: &str) -> Vec<(usize, usize)> {
+        let mut spans = Vec::new();
+        let mut start = 0;
+        let mut chars_before = 0;
+        if let Some(added) = &self.added {
+            for m in added.find_iter(text) {
+                let segment = &text[start..m.start()];
+                self.segment_spans(segment, chars_before, &mut spans);
+                chars_before += segment.chars().count();
+                let token_chars = text[m.start()..m.end()].chars().count();
+                spans.push((chars_before, chars_before + token_chars));
+                chars_before += token_chars;
+                start = m.end();
+            }
+        }
+        self.segment_spans(&text[start..], chars_before, &mut spans);
+        spans
+    }
+
+    /// The spans of the tokens of `segment`, which begins at char `base` of the text.
+    fn segment_spans(&self, segment: &str, base: usize, spans: &mut Vec<(usize, usize)>) {
+        if segment.is_empty() {
+            return;
+        }
+        // Each char of the normal form, with the original char it stands for.
+        let (normal, stands_for): (Cow<'_, str>, Vec<usize>) = if self.nfc {
+            let (mut normal, mut stands_for) = (String::new(), Vec::new());
+            let mut next = 0usize;
+            for (c, change) in segment.nfc() {
+                stands_for.push(match change {
+                    1.. => next.saturating_sub(1),
+                    _ => {
+                        next += 1 + change.unsigned_abs();
+                        next - 1 - change.unsigned_abs()
+                    }
+                });
+                normal.push(c);
+            }
+            (Cow::Owned(normal), stands_for)
+        } else {
+            (
+                Cow::Borrowed(segment),
+                (0..segment.chars().count()).collect(),
+            )
+        };
+        // The char of the normal form each of its bytes is in.
+        let char_of: Vec<usize> = (normal.chars().enumerate())
+            .flat_map(|(i, c)| std::iter::repeat_n(i, c.len_utf8()))
+            .collect();
+        let mut ids = Vec::new();
+        let _ = self.encode_normalized(&normal, &mut Work::default(), &mut Sink::Ids(&mut ids));
+        let mut at = 0;
+        for id in ids {
+            let len = self.bpe.token_bytes(id).len().max(1);
+            let (first, last) = (char_of[at], char_of[at + len - 1]);
+            spans.push((base + stands_for[first], base + stands_for[last] + 1));
+            at += len;
+        }
     }
 
     /// The text of `ids`, or `None` once its bytes are past `max_bytes`.

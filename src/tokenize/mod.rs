@@ -24,6 +24,10 @@ impl chat::CountTokens for Tokenizer {
     fn count_up_to(&self, text: &str, ceiling: usize) -> TokenCount {
         Tokenizer::count_up_to(self, text, ceiling)
     }
+
+    fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> &'t str {
+        Tokenizer::cut_to_tokens(self, text, most)
+    }
 }
 
 /// The Qwen3.5 tokenizer made by `scripts/fetch-tokenizer`, loaded once for all unit tests.
