@@ -164,7 +164,7 @@ fn echoes(prompt: &Prompt, batch: &[Prompt]) -> Echo {
         each.filter_map(|p| match p {
             Prompt::Text(t) => Some(EchoedPrompt::Text(t.clone())),
             Prompt::TokenIds(ids) => Some(EchoedPrompt::Ids(ids.clone())),
-            Prompt::Chat { .. } => None,
+            Prompt::Chat { .. } | Prompt::CutText { .. } => None,
         })
         .collect(),
     )
@@ -176,7 +176,7 @@ fn echoes(prompt: &Prompt, batch: &[Prompt]) -> Echo {
 /// back for the output when the body asks for output (`limited`). Refused as vLLM refuses it:
 /// below -1, past the context, or 0 (an empty prompt); and so is a `truncation_side` other
 /// than "left" or "right".
-fn truncation(
+pub(crate) fn truncation(
     body: &Map<String, Value>,
     limited: bool,
     max_model_len: u64,
@@ -334,9 +334,10 @@ fn template_switches(
                 continue;
             }
             ("enable_thinking", Value::Bool(_)) => continue,
-            // Not hashable: vLLM refuses it where it generates (its `/tokenize` renders it).
+            // Not hashable: vLLM refuses it where it generates, where its reasoning parser reads
+            // it (its `/tokenize` and pooling routes render it).
             ("enable_thinking", Value::Object(_) | Value::Array(_))
-                if route != ChatRoute::Tokenize =>
+                if route == ChatRoute::ChatCompletions =>
             {
                 return Err(wrong_type(
                     "chat_template_kwargs.enable_thinking",
@@ -546,7 +547,10 @@ fn chat_prompt<'a>(
         };
         rendered.push(message);
     }
+    // vLLM's pooling chats have neither `tools` nor `documents`, and pass them over.
+    let pooled = route == ChatRoute::Pooling;
     let tools = match body.member("tools") {
+        _ if pooled => None,
         None | Some(Value::Null) => None,
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
@@ -583,6 +587,7 @@ fn chat_prompt<'a>(
         ));
     }
     let documents = match body.member("documents") {
+        _ if pooled => None,
         None | Some(Value::Null) => None,
         Some(Value::Array(d)) if d.iter().all(Value::is_object) => Some(d.clone()),
         Some(other) => return Err(wrong_type("documents", "an array of objects", other)),

@@ -6,8 +6,8 @@
 //! without an assistant turn. A bi-encoder scores by embedding each query and each document
 //! once, so a score's prompts are its queries and then its documents. Nothing is generated.
 
-use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority};
-use super::request::{served_model, wrong_type};
+use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority, truncation};
+use super::request::{lax_int, served_model_or_default, wrong_type};
 use super::route::{Pooled, PooledKind, Route};
 use super::Refusal;
 use super::{GenerationRequest, ParseLimits, Prompt};
@@ -16,30 +16,29 @@ use serde_json::{Map, Value};
 
 /// Validates a body sent to the pooling route `pooled`: its prompts (the first, then the
 /// rest as a batch), each one sequence; `truncate_prompt_tokens` kept as the most tokens of
-/// each the backend runs.
+/// each the backend runs. Its `model` may be left out, null or empty, as vLLM's pooling
+/// request models allow.
 pub fn parse_generation(
     pooled: Pooled,
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
 ) -> Result<GenerationRequest, Refusal> {
-    let model = served_model(&body, limits.served_names)?;
+    let model = served_model_or_default(&body, limits.served_names)?;
     refuse_negative_priority(&body)?;
     refuse_padding(&body)?;
     let mut prompts = match pooled.kind() {
         PooledKind::Embed => embed_prompts(&body, limits)?,
-        PooledKind::Score => score_prompts(&body)?,
+        PooledKind::Score => score_prompts(&body, limits.max_model_len)?,
         PooledKind::Rerank => {
             let query = score_inputs(&body, "query")?;
             if query.len() != 1 {
                 return Err(Refusal::invalid_param("query", "`query` must be one text"));
             }
-            query
-                .into_iter()
-                .chain(score_inputs(&body, "documents")?)
-                .collect()
+            let documents = score_inputs(&body, "documents")?;
+            cut_each(&body, limits.max_model_len, query, documents)?
         }
     };
-    let truncate_to = truncation(&body, limits.max_model_len)?;
+    let truncate_to = truncation(&body, false, limits.max_model_len)?;
     let first = prompts.remove(0);
     Ok(GenerationRequest {
         batch: prompts,
@@ -107,7 +106,7 @@ fn chat(body: &Map<String, Value>, limits: &ParseLimits<'_>) -> Result<Prompt, R
 
 /// A score body's prompts: its queries, then its documents. One query is scored against
 /// every document, or each query against its own (as many of each).
-fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, Refusal> {
+fn score_prompts(body: &Map<String, Value>, max_model_len: u64) -> Result<Vec<Prompt>, Refusal> {
     const NAMES: [(&str, &str); 4] = [
         ("queries", "documents"),
         ("queries", "items"),
@@ -133,7 +132,58 @@ fn score_prompts(body: &Map<String, Value>) -> Result<Vec<Prompt>, Refusal> {
             ),
         ));
     }
-    Ok(queries.into_iter().chain(documents).collect())
+    cut_each(body, max_model_len, queries, documents)
+}
+
+/// A score or rerank body's queries, then its documents, each text cut first where
+/// `max_tokens_per_query` and `max_tokens_per_doc` say (0, their default, cuts nothing).
+fn cut_each(
+    body: &Map<String, Value>,
+    max_model_len: u64,
+    queries: Vec<Prompt>,
+    documents: Vec<Prompt>,
+) -> Result<Vec<Prompt>, Refusal> {
+    let cut = |texts: Vec<Prompt>, param: &'static str| -> Result<Vec<Prompt>, Refusal> {
+        Ok(match most_tokens_per_text(body, param, max_model_len)? {
+            0 => texts,
+            most => (texts.into_iter())
+                .map(|p| match p {
+                    Prompt::Text(text) => Prompt::CutText { text, most, param },
+                    other => other,
+                })
+                .collect(),
+        })
+    };
+    let queries = cut(queries, "max_tokens_per_query")?;
+    Ok(queries
+        .into_iter()
+        .chain(cut(documents, "max_tokens_per_doc")?)
+        .collect())
+}
+
+/// `max_tokens_per_query` or `max_tokens_per_doc` (`param`), as vLLM 0.32 reads it: an integer
+/// in pydantic's spellings (not null), 0 when left out, refused below 0 or at the context
+/// length and past it.
+fn most_tokens_per_text(
+    body: &Map<String, Value>,
+    param: &str,
+    max_model_len: u64,
+) -> Result<usize, Refusal> {
+    let Some(v) = body.get(param) else {
+        return Ok(0);
+    };
+    let n = lax_int(v).ok_or_else(|| wrong_type(param, "an integer", v))?;
+    match usize::try_from(n) {
+        Ok(n) if (n as u64) < max_model_len => Ok(n),
+        Ok(_) => Err(Refusal::invalid_param(
+            param,
+            format!("`{param}` is {v}: it must be less than the model's context length of {max_model_len} tokens"),
+        )),
+        Err(_) => Err(Refusal::invalid_param(
+            param,
+            format!("`{param}` is {v}: it must be 0 (no cut) or a positive number of tokens"),
+        )),
+    }
 }
 
 /// The texts at `param` of a score or rerank body: a text, or a non-empty list of texts.
@@ -167,23 +217,6 @@ fn score_inputs(body: &Map<String, Value>, param: &str) -> Result<Vec<Prompt>, R
             .map(|(i, v)| text(v, &format!("{param}[{i}]")))
             .collect(),
         Some(v) => Ok(vec![text(v, param)?]),
-    }
-}
-
-/// `truncate_prompt_tokens`: the most tokens of each prompt the backend runs (it cuts longer
-/// ones), `-1` for the context; absent, prompts run whole.
-fn truncation(body: &Map<String, Value>, max_model_len: u64) -> Result<Option<u64>, Refusal> {
-    const PARAM: &str = "truncate_prompt_tokens";
-    match body.get(PARAM) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) if v.as_i64() == Some(-1) => Ok(Some(max_model_len)),
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=max_model_len).contains(&n) => Ok(Some(n)),
-            _ => Err(Refusal::invalid_param(
-                PARAM,
-                format!("`{PARAM}` must be -1 (the context) or a whole number from 1 to the model's context length of {max_model_len} tokens, got {v}"),
-            )),
-        },
     }
 }
 
@@ -224,6 +257,7 @@ mod tests {
             .chain(&req.batch)
             .map(|p| match p {
                 Prompt::Text(t) => t.clone(),
+                Prompt::CutText { text, most, .. } => format!("{text} cut to {most}"),
                 Prompt::TokenIds(ids) => format!("{ids:?}"),
                 Prompt::Chat { prompt, .. } => {
                     format!(
@@ -329,7 +363,22 @@ mod tests {
             (
                 json!({"model": "qwen", "input": "x", "truncate_prompt_tokens": 0}),
                 "truncate_prompt_tokens",
-                "`truncate_prompt_tokens` must be -1 (the context) or a whole number from 1 to the model's context length of 1000 tokens, got 0",
+                "`truncate_prompt_tokens` is 0: the prompt would be cut to nothing, which the engine refuses",
+            ),
+            (
+                json!({"model": "qwen", "query": "q", "documents": "a", "max_tokens_per_doc": null}),
+                "max_tokens_per_doc",
+                "`max_tokens_per_doc` must be an integer, got null",
+            ),
+            (
+                json!({"model": "qwen", "query": "q", "documents": "a", "max_tokens_per_query": -1}),
+                "max_tokens_per_query",
+                "`max_tokens_per_query` is -1: it must be 0 (no cut) or a positive number of tokens",
+            ),
+            (
+                json!({"model": "qwen", "query": "q", "documents": "a", "max_tokens_per_doc": 1000}),
+                "max_tokens_per_doc",
+                "`max_tokens_per_doc` is 1000: it must be less than the model's context length of 1000 tokens",
             ),
             (
                 json!({"model": "qwen", "query": {"content": []}, "documents": "a"}),
@@ -365,5 +414,82 @@ mod tests {
             (at(json!(-1)), at(json!(7)), at(Value::Null)),
             (Some(1000), Some(7), None)
         );
+        // In pydantic's spellings of an integer, as vLLM reads it.
+        assert_eq!(
+            (at(json!(7.0)), at(json!("7")), at(json!(true))),
+            (Some(7), Some(7), Some(1))
+        );
+    }
+
+    #[test]
+    fn a_conversation_is_rendered_without_what_vllms_pooling_chats_pass_over() {
+        let conversation = |extra: Value| {
+            let mut b = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            match parse(Pooled::Embeddings, b).unwrap().prompt {
+                Prompt::Chat { prompt, .. } => prompt,
+                other => panic!("{other:?}"),
+            }
+        };
+        // Tools and documents, of any type; a thinking switch that is a list.
+        let plain = conversation(json!({}));
+        for extra in [
+            json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+            json!({"tools": "x", "documents": {"content": []}}),
+            json!({"documents": [{"title": "t", "text": "x"}]}),
+        ] {
+            let prompt = conversation(extra);
+            assert_eq!(
+                (prompt.tools, prompt.documents, prompt.messages),
+                (None, None, plain.messages.clone())
+            );
+        }
+        let listed = conversation(json!({"chat_template_kwargs": {"enable_thinking": [1]}}));
+        assert_eq!(
+            (listed.enable_thinking, listed.other_arguments),
+            (None, vec!["enable_thinking".to_string()])
+        );
+    }
+
+    #[test]
+    fn the_model_may_be_left_out_as_vllm_allows() {
+        for body in [
+            json!({"input": "x"}),
+            json!({"model": null, "input": "x"}),
+            json!({"model": "", "input": "x"}),
+        ] {
+            assert_eq!(parse(Pooled::Embeddings, body).unwrap().model, "qwen");
+        }
+        let e = parse(Pooled::Embeddings, json!({"model": "other", "input": "x"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn queries_and_documents_are_cut_where_the_body_says() {
+        let body = |extra: Value| {
+            let mut b = json!({"model": "qwen", "queries": ["q1", "q2"], "documents": ["a", "b"]});
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            texts(&parse(Pooled::Score, b).unwrap())
+        };
+        assert_eq!(
+            body(json!({"max_tokens_per_query": 3})),
+            ["q1 cut to 3", "q2 cut to 3", "a", "b"]
+        );
+        assert_eq!(
+            body(json!({"max_tokens_per_doc": "2.0", "max_tokens_per_query": 0})),
+            ["q1", "q2", "a cut to 2", "b cut to 2"]
+        );
+        let rerank = json!({"model": "qwen", "query": "q", "documents": ["a"], "max_tokens_per_doc": true, "max_tokens_per_query": 4});
+        assert_eq!(
+            texts(&parse(Pooled::Rerank, rerank).unwrap()),
+            ["q cut to 4", "a cut to 1"]
+        );
+        // Embeddings have no such fields: vLLM passes them over there.
+        let embed = json!({"model": "qwen", "input": "x", "max_tokens_per_doc": 1});
+        assert_eq!(texts(&parse(Pooled::Embeddings, embed).unwrap()), ["x"]);
     }
 }

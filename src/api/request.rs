@@ -34,6 +34,17 @@ pub enum Prompt {
     Text(String),
     /// A completion prompt given as token ids: its count is its length.
     TokenIds(Vec<u32>),
+    /// A score or rerank text the engine first cuts to at most `most` tokens
+    /// (`max_tokens_per_query`, `max_tokens_per_doc`), as
+    /// [`Tokenizer::cut_to_tokens`](crate::tokenize::Tokenizer::cut_to_tokens) cuts it.
+    CutText {
+        /// The text as sent.
+        text: String,
+        /// The most tokens the engine keeps of it.
+        most: usize,
+        /// The field that says so.
+        param: &'static str,
+    },
 }
 
 /// The prompt as an answer repeats it before the generated text: MindIE's (TGI's) whole

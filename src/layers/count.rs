@@ -522,6 +522,20 @@ impl Counter {
                     })
                     .await
             }
+            Prompt::CutText { text, most, param } => {
+                self.pool
+                    .run_maybe_inline(tenant, text.len(), move || {
+                        match tok.cut_to_tokens(&text, most) {
+                            // The engine refuses a prompt it cut to nothing.
+                            "" => Err(ApiError::invalid_param(
+                                param,
+                                format!("`{param}` of {most} cuts a text to nothing (its first {most} tokens end inside a character, which goes whole), and the engine refuses an empty prompt; raise it"),
+                            )),
+                            cut => Ok(tok.count_up_to(cut, ceiling)),
+                        }
+                    })
+                    .await
+            }
         };
         self.metrics
             .tokenize
@@ -541,6 +555,9 @@ impl Counter {
                     vision::expand_ids(ids, &media, &tok).map_err(ApiError::invalid)
                 }
                 Prompt::Text(t) => Ok(tok.encode(&t)),
+                Prompt::CutText { text, most, .. } => {
+                    Ok(tok.encode(tok.cut_to_tokens(&text, most)))
+                }
                 Prompt::TokenIds(ids) => Ok(ids),
             })
             .await?

@@ -369,7 +369,9 @@ fn past_the_context(prompt: &Prompt, tokens: usize, max_len: u64) -> ApiError {
             ("messages", what)
         }
         Prompt::Chat { .. } => ("messages", "the prompt".to_owned()),
-        Prompt::Text(_) | Prompt::TokenIds(_) => ("prompt", "the prompt".to_owned()),
+        Prompt::Text(_) | Prompt::TokenIds(_) | Prompt::CutText { .. } => {
+            ("prompt", "the prompt".to_owned())
+        }
     };
     ApiError::context_length(format!(
         "this model's maximum context length is {max_len} tokens; {what} is at least {tokens} tokens"

@@ -6,6 +6,7 @@
 //! pooling request is answered at once: it does not take a place in the simulated engine,
 //! whose batches are generation's.
 
+use super::wire::text_prompt;
 use crate::api::route::{Pooled, PooledKind};
 use crate::api::{ParseLimits, Prompt};
 use crate::error::ApiError;
@@ -40,7 +41,7 @@ pub fn answer(
         .chain(&req.batch)
         .map(|p| {
             let (text, n) = match p {
-                Prompt::Text(t) => (t.clone(), counter.count(t) as u64),
+                Prompt::Text(_) | Prompt::CutText { .. } => text_prompt(p, counter),
                 Prompt::TokenIds(ids) => (format!("{ids:?}"), ids.len() as u64),
                 Prompt::Chat { prompt, .. } => {
                     let text = template.render(prompt)?;
@@ -49,6 +50,10 @@ pub fn answer(
                 }
             };
             let n = req.truncate_to.map_or(n, |cut| n.min(cut));
+            if n == 0 {
+                // A text cut to nothing (`max_tokens_per_doc`), as vLLM says it.
+                return Err(ApiError::invalid("The decoder prompt cannot be empty"));
+            }
             if n > max_model_len {
                 return Err(ApiError::context_length(format!(
                     "This model's maximum context length is {max_model_len} tokens. However, you requested {n} tokens in the input"
@@ -188,6 +193,18 @@ mod tests {
         );
         let long = json!({"model": "qwen", "input": "x".repeat(101)});
         assert_eq!(ask(Pooled::Embeddings, long).unwrap_err().status, 400);
+        // A byte a token: "é" (two bytes) does not fit in one, and goes whole.
+        let per_text = json!({"model": "qwen", "query": "abcd", "documents": ["aé", "xyz"], "max_tokens_per_query": 2, "max_tokens_per_doc": 2});
+        assert_eq!(
+            ask(Pooled::Rerank, per_text).unwrap()["usage"]["prompt_tokens"],
+            2 + 1 + 2
+        );
+        let to_nothing =
+            json!({"model": "qwen", "query": "q", "documents": "é", "max_tokens_per_doc": 1});
+        assert_eq!(
+            ask(Pooled::Rerank, to_nothing).unwrap_err().message,
+            "The decoder prompt cannot be empty"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `/generate_stream` and `/infer` (with `details.generated_tokens`).
 
 use super::text::completion_text;
-use crate::api::{Echo, Native, ParseLimits, Route};
+use crate::api::{self, Echo, Native, ParseLimits, Route};
 use crate::error::ApiError;
 use crate::tokenize::chat::{ChatPrompt, ChatRoute, ChatTemplate, CountTokens};
 use serde::Deserialize;
@@ -230,6 +230,17 @@ pub fn parse_openai(
     Ok((job, prompt))
 }
 
+/// A text prompt's text as the engine runs it (a [`api::Prompt::CutText`] cut first) and its
+/// tokens; a chat or token ids are the caller's.
+pub(super) fn text_prompt(prompt: &api::Prompt, counter: &dyn CountTokens) -> (String, u64) {
+    let text = match prompt {
+        api::Prompt::CutText { text, most, .. } => counter.cut_to_tokens(text, *most),
+        api::Prompt::Text(text) => text,
+        api::Prompt::Chat { .. } | api::Prompt::TokenIds(_) => "",
+    };
+    (text.to_owned(), counter.count(text) as u64)
+}
+
 #[allow(clippy::result_large_err)]
 /// Parses a MindIE native body sent to `native` (`/generate`, TGI's or, with a `prompt`,
 /// vLLM's; `/generate_stream`; `/infer`) as the gateway does ([`crate::api::mindie`]) and
@@ -252,9 +263,9 @@ pub fn parse_native(
     };
     let req = crate::api::mindie::parse_generation(native, body, &limits)?;
     let (text, prompt_tokens) = match &req.prompt {
-        crate::api::Prompt::Text(text) => (text.clone(), counter.count(text) as u64),
-        crate::api::Prompt::TokenIds(ids) => (String::new(), ids.len() as u64),
-        crate::api::Prompt::Chat { prompt, .. } => {
+        p @ (api::Prompt::Text(_) | api::Prompt::CutText { .. }) => text_prompt(p, counter),
+        api::Prompt::TokenIds(ids) => (String::new(), ids.len() as u64),
+        api::Prompt::Chat { prompt, .. } => {
             let text = template.render(prompt)?;
             let n = counter.count(&text) as u64;
             (text, n)

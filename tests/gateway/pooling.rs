@@ -115,6 +115,38 @@ async fn a_rerank_is_charged_its_query_once_and_each_document() {
 }
 
 #[tokio::test]
+async fn a_score_is_charged_its_texts_as_the_engine_cuts_each() {
+    let (gw, _generate, pool) = two_backends().await;
+    // "hello there my friend" is 4 tokens, cut to 3; "東京から大阪まで新幹線で" to 4 tokens
+    // ("東京から大阪まで"), "Paris" (1 token) is not cut.
+    let body = json!({"model": "qwen3.5-27b", "queries": "hello there my friend",
+        "documents": ["東京から大阪まで新幹線で", "Paris"], "max_tokens_per_query": 3,
+        "max_tokens_per_doc": "4"});
+    let r = post(&gw.url("/v1/score"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tok = tokenizer();
+    assert_eq!(
+        ["hello there my", "東京から大阪まで", "Paris"].map(|t| tok.count(t)),
+        [3, 4, 1]
+    );
+    assert_eq!(r.json()["usage"]["prompt_tokens"], 8);
+    assert_alice_charged_prefill(&gw, 8).await;
+    // A document whose first token is part of a character is cut to nothing, which the engine
+    // refuses: refused here, nothing charged, nothing sent.
+    let to_nothing = json!({"model": "qwen3.5-27b", "query": "q",
+        "documents": ["👩\u{200d}💻 at work"], "max_tokens_per_doc": 1});
+    let r = post(&gw.url("/rerank"), "sk-bob", &to_nothing).await;
+    assert_eq!(
+        (r.status, r.json()["error"]["param"].as_str()),
+        (400, Some("max_tokens_per_doc")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(gw.bucket("bob", "prefill").await, 10_000.0);
+    assert_eq!(pool.stats().requests, 1);
+}
+
+#[tokio::test]
 async fn pooling_is_refused_with_nothing_charged_without_a_pooling_backend_on_bad_input_or_a_failing_one(
 ) {
     let sim = start_sim(SimConfig::pace(Duration::from_millis(1))).await;
