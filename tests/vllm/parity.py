@@ -900,6 +900,23 @@ def pooling_cases():
                                                                 "documents": docs[:2]}),
         p("two queries", "/rerank", {"query": [q, "a"], "documents": docs}),
         p("truncated to nothing", EMBEDDINGS, {"input": q, "truncate_prompt_tokens": 0}),
+        # A document whose first two tokens are parts of one character is cut to nothing.
+        p("a document cut to nothing", "/rerank", {"query": q, "documents": [
+            "\U0001f469\u200d\U0001f469\u200d\U0001f467 family"], "max_tokens_per_doc": 2}),
+        p("max_tokens_per_doc of -1", "/score", {"queries": q, "documents": docs,
+                                                 "max_tokens_per_doc": -1}),
+        p("max_tokens_per_query null", "/rerank", {"query": q, "documents": docs,
+                                                   "max_tokens_per_query": None}),
+        # Served as vLLM serves them.
+        case("pooling /v1/embeddings: model left out", {"input": q}, EMBEDDINGS),
+        p("model empty", POOLING, {"input": q, "model": ""}),
+        p("truncated, as a whole float", EMBEDDINGS, {"input": [q, "hello"],
+                                                     "truncate_prompt_tokens": 3.0}),
+        p("a conversation with tools and documents", EMBEDDINGS, {
+            "messages": conv, "documents": [{"title": "t", "text": "Paris."}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+        p("a conversation with a list as enable_thinking", POOLING, {
+            "messages": conv, "chat_template_kwargs": {"enable_thinking": [1]}}),
         # Refused by the gateway alone (KNOWN).
         p("padded", EMBEDDINGS, {"input": [q, "a"], "padding": "max_length"}),
         p("a multimodal document", "/score", {"queries": q, "documents": [
@@ -914,6 +931,12 @@ def pooling_cases():
             p("data_1 and data_2", path, {"data_1": q, "data_2": docs}),
             p("queries and items", path, {"queries": q, "items": docs[1:]}),
             p("truncated", path, {"queries": q, "documents": docs, "truncate_prompt_tokens": 4}),
+            # Each text cut first, as vLLM's truncate_text_to_tokens cuts it: whole words, a
+            # CJK text, a character two tokens share (the emoji goes whole).
+            p("texts cut by max_tokens_per_query and max_tokens_per_doc", path, {
+                "queries": q, "documents": docs + ["東京から大阪まで新幹線で何分かかりますか？",
+                                                   "emoji test \U0001f680\U0001f525 count"],
+                "max_tokens_per_query": 3, "max_tokens_per_doc": "5"}),
         ]
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         out += [
@@ -921,6 +944,9 @@ def pooling_cases():
             p("top_n", path, {"query": q, "documents": docs, "top_n": 2}),
             p("without documents returned", path, {"query": q, "documents": docs,
                                                    "return_documents": False}),
+            p("texts cut by max_tokens_per_doc", path, {
+                "query": q, "documents": docs + ["e\u0301cole cafe\u0301 \u00c5 and more"],
+                "max_tokens_per_doc": 2, "max_tokens_per_query": True}),
         ]
     return out
 

@@ -5,7 +5,10 @@ parity.py sends the shapes the project thought of. This file makes its requests 
 engine itself declares: at run time it imports vLLM's pydantic request models from the venv it
 runs in (`ChatCompletionRequest`, `CompletionRequest`, `ResponsesRequest`,
 `AnthropicMessagesRequest`, `AnthropicCountTokensRequest`, `TokenizeCompletionRequest`,
-`TokenizeChatRequest`, `DetokenizeRequest`) and walks each field's type (`model_fields`: the
+`TokenizeChatRequest`, `DetokenizeRequest`; with `--pooling`, the pooling runner's:
+`EmbeddingCompletionRequest`, `EmbeddingChatRequest`, `EmbeddingBatchChatRequest`,
+`EmbeddingChatInputRequest`, `PoolingCompletionRequest`, `PoolingChatRequest`, the four
+`ScoreRequest` models and `RerankRequest`) and walks each field's type (`model_fields`: the
 annotation, its optionality, `Literal`s, nested models and typed dicts, `Field` bounds). A case is
 a valid body of the route (a chat of parity.py's material) with one to three fields set to a value
 drawn for that field's type: a valid one, one of the coercions pydantic's lax mode accepts
@@ -27,6 +30,12 @@ straight to vLLM. Compared:
 - `/tokenize`, `/detokenize` and `count_tokens`, which the gateway answers itself: status and
   fields.
 
+With `--pooling` the cases go to `/v1/embeddings`, `/pooling`, `/score` (or `/v1/score`) and
+`/rerank` (or `/v1/rerank`, `/v2/rerank`) of a vLLM serving the model with its pooling runner
+(scripts/vllm-serve --pooling), behind a gateway that declares it `runner = "pooling"` beside a
+simulated generator; a served body's counted prompt is compared with vLLM's usage (for an
+embedding's `bytes` encoding, the usage of its `metadata` header).
+
 A body whose output could be long is braked: `stop` strings ("e", "a", " ", "\\n") end a random
 model's answer within a few tokens on both paths (a body that fuzzes `stop` itself is not
 braked, and its output limit is kept small).
@@ -34,7 +43,7 @@ braked, and its output limit is kept small).
 A difference is either explained by a rule of `KNOWN` (docs/vllm-parity.md, each with its
 reason; the difference must then be the one the rule names) or fails the run.
 
-    python tests/vllm/schema_fuzz.py --gateway BINARY --vllm-url URL [--cases N] [--seed S]
+    python tests/vllm/schema_fuzz.py [--pooling] --gateway BINARY --vllm-url URL [--cases N] [--seed S]
 
 Run with the vLLM venv's Python. Prints the time of each part, the cases per route and per
 outcome, and ends with `schema fuzz: N cases, M differences (K known)`; exits 1 on an
@@ -76,9 +85,22 @@ DETOKENIZE = "/detokenize"
 
 # The routes and their share of the cases. MindIE's native routes (/infer, /generate,
 # /generate_stream, Triton's) have no equivalent in vLLM 0.32's OpenAI server and are not sent;
-# the pooling routes need vLLM's pooling runner (parity.py --pooling).
+# the pooling routes need vLLM's pooling runner (--pooling, below).
 ROUTES = [(CHAT, 30), (COMPLETIONS, 18), (RESPONSES, 14), (MESSAGES, 14), (COUNT_TOKENS, 6),
           (TOKENIZE, 10), (DETOKENIZE, 4)]
+
+# With --pooling, the pooling routes instead, against vLLM's pooling runner (scripts/vllm-serve
+# --pooling): each score and rerank case goes to one of the route's paths.
+EMBEDDINGS = "/v1/embeddings"
+POOLING = "/pooling"
+SCORE = "/score"
+RERANK = "/rerank"
+POOLING_ROUTES = [(EMBEDDINGS, 40), (POOLING, 20), (SCORE, 20), (RERANK, 20)]
+PATHS = {SCORE: ["/score", "/v1/score"], RERANK: ["/rerank", "/v1/rerank", "/v2/rerank"]}
+# The routes whose bodies may carry a conversation (OpenAI's messages, or Anthropic's).
+CONVERSATIONS = (CHAT, TOKENIZE, MESSAGES, COUNT_TOKENS, RESPONSES, EMBEDDINGS, POOLING)
+# Of those, the ones whose conversations are OpenAI's (a replayed tool call in `tool_calls`).
+OPENAI_CONVERSATIONS = (CHAT, TOKENIZE, EMBEDDINGS, POOLING)
 
 # The fields of each route's body whose output limit is the route's, the one vLLM reads
 # first (a chat's `max_completion_tokens` wins over its `max_tokens`: a case with a small
@@ -96,6 +118,13 @@ NEVER = {"request_id", "kv_transfer_params", "ec_transfer_params", "seed"}
 # per request; a beam search decodes many sequences) are drawn no larger than these.
 SMALL = {"n": 3, "best_of": 3, "min_tokens": 200, "top_logprobs": 5, "logprobs": 5,
          "prompt_logprobs": 5, "stream_interval": 4}
+
+
+# Values never drawn: `padding: "max_length"` runs each prompt of a pooling case padded to the
+# whole context on the toy engine (32,768 tokens a text, minutes a case on a CPU); the gateway
+# refuses it before anything is charged (docs/vllm-parity.md), and parity.py's named case
+# "padded" holds that to the engine.
+UNSENT = {("padding", "max_length")}
 
 
 class Raw(str):
@@ -235,7 +264,7 @@ class Draw:
             return self.value(r.choice(members), name, depth)
         if origin is typing.Literal:
             if r.random() < 0.85:
-                return "valid", r.choice(args)
+                return "valid", r.choice([a for a in args if (name, a) not in UNSENT])
             return "wrong", r.choice(["bogus", "", None, 1])
         if tp is bool:
             return self.bool_()
@@ -324,6 +353,27 @@ def engine_models():
             DETOKENIZE: [DetokenizeRequest]}
 
 
+def pooling_models():
+    """The pooling routes' request models (`EmbeddingRequest`, `PoolingRequest` but the
+    IOProcessor plugins' own, `ScoreRequest` and `RerankRequest`'s members)."""
+    from vllm.entrypoints.pooling.embed.protocol import (EmbeddingBatchChatRequest,
+                                                         EmbeddingChatInputRequest,
+                                                         EmbeddingChatRequest,
+                                                         EmbeddingCompletionRequest)
+    from vllm.entrypoints.pooling.pooling.protocol import (PoolingChatRequest,
+                                                           PoolingCompletionRequest)
+    from vllm.entrypoints.pooling.scoring.protocol import (RerankRequest, ScoreDataRequest,
+                                                           ScoreQueriesDocumentsRequest,
+                                                           ScoreQueriesItemsRequest,
+                                                           ScoreTextRequest)
+    return {EMBEDDINGS: [EmbeddingCompletionRequest, EmbeddingChatRequest,
+                         EmbeddingBatchChatRequest, EmbeddingChatInputRequest],
+            POOLING: [PoolingCompletionRequest, PoolingChatRequest],
+            SCORE: [ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest, ScoreDataRequest,
+                    ScoreTextRequest],
+            RERANK: [RerankRequest]}
+
+
 # ---------------------------------------------------------------------------------------------
 # Bodies.
 
@@ -360,8 +410,37 @@ def base_body(route, model, rng):
         if model.__name__ == "TokenizeChatRequest":
             return {"model": MODEL, "messages": messages}
         return {"model": MODEL, "prompt": parity.random_text(rng)}
+    if route in (EMBEDDINGS, POOLING):
+        return pooling_body(model.__name__, messages, rng)
+    if route in (SCORE, RERANK):
+        texts = [parity.random_text(rng) for _ in range(rng.randint(1, 3))]
+        query = parity.random_text(rng)
+        keys = {"ScoreQueriesDocumentsRequest": ("queries", "documents"),
+                "ScoreQueriesItemsRequest": ("queries", "items"),
+                "ScoreDataRequest": ("data_1", "data_2"), "ScoreTextRequest": ("text_1", "text_2"),
+                "RerankRequest": ("query", "documents")}[model.__name__]
+        return {"model": MODEL, keys[0]: query, keys[1]: texts if len(texts) > 1 else texts[0]}
     ids = [rng.randrange(248044) for _ in range(rng.randint(0, 20))]
     return {"model": MODEL, "tokens": ids}
+
+
+def pooling_body(model, messages, rng):
+    """A valid body of an embedding or pooling request model named `model`."""
+    if model in ("EmbeddingChatRequest", "PoolingChatRequest"):
+        return {"model": MODEL, "messages": messages}
+    if model == "EmbeddingBatchChatRequest":
+        return {"model": MODEL, "messages": [messages, parity.random_messages(rng, False)[0]]}
+    if model == "EmbeddingChatInputRequest":
+        return {"model": MODEL, "input": messages}
+    texts = [parity.random_text(rng) for _ in range(rng.randint(1, 3))]
+    roll = rng.random()
+    if roll < 0.15:
+        prompt = [rng.randrange(248044) for _ in range(rng.randint(1, 12))]
+    elif roll < 0.25:
+        prompt = [[rng.randrange(248044) for _ in range(rng.randint(1, 8))] for _ in texts]
+    else:
+        prompt = texts if len(texts) > 1 else texts[0]
+    return {"model": MODEL, "input": prompt}
 
 
 # Tool-call arguments a client replays as the model wrote them: numbers Python's json keeps
@@ -397,7 +476,7 @@ def message_variant(route, body, rng):
             m["content"] = parts
         return f"messages[{i}] part {json.dumps(part)[:60]}"
     args = rng.choice(ODD_ARGUMENTS)
-    if route == CHAT or route == TOKENIZE:
+    if route in OPENAI_CONVERSATIONS:
         call = {"id": "call_1", "type": "function",
                 "function": {"name": "get_weather", "arguments": args}}
         messages.insert(len(messages) - 1, {"role": "assistant", "content": "",
@@ -426,7 +505,7 @@ def make_case(i, route, models, rng, foreign):
     ignored = {k: v for k, v in foreign.items() if k not in fields}
     tags = []
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
-        if route in (CHAT, TOKENIZE, MESSAGES, COUNT_TOKENS, RESPONSES) and rng.random() < 0.12:
+        if route in CONVERSATIONS and rng.random() < 0.12:
             label = message_variant(route, body, rng)
             if label:
                 tags.append(("messages", "variant", label))
@@ -453,7 +532,10 @@ def make_case(i, route, models, rng, foreign):
     bom = rng.random() < 0.1
     if bom:
         tags.append(("body", "bom", None))
-    return {"name": f"fuzz {i}: {route} {model.__name__}", "path": route, "body": body,
+    # (Drawn only where a route has several paths: the generation routes' cases of a seed stay
+    # the ones earlier runs sent.)
+    path = rng.choice(PATHS[route]) if route in PATHS else route
+    return {"name": f"fuzz {i}: {path} {model.__name__}", "path": path, "body": body,
             "bom": bom, "tags": tags, "index": i}
 
 
@@ -511,7 +593,12 @@ def send(url, data, headers, timeout=180):
         with urllib.request.urlopen(req, timeout=timeout) as r:
             ctype = r.headers.get("content-type", "")
             try:
-                return r.status, ctype, r.read()
+                body = r.read()
+                if ctype.startswith("application/octet-stream"):
+                    # An embedding's `bytes` encoding: vLLM's usage is in the `metadata`
+                    # header (none with `bytes_only`), which stands for the answer here.
+                    body = (r.headers.get("metadata") or "{}").encode()
+                return r.status, ctype, body
             except http.client.IncompleteRead as e:
                 # The answer was cut by its server: what came, and a mark judge() reads.
                 return r.status, ctype, e.partial + INCOMPLETE
@@ -678,7 +765,7 @@ def judge(r, line):
     if gu is not None and line.get("output_tokens") != gu.get("completion_tokens"):
         diffs.append(("output", f"output: metered {line.get('output_tokens')}, its answer said "
                                 f"{gu.get('completion_tokens')}"))
-    if gu is None and "event-stream" not in gct:
+    if gu is None and vu is not None and "event-stream" not in gct:
         diffs.append(("usage", "the gateway's answer carried no usage"))
     # Compared only where every sequence, both ways, ran to its limit: a sampled sequence that
     # ends early (its end-of-turn token drawn) is the model's, on either side.
@@ -702,6 +789,17 @@ def as_int(v):
 
 def tagged(c, key, pred=lambda kind, value: True):
     return any(k == key and pred(kind, v) for k, kind, v in c["tags"])
+
+
+def multimodal_score_input(c):
+    """A score or rerank body with a multimodal input (`{"content": [...]}`, or a list holding
+    one) in one of its text fields."""
+    if c["path"] not in PATHS[SCORE] + PATHS[RERANK]:
+        return False
+    body = c["body"]
+    fields = ("query", "queries", "documents", "items", "data_1", "data_2", "text_1", "text_2")
+    return any(isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, dict) for x in v))
+               for v in (body.get(f) for f in fields))
 
 
 def truthy_set(key):
@@ -735,6 +833,8 @@ KNOWN = [
      "it changes how media are read"),
     ("chat_template", "gateway refused", truthy_set("chat_template"),
      "a request's own template is not counted"),
+    ("a multimodal score or rerank input", "gateway refused", multimodal_score_input,
+     "the gateway does not count a pooling backend's images"),
     ("vllm_xargs", "gateway refused",
      lambda c: tagged(c, "vllm_xargs", lambda kind, v: v is not None and kind != "absent"),
      "arguments to the engine's own extensions are the deployment's to set"),
@@ -766,13 +866,16 @@ def main():
     ap.add_argument("--slowest", type=int, default=0, help="the slowest cases, printed")
     ap.add_argument("--only", type=int, action="append",
                     help="only the case of this index (repeatable); its answers are printed")
+    ap.add_argument("--pooling", action="store_true",
+                    help="the pooling routes, against vLLM's pooling runner")
     a = ap.parse_args()
 
     t0 = time.monotonic()
-    models = engine_models()
+    models = pooling_models() if a.pooling else engine_models()
     rng = random.Random(a.seed)
-    routes = [r for r, _ in ROUTES]
-    weights = [w for _, w in ROUTES]
+    table = POOLING_ROUTES if a.pooling else ROUTES
+    routes = [r for r, _ in table]
+    weights = [w for _, w in table]
     # Every field of every route's model, for the fields vLLM ignores on a route.
     foreign = {k: f for ms in models.values() for m in ms for k, f in m.model_fields.items()
                if k not in NEVER}
@@ -788,9 +891,20 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="tokengate-fuzz-"))
     log = work / "usage.jsonl"
     port, admin_port = harness.free_port(), harness.free_port()
-    (work / "gateway.toml").write_text(parity.gateway_config(a.vllm_url, port, admin_port, log))
     procs = harness.Procs()
     try:
+        generator = None
+        if a.pooling:
+            # vLLM pools; a gateway needs a generating backend too: the simulator.
+            sim_port = harness.free_port()
+            generator = f"http://127.0.0.1:{sim_port}"
+            sim = procs.start([a.gateway, "sim", "--listen", f"127.0.0.1:{sim_port}",
+                               "--tokenizer", str(parity.ROOT / "assets" / "qwen3.5"
+                                                  / "tokenizer.json")],
+                              open(work / "sim.log", "w"))
+            harness.wait_http(f"{generator}/health", 30, sim)
+        (work / "gateway.toml").write_text(
+            parity.gateway_config(a.vllm_url, port, admin_port, log, generator))
         gw = procs.start([a.gateway, "serve", "--config", str(work / "gateway.toml")],
                          open(work / "gateway.log", "w"))
         harness.wait_http(f"http://127.0.0.1:{admin_port}/readyz", 30, gw)
