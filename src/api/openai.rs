@@ -4,9 +4,9 @@
 //! changes nothing.
 
 use super::request::{
-    check_fields, lax_bool, lax_int, optional_bool, positive_int, py_truthy, sequence_count,
-    served_model_or_default, splice_body, wrong_type, Echo, EchoedPrompt, FieldType,
-    GenerationRequest, JsonBody, Layout, MaxTokensField, Member, ParseLimits, Prompt,
+    check_fields, defaulted_bool, lax_bool, lax_int, optional_bool, positive_int, py_truthy,
+    sequence_count, served_model_or_default, splice_body, wrong_type, Echo, EchoedPrompt,
+    FieldType, GenerationRequest, JsonBody, Layout, MaxTokensField, Member, ParseLimits, Prompt,
 };
 use super::route::{Endpoint, Route};
 use super::Refusal;
@@ -570,9 +570,11 @@ fn chat_prompt<'a>(
             "`continue_final_message` and `add_generation_prompt` cannot both be set (vLLM tests both as sent: any value but false, 0, null or an empty one is set)",
         ));
     }
+    // Neither may be null: vLLM's chat, `/tokenize` and pooling request models give both a
+    // default and no null.
     let add_generation_prompt =
-        optional_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
-    let continue_final_message = optional_bool(body, "continue_final_message")?.unwrap_or(false);
+        defaulted_bool(body, "add_generation_prompt")?.unwrap_or(route.adds_generation_prompt());
+    let continue_final_message = defaulted_bool(body, "continue_final_message")?.unwrap_or(false);
     if continue_final_message && add_generation_prompt {
         // vLLM's request model and transformers both refuse the pair.
         let default = match route.adds_generation_prompt() {
@@ -1266,6 +1268,16 @@ mod tests {
         );
         assert_eq!(pair(json!(0), json!("yes")), Ok(false));
         assert_eq!(pair(json!(false), json!(1)), Ok(false));
+        // Neither may be null (vLLM's models give both a default and no null).
+        for param in ["add_generation_prompt", "continue_final_message"] {
+            assert_eq!(
+                chat_of(json!({param: null})).unwrap_err(),
+                (
+                    param.to_string(),
+                    format!("`{param}` must be a boolean, got null")
+                )
+            );
+        }
     }
 
     /// `best_of` other than 1 is refused where a backend may decode that many sequences; the

@@ -426,6 +426,20 @@ pub(crate) fn optional_bool(
     }
 }
 
+/// A boolean field with a default and no null (pydantic's `bool = ...`): absent as `None`, read
+/// as [`lax_bool`] reads it; null or anything else is a 400 naming it, as vLLM refuses it.
+pub(crate) fn defaulted_bool(
+    body: &Map<String, Value>,
+    param: &str,
+) -> Result<Option<bool>, Refusal> {
+    match body.member(param) {
+        None => Ok(None),
+        Some(v) => lax_bool(v)
+            .map(Some)
+            .ok_or_else(|| wrong_type(param, "a boolean", v)),
+    }
+}
+
 /// The type of a field of a vLLM request model the gateway answers itself (`/tokenize`,
 /// `/v1/messages/count_tokens`), whose fields it must check as pydantic does.
 #[derive(Debug, Clone, Copy)]
