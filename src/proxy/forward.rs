@@ -210,6 +210,10 @@ impl<B> tower::Service<Request<B>> for Forward {
     }
 }
 
+/// The header of vLLM's binary embeddings (`encoding_format: "bytes"`) that holds the rest of
+/// the answer as JSON.
+const METADATA: &str = "metadata";
+
 impl Backends {
     /// Steps 10-11: send to the leased backend as `sent` says and meter the answer.
     async fn forward(
@@ -277,7 +281,12 @@ impl Backends {
                     return Err(e);
                 }
             };
-            admitted.finish_json(&bytes);
+            // An embedding's `bytes` encoding is answered in binary: vLLM sends what its JSON
+            // would say beside the vectors (the usage among it) in a `metadata` header.
+            match parts.headers.get(METADATA).filter(|_| !answered_whole) {
+                Some(metadata) => admitted.finish_json(metadata.as_bytes()),
+                None => admitted.finish_json(&bytes),
+            }
             return Ok(Response::from_parts(parts, full(bytes)));
         }
         // Wait for the first bytes before answering, so a backend that fails before its
@@ -404,6 +413,53 @@ mod tests {
         assert_eq!(buckets(&gw).await, (9997.0, 996.0, 99.0));
         assert_eq!(gw.admission.snapshot().backends[0].kv_reserved_bytes, 0);
         assert_eq!(outcomes_of(&gw.metrics, "alice", "ok"), 1);
+    }
+
+    /// An answer in binary (vLLM's embeddings in the `bytes` encoding) is metered by the usage
+    /// its `metadata` header holds, as the same answer in JSON would be: settled on the
+    /// backend's 5 prompt tokens where 3 were counted.
+    #[tokio::test]
+    async fn a_binary_answer_is_metered_by_its_metadata_header() {
+        let usage = r#"{"usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}}"#;
+        let settled = |gw: std::sync::Arc<crate::gateway::Gateway>| async move {
+            let resp = lane_service(&gw, &gw.generation_lane())
+                .oneshot(completion())
+                .await
+                .expect("answered");
+            assert_eq!(resp.status(), StatusCode::OK);
+            let body = resp.into_body().collect().await.expect("whole").to_bytes();
+            (
+                body,
+                buckets(&gw).await,
+                outcomes_of(&gw.metrics, "alice", "ok"),
+            )
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("bound");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let answer = hyper::service::service_fn(move |_: Request<_>| async move {
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .header("content-type", "application/octet-stream")
+                            .header("metadata", usage)
+                            .body(Full::new(Bytes::from_static(&[0x3f, 0x80, 0, 0])))
+                            .expect("valid"),
+                    )
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), answer),
+                );
+            }
+        });
+        let binary = settled(gateway_to(&addr.to_string(), 10.0).await).await;
+        assert_eq!(binary.0, Bytes::from_static(&[0x3f, 0x80, 0, 0]));
+        let json = settled(gateway_to(&backend(200, usage).await.to_string(), 10.0).await).await;
+        assert_eq!((binary.1, binary.2), (json.1, json.2));
+        assert_eq!(binary.1 .0, 9995.0);
     }
 
     #[tokio::test]
