@@ -283,7 +283,8 @@ impl Backends {
             };
             // An embedding's `bytes` encoding is answered in binary: vLLM sends what its JSON
             // would say beside the vectors (the usage among it) in a `metadata` header.
-            match parts.headers.get(METADATA).filter(|_| !answered_whole) {
+            // (Looked up for such an answer alone: a JSON answer pays nothing for it.)
+            match (!answered_whole).then(|| parts.headers.get(METADATA)).flatten() {
                 Some(metadata) => admitted.finish_json(metadata.as_bytes()),
                 None => admitted.finish_json(&bytes),
             }
