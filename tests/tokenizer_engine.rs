@@ -369,6 +369,14 @@ fn char_spans_are_huggingfaces_offsets() {
     });
     for text in SAMPLES.iter().map(|s| s.to_string()).chain(lines) {
         assert_eq!(fast().char_spans(&text), hf().char_spans(&text), "{text:?}");
+        // The fast engine merges no more than a cut needs; HuggingFace's reads it all.
+        for most in 1..4 {
+            assert_eq!(
+                fast().cut_to_tokens(&text, most),
+                hf().cut_to_tokens(&text, most),
+                "{text:?} to {most}"
+            );
+        }
     }
     // A composed char stands for its first; a token of part of a char covers all of it.
     for t in [fast(), hf()] {

@@ -284,7 +284,10 @@ impl Backends {
             // An embedding's `bytes` encoding is answered in binary: vLLM sends what its JSON
             // would say beside the vectors (the usage among it) in a `metadata` header.
             // (Looked up for such an answer alone: a JSON answer pays nothing for it.)
-            match (!answered_whole).then(|| parts.headers.get(METADATA)).flatten() {
+            match (!answered_whole)
+                .then(|| parts.headers.get(METADATA))
+                .flatten()
+            {
                 Some(metadata) => admitted.finish_json(metadata.as_bytes()),
                 None => admitted.finish_json(&bytes),
             }

@@ -197,11 +197,24 @@ impl Tokenizer {
     /// the first of them.
     pub fn char_spans(&self, text: &str) -> Vec<(usize, usize)> {
         match &self.imp {
-            Imp::Fast(fast) => fast.char_spans(text),
+            Imp::Fast(fast) => fast.char_spans(text, usize::MAX),
             Imp::Hf(hf) => match hf.encode_char_offsets(text, false) {
                 Ok(encoding) => encoding.get_offsets().to_vec(),
                 Err(e) => unreachable!("tokenizers encode failed after a successful load: {e}"),
             },
+        }
+    }
+
+    /// The first `limit` of [`Tokenizer::char_spans`] (the fast engine merges no pre-token
+    /// past them).
+    fn char_spans_up_to(&self, text: &str, limit: usize) -> Vec<(usize, usize)> {
+        match &self.imp {
+            Imp::Fast(fast) => fast.char_spans(text, limit),
+            Imp::Hf(_) => {
+                let mut spans = self.char_spans(text);
+                spans.truncate(limit);
+                spans
+            }
         }
     }
 
@@ -217,7 +230,7 @@ impl Tokenizer {
         }
         let mut text = text;
         while !text.is_empty() {
-            let spans = self.char_spans(text);
+            let spans = self.char_spans_up_to(text, most + 1);
             if spans.len() <= most {
                 break;
             }
@@ -689,68 +702,96 @@ impl FastEngine {
         ControlFlow::Continue(())
     }
 
-    /// [`Tokenizer::char_spans`]: each segment between added tokens normalized with the
-    /// alignment HuggingFace keeps (each char of the NFC form stands for the original char it
-    /// replaces; one NFC inserts stands for the original char before it), its tokens' bytes
-    /// laid over that form.
-    fn char_spans(&self, text: &str) -> Vec<(usize, usize)> {
+    /// The first `limit` of [`Tokenizer::char_spans`]: each segment between added tokens
+    /// normalized with the alignment HuggingFace keeps (each char of the NFC form stands for
+    /// the original char it replaces; one NFC inserts stands for the original char before it),
+    /// its tokens' bytes laid over that form. No pre-token past the `limit`-th token is merged.
+    fn char_spans(&self, text: &str, limit: usize) -> Vec<(usize, usize)> {
         let mut spans = Vec::new();
         let mut start = 0;
         let mut chars_before = 0;
         if let Some(added) = &self.added {
             for m in added.find_iter(text) {
                 let segment = &text[start..m.start()];
-                self.segment_spans(segment, chars_before, &mut spans);
+                if self
+                    .segment_spans(segment, chars_before, &mut spans, limit)
+                    .is_break()
+                {
+                    return spans;
+                }
                 chars_before += segment.chars().count();
                 let token_chars = text[m.start()..m.end()].chars().count();
                 spans.push((chars_before, chars_before + token_chars));
+                if spans.len() >= limit {
+                    return spans;
+                }
                 chars_before += token_chars;
                 start = m.end();
             }
         }
-        self.segment_spans(&text[start..], chars_before, &mut spans);
+        let _ = self.segment_spans(&text[start..], chars_before, &mut spans, limit);
         spans
     }
 
-    /// The spans of the tokens of `segment`, which begins at char `base` of the text.
-    fn segment_spans(&self, segment: &str, base: usize, spans: &mut Vec<(usize, usize)>) {
-        if segment.is_empty() {
-            return;
-        }
-        // Each char of the normal form, with the original char it stands for.
-        let (normal, stands_for): (Cow<'_, str>, Vec<usize>) = if self.nfc {
-            let (mut normal, mut stands_for) = (String::new(), Vec::new());
-            let mut next = 0usize;
-            for (c, change) in segment.nfc() {
-                stands_for.push(match change {
-                    1.. => next.saturating_sub(1),
-                    _ => {
-                        next += 1 + change.unsigned_abs();
-                        next - 1 - change.unsigned_abs()
+    /// Adds the spans of the tokens of `segment`, which begins at char `base` of the text, to
+    /// `spans`; breaks once they are `limit`.
+    fn segment_spans(
+        &self,
+        segment: &str,
+        base: usize,
+        spans: &mut Vec<(usize, usize)>,
+        limit: usize,
+    ) -> ControlFlow<()> {
+        // The normal form, and (where NFC changed it) the original char each of its chars
+        // stands for.
+        let (normal, stands_for) =
+            match self.nfc && !is_nfc_quick(segment.chars()).eq(&IsNormalized::Yes) {
+                true => {
+                    let (mut normal, mut stands_for) = (String::new(), Vec::new());
+                    let mut next = 0usize;
+                    for (c, change) in segment.nfc() {
+                        let replaced = 1 + change.min(0).unsigned_abs();
+                        stands_for.push(match change {
+                            1.. => next.saturating_sub(1),
+                            _ => next,
+                        });
+                        next += if change > 0 { 0 } else { replaced };
+                        normal.push(c);
                     }
-                });
-                normal.push(c);
-            }
-            (Cow::Owned(normal), stands_for)
-        } else {
-            (
-                Cow::Borrowed(segment),
-                (0..segment.chars().count()).collect(),
-            )
-        };
-        // The char of the normal form each of its bytes is in.
-        let char_of: Vec<usize> = (normal.chars().enumerate())
-            .flat_map(|(i, c)| std::iter::repeat_n(i, c.len_utf8()))
-            .collect();
-        let mut ids = Vec::new();
-        let _ = self.encode_normalized(&normal, &mut Work::default(), &mut Sink::Ids(&mut ids));
+                    (Cow::Owned(normal), Some(stands_for))
+                }
+                false => (Cow::Borrowed(segment), None),
+            };
+        let original = |k: usize| stands_for.as_ref().map_or(k, |s| s[k]);
+        // The chars of the normal form, each as its index and its end byte, read once along
+        // the tokens.
+        let mut chars =
+            (normal.char_indices().enumerate()).map(|(k, (i, c))| (k, i + c.len_utf8()));
+        let mut char = chars.next();
         let mut at = 0;
-        for id in ids {
-            let len = self.bpe.token_bytes(id).len().max(1);
-            let (first, last) = (char_of[at], char_of[at + len - 1]);
-            spans.push((base + stands_for[first], base + stands_for[last] + 1));
-            at += len;
+        let mut work = Work::default();
+        for piece in self.split.pieces(&normal) {
+            let mut ids = Vec::new();
+            self.bpe
+                .encode_piece(piece, &mut work, &mut |found| ids.extend_from_slice(found));
+            for id in ids {
+                let len = self.bpe.token_bytes(id).len().max(1);
+                while char.is_some_and(|(_, end)| end <= at) {
+                    char = chars.next();
+                }
+                let first = char.map_or(0, |(k, _)| k);
+                while char.is_some_and(|(_, end)| end < at + len) {
+                    char = chars.next();
+                }
+                let last = char.map_or(first, |(k, _)| k);
+                spans.push((base + original(first), base + original(last) + 1));
+                at += len;
+                if spans.len() >= limit {
+                    return ControlFlow::Break(());
+                }
+            }
         }
+        ControlFlow::Continue(())
     }
 
     /// The text of `ids`, or `None` once its bytes are past `max_bytes`.
