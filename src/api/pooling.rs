@@ -7,7 +7,7 @@
 //! once, so a score's prompts are its queries and then its documents. Nothing is generated.
 
 use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority, truncation};
-use super::request::{lax_int, served_model_or_default, wrong_type};
+use super::request::{defaulted_bool, lax_int, served_model_or_default, wrong_type};
 use super::route::{Pooled, PooledKind, Route};
 use super::Refusal;
 use super::{GenerationRequest, ParseLimits, Prompt};
@@ -67,8 +67,10 @@ fn embed_prompts(
             })
             .collect()
     };
-    let from_messages = messages.and_then(conversations);
-    let from_input = input.filter(|_| messages.is_none()).and_then(conversations);
+    // Beside an `input`, chat forms that vLLM's pydantic refuses leave the completion form.
+    let chat = !(input.is_some() && chat_form_refused(body));
+    let from_messages = messages.filter(|_| chat).and_then(conversations);
+    let from_input = (input.filter(|_| chat && messages.is_none())).and_then(conversations);
     match (from_messages.or(from_input), messages, input) {
         (Some(convs), _, _) => render(convs),
         (None, Some(other), None) => Err(wrong_type(
@@ -78,6 +80,23 @@ fn embed_prompts(
         )),
         _ => parse_prompts(body, "input"),
     }
+}
+
+/// Whether vLLM's chat forms of an embeddings or pooling body fail on a field of their own
+/// that pydantic refuses: a generation flag that is no boolean (null among them), a
+/// `chat_template` that is no text, `chat_template_kwargs` that are no object. vLLM then reads
+/// the body as its completion form, by its `input` (the union of its request models).
+fn chat_form_refused(body: &Map<String, Value>) -> bool {
+    let flags = ["add_generation_prompt", "continue_final_message"];
+    flags.iter().any(|f| defaulted_bool(body, f).is_err())
+        || !matches!(
+            body.get("chat_template"),
+            None | Some(Value::Null | Value::String(_))
+        )
+        || !matches!(
+            body.get("chat_template_kwargs"),
+            None | Some(Value::Null | Value::Object(_))
+        )
 }
 
 /// `v` as conversations: one (a list of messages) or several (a list of such lists).
@@ -450,6 +469,38 @@ mod tests {
         assert_eq!(
             (listed.enable_thinking, listed.other_arguments),
             (None, vec!["enable_thinking".to_string()])
+        );
+    }
+
+    /// vLLM's chat forms fail on a flag, a template or template arguments pydantic refuses, and
+    /// the body is read by its `input`; without one, it is refused.
+    #[test]
+    fn an_input_is_run_where_the_chat_forms_are_refused() {
+        let conv = json!([{"role": "user", "content": "hi there"}]);
+        for extra in [
+            json!({"continue_final_message": null}),
+            json!({"add_generation_prompt": "maybe"}),
+            json!({"chat_template": 5}),
+            json!({"chat_template_kwargs": "x"}),
+        ] {
+            let mut body = json!({"model": "qwen", "messages": conv, "input": "hello world"});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            assert_eq!(
+                texts(&parse(Pooled::Embeddings, body.clone()).unwrap()),
+                ["hello world"],
+                "{extra}"
+            );
+            body.as_object_mut().unwrap().remove("input");
+            assert!(parse(Pooled::Pooling, body).is_err(), "{extra}");
+        }
+        // A flag pydantic reads ("yes") keeps the conversation.
+        let body = json!({"model": "qwen", "messages": conv, "input": "hello world",
+            "add_generation_prompt": "yes"});
+        assert_eq!(
+            texts(&parse(Pooled::Embeddings, body).unwrap()),
+            ["chat 1 gen=true"]
         );
     }
 

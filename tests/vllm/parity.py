@@ -915,6 +915,11 @@ def pooling_cases():
         p("a conversation with tools and documents", EMBEDDINGS, {
             "messages": conv, "documents": [{"title": "t", "text": "Paris."}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+        # vLLM's chat forms refuse these fields, and the body is read by its input.
+        p("a conversation with continue_final_message null, beside an input", EMBEDDINGS, {
+            "messages": conv, "input": q, "continue_final_message": None}),
+        p("a conversation with a chat_template of 5, beside an input", POOLING, {
+            "messages": conv, "input": q, "chat_template": 5}),
         p("a conversation with a list as enable_thinking", POOLING, {
             "messages": conv, "chat_template_kwargs": {"enable_thinking": [1]}}),
         # Refused by the gateway alone (KNOWN).
