@@ -133,7 +133,12 @@ fn score_prompts(body: &Map<String, Value>, max_model_len: u64) -> Result<Vec<Pr
         ("text_1", "text_2"),
     ];
     let given = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
-    let Some((first, second)) = NAMES.into_iter().find(|(a, b)| given(a) && given(b)) else {
+    // vLLM's `ScoreRequest` is the union of the four forms, in this order: it runs the first
+    // whose inputs pydantic reads (else the first given is refused, as here).
+    let valid = |k: &str| body.get(k).is_some_and(score_input_readable);
+    let pairs = || NAMES.into_iter().filter(|(a, b)| given(a) && given(b));
+    let Some((first, second)) = (pairs().find(|(a, b)| valid(a) && valid(b))).or(pairs().next())
+    else {
         return Err(Refusal::invalid_param(
             "queries",
             "`queries` and `documents` are required (or `queries` and `items`, `data_1` and `data_2`, `text_1` and `text_2`)",
@@ -202,6 +207,20 @@ fn most_tokens_per_text(
             param,
             format!("`{param}` is {v}: it must be 0 (no cut) or a positive number of tokens"),
         )),
+    }
+}
+
+/// Whether pydantic reads `v` as vLLM's `ScoreInput | list[ScoreInput]`: a text, a multimodal
+/// input (an object with a `content` list), or a list of those.
+fn score_input_readable(v: &Value) -> bool {
+    let one = |v: &Value| match v {
+        Value::String(_) => true,
+        Value::Object(o) => o.get("content").is_some_and(Value::is_array),
+        _ => false,
+    };
+    match v {
+        Value::Array(items) => items.iter().all(one),
+        v => one(v),
     }
 }
 
@@ -363,6 +382,15 @@ mod tests {
             e.message,
             "`queries` has 2 texts and `documents` 3: send one queries text, or one for each"
         );
+        // The first form whose inputs pydantic reads, as vLLM's union of them runs it.
+        let second_form = json!({"model": "qwen", "queries": "q", "documents": [5], "items": "i"});
+        assert_eq!(
+            texts(&parse(Pooled::Score, second_form).unwrap()),
+            ["q", "i"]
+        );
+        let none_readable = json!({"model": "qwen", "queries": "q", "documents": [5]});
+        let e = parse(Pooled::Score, none_readable).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("documents[0]"));
         let rerank = json!({"model": "qwen", "query": "q", "documents": ["a", "b"], "top_n": 1});
         assert_eq!(
             texts(&parse(Pooled::RerankV2, rerank).unwrap()),

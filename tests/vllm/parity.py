@@ -936,6 +936,9 @@ def pooling_cases():
             p("data_1 and data_2", path, {"data_1": q, "data_2": docs}),
             p("queries and items", path, {"queries": q, "items": docs[1:]}),
             p("truncated", path, {"queries": q, "documents": docs, "truncate_prompt_tokens": 4}),
+            # vLLM's union of the four forms runs the first whose inputs pydantic reads.
+            p("documents pydantic refuses, and items", path, {"queries": q, "documents": [5],
+                                                             "items": docs[1:]}),
             # Each text cut first, as vLLM's truncate_text_to_tokens cuts it: whole words, a
             # CJK text, a character two tokens share (the emoji goes whole).
             p("texts cut by max_tokens_per_query and max_tokens_per_doc", path, {
