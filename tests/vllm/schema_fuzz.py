@@ -833,6 +833,12 @@ KNOWN = [
      "it changes how media are read"),
     ("chat_template", "gateway refused", truthy_set("chat_template"),
      "a request's own template is not counted"),
+    ("drawn messages beside an input", "gateway refused",
+     lambda c: c["path"] in (EMBEDDINGS, POOLING) and "input" in c["body"]
+     and tagged(c, "messages", lambda kind, v: kind != "variant"),
+     "vLLM's union of request models runs the input when pydantic refuses a message (a tool "
+     "call without its id, say); the gateway does not check each message as pydantic does, "
+     "and refuses what it cannot render"),
     ("a multimodal score or rerank input", "gateway refused", multimodal_score_input,
      "the gateway does not count a pooling backend's images"),
     ("vllm_xargs", "gateway refused",
