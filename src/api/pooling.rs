@@ -126,19 +126,7 @@ fn chat(body: &Map<String, Value>, limits: &ParseLimits<'_>) -> Result<Prompt, R
 /// A score body's prompts: its queries, then its documents. One query is scored against
 /// every document, or each query against its own (as many of each).
 fn score_prompts(body: &Map<String, Value>, max_model_len: u64) -> Result<Vec<Prompt>, Refusal> {
-    const NAMES: [(&str, &str); 4] = [
-        ("queries", "documents"),
-        ("queries", "items"),
-        ("data_1", "data_2"),
-        ("text_1", "text_2"),
-    ];
-    let given = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
-    // vLLM's `ScoreRequest` is the union of the four forms, in this order: it runs the first
-    // whose inputs pydantic reads (else the first given is refused, as here).
-    let valid = |k: &str| body.get(k).is_some_and(score_input_readable);
-    let pairs = || NAMES.into_iter().filter(|(a, b)| given(a) && given(b));
-    let Some((first, second)) = (pairs().find(|(a, b)| valid(a) && valid(b))).or(pairs().next())
-    else {
+    let Some((first, second)) = score_form(body) else {
         return Err(Refusal::invalid_param(
             "queries",
             "`queries` and `documents` are required (or `queries` and `items`, `data_1` and `data_2`, `text_1` and `text_2`)",
@@ -208,6 +196,22 @@ fn most_tokens_per_text(
             format!("`{param}` is {v}: it must be 0 (no cut) or a positive number of tokens"),
         )),
     }
+}
+
+/// The fields of a score body's queries and documents: vLLM's `ScoreRequest` is the union of
+/// four forms, in this order, and runs the first whose inputs pydantic reads (else the first
+/// given is refused, as the gateway refuses it); `None` when no form is given.
+pub fn score_form(body: &Map<String, Value>) -> Option<(&'static str, &'static str)> {
+    const NAMES: [(&str, &str); 4] = [
+        ("queries", "documents"),
+        ("queries", "items"),
+        ("data_1", "data_2"),
+        ("text_1", "text_2"),
+    ];
+    let given = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
+    let valid = |k: &str| body.get(k).is_some_and(score_input_readable);
+    let pairs = || NAMES.into_iter().filter(|(a, b)| given(a) && given(b));
+    (pairs().find(|(a, b)| valid(a) && valid(b))).or(pairs().next())
 }
 
 /// Whether pydantic reads `v` as vLLM's `ScoreInput | list[ScoreInput]`: a text, a multimodal

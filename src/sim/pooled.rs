@@ -107,15 +107,14 @@ pub fn answer(
     })
 }
 
-/// A score or rerank body's documents, as texts (the parser checked them).
+/// A score or rerank body's documents, as texts (the parser checked them): a score's in the
+/// form the parser read it in.
 fn score_documents(body: &serde_json::Map<String, Value>, kind: PooledKind) -> Vec<String> {
-    let names = match kind {
-        PooledKind::Rerank => &["documents"][..],
-        _ => &["documents", "items", "data_2", "text_2"][..],
+    let name = match kind {
+        PooledKind::Rerank => Some("documents"),
+        _ => crate::api::pooling::score_form(body).map(|(_, documents)| documents),
     };
-    let value = names
-        .iter()
-        .find_map(|n| body.get(*n).filter(|v| !v.is_null()));
+    let value = name.and_then(|n| body.get(n));
     match value {
         Some(Value::Array(items)) => items
             .iter()
@@ -228,5 +227,15 @@ mod tests {
         let data = score.unwrap()["data"].as_array().unwrap().clone();
         assert_eq!(data.len(), 2);
         assert!((data[0]["score"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+        // Scored in the form the parser read: the items, where the documents are no texts.
+        let items = json!({"model": "qwen", "queries": "abc", "documents": [5], "items": ["abc", "b", "c"]});
+        let a = ask(Pooled::Score, items).unwrap();
+        assert_eq!(
+            (
+                a["data"].as_array().unwrap().len(),
+                &a["usage"]["prompt_tokens"]
+            ),
+            (3, &json!(3 + 3 + 1 + 1))
+        );
     }
 }
