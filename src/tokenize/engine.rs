@@ -745,7 +745,7 @@ impl FastEngine {
         // The normal form, and (where NFC changed it) the original char each of its chars
         // stands for.
         let (normal, stands_for) =
-            match self.nfc && !is_nfc_quick(segment.chars()).eq(&IsNormalized::Yes) {
+            match self.nfc && is_nfc_quick(segment.chars()) != IsNormalized::Yes {
                 true => {
                     let (mut normal, mut stands_for) = (String::new(), Vec::new());
                     let mut next = 0usize;
