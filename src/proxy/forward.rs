@@ -351,23 +351,36 @@ mod tests {
     use std::time::Duration;
     use tower::ServiceExt;
 
-    /// A backend on 127.0.0.1 that answers every request with `status` and `body`; it lives as
-    /// long as the test's runtime.
+    /// A backend on 127.0.0.1 that answers every request with `status` and a JSON `body`; it
+    /// lives as long as the test's runtime.
     async fn backend(status: u16, body: &'static str) -> SocketAddr {
+        let json = [("content-type", "application/json")];
+        backend_answering(status, &json, body.as_bytes()).await
+    }
+
+    /// [`backend`] answering with these `headers` and any `body`.
+    async fn backend_answering(
+        status: u16,
+        headers: &[(&'static str, &'static str)],
+        body: &'static [u8],
+    ) -> SocketAddr {
+        let headers = headers.to_vec();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binds");
         let addr = listener.local_addr().expect("bound");
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let answer = hyper::service::service_fn(move |_: Request<_>| async move {
-                    Ok::<_, Infallible>(
-                        Response::builder()
-                            .status(status)
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from_static(body.as_bytes())))
-                            .expect("valid"),
-                    )
+                let headers = headers.clone();
+                let answer = hyper::service::service_fn(move |_: Request<_>| {
+                    let mut answer = Response::builder().status(status);
+                    for (name, value) in &headers {
+                        answer = answer.header(*name, *value);
+                    }
+                    let answer = answer
+                        .body(Full::new(Bytes::from_static(body)))
+                        .expect("valid");
+                    async move { Ok::<_, Infallible>(answer) }
                 });
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
@@ -438,27 +451,11 @@ mod tests {
                 outcomes_of(&gw.metrics, "alice", "ok"),
             )
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let addr = listener.local_addr().expect("bound");
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let answer = hyper::service::service_fn(move |_: Request<_>| async move {
-                    Ok::<_, Infallible>(
-                        Response::builder()
-                            .header("content-type", "application/octet-stream")
-                            .header("metadata", usage)
-                            .body(Full::new(Bytes::from_static(&[0x3f, 0x80, 0, 0])))
-                            .expect("valid"),
-                    )
-                });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), answer),
-                );
-            }
-        });
+        let binary_answer = [
+            ("content-type", "application/octet-stream"),
+            ("metadata", usage),
+        ];
+        let addr = backend_answering(200, &binary_answer, &[0x3f, 0x80, 0, 0]).await;
         let binary = settled(gateway_to(&addr.to_string(), 10.0).await).await;
         assert_eq!(binary.0, Bytes::from_static(&[0x3f, 0x80, 0, 0]));
         let json = settled(gateway_to(&backend(200, usage).await.to_string(), 10.0).await).await;
