@@ -415,7 +415,12 @@ fn texts_are_cut_to_tokens_as_vllm_cuts_scored_texts() {
     ];
     for t in [fast(), hf()] {
         for (text, most, cut) in cases {
-            assert_eq!(t.cut_to_tokens(text, most), cut, "{text:?} to {most}");
+            // The cut, and its tokens as counted alone.
+            assert_eq!(
+                t.cut_to_tokens(text, most),
+                (cut, t.count(cut)),
+                "{text:?} to {most}"
+            );
         }
     }
 }

@@ -525,13 +525,14 @@ impl Counter {
             Prompt::CutText { text, most, param } => {
                 self.pool
                     .run_maybe_inline(tenant, text.len(), move || {
+                        // Counted by the cut itself, which reads the cut text last.
                         match tok.cut_to_tokens(&text, most) {
                             // The engine refuses a prompt it cut to nothing.
-                            "" => Err(ApiError::invalid_param(
+                            ("", _) => Err(ApiError::invalid_param(
                                 param,
                                 format!("`{param}` of {most} cuts a text to nothing (its first {most} tokens end inside a character, which goes whole), and the engine refuses an empty prompt; raise it"),
                             )),
-                            cut => Ok(tok.count_up_to(cut, ceiling)),
+                            (_, tokens) => Ok(TokenCount::of(tokens, ceiling)),
                         }
                     })
                     .await
@@ -556,7 +557,7 @@ impl Counter {
                 }
                 Prompt::Text(t) => Ok(tok.encode(&t)),
                 Prompt::CutText { text, most, .. } => {
-                    Ok(tok.encode(tok.cut_to_tokens(&text, most)))
+                    Ok(tok.encode(tok.cut_to_tokens(&text, most).0))
                 }
                 Prompt::TokenIds(ids) => Ok(ids),
             })

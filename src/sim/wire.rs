@@ -233,12 +233,12 @@ pub fn parse_openai(
 /// A text prompt's text as the engine runs it (a [`api::Prompt::CutText`] cut first) and its
 /// tokens; a chat or token ids are the caller's.
 pub(super) fn text_prompt(prompt: &api::Prompt, counter: &dyn CountTokens) -> (String, u64) {
-    let text = match prompt {
+    let (text, tokens) = match prompt {
         api::Prompt::CutText { text, most, .. } => counter.cut_to_tokens(text, *most),
-        api::Prompt::Text(text) => text,
-        api::Prompt::Chat { .. } | api::Prompt::TokenIds(_) => "",
+        api::Prompt::Text(text) => (text.as_str(), counter.count(text)),
+        api::Prompt::Chat { .. } | api::Prompt::TokenIds(_) => ("", 0),
     };
-    (text.to_owned(), counter.count(text) as u64)
+    (text.to_owned(), tokens as u64)
 }
 
 #[allow(clippy::result_large_err)]

@@ -30,14 +30,16 @@ pub trait CountTokens {
         TokenCount::of(self.count(text), ceiling)
     }
 
-    /// `text` as vLLM's score routes cut a query or a document to at most `most` tokens (the
-    /// tokenizer's [`Tokenizer::cut_to_tokens`](crate::tokenize::Tokenizer::cut_to_tokens)).
-    /// This default keeps the longest run of whole chars with at most `most` tokens, which is
-    /// that cut where no token spans two chars.
-    fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> &'t str {
+    /// `text` as vLLM's score routes cut a query or a document to at most `most` tokens, and
+    /// the cut's tokens (the tokenizer's
+    /// [`Tokenizer::cut_to_tokens`](crate::tokenize::Tokenizer::cut_to_tokens)). This default
+    /// keeps the longest run of whole chars with at most `most` tokens, which is that cut where
+    /// no token spans two chars.
+    fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> (&'t str, usize) {
         let ends = text.char_indices().map(|(i, c)| i + c.len_utf8());
         let end = (ends.take_while(|&end| self.count(&text[..end]) <= most)).last();
-        &text[..end.unwrap_or(0)]
+        let cut = &text[..end.unwrap_or(0)];
+        (cut, self.count(cut))
     }
 }
 

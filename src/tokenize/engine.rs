@@ -222,23 +222,23 @@ impl Tokenizer {
     /// `most` tokens (`max_tokens_per_query`, `max_tokens_per_doc`; its
     /// `truncate_text_to_tokens`): while the text has more, it ends where its `most`-th token
     /// ends or where the next one begins, whichever comes first, and at least one character
-    /// short of its end ([`Tokenizer::char_spans`]), and is read again. The result may have
-    /// fewer than `most` tokens (a character split between two tokens goes whole).
-    pub fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> &'t str {
+    /// short of its end ([`Tokenizer::char_spans`]), and is read again. The cut, and its
+    /// tokens, which may be fewer than `most` (a character split between two tokens goes whole).
+    pub fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> (&'t str, usize) {
         if most == 0 {
-            return "";
+            return ("", 0);
         }
         let mut text = text;
         while !text.is_empty() {
             let spans = self.char_spans_up_to(text, most + 1);
             if spans.len() <= most {
-                break;
+                return (text, spans.len());
             }
             let chars = text.chars().count();
             let end = spans[most - 1].1.min(spans[most].0).min(chars - 1);
             text = &text[..text.char_indices().nth(end).map_or(text.len(), |(i, _)| i)];
         }
-        text
+        ("", 0)
     }
 
     /// Token ids of `text`.

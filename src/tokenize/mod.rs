@@ -25,7 +25,7 @@ impl chat::CountTokens for Tokenizer {
         Tokenizer::count_up_to(self, text, ceiling)
     }
 
-    fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> &'t str {
+    fn cut_to_tokens<'t>(&self, text: &'t str, most: usize) -> (&'t str, usize) {
         Tokenizer::cut_to_tokens(self, text, most)
     }
 }
