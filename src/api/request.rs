@@ -426,17 +426,15 @@ pub(crate) fn optional_bool(
     }
 }
 
-/// A boolean field with a default and no null (pydantic's `bool = ...`): absent as `None`, read
-/// as [`lax_bool`] reads it; null or anything else is a 400 naming it, as vLLM refuses it.
+/// A boolean field with a default and no null (pydantic's `bool = ...`): as
+/// [`optional_bool`], but null is a 400 naming it too, as vLLM refuses it.
 pub(crate) fn defaulted_bool(
     body: &Map<String, Value>,
     param: &str,
 ) -> Result<Option<bool>, Refusal> {
     match body.member(param) {
-        None => Ok(None),
-        Some(v) => lax_bool(v)
-            .map(Some)
-            .ok_or_else(|| wrong_type(param, "a boolean", v)),
+        Some(Value::Null) => Err(wrong_type(param, "a boolean", &Value::Null)),
+        _ => optional_bool(body, param),
     }
 }
 
