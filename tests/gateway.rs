@@ -136,6 +136,40 @@ async fn non_streaming_answer_is_passed_and_settled() {
     assert_eq!(prefill - gw.bucket("alice", "prefill").await, 5.0);
 }
 
+/// vLLM's batch of chats: each conversation's prompt counted and its output reserved, the
+/// whole settled on the answer's usage; a streamed batch is refused before anything is charged.
+#[tokio::test]
+async fn a_batch_of_chats_is_charged_each_conversation_and_settled_on_its_usage() {
+    let (gw, backend) = gateway(FakeSpec::default()).await;
+    let conversation = |content: &str| json!([{"role": "user", "content": content}]);
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let body = json!({"model": "qwen3.5-27b", "messages": [conversation("hi there"), conversation("Once upon a time")],
+                      "max_tokens": 7, "ignore_eos": true, "tools": tools});
+    let prefill = gw.bucket("alice", "prefill").await;
+    let r = post(&gw.url("/v1/chat/completions/batch"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(backend.max_tokens_seen(), vec![7]);
+    // Both prompts, rendered without the tools; 14 tokens reserved, 7 written (the fake
+    // backend's usage), the rest given back.
+    let prompts = chat_tokens("hi there") + chat_tokens("Once upon a time");
+    assert_eq!(
+        prefill - gw.bucket("alice", "prefill").await,
+        prompts as f64
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 993.0);
+
+    let streamed = json!({"model": "qwen3.5-27b", "messages": [conversation("hi")], "max_tokens": 7, "stream": true});
+    let r = post(&gw.url("/v1/chat/completions/batch"), "sk-alice", &streamed).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "stream");
+    assert_eq!(backend.max_tokens_seen(), vec![7]);
+    assert_eq!(
+        prefill - gw.bucket("alice", "prefill").await,
+        prompts as f64
+    );
+    assert_eq!(gw.bucket("alice", "decode").await, 993.0);
+}
+
 #[tokio::test]
 async fn drained_decode_bucket_gives_exact_retry_after_then_admits_after_refill() {
     let (gw, _backend) = gateway(FakeSpec::default()).await;

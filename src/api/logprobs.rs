@@ -37,7 +37,9 @@ impl LogprobsAsked {
     pub fn of(route: Route, body: &Map<String, Value>) -> Option<Self> {
         let top = |field: &str| body.get(field).and_then(Value::as_u64);
         match route {
-            Route::OpenAi(Endpoint::Chat) if body.get("logprobs") == Some(&Value::Bool(true)) => {
+            Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch)
+                if body.get("logprobs") == Some(&Value::Bool(true)) =>
+            {
                 let top = top("top_logprobs").unwrap_or(0);
                 Some(Self {
                     param: if top > 0 { "top_logprobs" } else { "logprobs" },

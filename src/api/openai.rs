@@ -47,6 +47,9 @@ pub fn parse_generation_from(
     } = body;
     let model = served_model_or_default(&body, limits.served_names)?;
     let stream = optional_bool(&body, "stream")?.unwrap_or(false);
+    if endpoint == Endpoint::ChatBatch {
+        refuse_batch_fields(&body, stream)?;
+    }
     // Both of vLLM's stream options are booleans in any spelling pydantic reads.
     let option = |o: &Map<String, Value>, key: &str| match o.member(key) {
         None | Some(Value::Null) => Ok(false),
@@ -71,14 +74,18 @@ pub fn parse_generation_from(
             "`stream_options` is only allowed when `stream` is true",
         ));
     }
-    let choices = sequence_count(&body, "n", u32::MAX)?.unwrap_or(1);
+    // A batch's `n` is 1 (`refuse_batch_fields`), in any spelling Python finds equal to it.
+    let choices = match endpoint {
+        Endpoint::ChatBatch => 1,
+        _ => sequence_count(&body, "n", u32::MAX)?.unwrap_or(1),
+    };
     refuse_uncounted_work(&body)?;
     let echo = endpoint == Endpoint::Completions && optional_bool(&body, "echo")?.unwrap_or(false);
     let (requested, prompt_only) = output_limit(&body, endpoint, echo, limits.max_model_len)?;
     // Whether vLLM holds a token of the context back from a cut at `-1` for the output: when
     // the body asks for some (a completion without `max_tokens` asks for vLLM's 16).
     let limited = match endpoint {
-        Endpoint::Chat => requested.is_some(),
+        Endpoint::Chat | Endpoint::ChatBatch => requested.is_some(),
         Endpoint::Completions => !prompt_only && body.member("max_tokens") != Some(&Value::Null),
     };
     let truncate_to = truncation(&body, limited, limits.max_model_len)?;
@@ -93,6 +100,12 @@ pub fn parse_generation_from(
             take_chat_prompt(&mut body, limits.vision, ChatRoute::ChatCompletions)?
         }
         Endpoint::Chat => parse_chat_prompt(&body, limits.vision, ChatRoute::ChatCompletions)?,
+        Endpoint::ChatBatch => {
+            let mut prompts = batch_chat_prompts(&mut body, limits.vision, !raw.is_empty())?;
+            let first = prompts.remove(0);
+            batch = prompts;
+            first
+        }
         Endpoint::Completions => {
             let mut prompts = parse_prompts(&body, "prompt")?;
             let first = prompts.remove(0);
@@ -130,7 +143,7 @@ fn output_limit(
     max_model_len: u64,
 ) -> Result<(Option<(MaxTokensField, u64)>, bool), Refusal> {
     let fields: &[MaxTokensField] = match endpoint {
-        Endpoint::Chat => &[
+        Endpoint::Chat | Endpoint::ChatBatch => &[
             MaxTokensField::MaxCompletionTokens,
             MaxTokensField::MaxTokens,
         ],
@@ -226,6 +239,43 @@ fn refuse_uncounted_work(body: &Map<String, Value>) -> Result<(), Refusal> {
     refuse_negative_priority(body)
 }
 
+/// Refuses what vLLM 0.32's batch of chats (`/v1/chat/completions/batch`) does not take, as its
+/// request model tests it, on the values as sent: an `n` that Python does not find equal to 1
+/// (`"1"` is refused, `1.0` and `true` are not), and a truthy `use_beam_search` (`"false"`
+/// too). And `stream` when true (`stream`, the flag as read): vLLM answers such a batch whole,
+/// but keeps only the last piece of each conversation's answer and counts only its tokens in
+/// the usage, so the gateway could not settle it.
+fn refuse_batch_fields(body: &Map<String, Value>, stream: bool) -> Result<(), Refusal> {
+    let one = |v: &Value| match v {
+        Value::Number(n) => n.as_f64() == Some(1.0),
+        Value::Bool(b) => *b,
+        _ => false,
+    };
+    match body.member("n") {
+        None | Some(Value::Null) => {}
+        Some(v) if one(v) => {}
+        Some(v) => {
+            return Err(Refusal::invalid_param(
+                "n",
+                format!("Batch chat completions do not support `n > 1`: `n` must be 1, got {v}"),
+            ))
+        }
+    }
+    if py_truthy(body.member("use_beam_search")) {
+        return Err(Refusal::invalid_param(
+            "use_beam_search",
+            "Batch chat completions do not support beam search: `use_beam_search` must be false or left out",
+        ));
+    }
+    if stream {
+        return Err(Refusal::invalid_param(
+            "stream",
+            "Batch chat completions are answered whole: `stream` must be false or left out (vLLM 0.32 answers a streamed batch with each conversation's last piece only)",
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a `best_of` other than 1 on a chat or a completion: a vLLM before 0.32 decodes that
 /// many sequences, where the gateway reserves one. vLLM 0.32's request models have no
 /// `best_of` and ignore it, so the count layer asks this only while a generating backend may
@@ -276,7 +326,13 @@ pub fn parse_chat_prompt(
     route: ChatRoute,
 ) -> Result<Prompt, Refusal> {
     let messages = chat_messages(body, vision)?;
-    chat_prompt(messages.iter().map(Cow::Borrowed), body, vision, route)
+    chat_prompt(
+        messages.iter().map(Cow::Borrowed),
+        "messages",
+        body,
+        vision,
+        route,
+    )
 }
 
 /// [`parse_chat_prompt`], its messages moved out of `body` into the prompt (`null` is left in
@@ -290,7 +346,87 @@ pub(crate) fn take_chat_prompt(
     let Some(Value::Array(messages)) = body.get_mut("messages").map(Value::take) else {
         unreachable!("chat_messages found an array")
     };
-    chat_prompt(messages.into_iter().map(Cow::Owned), body, vision, route)
+    chat_prompt(
+        messages.into_iter().map(Cow::Owned),
+        "messages",
+        body,
+        vision,
+        route,
+    )
+}
+
+/// The conversations of a batch of chats (`/v1/chat/completions/batch`): `messages` a
+/// non-empty list of non-empty lists of messages, each a [`Prompt::Chat`] as vLLM renders it
+/// (the chat completion of the body's other fields and that conversation, without `tools` and
+/// `documents`: [`ChatRoute::ChatBatch`]). The images and videos of all of them together are
+/// bounded as one chat's are. `take`: the conversations move out of `body` (`null` is left in
+/// their place), as [`take_chat_prompt`] moves a chat's.
+fn batch_chat_prompts(
+    body: &mut Map<String, Value>,
+    vision: &VisionRules,
+    take: bool,
+) -> Result<Vec<Prompt>, Refusal> {
+    let conversations = match body.member("messages") {
+        Some(Value::Array(c)) if !c.is_empty() => c,
+        Some(Value::Array(_)) => {
+            return Err(Refusal::invalid_param(
+                "messages",
+                "`messages` must contain at least one conversation",
+            ))
+        }
+        None | Some(Value::Null) => {
+            return Err(Refusal::invalid_param("messages", "`messages` is required"))
+        }
+        Some(other) => return Err(wrong_type("messages", "an array of conversations", other)),
+    };
+    for (i, conversation) in conversations.iter().enumerate() {
+        match conversation {
+            Value::Array(m) if !m.is_empty() => {}
+            Value::Array(_) => {
+                return Err(Refusal::invalid_param(
+                    &format!("messages[{i}]"),
+                    format!("`messages[{i}]` must contain at least one message"),
+                ))
+            }
+            other => {
+                return Err(wrong_type(
+                    &format!("messages[{i}]"),
+                    "an array of messages",
+                    other,
+                ))
+            }
+        }
+    }
+    check_media_count(
+        conversations.iter().filter_map(Value::as_array).flatten(),
+        vision,
+    )?;
+    // Conversation `i` (its messages moved or copied) as a prompt.
+    fn conversation<'a>(
+        (i, messages): (usize, impl ExactSizeIterator<Item = Cow<'a, Value>>),
+        body: &Map<String, Value>,
+        vision: &VisionRules,
+    ) -> Result<Prompt, Refusal> {
+        let param = format!("messages[{i}]");
+        chat_prompt(messages, &param, body, vision, ChatRoute::ChatBatch)
+    }
+    if !take {
+        let each = conversations.iter().filter_map(Value::as_array);
+        let each = each.map(|m| m.iter().map(Cow::Borrowed));
+        return (each.enumerate())
+            .map(|c| conversation(c, body, vision))
+            .collect();
+    }
+    let Some(Value::Array(conversations)) = body.get_mut("messages").map(Value::take) else {
+        unreachable!("the conversations were found above")
+    };
+    let each = conversations.into_iter().map(|c| match c {
+        Value::Array(m) => m.into_iter().map(Cow::Owned),
+        _ => unreachable!("each conversation was found a list above"),
+    });
+    (each.enumerate())
+        .map(|c| conversation(c, body, vision))
+        .collect()
 }
 
 /// The chat template switches the gateway counts, from `chat_template_kwargs` and
@@ -336,9 +472,7 @@ fn template_switches(
             ("enable_thinking", Value::Bool(_)) => continue,
             // Not hashable: vLLM refuses it where it generates, where its reasoning parser reads
             // it (its `/tokenize` and pooling routes render it).
-            ("enable_thinking", Value::Object(_) | Value::Array(_))
-                if route == ChatRoute::ChatCompletions =>
-            {
+            ("enable_thinking", Value::Object(_) | Value::Array(_)) if route.generates() => {
                 return Err(wrong_type(
                     "chat_template_kwargs.enable_thinking",
                     "a boolean",
@@ -358,7 +492,7 @@ fn template_switches(
     }
     let efforts = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
     let effort = match body.member("reasoning_effort") {
-        _ if route != ChatRoute::ChatCompletions => None,
+        _ if !route.generates() => None,
         None | Some(Value::Null) => None,
         Some(Value::String(e)) if efforts.contains(&e.as_str()) => Some(e.as_str()),
         Some(other) => {
@@ -448,13 +582,16 @@ fn chat_messages<'a>(
 /// each costs a header decoded, a placeholder rendered and up to 16,384 ids expanded, so their
 /// number bounds the work a body of a few hundred kilobytes can ask for. A 400 naming
 /// `messages` and both numbers. Without vision every media part is refused on its own.
-fn check_media_count(messages: &[Value], vision: &VisionRules) -> Result<(), Refusal> {
+fn check_media_count<'a>(
+    messages: impl IntoIterator<Item = &'a Value>,
+    vision: &VisionRules,
+) -> Result<(), Refusal> {
     if !vision.enabled {
         return Ok(());
     }
     let (mut images, mut videos) = (0u64, 0u64);
     let parts = messages
-        .iter()
+        .into_iter()
         .filter_map(|m| m.get("content")?.as_array())
         .flatten();
     for part in parts {
@@ -476,10 +613,11 @@ fn check_media_count(messages: &[Value], vision: &VisionRules) -> Result<(), Ref
     Ok(())
 }
 
-/// [`parse_chat_prompt`] of `messages` (from [`chat_messages`]), each moved into the prompt
-/// when owned, copied when borrowed.
+/// [`parse_chat_prompt`] of `messages` (from [`chat_messages`], named `param` by refusals),
+/// each moved into the prompt when owned, copied when borrowed.
 fn chat_prompt<'a>(
     messages: impl ExactSizeIterator<Item = Cow<'a, Value>>,
+    param: &str,
     body: &Map<String, Value>,
     vision: &VisionRules,
     route: ChatRoute,
@@ -489,7 +627,7 @@ fn chat_prompt<'a>(
     let mut rendered = Vec::with_capacity(messages.len());
     for (i, message) in messages.enumerate() {
         // Named only by errors: no string is made for a message that is valid.
-        let at = || format!("messages[{i}]");
+        let at = || format!("{param}[{i}]");
         let Value::Object(m) = message.as_ref() else {
             return Err(wrong_type(&at(), "an object", &message));
         };
@@ -547,10 +685,11 @@ fn chat_prompt<'a>(
         };
         rendered.push(message);
     }
-    // vLLM's pooling chats have neither `tools` nor `documents`, and pass them over.
-    let pooled = route == ChatRoute::Pooling;
+    // vLLM's pooling chats have neither `tools` nor `documents`, and pass them over; its
+    // batch of chats hands its template neither.
+    let passed_over = !route.renders_tools();
     let tools = match body.member("tools") {
-        _ if pooled => None,
+        _ if passed_over => None,
         None | Some(Value::Null) => None,
         Some(Value::Array(t)) if t.iter().all(Value::is_object) => Some(t.clone()),
         Some(other) => return Err(wrong_type("tools", "an array of objects", other)),
@@ -589,7 +728,7 @@ fn chat_prompt<'a>(
         ));
     }
     let documents = match body.member("documents") {
-        _ if pooled => None,
+        _ if passed_over => None,
         None | Some(Value::Null) => None,
         Some(Value::Array(d)) if d.iter().all(Value::is_object) => Some(d.clone()),
         Some(other) => return Err(wrong_type("documents", "an array of objects", other)),
@@ -897,7 +1036,10 @@ pub fn rewrite_for_backend(
     if !req.prompt_only {
         set.push(("max_tokens", Value::from(reserved)));
     }
-    let chat = req.endpoint == Route::OpenAi(Endpoint::Chat);
+    let chat = matches!(
+        req.endpoint,
+        Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch)
+    );
     if chat
         && !req
             .body
@@ -975,6 +1117,99 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_batch_of_chats_is_a_prompt_for_each_conversation_rendered_without_tools() {
+        let (names, len) = limits();
+        let limits = ParseLimits {
+            served_names: &names,
+            max_model_len: len,
+            vision: &VisionRules::default(),
+        };
+        let raw = br#"{"model":"qwen","messages":[[{"role":"user","content":"hi"}],[{"role":"developer","content":"be brief"},{"role":"user","content":"yo"}]],"tools":[{"type":"function","function":{"name":"f"}}],"max_completion_tokens":4,"max_tokens":9}"#;
+        let (object, layout) = parse_body(raw).unwrap();
+        let body = JsonBody {
+            object,
+            raw: Bytes::from_static(raw),
+            layout,
+        };
+        let mut r = parse_generation_from(Endpoint::ChatBatch, body, &limits).unwrap();
+        // The conversations moved out of the body; each is a chat of its own, the second's
+        // developer message read as vLLM reads it, and neither with the tools.
+        assert_eq!(r.body["messages"], Value::Null);
+        let chat = |p: &Prompt| match p {
+            Prompt::Chat { prompt, media } if media.is_empty() => prompt.clone(),
+            other => panic!("{other:?}"),
+        };
+        let (first, second) = (chat(&r.prompt), chat(&r.batch[0]));
+        assert_eq!(r.batch.len(), 1);
+        assert_eq!(first.messages, [json!({"role": "user", "content": "hi"})]);
+        assert_eq!(
+            second.messages,
+            [
+                json!({"role": "system", "content": "be brief"}),
+                json!({"role": "user", "content": "yo"})
+            ]
+        );
+        assert_eq!((first.tools, second.tools), (None, None));
+        assert!(first.add_generation_prompt && second.add_generation_prompt);
+        assert_eq!(
+            r.requested_max_tokens,
+            Some((MaxTokensField::MaxCompletionTokens, 4))
+        );
+        assert_eq!((r.choices, r.sequences(), r.stream), (1, 2, false));
+        // Both limits are set to what was reserved; the rest goes as sent.
+        let sent = rewrite_for_backend(&mut r, 3, "qwen");
+        let sent: Value = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(
+            (&sent["max_completion_tokens"], &sent["max_tokens"]),
+            (&json!(3), &json!(3))
+        );
+        assert_eq!(
+            sent["messages"][1][1],
+            json!({"role": "user", "content": "yo"})
+        );
+        assert_eq!(sent["tools"][0]["function"]["name"], "f");
+    }
+
+    #[test]
+    fn a_batch_of_chats_is_refused_what_vllm_refuses_it() {
+        let batch = |extra: Value| {
+            let mut body =
+                json!({"model": "qwen", "messages": [[{"role": "user", "content": "hi"}]]});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            parse(Endpoint::ChatBatch, body)
+        };
+        // What Python finds equal to 1 is an `n` of 1; a stream that reads as false is none.
+        for ok in [
+            json!({"n": 1}),
+            json!({"n": 1.0}),
+            json!({"n": true}),
+            json!({"n": null}),
+            json!({"stream": "false"}),
+            json!({"use_beam_search": false}),
+        ] {
+            let r = batch(ok.clone()).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+            assert_eq!((r.choices, r.stream), (1, false), "{ok}");
+        }
+        for (extra, param, message) in [
+            (json!({"n": 2}), "n", "Batch chat completions do not support `n > 1`: `n` must be 1, got 2"),
+            (json!({"n": "1"}), "n", "Batch chat completions do not support `n > 1`: `n` must be 1, got \"1\""),
+            (json!({"n": false}), "n", "Batch chat completions do not support `n > 1`: `n` must be 1, got false"),
+            (json!({"use_beam_search": "false"}), "use_beam_search", "Batch chat completions do not support beam search: `use_beam_search` must be false or left out"),
+            (json!({"stream": true}), "stream", "Batch chat completions are answered whole: `stream` must be false or left out (vLLM 0.32 answers a streamed batch with each conversation's last piece only)"),
+            (json!({"messages": []}), "messages", "`messages` must contain at least one conversation"),
+            (json!({"messages": null}), "messages", "`messages` is required"),
+            (json!({"messages": [{"role": "user", "content": "hi"}]}), "messages[0]", "`messages[0]` must be an array of messages, got an object"),
+            (json!({"messages": [[{"role": "user", "content": "hi"}], []]}), "messages[1]", "`messages[1]` must contain at least one message"),
+            (json!({"messages": [[{"role": "user", "content": "hi"}], [{"role": "robot"}]]}), "messages[1][0].role", "`messages[1][0].role` must be one of [\"system\", \"developer\", \"user\", \"assistant\", \"tool\"], got `robot`"),
+        ] {
+            let e = batch(extra.clone()).unwrap_err();
+            assert_eq!((e.param.as_deref(), e.message.as_str()), (Some(param), message), "{extra}");
+        }
+    }
+
     /// The chat prompt of `body` (a chat completion), or the refusal's param and message.
     fn chat_of(extra: Value) -> Result<ChatPrompt, (String, String)> {
         let mut body = json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]});
@@ -1035,6 +1270,9 @@ mod tests {
                 Endpoint::Chat => {
                     json!({"model": "qwen", "messages": [{"role": "user", "content": "hi"}]})
                 }
+                Endpoint::ChatBatch => {
+                    json!({"model": "qwen", "messages": [[{"role": "user", "content": "hi"}]]})
+                }
                 Endpoint::Completions => json!({"model": "qwen", "prompt": "hi"}),
             };
             body.as_object_mut()
@@ -1059,6 +1297,13 @@ mod tests {
         }
         assert_eq!(chat(json!({"truncate_prompt_tokens": null})), Ok(None));
         assert_eq!(chat(json!({"truncate_prompt_tokens": -1})), Ok(Some(len)));
+        // A batch's cut is each conversation's, read as a chat's.
+        let batch = |extra| cut(Endpoint::ChatBatch, extra);
+        assert_eq!(batch(json!({"truncate_prompt_tokens": "5"})), Ok(Some(5)));
+        assert_eq!(
+            batch(json!({"truncate_prompt_tokens": -1, "max_tokens": 5})),
+            Ok(Some(len - 1))
+        );
         assert_eq!(
             chat(json!({"truncate_prompt_tokens": "-1", "max_tokens": 5})),
             Ok(Some(len - 1))

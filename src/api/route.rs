@@ -5,10 +5,13 @@
 use crate::wire::Wire;
 
 /// Which endpoint a body was sent to (or, for `tokengate loadgen`, is sent to).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     /// `POST /v1/chat/completions`.
     Chat,
+    /// `POST /v1/chat/completions/batch`: vLLM's chat completions of several conversations in
+    /// one body (`messages` a list of conversations), answered whole, a choice for each.
+    ChatBatch,
     /// `POST /v1/completions`.
     Completions,
 }
@@ -18,6 +21,7 @@ impl Endpoint {
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::ChatBatch => "/v1/chat/completions/batch",
             Endpoint::Completions => "/v1/completions",
         }
     }
@@ -128,7 +132,8 @@ pub enum PooledKind {
 /// A route of the main listener that the backends answer: generation, or pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
-    /// OpenAI-compatible: `/v1/chat/completions`, `/v1/completions`.
+    /// OpenAI-compatible: `/v1/chat/completions` (and vLLM's `/v1/chat/completions/batch`),
+    /// `/v1/completions`.
     OpenAi(Endpoint),
     /// MindIE's native API: `/infer`, `/generate` (TGI's and vLLM's), `/generate_stream`,
     /// Triton's `/v2/models/{model}/generate` and `generate_stream`.
@@ -144,8 +149,9 @@ pub enum Route {
 
 impl Route {
     /// Every route the backends answer, in docs/reference.md's order.
-    pub const ALL: [Route; 16] = [
+    pub const ALL: [Route; 17] = [
         Route::OpenAi(Endpoint::Chat),
+        Route::OpenAi(Endpoint::ChatBatch),
         Route::OpenAi(Endpoint::Completions),
         Route::Responses,
         Route::Messages,
@@ -234,7 +240,7 @@ impl Route {
                 | Native::TritonGenerate
                 | Native::TritonGenerateStream,
             ) => Some(20),
-            Route::OpenAi(Endpoint::Chat)
+            Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch)
             | Route::MindIe(Native::Infer | Native::VllmGenerate)
             | Route::Messages
             | Route::Responses
@@ -245,7 +251,7 @@ impl Route {
     /// The field holding the prompt, named by errors about its length.
     pub fn prompt_param(self) -> &'static str {
         match self {
-            Route::OpenAi(Endpoint::Chat) | Route::Messages => "messages",
+            Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch) | Route::Messages => "messages",
             Route::Responses | Route::Pooling(Pooled::Embeddings | Pooled::Pooling) => "input",
             Route::Pooling(Pooled::Score | Pooled::ScoreV1) => "queries",
             Route::Pooling(Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2) => "query",
@@ -304,6 +310,11 @@ mod tests {
         let chat = Route::OpenAi(Endpoint::Chat);
         assert_eq!(chat.path_model("/v1/chat/completions"), None);
         assert_eq!(chat.backend_path("served"), "/v1/chat/completions");
+        assert_eq!(
+            Route::from_path("/v1/chat/completions/batch"),
+            Some(Route::OpenAi(Endpoint::ChatBatch))
+        );
+        assert_eq!(Route::from_path("/v1/chat/completions/batch/"), None);
         assert_eq!(
             Route::from_path("/generate"),
             Some(Route::MindIe(Native::Generate))

@@ -384,7 +384,7 @@ impl Counter {
         if parsed.requested_max_tokens.is_none()
             && matches!(
                 parsed.endpoint,
-                Route::OpenAi(Endpoint::Chat) | Route::Responses
+                Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch) | Route::Responses
             )
             && max_output < self.settings.model.max_model_len - prompt_tokens
         {

@@ -2,12 +2,11 @@
 //! request is sent at its planned instant whatever the server does, with a progress line, then
 //! the report is printed and optionally written as JSON and SVG.
 
-use super::client::{Client, Job, Target};
+use super::client::{Api, Client, Job, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sample, Sla};
 use super::sla::{target_tpot_sla, TpotSla};
 use super::workload::{parse_mix, parse_rate, parse_trace, plan, Planned};
-use crate::api::Endpoint;
 use crate::sim::DEFAULT_MODEL;
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::Tokenizer;
@@ -64,8 +63,8 @@ pub struct LoadgenArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// API to call.
-    #[arg(long, value_enum, default_value_t = Endpoint::Chat)]
-    pub endpoint: Endpoint,
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    pub endpoint: Api,
     /// `model` of the requests.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
@@ -218,8 +217,8 @@ pub async fn run_plan(
         // Build the prompt before the planned instant so the send is not late by its cost.
         let mut rng = StdRng::seed_from_u64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let text = match endpoint {
-            Endpoint::Chat => prompts.chat_content(p.input_tokens, &mut rng),
-            Endpoint::Completions => prompts.text(p.input_tokens, &mut rng),
+            Api::Chat => prompts.chat_content(p.input_tokens, &mut rng),
+            Api::Completions => prompts.text(p.input_tokens, &mut rng),
         };
         let job = Job {
             api_key: keys.for_tenant(&p.tenant).map(str::to_string),

@@ -5,7 +5,6 @@
 //! answers carrying `retry-after` are retried after that wait.
 
 use super::report::{Outcome, Sample};
-use crate::api::Endpoint;
 use bytes::Bytes;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -16,6 +15,26 @@ use serde_json::Value;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The APIs the load is sent to: those that stream (vLLM's batch of chats does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// `POST /v1/chat/completions`, one user message.
+    Chat,
+    /// `POST /v1/completions`, a text prompt.
+    Completions,
+}
+
+impl Api {
+    /// Its path.
+    pub fn path(self) -> &'static str {
+        let endpoint = match self {
+            Api::Chat => crate::api::Endpoint::Chat,
+            Api::Completions => crate::api::Endpoint::Completions,
+        };
+        endpoint.path()
+    }
+}
+
 /// Most attempts of one request with `retry`.
 const MAX_ATTEMPTS: u32 = 5;
 
@@ -25,7 +44,7 @@ pub struct Target {
     /// Base URL, e.g. `http://127.0.0.1:8080`.
     pub url: String,
     /// API.
-    pub endpoint: Endpoint,
+    pub endpoint: Api,
     /// `model` of every request.
     pub model: String,
     /// Server seconds per real second (the sim's `--time-scale`); measured times are scaled by it.
@@ -98,10 +117,10 @@ impl Client {
             "stream_options": {"include_usage": true},
         });
         match self.target.endpoint {
-            Endpoint::Chat => {
+            Api::Chat => {
                 body["messages"] = serde_json::json!([{"role": "user", "content": job.text}]);
             }
-            Endpoint::Completions => body["prompt"] = Value::String(job.text.clone()),
+            Api::Completions => body["prompt"] = Value::String(job.text.clone()),
         }
         Bytes::from(body.to_string())
     }

@@ -4,12 +4,11 @@
 //! time-scale conversion would land 10x under it), and counts and outcomes exactly.
 
 use super::cli::{run_plan, ApiKeys};
-use super::client::{Client, Target};
+use super::client::{Api, Client, Target};
 use super::prompt::PromptBuilder;
 use super::report::{Outcome, Report, Sla};
 use super::sla::target_tpot_sla;
 use super::workload::Planned;
-use crate::api::Endpoint;
 use crate::sim::{start, Faults, SimConfig, DEFAULT_MODEL};
 use crate::tokenize::chat::ChatTemplate;
 use crate::tokenize::test_tokenizer as tokenizer;
@@ -37,7 +36,7 @@ async fn measures_latencies_in_server_time_and_classifies_outcomes() {
         Arc::new(PromptBuilder::new(tok.as_ref(), &ChatTemplate::builtin_qwen35()).unwrap());
     let client = Client::new(Target {
         url: sim.url(),
-        endpoint: Endpoint::Chat,
+        endpoint: Api::Chat,
         model: DEFAULT_MODEL.into(),
         time_scale: 10.0,
         retry: false,
@@ -175,7 +174,7 @@ async fn the_default_tpot_sla_is_what_the_target_holds() {
     let target = |url: String| {
         Client::new(Target {
             url,
-            endpoint: Endpoint::Chat,
+            endpoint: Api::Chat,
             model: DEFAULT_MODEL.into(),
             time_scale: 1.0,
             retry: false,

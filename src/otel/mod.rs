@@ -69,7 +69,12 @@ impl Otel {
 /// `embeddings`, and the pooling routes' own names where the conventions have none.
 fn operation(route: Option<&Route>) -> &'static str {
     match route {
-        Some(Route::OpenAi(Endpoint::Chat) | Route::Messages | Route::Responses) | None => "chat",
+        Some(
+            Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch)
+            | Route::Messages
+            | Route::Responses,
+        )
+        | None => "chat",
         Some(Route::OpenAi(Endpoint::Completions) | Route::MindIe(_)) => "text_completion",
         Some(Route::Pooling(p)) => match p.kind() {
             PooledKind::Embed => "embeddings",

@@ -164,7 +164,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             );
             return Ok(resp);
         }
-        (&Method::POST, "/v1/chat/completions") => (Api::Chat, None),
+        (&Method::POST, "/v1/chat/completions" | "/v1/chat/completions/batch") => (Api::Chat, None),
         (&Method::POST, "/v1/completions") => (Api::Completion, None),
         (&Method::POST, "/generate") => (Api::Tgi, Some(Native::Generate)),
         (&Method::POST, "/generate_stream") => (Api::Tgi, Some(Native::GenerateStream)),
@@ -210,6 +210,7 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
         )?,
         (api, _) => parse_openai(
             api,
+            path == "/v1/chat/completions/batch",
             &body,
             &shared.served_names,
             &shared.template,

@@ -178,6 +178,32 @@ async fn chats_are_counted_as_vllm_renders_them() {
     assert_eq!(prompt(plain).await, 21);
 }
 
+/// vLLM's batch of chats: each conversation a prompt of its own, rendered without the tools,
+/// a choice for each, answered whole even when `stream` is asked, usage summed.
+#[tokio::test(start_paused = true)]
+async fn a_batch_of_chats_answers_a_choice_for_each_conversation() {
+    let s = sim(SimConfig::default()).await;
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let hello = json!([{"role": "user", "content": HELLO}]);
+    let body = json!({"model": DEFAULT_MODEL, "messages": [hello, hello], "max_tokens": 3,
+                      "ignore_eos": true, "tools": tools, "stream": true});
+    let a = post(s.addr(), "/v1/chat/completions/batch", body).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let v = a.json();
+    assert_eq!(v["object"], "chat.completion");
+    let indices: Vec<_> = (v["choices"].as_array().unwrap().iter())
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [0, 1]);
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 2 * HELLO_CHAT_TOKENS, "total_tokens": 2 * HELLO_CHAT_TOKENS + 6, "completion_tokens": 6})
+    );
+    let flat = json!({"model": DEFAULT_MODEL, "messages": hello, "max_tokens": 3});
+    let a = post(s.addr(), "/v1/chat/completions/batch", flat).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+}
+
 /// `truncate_prompt_tokens`, as vLLM: each prompt runs with at most that many tokens (`-1`, the
 /// context less one); 0 would leave an empty prompt, which is refused.
 #[tokio::test(start_paused = true)]

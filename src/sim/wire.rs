@@ -135,9 +135,11 @@ fn bad_json(e: serde_json::Error) -> ApiError {
 /// Parses an OpenAI chat or completions body and counts its prompt (a chat rendered with
 /// `template`, as vLLM renders it before tokenizing, each prompt cut at its
 /// `truncate_prompt_tokens` within the context of `max_model_len`); the job, and the prompt's
-/// text.
+/// text. `batch`: a chat's `messages` are a list of conversations (vLLM's
+/// `/v1/chat/completions/batch`), each run as a prompt of its own and answered whole.
 pub fn parse_openai(
     api: Api,
+    batch: bool,
     body: &[u8],
     served_names: &[String],
     template: &ChatTemplate,
@@ -179,23 +181,46 @@ pub fn parse_openai(
             let messages = req
                 .messages
                 .ok_or_else(|| ApiError::invalid_param("messages", "`messages` is required"))?;
-            let kwargs = req.chat_template_kwargs;
-            let mut prompt = ChatPrompt {
-                messages,
-                tools: req.tools,
-                add_generation_prompt: true,
-                enable_thinking: kwargs
-                    .as_ref()
-                    .and_then(|k| k.enable_thinking.as_ref())
-                    .and_then(Value::as_bool),
-                add_vision_id: kwargs.as_ref().and_then(|k| k.add_vision_id.clone()),
-                ..ChatPrompt::default()
+            // A batch's conversations are rendered without its tools, as vLLM renders them.
+            let (conversations, tools) = match batch {
+                true => {
+                    let each = messages.into_iter().map(|c| match c {
+                        Value::Array(m) => Ok(m),
+                        _ => Err(ApiError::invalid_param(
+                            "messages",
+                            "`messages` must be a list of conversations",
+                        )),
+                    });
+                    (each.collect::<Result<Vec<_>, _>>()?, None)
+                }
+                false => (vec![messages], req.tools),
             };
-            // As vLLM: developer messages as system, system messages merged, reasoning renamed.
-            prompt.normalize_like_vllm(ChatRoute::ChatCompletions)?;
-            // Qwen3.5's template thinks unless told not to.
-            thinking = prompt.enable_thinking != Some(false);
-            template.render(&prompt)?
+            let kwargs = req.chat_template_kwargs;
+            let mut rendered = Vec::with_capacity(conversations.len());
+            for messages in conversations {
+                let mut prompt = ChatPrompt {
+                    messages,
+                    tools: tools.clone(),
+                    add_generation_prompt: true,
+                    enable_thinking: kwargs
+                        .as_ref()
+                        .and_then(|k| k.enable_thinking.as_ref())
+                        .and_then(Value::as_bool),
+                    add_vision_id: kwargs.as_ref().and_then(|k| k.add_vision_id.clone()),
+                    ..ChatPrompt::default()
+                };
+                // As vLLM: developer messages as system, system messages merged, reasoning
+                // renamed.
+                prompt.normalize_like_vllm(ChatRoute::ChatCompletions)?;
+                // Qwen3.5's template thinks unless told not to.
+                thinking = prompt.enable_thinking != Some(false);
+                rendered.push(template.render(&prompt)?);
+            }
+            if batch {
+                prompts = rendered.len() as u64;
+                prompt_tokens = Some(rendered.iter().map(|p| count(p)).sum());
+            }
+            rendered.concat()
         }
         _ => match req.prompt {
             Some(Prompt::One(p)) => p,
@@ -216,7 +241,7 @@ pub fn parse_openai(
     };
     let job = Job {
         api,
-        stream: req.stream,
+        stream: req.stream && !batch,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
         prompt_tokens: prompt_tokens.unwrap_or_else(|| count(&prompt)),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),

@@ -154,6 +154,9 @@ pub enum ChatRoute {
     /// `POST /v1/chat/completions`: the request model renames a message's
     /// `reasoning_content` to `reasoning` (when `reasoning` is unset), which is rendered.
     ChatCompletions,
+    /// `POST /v1/chat/completions/batch`: each conversation is a chat completion's, but
+    /// rendered without the body's `tools` and `documents` (vLLM 0.32 hands its template none).
+    ChatBatch,
     /// `POST /tokenize`: its request model has no such validator, so `reasoning_content` is
     /// dropped with the message's other unknown keys (`reasoning` is rendered).
     Tokenize,
@@ -166,6 +169,18 @@ impl ChatRoute {
     /// Whether `add_generation_prompt` is true when a request leaves it out.
     pub fn adds_generation_prompt(self) -> bool {
         !matches!(self, ChatRoute::Pooling)
+    }
+
+    /// Whether its request model is a chat completion's (vLLM's reasoning parser reads its
+    /// template arguments, and `reasoning_content` is renamed).
+    pub fn generates(self) -> bool {
+        matches!(self, ChatRoute::ChatCompletions | ChatRoute::ChatBatch)
+    }
+
+    /// Whether the template is handed the body's `tools` and `documents`: neither on the
+    /// pooling routes (their request models have none) nor on a batch of chats.
+    pub fn renders_tools(self) -> bool {
+        matches!(self, ChatRoute::ChatCompletions | ChatRoute::Tokenize)
     }
 }
 

@@ -220,7 +220,9 @@ fn completion_prompt() -> impl Strategy<Value = Value> {
     ]
 }
 
-/// Fields any generation body may carry; unknown ones must reach the backend unchanged.
+/// Fields any generation body may carry; unknown ones must reach the backend unchanged. A
+/// batch of chats is answered whole, of one choice a conversation: its `stream` is false and
+/// its `n` 1 when sent.
 fn optional_fields(endpoint: Endpoint) -> impl Strategy<Value = Vec<(String, Value)>> {
     let stream = prop::option::of((any::<bool>(), prop::option::of(any::<bool>())));
     let max_tokens = prop::option::of(prop_oneof![
@@ -261,6 +263,9 @@ fn optional_fields(endpoint: Endpoint) -> impl Strategy<Value = Vec<(String, Val
         .prop_map(
             move |(stream, n, max_tokens, max_completion, chat_only, extra)| {
                 let mut fields: Vec<(String, Value)> = Vec::new();
+                let batch = endpoint == Endpoint::ChatBatch;
+                let stream = stream.filter(|(stream, _)| !(batch && *stream));
+                let n = n.filter(|n| !batch || n.is_null() || *n == json!(1));
                 if let Some((stream, include_usage)) = stream {
                     fields.push(("stream".into(), json!(stream)));
                     if let (true, Some(usage)) = (stream, include_usage) {
@@ -277,7 +282,7 @@ fn optional_fields(endpoint: Endpoint) -> impl Strategy<Value = Vec<(String, Val
                         .into_iter()
                         .filter_map(|(k, v)| Some((k.to_owned(), v?))),
                 );
-                if endpoint == Endpoint::Chat {
+                if endpoint != Endpoint::Completions {
                     let (tools, thinking, generation_prompt) = chat_only;
                     if let Some(tools) = tools {
                         fields.push(("tools".into(), Value::Array(tools)));
@@ -307,6 +312,12 @@ fn valid_body(endpoint: Endpoint) -> impl Strategy<Value = Map<String, Value>> {
         Endpoint::Chat => prop::collection::vec(message(), 1..6)
             .prop_map(|m| ("messages".to_owned(), Value::Array(m)))
             .boxed(),
+        Endpoint::ChatBatch => prop::collection::vec(
+            prop::collection::vec(message(), 1..4).prop_map(Value::Array),
+            1..4,
+        )
+        .prop_map(|c| ("messages".to_owned(), Value::Array(c)))
+        .boxed(),
         Endpoint::Completions => completion_prompt()
             .prop_map(|p| ("prompt".to_owned(), p))
             .boxed(),
@@ -535,6 +546,20 @@ fn mutation(endpoint: Endpoint) -> BoxedStrategy<Mutation> {
             3 => common,
             1 => Just(Mutation::Remove("prompt")),
             1 => bad_prompt().prop_map(|v| Mutation::Set("prompt", v)),
+        ]
+        .boxed(),
+        // Its conversations whole: a message's own mutations are a chat's, above.
+        Endpoint::ChatBatch => prop_oneof![
+            // (Usage is a stream's, which a batch refuses whole.)
+            4 => common.prop_filter("a batch does not stream", |m| {
+                !matches!(m, Mutation::IncludeUsage(_))
+            }),
+            1 => Just(Mutation::Remove("messages")),
+            1 => prop_oneof![
+                json_except(&[Kind::Array]),
+                Just(json!([])),
+            ]
+            .prop_map(|v| Mutation::Set("messages", v)),
         ]
         .boxed(),
         Endpoint::Chat => prop_oneof![
@@ -851,7 +876,12 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    prop_oneof![Just(Endpoint::Chat), Just(Endpoint::Completions)].prop_flat_map(|endpoint| {
+    prop_oneof![
+        3 => Just(Endpoint::Chat),
+        1 => Just(Endpoint::ChatBatch),
+        3 => Just(Endpoint::Completions)
+    ]
+    .prop_flat_map(|endpoint| {
         (
             valid_body(endpoint),
             prop_oneof![
@@ -998,7 +1028,7 @@ fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), Te
             "an OpenAI body parsed as another route",
         ));
     };
-    let (stream, prompt) = (req.stream, req.prompt.clone());
+    let (stream, prompt, batch) = (req.stream, req.prompt.clone(), req.batch.clone());
     // The same request with its layout forgotten: the rewrite reads its bytes again to find the
     // members, and must write the very bytes it writes from the layout.
     let mut forgotten = GenerationRequest {
@@ -1013,11 +1043,24 @@ fn check_accepted(mut req: GenerationRequest, reserved: &Index) -> Result<(), Te
     let again = parse(endpoint, &rewritten)
         .map_err(|e| TestCaseError::fail(format!("the rewritten body is refused: {e}")))?;
     prop_assert_eq!(&again.model, SERVED[0]);
+    // A batch's other prompts (a list of completion prompts, a batch's other conversations)
+    // come back as they were.
+    prop_assert_eq!(batch.len(), again.batch.len());
+    for (a, b) in batch.iter().zip(&again.batch) {
+        match (a, b) {
+            (Prompt::Chat { prompt: a, .. }, Prompt::Chat { prompt: b, .. }) => {
+                prop_assert_eq!(&a.messages, &b.messages)
+            }
+            (Prompt::Text(a), Prompt::Text(b)) => prop_assert_eq!(a, b),
+            (Prompt::TokenIds(a), Prompt::TokenIds(b)) => prop_assert_eq!(a, b),
+            (a, b) => prop_assert!(false, "prompt {:?} became {:?}", a, b),
+        }
+    }
     prop_assert_eq!(again.stream, stream);
     prop_assert_eq!(again.client_wants_usage, stream);
     // vLLM's chat reads `max_completion_tokens or max_tokens` (a null one is not the limit
     // field); its completions have no `max_completion_tokens`.
-    let field = if endpoint == Endpoint::Chat
+    let field = if endpoint != Endpoint::Completions
         && original
             .get("max_completion_tokens")
             .is_some_and(|v| !v.is_null())

@@ -71,7 +71,7 @@ fn reasoning(
     route: ChatRoute,
 ) -> Result<(), TemplateError> {
     let old = message.remove("reasoning_content").filter(|v| !v.is_null());
-    if route == ChatRoute::ChatCompletions && message.get("reasoning").is_none_or(Value::is_null) {
+    if route.generates() && message.get("reasoning").is_none_or(Value::is_null) {
         if let Some(old) = old {
             message.insert("reasoning".into(), old);
         }
@@ -85,7 +85,9 @@ fn reasoning(
     };
     if !reasoning.is_string() {
         let field = match route {
-            ChatRoute::ChatCompletions => "reasoning` (or `reasoning_content",
+            ChatRoute::ChatCompletions | ChatRoute::ChatBatch => {
+                "reasoning` (or `reasoning_content"
+            }
             ChatRoute::Tokenize | ChatRoute::Pooling => "reasoning",
         };
         return Err(invalid(
