@@ -457,7 +457,53 @@ def named_cases():
                                                 "stream_options": {"include_usage": True}},
              "/v1/completions", cut_after=3),
     ]
-    return cases + messages_cases() + responses_cases() + edge_cases()
+    return cases + messages_cases() + responses_cases() + edge_cases() + batch_cases()
+
+
+BATCH = "/v1/chat/completions/batch"
+
+
+def batch_cases():
+    """vLLM's batch of chats: each conversation a prompt of its own, rendered without the
+    body's tools and documents, answered whole."""
+    q = lambda text: [{"role": "user", "content": text}]
+    two = [[U], [U, A, {"role": "user", "content": "And of Italy?"}]]
+    past = MAX_MODEL_LEN
+    return [
+        case("batch: two conversations", chat(two), BATCH),
+        case("batch: one conversation", chat([[U]]), BATCH),
+        case("batch: tools and documents are not rendered",
+             chat(two, tools=[WEATHER], documents=[{"title": "a", "text": "b"}]), BATCH),
+        case("batch: thinking off, by reasoning_effort",
+             chat([q("hi"), q("hello there")], reasoning_effort="none"), BATCH),
+        case("batch: thinking off, by chat_template_kwargs",
+             chat([q("hi"), q("hello there")], chat_template_kwargs={"enable_thinking": False}),
+             BATCH),
+        case("batch: max_completion_tokens over max_tokens",
+             {"model": MODEL, "messages": two, "max_completion_tokens": 1, "max_tokens": 5},
+             BATCH),
+        case("batch: no output limit",
+             {"model": MODEL, "messages": two, "stop": BRAKE, "temperature": 0}, BATCH),
+        case("batch: max_tokens past what the context leaves",
+             {"model": MODEL, "messages": [[U]], "max_tokens": past, "stop": BRAKE}, BATCH,
+             clamped=past),
+        case("batch: truncate_prompt_tokens cuts each conversation",
+             chat([[U], [U, A, {"role": "user", "content": "And of Italy?"}]],
+                  truncate_prompt_tokens=5), BATCH),
+        case("batch: n 1.0", chat([[U]], n=1.0), BATCH),
+        case("batch: n \"1\"", chat([[U]], n="1"), BATCH),
+        case("batch: n 2", chat([[U]], n=2), BATCH),
+        case("batch: use_beam_search \"false\"", chat([[U]], use_beam_search="false"), BATCH),
+        case("batch: stream", chat([[U], [U]], 4, stream=True), BATCH),
+        case("batch: tool_choice auto", chat([[U]], tool_choice="auto"), BATCH),
+        case("batch: one message, not a conversation", chat([U]), BATCH),
+        case("batch: an empty conversation", chat([[U], []]), BATCH),
+        case("batch: no conversation", chat([]), BATCH),
+        case("batch: a model not served", chat([[U]], model="nope"), BATCH),
+        case("batch: continue_final_message",
+             chat([[U, {"role": "assistant", "content": "The capital is"}]],
+                  add_generation_prompt=False, continue_final_message=True), BATCH),
+    ]
 
 
 # Stop strings that end a random model's answer within a few tokens: a case whose output limit
@@ -1047,6 +1093,8 @@ KNOWN = {
         "gateway 400", "the answer would repeat the cut prompt, which the gateway does not know"),
     "use_beam_search": ("gateway 400", "a beam search decodes several sequences"),
     "body priority": ("gateway 400", "a negative priority would lift a request above its class"),
+    "batch: stream": (
+        "gateway 400", "vLLM answers a streamed batch with each conversation's last piece only"),
     "vllm_xargs": ("gateway 400", "the engine's extension arguments are the deployment's to set"),
     "pooling /v1/embeddings: padded": (
         "gateway 400", "each text would run padded to the whole context"),

@@ -5,7 +5,8 @@ parity.py sends the shapes the project thought of. This file makes its requests 
 engine itself declares: at run time it imports vLLM's pydantic request models from the venv it
 runs in (`ChatCompletionRequest`, `CompletionRequest`, `ResponsesRequest`,
 `AnthropicMessagesRequest`, `AnthropicCountTokensRequest`, `TokenizeCompletionRequest`,
-`TokenizeChatRequest`, `DetokenizeRequest`; with `--pooling`, the pooling runner's:
+`TokenizeChatRequest`, `DetokenizeRequest`, and `BatchChatCompletionRequest` for
+`/v1/chat/completions/batch`, drawn apart: `--batch-cases`; with `--pooling`, the pooling runner's:
 `EmbeddingCompletionRequest`, `EmbeddingChatRequest`, `EmbeddingBatchChatRequest`,
 `EmbeddingChatInputRequest`, `PoolingCompletionRequest`, `PoolingChatRequest`, the four
 `ScoreRequest` models and `RerankRequest`) and walks each field's type (`model_fields`: the
@@ -82,6 +83,7 @@ MESSAGES = "/v1/messages"
 COUNT_TOKENS = "/v1/messages/count_tokens"
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
+BATCH = "/v1/chat/completions/batch"
 
 # The routes and their share of the cases. MindIE's native routes (/infer, /generate,
 # /generate_stream, Triton's) have no equivalent in vLLM 0.32's OpenAI server and are not sent;
@@ -98,7 +100,7 @@ RERANK = "/rerank"
 POOLING_ROUTES = [(EMBEDDINGS, 40), (POOLING, 20), (SCORE, 20), (RERANK, 20)]
 PATHS = {SCORE: ["/score", "/v1/score"], RERANK: ["/rerank", "/v1/rerank", "/v2/rerank"]}
 # The routes whose bodies may carry a conversation (OpenAI's messages, or Anthropic's).
-CONVERSATIONS = (CHAT, TOKENIZE, MESSAGES, COUNT_TOKENS, RESPONSES, EMBEDDINGS, POOLING)
+CONVERSATIONS = (CHAT, TOKENIZE, MESSAGES, COUNT_TOKENS, RESPONSES, EMBEDDINGS, POOLING, BATCH)
 # Of those, the ones whose conversations are OpenAI's (a replayed tool call in `tool_calls`).
 OPENAI_CONVERSATIONS = (CHAT, TOKENIZE, EMBEDDINGS, POOLING)
 
@@ -106,6 +108,7 @@ OPENAI_CONVERSATIONS = (CHAT, TOKENIZE, EMBEDDINGS, POOLING)
 # first (a chat's `max_completion_tokens` wins over its `max_tokens`: a case with a small
 # `max_tokens` and a fuzzed `max_completion_tokens` of 32000 is not small, and is braked).
 LIMITS = {CHAT: ("max_completion_tokens", "max_tokens"), COMPLETIONS: ("max_tokens",),
+          BATCH: ("max_completion_tokens", "max_tokens"),
           RESPONSES: ("max_output_tokens",), MESSAGES: ("max_tokens",)}
 
 # Fields never fuzzed: the request id the gateway logs by; what only a disaggregated deployment
@@ -353,6 +356,13 @@ def engine_models():
             DETOKENIZE: [DetokenizeRequest]}
 
 
+def batch_models():
+    """The batch of chats' request model, drawn apart from the other routes' (so that adding it
+    changed none of the cases a seed draws for them)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import BatchChatCompletionRequest
+    return {BATCH: [BatchChatCompletionRequest]}
+
+
 def pooling_models():
     """The pooling routes' request models (`EmbeddingRequest`, `PoolingRequest` but the
     IOProcessor plugins' own, `ScoreRequest` and `RerankRequest`'s members)."""
@@ -389,6 +399,13 @@ def base_body(route, model, rng):
             body["stream"] = True
             if rng.random() < 0.5:
                 body["stream_options"] = {"include_usage": True}
+        return body
+    if route == BATCH:
+        conversations = [messages] + [parity.random_messages(rng, False)[0]
+                                      for _ in range(rng.choice([0, 0, 1, 2]))]
+        body = {"model": MODEL, "messages": conversations, "max_tokens": rng.randint(1, 4)}
+        if tools:
+            body["tools"] = tools
         return body
     if route == COMPLETIONS:
         prompt = parity.random_text(rng)
@@ -506,7 +523,16 @@ def make_case(i, route, models, rng, foreign):
     tags = []
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         if route in CONVERSATIONS and rng.random() < 0.12:
-            label = message_variant(route, body, rng)
+            if route == BATCH:
+                # One of its conversations (while they are a list), changed as a chat's.
+                conversations = body.get("messages")
+                label = None
+                if isinstance(conversations, list) and conversations:
+                    j = rng.randrange(len(conversations))
+                    label = message_variant(CHAT, {"messages": conversations[j]}, rng)
+                    label = label and f"conversation {j}: {label}"
+            else:
+                label = message_variant(route, body, rng)
             if label:
                 tags.append(("messages", "variant", label))
             continue
@@ -802,6 +828,15 @@ def multimodal_score_input(c):
                for v in (body.get(f) for f in fields))
 
 
+def as_bool(v):
+    """`v` as pydantic reads a bool, or None."""
+    from pydantic import TypeAdapter, ValidationError
+    try:
+        return TypeAdapter(bool).validate_python(v)
+    except (ValidationError, TypeError):
+        return None
+
+
 def truthy_set(key):
     """A fuzzed `key` whose value is not None, false or empty."""
     return lambda c: tagged(c, key, lambda kind, v: v not in (None, False, 0, "", [], {})
@@ -812,6 +847,9 @@ def truthy_set(key):
 # difference it explains, when it applies, why). A difference a rule explains must be of the
 # rule's kind; every other difference fails the run.
 KNOWN = [
+    ("a streamed batch of chats", "gateway refused",
+     lambda c: c["path"] == BATCH and as_bool(c["body"].get("stream")) is True,
+     "vLLM answers it whole, with each conversation's last piece only and its usage short"),
     ("a text part without text on /tokenize", "gateway served",
      lambda c: c["path"] == TOKENIZE
      and tagged(c, "messages", lambda kind, v: isinstance(v, str) and '"text": null' in v),
@@ -865,6 +903,9 @@ def main():
     ap.add_argument("--gateway", required=True)
     ap.add_argument("--vllm-url", required=True)
     ap.add_argument("--cases", type=int, default=5000)
+    ap.add_argument("--batch-cases", type=int, default=400,
+                    help="cases of /v1/chat/completions/batch, after the others (not with "
+                         "--pooling)")
     ap.add_argument("--seed", type=int, default=46)
     ap.add_argument("--concurrency", type=int, default=3)
     ap.add_argument("--route", help="only this route's cases")
@@ -891,6 +932,14 @@ def main():
         c = make_case(i, route, models[route], rng, foreign)
         brake(c)
         if (a.route is None or a.route == route) and (a.only is None or i in a.only):
+            cases.append(c)
+    # The batch of chats, from a generator of its own: the cases above are a seed's as before.
+    batch_rng = random.Random(f"batch {a.seed}")
+    batch_model = [] if a.pooling else batch_models()[BATCH]
+    for i in range(a.cases, a.cases + (0 if a.pooling else a.batch_cases)):
+        c = make_case(i, BATCH, batch_model, batch_rng, foreign)
+        brake(c)
+        if a.route in (None, BATCH) and (a.only is None or i in a.only):
             cases.append(c)
     t_made = time.monotonic()
 
