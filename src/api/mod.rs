@@ -11,6 +11,7 @@
 
 pub mod anthropic;
 pub mod chunk;
+pub mod generative_scoring;
 pub mod logprobs;
 pub mod mindie;
 pub mod openai;
@@ -56,6 +57,7 @@ pub fn parse_generation(
         Route::Messages => anthropic::parse_generation(object, limits),
         Route::Responses => responses::parse_generation(object, limits),
         Route::Pooling(pooled) => pooling::parse_generation(pooled, object, limits),
+        Route::GenerativeScoring => generative_scoring::parse_generation(object, limits),
     }?;
     Ok(GenerationRequest {
         raw,
@@ -67,7 +69,8 @@ pub fn parse_generation(
 /// The body sent to the backend: the client's, with the output capped at `reserved` tokens
 /// (see [`openai::rewrite_for_backend`] and [`mindie::rewrite_for_backend`]; on
 /// `/v1/messages` its `max_tokens`, on `/v1/responses` its `max_output_tokens`; a pooling
-/// route's body only asks for the model by the backend's name).
+/// route's body, and generative scoring's (one token an item, whatever it says), only asks
+/// for the model by the backend's name).
 pub fn rewrite_for_backend(
     req: &mut GenerationRequest,
     reserved: u64,
@@ -78,7 +81,7 @@ pub fn rewrite_for_backend(
         Route::MindIe(_) => mindie::rewrite_for_backend(req, reserved),
         Route::Messages => model_and_limit(req, "max_tokens", reserved, backend_model),
         Route::Responses => model_and_limit(req, "max_output_tokens", reserved, backend_model),
-        Route::Pooling(_) => {
+        Route::Pooling(_) | Route::GenerativeScoring => {
             request::splice_body(req, vec![("model", serde_json::Value::from(backend_model))])
         }
     }

@@ -979,19 +979,20 @@ pub fn parse_prompts(body: &Map<String, Value>, param: &str) -> Result<Vec<Promp
 
 /// Whether `v` is a token id as vLLM's models take one (`Annotated[int, Field(ge=0)]`): a whole
 /// number of at least 0 in any spelling pydantic reads as one.
-fn is_token_id(v: &Value) -> bool {
+pub(crate) fn is_token_id(v: &Value) -> bool {
     lax_int(v).is_some_and(|n| n >= 0)
 }
 
 /// `items` (token ids, all of them: [`is_token_id`]) as token ids of 32 bits, the list named
-/// `param`.
+/// `param` (a refusal names the field it is in: `prompt` for `prompt[1]`).
 pub(crate) fn token_ids(param: &str, items: &[Value]) -> Result<Vec<u32>, Refusal> {
+    let field = param.split('[').next().unwrap_or(param);
     (items.iter().filter_map(lax_int).enumerate())
         .map(|(i, n)| {
             u32::try_from(n).map_err(|_| {
                 let max = u32::MAX;
                 Refusal::invalid_param(
-                    "prompt",
+                    field,
                     format!("`{param}[{i}]` is {n}: token ids must fit in 32 bits (at most {max})"),
                 )
             })

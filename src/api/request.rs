@@ -142,6 +142,9 @@ pub struct GenerationRequest {
     /// The prompts after the first when several were sent (a list of prompts to
     /// `/v1/completions`): each is counted, and runs its choices, as the first does.
     pub batch: Vec<Prompt>,
+    /// What every prompt is joined to, tokenized apart (generative scoring's `query`): counted
+    /// once, its tokens part of each prompt's.
+    pub shared: Option<Prompt>,
     /// What a whole answer's texts begin with when they repeat the prompt before what was
     /// generated (TGI's `parameters.return_full_text`, MindIE's vLLM-compatible `/generate`):
     /// it is not output, and is left out when the answer's text is counted.
@@ -199,6 +202,7 @@ impl GenerationRequest {
             choices: 1,
             prompt,
             batch: Vec::new(),
+            shared: None,
             echoed_prompt: None,
             truncate_to: None,
             min_tokens: 0,

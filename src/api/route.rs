@@ -145,16 +145,21 @@ pub enum Route {
     /// A pooling route: `/v1/embeddings`, `/pooling`, `/score`, `/rerank` (and their other
     /// paths).
     Pooling(Pooled),
+    /// vLLM's generative scoring, `/generative_scoring`: a `query` joined to each of its
+    /// `items`, each run by the generating model for one token, whose probabilities of the
+    /// `label_token_ids` are the scores.
+    GenerativeScoring,
 }
 
 impl Route {
     /// Every route the backends answer, in docs/reference.md's order.
-    pub const ALL: [Route; 17] = [
+    pub const ALL: [Route; 18] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::ChatBatch),
         Route::OpenAi(Endpoint::Completions),
         Route::Responses,
         Route::Messages,
+        Route::GenerativeScoring,
         Route::MindIe(Native::Infer),
         Route::MindIe(Native::Generate),
         Route::MindIe(Native::GenerateStream),
@@ -172,6 +177,15 @@ impl Route {
     /// Whether it generates (the others pool: no output, nothing decoded).
     pub fn generates(self) -> bool {
         !matches!(self, Route::Pooling(_))
+    }
+
+    /// Whether vLLM reads a `cache_salt` in its bodies (its OpenAI routes, Responses and
+    /// generative scoring; not its Messages, which takes none, nor its pooling routes).
+    pub fn reads_cache_salt(self) -> bool {
+        matches!(
+            self,
+            Route::OpenAi(_) | Route::Responses | Route::GenerativeScoring
+        )
     }
 
     /// The route at `path`, if it is one.
@@ -210,13 +224,14 @@ impl Route {
             Route::Messages => "/v1/messages",
             Route::Responses => "/v1/responses",
             Route::Pooling(p) => p.path(),
+            Route::GenerativeScoring => "/generative_scoring",
         }
     }
 
     /// The format of its answers and errors.
     pub fn wire(self) -> Wire {
         match self {
-            Route::OpenAi(_) | Route::Pooling(_) => Wire::OpenAi,
+            Route::OpenAi(_) | Route::Pooling(_) | Route::GenerativeScoring => Wire::OpenAi,
             Route::MindIe(Native::VllmGenerate) => Wire::VllmGenerate,
             Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => Wire::Triton,
             Route::MindIe(_) => Wire::Tgi,
@@ -230,10 +245,12 @@ impl Route {
     /// routes `/generate` and `/generate_stream` (TGI's `max_new_tokens`). `None` where the
     /// backend allows up to the context (vLLM's chat and responses) or its default is not known
     /// (`/infer`, and MindIE's `maxIterTimes` on its vLLM-style `/generate`); `/v1/messages`
-    /// requires `max_tokens`; the pooling routes generate nothing.
+    /// requires `max_tokens`; the pooling routes generate nothing; generative scoring one
+    /// token for each item, whatever the body says.
     pub fn backend_default_max_tokens(self) -> Option<u64> {
         match self {
             Route::OpenAi(Endpoint::Completions) => Some(16),
+            Route::GenerativeScoring => Some(1),
             Route::MindIe(
                 Native::Generate
                 | Native::GenerateStream
@@ -254,7 +271,8 @@ impl Route {
             Route::OpenAi(Endpoint::Chat | Endpoint::ChatBatch) | Route::Messages => "messages",
             Route::Responses | Route::Pooling(Pooled::Embeddings | Pooled::Pooling) => "input",
             Route::Pooling(Pooled::Score | Pooled::ScoreV1) => "queries",
-            Route::Pooling(Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2) => "query",
+            Route::Pooling(Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2)
+            | Route::GenerativeScoring => "query",
             Route::OpenAi(Endpoint::Completions) | Route::MindIe(Native::VllmGenerate) => "prompt",
             Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => "text_input",
             Route::MindIe(_) => "inputs",

@@ -303,15 +303,15 @@ impl Counter {
         // OpenAI's `service_tier` may lower the class further (never raise it past the tenant's).
         // A client's `cache_salt` is checked here, as vLLM checks it, since an isolated
         // tenant's is sent hashed, which vLLM would no longer refuse.
+        if parsed.endpoint.reads_cache_salt() {
+            crate::cache_salt::client_salt(parsed.body.get(crate::cache_salt::CACHE_SALT))
+                .map_err(|m| ApiError::invalid_param(crate::cache_salt::CACHE_SALT, m))?;
+        }
         let class = match parsed.endpoint {
-            Route::OpenAi(_) | Route::Responses => {
-                crate::cache_salt::client_salt(parsed.body.get(crate::cache_salt::CACHE_SALT))
-                    .map_err(|m| ApiError::invalid_param(crate::cache_salt::CACHE_SALT, m))?;
-                class.for_service_tier(
-                    parsed.body.get(crate::admission::priority::SERVICE_TIER),
-                    parsed.endpoint != Route::Responses,
-                )?
-            }
+            Route::OpenAi(_) | Route::Responses => class.for_service_tier(
+                parsed.body.get(crate::admission::priority::SERVICE_TIER),
+                parsed.endpoint != Route::Responses,
+            )?,
             _ => class,
         };
         parts.extensions.insert(class);
@@ -347,13 +347,31 @@ impl Counter {
         let prompts = std::iter::once(first).chain(std::mem::take(&mut parsed.batch));
         let burst = tenant.limits.prefill.capacity().floor() as u64;
         let context = self.prompt_ceiling(&tenant, &parsed);
+        // What every prompt is joined to, counted once (up to the context: past it, so is every
+        // prompt).
+        let shared = match parsed.shared.take() {
+            Some(p) => self.count_prompt(&tenant.name, p, context).await?,
+            None => TokenCount::Exact(0),
+        };
         let (mut counted_each, mut max_output) = (Vec::new(), u64::MAX);
         for prompt in prompts {
             let prompt_tokens: u64 = counted_each.iter().sum();
             let burst_left = burst.saturating_sub(prompt_tokens);
             let ceiling = context.min(burst_left);
             let media = matches!(&prompt, Prompt::Chat { media, .. } if !media.is_empty());
-            let counted = self.count_prompt(&tenant.name, prompt, ceiling).await?;
+            let counted = match shared {
+                TokenCount::Exact(joined) => {
+                    let left = ceiling.saturating_sub(joined as u64);
+                    match self.count_prompt(&tenant.name, prompt, left).await? {
+                        TokenCount::Exact(n) => TokenCount::of(
+                            n + joined,
+                            usize::try_from(ceiling).unwrap_or(usize::MAX),
+                        ),
+                        TokenCount::AtLeast(n) => TokenCount::AtLeast(n + joined),
+                    }
+                }
+                at_least => at_least,
+            };
             let counted = match (counted, parsed.truncate_to) {
                 // Past the cut the backend makes, only the cut runs.
                 (TokenCount::AtLeast(n), Some(cut)) if cut <= burst_left => {
@@ -1050,6 +1068,54 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.1, "`truncate_prompt_tokens` would cut a prompt of at least 21 tokens to 20, and a prompt that `echo` repeats is not cut: the answer would repeat the cut prompt; send the prompt cut, or without `truncate_prompt_tokens`");
+    }
+
+    /// Generative scoring: the query, counted once, joined to each item (each tokenized apart),
+    /// every prompt cut to the context less the one token each generates.
+    #[tokio::test]
+    async fn generative_scoring_charges_the_query_with_each_item_and_a_token_each() {
+        let (vllm, alice) = crate::layers::testing::counter_of_vllm("0.32.0").await;
+        let tok = crate::tokenize::test_tokenizer();
+        let count = |t: &str| tok.count(t) as u64;
+        let body = |query: &str, items: &str| {
+            format!(r#"{{"query": {query}, "items": {items}, "label_token_ids": [9707]}}"#)
+        };
+        let cost = |body: String| {
+            let (vllm, alice) = (vllm.clone(), alice.clone());
+            async move {
+                let cost = reserved(&vllm, &alice, Route::GenerativeScoring, body).await?;
+                Ok::<_, (Option<String>, String)>((cost.prefill, cost.decode))
+            }
+        };
+        let (query, items) = ("Is this good", ["ness", " food?"]);
+        // Apart, not as one text ("goodness" is fewer tokens than "good" and "ness").
+        let each = |item: &str| count(query) + count(item);
+        assert!(count(&format!("{query}{}", items[0])) < each(items[0]));
+        assert_eq!(
+            cost(body(&format!("{query:?}"), &format!("{items:?}"))).await,
+            Ok((each(items[0]) + each(items[1]), 2))
+        );
+        assert_eq!(
+            cost(body("[1, 2, 3]", r#"[[4, 5], [], [6]]"#)).await,
+            Ok((5 + 3 + 4, 3))
+        );
+        // Past the context (4,096 tokens), each prompt is cut to 4,095.
+        let long = "word ".repeat(5000);
+        assert_eq!(
+            cost(body(&format!("{long:?}"), r#"["a", "b"]"#)).await,
+            Ok((2 * 4095, 2))
+        );
+        assert_eq!(
+            cost(body(r#""Is it?""#, &format!(r#"["a", {long:?}]"#))).await,
+            Ok((count("Is it?") + count("a") + 4095, 2))
+        );
+        assert_eq!(
+            cost(body(r#""""#, r#"["a", ""]"#)).await,
+            Err((
+                Some("items[1]".into()),
+                "`items[1]` and `query` are both empty: the engine refuses an empty prompt".into()
+            ))
+        );
     }
 
     /// A default output limit is raised to `min_tokens` where vLLM's own default would allow

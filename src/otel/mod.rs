@@ -76,6 +76,7 @@ fn operation(route: Option<&Route>) -> &'static str {
         )
         | None => "chat",
         Some(Route::OpenAi(Endpoint::Completions) | Route::MindIe(_)) => "text_completion",
+        Some(Route::GenerativeScoring) => "score",
         Some(Route::Pooling(p)) => match p.kind() {
             PooledKind::Embed => "embeddings",
             PooledKind::Score => "score",

@@ -162,7 +162,7 @@ impl<B> tower::Service<Request<B>> for Forward {
                 .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
             // An isolated tenant's requests carry its salt (scoping the client's own) on the
             // routes where vLLM reads one.
-            if let (Route::OpenAi(_) | Route::Responses, Some(salt)) = (route, &tenant.cache_salt) {
+            if let (true, Some(salt)) = (route.reads_cache_salt(), &tenant.cache_salt) {
                 let client = parsed.body.get(crate::cache_salt::CACHE_SALT);
                 let client = client.and_then(serde_json::Value::as_str);
                 parsed.cache_salt = Some(crate::cache_salt::scoped(salt, client));

@@ -6,6 +6,7 @@
 use super::config::{Faults, SimConfig, SimStats};
 use super::engine::{EngineConfig, SeqRequest};
 use super::metrics::SimMetrics;
+use super::pooled::AtOnce;
 use super::prefix::PrefixCache;
 use super::shell::{EngineHandle, TokenEvent};
 use super::text::{completion_text, SharedCounter};
@@ -184,11 +185,14 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
             };
             (Api::Triton, Some(native))
         }
+        (&Method::POST, "/generative_scoring") => {
+            return at_once(shared, AtOnce::GenerativeScoring, req).await;
+        }
         (&Method::POST, path) if Route::from_path(path).is_some_and(|r| !r.generates()) => {
             let Some(Route::Pooling(pooled)) = Route::from_path(path) else {
                 unreachable!("only the pooling routes do not generate")
             };
-            return pool(shared, pooled, req).await;
+            return at_once(shared, AtOnce::Pooled(pooled), req).await;
         }
         _ => return Err(ApiError::not_found(format!("no route for {path}"))),
     };
@@ -229,11 +233,11 @@ async fn route(shared: &Shared, req: Request<Incoming>) -> Result<Response<Body>
     generate(shared, job).await
 }
 
-/// A pooling route's answer ([`super::pooled`]), at once; an injected status as on the
+/// The answer of a route answered at once ([`super::pooled`]); an injected status as on the
 /// generation routes.
-async fn pool(
+async fn at_once(
     shared: &Shared,
-    pooled: crate::api::Pooled,
+    route: AtOnce,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let body = read_body(req).await?;
@@ -243,7 +247,7 @@ async fn pool(
         return Ok(injected_status(status, faults.retry_after, Api::Chat));
     }
     let answer = super::pooled::answer(
-        pooled,
+        route,
         &body,
         &shared.served_names,
         shared.engine_cfg.max_model_len,

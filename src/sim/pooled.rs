@@ -4,11 +4,12 @@
 //! own parser (the engine's lengths are checked after counting); each prompt is counted with
 //! the served tokenizer, cut at `truncate_prompt_tokens`, and the usage says their sum. A
 //! pooling request is answered at once: it does not take a place in the simulated engine,
-//! whose batches are generation's.
+//! whose batches are generation's. So is vLLM's `/generative_scoring` (a score per item, one
+//! token generated for each), which a generating vLLM serves.
 
 use super::wire::text_prompt;
 use crate::api::route::{Pooled, PooledKind};
-use crate::api::{ParseLimits, Prompt};
+use crate::api::{GenerationRequest, ParseLimits, Prompt};
 use crate::error::ApiError;
 use crate::tokenize::chat::{ChatTemplate, CountTokens};
 use serde_json::{json, Value};
@@ -16,12 +17,21 @@ use serde_json::{json, Value};
 /// Dimensions of the vectors it answers.
 const DIMENSIONS: usize = 8;
 
-/// The answer to `body` sent to `pooled`, for a model of `max_model_len` served as
+/// The routes answered at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtOnce {
+    /// A pooling route.
+    Pooled(Pooled),
+    /// `/generative_scoring`.
+    GenerativeScoring,
+}
+
+/// The answer to `body` sent to `route`, for a model of `max_model_len` served as
 /// `served_names`; `id` names it.
 // ApiError is the crate's one error type, returned as is on every path (as in the limiter).
 #[allow(clippy::result_large_err)]
 pub fn answer(
-    pooled: Pooled,
+    route: AtOnce,
     body: &[u8],
     served_names: &[String],
     max_model_len: u64,
@@ -36,19 +46,18 @@ pub fn answer(
         max_model_len,
         vision: &vision,
     };
+    let pooled = match route {
+        AtOnce::Pooled(pooled) => pooled,
+        AtOnce::GenerativeScoring => {
+            let req = crate::api::generative_scoring::parse_generation(object, &limits)?;
+            return generative_scores(&req, served_names, max_model_len, template, counter, id);
+        }
+    };
     let req = crate::api::pooling::parse_generation(pooled, object, &limits)?;
     let prompts: Vec<(String, u64)> = std::iter::once(&req.prompt)
         .chain(&req.batch)
         .map(|p| {
-            let (text, n) = match p {
-                Prompt::Text(_) | Prompt::CutText { .. } => text_prompt(p, counter),
-                Prompt::TokenIds(ids) => (format!("{ids:?}"), ids.len() as u64),
-                Prompt::Chat { prompt, .. } => {
-                    let text = template.render(prompt)?;
-                    let n = counter.count(&text) as u64;
-                    (text, n)
-                }
-            };
+            let (text, n) = prompt_tokens(p, template, counter)?;
             let n = req.truncate_to.map_or(n, |cut| n.min(cut));
             if n == 0 {
                 // A text cut to nothing (`max_tokens_per_doc`), as vLLM says it.
@@ -105,6 +114,56 @@ pub fn answer(
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results})
         }
     })
+}
+
+/// A prompt's text (token ids as their list) and its tokens, counted as vLLM counts them.
+#[allow(clippy::result_large_err)]
+fn prompt_tokens(
+    prompt: &Prompt,
+    template: &ChatTemplate,
+    counter: &dyn CountTokens,
+) -> Result<(String, u64), ApiError> {
+    Ok(match prompt {
+        Prompt::Text(_) | Prompt::CutText { .. } => text_prompt(prompt, counter),
+        Prompt::TokenIds(ids) => (format!("{ids:?}"), ids.len() as u64),
+        Prompt::Chat { prompt, .. } => {
+            let text = template.render(prompt)?;
+            let n = counter.count(&text) as u64;
+            (text, n)
+        }
+    })
+}
+
+/// The answer to a `/generative_scoring` request, as vLLM answers it: each item joined to the
+/// query (their tokens counted apart and added), cut to the context less one token, scored,
+/// and one token generated for each.
+#[allow(clippy::result_large_err)]
+fn generative_scores(
+    req: &GenerationRequest,
+    served_names: &[String],
+    max_model_len: u64,
+    template: &ChatTemplate,
+    counter: &dyn CountTokens,
+    id: u64,
+) -> Result<Value, ApiError> {
+    let query = match &req.shared {
+        Some(query) => prompt_tokens(query, template, counter)?.1,
+        None => 0,
+    };
+    let (mut tokens, mut data) = (0, Vec::new());
+    for (i, item) in std::iter::once(&req.prompt).chain(&req.batch).enumerate() {
+        let (text, n) = prompt_tokens(item, template, counter)?;
+        tokens += (query + n).min(max_model_len - 1);
+        let score = (vector(&text)[0] + 1.0) / 2.0;
+        data.push(json!({"index": i, "object": "score", "score": score}));
+    }
+    let generated = data.len() as u64;
+    Ok(
+        json!({"id": format!("generative-scoring-sim-{id}"), "object": "list",
+        "created": super::wire::unix_now(), "model": &served_names[0], "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens + generated,
+                  "completion_tokens": generated}}),
+    )
 }
 
 /// A score or rerank body's documents, as texts (the parser checked them): a score's in the
@@ -166,7 +225,7 @@ mod tests {
         let names = vec!["qwen".to_string()];
         let template = ChatTemplate::builtin_qwen35();
         answer(
-            pooled,
+            AtOnce::Pooled(pooled),
             body.to_string().as_bytes(),
             &names,
             100,

@@ -204,6 +204,36 @@ async fn a_batch_of_chats_answers_a_choice_for_each_conversation() {
     assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
 }
 
+/// vLLM's generative scoring: a score per item, the query's tokens and each item's counted
+/// apart and added, each prompt cut to the context less one token, one token generated each.
+#[tokio::test(start_paused = true)]
+async fn generative_scoring_answers_a_score_per_item() {
+    let s = sim(SimConfig::default()).await;
+    let body = json!({"query": HELLO, "items": ["yes", "no"], "label_token_ids": [9707]});
+    let a = post(s.addr(), "/generative_scoring", body).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let v = a.json();
+    assert_eq!(v["object"], "list");
+    let indices: Vec<_> = (v["data"].as_array().unwrap().iter())
+        .map(|d| (d["index"].as_u64().unwrap(), d["object"].as_str().unwrap()))
+        .collect();
+    assert_eq!(indices, [(0, "score"), (1, "score")]);
+    let tok = tokenizer();
+    let prompt = 2 * 7 + (tok.count("yes") + tok.count("no")) as u64;
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": prompt, "total_tokens": prompt + 2, "completion_tokens": 2})
+    );
+    let max_model_len = SimConfig::default().engine.max_model_len;
+    let long = "word ".repeat(max_model_len as usize);
+    let body = json!({"query": long, "items": ["a"], "label_token_ids": [1]});
+    let a = post(s.addr(), "/generative_scoring", body).await;
+    assert_eq!(a.json()["usage"]["prompt_tokens"], max_model_len - 1);
+    let none = json!({"query": "q", "items": [], "label_token_ids": [1]});
+    let a = post(s.addr(), "/generative_scoring", none).await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+}
+
 /// `truncate_prompt_tokens`, as vLLM: each prompt runs with at most that many tokens (`-1`, the
 /// context less one); 0 would leave an empty prompt, which is refused.
 #[tokio::test(start_paused = true)]

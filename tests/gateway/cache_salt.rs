@@ -80,3 +80,31 @@ async fn an_isolated_tenants_requests_carry_its_salt_and_scope_the_clients() {
     assert_eq!(sent("sk-bob", salted).await.status, 200);
     assert_eq!(forwarded(2).unwrap(), salted);
 }
+
+/// vLLM's generative scoring reads a `cache_salt` too: an isolated tenant's goes with its salt.
+#[tokio::test]
+async fn an_isolated_tenants_generative_scoring_carries_its_salt() {
+    let (gw, backend) = gateway_with(FakeSpec::default(), |cfg| {
+        cfg.prefix_cache.isolation = CacheIsolation::Tenant;
+    })
+    .await;
+    let body = json!({"model": "qwen3.5-27b", "query": "Is it good?", "items": ["yes", "no"], "label_token_ids": [9707]});
+    let prefill = gw.bucket("alice", "prefill").await;
+    let r = post(&gw.url("/generative_scoring"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200);
+    let alice = documented(&["tokengate tenant cache salt", "", "alice"]);
+    let forwarded = backend.seen_bytes.lock().unwrap()[0].to_vec();
+    assert_eq!(
+        String::from_utf8(forwarded).unwrap(),
+        format!(
+            r#"{{"model":"qwen3.5-27b","query":"Is it good?","items":["yes","no"],"label_token_ids":[9707],"cache_salt":"{alice}"}}"#
+        )
+    );
+    // The query with each item, tokenized apart.
+    let tok = tokenizer();
+    let each = |item: &str| (tok.count("Is it good?") + tok.count(item)) as f64;
+    assert_eq!(
+        prefill - gw.bucket("alice", "prefill").await,
+        each("yes") + each("no")
+    );
+}
