@@ -446,6 +446,12 @@ mod tests {
                 "input_id",
                 "`input_id` is an empty list",
             ),
+            (
+                Native::Infer,
+                json!({"input_id": [1, 4294967296u64]}),
+                "input_id",
+                "`input_id[1]` is 4294967296: token ids must fit in 32 bits (at most 4294967295)",
+            ),
             (Native::Generate, json!({"prompt": ""}), "prompt", "`prompt` must not be empty"),
             (
                 Native::Generate,
