@@ -457,10 +457,51 @@ def named_cases():
                                                 "stream_options": {"include_usage": True}},
              "/v1/completions", cut_after=3),
     ]
-    return cases + messages_cases() + responses_cases() + edge_cases() + batch_cases()
+    return (cases + messages_cases() + responses_cases() + edge_cases() + batch_cases()
+            + scoring_cases())
 
 
 BATCH = "/v1/chat/completions/batch"
+SCORING = "/generative_scoring"
+
+
+def scoring_cases():
+    """vLLM's generative scoring: a query joined to each item, tokenized apart, each cut to
+    the context less one token and run for one token."""
+    body = lambda query, items, **extra: {"model": MODEL, "query": query, "items": items,
+                                          "label_token_ids": [9707, 2152], **extra}
+    return [
+        case("generative scoring: texts", body("Is this review positive?",
+                                               ["Great food.", "Cold and late.", ""]), SCORING),
+        case("generative scoring: token ids", body([9707, 11, 1879], [[4, 5], [6]]), SCORING),
+        case("generative scoring: a text query, items of token ids",
+             body("Is this review positive?", [[4, 5], [6]]), SCORING),
+        case("generative scoring: a word split between the query and an item",
+             body("Is this good", ["ness", " food?"]), SCORING),
+        case("generative scoring: item first",
+             body("Is this review positive?", ["Great food."], item_first=True), SCORING),
+        case("generative scoring: an empty query", body("", ["Great food."]), SCORING),
+        case("generative scoring: each prompt cut to the context",
+             body(long_text(20000), ["Great food.", long_text(14000)]), SCORING),
+        case("generative scoring: max_tokens and stream passed over",
+             body("q", ["a"], max_tokens=50, stream=False, n=3), SCORING),
+        case("generative scoring: lax booleans",
+             body("q", ["a"], apply_softmax="false", add_special_tokens=0), SCORING),
+        case("generative scoring: model left out",
+             {"query": "q", "items": ["a"], "label_token_ids": [1]}, SCORING),
+        case("generative scoring: no items", body("q", []), SCORING),
+        case("generative scoring: texts and token ids mixed", body("q", ["a", [1]]), SCORING),
+        case("generative scoring: both empty", body("", ["a", ""]), SCORING),
+        case("generative scoring: no label", {"model": MODEL, "query": "q", "items": ["a"]},
+             SCORING),
+        case("generative scoring: empty label", body("q", ["a"]) | {"label_token_ids": []},
+             SCORING),
+        case("generative scoring: a label past the vocabulary",
+             body("q", ["a"]) | {"label_token_ids": [999999]}, SCORING),
+        case("generative scoring: a negative token id", body([-1], ["a"]), SCORING),
+        case("generative scoring: a cache_salt vLLM refuses", body("q", ["a"], cache_salt="a/b"),
+             SCORING),
+    ]
 
 
 def batch_cases():

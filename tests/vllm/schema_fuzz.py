@@ -5,8 +5,9 @@ parity.py sends the shapes the project thought of. This file makes its requests 
 engine itself declares: at run time it imports vLLM's pydantic request models from the venv it
 runs in (`ChatCompletionRequest`, `CompletionRequest`, `ResponsesRequest`,
 `AnthropicMessagesRequest`, `AnthropicCountTokensRequest`, `TokenizeCompletionRequest`,
-`TokenizeChatRequest`, `DetokenizeRequest`, and `BatchChatCompletionRequest` for
-`/v1/chat/completions/batch`, drawn apart: `--batch-cases`; with `--pooling`, the pooling runner's:
+`TokenizeChatRequest`, `DetokenizeRequest`, and, drawn apart (`--later-cases`),
+`BatchChatCompletionRequest` for `/v1/chat/completions/batch` and `GenerativeScoringRequest`
+for `/generative_scoring`; with `--pooling`, the pooling runner's:
 `EmbeddingCompletionRequest`, `EmbeddingChatRequest`, `EmbeddingBatchChatRequest`,
 `EmbeddingChatInputRequest`, `PoolingCompletionRequest`, `PoolingChatRequest`, the four
 `ScoreRequest` models and `RerankRequest`) and walks each field's type (`model_fields`: the
@@ -84,12 +85,17 @@ COUNT_TOKENS = "/v1/messages/count_tokens"
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
 BATCH = "/v1/chat/completions/batch"
+SCORING = "/generative_scoring"
 
 # The routes and their share of the cases. MindIE's native routes (/infer, /generate,
 # /generate_stream, Triton's) have no equivalent in vLLM 0.32's OpenAI server and are not sent;
 # the pooling routes need vLLM's pooling runner (--pooling, below).
 ROUTES = [(CHAT, 30), (COMPLETIONS, 18), (RESPONSES, 14), (MESSAGES, 14), (COUNT_TOKENS, 6),
           (TOKENIZE, 10), (DETOKENIZE, 4)]
+
+# Routes the gateway took on after the ones above, drawn by a generator of their own after
+# them, so that a seed's cases of the routes above stay the ones earlier runs sent.
+LATER_ROUTES = [(BATCH, 2), (SCORING, 1)]
 
 # With --pooling, the pooling routes instead, against vLLM's pooling runner (scripts/vllm-serve
 # --pooling): each score and rerank case goes to one of the route's paths.
@@ -356,11 +362,11 @@ def engine_models():
             DETOKENIZE: [DetokenizeRequest]}
 
 
-def batch_models():
-    """The batch of chats' request model, drawn apart from the other routes' (so that adding it
-    changed none of the cases a seed draws for them)."""
+def later_models():
+    """The request models of `LATER_ROUTES`: the batch of chats', generative scoring's."""
+    from vllm.entrypoints.generate.generative_scoring.serving import GenerativeScoringRequest
     from vllm.entrypoints.openai.chat_completion.protocol import BatchChatCompletionRequest
-    return {BATCH: [BatchChatCompletionRequest]}
+    return {BATCH: [BatchChatCompletionRequest], SCORING: [GenerativeScoringRequest]}
 
 
 def pooling_models():
@@ -407,6 +413,18 @@ def base_body(route, model, rng):
         if tools:
             body["tools"] = tools
         return body
+    if route == SCORING:
+        n = rng.randint(1, 3)
+        if rng.random() < 0.2:
+            query = [rng.randrange(248044) for _ in range(rng.randint(1, 8))]
+        else:
+            query = parity.random_text(rng)
+        if rng.random() < 0.2:
+            items = [[rng.randrange(248044) for _ in range(rng.randint(1, 8))] for _ in range(n)]
+        else:
+            items = [parity.random_text(rng) for _ in range(n)]
+        labels = [rng.randrange(248044) for _ in range(rng.randint(1, 3))]
+        return {"model": MODEL, "query": query, "items": items, "label_token_ids": labels}
     if route == COMPLETIONS:
         prompt = parity.random_text(rng)
         if rng.random() < 0.15:
@@ -903,9 +921,9 @@ def main():
     ap.add_argument("--gateway", required=True)
     ap.add_argument("--vllm-url", required=True)
     ap.add_argument("--cases", type=int, default=5000)
-    ap.add_argument("--batch-cases", type=int, default=400,
-                    help="cases of /v1/chat/completions/batch, after the others (not with "
-                         "--pooling)")
+    ap.add_argument("--later-cases", type=int, default=600,
+                    help="cases of the later routes (the batch of chats, generative scoring), "
+                         "after the others (not with --pooling)")
     ap.add_argument("--seed", type=int, default=46)
     ap.add_argument("--concurrency", type=int, default=3)
     ap.add_argument("--route", help="only this route's cases")
@@ -933,13 +951,14 @@ def main():
         brake(c)
         if (a.route is None or a.route == route) and (a.only is None or i in a.only):
             cases.append(c)
-    # The batch of chats, from a generator of its own: the cases above are a seed's as before.
-    batch_rng = random.Random(f"batch {a.seed}")
-    batch_model = [] if a.pooling else batch_models()[BATCH]
-    for i in range(a.cases, a.cases + (0 if a.pooling else a.batch_cases)):
-        c = make_case(i, BATCH, batch_model, batch_rng, foreign)
+    # The later routes, from a generator of their own: the cases above are a seed's as before.
+    later_rng = random.Random(f"later {a.seed}")
+    later = {} if a.pooling else later_models()
+    for i in range(a.cases, a.cases + (0 if a.pooling else a.later_cases)):
+        route = later_rng.choices([r for r, _ in LATER_ROUTES], [w for _, w in LATER_ROUTES])[0]
+        c = make_case(i, route, later[route], later_rng, foreign)
         brake(c)
-        if a.route in (None, BATCH) and (a.only is None or i in a.only):
+        if a.route in (None, route) and (a.only is None or i in a.only):
             cases.append(c)
     t_made = time.monotonic()
 
