@@ -9,12 +9,13 @@
 use super::openai::{is_token_id, refuse_negative_priority, token_ids};
 use super::request::{optional_bool, served_model_or_default, wrong_type, Member};
 use super::route::Route;
-use super::{GenerationRequest, MaxTokensField, ParseLimits, Prompt, Refusal};
+use super::{GenerationRequest, ParseLimits, Prompt, Refusal};
 use serde_json::{Map, Value};
 
 /// Validates a generative scoring body: the first item's prompt, the other items as a batch,
-/// the query shared by all of them; one token reserved for each, every prompt cut to the
-/// context less that token. Its `model` may be left out, null or empty.
+/// the query shared by all of them, every prompt cut to the context less the one token each
+/// generates (the route's own output, [`Route::backend_default_max_tokens`]). Its `model` may
+/// be left out, null or empty.
 pub fn parse_generation(
     body: Map<String, Value>,
     limits: &ParseLimits<'_>,
@@ -86,7 +87,6 @@ pub fn parse_generation(
     }
     let first = items.remove(0);
     Ok(GenerationRequest {
-        requested_max_tokens: Some((MaxTokensField::MaxTokens, 1)),
         batch: items,
         shared: Some(query),
         truncate_to: Some(limits.max_model_len.saturating_sub(1)),
@@ -146,7 +146,7 @@ mod tests {
         assert!(matches!(&r.shared, Some(Prompt::Text(q)) if q == "q"));
         assert!(matches!(&r.prompt, Prompt::Text(t) if t == "a"));
         assert!(matches!(&r.batch[..], [Prompt::Text(t)] if t == "b"));
-        assert_eq!(r.requested_max_tokens, Some((MaxTokensField::MaxTokens, 1)));
+        assert_eq!(r.requested_max_tokens, None);
         assert_eq!(
             (r.truncate_to, r.sequences(), r.stream),
             (Some(999), 2, false)

@@ -50,7 +50,7 @@ pub fn answer(
         AtOnce::Pooled(pooled) => pooled,
         AtOnce::GenerativeScoring => {
             let req = crate::api::generative_scoring::parse_generation(object, &limits)?;
-            return generative_scores(&req, served_names, max_model_len, template, counter, id);
+            return generative_scores(&req, served_names, template, counter, id);
         }
     };
     let req = crate::api::pooling::parse_generation(pooled, object, &limits)?;
@@ -135,13 +135,12 @@ fn prompt_tokens(
 }
 
 /// The answer to a `/generative_scoring` request, as vLLM answers it: each item joined to the
-/// query (their tokens counted apart and added), cut to the context less one token, scored,
-/// and one token generated for each.
+/// query (their tokens counted apart and added), cut where the parser says (the context less
+/// one token), scored, and one token generated for each.
 #[allow(clippy::result_large_err)]
 fn generative_scores(
     req: &GenerationRequest,
     served_names: &[String],
-    max_model_len: u64,
     template: &ChatTemplate,
     counter: &dyn CountTokens,
     id: u64,
@@ -153,7 +152,9 @@ fn generative_scores(
     let (mut tokens, mut data) = (0, Vec::new());
     for (i, item) in std::iter::once(&req.prompt).chain(&req.batch).enumerate() {
         let (text, n) = prompt_tokens(item, template, counter)?;
-        tokens += (query + n).min(max_model_len - 1);
+        tokens += req
+            .truncate_to
+            .map_or(query + n, |cut| (query + n).min(cut));
         let score = (vector(&text)[0] + 1.0) / 2.0;
         data.push(json!({"index": i, "object": "score", "score": score}));
     }
