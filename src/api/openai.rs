@@ -1090,22 +1090,27 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_chat_read_with_its_bytes_moves_its_messages_and_is_forwarded_whole() {
+    /// `raw` read as the gateway reads a body, with its bytes and layout; it must be accepted.
+    fn parse_bytes(endpoint: Endpoint, raw: &'static [u8]) -> GenerationRequest {
         let (names, len) = limits();
         let limits = ParseLimits {
             served_names: &names,
             max_model_len: len,
             vision: &VisionRules::default(),
         };
-        let raw = br#"{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
         let (object, layout) = parse_body(raw).unwrap();
         let body = JsonBody {
             object,
             raw: Bytes::from_static(raw),
             layout,
         };
-        let mut r = parse_generation_from(Endpoint::Chat, body, &limits).unwrap();
+        parse_generation_from(endpoint, body, &limits).unwrap()
+    }
+
+    #[test]
+    fn a_chat_read_with_its_bytes_moves_its_messages_and_is_forwarded_whole() {
+        let raw = br#"{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
+        let mut r = parse_bytes(Endpoint::Chat, raw);
         assert_eq!(r.body["messages"], Value::Null);
         let Prompt::Chat { prompt, .. } = &r.prompt else {
             panic!()
@@ -1120,20 +1125,8 @@ mod tests {
 
     #[test]
     fn a_batch_of_chats_is_a_prompt_for_each_conversation_rendered_without_tools() {
-        let (names, len) = limits();
-        let limits = ParseLimits {
-            served_names: &names,
-            max_model_len: len,
-            vision: &VisionRules::default(),
-        };
         let raw = br#"{"model":"qwen","messages":[[{"role":"user","content":"hi"}],[{"role":"developer","content":"be brief"},{"role":"user","content":"yo"}]],"tools":[{"type":"function","function":{"name":"f"}}],"max_completion_tokens":4,"max_tokens":9}"#;
-        let (object, layout) = parse_body(raw).unwrap();
-        let body = JsonBody {
-            object,
-            raw: Bytes::from_static(raw),
-            layout,
-        };
-        let mut r = parse_generation_from(Endpoint::ChatBatch, body, &limits).unwrap();
+        let mut r = parse_bytes(Endpoint::ChatBatch, raw);
         // The conversations moved out of the body; each is a chat of its own, the second's
         // developer message read as vLLM reads it, and neither with the tools.
         assert_eq!(r.body["messages"], Value::Null);
