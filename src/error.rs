@@ -7,8 +7,8 @@
 
 pub use crate::error_code::ErrorCode;
 
-use crate::admission::{AdmitError, ClassRefused, ClassShares};
-use crate::api::{Refusal, RefusalKind};
+use crate::admission::{AdmitError, ClassRefused, ClassShares, Priority, Sequences};
+use crate::api::{Refusal, RefusalKind, Route};
 use crate::body::{BodyError, BodyRefusal, ClosesConnection};
 use crate::limiter::{BucketKind, Denial, LowerBound, RateLimitHeaders};
 use crate::reload::ReloadError;
@@ -640,6 +640,60 @@ pub struct NotAdmitted {
     pub tokens_at_least: bool,
     /// `admission.queue_deadline`: the `retry-after` of a 503.
     pub queue_deadline: Duration,
+    /// Its sequences as a refusal of their number names them, when known.
+    pub runs: Option<Runs>,
+}
+
+/// A request's sequences as a refusal of their number names them: its prompts, the choices of
+/// each, and the member listing the prompts with what they are called
+/// ([`Route::prompts_listed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Runs {
+    /// How many prompts.
+    pub prompts: u64,
+    /// The choices of each (`n`).
+    pub choices: u32,
+    /// The member listing the prompts, and what they are called.
+    pub listed: Option<(&'static str, &'static str)>,
+}
+
+impl Runs {
+    /// `sequences` of a request to `route` (a request of the user's own code may have none).
+    pub fn of(sequences: &Sequences, route: Option<Route>) -> Self {
+        Self {
+            prompts: sequences.prompts.len() as u64,
+            choices: sequences.choices,
+            listed: route.and_then(Route::prompts_listed),
+        }
+    }
+
+    /// The refusal of `sequences` of them where a backend runs at most `largest_batch` of a
+    /// `class` request at once: naming `n` when there are several choices, else the member
+    /// listing the prompts.
+    fn too_many(self, sequences: u32, largest_batch: u32, class: Priority) -> ApiError {
+        let over = format!(
+            "more than a {class} request may run at once on any backend (largest: {largest_batch})"
+        );
+        let (member, many) = match self.listed {
+            Some(listed) if self.prompts > 1 => listed,
+            _ => {
+                let e = ApiError::exceeds_kv(format!(
+                    "the request runs {sequences} sequences (`n` choices), {over}; lower n"
+                ));
+                return e.with_param("n");
+            }
+        };
+        let prompts = self.prompts;
+        let e = match self.choices {
+            1 => ApiError::exceeds_kv(format!(
+                "the request runs {sequences} sequences (its {prompts} {many}), {over}; send fewer {many}"
+            )),
+            _ => ApiError::exceeds_kv(format!(
+                "the request runs {sequences} sequences (its {prompts} {many}, `n` choices of each), {over}; lower n or send fewer {many}"
+            )),
+        };
+        e.with_param(if self.choices == 1 { member } else { "n" })
+    }
 }
 
 impl From<NotAdmitted> for ApiError {
@@ -651,15 +705,17 @@ impl From<NotAdmitted> for ApiError {
             tokens,
             tokens_at_least,
             queue_deadline,
+            runs,
         } = refusal;
         let at_least = if tokens_at_least { "at least " } else { "" };
         match error {
-            AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => {
-                ApiError::exceeds_kv(format!(
+            AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => match runs {
+                Some(runs) => runs.too_many(sequences, largest_batch, class),
+                None => ApiError::exceeds_kv(format!(
                     "the request runs {sequences} sequences (each prompt's `n` choices), more than a {class} request may run at once on any backend (largest: {largest_batch}); lower n or send fewer prompts"
                 ))
-                .with_param("n")
-            }
+                .with_param("n"),
+            },
             AdmitError::NeverFits { bytes, largest_capacity, class, share_permille, .. } => {
                 let whole = if share_permille < ClassShares::FULL.permille(class) {
                     format!("the share a {class} request may hold of any backend (admission.{class}_share = {}; largest: {largest_capacity} bytes)", f64::from(share_permille) / 1000.0)
@@ -953,7 +1009,6 @@ fn anthropic_type(status: StatusCode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::Priority;
 
     #[test]
     fn retry_after_rounds_up() {
@@ -1154,6 +1209,70 @@ mod tests {
     }
 
     #[test]
+    fn too_many_sequences_name_what_the_client_can_lower() {
+        use crate::api::{Endpoint, Pooled};
+        let refusal = |route, prompts: usize, choices| {
+            let sequences = Sequences {
+                prompts: vec![7; prompts],
+                choices,
+            };
+            let runs = Runs::of(&sequences, Some(route));
+            let e = ApiError::from(NotAdmitted {
+                error: AdmitError::NeverFits {
+                    bytes: 900,
+                    largest_capacity: 4000,
+                    sequences: sequences.count() as u32,
+                    largest_batch: 4,
+                    class: Priority::Standard,
+                    share_permille: 1000,
+                },
+                tokens: 300,
+                tokens_at_least: false,
+                queue_deadline: Duration::from_secs(10),
+                runs: Some(runs),
+            });
+            assert_eq!(e.code, crate::error::ErrorCode::ExceedsKvCapacity);
+            (e.param.unwrap_or_default(), e.message)
+        };
+        let over = "more than a standard request may run at once on any backend (largest: 4)";
+        let batch = Route::OpenAi(Endpoint::ChatBatch);
+        assert_eq!(
+            refusal(batch, 5, 1),
+            (
+                "messages".to_string(),
+                format!("the request runs 5 sequences (its 5 conversations), {over}; send fewer conversations")
+            )
+        );
+        assert_eq!(
+            refusal(Route::GenerativeScoring, 6, 1),
+            (
+                "items".to_string(),
+                format!("the request runs 6 sequences (its 6 items), {over}; send fewer items")
+            )
+        );
+        let rerank = Route::Pooling(Pooled::Rerank);
+        assert_eq!(refusal(rerank, 5, 1).0, "documents");
+        // Several choices: `n` is named, whatever the prompts.
+        let completions = Route::OpenAi(Endpoint::Completions);
+        assert_eq!(
+            refusal(completions, 3, 2),
+            (
+                "n".to_string(),
+                format!("the request runs 6 sequences (its 3 prompts, `n` choices of each), {over}; lower n or send fewer prompts")
+            )
+        );
+        let chat = Route::OpenAi(Endpoint::Chat);
+        assert_eq!(
+            refusal(chat, 1, 5),
+            (
+                "n".to_string(),
+                format!("the request runs 5 sequences (`n` choices), {over}; lower n")
+            )
+        );
+        assert_eq!(refusal(completions, 1, 5), refusal(chat, 1, 5));
+    }
+
+    #[test]
     fn kv_refusals_name_the_tokens_and_wait_the_queue_deadline() {
         let deadline = Duration::from_secs(10);
         let refusal_of = |error, tokens_at_least| {
@@ -1162,6 +1281,7 @@ mod tests {
                 tokens: 300,
                 tokens_at_least,
                 queue_deadline: deadline,
+                runs: None,
             })
         };
         let refusal = |error| refusal_of(error, false);

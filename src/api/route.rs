@@ -265,6 +265,25 @@ impl Route {
         }
     }
 
+    /// Where a request may send several prompts: the member that lists them and what a
+    /// refusal of their number calls them ("send fewer conversations"). `None` on a route of
+    /// one prompt. A score or rerank body's queries and documents are its prompts.
+    pub fn prompts_listed(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Route::OpenAi(Endpoint::Completions) => Some(("prompt", "prompts")),
+            Route::OpenAi(Endpoint::ChatBatch) => Some(("messages", "conversations")),
+            Route::GenerativeScoring => Some(("items", "items")),
+            Route::Pooling(p) => Some(match p.kind() {
+                PooledKind::Embed => ("input", "inputs"),
+                PooledKind::Score | PooledKind::Rerank => ("documents", "queries and documents"),
+            }),
+            Route::OpenAi(Endpoint::Chat)
+            | Route::Messages
+            | Route::Responses
+            | Route::MindIe(_) => None,
+        }
+    }
+
     /// The field holding the prompt, named by errors about its length.
     pub fn prompt_param(self) -> &'static str {
         match self {

@@ -8,7 +8,8 @@
 use super::step::{Step, StepLayer};
 use crate::admission::{Admission, Priority};
 pub use crate::admission::{KvGeometry, Sequences};
-use crate::error::{ApiError, NotAdmitted};
+use crate::api::Route;
+use crate::error::{ApiError, NotAdmitted, Runs};
 use crate::limiter::Cost;
 use crate::metrics::AdmitMetrics;
 use crate::settle::TicketSlot;
@@ -70,11 +71,10 @@ where
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
             let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let need = (shared.admission).need(
-                &shared.geometry,
-                &cost,
-                req.extensions().get::<Sequences>(),
-            );
+            let sequences = req.extensions().get::<Sequences>();
+            let need = (shared.admission).need(&shared.geometry, &cost, sequences);
+            let route = req.extensions().get::<Route>().copied();
+            let runs = sequences.map(|s| Runs::of(s, route));
             let tokens = cost.prefill + cost.decode;
             let span = crate::otel::step(req.extensions(), crate::otel::Step::QueueWait);
             let started = Instant::now();
@@ -101,6 +101,7 @@ where
                 tokens,
                 tokens_at_least: false,
                 queue_deadline: shared.admission.queue_deadline(),
+                runs,
             })?;
             if slot.with(|ticket| ticket.admit(lease)).is_none() {
                 return Err(ApiError::missing_extension("Ticket"));

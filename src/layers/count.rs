@@ -24,7 +24,7 @@ use crate::api::Prompt;
 use crate::api::{self, Route};
 use crate::body::{check_content_type, Bodies};
 use crate::config::{ModelConfig, Runner, ValidConfig};
-use crate::error::{ApiError, NotAdmitted};
+use crate::error::{ApiError, NotAdmitted, Runs};
 use crate::feedback::version::EngineVersions;
 use crate::limiter::{BucketKind, Cost, Denial, Limiter, LowerBound};
 use crate::metrics::CountMetrics;
@@ -220,11 +220,12 @@ impl Counter {
         }
     }
 
-    /// The 400 of a request of `cost` running `runs` in `class` that fits no backend even
-    /// alone (`at_least`: the prompts' tokens are a lower bound); `None` when it could fit.
+    /// The 400 of a request to `route` of `cost` running `runs` in `class` that fits no
+    /// backend even alone (`at_least`: the prompts' tokens are a lower bound); `None` when it
+    /// could fit.
     fn never_admitted(
         &self,
-        class: Priority,
+        (route, class): (Route, Priority),
         cost: &Cost,
         runs: &Sequences,
         at_least: bool,
@@ -238,6 +239,7 @@ impl Counter {
             tokens: cost.prefill + cost.decode,
             tokens_at_least: at_least,
             queue_deadline: kv.admission.queue_deadline(),
+            runs: Some(Runs::of(runs, Some(route))),
         };
         Some(refusal.into())
     }
@@ -338,7 +340,9 @@ impl Counter {
                     prefill: runs.prompts.len() as u64,
                     ..least
                 };
-                return Err(self.never_admitted(class, &least, &runs, true).unwrap_or(e));
+                return Err(self
+                    .never_admitted((route, class), &least, &runs, true)
+                    .unwrap_or(e));
             }
         }
         // Every prompt counted (a batch's one by one), each within the context, all of them
@@ -422,7 +426,7 @@ impl Counter {
             self.answer_fits(&parsed, max_output, sequences)?;
         }
         // What could never be admitted is refused before any bucket is charged.
-        if let Some(e) = self.never_admitted(class, &cost, &runs, false) {
+        if let Some(e) = self.never_admitted((route, class), &cost, &runs, false) {
             return Err(e);
         }
         parts.extensions.insert(runs);

@@ -554,7 +554,7 @@ async fn n_choices_are_reserved_admitted_and_metered_as_n_sequences() {
     assert_eq!(r.json()["error"]["param"], "n");
     assert_eq!(
         r.json()["error"]["message"],
-        "the request runs 5 sequences (each prompt's `n` choices), more than a standard request may run at once on any backend (largest: 4); lower n or send fewer prompts"
+        "the request runs 5 sequences (`n` choices), more than a standard request may run at once on any backend (largest: 4); lower n"
     );
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
 }
@@ -605,6 +605,45 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
     let body = json!({"model": "qwen3.5-27b", "prompt": ["a", "b", "c"], "max_tokens": 5, "n": 2});
     let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
+    assert_eq!(r.json()["error"]["param"], "n");
+    // Five prompts of one choice: the prompts are what to lower, and the refusal says so; so
+    // for five conversations in a batch of chats, and five items to score.
+    let over = "more than a standard request may run at once on any backend (largest: 4)";
+    let five = ["a", "b", "c", "d", "e"];
+    let body = json!({"model": "qwen3.5-27b", "prompt": five, "max_tokens": 5});
+    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
+    assert_eq!(
+        (&r.json()["error"]["param"], &r.json()["error"]["message"]),
+        (
+            &json!("prompt"),
+            &json!(format!(
+                "the request runs 5 sequences (its 5 prompts), {over}; send fewer prompts"
+            ))
+        )
+    );
+    let conversations: Vec<Value> = (five.iter())
+        .map(|p| json!([{"role": "user", "content": p}]))
+        .collect();
+    let body = json!({"model": "qwen3.5-27b", "messages": conversations, "max_tokens": 5});
+    let r = post(&gw.url("/v1/chat/completions/batch"), "sk-alice", &body).await;
+    assert_eq!(
+        (&r.json()["error"]["param"], &r.json()["error"]["message"]),
+        (
+            &json!("messages"),
+            &json!(format!(
+                "the request runs 5 sequences (its 5 conversations), {over}; send fewer conversations"
+            ))
+        )
+    );
+    let body = json!({"model": "qwen3.5-27b", "query": "Is it?", "items": five, "label_token_ids": [9707]});
+    let r = post(&gw.url("/generative_scoring"), "sk-alice", &body).await;
+    assert_eq!(
+        (r.status, r.code().as_str(), &r.json()["error"]["param"]),
+        (400, "exceeds_kv_capacity", &json!("items")),
+        "{}",
+        r.text()
+    );
     // Each prompt within the context, together past the prefill burst of 10,000: refused
     // before all are counted, nothing charged.
     let long = "hi ".repeat(3500);
