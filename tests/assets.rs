@@ -1,6 +1,7 @@
-//! The default assets (`assets/qwen3.5/tokenizer.json`) are found beside the binary, not in
-//! the current directory, so `tokenize`, `sim` and `loadgen` run from anywhere; and
-//! where the file is not, the error says where it was looked for and which flag names it.
+//! The default assets (`assets/qwen3.5/tokenizer.json`) are found beside the binary first, so
+//! `tokenize`, `sim` and `loadgen` run from anywhere, and last in the current directory (a
+//! checkout's root, for a binary built elsewhere); where the file is not, the error says where
+//! it was looked for and which flag names it.
 
 mod common;
 mod support;
@@ -100,12 +101,13 @@ fn an_installed_binary_finds_its_assets_or_says_where_it_looked() {
         prefix.join("bin/assets/qwen3.5/tokenizer.json"),
         prefix.join("share/tokengate/qwen3.5/tokenizer.json"),
         root.0.join("assets/qwen3.5/tokenizer.json"),
+        elsewhere.join("assets/qwen3.5/tokenizer.json"),
     ]
     .map(|p| p.display().to_string())
     .join(", ");
     let refusal = |flag: &str| {
         format!(
-            "error: no {flag} given, and no assets/qwen3.5/tokenizer.json beside this binary ({}): looked for {looked}; pass {flag} (in a checkout, scripts/fetch-tokenizer makes its assets/)\n",
+            "error: no {flag} given, and no assets/qwen3.5/tokenizer.json beside this binary ({}) nor in the working directory: looked for {looked}; pass {flag} (in a checkout, scripts/fetch-tokenizer makes its assets/)\n",
             binary.display()
         )
     };
@@ -128,6 +130,14 @@ fn an_installed_binary_finds_its_assets_or_says_where_it_looked() {
         );
     }
 
+    // Run from a checkout's root (a binary cargo built elsewhere): its `assets/` is found.
+    place(
+        &common::tokenizer_json(),
+        &elsewhere.join("assets/qwen3.5/tokenizer.json"),
+    );
+    let out = run(&binary, &elsewhere, &["tokenize", "--count"], Some(TEXT));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), counted());
+    std::fs::remove_dir_all(elsewhere.join("assets")).unwrap();
     // Installed under the prefix, as deploy/systemd does: found there.
     let shared = prefix.join("share/tokengate/qwen3.5/tokenizer.json");
     place(&common::tokenizer_json(), &shared);
