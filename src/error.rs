@@ -668,31 +668,35 @@ impl Runs {
     }
 
     /// The refusal of `sequences` of them where a backend runs at most `largest_batch` of a
-    /// `class` request at once: naming `n` when there are several choices, else the member
-    /// listing the prompts.
+    /// `class` request at once: naming `n` when a prompt has several choices, else the member
+    /// listing the prompts (none when the route is not known).
     fn too_many(self, sequences: u32, largest_batch: u32, class: Priority) -> ApiError {
         let over = format!(
             "more than a {class} request may run at once on any backend (largest: {largest_batch})"
         );
         let (member, many) = match self.listed {
-            Some(listed) if self.prompts > 1 => listed,
-            _ => {
-                let e = ApiError::exceeds_kv(format!(
-                    "the request runs {sequences} sequences (`n` choices), {over}; lower n"
-                ));
-                return e.with_param("n");
-            }
+            Some((member, many)) => (Some(member), many),
+            None => (None, "prompts"),
         };
         let prompts = self.prompts;
-        let e = match self.choices {
-            1 => ApiError::exceeds_kv(format!(
-                "the request runs {sequences} sequences (its {prompts} {many}), {over}; send fewer {many}"
+        let e = match (prompts, self.choices) {
+            (0 | 1, _) => ApiError::exceeds_kv(format!(
+                "the request runs {sequences} sequences (`n` choices), {over}; lower n"
             )),
+            (_, 1) => {
+                let e = ApiError::exceeds_kv(format!(
+                    "the request runs {sequences} sequences (its {prompts} {many}), {over}; send fewer {many}"
+                ));
+                return match member {
+                    Some(member) => e.with_param(member),
+                    None => e,
+                };
+            }
             _ => ApiError::exceeds_kv(format!(
                 "the request runs {sequences} sequences (its {prompts} {many}, `n` choices of each), {over}; lower n or send fewer {many}"
             )),
         };
-        e.with_param(if self.choices == 1 { member } else { "n" })
+        e.with_param("n")
     }
 }
 
@@ -1211,12 +1215,12 @@ mod tests {
     #[test]
     fn too_many_sequences_name_what_the_client_can_lower() {
         use crate::api::{Endpoint, Pooled};
-        let refusal = |route, prompts: usize, choices| {
+        // The refusal of `prompts` of `choices` each to `route` (if known), at most 4 at once.
+        let refusal = |route: Option<Route>, prompts: usize, choices| {
             let sequences = Sequences {
                 prompts: vec![7; prompts],
                 choices,
             };
-            let runs = Runs::of(&sequences, Some(route));
             let e = ApiError::from(NotAdmitted {
                 error: AdmitError::NeverFits {
                     bytes: 900,
@@ -1229,47 +1233,57 @@ mod tests {
                 tokens: 300,
                 tokens_at_least: false,
                 queue_deadline: Duration::from_secs(10),
-                runs: Some(runs),
+                runs: Some(Runs::of(&sequences, route)),
             });
             assert_eq!(e.code, crate::error::ErrorCode::ExceedsKvCapacity);
-            (e.param.unwrap_or_default(), e.message)
+            (e.param, e.message)
         };
+        let named = |param: &str, message: String| (Some(param.to_string()), message);
         let over = "more than a standard request may run at once on any backend (largest: 4)";
-        let batch = Route::OpenAi(Endpoint::ChatBatch);
+        let batch = Some(Route::OpenAi(Endpoint::ChatBatch));
         assert_eq!(
             refusal(batch, 5, 1),
-            (
-                "messages".to_string(),
+            named(
+                "messages",
                 format!("the request runs 5 sequences (its 5 conversations), {over}; send fewer conversations")
             )
         );
         assert_eq!(
-            refusal(Route::GenerativeScoring, 6, 1),
-            (
-                "items".to_string(),
+            refusal(Some(Route::GenerativeScoring), 6, 1),
+            named(
+                "items",
                 format!("the request runs 6 sequences (its 6 items), {over}; send fewer items")
             )
         );
-        let rerank = Route::Pooling(Pooled::Rerank);
-        assert_eq!(refusal(rerank, 5, 1).0, "documents");
+        let rerank = Some(Route::Pooling(Pooled::Rerank));
+        assert_eq!(refusal(rerank, 5, 1).0.as_deref(), Some("documents"));
         // Several choices: `n` is named, whatever the prompts.
-        let completions = Route::OpenAi(Endpoint::Completions);
+        let completions = Some(Route::OpenAi(Endpoint::Completions));
         assert_eq!(
             refusal(completions, 3, 2),
-            (
-                "n".to_string(),
+            named(
+                "n",
                 format!("the request runs 6 sequences (its 3 prompts, `n` choices of each), {over}; lower n or send fewer prompts")
             )
         );
-        let chat = Route::OpenAi(Endpoint::Chat);
+        let chat = Some(Route::OpenAi(Endpoint::Chat));
         assert_eq!(
             refusal(chat, 1, 5),
-            (
-                "n".to_string(),
+            named(
+                "n",
                 format!("the request runs 5 sequences (`n` choices), {over}; lower n")
             )
         );
         assert_eq!(refusal(completions, 1, 5), refusal(chat, 1, 5));
+        // Where the route is not known (a request of the user's own code), the prompts are
+        // prompts, and no member is named for them.
+        assert_eq!(
+            refusal(None, 5, 1),
+            (
+                None,
+                format!("the request runs 5 sequences (its 5 prompts), {over}; send fewer prompts")
+            )
+        );
     }
 
     #[test]
