@@ -73,8 +73,6 @@ where
             let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
             let sequences = req.extensions().get::<Sequences>();
             let need = (shared.admission).need(&shared.geometry, &cost, sequences);
-            let route = req.extensions().get::<Route>().copied();
-            let runs = sequences.map(|s| Runs::of(s, route));
             let tokens = cost.prefill + cost.decode;
             let span = crate::otel::step(req.extensions(), crate::otel::Step::QueueWait);
             let started = Instant::now();
@@ -96,12 +94,16 @@ where
                     m.queue_refused(class.as_str(), reason);
                 }
             }
-            let lease = admitted.map_err(|error| NotAdmitted {
-                error,
-                tokens,
-                tokens_at_least: false,
-                queue_deadline: shared.admission.queue_deadline(),
-                runs,
+            let lease = admitted.map_err(|error| {
+                // A refusal of too many sequences names them as the route calls them.
+                let route = req.extensions().get::<Route>().copied();
+                NotAdmitted {
+                    error,
+                    tokens,
+                    tokens_at_least: false,
+                    queue_deadline: shared.admission.queue_deadline(),
+                    runs: sequences.map(|s| Runs::of(s, route)),
+                }
             })?;
             if slot.with(|ticket| ticket.admit(lease)).is_none() {
                 return Err(ApiError::missing_extension("Ticket"));
@@ -200,6 +202,45 @@ mod tests {
             metrics.decode_tokens_reserved.get_or_create(&label).get(),
             100
         );
+    }
+
+    #[tokio::test]
+    async fn more_sequences_than_a_batch_are_refused_naming_what_the_route_lists_them_in() {
+        let (limiter, admission) = (limiter(), admission());
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .layer(AdmitLayer::new(admission.clone(), BYTES, None))
+            .service_fn(leased);
+        // Five prompts of one choice each to a batch of four.
+        let refused = |route: Option<Route>| {
+            let mut req = request(cost(5, 5));
+            req.extensions_mut().insert(Sequences {
+                prompts: vec![1; 5],
+                choices: 1,
+            });
+            if let Some(route) = route {
+                req.extensions_mut().insert(route);
+            }
+            svc.clone().oneshot(req)
+        };
+        let over = "more than a standard request may run at once on any backend (largest: 4)";
+        let completions = Route::OpenAi(crate::api::Endpoint::Completions);
+        let e = refused(Some(completions)).await.expect_err("too many");
+        assert_eq!(
+            (e.status, e.param.as_deref(), e.message.as_str()),
+            (
+                StatusCode::BAD_REQUEST,
+                Some("prompt"),
+                format!("the request runs 5 sequences (its 5 prompts), {over}; send fewer prompts")
+                    .as_str()
+            )
+        );
+        // Without a route (a service of the user's own), no member is named.
+        let e = refused(None).await.expect_err("too many");
+        assert_eq!(e.param, None);
+        // Nothing stays charged or reserved.
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        assert_eq!(reserved(&admission), 0);
     }
 
     #[test]
