@@ -357,7 +357,7 @@ impl ApiError {
     /// type its status has there.
     pub fn body_in(&self, wire: Wire) -> serde_json::Value {
         match wire {
-            Wire::OpenAi | Wire::Responses => serde_json::json!({
+            Wire::OpenAi | Wire::Responses | Wire::Cohere => serde_json::json!({
                 "error": {
                     "message": self.message,
                     "type": self.kind,

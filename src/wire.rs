@@ -23,6 +23,9 @@ pub enum Wire {
     /// each ended by a NUL byte rather than a blank line, with each sequence's new text; errors
     /// as TGI's.
     VllmGenerate,
+    /// Cohere's embed answer (vLLM's `/v2/embed`): `meta.billed_units.input_tokens` (and
+    /// `image_tokens`); never streamed; errors in OpenAI's shape.
+    Cohere,
     /// MindIE's Triton generate extension: `text_output` (never the prompt) and, when asked,
     /// `details.generated_tokens` (a stream's running total); SSE events; errors as TGI's.
     Triton,
@@ -33,9 +36,12 @@ impl Wire {
     pub fn framing(self) -> Framing {
         match self {
             Wire::VllmGenerate => Framing::Nul,
-            Wire::OpenAi | Wire::Tgi | Wire::Anthropic | Wire::Responses | Wire::Triton => {
-                Framing::Sse
-            }
+            Wire::OpenAi
+            | Wire::Tgi
+            | Wire::Anthropic
+            | Wire::Responses
+            | Wire::Triton
+            | Wire::Cohere => Framing::Sse,
         }
     }
 
@@ -51,7 +57,7 @@ impl Wire {
                     && serde_json::from_str::<serde_json::Value>(data)
                         .is_ok_and(|v| v["type"] == "message_stop")
             }
-            Wire::Tgi | Wire::Responses | Wire::VllmGenerate | Wire::Triton => false,
+            Wire::Tgi | Wire::Responses | Wire::VllmGenerate | Wire::Triton | Wire::Cohere => false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! What metering reads of a backend's answer: a whole answer or one stream event, in its
 //! route's wire format.
 
-use super::{anthropic, mindie, responses, sse};
+use super::{anthropic, mindie, pooling, responses, sse};
 use crate::wire::Wire;
 
 /// A whole answer or one stream event in its wire's format, as metering reads it.
@@ -17,6 +17,8 @@ pub enum Chunk<'a> {
     Responses(responses::Chunk<'a>),
     /// An event or answer of MindIE's vLLM-compatible `/generate`.
     VllmGenerate(mindie::Texts<'a>),
+    /// A Cohere embed answer.
+    Cohere(pooling::CohereAnswer),
 }
 
 impl<'a> Chunk<'a> {
@@ -28,6 +30,7 @@ impl<'a> Chunk<'a> {
             Wire::Anthropic => Chunk::Anthropic(sse::read_object(json)),
             Wire::Responses => Chunk::Responses(sse::read_object(json)),
             Wire::VllmGenerate => Chunk::VllmGenerate(sse::read_object(json)),
+            Wire::Cohere => Chunk::Cohere(sse::read_object(json)),
         }
     }
 
@@ -40,6 +43,7 @@ impl<'a> Chunk<'a> {
             Wire::Anthropic => Chunk::Anthropic(sse::read_text(data)),
             Wire::Responses => Chunk::Responses(sse::read_text(data)),
             Wire::VllmGenerate => Chunk::VllmGenerate(sse::read_text(data)),
+            Wire::Cohere => Chunk::Cohere(sse::read_text(data)),
         }
     }
 
@@ -51,17 +55,19 @@ impl<'a> Chunk<'a> {
             Chunk::Tgi(c) => c.generated_tokens(),
             Chunk::Anthropic(c) => c.completion_tokens(),
             Chunk::Responses(c) => c.completion_tokens(),
-            Chunk::VllmGenerate(_) => None,
+            Chunk::VllmGenerate(_) | Chunk::Cohere(_) => None,
         }
     }
 
     /// The backend's count of the prompt: OpenAI's `usage.prompt_tokens`, the Responses API's
-    /// `usage.input_tokens`, Anthropic's input and cache tokens (TGI's answers have none).
+    /// `usage.input_tokens`, Anthropic's input and cache tokens, Cohere's billed input and
+    /// image tokens (TGI's answers have none).
     pub fn prompt_tokens(&self) -> Option<u64> {
         match self {
             Chunk::OpenAi(c) => c.prompt_tokens(),
             Chunk::Anthropic(c) => c.prompt_tokens(),
             Chunk::Responses(c) => c.prompt_tokens(),
+            Chunk::Cohere(c) => c.prompt_tokens(),
             Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
         }
     }
@@ -73,7 +79,7 @@ impl<'a> Chunk<'a> {
             Chunk::OpenAi(c) => c.cached_tokens(),
             Chunk::Anthropic(c) => c.cached_tokens(),
             Chunk::Responses(c) => c.cached_tokens(),
-            Chunk::Tgi(_) | Chunk::VllmGenerate(_) => None,
+            Chunk::Tgi(_) | Chunk::VllmGenerate(_) | Chunk::Cohere(_) => None,
         }
     }
 
@@ -82,9 +88,11 @@ impl<'a> Chunk<'a> {
     pub fn usage_only(&self) -> bool {
         match self {
             Chunk::OpenAi(c) => c.usage_only(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
-                false
-            }
+            Chunk::Tgi(_)
+            | Chunk::Anthropic(_)
+            | Chunk::Responses(_)
+            | Chunk::VllmGenerate(_)
+            | Chunk::Cohere(_) => false,
         }
     }
 
@@ -98,6 +106,7 @@ impl<'a> Chunk<'a> {
             Chunk::Anthropic(c) => (None, None, Some(c.generated()), None, None),
             Chunk::Responses(c) => (None, None, None, Some(c.generated()), None),
             Chunk::VllmGenerate(c) => (None, None, None, None, Some(c.sequences())),
+            Chunk::Cohere(_) => (None, None, None, None, None),
         };
         let first = (openai.into_iter().flatten())
             .chain(tgi)
@@ -112,9 +121,11 @@ impl<'a> Chunk<'a> {
     pub fn answer(&self) -> Option<(&str, bool)> {
         match self {
             Chunk::OpenAi(c) => c.answer(),
-            Chunk::Tgi(_) | Chunk::Anthropic(_) | Chunk::Responses(_) | Chunk::VllmGenerate(_) => {
-                None
-            }
+            Chunk::Tgi(_)
+            | Chunk::Anthropic(_)
+            | Chunk::Responses(_)
+            | Chunk::VllmGenerate(_)
+            | Chunk::Cohere(_) => None,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The pooling routes' bodies, as vLLM's pooling runner (`vllm serve --runner pooling`) takes
 //! them: `/v1/embeddings` and `/pooling` (`input`: texts or token ids, or `messages`),
-//! `/score` (`queries` and `documents`, or their older names) and `/rerank` (`query` and
-//! `documents`). Each text is a prompt of its own, run as one sequence and counted as vLLM
+//! `/score` (`queries` and `documents`, or their older names), `/rerank` (`query` and
+//! `documents`) and Cohere's `/v2/embed` (`texts`, or `inputs` of text parts). Each text is a prompt of its own, run as one sequence and counted as vLLM
 //! tokenizes it: a text with the tokenizer alone, a conversation through the chat template
 //! without an assistant turn. A bi-encoder scores by embedding each query and each document
 //! once, so a score's prompts are its queries and then its documents. Nothing is generated.
@@ -9,9 +9,11 @@
 use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority, truncation};
 use super::request::{defaulted_bool, lax_int, served_model_or_default, wrong_type};
 use super::route::{Pooled, PooledKind, Route};
+use super::sse::{self, Loose};
 use super::Refusal;
 use super::{GenerationRequest, ParseLimits, Prompt};
 use crate::tokenize::chat::ChatRoute;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// Validates a body sent to the pooling route `pooled`: its prompts (the first, then the
@@ -25,8 +27,12 @@ pub fn parse_generation(
 ) -> Result<GenerationRequest, Refusal> {
     let model = served_model_or_default(&body, limits.served_names)?;
     refuse_negative_priority(&body)?;
-    refuse_padding(&body)?;
+    // Cohere's body has no `padding`: vLLM ignores one there.
+    if pooled.kind() != PooledKind::CohereEmbed {
+        refuse_padding(&body)?;
+    }
     let mut prompts = match pooled.kind() {
+        PooledKind::CohereEmbed => return cohere_embed(body, model, limits),
         PooledKind::Embed => embed_prompts(&body, limits)?,
         PooledKind::Score => score_prompts(&body, limits.max_model_len)?,
         PooledKind::Rerank => {
@@ -45,6 +51,189 @@ pub fn parse_generation(
         truncate_to,
         ..GenerationRequest::new(Route::Pooling(pooled), model, first, body)
     })
+}
+
+/// A Cohere embed body (`/v2/embed`) as vLLM 0.32 reads it (its `CohereEmbedRequest`, then
+/// the embeddings request it makes of it): exactly one of `texts` (each a prompt, tokenized
+/// alone), `inputs` (each a user turn of its text parts, rendered through the chat template as
+/// `/v1/embeddings` renders `messages`) and `images` (refused: the gateway does not count a
+/// pooling backend's images), non-empty; `truncate` (`END` by default) and `max_tokens`: `END`
+/// or `START` cut each prompt to `max_tokens` (or the context), `NONE` refuses a prompt longer
+/// than `max_tokens`. This model defines no `input_type` task instructions, so an
+/// `input_type` is refused, as vLLM refuses it. `output_dimension` and `embedding_types` go to
+/// the backend as sent.
+fn cohere_embed(
+    body: Map<String, Value>,
+    model: String,
+    limits: &ParseLimits<'_>,
+) -> Result<GenerationRequest, Refusal> {
+    let list = |key: &str| match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(items)),
+        Some(other) => Err(wrong_type(key, "a list", other)),
+    };
+    let (texts, images, inputs) = (list("texts")?, list("images")?, list("inputs")?);
+    let texts = (texts.into_iter().flatten().enumerate())
+        .map(|(i, t)| match t {
+            Value::String(s) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
+            Value::String(_) => Err(Refusal::invalid_param(
+                "texts",
+                format!("`texts[{i}]` must not be empty"),
+            )),
+            other => Err(wrong_type(&format!("texts[{i}]"), "a string", other)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let parts = (inputs.into_iter().flatten().enumerate())
+        .map(|(i, input)| cohere_input(i, input))
+        .collect::<Result<Vec<_>, _>>()?;
+    let given = [
+        (!texts.is_empty(), body.get("texts")),
+        (images.is_some_and(|i| !i.is_empty()), body.get("images")),
+        (!parts.is_empty(), body.get("inputs")),
+    ];
+    let sent = given
+        .iter()
+        .filter(|(_, v)| v.is_some_and(|v| !v.is_null()));
+    if sent.count() != 1 || given.iter().all(|(full, _)| !full) {
+        return Err(Refusal::invalid(
+            "Exactly one of texts, images, or inputs must be provided, and it must be non-empty",
+        ));
+    }
+    if images.is_some() {
+        return Err(Refusal::invalid_param(
+            "images",
+            "`images` are multimodal inputs, which the gateway does not count on the pooling routes; send texts",
+        ));
+    }
+    match body.get("input_type") {
+        None | Some(Value::Null) => {}
+        Some(t @ Value::String(_)) => {
+            return Err(Refusal::invalid_param(
+                "input_type",
+                format!("`input_type` is {t}: this model defines no input_type task instructions, and vLLM refuses every input_type for it"),
+            ))
+        }
+        Some(other) => return Err(wrong_type("input_type", "a string", other)),
+    }
+    let max_tokens = match body.get("max_tokens") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(lax_int(v).ok_or_else(|| wrong_type("max_tokens", "an integer", v))?),
+    };
+    let (truncate_to, refused_past) = match body.get("truncate") {
+        Some(Value::String(t)) if t == "NONE" => {
+            let most = max_tokens.map(|m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64);
+            (None, most)
+        }
+        None => (cohere_cut(max_tokens, limits.max_model_len)?, None),
+        Some(Value::String(t)) if t == "END" || t == "START" => {
+            (cohere_cut(max_tokens, limits.max_model_len)?, None)
+        }
+        Some(other) => {
+            return Err(Refusal::invalid_param(
+                "truncate",
+                format!("`truncate` must be \"NONE\", \"START\" or \"END\", got {other}"),
+            ))
+        }
+    };
+    let mut prompts = match parts.is_empty() {
+        true => texts,
+        false => (parts.into_iter())
+            .map(|parts| {
+                let mut one = Map::new();
+                one.insert(
+                    "messages".into(),
+                    serde_json::json!([{"role": "user", "content": parts}]),
+                );
+                chat(&one, limits)
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let first = prompts.remove(0);
+    Ok(GenerationRequest {
+        batch: prompts,
+        truncate_to,
+        refused_past,
+        ..GenerationRequest::new(Route::Pooling(Pooled::CohereEmbed), model, first, body)
+    })
+}
+
+/// Input `i` of a Cohere embed body's `inputs`: its `content`, each a text part (`text`
+/// required), as the chat template's parts. An image part is refused: the gateway does not
+/// count a pooling backend's images.
+fn cohere_input(i: usize, input: &Value) -> Result<Vec<Value>, Refusal> {
+    let at = format!("inputs[{i}].content");
+    let content = match input.get("content") {
+        Some(Value::Array(content)) => content,
+        Some(other) => return Err(wrong_type(&at, "a list", other)),
+        None => return Err(Refusal::invalid_param(&at, format!("`{at}` is required"))),
+    };
+    (content.iter().enumerate())
+        .map(|(j, part)| {
+            let at = format!("{at}[{j}]");
+            match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                (Some("text"), Some(Value::String(text))) => {
+                    Ok(serde_json::json!({"type": "text", "text": text}))
+                }
+                (Some("text"), None | Some(Value::Null)) => Err(Refusal::invalid_param(
+                    &at,
+                    "CohereEmbedContent with type='text' requires text",
+                )),
+                (Some("text"), Some(other)) => Err(wrong_type(&format!("{at}.text"), "a string", other)),
+                (Some("image_url"), _) => Err(Refusal::invalid_param(
+                    &at,
+                    format!("`{at}` is an image, which the gateway does not count on the pooling routes; send text"),
+                )),
+                _ => Err(Refusal::invalid_param(
+                    &at,
+                    format!("`{at}.type` must be \"text\" or \"image_url\""),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// The cut of each prompt that `truncate` `END` or `START` makes: to `max_tokens`, or the
+/// context when it is left out, read as vLLM reads the `truncate_prompt_tokens` it becomes.
+fn cohere_cut(max_tokens: Option<i128>, max_model_len: u64) -> Result<Option<u64>, Refusal> {
+    let mut cut = Map::new();
+    cut.insert(
+        "truncate_prompt_tokens".into(),
+        Value::from(max_tokens.map_or(-1, |m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64)),
+    );
+    truncation(&cut, false, max_model_len)
+}
+
+/// What metering reads of a Cohere embed answer: `meta.billed_units`, whose input and image
+/// tokens are together the prompts' tokens (vLLM counts an image input's as image tokens).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CohereAnswer {
+    meta: Loose<CohereMeta>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CohereMeta {
+    billed_units: Loose<BilledUnits>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct BilledUnits {
+    input_tokens: Loose<u64>,
+    image_tokens: Loose<u64>,
+}
+
+sse::object_shape!(; CohereAnswer, CohereMeta, BilledUnits);
+
+impl CohereAnswer {
+    /// `meta.billed_units.input_tokens` and `image_tokens`, together (either may be absent).
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        let billed = self.meta.get()?.billed_units.get()?;
+        let (input, image) = (billed.input_tokens.get(), billed.image_tokens.get());
+        (input.is_some() || image.is_some())
+            .then(|| input.copied().unwrap_or(0) + image.copied().unwrap_or(0))
+    }
 }
 
 /// An embeddings body's prompts: `messages` (a conversation, or a list of them, each rendered
@@ -574,5 +763,98 @@ mod tests {
         // Embeddings have no such fields: vLLM passes them over there.
         let embed = json!({"model": "qwen", "input": "x", "max_tokens_per_doc": 1});
         assert_eq!(texts(&parse(Pooled::Embeddings, embed).unwrap()), ["x"]);
+    }
+
+    #[test]
+    fn a_cohere_embed_reads_its_texts_or_inputs_and_where_each_is_cut() {
+        let cohere = |body: Value| parse(Pooled::CohereEmbed, body);
+        let r = cohere(json!({"texts": ["a", "b"], "padding": "max_length"})).unwrap();
+        assert_eq!(
+            (texts(&r), r.truncate_to, r.refused_past),
+            (vec!["a".to_string(), "b".to_string()], Some(1000), None)
+        );
+        let parts = json!([{"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b", "extra": 1}]}, {"content": []}]);
+        let r = cohere(json!({"inputs": parts, "truncate": "START", "max_tokens": "3"})).unwrap();
+        assert_eq!(
+            (texts(&r), r.truncate_to),
+            (vec!["chat 1 gen=false".to_string(); 2], Some(3))
+        );
+        let r = cohere(json!({"texts": ["a"], "truncate": "NONE", "max_tokens": -2})).unwrap();
+        assert_eq!((r.truncate_to, r.refused_past), (None, Some(-2)));
+        let r = cohere(json!({"texts": ["a"], "truncate": "NONE"})).unwrap();
+        assert_eq!((r.truncate_to, r.refused_past), (None, None));
+        let refused = |body: Value| {
+            let e = cohere(body).unwrap_err();
+            (e.param, e.message)
+        };
+        let one =
+            "Exactly one of texts, images, or inputs must be provided, and it must be non-empty";
+        for body in [
+            json!({"texts": ["a"], "inputs": parts}),
+            json!({"texts": []}),
+            json!({"texts": null, "images": null}),
+            json!({"texts": ["a"], "images": []}),
+        ] {
+            assert_eq!(refused(body.clone()), (None, one.to_string()), "{body}");
+        }
+        let param = |body: Value| refused(body).0;
+        assert_eq!(param(json!({"texts": [5]})).as_deref(), Some("texts[0]"));
+        assert_eq!(
+            param(json!({"images": ["data:,"]})).as_deref(),
+            Some("images")
+        );
+        let image = json!([{"content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+        assert_eq!(
+            param(json!({"inputs": image})).as_deref(),
+            Some("inputs[0].content[0]")
+        );
+        let no_text = json!([{"content": [{"type": "text"}]}]);
+        assert_eq!(
+            refused(json!({"inputs": no_text})),
+            (
+                Some("inputs[0].content[0]".to_string()),
+                "CohereEmbedContent with type='text' requires text".to_string()
+            )
+        );
+        assert_eq!(
+            param(json!({"texts": ["a"], "input_type": "search_query"})).as_deref(),
+            Some("input_type")
+        );
+        assert_eq!(
+            param(json!({"texts": ["a"], "truncate": "end"})).as_deref(),
+            Some("truncate")
+        );
+        // `max_tokens` is the `truncate_prompt_tokens` of the cut: 0 and past the context are
+        // refused as vLLM refuses that.
+        for m in [0, -2, 1001] {
+            assert_eq!(
+                param(json!({"texts": ["a"], "max_tokens": m})).as_deref(),
+                Some("truncate_prompt_tokens"),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cohere_answer_is_metered_by_its_billed_input_and_image_tokens() {
+        let billed = |answer: &str| {
+            crate::api::chunk::Chunk::of(crate::wire::Wire::Cohere, answer.as_bytes())
+                .prompt_tokens()
+        };
+        assert_eq!(
+            billed(
+                r#"{"id": "e", "embeddings": {"float": [[0.5]]}, "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": 7, "image_tokens": 0}}}"#
+            ),
+            Some(7)
+        );
+        assert_eq!(
+            billed(r#"{"meta": {"billed_units": {"input_tokens": null, "image_tokens": 5}}}"#),
+            Some(5)
+        );
+        assert_eq!(billed(r#"{"meta": {"billed_units": {}}}"#), None);
+        assert_eq!(
+            billed(r#"{"meta": null, "usage": {"prompt_tokens": 3}}"#),
+            None
+        );
     }
 }

@@ -152,6 +152,9 @@ pub struct GenerationRequest {
     /// The most tokens of each prompt the backend runs, when it cuts longer ones
     /// (`truncate_prompt_tokens` on the pooling routes): each is counted up to it.
     pub truncate_to: Option<u64>,
+    /// The most tokens a prompt may have, a longer one refused (Cohere's `max_tokens` with
+    /// `truncate: "NONE"` on `/v2/embed`: vLLM runs the inputs, then refuses the request).
+    pub refused_past: Option<i64>,
     /// The least output the client asked for (vLLM's `min_tokens`, 0 when not sent): a default
     /// limit is never below it where vLLM's own would not be.
     pub min_tokens: u64,
@@ -205,6 +208,7 @@ impl GenerationRequest {
             shared: None,
             echoed_prompt: None,
             truncate_to: None,
+            refused_past: None,
             min_tokens: 0,
             prompt_only: false,
             body,

@@ -92,6 +92,9 @@ pub enum Pooled {
     RerankV1,
     /// `POST /v2/rerank`: the same.
     RerankV2,
+    /// `POST /v2/embed`: Cohere's embed (`texts`, or `inputs` of content parts), as vLLM
+    /// serves it; its answer is Cohere's, its errors OpenAI's.
+    CohereEmbed,
 }
 
 impl Pooled {
@@ -105,6 +108,7 @@ impl Pooled {
             Pooled::Rerank => "/rerank",
             Pooled::RerankV1 => "/v1/rerank",
             Pooled::RerankV2 => "/v2/rerank",
+            Pooled::CohereEmbed => "/v2/embed",
         }
     }
 
@@ -114,6 +118,7 @@ impl Pooled {
             Pooled::Embeddings | Pooled::Pooling => PooledKind::Embed,
             Pooled::Score | Pooled::ScoreV1 => PooledKind::Score,
             Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2 => PooledKind::Rerank,
+            Pooled::CohereEmbed => PooledKind::CohereEmbed,
         }
     }
 }
@@ -127,6 +132,8 @@ pub enum PooledKind {
     Score,
     /// `query` and `documents`.
     Rerank,
+    /// Cohere's `texts` or `inputs`.
+    CohereEmbed,
 }
 
 /// A route of the main listener that the backends answer: generation, or pooling.
@@ -153,7 +160,7 @@ pub enum Route {
 
 impl Route {
     /// Every route the backends answer, in docs/reference.md's order.
-    pub const ALL: [Route; 18] = [
+    pub const ALL: [Route; 19] = [
         Route::OpenAi(Endpoint::Chat),
         Route::OpenAi(Endpoint::ChatBatch),
         Route::OpenAi(Endpoint::Completions),
@@ -172,6 +179,7 @@ impl Route {
         Route::Pooling(Pooled::Rerank),
         Route::Pooling(Pooled::RerankV1),
         Route::Pooling(Pooled::RerankV2),
+        Route::Pooling(Pooled::CohereEmbed),
     ];
 
     /// Whether it generates (the others pool: no output, nothing decoded).
@@ -231,6 +239,7 @@ impl Route {
     /// The format of its answers and errors.
     pub fn wire(self) -> Wire {
         match self {
+            Route::Pooling(Pooled::CohereEmbed) => Wire::Cohere,
             Route::OpenAi(_) | Route::Pooling(_) | Route::GenerativeScoring => Wire::OpenAi,
             Route::MindIe(Native::VllmGenerate) => Wire::VllmGenerate,
             Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => Wire::Triton,
@@ -276,6 +285,7 @@ impl Route {
             Route::Pooling(p) => Some(match p.kind() {
                 PooledKind::Embed => ("input", "inputs"),
                 PooledKind::Score | PooledKind::Rerank => ("documents", "queries and documents"),
+                PooledKind::CohereEmbed => ("texts", "texts"),
             }),
             Route::OpenAi(Endpoint::Chat)
             | Route::Messages
@@ -293,6 +303,7 @@ impl Route {
             Route::Pooling(Pooled::Rerank | Pooled::RerankV1 | Pooled::RerankV2)
             | Route::GenerativeScoring => "query",
             Route::OpenAi(Endpoint::Completions) | Route::MindIe(Native::VllmGenerate) => "prompt",
+            Route::Pooling(Pooled::CohereEmbed) => "texts",
             Route::MindIe(Native::TritonGenerate | Native::TritonGenerateStream) => "text_input",
             Route::MindIe(_) => "inputs",
         }

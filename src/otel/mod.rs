@@ -78,7 +78,7 @@ fn operation(route: Option<&Route>) -> &'static str {
         Some(Route::OpenAi(Endpoint::Completions) | Route::MindIe(_)) => "text_completion",
         Some(Route::GenerativeScoring) => "score",
         Some(Route::Pooling(p)) => match p.kind() {
-            PooledKind::Embed => "embeddings",
+            PooledKind::Embed | PooledKind::CohereEmbed => "embeddings",
             PooledKind::Score => "score",
             PooledKind::Rerank => "rerank",
         },

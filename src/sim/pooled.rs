@@ -1,6 +1,7 @@
 //! Room `sim`: the pooling routes of the simulated backend, as vLLM's pooling runner answers
 //! them: `/v1/embeddings` and `/pooling` (a vector per input), `/score` (a score per
-//! document) and `/rerank` (the documents by relevance). Bodies are read with the gateway's
+//! document), `/rerank` (the documents by relevance) and Cohere's `/v2/embed` (the vectors in
+//! each embedding type asked, the billed input tokens). Bodies are read with the gateway's
 //! own parser (the engine's lengths are checked after counting); each prompt is counted with
 //! the served tokenizer, cut at `truncate_prompt_tokens`, and the usage says their sum. A
 //! pooling request is answered at once: it does not take a place in the simulated engine,
@@ -71,12 +72,39 @@ pub fn answer(
             Ok((text, n))
         })
         .collect::<Result<_, ApiError>>()?;
+    // Cohere's `max_tokens` with `truncate: "NONE"`: vLLM runs the inputs, then refuses the
+    // first longer one.
+    let most = req.refused_past.map(i128::from);
+    if let Some((n, m)) =
+        (prompts.iter()).find_map(|(_, n)| most.filter(|m| i128::from(*n) > *m).map(|m| (n, m)))
+    {
+        return Err(ApiError::invalid(format!(
+            "Input of {n} tokens exceeds max_tokens={m} with truncate=NONE. Set truncate to END or START to allow truncation."
+        )));
+    }
     let tokens: u64 = prompts.iter().map(|(_, n)| n).sum();
     let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0});
     let model = &served_names[0];
     let created = super::wire::unix_now();
     let vectors: Vec<[f64; DIMENSIONS]> = prompts.iter().map(|(t, _)| vector(t)).collect();
     Ok(match pooled.kind() {
+        PooledKind::CohereEmbed => {
+            let types: Vec<&str> = match req.body.get("embedding_types") {
+                Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).collect(),
+                _ => vec!["float"],
+            };
+            let embeddings: serde_json::Map<String, Value> = (types.into_iter())
+                .map(|kind| (kind.to_string(), cohere_embeddings(kind, &vectors)))
+                .collect();
+            let mut answer = json!({"id": format!("embd-sim-{id}"), "embeddings": embeddings,
+                "meta": {"api_version": {"version": "2"},
+                    "billed_units": {"input_tokens": tokens, "image_tokens": 0}},
+                "response_type": "embeddings_by_type"});
+            if let Some(texts) = req.body.get("texts").filter(|t| !t.is_null()) {
+                answer["texts"] = texts.clone();
+            }
+            answer
+        }
         PooledKind::Embed => {
             let (prefix, object, field) = match pooled {
                 Pooled::Pooling => ("pool", "pooling", "data"),
@@ -114,6 +142,25 @@ pub fn answer(
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results})
         }
     })
+}
+
+/// `vectors` as Cohere's embedding type `kind`: the floats, each vector's signs packed eight to
+/// a byte (`binary` signed, `ubinary` not), or its little-endian `f32`s in base64.
+fn cohere_embeddings(kind: &str, vectors: &[[f64; DIMENSIONS]]) -> Value {
+    use base64::Engine as _;
+    let signs = |v: &[f64; DIMENSIONS]| {
+        (v.iter().enumerate()).fold(0u8, |b, (i, x)| b | (u8::from(*x > 0.0) << (7 - i)))
+    };
+    let each = |v: &[f64; DIMENSIONS]| match kind {
+        "binary" => json!([i16::from(signs(v)) - 128]),
+        "ubinary" => json!([signs(v)]),
+        "base64" => {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect();
+            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+        }
+        _ => json!(v),
+    };
+    Value::Array(vectors.iter().map(each).collect())
 }
 
 /// A prompt's text (token ids as their list) and its tokens, counted as vLLM counts them.

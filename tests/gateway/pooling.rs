@@ -1,5 +1,5 @@
-//! The pooling routes end to end: `/v1/embeddings`, `/pooling`, `/score` and
-//! `/rerank` go only to the backends declared `runner = "pooling"` (a simulated one here, which
+//! The pooling routes end to end: `/v1/embeddings`, `/pooling`, `/score`, `/rerank` and
+//! Cohere's `/v2/embed` go only to the backends declared `runner = "pooling"` (a simulated one here, which
 //! counts as vLLM's pooling runner does), are charged their prompts exactly and no decode, hold
 //! KV on the pooling backend alone while they run, and are refused, with nothing charged, when
 //! no pooling backend is declared, the input is bad or the backend fails.
@@ -144,6 +144,57 @@ async fn a_score_is_charged_its_texts_as_the_engine_cuts_each() {
     );
     assert_eq!(gw.bucket("bob", "prefill").await, 10_000.0);
     assert_eq!(pool.stats().requests, 1);
+}
+
+/// Cohere's embed (`/v2/embed`): each text, or each input's text parts as a user turn, is a
+/// prompt; the answer's billed input tokens settle; `max_tokens` cuts each prompt, or, with
+/// `truncate: "NONE"`, refuses a longer one before anything is charged or sent.
+#[tokio::test]
+async fn a_cohere_embed_is_charged_its_texts_and_refused_past_max_tokens_before_running() {
+    let (gw, _generate, pool) = two_backends().await;
+    let tok = tokenizer();
+    let texts = ["hello world", "What is the capital of France?"];
+    let body =
+        json!({"model": "qwen3.5-27b", "texts": texts, "embedding_types": ["float", "ubinary"]});
+    let r = post(&gw.url("/v2/embed"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let counted = texts.map(|t| tok.count(t) as u64).iter().sum::<u64>();
+    let answer = r.json();
+    assert_eq!(
+        (
+            &answer["meta"]["billed_units"]["input_tokens"],
+            answer["embeddings"]["float"].as_array().map(Vec::len),
+            answer["embeddings"]["ubinary"].as_array().map(Vec::len),
+            &answer["texts"],
+        ),
+        (&json!(counted), Some(2), Some(2), &json!(texts))
+    );
+    assert_alice_charged_prefill(&gw, counted).await;
+    // An input of text parts is one user turn; cut to 3 tokens at the start.
+    let input = json!({"model": "qwen3.5-27b", "inputs": [{"content": [
+        {"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]}],
+        "truncate": "START", "max_tokens": 3});
+    let r = post(&gw.url("/v2/embed"), "sk-bob", &input).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["meta"]["billed_units"]["input_tokens"], 3);
+    gw.wait_metric(r#"tokengate_prefill_tokens_total{tenant="bob"}"#, "3")
+        .await;
+    // Not cut, and longer than max_tokens: refused as vLLM refuses it once it has run them,
+    // here before anything is charged or sent.
+    let sent = pool.stats().requests;
+    let long = json!({"model": "qwen3.5-27b", "texts": texts, "truncate": "NONE", "max_tokens": 3});
+    let r = post(&gw.url("/v2/embed"), "sk-bob", &long).await;
+    let n = tok.count(texts[1]);
+    assert_eq!(
+        (r.status, &r.json()["error"]["message"], &r.json()["error"]["param"]),
+        (
+            400,
+            &json!(format!("Input of {n} tokens exceeds max_tokens=3 with truncate=NONE. Set truncate to END or START to allow truncation.")),
+            &json!("max_tokens")
+        )
+    );
+    assert_eq!(gw.bucket("bob", "prefill").await, 10_000.0 - 3.0);
+    assert_eq!(pool.stats().requests, sent);
 }
 
 #[tokio::test]
