@@ -15,7 +15,8 @@ is listed in KNOWN with its reason (docs/vllm-parity.md) and asserted to still b
     python tests/vllm/parity.py --gateway BINARY --vllm-url URL [--cases N] [--seed S] [--only NAME]
     python tests/vllm/parity.py --pooling --gateway BINARY --vllm-url URL [--cases N] [--seed S]
 
-`--pooling` runs the pooling routes' cases (`/v1/embeddings`, `/pooling`, `/score`, `/rerank`)
+`--pooling` runs the pooling routes' cases (`/v1/embeddings`, `/pooling`, `/score`, `/rerank`,
+`/v2/embed`)
 instead, against a vLLM serving the model with its pooling runner (scripts/vllm-serve --pooling),
 declared `runner = "pooling"` beside a simulated generator (`tokengate sim`).
 
@@ -1033,6 +1034,48 @@ def pooling_cases():
                                                    "emoji test \U0001f680\U0001f525 count"],
                 "max_tokens_per_query": 3, "max_tokens_per_doc": "5"}),
         ]
+    parts = {"content": [{"type": "text", "text": q}, {"type": "text", "text": "hello"}]}
+    out += [
+        p("texts", COHERE, {"texts": [q, "hello world", "  spaced\n\n"]}),
+        p("inputs of text parts", COHERE, {"inputs": [parts, {"content": []}]}),
+        p("cut at the end", COHERE, {"texts": [q, "hi"], "max_tokens": 3}),
+        p("cut at the start", COHERE, {"texts": [q], "truncate": "START", "max_tokens": 3}),
+        p("inputs cut", COHERE, {"inputs": [parts], "truncate": "END", "max_tokens": 4}),
+        p("max_tokens of -1", COHERE, {"texts": [q], "max_tokens": -1}),
+        p("max_tokens as a string", COHERE, {"texts": [q], "max_tokens": "3"}),
+        p("not cut, within max_tokens", COHERE, {"texts": [q], "truncate": "NONE",
+                                                  "max_tokens": 100}),
+        p("not cut, max_tokens past the context", COHERE, {
+            "texts": [q], "truncate": "NONE", "max_tokens": MAX_MODEL_LEN + 1}),
+        p("every embedding type", COHERE, {"texts": [q], "embedding_types": [
+            "float", "binary", "ubinary", "base64"]}),
+        p("input_type null, and a field Cohere does not have", COHERE, {
+            "texts": [q], "input_type": None, "padding": "max_length"}),
+        case("pooling /v2/embed: model left out", {"texts": [q]}, COHERE),
+        # Refused, by vLLM as by the gateway (the gateway before anything runs).
+        p("not cut, past max_tokens", COHERE, {"texts": ["hi", q], "truncate": "NONE",
+                                                "max_tokens": 3}),
+        p("not cut, max_tokens below 0", COHERE, {"texts": ["hi"], "truncate": "NONE",
+                                                   "max_tokens": -2}),
+        p("an input_type", COHERE, {"texts": [q], "input_type": "search_query"}),
+        p("texts and inputs", COHERE, {"texts": [q], "inputs": [parts]}),
+        p("no texts", COHERE, {"texts": []}),
+        p("nothing to embed", COHERE, {"images": None}),
+        p("a text that is a number", COHERE, {"texts": [5]}),
+        p("an empty text", COHERE, {"texts": [""]}),
+        p("max_tokens of 0", COHERE, {"texts": [q], "max_tokens": 0}),
+        p("max_tokens below -1", COHERE, {"texts": [q], "max_tokens": -2}),
+        p("max_tokens past the context", COHERE, {"texts": [q], "max_tokens": MAX_MODEL_LEN + 1}),
+        p("truncate in lower case", COHERE, {"texts": [q], "truncate": "end"}),
+        p("a text part without its text", COHERE, {"inputs": [{"content": [{"type": "text"}]}]}),
+        p("an embedding type Cohere does not have", COHERE, {"texts": [q],
+                                                              "embedding_types": ["half"]}),
+        p("output_dimension on a model without it", COHERE, {"texts": [q],
+                                                              "output_dimension": 8}),
+        p("past the context, not cut", COHERE, {"texts": ["hello " * (MAX_MODEL_LEN + 10)],
+                                                "truncate": "NONE"}),
+        p("an unknown model", COHERE, {"texts": [q], "model": "nope"}),
+    ]
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         out += [
             p("documents", path, {"query": q, "documents": docs}),
@@ -1073,6 +1116,7 @@ def generated_pooling_cases(n, seed):
 
 EMBEDDINGS = "/v1/embeddings"
 POOLING = "/pooling"
+COHERE = "/v2/embed"
 
 
 def generated_cases(n, seed):
@@ -1148,6 +1192,16 @@ KNOWN = {
 # Running.
 
 
+def answer_usage(answer):
+    """An answer's usage, in OpenAI's terms: its `usage`, or a Cohere embed answer's billed
+    input and image tokens."""
+    billed = (answer.get("meta") or {}).get("billed_units")
+    if "usage" not in answer and billed is not None:
+        return {"prompt_tokens": (billed.get("input_tokens") or 0)
+                + (billed.get("image_tokens") or 0), "completion_tokens": 0}
+    return as_openai_usage(answer.get("usage"))
+
+
 def vllm_usage(c, status, events_or_body):
     """vLLM's usage as the client received it, or None."""
     if status != 200:
@@ -1157,7 +1211,7 @@ def vllm_usage(c, status, events_or_body):
         usages += [e["response"]["usage"] for e in events_or_body if isinstance(e, dict)
                    and isinstance(e.get("response"), dict) and e["response"].get("usage")]
         return as_openai_usage(usages[-1]) if usages else None
-    return as_openai_usage(json.loads(events_or_body).get("usage"))
+    return answer_usage(json.loads(events_or_body))
 
 
 def run_case(c, gw_host, gw_port, vllm_url, index):
@@ -1199,8 +1253,7 @@ def run_case(c, gw_host, gw_port, vllm_url, index):
             direct.pop("stream_options", None)
         d_status, _, d_raw = post(f"{vllm_url}{c['path']}", direct)
         result["vllm_status"] = d_status
-        result["vllm_usage"] = (as_openai_usage(json.loads(d_raw).get("usage"))
-                                if d_status == 200 else None)
+        result["vllm_usage"] = answer_usage(json.loads(d_raw)) if d_status == 200 else None
     return result
 
 

@@ -10,7 +10,8 @@ runs in (`ChatCompletionRequest`, `CompletionRequest`, `ResponsesRequest`,
 for `/generative_scoring`; with `--pooling`, the pooling runner's:
 `EmbeddingCompletionRequest`, `EmbeddingChatRequest`, `EmbeddingBatchChatRequest`,
 `EmbeddingChatInputRequest`, `PoolingCompletionRequest`, `PoolingChatRequest`, the four
-`ScoreRequest` models and `RerankRequest`) and walks each field's type (`model_fields`: the
+`ScoreRequest` models and `RerankRequest`, and, drawn apart, `CohereEmbedRequest` for
+`/v2/embed`) and walks each field's type (`model_fields`: the
 annotation, its optionality, `Literal`s, nested models and typed dicts, `Field` bounds). A case is
 a valid body of the route (a chat of parity.py's material) with one to three fields set to a value
 drawn for that field's type: a valid one, one of the coercions pydantic's lax mode accepts
@@ -33,7 +34,7 @@ straight to vLLM. Compared:
   fields.
 
 With `--pooling` the cases go to `/v1/embeddings`, `/pooling`, `/score` (or `/v1/score`) and
-`/rerank` (or `/v1/rerank`, `/v2/rerank`) of a vLLM serving the model with its pooling runner
+`/rerank` (or `/v1/rerank`, `/v2/rerank`), then `/v2/embed`, of a vLLM serving the model with its pooling runner
 (scripts/vllm-serve --pooling), behind a gateway that declares it `runner = "pooling"` beside a
 simulated generator; a served body's counted prompt is compared with vLLM's usage (for an
 embedding's `bytes` encoding, the usage of its `metadata` header).
@@ -104,6 +105,9 @@ POOLING = "/pooling"
 SCORE = "/score"
 RERANK = "/rerank"
 POOLING_ROUTES = [(EMBEDDINGS, 40), (POOLING, 20), (SCORE, 20), (RERANK, 20)]
+# The pooling route the gateway took on after those, drawn apart as `LATER_ROUTES` are.
+COHERE = "/v2/embed"
+POOLING_LATER_ROUTES = [(COHERE, 1)]
 PATHS = {SCORE: ["/score", "/v1/score"], RERANK: ["/rerank", "/v1/rerank", "/v2/rerank"]}
 # The routes whose bodies may carry a conversation (OpenAI's messages, or Anthropic's).
 CONVERSATIONS = (CHAT, TOKENIZE, MESSAGES, COUNT_TOKENS, RESPONSES, EMBEDDINGS, POOLING, BATCH)
@@ -362,8 +366,12 @@ def engine_models():
             DETOKENIZE: [DetokenizeRequest]}
 
 
-def later_models():
-    """The request models of `LATER_ROUTES`: the batch of chats', generative scoring's."""
+def later_models(pooling):
+    """The request models of `LATER_ROUTES`: the batch of chats', generative scoring's; with
+    `pooling`, of `POOLING_LATER_ROUTES`: Cohere's embed."""
+    if pooling:
+        from vllm.entrypoints.pooling.embed.protocol import CohereEmbedRequest
+        return {COHERE: [CohereEmbedRequest]}
     from vllm.entrypoints.generate.generative_scoring.serving import GenerativeScoringRequest
     from vllm.entrypoints.openai.chat_completion.protocol import BatchChatCompletionRequest
     return {BATCH: [BatchChatCompletionRequest], SCORING: [GenerativeScoringRequest]}
@@ -447,6 +455,12 @@ def base_body(route, model, rng):
         return {"model": MODEL, "prompt": parity.random_text(rng)}
     if route in (EMBEDDINGS, POOLING):
         return pooling_body(model.__name__, messages, rng)
+    if route == COHERE:
+        texts = [parity.random_text(rng) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.3:
+            inputs = [{"content": [{"type": "text", "text": t}]} for t in texts]
+            return {"model": MODEL, "inputs": inputs}
+        return {"model": MODEL, "texts": texts}
     if route in (SCORE, RERANK):
         texts = [parity.random_text(rng) for _ in range(rng.randint(1, 3))]
         query = parity.random_text(rng)
@@ -922,8 +936,8 @@ def main():
     ap.add_argument("--vllm-url", required=True)
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--later-cases", type=int, default=600,
-                    help="cases of the later routes (the batch of chats, generative scoring), "
-                         "after the others (not with --pooling)")
+                    help="cases of the later routes (the batch of chats, generative scoring; "
+                         "with --pooling, Cohere's /v2/embed), after the others")
     ap.add_argument("--seed", type=int, default=46)
     ap.add_argument("--concurrency", type=int, default=3)
     ap.add_argument("--route", help="only this route's cases")
@@ -953,9 +967,10 @@ def main():
             cases.append(c)
     # The later routes, from a generator of their own: the cases above are a seed's as before.
     later_rng = random.Random(f"later {a.seed}")
-    later = {} if a.pooling else later_models()
-    for i in range(a.cases, a.cases + (0 if a.pooling else a.later_cases)):
-        route = later_rng.choices([r for r, _ in LATER_ROUTES], [w for _, w in LATER_ROUTES])[0]
+    later = later_models(a.pooling)
+    later_table = POOLING_LATER_ROUTES if a.pooling else LATER_ROUTES
+    for i in range(a.cases, a.cases + a.later_cases):
+        route = later_rng.choices([r for r, _ in later_table], [w for _, w in later_table])[0]
         c = make_case(i, route, later[route], later_rng, foreign)
         brake(c)
         if a.route in (None, route) and (a.only is None or i in a.only):
