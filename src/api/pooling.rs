@@ -193,14 +193,18 @@ fn cohere_input(i: usize, input: &Value) -> Result<Vec<Value>, Refusal> {
 }
 
 /// The cut of each prompt that `truncate` `END` or `START` makes: to `max_tokens`, or the
-/// context when it is left out, read as vLLM reads the `truncate_prompt_tokens` it becomes.
+/// context when it is left out, read as vLLM reads the `truncate_prompt_tokens` it becomes
+/// (refused naming `max_tokens`, which the client sent).
 fn cohere_cut(max_tokens: Option<i128>, max_model_len: u64) -> Result<Option<u64>, Refusal> {
+    let most = max_tokens.map_or(-1, |m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64);
     let mut cut = Map::new();
-    cut.insert(
-        "truncate_prompt_tokens".into(),
-        Value::from(max_tokens.map_or(-1, |m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64)),
-    );
-    truncation(&cut, false, max_model_len)
+    cut.insert("truncate_prompt_tokens".into(), Value::from(most));
+    truncation(&cut, false, max_model_len).map_err(|_| {
+        Refusal::invalid_param(
+            "max_tokens",
+            format!("`max_tokens` is {most}: with truncate END or START each input is cut to it, so it must be -1 (the context) or a whole number from 1 to the model's context length of {max_model_len} tokens"),
+        )
+    })
 }
 
 /// What metering reads of a Cohere embed answer: `meta.billed_units`, whose input and image
@@ -824,13 +828,15 @@ mod tests {
             param(json!({"texts": ["a"], "truncate": "end"})).as_deref(),
             Some("truncate")
         );
-        // `max_tokens` is the `truncate_prompt_tokens` of the cut: 0 and past the context are
-        // refused as vLLM refuses that.
+        // `max_tokens` is the `truncate_prompt_tokens` of the cut: 0, below -1 and past the
+        // context are refused as vLLM refuses that, naming what the client sent.
         for m in [0, -2, 1001] {
             assert_eq!(
-                param(json!({"texts": ["a"], "max_tokens": m})).as_deref(),
-                Some("truncate_prompt_tokens"),
-                "{m}"
+                refused(json!({"texts": ["a"], "max_tokens": m})),
+                (
+                    Some("max_tokens".to_string()),
+                    format!("`max_tokens` is {m}: with truncate END or START each input is cut to it, so it must be -1 (the context) or a whole number from 1 to the model's context length of 1000 tokens")
+                ),
             );
         }
     }
