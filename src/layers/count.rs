@@ -188,6 +188,18 @@ fn refuse_uncounted_cut(
     ))
 }
 
+/// A batch of chats' refusal of its conversation `i` while it was rendered or counted (the
+/// chat template's own, or its length's) names the conversation's place in the body:
+/// `messages[i][j]`, `messages[i]`, where the template names `messages[j]`, `messages`.
+fn of_conversation(route: Route, i: usize, mut e: ApiError) -> ApiError {
+    if route == Route::OpenAi(Endpoint::ChatBatch) {
+        if let Some(rest) = e.param.as_deref().and_then(|p| p.strip_prefix("messages")) {
+            e.param = Some(format!("messages[{i}]{rest}"));
+        }
+    }
+    e
+}
+
 /// Refuses a prompt of more tokens than the request allows each (Cohere's `max_tokens` with
 /// `truncate: "NONE"`), in vLLM's words: vLLM runs the inputs and then refuses, the gateway
 /// before anything is charged. A prompt counted only as at least so many tokens (past the
@@ -374,7 +386,7 @@ impl Counter {
             None => TokenCount::Exact(0),
         };
         let (mut counted_each, mut max_output) = (Vec::new(), u64::MAX);
-        for prompt in prompts {
+        for (i, prompt) in prompts.enumerate() {
             let prompt_tokens: u64 = counted_each.iter().sum();
             let burst_left = burst.saturating_sub(prompt_tokens);
             let ceiling = context.min(burst_left);
@@ -382,7 +394,8 @@ impl Counter {
             let counted = match shared {
                 TokenCount::Exact(joined) => {
                     let left = ceiling.saturating_sub(joined as u64);
-                    match self.count_prompt(&tenant.name, prompt, left).await? {
+                    let counted = self.count_prompt(&tenant.name, prompt, left).await;
+                    match counted.map_err(|e| of_conversation(route, i, e))? {
                         TokenCount::Exact(n) => TokenCount::of(
                             n + joined,
                             usize::try_from(ceiling).unwrap_or(usize::MAX),

@@ -636,6 +636,22 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
             ))
         )
     );
+    // The template's refusal of one conversation names its place in the batch.
+    let late_system = json!([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]);
+    let body = json!({"model": "qwen3.5-27b", "messages": [conversations[0], late_system], "max_tokens": 5});
+    let r = post(&gw.url("/v1/chat/completions/batch"), "sk-alice", &body).await;
+    assert_eq!(
+        (
+            r.status,
+            &r.json()["error"]["param"],
+            &r.json()["error"]["message"]
+        ),
+        (
+            400,
+            &json!("messages[1]"),
+            &json!("System message must be at the beginning.")
+        )
+    );
     let body = json!({"model": "qwen3.5-27b", "query": "Is it?", "items": five, "label_token_ids": [9707]});
     let r = post(&gw.url("/generative_scoring"), "sk-alice", &body).await;
     assert_eq!(
