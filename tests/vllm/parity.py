@@ -540,6 +540,8 @@ def batch_cases():
         case("batch: tool_choice auto", chat([[U]], tool_choice="auto"), BATCH),
         case("batch: one message, not a conversation", chat([U]), BATCH),
         case("batch: an empty conversation", chat([[U], []]), BATCH),
+        case("batch: a system message after a user's in a conversation",
+             chat([[U], [U, {"role": "system", "content": "Be terse."}]]), BATCH),
         case("batch: no conversation", chat([]), BATCH),
         case("batch: a model not served", chat([[U]], model="nope"), BATCH),
         case("batch: continue_final_message",
