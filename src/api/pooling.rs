@@ -863,4 +863,74 @@ mod tests {
             None
         );
     }
+
+    /// A value of the kinds a Cohere body's fields are sent as, valid or not.
+    fn cohere_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let word = prop::sample::select(vec![
+            "", "a", "hi there", "END", "START", "NONE", "text", "3",
+        ]);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (-3i64..40).prop_map(Value::from),
+            word.clone().prop_map(Value::from),
+        ];
+        let part = (
+            prop::sample::select(vec!["text", "text", "text", "image_url", "audio"]),
+            prop::option::of(word.clone()),
+        )
+            .prop_map(|(kind, text)| match text {
+                Some(text) => json!({"type": kind, "text": text}),
+                None => json!({"type": kind, "image_url": {"url": "x"}}),
+            });
+        let input = prop::collection::vec(part, 0..3).prop_map(|c| json!({"content": c}));
+        prop_oneof![
+            // A field's own shape: texts, inputs.
+            prop::collection::vec(word.prop_map(Value::from), 0..4).prop_map(Value::from),
+            prop::collection::vec(input, 0..3).prop_map(Value::from),
+            // Anything else.
+            leaf.prop_recursive(2, 8, 3, |inner| {
+                prop::collection::vec(inner, 0..3).prop_map(Value::from)
+            }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3_000))]
+
+        /// Whatever a Cohere body's fields hold, it is read without a panic: refused, or
+        /// served with a prompt for each text or each input, each cut or refused past as
+        /// `truncate` and `max_tokens` say.
+        #[test]
+        fn a_cohere_body_is_served_a_prompt_a_text_or_refused(
+            base in (proptest::sample::select(vec!["texts", "inputs"]), cohere_value()),
+            truncate in proptest::option::of(proptest::sample::select(vec!["END", "START", "NONE", "NONE", "end"])),
+            max_tokens in proptest::option::of(-3i64..40),
+            other in proptest::option::of((
+                proptest::sample::select(vec!["texts", "inputs", "images", "max_tokens", "input_type"]),
+                cohere_value(),
+            )),
+        ) {
+            let mut body = Map::new();
+            body.insert(base.0.to_string(), base.1);
+            if let Some(t) = truncate {
+                body.insert("truncate".into(), json!(t));
+            }
+            if let Some(m) = max_tokens {
+                body.insert("max_tokens".into(), json!(m));
+            }
+            if let Some((k, v)) = other {
+                body.insert(k.to_string(), v);
+            }
+            let body = Value::Object(body);
+            if let Ok(r) = parse(Pooled::CohereEmbed, body.clone()) {
+                let sent = body.get("texts").or(body.get("inputs")).and_then(Value::as_array);
+                proptest::prop_assert_eq!(Some(1 + r.batch.len()), sent.map(Vec::len), "{}", body);
+                let none = body.get("truncate") == Some(&json!("NONE"));
+                proptest::prop_assert!(r.truncate_to.is_none() == none, "{}", body);
+                proptest::prop_assert!(r.refused_past.is_none() || none, "{}", body);
+            }
+        }
+    }
 }
