@@ -640,8 +640,8 @@ pub struct NotAdmitted {
     pub tokens_at_least: bool,
     /// `admission.queue_deadline`: the `retry-after` of a 503.
     pub queue_deadline: Duration,
-    /// Its sequences as a refusal of their number names them, when known.
-    pub runs: Option<Runs>,
+    /// Its sequences, as a refusal of their number names them.
+    pub runs: Runs,
 }
 
 /// A request's sequences as a refusal of their number names them: its prompts, the choices of
@@ -658,11 +658,12 @@ pub struct Runs {
 }
 
 impl Runs {
-    /// `sequences` of a request to `route` (a request of the user's own code may have none).
-    pub fn of(sequences: &Sequences, route: Option<Route>) -> Self {
+    /// `sequences` of a request to `route`; a request without them (the user's own code's)
+    /// is one prompt of one choice, as admission counts it.
+    pub fn of(sequences: Option<&Sequences>, route: Option<Route>) -> Self {
         Self {
-            prompts: sequences.prompts.len() as u64,
-            choices: sequences.choices,
+            prompts: sequences.map_or(1, |s| s.prompts.len() as u64),
+            choices: sequences.map_or(1, |s| s.choices),
             listed: route.and_then(Route::prompts_listed),
         }
     }
@@ -674,29 +675,27 @@ impl Runs {
         let over = format!(
             "more than a {class} request may run at once on any backend (largest: {largest_batch})"
         );
-        let (member, many) = match self.listed {
-            Some((member, many)) => (Some(member), many),
-            None => (None, "prompts"),
-        };
+        let many = self.listed.map_or("prompts", |(_, many)| many);
         let prompts = self.prompts;
-        let e = match (prompts, self.choices) {
-            (0 | 1, _) => ApiError::exceeds_kv(format!(
-                "the request runs {sequences} sequences (`n` choices), {over}; lower n"
-            )),
-            (_, 1) => {
-                let e = ApiError::exceeds_kv(format!(
-                    "the request runs {sequences} sequences (its {prompts} {many}), {over}; send fewer {many}"
-                ));
-                return match member {
-                    Some(member) => e.with_param(member),
-                    None => e,
-                };
-            }
-            _ => ApiError::exceeds_kv(format!(
-                "the request runs {sequences} sequences (its {prompts} {many}, `n` choices of each), {over}; lower n or send fewer {many}"
-            )),
+        let (message, param) = match (prompts, self.choices) {
+            (0 | 1, _) => (
+                format!("the request runs {sequences} sequences (`n` choices), {over}; lower n"),
+                Some("n"),
+            ),
+            (_, 1) => (
+                format!("the request runs {sequences} sequences (its {prompts} {many}), {over}; send fewer {many}"),
+                self.listed.map(|(member, _)| member),
+            ),
+            _ => (
+                format!("the request runs {sequences} sequences (its {prompts} {many}, `n` choices of each), {over}; lower n or send fewer {many}"),
+                Some("n"),
+            ),
         };
-        e.with_param("n")
+        let e = ApiError::exceeds_kv(message);
+        match param {
+            Some(param) => e.with_param(param),
+            None => e,
+        }
     }
 }
 
@@ -713,13 +712,9 @@ impl From<NotAdmitted> for ApiError {
         } = refusal;
         let at_least = if tokens_at_least { "at least " } else { "" };
         match error {
-            AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => match runs {
-                Some(runs) => runs.too_many(sequences, largest_batch, class),
-                None => ApiError::exceeds_kv(format!(
-                    "the request runs {sequences} sequences (each prompt's `n` choices), more than a {class} request may run at once on any backend (largest: {largest_batch}); lower n or send fewer prompts"
-                ))
-                .with_param("n"),
-            },
+            AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => {
+                runs.too_many(sequences, largest_batch, class)
+            }
             AdmitError::NeverFits { bytes, largest_capacity, class, share_permille, .. } => {
                 let whole = if share_permille < ClassShares::FULL.permille(class) {
                     format!("the share a {class} request may hold of any backend (admission.{class}_share = {}; largest: {largest_capacity} bytes)", f64::from(share_permille) / 1000.0)
@@ -1233,57 +1228,82 @@ mod tests {
                 tokens: 300,
                 tokens_at_least: false,
                 queue_deadline: Duration::from_secs(10),
-                runs: Some(Runs::of(&sequences, route)),
+                runs: Runs::of(Some(&sequences), route),
             });
             assert_eq!(e.code, crate::error::ErrorCode::ExceedsKvCapacity);
             (e.param, e.message)
         };
-        let named = |param: &str, message: String| (Some(param.to_string()), message);
         let over = "more than a standard request may run at once on any backend (largest: 4)";
-        let batch = Some(Route::OpenAi(Endpoint::ChatBatch));
-        assert_eq!(
-            refusal(batch, 5, 1),
-            named(
-                "messages",
-                format!("the request runs 5 sequences (its 5 conversations), {over}; send fewer conversations")
-            )
+        let (batch, scoring) = (Route::OpenAi(Endpoint::ChatBatch), Route::GenerativeScoring);
+        let (completions, chat) = (
+            Route::OpenAi(Endpoint::Completions),
+            Route::OpenAi(Endpoint::Chat),
         );
-        assert_eq!(
-            refusal(Some(Route::GenerativeScoring), 6, 1),
-            named(
-                "items",
-                format!("the request runs 6 sequences (its 6 items), {over}; send fewer items")
-            )
-        );
-        let rerank = Some(Route::Pooling(Pooled::Rerank));
-        assert_eq!(refusal(rerank, 5, 1).0.as_deref(), Some("documents"));
-        // Several choices: `n` is named, whatever the prompts.
-        let completions = Some(Route::OpenAi(Endpoint::Completions));
-        assert_eq!(
-            refusal(completions, 3, 2),
-            named(
-                "n",
-                format!("the request runs 6 sequences (its 3 prompts, `n` choices of each), {over}; lower n or send fewer prompts")
-            )
-        );
-        let chat = Some(Route::OpenAi(Endpoint::Chat));
-        assert_eq!(
-            refusal(chat, 1, 5),
-            named(
-                "n",
-                format!("the request runs 5 sequences (`n` choices), {over}; lower n")
-            )
-        );
-        assert_eq!(refusal(completions, 1, 5), refusal(chat, 1, 5));
-        // Where the route is not known (a request of the user's own code), the prompts are
-        // prompts, and no member is named for them.
-        assert_eq!(
-            refusal(None, 5, 1),
+        // One choice of each prompt: the member listing them, counted; several choices: `n`,
+        // whatever the prompts; a route not known (the user's own code's): prompts, no member.
+        let cases = [
             (
-                None,
-                format!("the request runs 5 sequences (its 5 prompts), {over}; send fewer prompts")
-            )
-        );
+                Some(batch),
+                5,
+                1,
+                Some("messages"),
+                "(its 5 conversations)",
+                "send fewer conversations",
+            ),
+            (
+                Some(scoring),
+                5,
+                1,
+                Some("items"),
+                "(its 5 items)",
+                "send fewer items",
+            ),
+            (
+                Some(Route::Pooling(Pooled::Rerank)),
+                5,
+                1,
+                Some("documents"),
+                "(its 5 queries and documents)",
+                "send fewer queries and documents",
+            ),
+            (
+                Some(completions),
+                5,
+                1,
+                Some("prompt"),
+                "(its 5 prompts)",
+                "send fewer prompts",
+            ),
+            (
+                Some(completions),
+                3,
+                2,
+                Some("n"),
+                "(its 3 prompts, `n` choices of each)",
+                "lower n or send fewer prompts",
+            ),
+            (
+                Some(completions),
+                1,
+                5,
+                Some("n"),
+                "(`n` choices)",
+                "lower n",
+            ),
+            (Some(chat), 1, 5, Some("n"), "(`n` choices)", "lower n"),
+            (None, 5, 1, None, "(its 5 prompts)", "send fewer prompts"),
+        ];
+        for (route, prompts, choices, param, what, advice) in cases {
+            let sequences = prompts as u32 * choices;
+            assert_eq!(
+                refusal(route, prompts, choices),
+                (
+                    param.map(str::to_string),
+                    format!("the request runs {sequences} sequences {what}, {over}; {advice}")
+                ),
+                "{route:?} {prompts} {choices}"
+            );
+        }
     }
 
     #[test]
@@ -1295,7 +1315,7 @@ mod tests {
                 tokens: 300,
                 tokens_at_least,
                 queue_deadline: deadline,
-                runs: None,
+                runs: Runs::of(None, None),
             })
         };
         let refusal = |error| refusal_of(error, false);
@@ -1330,24 +1350,6 @@ mod tests {
         });
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.message, "the request's KV footprint (300 tokens of prompt + max output = 900 bytes) is larger than the share a sheddable request may hold of any backend (admission.sheddable_share = 0.5; largest: 400 bytes); lower max_tokens or shorten the prompt");
-        // More sequences than any batch: the 400 names `n`, whatever the bytes.
-        let e = refusal(AdmitError::NeverFits {
-            bytes: 900,
-            largest_capacity: 4000,
-            sequences: 5,
-            largest_batch: 4,
-            class: Priority::Standard,
-            share_permille: 1000,
-        });
-        assert_eq!(
-            (e.status, e.code, e.param.as_deref()),
-            (
-                StatusCode::BAD_REQUEST,
-                crate::error::ErrorCode::ExceedsKvCapacity,
-                Some("n")
-            )
-        );
-        assert_eq!(e.message, "the request runs 5 sequences (each prompt's `n` choices), more than a standard request may run at once on any backend (largest: 4); lower n or send fewer prompts");
         let e = refusal(AdmitError::DeadlineExceeded {
             waited: Duration::from_millis(10_000_400),
             deadline: Duration::from_secs(10),

@@ -1,9 +1,9 @@
 //! The pooling routes' bodies, as vLLM's pooling runner (`vllm serve --runner pooling`) takes
 //! them: `/v1/embeddings` and `/pooling` (`input`: texts or token ids, or `messages`),
 //! `/score` (`queries` and `documents`, or their older names), `/rerank` (`query` and
-//! `documents`) and Cohere's `/v2/embed` (`texts`, or `inputs` of text parts). Each text is a prompt of its own, run as one sequence and counted as vLLM
-//! tokenizes it: a text with the tokenizer alone, a conversation through the chat template
-//! without an assistant turn. A bi-encoder scores by embedding each query and each document
+//! `documents`) and Cohere's `/v2/embed` (`texts`, or `inputs` of text parts). Each text is a
+//! prompt of its own, run as one sequence and counted as vLLM tokenizes it: a text with the
+//! tokenizer alone, a conversation through the chat template without an assistant turn. A bi-encoder scores by embedding each query and each document
 //! once, so a score's prompts are its queries and then its documents. Nothing is generated.
 
 use super::openai::{parse_chat_prompt, parse_prompts, refuse_negative_priority, truncation};
@@ -72,8 +72,8 @@ fn cohere_embed(
         Some(Value::Array(items)) => Ok(Some(items)),
         Some(other) => Err(wrong_type(key, "a list", other)),
     };
-    let (texts, images, inputs) = (list("texts")?, list("images")?, list("inputs")?);
-    let texts = (texts.into_iter().flatten().enumerate())
+    let (texts_sent, images, inputs_sent) = (list("texts")?, list("images")?, list("inputs")?);
+    let texts = (texts_sent.into_iter().flatten().enumerate())
         .map(|(i, t)| match t {
             Value::String(s) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
             Value::String(_) => Err(Refusal::invalid_param(
@@ -83,18 +83,16 @@ fn cohere_embed(
             other => Err(wrong_type(&format!("texts[{i}]"), "a string", other)),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let parts = (inputs.into_iter().flatten().enumerate())
+    let parts = (inputs_sent.into_iter().flatten().enumerate())
         .map(|(i, input)| cohere_input(i, input))
         .collect::<Result<Vec<_>, _>>()?;
-    let given = [
-        (!texts.is_empty(), body.get("texts")),
-        (images.is_some_and(|i| !i.is_empty()), body.get("images")),
-        (!parts.is_empty(), body.get("inputs")),
+    let sent = [
+        texts_sent.is_some(),
+        images.is_some(),
+        inputs_sent.is_some(),
     ];
-    let sent = given
-        .iter()
-        .filter(|(_, v)| v.is_some_and(|v| !v.is_null()));
-    if sent.count() != 1 || given.iter().all(|(full, _)| !full) {
+    let full = !texts.is_empty() || !parts.is_empty() || images.is_some_and(|i| !i.is_empty());
+    if sent.iter().filter(|s| **s).count() != 1 || !full {
         return Err(Refusal::invalid(
             "Exactly one of texts, images, or inputs must be provided, and it must be non-empty",
         ));
@@ -115,25 +113,28 @@ fn cohere_embed(
         }
         Some(other) => return Err(wrong_type("input_type", "a string", other)),
     }
+    // Any spelling pydantic reads as a whole number, held within 64 bits (a bound past the
+    // context either way).
     let max_tokens = match body.get("max_tokens") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(lax_int(v).ok_or_else(|| wrong_type("max_tokens", "an integer", v))?),
+        Some(v) => match lax_int(v) {
+            Some(m) => Some(m.clamp(i64::MIN.into(), i64::MAX.into()) as i64),
+            None => return Err(wrong_type("max_tokens", "an integer", v)),
+        },
     };
-    let (truncate_to, refused_past) = match body.get("truncate") {
-        Some(Value::String(t)) if t == "NONE" => {
-            let most = max_tokens.map(|m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64);
-            (None, most)
-        }
-        None => (cohere_cut(max_tokens, limits.max_model_len)?, None),
-        Some(Value::String(t)) if t == "END" || t == "START" => {
-            (cohere_cut(max_tokens, limits.max_model_len)?, None)
-        }
+    let truncate = match body.get("truncate") {
+        None => "END",
+        Some(Value::String(t)) if ["NONE", "START", "END"].contains(&t.as_str()) => t.as_str(),
         Some(other) => {
             return Err(Refusal::invalid_param(
                 "truncate",
                 format!("`truncate` must be \"NONE\", \"START\" or \"END\", got {other}"),
             ))
         }
+    };
+    let (truncate_to, refused_past) = match truncate {
+        "NONE" => (None, max_tokens),
+        _ => (cohere_cut(max_tokens, limits.max_model_len)?, None),
     };
     let mut prompts = match parts.is_empty() {
         true => texts,
@@ -195,8 +196,8 @@ fn cohere_input(i: usize, input: &Value) -> Result<Vec<Value>, Refusal> {
 /// The cut of each prompt that `truncate` `END` or `START` makes: to `max_tokens`, or the
 /// context when it is left out, read as vLLM reads the `truncate_prompt_tokens` it becomes
 /// (refused naming `max_tokens`, which the client sent).
-fn cohere_cut(max_tokens: Option<i128>, max_model_len: u64) -> Result<Option<u64>, Refusal> {
-    let most = max_tokens.map_or(-1, |m| m.clamp(i64::MIN.into(), i64::MAX.into()) as i64);
+fn cohere_cut(max_tokens: Option<i64>, max_model_len: u64) -> Result<Option<u64>, Refusal> {
+    let most = max_tokens.unwrap_or(-1);
     let mut cut = Map::new();
     cut.insert("truncate_prompt_tokens".into(), Value::from(most));
     truncation(&cut, false, max_model_len).map_err(|_| {

@@ -224,6 +224,18 @@ impl GenerationRequest {
         u64::from(self.choices) * (1 + self.batch.len() as u64)
     }
 
+    /// Refuses a prompt of `tokens` past [`refused_past`](Self::refused_past), in vLLM's
+    /// words.
+    pub fn refuse_past(&self, tokens: u64) -> Result<(), Refusal> {
+        match self.refused_past {
+            Some(most) if i128::from(tokens) > i128::from(most) => Err(Refusal::invalid_param(
+                "max_tokens",
+                format!("Input of {tokens} tokens exceeds max_tokens={most} with truncate=NONE. Set truncate to END or START to allow truncation."),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Drops from `body` every member the rewrite does not read, once the checks that read
     /// the body are done: the bytes (`raw`) still carry them to the backend as the client
     /// wrote them, and a request waiting for its turn holds those bytes, not a parsed copy of

@@ -102,7 +102,7 @@ where
                     tokens,
                     tokens_at_least: false,
                     queue_deadline: shared.admission.queue_deadline(),
-                    runs: sequences.map(|s| Runs::of(s, route)),
+                    runs: Runs::of(sequences, route),
                 }
             })?;
             if slot.with(|ticket| ticket.admit(lease)).is_none() {
@@ -204,45 +204,6 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn more_sequences_than_a_batch_are_refused_naming_what_the_route_lists_them_in() {
-        let (limiter, admission) = (limiter(), admission());
-        let svc = ServiceBuilder::new()
-            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
-            .layer(AdmitLayer::new(admission.clone(), BYTES, None))
-            .service_fn(leased);
-        // Five prompts of one choice each to a batch of four.
-        let refused = |route: Option<Route>| {
-            let mut req = request(cost(5, 5));
-            req.extensions_mut().insert(Sequences {
-                prompts: vec![1; 5],
-                choices: 1,
-            });
-            if let Some(route) = route {
-                req.extensions_mut().insert(route);
-            }
-            svc.clone().oneshot(req)
-        };
-        let over = "more than a standard request may run at once on any backend (largest: 4)";
-        let completions = Route::OpenAi(crate::api::Endpoint::Completions);
-        let e = refused(Some(completions)).await.expect_err("too many");
-        assert_eq!(
-            (e.status, e.param.as_deref(), e.message.as_str()),
-            (
-                StatusCode::BAD_REQUEST,
-                Some("prompt"),
-                format!("the request runs 5 sequences (its 5 prompts), {over}; send fewer prompts")
-                    .as_str()
-            )
-        );
-        // Without a route (a service of the user's own), no member is named.
-        let e = refused(None).await.expect_err("too many");
-        assert_eq!(e.param, None);
-        // Nothing stays charged or reserved.
-        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
-        assert_eq!(reserved(&admission), 0);
-    }
-
     #[test]
     fn a_prompts_choices_share_its_whole_blocks_only_when_the_backend_caches_prefixes() {
         let apart = KvGeometry {
@@ -327,6 +288,31 @@ mod tests {
             e.message,
             "the request's KV footprint (1001 tokens of prompt + max output = 1001 bytes) is larger than the KV capacity of every backend (largest: 1000 bytes); lower max_tokens or shorten the prompt"
         );
+        assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
+        // Five prompts of one choice each, more than a batch of four: named as the route lists
+        // them; without a route (a service of the user's own), no member is named.
+        let too_many = |route: Option<Route>| {
+            let mut req = request(cost(5, 5));
+            req.extensions_mut().insert(Sequences {
+                prompts: vec![1; 5],
+                choices: 1,
+            });
+            if let Some(route) = route {
+                req.extensions_mut().insert(route);
+            }
+            svc.clone().oneshot(req)
+        };
+        let completions = Route::OpenAi(crate::api::Endpoint::Completions);
+        let e = too_many(Some(completions)).await.expect_err("too many");
+        assert_eq!(
+            (e.status, e.param.as_deref(), e.message.as_str()),
+            (
+                StatusCode::BAD_REQUEST,
+                Some("prompt"),
+                "the request runs 5 sequences (its 5 prompts), more than a standard request may run at once on any backend (largest: 4); send fewer prompts"
+            )
+        );
+        assert_eq!(too_many(None).await.expect_err("too many").param, None);
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         let held = admission
             .admit(

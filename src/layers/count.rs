@@ -200,22 +200,6 @@ fn of_conversation(route: Route, i: usize, mut e: ApiError) -> ApiError {
     e
 }
 
-/// Refuses a prompt of more tokens than the request allows each (Cohere's `max_tokens` with
-/// `truncate: "NONE"`), in vLLM's words: vLLM runs the inputs and then refuses, the gateway
-/// before anything is charged. A prompt counted only as at least so many tokens (past the
-/// context or the burst) is refused for that.
-fn refuse_past(req: &GenerationRequest, counted: TokenCount) -> Result<(), ApiError> {
-    match (req.refused_past, counted) {
-        (Some(most), TokenCount::Exact(n)) if n as i128 > i128::from(most) => {
-            Err(ApiError::invalid_param(
-                "max_tokens",
-                format!("Input of {n} tokens exceeds max_tokens={most} with truncate=NONE. Set truncate to END or START to allow truncation."),
-            ))
-        }
-        _ => Ok(()),
-    }
-}
-
 /// Refuses a body that sets one of [`ENGINE_CONTROLS`] (null is not setting it).
 fn refuse_engine_controls(
     body: &serde_json::Map<String, serde_json::Value>,
@@ -267,7 +251,7 @@ impl Counter {
             tokens: cost.prefill + cost.decode,
             tokens_at_least: at_least,
             queue_deadline: kv.admission.queue_deadline(),
-            runs: Some(Runs::of(runs, Some(route))),
+            runs: Runs::of(Some(runs), Some(route)),
         };
         Some(refusal.into())
     }
@@ -413,7 +397,12 @@ impl Counter {
                 }
                 (counted, _) => counted,
             };
-            refuse_past(&parsed, counted)?;
+            // Cohere's `max_tokens` with `truncate: "NONE"`: vLLM runs the inputs and then
+            // refuses, the gateway before anything is charged (a prompt counted only as at
+            // least so many tokens is refused for the context or the burst).
+            if let TokenCount::Exact(n) = counted {
+                parsed.refuse_past(n as u64)?;
+            }
             max_output = max_output.min(self.output_budget(&parsed, counted)?);
             match counted {
                 TokenCount::Exact(n) => counted_each.push(n as u64),

@@ -74,13 +74,8 @@ pub fn answer(
         .collect::<Result<_, ApiError>>()?;
     // Cohere's `max_tokens` with `truncate: "NONE"`: vLLM runs the inputs, then refuses the
     // first longer one.
-    let most = req.refused_past.map(i128::from);
-    if let Some((n, m)) =
-        (prompts.iter()).find_map(|(_, n)| most.filter(|m| i128::from(*n) > *m).map(|m| (n, m)))
-    {
-        return Err(ApiError::invalid(format!(
-            "Input of {n} tokens exceeds max_tokens={m} with truncate=NONE. Set truncate to END or START to allow truncation."
-        )));
+    for (_, n) in &prompts {
+        req.refuse_past(*n)?;
     }
     let tokens: u64 = prompts.iter().map(|(_, n)| n).sum();
     let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0});
