@@ -11,8 +11,8 @@ for `/generative_scoring`; with `--pooling`, the pooling runner's:
 `EmbeddingCompletionRequest`, `EmbeddingChatRequest`, `EmbeddingBatchChatRequest`,
 `EmbeddingChatInputRequest`, `PoolingCompletionRequest`, `PoolingChatRequest`, the four
 `ScoreRequest` models and `RerankRequest`, and, drawn apart, `CohereEmbedRequest` for
-`/v2/embed`) and walks each field's type (`model_fields`: the
-annotation, its optionality, `Literal`s, nested models and typed dicts, `Field` bounds). A case is
+`/v2/embed`) and walks each field's type (`model_fields`: the annotation, its optionality,
+`Literal`s, nested models and typed dicts, `Field` bounds). A case is
 a valid body of the route (a chat of parity.py's material) with one to three fields set to a value
 drawn for that field's type: a valid one, one of the coercions pydantic's lax mode accepts
 (numbers and booleans as strings, whole floats for integers, `1`/`0` for booleans), a boundary
@@ -34,9 +34,9 @@ straight to vLLM. Compared:
   fields.
 
 With `--pooling` the cases go to `/v1/embeddings`, `/pooling`, `/score` (or `/v1/score`) and
-`/rerank` (or `/v1/rerank`, `/v2/rerank`), then `/v2/embed`, of a vLLM serving the model with its pooling runner
-(scripts/vllm-serve --pooling), behind a gateway that declares it `runner = "pooling"` beside a
-simulated generator; a served body's counted prompt is compared with vLLM's usage (for an
+`/rerank` (or `/v1/rerank`, `/v2/rerank`), then `/v2/embed`, of a vLLM serving the model with
+its pooling runner (scripts/vllm-serve --pooling), behind a gateway that declares it
+`runner = "pooling"` beside a simulated generator; a served body's counted prompt is compared with vLLM's usage (for an
 embedding's `bytes` encoding, the usage of its `metadata` header).
 
 A body whose output could be long is braked: `stop` strings ("e", "a", " ", "\\n") end a random
