@@ -668,12 +668,23 @@ impl Runs {
         }
     }
 
-    /// The refusal of `sequences` of them where a backend runs at most `largest_batch` of a
-    /// `class` request at once: naming `n` when a prompt has several choices, else the member
-    /// listing the prompts (none when the route is not known).
-    fn too_many(self, sequences: u32, largest_batch: u32, class: Priority) -> ApiError {
+    /// The refusal of these sequences where a backend runs at most `largest_batch` of a `class`
+    /// request at once, `share_permille` of its batch (more than a whole batch run in turns,
+    /// so only a class with a share of less than the whole is refused them): naming `n` when a
+    /// prompt has several choices, else the member listing the prompts (none when the route
+    /// is not known).
+    fn too_many(self, largest_batch: u32, class: Priority, share_permille: u32) -> ApiError {
+        let sequences = self.prompts.saturating_mul(u64::from(self.choices));
+        let share = if share_permille < ClassShares::FULL.permille(class) {
+            format!(
+                " (admission.{class}_share = {}; more sequences than a backend's whole batch run in turns only in a class that may hold all of it)",
+                f64::from(share_permille) / 1000.0
+            )
+        } else {
+            String::new()
+        };
         let over = format!(
-            "more than a {class} request may run at once on any backend (largest: {largest_batch})"
+            "more than a {class} request may run at once on any backend (largest: {largest_batch}){share}"
         );
         let many = self.listed.map_or("prompts", |(_, many)| many);
         let prompts = self.prompts;
@@ -712,8 +723,8 @@ impl From<NotAdmitted> for ApiError {
         } = refusal;
         let at_least = if tokens_at_least { "at least " } else { "" };
         match error {
-            AdmitError::NeverFits { sequences, largest_batch, class, .. } if sequences > largest_batch => {
-                runs.too_many(sequences, largest_batch, class)
+            AdmitError::NeverFits { sequences, largest_batch, class, share_permille, .. } if sequences > largest_batch => {
+                runs.too_many(largest_batch, class, share_permille)
             }
             AdmitError::NeverFits { bytes, largest_capacity, class, share_permille, .. } => {
                 let whole = if share_permille < ClassShares::FULL.permille(class) {

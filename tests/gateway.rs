@@ -2322,11 +2322,14 @@ async fn a_request_that_could_never_be_admitted_is_a_400_before_any_retry_advice
         gw.bucket("alice", "requests").await,
     );
     assert_eq!(before.1, 400.0);
-    // 33 choices of 20 tokens: more than the 400 decode tokens left (a 429 for a request that
-    // could run later), but also more sequences than the backend's batch of 32 ever runs.
+    // 33 choices of 20 tokens, lowered to sheddable: more than the 400 decode tokens left (a
+    // 429 for a request that could run later), but also more sequences than the half of the
+    // backend's batch of 32 a sheddable request may hold (more than a whole batch run in turns
+    // only in a class that may hold all of it).
     let mut body = chat("a", 20, false);
     body["n"] = json!(33);
-    let r = post(&url, "sk-alice", &body).await;
+    let sheddable = |body| post_as(&url, "sk-alice", "sheddable", body);
+    let r = sheddable(&body).await;
     assert_eq!(
         (r.status, r.code()),
         (400, "exceeds_kv_capacity".to_owned()),
@@ -2339,7 +2342,7 @@ async fn a_request_that_could_never_be_admitted_is_a_400_before_any_retry_advice
     gw.clock.advance(Duration::from_secs(10));
     let full = gw.bucket("alice", "decode").await;
     assert_eq!(full, 1000.0);
-    let r = post(&url, "sk-alice", &body).await;
+    let r = sheddable(&body).await;
     assert_eq!(
         (r.status, r.code()),
         (400, "exceeds_kv_capacity".to_owned())

@@ -207,6 +207,31 @@ struct State {
     replica: Option<ledger_store::ReplicaState>,
 }
 
+impl State {
+    /// `need` as a backend runs it. A request of more sequences than a backend's whole batch
+    /// (a long list of prompts, texts or documents) runs in turns there: the engine schedules
+    /// each prompt and choice as a request of its own, runs a batch of them, and starts the
+    /// next as one ends. So it holds the whole batch of the backend with the largest, and the
+    /// KV of every sequence: nothing it runs can grow past what it holds, and nothing else is
+    /// admitted there beside it until it ends. Only a class that may hold the whole batch can
+    /// hold it: in another, such a request never fits. Backends whose batch is not known yet
+    /// are left out; with none known, `need` is as it was. The need is taken once, when the
+    /// request arrives, and its lease gives back exactly that, whatever a reload changes.
+    fn in_turns(&self, need: Need) -> Need {
+        let largest = (self.ledgers.iter())
+            .filter(|l| !l.is_pending())
+            .map(KvLedger::max_batch)
+            .max();
+        match largest {
+            Some(batch) if batch > 0 && need.sequences > batch => Need {
+                sequences: batch,
+                ..need
+            },
+            _ => need,
+        }
+    }
+}
+
 struct Shared {
     names: Vec<String>,
     /// Per backend: `None` when its geometry is the lane's configured one; for a backend that
@@ -437,6 +462,7 @@ impl Admission {
     /// requests are told this before they are charged.
     pub fn never_fits(&self, class: Priority, need: Need) -> Option<AdmitError> {
         let state = self.shared.state();
+        let need = state.in_turns(need);
         let largest = queue::never_fits(&state.ledgers, class, need)?;
         Some(never_fits_error(&self.shared, class, need, largest))
     }
@@ -521,6 +547,7 @@ impl Admission {
     /// Admits a request of class `class` from `tenant` needing `need`: at once if it fits and
     /// nobody of its class or higher waits, otherwise after waiting in the fair queue, up to the
     /// queue deadline. Dropping the returned future while it waits leaves the queue at once.
+    /// More sequences than any backend's batch run in turns, holding the largest batch.
     pub async fn admit(
         &self,
         tenant: &str,
@@ -541,6 +568,7 @@ impl Admission {
     ) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
+        let need = self.shared.state().in_turns(need);
         let req = Request {
             tenant,
             class,
@@ -883,6 +911,65 @@ mod tests {
             shared_prompt_blocks: false,
             lookahead_tokens: 0,
         }
+    }
+
+    #[tokio::test]
+    async fn more_sequences_than_any_batch_hold_the_largest_batch_and_others_wait_for_a_slot() {
+        let adm = admission(
+            vec![backend("small", 1000, 4), backend("large", 1000, 8)],
+            4,
+        );
+        let many = |sequences| Need {
+            sequences,
+            ..need(100)
+        };
+        // 20 sequences run in turns: they hold the largest batch, on the backend that has it.
+        assert_eq!(adm.never_fits(Standard, many(20)), None);
+        let turns = adm.admit("t", Standard, many(20)).await.expect("in turns");
+        assert_eq!(turns.backend_name(), "large");
+        let inflight = |adm: &Admission| {
+            adm.snapshot()
+                .backends
+                .iter()
+                .map(|b| b.inflight)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(inflight(&adm), [0, 8]);
+        // Six fit the large batch only, whole: they wait for it, although the small is idle.
+        let waiter = {
+            let adm = adm.clone();
+            tokio::spawn(async move {
+                adm.admit("u", Standard, many(6))
+                    .await
+                    .map(|l| (l.backend_name().to_owned(), l))
+            })
+        };
+        until_queued(&adm, 1).await;
+        // A reload that shrinks the large batch: the lease gives back exactly what it took.
+        adm.resize(&[(1000, 4), (1000, 6)]);
+        drop(turns);
+        let (name, six) = waiter.await.expect("ran").expect("granted");
+        assert_eq!((name.as_str(), inflight(&adm)), ("large", vec![0, 6]));
+        drop(six);
+        assert_eq!(inflight(&adm), [0, 0]);
+        // In a class that may hold half a batch, more than a whole batch never fits.
+        let halved = Admission::new(
+            vec![backend("b", 1000, 8)],
+            QueueSpec {
+                max_waiting: 4,
+                deadline: Duration::from_secs(10),
+                shares: ClassShares::new(500, 500),
+            },
+        );
+        assert!(matches!(
+            halved.never_fits(Standard, many(20)),
+            Some(AdmitError::NeverFits {
+                sequences: 8,
+                largest_batch: 4,
+                ..
+            })
+        ));
+        assert_eq!(halved.never_fits(Priority::Critical, many(20)), None);
     }
 
     #[tokio::test]

@@ -147,6 +147,11 @@ mod tests {
 
     /// One backend of 1,000 bytes and `max_batch` sequences; nobody waits.
     fn admission_of(max_batch: u32) -> Admission {
+        admission_sharing(max_batch, ClassShares::FULL)
+    }
+
+    /// [`admission_of`] whose classes may hold `shares` of it.
+    fn admission_sharing(max_batch: u32, shares: ClassShares) -> Admission {
         Admission::new(
             vec![BackendSpec {
                 name: "b".to_string(),
@@ -157,7 +162,7 @@ mod tests {
             QueueSpec {
                 max_waiting: 0,
                 deadline: Duration::from_secs(7),
-                shares: ClassShares::FULL,
+                shares,
             },
         )
     }
@@ -266,6 +271,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn more_sequences_than_the_batch_run_in_turns_holding_the_whole_batch_and_all_their_kv() {
+        let (limiter, admission) = (limiter(), admission_of(4));
+        let seen = admission.clone();
+        let svc = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter, AsAuthenticated, None))
+            .layer(AdmitLayer::new(admission.clone(), BYTES, None))
+            .service_fn(move |req| {
+                // While it runs: the whole batch, and every prompt's KV with its output.
+                let backend = &seen.snapshot().backends[0];
+                let held = (backend.inflight, backend.kv_reserved_bytes);
+                async move {
+                    assert_eq!(held, (4, 6 * 30 + 6 * 10));
+                    leased(req).await
+                }
+            });
+        // Six prompts of 30 tokens, 60 output tokens: 10 each.
+        let mut req = request(cost(180, 60));
+        req.extensions_mut().insert(Sequences {
+            prompts: vec![30; 6],
+            choices: 1,
+        });
+        let resp = svc.oneshot(req).await.expect("run in turns");
+        let body = resp.into_body().collect().await.expect("in memory");
+        assert_eq!(body.to_bytes(), "240");
+        let backend = &admission.snapshot().backends[0];
+        assert_eq!((backend.inflight, backend.kv_reserved_bytes), (0, 0));
+    }
+
+    #[tokio::test]
     async fn a_refusal_gives_back_the_charge_never_fits_is_400_a_full_queue_503() {
         let (limiter, admission) = (limiter(), admission());
         let svc = ServiceBuilder::new()
@@ -289,8 +323,17 @@ mod tests {
             "the request's KV footprint (1001 tokens of prompt + max output = 1001 bytes) is larger than the KV capacity of every backend (largest: 1000 bytes); lower max_tokens or shorten the prompt"
         );
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
-        // Five prompts of one choice each, more than a batch of four: named as the route lists
-        // them; without a route (a service of the user's own), no member is named.
+        // Five prompts of one choice each, more than a batch of four, in a class that may hold
+        // half of it: named as the route lists them; without a route (a service of the user's
+        // own), no member is named.
+        let halved = ServiceBuilder::new()
+            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
+            .layer(AdmitLayer::new(
+                admission_sharing(4, ClassShares::new(500, 500)),
+                BYTES,
+                None,
+            ))
+            .service_fn(leased);
         let too_many = |route: Option<Route>| {
             let mut req = request(cost(5, 5));
             req.extensions_mut().insert(Sequences {
@@ -300,7 +343,7 @@ mod tests {
             if let Some(route) = route {
                 req.extensions_mut().insert(route);
             }
-            svc.clone().oneshot(req)
+            halved.clone().oneshot(req)
         };
         let completions = Route::OpenAi(crate::api::Endpoint::Completions);
         let e = too_many(Some(completions)).await.expect_err("too many");
@@ -309,7 +352,7 @@ mod tests {
             (
                 StatusCode::BAD_REQUEST,
                 Some("prompt"),
-                "the request runs 5 sequences (its 5 prompts), more than a standard request may run at once on any backend (largest: 4); send fewer prompts"
+                "the request runs 5 sequences (its 5 prompts), more than a standard request may run at once on any backend (largest: 2) (admission.standard_share = 0.5; more sequences than a backend's whole batch run in turns only in a class that may hold all of it); send fewer prompts"
             )
         );
         assert_eq!(too_many(None).await.expect_err("too many").param, None);

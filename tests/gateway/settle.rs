@@ -547,16 +547,39 @@ async fn n_choices_are_reserved_admitted_and_metered_as_n_sequences() {
     assert_eq!(sim.stats().max_tokens, [Some(10), Some(5)]);
     assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
     assert_eq!(gw.kv_reserved(0).await, 0);
-    // Five choices on a batch of four: never, whatever the bytes.
+    // Five choices on a batch of four: the engine runs them in turns, the request holding
+    // the whole batch while it runs.
     body["n"] = json!(5);
     let r = gw.chat("sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let choices: std::collections::BTreeSet<u64> = sse_data(&r.body)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["index"].as_u64())
+        .collect();
+    assert_eq!(choices.len(), 5);
+    gw.wait_metric(
+        "tokengate_requests_total{tenant=\"alice\",outcome=\"ok\"}",
+        "3",
+    )
+    .await;
+    assert_eq!(gw.kv_reserved(0).await, 0);
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0 - 25.0);
+    // A sheddable request may hold half the batch: never, whatever the bytes.
+    let r = post_as(
+        &gw.url("/v1/chat/completions"),
+        "sk-alice",
+        "sheddable",
+        &body,
+    )
+    .await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
     assert_eq!(r.json()["error"]["param"], "n");
     assert_eq!(
         r.json()["error"]["message"],
-        "the request runs 5 sequences (`n` choices), more than a standard request may run at once on any backend (largest: 4); lower n"
+        "the request runs 5 sequences (`n` choices), more than a sheddable request may run at once on any backend (largest: 2) (admission.sheddable_share = 0.5; more sequences than a backend's whole batch run in turns only in a class that may hold all of it); lower n"
     );
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0);
+    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 40.0 - 25.0);
 }
 
 /// A list of prompts to `/v1/completions`: each prompt counted and charged, every
@@ -601,17 +624,27 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
     );
     assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0 - total as f64);
     assert_eq!(sim.stats().max_tokens, [Some(5)]);
-    // Three prompts of two choices: six sequences, more than the batch of four.
+    // Three prompts of two choices: six sequences, more than the batch of four. The engine
+    // runs them in turns: admitted holding the whole batch, and served.
     let body = json!({"model": "qwen3.5-27b", "prompt": ["a", "b", "c"], "max_tokens": 5, "n": 2});
     let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"].as_array().unwrap().len(), 6);
+    let mut served = vec![r.json()["usage"].clone()];
+    // Lowered to sheddable (half the batch may be held), they are refused: `n`, or, with one
+    // choice of each prompt, the prompts are what to lower, and the refusal says so; so for
+    // five conversations in a batch of chats, and five items to score.
+    let sheddable = |path: &str, body: Value| {
+        let url = gw.url(path);
+        async move { post_as(&url, "sk-alice", "sheddable", &body).await }
+    };
+    let r = sheddable("/v1/completions", body).await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
     assert_eq!(r.json()["error"]["param"], "n");
-    // Five prompts of one choice: the prompts are what to lower, and the refusal says so; so
-    // for five conversations in a batch of chats, and five items to score.
-    let over = "more than a standard request may run at once on any backend (largest: 4)";
+    let over = "more than a sheddable request may run at once on any backend (largest: 2) (admission.sheddable_share = 0.5; more sequences than a backend's whole batch run in turns only in a class that may hold all of it)";
     let five = ["a", "b", "c", "d", "e"];
     let body = json!({"model": "qwen3.5-27b", "prompt": five, "max_tokens": 5});
-    let r = post(&gw.url("/v1/completions"), "sk-alice", &body).await;
+    let r = sheddable("/v1/completions", body).await;
     assert_eq!((r.status, r.code().as_str()), (400, "exceeds_kv_capacity"));
     assert_eq!(
         (&r.json()["error"]["param"], &r.json()["error"]["message"]),
@@ -626,7 +659,7 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
         .map(|p| json!([{"role": "user", "content": p}]))
         .collect();
     let body = json!({"model": "qwen3.5-27b", "messages": conversations, "max_tokens": 5});
-    let r = post(&gw.url("/v1/chat/completions/batch"), "sk-alice", &body).await;
+    let r = sheddable("/v1/chat/completions/batch", body.clone()).await;
     assert_eq!(
         (&r.json()["error"]["param"], &r.json()["error"]["message"]),
         (
@@ -636,6 +669,11 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
             ))
         )
     );
+    // As a standard request, the five conversations run in turns.
+    let r = post(&gw.url("/v1/chat/completions/batch"), "sk-alice", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"].as_array().unwrap().len(), 5);
+    served.push(r.json()["usage"].clone());
     // The template's refusal of one conversation names its place in the batch.
     let late_system = json!([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]);
     let body = json!({"model": "qwen3.5-27b", "messages": [conversations[0], late_system], "max_tokens": 5});
@@ -653,7 +691,7 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
         )
     );
     let body = json!({"model": "qwen3.5-27b", "query": "Is it?", "items": five, "label_token_ids": [9707]});
-    let r = post(&gw.url("/generative_scoring"), "sk-alice", &body).await;
+    let r = sheddable("/generative_scoring", body).await;
     assert_eq!(
         (r.status, r.code().as_str(), &r.json()["error"]["param"]),
         (400, "exceeds_kv_capacity", &json!("items")),
@@ -672,6 +710,18 @@ async fn a_batch_of_prompts_is_counted_charged_and_admitted_prompt_by_prompt() {
         "{}",
         r.text()
     );
-    assert_eq!(gw.bucket("alice", "prefill").await, 10_000.0 - total as f64);
-    assert_eq!(gw.bucket("alice", "decode").await, 1000.0 - 20.0);
+    // Charged what the backend counted of the batches served in turns, and nothing else.
+    let used = |member: &str| {
+        (served.iter())
+            .map(|u| u[member].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(
+        gw.bucket("alice", "prefill").await,
+        10_000.0 - (total + used("prompt_tokens")) as f64
+    );
+    assert_eq!(
+        gw.bucket("alice", "decode").await,
+        1000.0 - 20.0 - used("completion_tokens") as f64
+    );
 }

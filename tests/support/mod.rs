@@ -945,17 +945,23 @@ pub async fn start_request(
 
 /// POSTs JSON with a bearer key.
 pub async fn post(url: &str, key: &str, body: &Value) -> Received {
+    post_with(url, key, &[], body).await
+}
+
+/// [`post`] asking for priority class `class` (`x-tokengate-priority`).
+pub async fn post_as(url: &str, key: &str, class: &str, body: &Value) -> Received {
+    post_with(url, key, &[("x-tokengate-priority", class)], body).await
+}
+
+/// [`post`] with `more` headers.
+async fn post_with(url: &str, key: &str, more: &[(&str, &str)], body: &Value) -> Received {
     let auth = format!("Bearer {key}");
-    send(
-        url,
-        "POST",
-        Some(body.to_string().into_bytes()),
-        &[
-            ("content-type", "application/json"),
-            ("authorization", &auth),
-        ],
-    )
-    .await
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("authorization", &auth),
+    ];
+    headers.extend_from_slice(more);
+    send(url, "POST", Some(body.to_string().into_bytes()), &headers).await
 }
 
 /// [`post`] on a task of its own, for requests that must wait while the test goes on.
