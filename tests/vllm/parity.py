@@ -997,6 +997,14 @@ def pooling_cases():
                                                  "max_tokens_per_doc": -1}),
         p("max_tokens_per_query null", "/rerank", {"query": q, "documents": docs,
                                                    "max_tokens_per_query": None}),
+        # More prompts than the pooling backend's batch of 64: run in turns, as vLLM runs
+        # them, and counted whole.
+        p("100 texts, more than a batch", EMBEDDINGS,
+          {"input": [f"{q} {i}" for i in range(100)]}),
+        p("80 documents, more than a batch", "/rerank",
+          {"query": q, "documents": [f"{docs[i % 3]} {i}" for i in range(80)]}),
+        p("70 texts, more than a batch", "/v2/embed",
+          {"texts": [f"text {i}" for i in range(70)], "embedding_types": ["float"]}),
         # Served as vLLM serves them.
         case("pooling /v1/embeddings: model left out", {"input": q}, EMBEDDINGS),
         p("model empty", POOLING, {"input": q, "model": ""}),
