@@ -92,6 +92,7 @@ const NEED: Need = Need {
     prompt_tokens: 1000,
     output_tokens: 100,
     sequences: 1,
+    alone: None,
 };
 
 fn admission_core() -> f64 {

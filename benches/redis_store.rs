@@ -56,6 +56,7 @@ const NEED: Need = Need {
     prompt_tokens: COST.prefill,
     output_tokens: COST.decode,
     sequences: 1,
+    alone: None,
 };
 
 /// One setup: a limiter on a store, an admission room on a ledger.

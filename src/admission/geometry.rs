@@ -69,11 +69,18 @@ impl KvGeometry {
         let bytes = (prompts.iter())
             .map(|&p| self.choices_footprint_bytes(p, output, choices))
             .fold(0u64, u64::saturating_add);
+        // Nothing written past the first token: what each holds as it starts, it holds to the
+        // end (the engine writes no KV for the one token it samples).
+        let alone = (output <= 1).then(|| {
+            let longest = prompts.iter().copied().max().unwrap_or(0);
+            self.footprint_bytes(longest.saturating_add(output))
+        });
         Need {
             bytes,
             prompt_tokens: cost.prefill,
             output_tokens: cost.decode,
             sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
+            alone,
         }
     }
 

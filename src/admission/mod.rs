@@ -208,21 +208,41 @@ struct State {
 }
 
 impl State {
-    /// `need` as a backend runs it. A request of more sequences than a backend's whole batch
-    /// (a long list of prompts, texts or documents) runs in turns there: the engine schedules
-    /// each prompt and choice as a request of its own, runs a batch of them, and starts the
-    /// next as one ends. So it holds the whole batch of the backend with the largest, and the
-    /// KV of every sequence: nothing it runs can grow past what it holds, and nothing else is
-    /// admitted there beside it until it ends. Only a class that may hold the whole batch can
-    /// hold it: in another, such a request never fits. Backends whose batch is not known yet
-    /// are left out; with none known, `need` is as it was. The need is taken once, when the
-    /// request arrives, and its lease gives back exactly that, whatever a reload changes.
-    fn in_turns(&self, need: Need) -> Need {
-        let largest = (self.ledgers.iter())
-            .filter(|l| !l.is_pending())
-            .map(KvLedger::max_batch)
-            .max();
-        match largest {
+    /// `need` as a backend runs it, for a request of class `class`. The engine schedules each
+    /// prompt and choice of a request as a request of its own: it runs as many as fit its
+    /// batch and its free pages, and starts the next as one ends. So a request can run in
+    /// turns where its sequences together are more than a backend holds at once:
+    ///
+    /// - more sequences than a backend's whole batch (a long list of prompts, texts or
+    ///   documents): it holds the whole batch of the backend with the largest, and the KV of
+    ///   every sequence, so nothing it runs can grow past what it holds;
+    /// - sequences together larger than a backend's whole cache, none of which grows past
+    ///   what it holds as it starts ([`Need::alone`]: nothing generated past the first token)
+    ///   and each of which fits alone: it holds the whole backend with the largest cache, its
+    ///   KV and its batch, as the engine may run any of its sequences in any pages.
+    ///
+    /// Either way nothing else is admitted on that backend beside it until it ends. Only a
+    /// class that may hold the whole backend can hold it: in another, such a request never
+    /// fits. Backends whose capacity is not known yet are left out; with none known, `need`
+    /// is as it was. The need is taken once, when the request arrives, and its lease gives
+    /// back exactly that, whatever a reload changes.
+    fn in_turns(&self, need: Need, class: Priority) -> Need {
+        let known = || self.ledgers.iter().filter(|l| !l.is_pending());
+        let whole = |l: &&KvLedger| {
+            l.class_capacity_bytes(class) == l.kv_capacity_bytes()
+                && l.class_max_batch(class) == l.max_batch()
+        };
+        let largest_cache = known().max_by_key(|l| l.kv_capacity_bytes());
+        if let (Some(each), Some(l)) = (need.alone, largest_cache.filter(whole)) {
+            if need.bytes > l.kv_capacity_bytes() && each <= l.kv_capacity_bytes() {
+                return Need {
+                    bytes: l.kv_capacity_bytes(),
+                    sequences: l.max_batch().max(1),
+                    ..need
+                };
+            }
+        }
+        match known().map(KvLedger::max_batch).max() {
             Some(batch) if batch > 0 && need.sequences > batch => Need {
                 sequences: batch,
                 ..need
@@ -462,7 +482,7 @@ impl Admission {
     /// requests are told this before they are charged.
     pub fn never_fits(&self, class: Priority, need: Need) -> Option<AdmitError> {
         let state = self.shared.state();
-        let need = state.in_turns(need);
+        let need = state.in_turns(need, class);
         let largest = queue::never_fits(&state.ledgers, class, need)?;
         Some(never_fits_error(&self.shared, class, need, largest))
     }
@@ -490,11 +510,13 @@ impl Admission {
         let first = geometries.next()?.need(cost, runs);
         Some(geometries.fold(first, |need, g| {
             let other = g.need(cost, runs);
-            if other.bytes > need.bytes {
+            let alone = need.alone.max(other.alone);
+            let larger = if other.bytes > need.bytes {
                 other
             } else {
                 need
-            }
+            };
+            Need { alone, ..larger }
         }))
     }
 
@@ -547,7 +569,7 @@ impl Admission {
     /// Admits a request of class `class` from `tenant` needing `need`: at once if it fits and
     /// nobody of its class or higher waits, otherwise after waiting in the fair queue, up to the
     /// queue deadline. Dropping the returned future while it waits leaves the queue at once.
-    /// More sequences than any backend's batch run in turns, holding the largest batch.
+    /// A request the engine runs in turns holds a whole backend (see `State::in_turns`).
     pub async fn admit(
         &self,
         tenant: &str,
@@ -568,7 +590,7 @@ impl Admission {
     ) -> Result<Lease, AdmitError> {
         let since = Instant::now();
         let deadline = self.shared.queue.deadline;
-        let need = self.shared.state().in_turns(need);
+        let need = self.shared.state().in_turns(need, class);
         let req = Request {
             tenant,
             class,
@@ -889,6 +911,7 @@ mod tests {
             prompt_tokens: bytes,
             output_tokens: 0,
             sequences: 1,
+            alone: None,
         }
     }
     use tokio::task::JoinHandle;
@@ -911,6 +934,78 @@ mod tests {
             shared_prompt_blocks: false,
             lookahead_tokens: 0,
         }
+    }
+
+    #[tokio::test]
+    async fn sequences_that_never_grow_run_in_turns_past_a_whole_cache_holding_the_backend() {
+        let adm = admission(vec![backend("b", 63 * 384, 16)], 4);
+        let geometry = pages(384, 6);
+        // 24 prompts of 10 tokens and one output token each: a page and 6 of state each, 168
+        // pages in all, on a backend of 63.
+        let runs = Sequences {
+            prompts: vec![10; 24],
+            choices: 1,
+        };
+        let cost = Cost {
+            prefill: 240,
+            decode: 24,
+            requests: 1,
+        };
+        let n = adm.need(&geometry, &cost, Some(&runs)).expect("configured");
+        assert_eq!(
+            (n.bytes, n.sequences, n.alone),
+            (24 * 7 * 384, 24, Some(7 * 384))
+        );
+        assert_eq!(adm.never_fits(Standard, n), None);
+        let turns = adm.admit("t", Standard, n).await.expect("in turns");
+        let held = |adm: &Admission| {
+            let b = &adm.snapshot().backends[0];
+            (b.kv_reserved_bytes, b.inflight)
+        };
+        assert_eq!(held(&adm), (63 * 384, 16));
+        // Nothing beside it, not even a page.
+        let waiter = {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.admit("u", Standard, need(384)).await })
+        };
+        until_queued(&adm, 1).await;
+        drop(turns);
+        let one = waiter.await.expect("ran").expect("granted");
+        assert_eq!(held(&adm), (384, 1));
+        drop(one);
+        // Eight output tokens each grow into pages the engine may not have: together they
+        // must fit at once, and cannot.
+        let grows = Cost {
+            decode: 24 * 8,
+            ..cost
+        };
+        let n = adm
+            .need(&geometry, &grows, Some(&runs))
+            .expect("configured");
+        assert_eq!((n.bytes, n.alone), (24 * 7 * 384, None));
+        assert!(matches!(
+            adm.never_fits(Standard, n),
+            Some(AdmitError::NeverFits { bytes, .. }) if bytes == 24 * 7 * 384
+        ));
+        // One prompt past the cache never fits, in turns or not.
+        let long = Sequences {
+            prompts: vec![10, 64 * 384],
+            choices: 1,
+        };
+        let n = (adm.need(&geometry, &cost, Some(&long))).expect("configured");
+        assert!(adm.never_fits(Standard, n).is_some());
+        // A class that may hold half the backend cannot hold it whole.
+        let halved = Admission::new(
+            vec![backend("b", 63 * 384, 16)],
+            QueueSpec {
+                max_waiting: 4,
+                deadline: Duration::from_secs(10),
+                shares: ClassShares::new(500, 500),
+            },
+        );
+        let n = (halved.need(&geometry, &cost, Some(&runs))).expect("configured");
+        assert!(halved.never_fits(Standard, n).is_some());
+        assert_eq!(halved.never_fits(Priority::Critical, n), None);
     }
 
     #[tokio::test]
@@ -1308,6 +1403,7 @@ mod tests {
             prompt_tokens: 100,
             output_tokens: 50,
             sequences: 1,
+            alone: None,
         };
         let counter = |adm: &Admission| adm.fairness_counter(Standard, "a");
         let mut lease = adm.admit("a", Standard, asked).await.expect("room");

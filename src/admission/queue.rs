@@ -59,6 +59,11 @@ pub struct Need {
     pub output_tokens: u64,
     /// Sequences it runs (batch slots), at least one: `n` choices run `n`.
     pub sequences: u32,
+    /// When none of its sequences grows past what it holds as it starts (none generates past
+    /// its first token: a pooling request, generative scoring, `max_tokens` 1), the KV bytes
+    /// the largest of them holds alone: such a request can run in turns, a few sequences at a
+    /// time, even when together they are larger than a cache. `None` when they grow.
+    pub alone: Option<u64>,
 }
 
 impl Need {
@@ -480,6 +485,7 @@ mod tests {
             prompt_tokens: bytes,
             output_tokens: 0,
             sequences: 1,
+            alone: None,
         }
     }
 
@@ -718,6 +724,7 @@ mod tests {
             prompt_tokens: 100,
             output_tokens: 500,
             sequences: 1,
+            alone: None,
         };
         assert!(matches!(
             q.arrive(&mut ledgers, "a", Standard, asked),
@@ -846,6 +853,7 @@ mod tests {
             prompt_tokens: 300,
             output_tokens: 100,
             sequences: 1,
+            alone: None,
         };
         queued(q.arrive(&mut ledgers, "a", Standard, u));
         queued(q.arrive(&mut ledgers, "b", Standard, need(1)));
@@ -989,6 +997,7 @@ mod tests {
                         prompt_tokens: prompt,
                         output_tokens: output,
                         sequences: 1,
+                        alone: None,
                     };
                     let above = self.waiting.iter().filter(|w| w.2 > class).count();
                     match self.q.arrive(&mut self.ledgers, &tenant, class, need) {

@@ -9,6 +9,7 @@ const NEED: Need = Need {
     prompt_tokens: 100,
     output_tokens: 0,
     sequences: 1,
+    alone: None,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

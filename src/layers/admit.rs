@@ -366,6 +366,7 @@ mod tests {
                     prompt_tokens: 800,
                     output_tokens: 0,
                     sequences: 1,
+                    alone: None,
                 },
             )
             .await
@@ -410,6 +411,7 @@ mod tests {
                     prompt_tokens: 900,
                     output_tokens: 0,
                     sequences: 1,
+                    alone: None,
                 },
             )
             .await

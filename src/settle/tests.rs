@@ -106,6 +106,7 @@ impl World {
             prompt_tokens: 200,
             output_tokens: 80,
             sequences: 1,
+            alone: None,
         };
         let lease = (self.admission.admit("a", Priority::Standard, need))
             .await

@@ -430,6 +430,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                     prompt_tokens: 1,
                     output_tokens: case.reserved,
                     sequences: 1,
+                    alone: None,
                 },
             )
             .await
