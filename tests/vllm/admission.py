@@ -26,7 +26,12 @@ Asserted, from vLLM's own metrics and the phases' timings in this one run:
   and the vLLM version the engine says (`GET /version`; the config declares none), which
   `tokengate check-config` prints too;
 - a chat whose `max_tokens` is the whole context is answered 200 by vLLM 0.32 and by the gateway
-  (which, not knowing the version, would refuse it as older vLLMs do).
+  (which, not knowing the version, would refuse it as older vLLMs do);
+- a list of 8 prompts more than the engine's batch, together larger than its cache, each
+  generating one token, is served through the gateway to the critical tenant as vLLM serves it
+  (every choice, the same prompt tokens) with no preemption, run in turns while it holds the
+  whole backend; the standard tenant, whose share is less than all of it, is refused it, and so
+  is the list with 8 tokens each, whose answers would grow into pages the engine may not have.
 
 The chat's times to first token and to its whole answer, direct and gated, are printed as ratios
 of this run, not asserted: vLLM 0.32 defers a waiting request that does not fit and takes the
@@ -52,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -77,6 +83,18 @@ def post_json(url, body):
     req.add_header("content-type", "application/json")
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
+
+
+def post_status(url, body, key):
+    """(status, answer) of a POST of `body` with `key`, a refusal's answer included."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("content-type", "application/json")
+    req.add_header("authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def engine_cache(vllm_url):
@@ -239,6 +257,33 @@ def phase(vllm_url, host, port, prompts, chat_body, floods_key, chat_key):
     return [s for s, *_ in flood], chats, preemptions(vllm_url) - before, most
 
 
+def in_turns(vllm_url, port, admin_port, check):
+    """More prompts than the engine's batch, together larger than its cache, none generating
+    past its first token: vLLM runs them in turns, and the gateway admits them so for the
+    critical chat tenant, whose class may hold the whole backend (every prompt answered, the
+    same prompt tokens, no preemption); the flood's class, kept from the chats' part, is refused
+    them, and so is the same list with answers that grow past the pages they start with."""
+    batch = get_json(f"http://127.0.0.1:{admin_port}/admin/backends")["backends"][0]["max_batch"]
+    many = {"model": MODEL, "prompt": [f"{WORDS[i % len(WORDS)]} {i}" for i in range(batch + 8)],
+            "max_tokens": 1}
+    before = preemptions(vllm_url)
+    answers = [post_status(f"{vllm_url}/v1/completions", many, "none"),
+               post_status(f"http://127.0.0.1:{port}/v1/completions", many, CHAT_KEY)]
+    preempted = preemptions(vllm_url) - before
+    seen = [(status, len(answer.get("choices", [])), (answer.get("usage") or {}).get("prompt_tokens"))
+            for status, answer in answers]
+    check(seen[0][:2] == (200, batch + 8) and seen[1] == seen[0] and preempted == 0,
+          f"{batch + 8} prompts of one token each on a batch of {batch}: (status, choices, "
+          f"prompt tokens) vLLM {seen[0]}, the gateway {seen[1]}; {preempted:.0f} preemptions")
+    refused = [post_status(f"http://127.0.0.1:{port}/v1/completions", many, FLOOD_KEY),
+               post_status(f"http://127.0.0.1:{port}/v1/completions",
+                           dict(many, max_tokens=8), CHAT_KEY)]
+    check([(s, a["error"]["code"]) for s, a in refused] == [(400, "exceeds_kv_capacity")] * 2,
+          f"the same prompts from the standard tenant, and growing: {refused}")
+    print(f"admission: {batch + 8} prompts of one token each served in turns through the "
+          f"gateway, {seen[1][2]} prompt tokens as vLLM counts them, {preempted:.0f} preemptions")
+
+
 def gateway_config(vllm_url, port, admin_port, standard_share):
     tokenizer = ROOT / "assets" / "qwen3.5" / "tokenizer.json"
     return f"""
@@ -358,6 +403,7 @@ def main():
                     first_status("127.0.0.1", port, whole, CHAT_KEY)]
         check(statuses == [200, 200],
               f"max_tokens = max_model_len: vLLM answered {statuses[0]}, the gateway {statuses[1]}")
+        in_turns(a.vllm_url, port, admin_port, check)
     finally:
         procs.stop_all()
 
