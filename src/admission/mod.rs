@@ -993,7 +993,11 @@ mod tests {
             choices: 1,
         };
         let n = (adm.need(&geometry, &cost, Some(&long))).expect("configured");
-        assert!(adm.never_fits(Standard, n).is_some());
+        assert!(matches!(
+            adm.never_fits(Standard, n),
+            Some(AdmitError::NeverFits { bytes, largest_capacity, .. })
+                if (bytes, largest_capacity) == ((7 + 65 + 6) * 384, 63 * 384)
+        ));
         // A class that may hold half the backend cannot hold it whole.
         let halved = Admission::new(
             vec![backend("b", 63 * 384, 16)],
@@ -1004,7 +1008,11 @@ mod tests {
             },
         );
         let n = (halved.need(&geometry, &cost, Some(&runs))).expect("configured");
-        assert!(halved.never_fits(Standard, n).is_some());
+        assert!(matches!(
+            halved.never_fits(Standard, n),
+            Some(AdmitError::NeverFits { bytes, largest_capacity, .. })
+                if (bytes, largest_capacity) == (24 * 7 * 384, 63 * 384 / 2)
+        ));
         assert_eq!(halved.never_fits(Priority::Critical, n), None);
     }
 
