@@ -6,8 +6,8 @@
 //! `Arc<Tenant>` and a `Cost` in the request's extensions. tokengate's charge layer charges the
 //! tenant's prefill, decode and request buckets (a 429 with `retry-after` and `x-ratelimit-*`
 //! when they are short) and its admission layer leases the request's KV footprint on the
-//! backend (a 503 when the cache is full). Your service takes the request's `Ticket` and holds
-//! it while it works: dropping it settles, giving back the decode tokens not produced, or
+//! backend (a 503 when the cache is full). Your service takes the request `Ticketed`, owning its
+//! `Ticket` while it works: dropping it settles, giving back the decode tokens not produced, or
 //! everything if it never said the backend answered.
 //!
 //! `cargo run --example limit_my_service` sends a few requests through it in-process and
@@ -24,17 +24,16 @@ use tokengate::clock::SystemClock;
 use tokengate::error::ApiError;
 use tokengate::layers::{AdmitLayer, AsAuthenticated, ChargeLayer, KvGeometry};
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, TenantLimits};
-use tokengate::settle::TicketSlot;
+use tokengate::settle::Ticketed;
 use tokengate::tenant::Tenant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// The pretend model: generates half the output it was allowed. It owns the ticket while it
 /// works, says when it has answered and how much it produced.
-async fn my_model(req: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let slot = req.extensions().get::<TicketSlot>().cloned();
-    let mut ticket = slot
-        .and_then(|s| s.take())
-        .expect("the charge layer runs first");
+async fn my_model(
+    req: Ticketed<Request<Full<Bytes>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let mut ticket = req.ticket;
     let produced = ticket.cost().decode / 2;
     ticket.answered();
     ticket.record_output(produced);

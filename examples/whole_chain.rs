@@ -5,10 +5,10 @@
 //! is admitted, then your service answers instead of tokengate's proxy.
 //!
 //! `app::build` makes every part from a config, as `tokengate serve` does; each layer takes
-//! only its own part of it. Your service finds the parsed request (`GenerationRequest`) and its
-//! `Ticket` in the request's extensions and holds the ticket while it works: ending it (or
-//! dropping it: the client went) settles, giving back the output tokens not produced, and
-//! writes the request's record.
+//! only its own part of it. Your service takes the request `Ticketed`: the request, with the
+//! parsed request (`GenerationRequest`) in its extensions, and its `Ticket`, which it owns
+//! while it works: ending it (or dropping it: the client went) settles, giving back the output
+//! tokens not produced, and writes the request's record.
 //!
 //! `cargo run --example whole_chain` sends a few requests through it in-process and prints the
 //! answers; `cargo test --example whole_chain` checks them. Both need the tokenizer that
@@ -28,7 +28,7 @@ use tokengate::gateway::Gateway;
 use tokengate::layers::{
     AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
 };
-use tokengate::settle::{Ending, TicketSlot};
+use tokengate::settle::{Ending, Ticketed};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// The gateway's config: one tenant, one backend (never called here: your service answers).
@@ -57,14 +57,17 @@ burst_seconds = 10
 
 /// The pretend model: answers with what tokengate counted and charged, generates half the
 /// output it was allowed, and settles the ticket by ending it as completed.
-async fn my_model(req: Request<Empty<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let parsed = req
-        .extensions()
+async fn my_model(
+    req: Ticketed<Request<Empty<Bytes>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let Ticketed {
+        request,
+        mut ticket,
+        ..
+    } = req;
+    let parsed = (request.extensions())
         .get::<GenerationRequest>()
         .expect("counted");
-    let mut ticket = (req.extensions().get::<TicketSlot>())
-        .and_then(TicketSlot::take)
-        .expect("charged");
     let cost = ticket.cost();
     ticket.record_output(cost.decode / 2);
     // A complete answer (a ticket dropped without an ending counts as a client gone).

@@ -1,4 +1,4 @@
-//! Step 9, admit: the request's KV footprint (its [`Cost`]'s prompt + max output tokens, in
+//! Step 9, admit: the request's KV footprint (its [`Cost`](crate::limiter::Cost)'s prompt + max output tokens, in
 //! whole blocks, plus the per-sequence state) is leased on a backend, at once or after waiting
 //! in the bounded queue in the request's [`Priority`] class (the one its extensions carry, else
 //! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`](crate::settle::Ticket),
@@ -10,19 +10,57 @@ use crate::admission::{Admission, Priority};
 pub use crate::admission::{KvGeometry, Sequences};
 use crate::api::Route;
 use crate::error::{ApiError, NotAdmitted, Runs};
-use crate::limiter::Cost;
 use crate::metrics::AdmitMetrics;
-use crate::settle::TicketSlot;
-use crate::tenant::Tenant;
+use crate::settle::{Ending, Ticketed};
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
 use tokio::time::Instant;
 use tower::Service;
 
-/// Step 9 as a layer: needs `Arc<Tenant>`, [`Cost`] and a [`TicketSlot`] (the charge layer's)
-/// in the request's extensions, and takes its [`Priority`] from them when there is one; adds the
-/// lease to the ticket.
+/// Step 9 as a layer: takes a [`Ticketed`] request (the charge layer's), its [`Priority`] and
+/// [`Sequences`] from its extensions when they are there (its tenant's class, and one sequence,
+/// when not); adds the lease to the ticket.
+///
+/// A request that was not charged is not one it takes: a stack with no charge layer before it
+/// does not compile.
+///
+/// ```compile_fail,E0308
+/// use http::{Request, Response};
+/// use std::time::Duration;
+/// use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
+/// use tokengate::layers::{AdmitLayer, KvGeometry};
+/// use tokengate::settle::Ticketed;
+///
+/// let admission = Admission::new(
+///     vec![BackendSpec {
+///         name: "gpu-0".to_string(),
+///         kv_capacity_bytes: 4096,
+///         max_batch: 8,
+///         engine: false,
+///     }],
+///     QueueSpec {
+///         max_waiting: 0,
+///         deadline: Duration::from_secs(1),
+///         shares: ClassShares::FULL,
+///     },
+/// );
+/// let geometry = KvGeometry {
+///     block_tokens: 16,
+///     kv_bytes_per_token: 1,
+///     state_bytes_per_sequence: 0,
+///     shared_prompt_blocks: false,
+///     lookahead_tokens: 0,
+/// };
+/// let model = tower::service_fn(|req: Ticketed<Request<String>>| async move {
+///     Ok::<_, std::convert::Infallible>(Response::new(req.request.into_body()))
+/// });
+/// let admitted = tower::ServiceBuilder::new()
+///     .layer(AdmitLayer::new(admission, geometry, None))
+///     .service(model);
+/// // A request with no ticket: expected `Ticketed<Request<String>>`.
+/// let answer = tower::ServiceExt::oneshot(admitted, Request::new(String::new()));
+/// ```
 pub type AdmitLayer = StepLayer<Admitting>;
 
 /// What step 9 admits with.
@@ -50,31 +88,35 @@ impl AdmitLayer {
     }
 }
 
-impl<S, B> Step<S, Request<B>> for Admitting
+impl<S, B> Step<S, Ticketed<Request<B>>> for Admitting
 where
-    S: Service<Request<B>> + Send + 'static,
+    S: Service<Ticketed<Request<B>>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: Send + 'static,
 {
-    type Passes = Request<B>;
+    type Passes = Ticketed<Request<B>>;
     type Response = S::Response;
 
     fn run(
         self: Arc<Self>,
-        req: Request<B>,
+        req: Ticketed<Request<B>>,
         mut inner: S,
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let shared = self;
         Box::pin(async move {
-            let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
-            let cost = *super::extensions::needs::<Cost>(req.extensions())?;
-            let slot = super::extensions::needs::<TicketSlot>(req.extensions())?.clone();
-            let class = (req.extensions().get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let sequences = req.extensions().get::<Sequences>();
+            let Ticketed {
+                request,
+                tenant,
+                mut ticket,
+            } = req;
+            let cost = ticket.cost();
+            let ext = request.extensions();
+            let class = (ext.get::<Priority>().copied()).unwrap_or(tenant.priority);
+            let sequences = ext.get::<Sequences>();
             let need = (shared.admission).need(&shared.geometry, &cost, sequences);
             let tokens = cost.prefill + cost.decode;
-            let span = crate::otel::step(req.extensions(), crate::otel::Step::QueueWait);
+            let span = crate::otel::step(ext, crate::otel::Step::QueueWait);
             let started = Instant::now();
             let max_queued = tenant.caps.max_queued.map(|n| n as usize);
             let admitted = match need {
@@ -94,26 +136,34 @@ where
                     m.queue_refused(class.as_str(), reason);
                 }
             }
-            let lease = admitted.map_err(|error| {
-                // A refusal of too many sequences names them as the route calls them.
-                let route = req.extensions().get::<Route>().copied();
-                NotAdmitted {
-                    error,
-                    tokens,
-                    tokens_at_least: false,
-                    queue_deadline: shared.admission.queue_deadline(),
-                    runs: Runs::of(sequences, route),
+            let lease = match admitted {
+                Ok(lease) => lease,
+                Err(error) => {
+                    // Everything charged goes back; the refusal's code is the outcome. A
+                    // refusal of too many sequences names them as the route calls them.
+                    ticket.end(Ending::Refused);
+                    return Err(NotAdmitted {
+                        error,
+                        tokens,
+                        tokens_at_least: false,
+                        queue_deadline: shared.admission.queue_deadline(),
+                        runs: Runs::of(sequences, ext.get::<Route>().copied()),
+                    }
+                    .into());
                 }
-            })?;
-            if slot.with(|ticket| ticket.admit(lease)).is_none() {
-                return Err(ApiError::missing_extension("Ticket"));
-            }
+            };
+            ticket.admit(lease);
             if let Some(m) = metrics {
                 t.prefill_tokens(m).inc_by(cost.prefill);
                 t.decode_tokens_reserved(m).inc_by(cost.decode);
                 t.prompt_tokens(m).observe(cost.prefill as f64);
             }
-            inner.call(req).await.map_err(Into::into)
+            let admitted = Ticketed {
+                request,
+                tenant,
+                ticket,
+            };
+            inner.call(admitted).await.map_err(Into::into)
         })
     }
 }
@@ -172,9 +222,10 @@ mod tests {
     }
 
     /// Takes the ticket, reports the bytes its lease holds, and lets the ticket go answered.
-    async fn leased(req: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, ApiError> {
-        let slot = req.extensions().get::<TicketSlot>().expect("charged");
-        let ticket = slot.take().expect("in its slot");
+    async fn leased(
+        req: Ticketed<Request<Full<Bytes>>>,
+    ) -> Result<Response<Full<Bytes>>, ApiError> {
+        let ticket = req.ticket;
         let bytes = ticket.lease().expect("admitted").bytes();
         ticket.end(Ending::Completed);
         Ok(Response::new(Full::new(Bytes::from(bytes.to_string()))))
@@ -433,16 +484,5 @@ mod tests {
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         drop(held);
         svc.oneshot(request(cost(200, 1))).await.expect("fits now");
-    }
-
-    #[tokio::test]
-    async fn without_the_charge_layer_before_it_the_stack_is_built_wrong() {
-        let admission = admission();
-        let svc = ServiceBuilder::new()
-            .layer(AdmitLayer::new(admission.clone(), BYTES, None))
-            .service_fn(leased);
-        let e = svc.oneshot(request(cost(1, 1))).await.unwrap_err();
-        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(reserved(&admission), 0);
     }
 }

@@ -1,11 +1,13 @@
 //! Step 8, charge, in three named parts: 8a the in-flight cap (a place among the tenant's
 //! requests in flight, `max_inflight`), 8b its quotas (reserved for the most the request may
 //! spend), 8c its buckets charged the request's [`Cost`] (all or nothing); the request goes on
-//! carrying the [`Ticket`] that holds all three, in a [`TicketSlot`] in its extensions. The cost is
-//! whatever [`Cost`] the request's extensions hold: our counting layer puts it there, or the
-//! user's own code does, so this layer works without our parser. What the ticket gives back,
-//! and when, is the settlement room's ([`crate::settle`]); a refusal after the charge ends the
-//! ticket [`Ending::Refused`].
+//! as a [`Ticketed`] request, carrying by value the [`Ticket`] that holds all three and its
+//! tenant as in force at the charge. The cost is whatever [`Cost`] the request's extensions
+//! hold: our counting layer puts it there, or the user's own code does, so this layer works
+//! without our parser. What the ticket gives back, and when, is the settlement room's
+//! ([`crate::settle`]); a step or service after the charge that refuses the request ends the
+//! ticket [`Ending::Refused`](crate::settle::Ending::Refused), and one that drops it unended
+//! gives back the same (the error's code is the outcome either way).
 
 use super::step::{Step, StepLayer};
 use crate::api::request::GenerationRequest;
@@ -16,7 +18,7 @@ use crate::quota::ledger::Usage;
 use crate::quota::{QuotaHold, Quotas};
 use crate::record::Pending;
 use crate::reload::live::LiveConfig;
-use crate::settle::{Ending, Ticket, TicketSlot};
+use crate::settle::{Ticket, Ticketed};
 use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
 use http::Request;
@@ -53,8 +55,8 @@ impl LimitsInForce for Arc<LiveConfig> {
     }
 }
 
-/// Step 8 as a layer: needs `Arc<Tenant>` and [`Cost`] in the request's extensions, adds a
-/// [`TicketSlot`].
+/// Step 8 as a layer: needs `Arc<Tenant>` and [`Cost`] in the request's extensions, and passes
+/// the request on [`Ticketed`].
 pub type ChargeLayer<L = AsAuthenticated> = StepLayer<Charging<L>>;
 
 /// What step 8 charges with.
@@ -129,26 +131,26 @@ impl<L> Charging<L> {
 
 impl<S, L, B> Step<S, Request<B>> for Charging<L>
 where
-    S: Service<Request<B>> + Send + 'static,
+    S: Service<Ticketed<Request<B>>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     L: LimitsInForce,
     B: Send + 'static,
 {
-    type Passes = Request<B>;
+    type Passes = Ticketed<Request<B>>;
     type Response = S::Response;
 
     fn run(
         self: Arc<Self>,
-        mut req: Request<B>,
+        req: Request<B>,
         mut inner: S,
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let shared = self;
         Box::pin(async move {
             let span = crate::otel::step(req.extensions(), crate::otel::Step::Charge);
-            let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+            let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?;
             let cost = *super::extensions::needs::<Cost>(req.extensions())?;
-            let current = shared.limits.in_force(&tenant)?;
+            let current = shared.limits.in_force(tenant)?;
             // 8a, then 8b, then 8c: a refusal by a later part drops what the earlier ones
             // hold, which gives it back.
             let place = shared.enter_in_flight(&current)?;
@@ -159,8 +161,6 @@ where
                 .limiter
                 .reserve(&current.name, &current.limits, cost)
                 .await?;
-            // Later steps see the tenant as in force at the charge (its caps, its class).
-            req.extensions_mut().insert(current.clone());
             let mut ticket = Ticket::new(reservation);
             ticket.hold_place(place);
             if let Some(quota) = quota {
@@ -170,17 +170,15 @@ where
                 pending.tenant(&current);
                 ticket.recorded_by(pending.hold());
             }
-            let slot = TicketSlot::new(ticket);
-            req.extensions_mut().insert(slot.clone());
             drop(span);
-            let answered = inner.call(req).await.map_err(Into::into);
-            // A refusal after the charge (admission, or a service that left the ticket) gives
-            // everything back; its outcome is the error's.
-            answered.inspect_err(|_| {
-                if let Some(ticket) = slot.take() {
-                    ticket.end(Ending::Refused);
-                }
-            })
+            // The ticket goes on with the request: whoever refuses it later, or drops it, ends
+            // it, and its outcome is the error's.
+            let ticketed = Ticketed {
+                request: req,
+                tenant: current,
+                ticket,
+            };
+            inner.call(ticketed).await.map_err(Into::into)
         })
     }
 }
@@ -190,6 +188,7 @@ mod tests {
     use super::*;
     use crate::layers::testing::{available, cost, limiter, outcomes, record_layer, request};
     use crate::metrics::Metrics;
+    use crate::settle::Ending;
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::Full;
@@ -200,9 +199,8 @@ mod tests {
 
     /// A service that takes the ticket, has the backend answer and produce `produced` decode
     /// tokens, and answers with the ticket's rate-limit headers; the ticket ends complete.
-    async fn answers(req: Request<Full<Bytes>>, produced: u64) -> Answer {
-        let slot = req.extensions().get::<TicketSlot>().expect("charged");
-        let mut ticket = slot.take().expect("the ticket is in its slot");
+    async fn answers(req: Ticketed<Request<Full<Bytes>>>, produced: u64) -> Answer {
+        let mut ticket = req.ticket;
         ticket.answered();
         ticket.record_output(produced);
         let mut resp = Response::new(Full::new(Bytes::from_static(b"done")));
@@ -242,7 +240,7 @@ mod tests {
                 AsAuthenticated,
                 Some(metrics.charge.clone()),
             ))
-            .service_fn(|_: Request<Full<Bytes>>| async {
+            .service_fn(|_: Ticketed<Request<Full<Bytes>>>| async {
                 Err::<Response<Full<Bytes>>, _>(ApiError::upstream("the backend is gone"))
             });
         let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
@@ -265,9 +263,11 @@ mod tests {
                 AsAuthenticated,
                 Some(metrics.charge.clone()),
             ))
-            .service_fn(move |_: Request<Full<Bytes>>| {
+            .service_fn(move |req: Ticketed<Request<Full<Bytes>>>| {
                 let reached = reached.clone();
                 async move {
+                    // The service holds the ticket while it works.
+                    let _ticket = req.ticket;
                     reached.send(()).await.expect("the test listens");
                     std::future::pending::<Answer>().await
                 }
@@ -283,12 +283,12 @@ mod tests {
 
     /// The service hands the request to the backend (marks it forwarded), then never answers.
     async fn forwards_and_waits(
-        req: Request<Full<Bytes>>,
+        req: Ticketed<Request<Full<Bytes>>>,
         reached: tokio::sync::mpsc::Sender<()>,
     ) -> Answer {
-        let slot = req.extensions().get::<TicketSlot>().expect("charged");
-        slot.with(|ticket| ticket.forwarded().mark())
-            .expect("the ticket is in its slot");
+        // Held until the client goes.
+        let ticket = req.ticket;
+        ticket.forwarded().mark();
         reached.send(()).await.expect("the test listens");
         std::future::pending::<Answer>().await
     }
@@ -320,9 +320,8 @@ mod tests {
         let limiter = limiter();
         let svc = ServiceBuilder::new()
             .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
-            .service_fn(|req: Request<Full<Bytes>>| async move {
-                let slot = req.extensions().get::<TicketSlot>().expect("charged");
-                let ticket = slot.take().expect("in its slot");
+            .service_fn(|req: Ticketed<Request<Full<Bytes>>>| async move {
+                let ticket = req.ticket;
                 ticket.forwarded().mark();
                 assert!(ticket.is_billable());
                 ticket.end(Ending::BackendFailed);
@@ -352,10 +351,15 @@ mod tests {
                 AsAuthenticated,
                 Some(metrics.charge.clone()),
             ))
-            .service_fn(move |req: Request<Full<Bytes>>| {
+            .service_fn(move |req: Ticketed<Request<Full<Bytes>>>| {
                 let reached = reached.clone();
                 async move {
-                    match *req.extensions().get::<&'static str>().expect("told") {
+                    let Ticketed {
+                        request, ticket, ..
+                    } = req;
+                    // The service holds the ticket while it works (or drops it panicking).
+                    let _ticket = ticket;
+                    match *request.extensions().get::<&'static str>().expect("told") {
                         "hold" => {
                             reached.send(()).await.expect("the test listens");
                             std::future::pending::<Answer>().await

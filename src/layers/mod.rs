@@ -1,7 +1,9 @@
 //! The steps of DESIGN.md's request path that are the gateway's own, one tower layer each, in
 //! the order `server::path` composes them; step 10-11's service (`proxy::forward`) is the leaf
-//! under them. Each layer reads what the ones before it put in the request's extensions and
-//! adds what it produced:
+//! under them. Up to the charge, each layer reads what the ones before it put in the request's
+//! extensions and adds what it produced; from the charge on, the request travels
+//! [`Ticketed`](crate::settle::Ticketed), its ticket and its tenant beside it, owned, so a step
+//! after the charge cannot be put before it (the stack does not compile):
 //!
 //! | step | layer | file | needs | adds |
 //! |---|---|---|---|---|
@@ -9,8 +11,8 @@
 //! | the outcome | [`RecordLayer`] | `layers/record.rs` | | [`Pending`](crate::record::Pending) (the request's record), [`Arrived`](crate::record::Arrived) |
 //! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Priority`](crate::admission::Priority) |
 //! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the bounded body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost), [`Sequences`] |
-//! | 8 charge: 8a in-flight cap, 8b quotas, 8c buckets | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | [`TicketSlot`](crate::settle::TicketSlot) (the [`Ticket`](crate::settle::Ticket)) |
-//! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | `Arc<Tenant>`, `Cost`, `TicketSlot` (and [`Sequences`], one when absent) | the KV lease, in the ticket |
+//! | 8 charge: 8a in-flight cap, 8b quotas, 8c buckets | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | passes the request [`Ticketed`](crate::settle::Ticketed): its [`Ticket`](crate::settle::Ticket) and its tenant as in force |
+//! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | a `Ticketed` request (and [`Sequences`], one when absent) | the KV lease, in the ticket |
 //! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket until it ends (`settle/`) |
 //!
 //! Every step but the body's bound is a [`StepLayer`] of what it does (a [`Step`]): the layer

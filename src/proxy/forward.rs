@@ -25,11 +25,9 @@ use crate::config::ValidConfig;
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::extensions::needs;
 use crate::layers::Sequences;
-use crate::limiter::Cost;
 use crate::metrics::SettleMetrics;
 use crate::record::Arrived;
-use crate::settle::{Ending, Reconcile, TicketSlot};
-use crate::tenant::Tenant;
+use crate::settle::{Ending, Reconcile, Ticketed};
 use crate::tokenize::cache::ChatCounter;
 use crate::tokenize::pool::TokenizePool;
 use crate::tokenize::Tokenizer;
@@ -41,8 +39,9 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-/// The leaf service: needs everything the layers add (`Arc<Tenant>`, [`Arrived`], [`Route`],
-/// [`GenerationRequest`], [`Cost`], [`TicketSlot`]); answers with the metered answer.
+/// The leaf service: takes a [`Ticketed`] request (charged and admitted) and needs what the
+/// layers before the charge add to its extensions ([`Arrived`], [`Route`],
+/// [`GenerationRequest`]); answers with the metered answer.
 #[derive(Clone, Debug)]
 pub struct Forward {
     shared: Arc<Backends>,
@@ -112,7 +111,7 @@ impl Forward {
     }
 }
 
-impl<B> tower::Service<Request<B>> for Forward {
+impl<B> tower::Service<Ticketed<Request<B>>> for Forward {
     type Response = Response<GatewayBody>;
     type Error = ApiError;
     type Future = BoxFuture<'static, Result<Response<GatewayBody>, ApiError>>;
@@ -121,18 +120,19 @@ impl<B> tower::Service<Request<B>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, ticketed: Ticketed<Request<B>>) -> Self::Future {
         let gw = self.shared.clone();
         // Everything is taken out here, so the future does not hold the body type.
         let taken = (|| {
-            let tenant = needs::<Arc<Tenant>>(req.extensions())?.clone();
+            let Ticketed {
+                request: req,
+                tenant,
+                ticket,
+            } = ticketed;
             let Arrived(arrived) = *needs::<Arrived>(req.extensions())?;
             let route = *needs::<Route>(req.extensions())?;
-            let reserved = needs::<Cost>(req.extensions())?.decode;
+            let reserved = ticket.cost().decode;
             let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
-            let ticket = needs::<TicketSlot>(req.extensions())?
-                .take()
-                .ok_or_else(|| ApiError::missing_extension("Ticket"))?;
             let backend = ticket.lease().map_or(0, |l| l.backend());
             // With OpenTelemetry on, the backend's parent span is the forward step's; it ends
             // when the request settles.

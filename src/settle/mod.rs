@@ -1,7 +1,8 @@
 //! The settlement room: what a charged request holds, and the one place it is given back.
 //!
 //! The charge layer makes a request's [`Ticket`] (its bucket charge, quota reservation, record
-//! hold and place in flight); the admission layer adds its KV lease; the service at the end
+//! hold and place in flight) and passes the request on [`Ticketed`], the ticket beside it; the
+//! admission layer adds its KV lease; the service at the end
 //! (the gateway's meter, or the user's own) owns it until the request ends, and ends it with
 //! how it ended ([`Ticket::end`], an [`Ending`]), or drops it: the client went. Either way the
 //! ticket settles once, in a fixed order:
@@ -31,7 +32,7 @@ mod ticket;
 pub use ending::{Ending, Output, Reading};
 pub use floor::DecodeFloor;
 pub use metering::{Metering, Reconcile, COUNT_WARNING_PERIOD};
-pub use ticket::{Ticket, TicketSlot};
+pub use ticket::{Ticket, Ticketed};
 
 #[cfg(test)]
 mod tests;

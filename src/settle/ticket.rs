@@ -10,8 +10,8 @@ use crate::quota::ledger::Usage;
 use crate::quota::{QuotaHold, RateLimitFields};
 use crate::record::{Forwarded, RecordHold};
 use crate::settled::Charged;
-use crate::tenant::InFlightPlace;
-use std::sync::{Arc, Mutex, PoisonError};
+use crate::tenant::{InFlightPlace, Tenant};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -381,30 +381,17 @@ impl Rest {
     }
 }
 
-/// Where a request's [`Ticket`] travels in its extensions (which hold only `Clone` values): the
-/// layer after the charge adds its lease to it, the service at the end takes it out to own it
-/// until the answer is complete.
-#[derive(Clone, Debug)]
-pub struct TicketSlot(Arc<Mutex<Option<Ticket>>>);
-
-impl TicketSlot {
-    /// A slot holding `ticket`.
-    pub fn new(ticket: Ticket) -> Self {
-        Self(Arc::new(Mutex::new(Some(ticket))))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Ticket>> {
-        // Only moves of the ticket happen under the lock: nothing is left half done.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes the ticket out (`None` when it was already taken).
-    pub fn take(&self) -> Option<Ticket> {
-        self.lock().take()
-    }
-
-    /// Runs `f` on the ticket while it is in the slot.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Ticket) -> R) -> Option<R> {
-        self.lock().as_mut().map(f)
-    }
+/// A request past the charge, carrying what it was charged with: the steps after the charge
+/// and the service at the end take a request only in this shape, so none of them can run
+/// before the charge (the compiler says so), and the ticket moves with the request, owned, to
+/// whoever settles it.
+#[derive(Debug)]
+pub struct Ticketed<R> {
+    /// The request.
+    pub request: R,
+    /// Its tenant as in force at the charge (its caps and class: a reload may have changed them
+    /// while the request was read).
+    pub tenant: Arc<Tenant>,
+    /// What it holds until it settles.
+    pub ticket: Ticket,
 }
