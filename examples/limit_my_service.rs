@@ -2,8 +2,8 @@
 //! service standing in for a model server, no tokengate parser, no proxy.
 //!
 //! Your code says who the tenant is and what the request costs (here from two headers: the
-//! prompt's tokens and the output asked for; your own tokenizer would go there), as an
-//! `Arc<Tenant>` and a `Cost` in the request's extensions. tokengate's charge layer charges the
+//! prompt's tokens and the output asked for; your own tokenizer would go there): it prices the
+//! request, an `Arc<Tenant>` and a `Cost` beside it (`Priced`). tokengate's charge layer charges the
 //! tenant's prefill, decode and request buckets (a 429 with `retry-after` and `x-ratelimit-*`
 //! when they are short) and its admission layer leases the request's KV footprint on the
 //! backend (a 503 when the cache is full). Your service takes the request `Ticketed`, owning its
@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokengate::admission::{Admission, BackendSpec, ClassShares, QueueSpec};
 use tokengate::clock::SystemClock;
 use tokengate::error::ApiError;
-use tokengate::layers::{AdmitLayer, AsAuthenticated, ChargeLayer, KvGeometry};
+use tokengate::layers::{AdmitLayer, AsAuthenticated, ChargeLayer, KvGeometry, Priced};
 use tokengate::limiter::{BucketSpec, Cost, Limiter, LocalStore, TenantLimits};
 use tokengate::settle::Ticketed;
 use tokengate::tenant::Tenant;
@@ -47,7 +47,7 @@ async fn my_model(
 }
 
 /// Your own accounting: the tenant and the cost of a request, from its headers.
-fn my_costing(mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+fn my_costing(req: Request<Full<Bytes>>) -> Priced<Request<Full<Bytes>>> {
     let number = |name: &str| {
         req.headers()
             .get(name)
@@ -59,8 +59,7 @@ fn my_costing(mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
         decode: number("x-max-tokens"),
         requests: 1,
     };
-    req.extensions_mut().insert(cost);
-    req.extensions_mut().insert(Arc::new(Tenant::new(
+    let tenant = Arc::new(Tenant::new(
         "acme",
         TenantLimits {
             // 1,000 prompt tokens/s, 100 output tokens/s, 5 requests/s; 10 s of burst.
@@ -77,8 +76,12 @@ fn my_costing(mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
                 burst_seconds: 10.0,
             },
         },
-    )));
-    req
+    ));
+    Priced {
+        request: req,
+        tenant,
+        cost,
+    }
 }
 
 /// The whole stack: your costing, tokengate's charge and admission, your model. Its error is
@@ -202,11 +205,7 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body, "generated 300 tokens on backend gpu-0");
         assert_eq!(headers["x-ratelimit-remaining-tokens"], "400");
-        let acme = my_costing(ask(0, 0))
-            .extensions()
-            .get::<Arc<Tenant>>()
-            .cloned()
-            .expect("set");
+        let acme = my_costing(ask(0, 0)).tenant;
         let snapshot = limiter.snapshot("acme", &acme.limits).await;
         assert_eq!(
             (

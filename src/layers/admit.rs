@@ -303,7 +303,7 @@ mod tests {
                 .service_fn(leased);
             // Prompts of 100 and 20 tokens, 3 choices each, 60 output tokens: 10 each.
             let mut req = request(cost(120, 60));
-            req.extensions_mut().insert(Sequences {
+            req.request.extensions_mut().insert(Sequences {
                 prompts: vec![100, 20],
                 choices: 3,
             });
@@ -339,7 +339,7 @@ mod tests {
             });
         // Six prompts of 30 tokens, 60 output tokens: 10 each.
         let mut req = request(cost(180, 60));
-        req.extensions_mut().insert(Sequences {
+        req.request.extensions_mut().insert(Sequences {
             prompts: vec![30; 6],
             choices: 1,
         });
@@ -387,12 +387,12 @@ mod tests {
             .service_fn(leased);
         let too_many = |route: Option<Route>| {
             let mut req = request(cost(5, 5));
-            req.extensions_mut().insert(Sequences {
+            req.request.extensions_mut().insert(Sequences {
                 prompts: vec![1; 5],
                 choices: 1,
             });
             if let Some(route) = route {
-                req.extensions_mut().insert(route);
+                req.request.extensions_mut().insert(route);
             }
             halved.clone().oneshot(req)
         };
@@ -468,7 +468,7 @@ mod tests {
             .await
             .expect("fits");
         let mut req = request(cost(200, 1));
-        req.extensions_mut().insert(Priority::Sheddable);
+        req.request.extensions_mut().insert(Priority::Sheddable);
         let e = svc.clone().oneshot(req).await.unwrap_err();
         assert_eq!(e.code, crate::error::ErrorCode::CapacityExhausted);
         let refused = |class: &str| {

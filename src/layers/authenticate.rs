@@ -1,21 +1,33 @@
 //! Step 5, authenticate: the request's API key names its tenant, in the directory in force now
-//! (a reload swaps it whole); the tenant goes on as `Arc<Tenant>` in the request's extensions,
-//! with its [`Priority`](crate::admission::Priority) (the tenant's class, or the lower one its
-//! `x-tokengate-priority` header asks for), and is noted in the request's [`Pending`] record
-//! when it has one. A missing or unknown key is a 401; a header asking for a class above the
+//! (a reload swaps it whole); the request goes on [`Authenticated`], its tenant beside it, with
+//! its [`Priority`](crate::admission::Priority) in its extensions (the tenant's class, or the
+//! lower one its `x-tokengate-priority` header asks for), and the tenant is noted in the
+//! request's [`Pending`] record and its trace when it has them. A missing or unknown key is a 401; a header asking for a class above the
 //! tenant's, or for none, a 400 before anything is counted.
 
 use super::step::{Step, StepLayer};
 use crate::error::ApiError;
 use crate::record::Pending;
 use crate::reload::live::LiveConfig;
+use crate::tenant::Tenant;
 use futures_util::future::BoxFuture;
 use http::Request;
 use std::sync::Arc;
 use tower::Service;
 
-/// Step 5 as a layer: adds `Arc<Tenant>` and [`Priority`](crate::admission::Priority).
+/// Step 5 as a layer: passes the request on [`Authenticated`], and adds its
+/// [`Priority`](crate::admission::Priority) to its extensions.
 pub type AuthenticateLayer = StepLayer<Authenticating>;
+
+/// A request whose API key named its tenant: the steps after authentication take a request only
+/// in this shape, so none of them can run before it.
+#[derive(Debug)]
+pub struct Authenticated<R> {
+    /// The request.
+    pub request: R,
+    /// The tenant its key names.
+    pub tenant: Arc<Tenant>,
+}
 
 /// What step 5 authenticates against.
 #[derive(Debug)]
@@ -32,12 +44,12 @@ impl AuthenticateLayer {
 
 impl<S, B> Step<S, Request<B>> for Authenticating
 where
-    S: Service<Request<B>> + Send + 'static,
+    S: Service<Authenticated<Request<B>>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: Send + 'static,
 {
-    type Passes = Request<B>;
+    type Passes = Authenticated<Request<B>>;
     type Response = S::Response;
 
     fn run(
@@ -50,14 +62,18 @@ where
             if let Some(pending) = req.extensions().get::<Pending>() {
                 pending.tenant(&tenant);
             }
+            crate::otel::authenticated(req.extensions(), &tenant);
             let class = tenant.priority.for_request(&tenant.name, req.headers());
             (tenant, class)
         });
         Box::pin(async move {
             let (tenant, class) = classed?;
             req.extensions_mut().insert(class?);
-            req.extensions_mut().insert(tenant);
-            inner.call(req).await.map_err(Into::into)
+            let authenticated = Authenticated {
+                request: req,
+                tenant,
+            };
+            inner.call(authenticated).await.map_err(Into::into)
         })
     }
 }
@@ -68,7 +84,6 @@ mod tests {
     use crate::admission::Priority;
     use crate::layers::testing::{live, outcomes_of, record_layer};
     use crate::metrics::Metrics;
-    use crate::tenant::Tenant;
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::Full;
@@ -83,13 +98,10 @@ mod tests {
 
     /// Answers with the name of the tenant it was handed, or `e` when given one.
     async fn names_tenant(
-        req: Request<Full<Bytes>>,
+        req: Authenticated<Request<Full<Bytes>>>,
         e: Option<ApiError>,
     ) -> Result<Response<String>, ApiError> {
-        let tenant = req
-            .extensions()
-            .get::<Arc<Tenant>>()
-            .expect("authenticated");
+        let tenant = req.tenant;
         match e {
             Some(e) => Err(e),
             None => Ok(Response::new(tenant.name.clone())),
@@ -103,8 +115,8 @@ mod tests {
         let svc = ServiceBuilder::new()
             .layer(record_layer(&metrics))
             .layer(AuthenticateLayer::new(live.clone()))
-            .service_fn(|req: Request<Full<Bytes>>| async move {
-                let class = req.extensions().get::<Priority>().expect("classed");
+            .service_fn(|req: Authenticated<Request<Full<Bytes>>>| async move {
+                let class = req.request.extensions().get::<Priority>().expect("classed");
                 Ok::<_, ApiError>(Response::new(class.as_str()))
             });
         let asking = |value: &str| {

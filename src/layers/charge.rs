@@ -2,8 +2,8 @@
 //! requests in flight, `max_inflight`), 8b its quotas (reserved for the most the request may
 //! spend), 8c its buckets charged the request's [`Cost`] (all or nothing); the request goes on
 //! as a [`Ticketed`] request, carrying by value the [`Ticket`] that holds all three and its
-//! tenant as in force at the charge. The cost is whatever [`Cost`] the request's extensions
-//! hold: our counting layer puts it there, or the user's own code does, so this layer works
+//! tenant as in force at the charge. It takes the request [`Priced`], its tenant and its cost
+//! beside it: our counting layer prices it, or the user's own code does, so this layer works
 //! without our parser. What the ticket gives back, and when, is the settlement room's
 //! ([`crate::settle`]); a step or service after the charge that refuses the request ends the
 //! ticket [`Ending::Refused`](crate::settle::Ending::Refused), and one that drops it unended
@@ -55,9 +55,20 @@ impl LimitsInForce for Arc<LiveConfig> {
     }
 }
 
-/// Step 8 as a layer: needs `Arc<Tenant>` and [`Cost`] in the request's extensions, and passes
-/// the request on [`Ticketed`].
+/// Step 8 as a layer: takes a [`Priced`] request and passes it on [`Ticketed`].
 pub type ChargeLayer<L = AsAuthenticated> = StepLayer<Charging<L>>;
+
+/// A request with its tenant and what it costs: what the charge takes. The counting layer
+/// passes a request on so; a service of the user's own that counts its own way makes one.
+#[derive(Debug)]
+pub struct Priced<R> {
+    /// The request.
+    pub request: R,
+    /// The tenant to charge (as authenticated: the charge finds the limits in force).
+    pub tenant: Arc<Tenant>,
+    /// What it costs.
+    pub cost: Cost,
+}
 
 /// What step 8 charges with.
 #[derive(Clone, Debug)]
@@ -129,7 +140,7 @@ impl<L> Charging<L> {
     }
 }
 
-impl<S, L, B> Step<S, Request<B>> for Charging<L>
+impl<S, L, B> Step<S, Priced<Request<B>>> for Charging<L>
 where
     S: Service<Ticketed<Request<B>>> + Send + 'static,
     S::Future: Send,
@@ -142,15 +153,18 @@ where
 
     fn run(
         self: Arc<Self>,
-        req: Request<B>,
+        req: Priced<Request<B>>,
         mut inner: S,
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let shared = self;
         Box::pin(async move {
+            let Priced {
+                request: req,
+                tenant,
+                cost,
+            } = req;
             let span = crate::otel::step(req.extensions(), crate::otel::Step::Charge);
-            let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?;
-            let cost = *super::extensions::needs::<Cost>(req.extensions())?;
-            let current = shared.limits.in_force(tenant)?;
+            let current = shared.limits.in_force(&tenant)?;
             // 8a, then 8b, then 8c: a refusal by a later part drops what the earlier ones
             // hold, which gives it back.
             let place = shared.enter_in_flight(&current)?;
@@ -186,14 +200,16 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::testing::{available, cost, limiter, outcomes, record_layer, request};
+    use crate::layers::testing::{
+        available, cost, limiter, outcomes, price, record_layer, request, unpriced,
+    };
     use crate::metrics::Metrics;
     use crate::settle::Ending;
     use bytes::Bytes;
     use http::{Response, StatusCode};
     use http_body_util::Full;
     use std::time::Duration;
-    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower::{ServiceBuilder, ServiceExt};
 
     type Answer = Result<Response<Full<Bytes>>, ApiError>;
 
@@ -215,13 +231,14 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let svc = ServiceBuilder::new()
             .layer(record_layer(&metrics))
+            .map_request(price)
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
                 Some(metrics.charge.clone()),
             ))
             .service_fn(|req| answers(req, 30));
-        let resp = svc.oneshot(request(cost(200, 80))).await.expect("charged");
+        let resp = svc.oneshot(unpriced(cost(200, 80))).await.expect("charged");
         // The headers right after the charge: 80 of the 100 decode tokens counted as used.
         assert_eq!(resp.headers()["x-ratelimit-remaining-tokens"], "20");
         // Settled: 200 prefill and the request stay charged, 50 unused decode tokens back.
@@ -235,6 +252,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let svc = ServiceBuilder::new()
             .layer(record_layer(&metrics))
+            .map_request(price)
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
@@ -243,7 +261,7 @@ mod tests {
             .service_fn(|_: Ticketed<Request<Full<Bytes>>>| async {
                 Err::<Response<Full<Bytes>>, _>(ApiError::upstream("the backend is gone"))
             });
-        let e = svc.oneshot(request(cost(200, 80))).await.unwrap_err();
+        let e = svc.oneshot(unpriced(cost(200, 80))).await.unwrap_err();
         assert_eq!(e.code, crate::error::ErrorCode::UpstreamError);
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
         // The error's code is the outcome, counted once; the ticket counts none of its own.
@@ -258,6 +276,7 @@ mod tests {
         let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
         let svc = ServiceBuilder::new()
             .layer(record_layer(&metrics))
+            .map_request(price)
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
@@ -272,7 +291,7 @@ mod tests {
                     std::future::pending::<Answer>().await
                 }
             });
-        let call = tokio::spawn(svc.oneshot(request(cost(200, 80))));
+        let call = tokio::spawn(svc.oneshot(unpriced(cost(200, 80))));
         reached_rx.recv().await.expect("the service was called");
         assert_eq!(available(&limiter).await, (800.0, 20.0, 4.0));
         call.abort();
@@ -300,13 +319,14 @@ mod tests {
         let (reached, mut reached_rx) = tokio::sync::mpsc::channel::<()>(1);
         let svc = ServiceBuilder::new()
             .layer(record_layer(&metrics))
+            .map_request(price)
             .layer(ChargeLayer::new(
                 limiter.clone(),
                 AsAuthenticated,
                 Some(metrics.charge.clone()),
             ))
             .service_fn(move |req| forwards_and_waits(req, reached.clone()));
-        let call = tokio::spawn(svc.oneshot(request(cost(200, 80))));
+        let call = tokio::spawn(svc.oneshot(unpriced(cost(200, 80))));
         reached_rx.recv().await.expect("the service was called");
         call.abort();
         assert!(call.await.unwrap_err().is_cancelled());
@@ -371,8 +391,8 @@ mod tests {
             });
         let call = |how: &'static str| {
             let mut req = request(cost(10, 10));
-            req.extensions_mut().insert(capped.clone());
-            req.extensions_mut().insert(how);
+            req.tenant = capped.clone();
+            req.request.extensions_mut().insert(how);
             tokio::spawn(svc.clone().oneshot(req))
         };
         let gauge = || capped.metrics.inflight(&metrics.charge).get();
@@ -440,7 +460,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_limits_in_force_decide_and_a_missing_cost_is_a_stack_built_wrong() {
+    async fn the_limits_in_force_decide() {
         #[derive(Clone)]
         struct Removed;
         impl LimitsInForce for Removed {
@@ -457,13 +477,6 @@ mod tests {
             (e.status, e.message.as_str()),
             (StatusCode::UNAUTHORIZED, "a is gone")
         );
-        let svc = ServiceBuilder::new()
-            .layer(ChargeLayer::new(limiter.clone(), AsAuthenticated, None))
-            .service(service_fn(|req| answers(req, 0)));
-        let mut req = request(cost(1, 1));
-        req.extensions_mut().remove::<Cost>();
-        let e = svc.oneshot(req).await.unwrap_err();
-        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(available(&limiter).await, (1000.0, 100.0, 5.0));
     }
 }

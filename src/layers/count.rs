@@ -1,9 +1,9 @@
 //! Steps 6-7, parse + count: the body is read (bounded in size and time), validated into a
 //! [`GenerationRequest`] and its prompt counted exactly (chat template + tokenizer, images and
 //! video from their headers), only up to the longest prompt that could be admitted; what it
-//! costs goes on as a [`Cost`] (prompt tokens, the output reserved, one request) in the
-//! request's extensions, with the parsed request. The body is then spent: the request goes on
-//! with an empty one.
+//! costs goes on beside the request as a [`Cost`] (prompt tokens, the output reserved, one
+//! request), [`Priced`], with the parsed request in its extensions. The body is then spent:
+//! the request goes on with an empty one.
 //!
 //! Refusing costs little: before the body is read, a tenant whose buckets cannot give even one
 //! request, one prefill and one decode token is refused (a short body read and dropped at the
@@ -15,6 +15,8 @@
 //! checks only peek; the charge layer charges.
 
 use super::admit::{KvGeometry, Sequences};
+use super::authenticate::Authenticated;
+use super::charge::Priced;
 use super::step::{Step, StepLayer};
 use crate::admission::{Admission, Priority};
 use crate::api::Endpoint;
@@ -44,8 +46,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower::Service;
 
-/// Steps 6-7 as a layer: needs `Arc<Tenant>` and [`Route`] in the request's extensions, adds
-/// [`GenerationRequest`] (its prompt taken out) and [`Cost`].
+/// Steps 6-7 as a layer: takes an [`Authenticated`] request with its [`Route`] in its
+/// extensions, and passes it on [`Priced`]: its [`Cost`] beside it, the [`GenerationRequest`]
+/// (its prompt taken out) in its extensions.
 pub type CountLayer = StepLayer<Counter>;
 
 impl CountLayer {
@@ -128,28 +131,28 @@ pub struct KvCheck {
     pub geometry: KvGeometry,
 }
 
-impl<S, B> Step<S, Request<Bounded<B>>> for Counter
+impl<S, B> Step<S, Authenticated<Request<Bounded<B>>>> for Counter
 where
-    S: Service<Request<Empty<Bytes>>> + Send + 'static,
+    S: Service<Priced<Request<Empty<Bytes>>>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Passes = Request<Empty<Bytes>>;
+    type Passes = Priced<Request<Empty<Bytes>>>;
     type Response = S::Response;
 
     fn run(
         self: Arc<Self>,
-        req: Request<Bounded<B>>,
+        req: Authenticated<Request<Bounded<B>>>,
         mut inner: S,
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let counter = self;
         Box::pin(async move {
-            let span = crate::otel::step(req.extensions(), crate::otel::Step::Count);
+            let span = crate::otel::step(req.request.extensions(), crate::otel::Step::Count);
             let req = counter.count(req).await?;
-            crate::otel::counted(req.extensions());
+            crate::otel::counted(req.request.extensions());
             drop(span);
             inner.call(req).await.map_err(Into::into)
         })
@@ -256,15 +259,21 @@ impl Counter {
         Some(refusal.into())
     }
 
-    /// Steps 6-7 on one request: its parsed form and [`Cost`] in its extensions, its body
-    /// spent.
-    async fn count<B>(&self, req: Request<Bounded<B>>) -> Result<Request<Empty<Bytes>>, ApiError>
+    /// Steps 6-7 on one request: its [`Cost`] beside it, its parsed form in its extensions,
+    /// its body spent.
+    async fn count<B>(
+        &self,
+        req: Authenticated<Request<Bounded<B>>>,
+    ) -> Result<Priced<Request<Empty<Bytes>>>, ApiError>
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let tenant = super::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
+        let Authenticated {
+            request: req,
+            tenant,
+        } = req;
         let route = *super::extensions::needs::<Route>(req.extensions())?;
         check_content_type(req.headers())?;
         // A Triton route names its model in the path: one not served is refused unread.
@@ -451,10 +460,13 @@ impl Counter {
         parts.extensions.insert(runs);
         parsed.keep_only_what_the_rewrite_reads();
         parts.extensions.insert(parsed);
-        parts.extensions.insert(cost);
         // A request the buckets may now charge: its body was not read to no purpose.
         body_charge.accept();
-        Ok(Request::from_parts(parts, Empty::new()))
+        Ok(Priced {
+            request: Request::from_parts(parts, Empty::new()),
+            tenant,
+            cost,
+        })
     }
 
     /// Refuses a whole answer whose log probabilities, for `sequences` of `max_output` tokens,
@@ -726,25 +738,31 @@ mod tests {
     }
 
     /// A completion request from alice with `body`, bounded as step 3 bounds it.
-    async fn completion(gw: &Counting, body: impl Into<Bytes>) -> Request<Bounded<Full<Bytes>>> {
+    async fn completion(
+        gw: &Counting,
+        body: impl Into<Bytes>,
+    ) -> Authenticated<Request<Bounded<Full<Bytes>>>> {
         let body = crate::layers::testing::bounded(Full::new(body.into()));
         let mut req = Request::new(body);
-        let alice = gw.alice.clone();
-        req.extensions_mut().insert(alice);
         req.extensions_mut()
             .insert(Route::OpenAi(Endpoint::Completions));
-        req
+        Authenticated {
+            request: req,
+            tenant: gw.alice.clone(),
+        }
     }
 
     /// Answers with the cost and the model of the parsed request it was handed.
-    async fn costed(req: Request<Empty<Bytes>>) -> Result<Response<(Cost, String)>, ApiError> {
-        let cost = *req.extensions().get::<Cost>().expect("counted");
-        let parsed = req.extensions().get::<GenerationRequest>().expect("parsed");
-        Ok(Response::new((cost, parsed.model.clone())))
+    async fn costed(
+        req: Priced<Request<Empty<Bytes>>>,
+    ) -> Result<Response<(Cost, String)>, ApiError> {
+        let ext = req.request.extensions();
+        let parsed = ext.get::<GenerationRequest>().expect("parsed");
+        Ok(Response::new((req.cost, parsed.model.clone())))
     }
 
     #[tokio::test]
-    async fn the_parsed_request_and_its_exact_cost_go_on_in_the_extensions() {
+    async fn the_exact_cost_goes_on_beside_the_request_and_the_parsed_request_in_its_extensions() {
         let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
@@ -789,8 +807,8 @@ mod tests {
         let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
-            .service_fn(|req: Request<Empty<Bytes>>| async move {
-                let class = req.extensions().get::<Priority>().expect("classed");
+            .service_fn(|req: Priced<Request<Empty<Bytes>>>| async move {
+                let class = (req.request.extensions().get::<Priority>()).expect("classed");
                 Ok::<_, ApiError>(Response::new(*class))
             });
         let class = |route: Route, header: Option<Priority>, tier: &str| {
@@ -804,9 +822,9 @@ mod tests {
             );
             async move {
                 let mut req = completion(&gw, body).await;
-                req.extensions_mut().insert(route);
+                req.request.extensions_mut().insert(route);
                 if let Some(header) = header {
-                    req.extensions_mut().insert(header);
+                    req.request.extensions_mut().insert(header);
                 }
                 svc.oneshot(req).await.map(Response::into_body)
             }
@@ -853,7 +871,7 @@ mod tests {
         // Anthropic's `service_tier` has its own values: it is not read as OpenAI's.
         let anthropic = r#"{"model": "qwen3.5-27b", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "service_tier": "standard_only"}"#;
         let mut req = completion(&gw, anthropic).await;
-        req.extensions_mut().insert(Route::Messages);
+        req.request.extensions_mut().insert(Route::Messages);
         assert_eq!(
             svc.clone().oneshot(req).await.unwrap().into_body(),
             Standard
@@ -874,7 +892,7 @@ mod tests {
             let (gw, svc) = (gw.clone(), svc.clone());
             async move {
                 let mut req = completion(&gw, body).await;
-                req.extensions_mut().insert(route);
+                req.request.extensions_mut().insert(route);
                 svc.oneshot(req).await.expect("valid").into_body().0.decode
             }
         };
@@ -913,8 +931,11 @@ mod tests {
             .service_fn(costed);
         let body = crate::layers::testing::bounded(Full::new(Bytes::from(body)));
         let mut req = Request::new(body);
-        req.extensions_mut().insert(alice.clone());
         req.extensions_mut().insert(route);
+        let req = Authenticated {
+            request: req,
+            tenant: alice.clone(),
+        };
         match svc.oneshot(req).await {
             Ok(resp) => Ok(resp.into_body().0),
             Err(e) => Err((e.param, e.message)),
@@ -1290,7 +1311,7 @@ mod tests {
             .layer(CountLayer::new(gw.counter.clone()))
             .service_fn(costed);
         let mut req = completion(&gw, "{}").await;
-        req.extensions_mut().remove::<Route>();
+        req.request.extensions_mut().remove::<Route>();
         let e = svc.oneshot(req).await.unwrap_err();
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
     }

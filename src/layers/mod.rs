@@ -1,28 +1,28 @@
 //! The steps of DESIGN.md's request path that are the gateway's own, one tower layer each, in
 //! the order `server::path` composes them; step 10-11's service (`proxy::forward`) is the leaf
-//! under them. Up to the charge, each layer reads what the ones before it put in the request's
-//! extensions and adds what it produced; from the charge on, the request travels
-//! [`Ticketed`](crate::settle::Ticketed), its ticket and its tenant beside it, owned, so a step
-//! after the charge cannot be put before it (the stack does not compile):
+//! under them. What each step must have from the ones before it travels beside the request, in
+//! the request's type: [`Authenticated`] (its tenant), [`Priced`] (its tenant and cost),
+//! [`Ticketed`](crate::settle::Ticketed) (its tenant as in force and its ticket, owned), so a
+//! step cannot be put before one it needs (the stack does not compile). What a step may do
+//! without, or what the route table and the record layer add, is in the request's extensions:
 //!
 //! | step | layer | file | needs | adds |
 //! |---|---|---|---|---|
 //! | 3 bound the body | [`BoundBodyLayer`] | `layers/bound.rs` | the body | the body, [`Bounded`](crate::util::bounded::Bounded) |
 //! | the outcome | [`RecordLayer`] | `layers/record.rs` | | [`Pending`](crate::record::Pending) (the request's record), [`Arrived`](crate::record::Arrived) |
-//! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | `Arc<Tenant>`, [`Priority`](crate::admission::Priority) |
-//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | `Arc<Tenant>`, [`Route`](crate::api::Route), the bounded body | [`GenerationRequest`](crate::api::GenerationRequest), [`Cost`](crate::limiter::Cost), [`Sequences`] |
-//! | 8 charge: 8a in-flight cap, 8b quotas, 8c buckets | [`ChargeLayer`] | `layers/charge.rs` | `Arc<Tenant>`, `Cost` | passes the request [`Ticketed`](crate::settle::Ticketed): its [`Ticket`](crate::settle::Ticket) and its tenant as in force |
+//! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | passes the request `Authenticated`; adds [`Priority`](crate::admission::Priority) |
+//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | an `Authenticated` request, its [`Route`](crate::api::Route), the bounded body | passes it `Priced` (its [`Cost`](crate::limiter::Cost)); adds [`GenerationRequest`](crate::api::GenerationRequest), [`Sequences`] |
+//! | 8 charge: 8a in-flight cap, 8b quotas, 8c buckets | [`ChargeLayer`] | `layers/charge.rs` | a `Priced` request | passes it `Ticketed`: its [`Ticket`](crate::settle::Ticket) and its tenant as in force |
 //! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | a `Ticketed` request (and [`Sequences`], one when absent) | the KV lease, in the ticket |
-//! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | all of the above | the metered answer, owning the ticket until it ends (`settle/`) |
+//! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | a `Ticketed` request, its [`Arrived`](crate::record::Arrived), `Route` and `GenerationRequest` | the metered answer, owning the ticket until it ends (`settle/`) |
 //!
 //! Every step but the body's bound is a [`StepLayer`] of what it does (a [`Step`]): the layer
 //! and service skeleton ([`step`]) is written once.
 //!
 //! Every layer's error is an [`ApiError`](crate::error::ApiError) (its inner service's error
 //! converts into one), and none reads the body but the counting layer, so the charge and
-//! admission layers go in front of any service with any body type: the
-//! [`Cost`](crate::limiter::Cost) and the tenant can come from the user's own code (see
-//! `examples/limit_my_service.rs`). A [`Pending`](crate::record::Pending) record is optional:
+//! admission layers go in front of any service with any body type: the user's own code can
+//! price a request (see `examples/limit_my_service.rs`). A [`Pending`](crate::record::Pending) record is optional:
 //! without the record layer nothing is recorded.
 
 pub mod admit;
@@ -35,9 +35,9 @@ pub mod record;
 pub mod step;
 
 pub use admit::{AdmitLayer, KvGeometry, Sequences};
-pub use authenticate::AuthenticateLayer;
+pub use authenticate::{AuthenticateLayer, Authenticated};
 pub use bound::BoundBodyLayer;
-pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce};
+pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce, Priced};
 pub use count::CountLayer;
 pub use record::RecordLayer;
 pub use step::{Step, StepLayer, Stepped};
@@ -48,6 +48,7 @@ pub use step::{Step, StepLayer, Stepped};
 pub(crate) mod testing {
     use crate::clock::ManualClock;
     use crate::layers::count::Counter;
+    use crate::layers::Priced;
     use crate::limiter::bucket::fixtures::limits;
     use crate::limiter::{Cost, Limiter, LocalStore};
     use crate::metrics::{CountMetrics, Metrics, OutcomeLabels};
@@ -77,12 +78,27 @@ pub(crate) mod testing {
         }
     }
 
-    /// A request from [`tenant`] with `cost` in its extensions and a small JSON body.
-    pub fn request(cost: Cost) -> Request<Full<Bytes>> {
+    /// A request from [`tenant`] priced `cost`, with a small JSON body.
+    pub fn request(cost: Cost) -> Priced<Request<Full<Bytes>>> {
+        price(unpriced(cost))
+    }
+
+    /// [`request`] as the layers before the counting layer see it: its cost in its extensions,
+    /// for [`price`] to read.
+    pub fn unpriced(cost: Cost) -> Request<Full<Bytes>> {
         let mut req = Request::new(Full::new(Bytes::from_static(b"{}")));
-        req.extensions_mut().insert(tenant());
         req.extensions_mut().insert(cost);
         req
+    }
+
+    /// An [`unpriced`] request priced for [`tenant`], where the counting layer would price it.
+    pub fn price(req: Request<Full<Bytes>>) -> Priced<Request<Full<Bytes>>> {
+        let cost = *req.extensions().get::<Cost>().expect("unpriced");
+        Priced {
+            request: req,
+            tenant: tenant(),
+            cost,
+        }
     }
 
     /// Tenant `a`'s buckets now: (prefill, decode, requests) available.

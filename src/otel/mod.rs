@@ -140,13 +140,16 @@ where
 }
 
 /// A span for `step` of the request whose extensions are `ext` (none when OpenTelemetry is
-/// off); the tenant, once authenticated, is noted in the request's span.
+/// off).
 pub fn step(ext: &Extensions, step: Step) -> Option<StepSpan> {
-    let trace = ext.get::<RequestTrace>()?;
-    if let Some(tenant) = ext.get::<Arc<Tenant>>() {
+    Some(ext.get::<RequestTrace>()?.step(step))
+}
+
+/// Notes `tenant`, whose key the request whose extensions are `ext` carries, in its span.
+pub fn authenticated(ext: &Extensions, tenant: &Tenant) {
+    if let Some(trace) = ext.get::<RequestTrace>() {
         trace.tenant(&tenant.name);
     }
-    Some(trace.step(step))
 }
 
 /// Notes the model a counted request named and the output limit it asked for.

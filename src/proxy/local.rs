@@ -17,6 +17,7 @@ use crate::api::{Prompt, Refusal};
 use crate::body::check_content_type;
 use crate::body::discard::BodyCharge;
 use crate::error::{Allow, ApiError};
+use crate::layers::authenticate::Authenticated;
 use crate::layers::count::{CountSettings, Counter};
 use crate::limiter::Cost;
 use crate::tenant::Tenant;
@@ -83,22 +84,26 @@ impl Local {
     }
 }
 
-/// The answer the [`Local`] in `req`'s extensions names (an authenticated request: its
-/// `Arc<Tenant>` is there too), from `counter` or the backends'.
+/// The answer the [`Local`] in the authenticated request's extensions names, from `counter` or
+/// the backends'.
 pub async fn answer<B>(
     counter: Arc<Counter>,
     upstreams: Arc<[Upstream]>,
-    req: Request<Bounded<B>>,
+    req: Authenticated<Request<Bounded<B>>>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let Authenticated {
+        request: req,
+        tenant,
+    } = req;
     match *crate::layers::extensions::needs::<Local>(req.extensions())? {
-        Local::Tokenize => tokenize(counter, req).await,
-        Local::Detokenize => detokenize(counter, req).await,
-        Local::CountTokens => count_tokens(counter, req).await,
+        Local::Tokenize => tokenize(counter, tenant, req).await,
+        Local::Detokenize => detokenize(counter, tenant, req).await,
+        Local::CountTokens => count_tokens(counter, tenant, req).await,
         Local::Models => models(upstreams, req).await,
         Local::Info => Ok(json_response(StatusCode::OK, &info(&counter.settings))),
     }
@@ -191,6 +196,7 @@ async fn charged<T>(
 /// `POST /tokenize`, answered locally in vLLM's shape: `{"count", "max_model_len", "tokens"}`.
 pub async fn tokenize<B>(
     counter: Arc<Counter>,
+    tenant: Arc<Tenant>,
     req: Request<Bounded<B>>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
@@ -198,7 +204,6 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let ((prompt, spell), body_charge) =
         read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
             openai::parse_tokenize(body, &config.vision_rules)
@@ -229,6 +234,7 @@ where
 /// request and [`COUNTED_PER_TOKEN`]'s prefill.
 pub async fn count_tokens<B>(
     counter: Arc<Counter>,
+    tenant: Arc<Tenant>,
     req: Request<Bounded<B>>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
@@ -236,7 +242,6 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (prompt, body_charge) = read_local(&counter, &tenant, req, ONE_COUNT, |body, config| {
         anthropic::parse_count_tokens(body, &config.model.served_names, &config.vision_rules)
     })
@@ -289,6 +294,7 @@ fn info(settings: &CountSettings) -> Value {
 /// otherwise come back twenty times its size).
 pub async fn detokenize<B>(
     counter: Arc<Counter>,
+    tenant: Arc<Tenant>,
     req: Request<Bounded<B>>,
 ) -> Result<Response<GatewayBody>, ApiError>
 where
@@ -296,7 +302,6 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let tenant = crate::layers::extensions::needs::<Arc<Tenant>>(req.extensions())?.clone();
     let (ids, body_charge) = read_local(&counter, &tenant, req, ONE_REQUEST, |body, _| {
         openai::parse_detokenize(body)
     })
