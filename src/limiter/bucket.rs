@@ -535,7 +535,6 @@ impl TenantState {
     }
 }
 
-/// Limits and costs shared by the limiter room's tests.
 /// OpenAI's `x-ratelimit-*` set: sent with a 429, and with every answer the gateway charged.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateLimitHeaders {
@@ -577,6 +576,7 @@ impl TenantSnapshot {
     }
 }
 
+/// Limits and costs shared by the limiter room's tests.
 #[cfg(test)]
 pub(crate) mod fixtures {
     use super::*;
