@@ -5,9 +5,9 @@
 //! is admitted, then your service answers instead of tokengate's proxy.
 //!
 //! `app::build` makes every part from a config, as `tokengate serve` does; each layer takes
-//! only its own part of it. Your service takes the request `Ticketed`: the request, with the
-//! parsed request (`GenerationRequest`) in its extensions, and its `Ticket`, which it owns
-//! while it works: ending it (or dropping it: the client went) settles, giving back the output
+//! only its own part of it. Your service takes the request `Ticketed`: the request `Counted`
+//! (its head, the parsed request, `GenerationRequest`, and its sequences) and its `Ticket`,
+//! which it owns while it works: ending it (or dropping it: the client went) settles, giving back the output
 //! tokens not produced, and writes the request's record.
 //!
 //! `cargo run --example whole_chain` sends a few requests through it in-process and prints the
@@ -16,17 +16,17 @@
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{Empty, Full};
+use http_body_util::Full;
 use std::convert::Infallible;
 use std::sync::Arc;
-use tokengate::api::GenerationRequest;
 use tokengate::app::{self, Deps};
 use tokengate::clock::{SharedClock, SystemClock};
 use tokengate::config::Config;
 use tokengate::error::ApiError;
 use tokengate::gateway::Gateway;
 use tokengate::layers::{
-    AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, KvGeometry, RecordLayer,
+    AdmitLayer, AuthenticateLayer, BoundBodyLayer, ChargeLayer, CountLayer, Counted, KvGeometry,
+    RecordLayer,
 };
 use tokengate::settle::{Ending, Ticketed};
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -57,17 +57,13 @@ burst_seconds = 10
 
 /// The pretend model: answers with what tokengate counted and charged, generates half the
 /// output it was allowed, and settles the ticket by ending it as completed.
-async fn my_model(
-    req: Ticketed<Request<Empty<Bytes>>>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn my_model(req: Ticketed<Counted>) -> Result<Response<Full<Bytes>>, Infallible> {
     let Ticketed {
         request,
         mut ticket,
         ..
     } = req;
-    let parsed = (request.extensions())
-        .get::<GenerationRequest>()
-        .expect("counted");
+    let parsed = request.parsed;
     let cost = ticket.cost();
     ticket.record_output(cost.decode / 2);
     // A complete answer (a ticket dropped without an ending counts as a client gone).

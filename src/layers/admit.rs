@@ -5,7 +5,7 @@
 //! which frees it when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
 //! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
 
-use super::step::{Step, StepLayer};
+use super::step::{Carried, Step, StepLayer};
 use crate::admission::{Admission, Priority};
 pub use crate::admission::{KvGeometry, Sequences};
 use crate::api::Route;
@@ -13,7 +13,6 @@ use crate::error::{ApiError, NotAdmitted, Runs};
 use crate::metrics::AdmitMetrics;
 use crate::settle::{Ending, Ticketed};
 use futures_util::future::BoxFuture;
-use http::Request;
 use std::sync::Arc;
 use tokio::time::Instant;
 use tower::Service;
@@ -88,19 +87,19 @@ impl AdmitLayer {
     }
 }
 
-impl<S, B> Step<S, Ticketed<Request<B>>> for Admitting
+impl<S, R> Step<S, Ticketed<R>> for Admitting
 where
-    S: Service<Ticketed<Request<B>>> + Send + 'static,
+    S: Service<Ticketed<R>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
-    B: Send + 'static,
+    R: Carried,
 {
-    type Passes = Ticketed<Request<B>>;
+    type Passes = Ticketed<R>;
     type Response = S::Response;
 
     fn run(
         self: Arc<Self>,
-        req: Ticketed<Request<B>>,
+        req: Ticketed<R>,
         mut inner: S,
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let shared = self;
@@ -113,7 +112,7 @@ where
             let cost = ticket.cost();
             let ext = request.extensions();
             let class = (ext.get::<Priority>().copied()).unwrap_or(tenant.priority);
-            let sequences = ext.get::<Sequences>();
+            let sequences = request.sequences();
             let need = (shared.admission).need(&shared.geometry, &cost, sequences);
             let tokens = cost.prefill + cost.decode;
             let span = crate::otel::step(ext, crate::otel::Step::QueueWait);
@@ -176,7 +175,7 @@ mod tests {
     use crate::layers::testing::{available, cost, limiter, request};
     use crate::settle::Ending;
     use bytes::Bytes;
-    use http::{Response, StatusCode};
+    use http::{Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full};
     use std::time::Duration;
     use tower::{ServiceBuilder, ServiceExt};

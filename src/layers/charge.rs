@@ -9,8 +9,7 @@
 //! ticket [`Ending::Refused`](crate::settle::Ending::Refused), and one that drops it unended
 //! gives back the same (the error's code is the outcome either way).
 
-use super::step::{Step, StepLayer};
-use crate::api::request::GenerationRequest;
+use super::step::{Carried, Step, StepLayer};
 use crate::error::{ApiError, CONCURRENCY_RETRY_AFTER};
 use crate::limiter::{Cost, Limiter};
 use crate::metrics::ChargeMetrics;
@@ -21,7 +20,6 @@ use crate::reload::live::LiveConfig;
 use crate::settle::{Ticket, Ticketed};
 use crate::tenant::{InFlightPlace, Tenant};
 use futures_util::future::BoxFuture;
-use http::Request;
 use std::sync::Arc;
 use tower::Service;
 
@@ -140,20 +138,20 @@ impl<L> Charging<L> {
     }
 }
 
-impl<S, L, B> Step<S, Priced<Request<B>>> for Charging<L>
+impl<S, L, R> Step<S, Priced<R>> for Charging<L>
 where
-    S: Service<Ticketed<Request<B>>> + Send + 'static,
+    S: Service<Ticketed<R>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     L: LimitsInForce,
-    B: Send + 'static,
+    R: Carried,
 {
-    type Passes = Ticketed<Request<B>>;
+    type Passes = Ticketed<R>;
     type Response = S::Response;
 
     fn run(
         self: Arc<Self>,
-        req: Priced<Request<B>>,
+        req: Priced<R>,
         mut inner: S,
     ) -> BoxFuture<'static, Result<S::Response, ApiError>> {
         let shared = self;
@@ -168,9 +166,7 @@ where
             // 8a, then 8b, then 8c: a refusal by a later part drops what the earlier ones
             // hold, which gives it back.
             let place = shared.enter_in_flight(&current)?;
-            let model =
-                (req.extensions().get::<GenerationRequest>()).map_or("", |p| p.model.as_str());
-            let quota = shared.reserve_quotas(&current, model, cost).await?;
+            let quota = shared.reserve_quotas(&current, req.model(), cost).await?;
             let reservation = shared
                 .limiter
                 .reserve(&current.name, &current.limits, cost)
@@ -206,7 +202,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::settle::Ending;
     use bytes::Bytes;
-    use http::{Response, StatusCode};
+    use http::{Request, Response, StatusCode};
     use http_body_util::Full;
     use std::time::Duration;
     use tower::{ServiceBuilder, ServiceExt};

@@ -2,8 +2,8 @@
 //! [`GenerationRequest`] and its prompt counted exactly (chat template + tokenizer, images and
 //! video from their headers), only up to the longest prompt that could be admitted; what it
 //! costs goes on beside the request as a [`Cost`] (prompt tokens, the output reserved, one
-//! request), [`Priced`], with the parsed request in its extensions. The body is then spent:
-//! the request goes on with an empty one.
+//! request), [`Priced`], and the parsed request beside its head, [`Counted`]. The body is then
+//! spent: the request goes on with an empty one.
 //!
 //! Refusing costs little: before the body is read, a tenant whose buckets cannot give even one
 //! request, one prefill and one decode token is refused (a short body read and dropped at the
@@ -17,7 +17,7 @@
 use super::admit::{KvGeometry, Sequences};
 use super::authenticate::Authenticated;
 use super::charge::Priced;
-use super::step::{Step, StepLayer};
+use super::step::{Carried, Step, StepLayer};
 use crate::admission::{Admission, Priority};
 use crate::api::Endpoint;
 use crate::api::GenerationRequest;
@@ -47,8 +47,8 @@ use tokio::time::Instant;
 use tower::Service;
 
 /// Steps 6-7 as a layer: takes an [`Authenticated`] request with its [`Route`] in its
-/// extensions, and passes it on [`Priced`]: its [`Cost`] beside it, the [`GenerationRequest`]
-/// (its prompt taken out) in its extensions.
+/// extensions, and passes it on [`Priced`]: [`Counted`] (the parsed request and its sequences
+/// beside its head), its [`Cost`] beside that.
 pub type CountLayer = StepLayer<Counter>;
 
 impl CountLayer {
@@ -131,16 +131,45 @@ pub struct KvCheck {
     pub geometry: KvGeometry,
 }
 
+/// A request counted: its head (the body spent), the route it came by, what it asks for,
+/// parsed (its prompt taken out), and the sequences it runs.
+#[derive(Debug)]
+pub struct Counted {
+    /// The request's head, and an empty body.
+    pub request: Request<Empty<Bytes>>,
+    /// The route it came by (what it asks for may be read as another's: MindIE's `/generate`
+    /// reads a vLLM-style body as vLLM's).
+    pub route: Route,
+    /// What it asks for.
+    pub parsed: GenerationRequest,
+    /// Its sequences: each prompt's tokens, and the choices of each.
+    pub sequences: Sequences,
+}
+
+impl Carried for Counted {
+    fn extensions(&self) -> &http::Extensions {
+        self.request.extensions()
+    }
+
+    fn model(&self) -> &str {
+        &self.parsed.model
+    }
+
+    fn sequences(&self) -> Option<&Sequences> {
+        Some(&self.sequences)
+    }
+}
+
 impl<S, B> Step<S, Authenticated<Request<Bounded<B>>>> for Counter
 where
-    S: Service<Priced<Request<Empty<Bytes>>>> + Send + 'static,
+    S: Service<Priced<Counted>> + Send + 'static,
     S::Future: Send,
     S::Error: Into<ApiError>,
     B: http_body::Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    type Passes = Priced<Request<Empty<Bytes>>>;
+    type Passes = Priced<Counted>;
     type Response = S::Response;
 
     fn run(
@@ -152,7 +181,7 @@ where
         Box::pin(async move {
             let span = crate::otel::step(req.request.extensions(), crate::otel::Step::Count);
             let req = counter.count(req).await?;
-            crate::otel::counted(req.request.extensions());
+            crate::otel::counted(req.request.request.extensions(), &req.request.parsed);
             drop(span);
             inner.call(req).await.map_err(Into::into)
         })
@@ -264,7 +293,7 @@ impl Counter {
     async fn count<B>(
         &self,
         req: Authenticated<Request<Bounded<B>>>,
-    ) -> Result<Priced<Request<Empty<Bytes>>>, ApiError>
+    ) -> Result<Priced<Counted>, ApiError>
     where
         B: http_body::Body + Send + 'static,
         B::Data: Send,
@@ -457,13 +486,17 @@ impl Counter {
         if let Some(e) = self.never_admitted((route, class), &cost, &runs, false) {
             return Err(e);
         }
-        parts.extensions.insert(runs);
         parsed.keep_only_what_the_rewrite_reads();
-        parts.extensions.insert(parsed);
         // A request the buckets may now charge: its body was not read to no purpose.
         body_charge.accept();
-        Ok(Priced {
+        let counted = Counted {
             request: Request::from_parts(parts, Empty::new()),
+            route,
+            parsed,
+            sequences: runs,
+        };
+        Ok(Priced {
+            request: counted,
             tenant,
             cost,
         })
@@ -753,16 +786,12 @@ mod tests {
     }
 
     /// Answers with the cost and the model of the parsed request it was handed.
-    async fn costed(
-        req: Priced<Request<Empty<Bytes>>>,
-    ) -> Result<Response<(Cost, String)>, ApiError> {
-        let ext = req.request.extensions();
-        let parsed = ext.get::<GenerationRequest>().expect("parsed");
-        Ok(Response::new((req.cost, parsed.model.clone())))
+    async fn costed(req: Priced<Counted>) -> Result<Response<(Cost, String)>, ApiError> {
+        Ok(Response::new((req.cost, req.request.parsed.model)))
     }
 
     #[tokio::test]
-    async fn the_exact_cost_goes_on_beside_the_request_and_the_parsed_request_in_its_extensions() {
+    async fn the_exact_cost_and_the_parsed_request_go_on_beside_the_request() {
         let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
@@ -807,7 +836,7 @@ mod tests {
         let gw = counting(10.0).await;
         let svc = ServiceBuilder::new()
             .layer(CountLayer::new(gw.counter.clone()))
-            .service_fn(|req: Priced<Request<Empty<Bytes>>>| async move {
+            .service_fn(|req: Priced<Counted>| async move {
                 let class = (req.request.extensions().get::<Priority>()).expect("classed");
                 Ok::<_, ApiError>(Response::new(*class))
             });

@@ -1,20 +1,23 @@
 //! The steps of DESIGN.md's request path that are the gateway's own, one tower layer each, in
 //! the order `server::path` composes them; step 10-11's service (`proxy::forward`) is the leaf
 //! under them. What each step must have from the ones before it travels beside the request, in
-//! the request's type: [`Authenticated`] (its tenant), [`Priced`] (its tenant and cost),
+//! the request's type: [`Authenticated`] (its tenant), [`Counted`] (its route, the parsed
+//! request and its sequences), [`Priced`] (its tenant and cost),
 //! [`Ticketed`](crate::settle::Ticketed) (its tenant as in force and its ticket, owned), so a
-//! step cannot be put before one it needs (the stack does not compile). What a step may do
-//! without, or what the route table and the record layer add, is in the request's extensions:
+//! step cannot be put before one it needs (the stack does not compile). The steps from the
+//! charge on read the request they pass on as [`Carried`]: a counted one, or a plain http
+//! request priced by the user's own code. What a step may do without, or what the route table
+//! and the record layer add, is in the request's extensions:
 //!
 //! | step | layer | file | needs | adds |
 //! |---|---|---|---|---|
 //! | 3 bound the body | [`BoundBodyLayer`] | `layers/bound.rs` | the body | the body, [`Bounded`](crate::util::bounded::Bounded) |
 //! | the outcome | [`RecordLayer`] | `layers/record.rs` | | [`Pending`](crate::record::Pending) (the request's record), [`Arrived`](crate::record::Arrived) |
 //! | 5 authenticate | [`AuthenticateLayer`] | `layers/authenticate.rs` | the API key | passes the request `Authenticated`; adds [`Priority`](crate::admission::Priority) |
-//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | an `Authenticated` request, its [`Route`](crate::api::Route), the bounded body | passes it `Priced` (its [`Cost`](crate::limiter::Cost)); adds [`GenerationRequest`](crate::api::GenerationRequest), [`Sequences`] |
+//! | 6-7 parse + count | [`CountLayer`] | `layers/count.rs` | an `Authenticated` request, its [`Route`](crate::api::Route), the bounded body | passes it `Counted` and `Priced` (its [`Cost`](crate::limiter::Cost)); the class [`Priority`](crate::admission::Priority) may lower |
 //! | 8 charge: 8a in-flight cap, 8b quotas, 8c buckets | [`ChargeLayer`] | `layers/charge.rs` | a `Priced` request | passes it `Ticketed`: its [`Ticket`](crate::settle::Ticket) and its tenant as in force |
-//! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | a `Ticketed` request (and [`Sequences`], one when absent) | the KV lease, in the ticket |
-//! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | a `Ticketed` request, its [`Arrived`](crate::record::Arrived), `Route` and `GenerationRequest` | the metered answer, owning the ticket until it ends (`settle/`) |
+//! | 9 admit | [`AdmitLayer`] | `layers/admit.rs` | a `Ticketed` request (its [`Sequences`], one when not known) | the KV lease, in the ticket |
+//! | 10-11 forward + meter | [`Forward`](crate::proxy::forward::Forward) | `proxy/forward.rs`, `proxy/meter.rs` | a `Ticketed` `Counted` request, its [`Arrived`](crate::record::Arrived) | the metered answer, owning the ticket until it ends (`settle/`) |
 //!
 //! Every step but the body's bound is a [`StepLayer`] of what it does (a [`Step`]): the layer
 //! and service skeleton ([`step`]) is written once.
@@ -38,9 +41,9 @@ pub use admit::{AdmitLayer, KvGeometry, Sequences};
 pub use authenticate::{AuthenticateLayer, Authenticated};
 pub use bound::BoundBodyLayer;
 pub use charge::{AsAuthenticated, ChargeLayer, LimitsInForce, Priced};
-pub use count::CountLayer;
+pub use count::{CountLayer, Counted};
 pub use record::RecordLayer;
-pub use step::{Step, StepLayer, Stepped};
+pub use step::{Carried, Step, StepLayer, Stepped};
 
 /// What the layers' tests share: a limiter on a manual clock, one tenant, requests carrying a
 /// [`Cost`](crate::limiter::Cost) on an in-memory body.

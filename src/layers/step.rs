@@ -4,6 +4,7 @@
 //! only what it does to a request; its refusal, or its inner service's error, is an
 //! [`ApiError`].
 
+use crate::admission::Sequences;
 use crate::error::ApiError;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
@@ -97,5 +98,32 @@ where
         let fresh = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, fresh);
         self.step.clone().run(req, inner)
+    }
+}
+
+/// What the steps from the charge on read of the request they pass on: an http request (in
+/// front of a service of the user's own), or one the counting layer counted
+/// ([`Counted`](super::count::Counted)).
+pub trait Carried: Send + 'static {
+    /// Its extensions.
+    fn extensions(&self) -> &http::Extensions;
+    /// The model it names, under which quotas per model are kept ("" when not known).
+    fn model(&self) -> &str;
+    /// The sequences it runs (`None`: one).
+    fn sequences(&self) -> Option<&Sequences>;
+}
+
+impl<B: Send + 'static> Carried for http::Request<B> {
+    fn extensions(&self) -> &http::Extensions {
+        self.extensions()
+    }
+
+    fn model(&self) -> &str {
+        ""
+    }
+
+    /// The [`Sequences`] the user's own code put in its extensions, if any.
+    fn sequences(&self) -> Option<&Sequences> {
+        self.extensions().get::<Sequences>()
     }
 }

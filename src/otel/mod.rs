@@ -152,9 +152,10 @@ pub fn authenticated(ext: &Extensions, tenant: &Tenant) {
     }
 }
 
-/// Notes the model a counted request named and the output limit it asked for.
-pub fn counted(ext: &Extensions) {
-    if let (Some(trace), Some(req)) = (ext.get::<RequestTrace>(), ext.get::<GenerationRequest>()) {
+/// Notes the model `req`, counted, named and the output limit it asked for, in the span of the
+/// request whose extensions are `ext`.
+pub fn counted(ext: &Extensions, req: &GenerationRequest) {
+    if let Some(trace) = ext.get::<RequestTrace>() {
         trace.request(&req.model, req.requested_max_tokens.map(|(_, n)| n));
     }
 }

@@ -24,7 +24,7 @@ use crate::api::{self, Route};
 use crate::config::ValidConfig;
 use crate::error::{ApiError, UpstreamFailure};
 use crate::layers::extensions::needs;
-use crate::layers::Sequences;
+use crate::layers::Counted;
 use crate::metrics::SettleMetrics;
 use crate::record::Arrived;
 use crate::settle::{Ending, Reconcile, Ticketed};
@@ -34,7 +34,7 @@ use crate::tokenize::Tokenizer;
 use crate::util::throttle::Throttle;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{Method, Request, Response};
+use http::{Method, Response};
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -111,7 +111,7 @@ impl Forward {
     }
 }
 
-impl<B> tower::Service<Ticketed<Request<B>>> for Forward {
+impl tower::Service<Ticketed<Counted>> for Forward {
     type Response = Response<GatewayBody>;
     type Error = ApiError;
     type Future = BoxFuture<'static, Result<Response<GatewayBody>, ApiError>>;
@@ -120,17 +120,22 @@ impl<B> tower::Service<Ticketed<Request<B>>> for Forward {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, ticketed: Ticketed<Request<B>>) -> Self::Future {
+    fn call(&mut self, ticketed: Ticketed<Counted>) -> Self::Future {
         let gw = self.shared.clone();
-        // Everything is taken out here, so the future does not hold the body type.
+        // Everything is taken out here, so the future holds only what forwarding reads.
         let taken = (|| {
             let Ticketed {
-                request: req,
+                request: counted,
                 tenant,
                 ticket,
             } = ticketed;
+            let Counted {
+                request: req,
+                route,
+                mut parsed,
+                sequences,
+            } = counted;
             let Arrived(arrived) = *needs::<Arrived>(req.extensions())?;
-            let route = *needs::<Route>(req.extensions())?;
             let reserved = ticket.cost().decode;
             let request_id = crate::request_id::backend_id(req.headers(), req.extensions());
             let backend = ticket.lease().map_or(0, |l| l.backend());
@@ -146,7 +151,7 @@ impl<B> tower::Service<Ticketed<Request<B>>> for Forward {
             };
             // No engine runs a prompt longer than the model's context: a backend's count of the
             // prompts is believed up to that.
-            let prompts = (req.extensions().get::<Sequences>()).map_or(1, |s| s.prompts.len());
+            let prompts = sequences.prompts.len();
             let reconcile = Reconcile {
                 backend: gw.upstreams[backend].url.clone(),
                 request_id: crate::request_id::request_id(req.headers()),
@@ -155,11 +160,6 @@ impl<B> tower::Service<Ticketed<Request<B>>> for Forward {
                     .saturating_mul(prompts.max(1) as u64),
                 warnings: gw.count_warnings.clone(),
             };
-            let (mut parts, _) = req.into_parts();
-            let mut parsed = parts
-                .extensions
-                .remove::<GenerationRequest>()
-                .ok_or_else(|| ApiError::missing_extension("GenerationRequest"))?;
             // An isolated tenant's requests carry its salt (scoping the client's own) on the
             // routes where vLLM reads one.
             if let (true, Some(salt)) = (route.reads_cache_salt(), &tenant.cache_salt) {
@@ -168,7 +168,7 @@ impl<B> tower::Service<Ticketed<Request<B>>> for Forward {
                 parsed.cache_salt = Some(crate::cache_salt::scoped(salt, client));
             }
             // Each sequence (every prompt's `n` choices) may write its share of the reservation.
-            let sequences = (parts.extensions.get::<Sequences>()).map_or(1, Sequences::count);
+            let sequences = sequences.count();
             let max_output = reserved / sequences.max(1);
             let mut admitted = Admitted::new(
                 tenant,
