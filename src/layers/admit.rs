@@ -1,9 +1,10 @@
-//! Step 9, admit: the request's KV footprint (its [`Cost`](crate::limiter::Cost)'s prompt + max output tokens, in
-//! whole blocks, plus the per-sequence state) is leased on a backend, at once or after waiting
-//! in the bounded queue in the request's [`Priority`] class (the one its extensions carry, else
-//! its tenant's) and fairly by tokens within it; the lease is added to the request's [`Ticket`](crate::settle::Ticket),
-//! which frees it when it goes. A request that can never fit is a 400, a full queue or a passed deadline a 503
-//! (see [`NotAdmitted`]); either way the ticket gives back everything charged.
+//! Step 9, admit: the request's KV footprint (its [`Cost`](crate::limiter::Cost)'s prompt +
+//! max output tokens, in whole blocks, plus the per-sequence state) is leased on a backend, at
+//! once or after waiting in the bounded queue in the request's [`Priority`] class (the one its
+//! extensions carry, else its tenant's) and fairly by tokens within it; the lease is added to
+//! the request's [`Ticket`](crate::settle::Ticket), which frees it when it goes. A request that
+//! can never fit is a 400, a full queue or a passed deadline a 503 (see [`NotAdmitted`]); either
+//! way the ticket ends refused and gives back everything charged.
 
 use super::step::{Carried, Step, StepLayer};
 use crate::admission::{Admission, Priority};
@@ -17,9 +18,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tower::Service;
 
-/// Step 9 as a layer: takes a [`Ticketed`] request (the charge layer's), its [`Priority`] and
-/// [`Sequences`] from its extensions when they are there (its tenant's class, and one sequence,
-/// when not); adds the lease to the ticket.
+/// Step 9 as a layer: takes a [`Ticketed`] request (the charge layer's), its [`Priority`] from
+/// its extensions when there is one (its tenant's class when not) and its [`Sequences`] as the
+/// request carries them ([`Carried::sequences`]: one when not known); adds the lease to the
+/// ticket.
 ///
 /// A request that was not charged is not one it takes: a stack with no charge layer before it
 /// does not compile.

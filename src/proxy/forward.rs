@@ -39,9 +39,9 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-/// The leaf service: takes a [`Ticketed`] request (charged and admitted) and needs what the
-/// layers before the charge add to its extensions ([`Arrived`], [`Route`],
-/// [`GenerationRequest`]); answers with the metered answer.
+/// The leaf service: takes a [`Ticketed`] [`Counted`] request (counted, charged and admitted)
+/// and needs the instant it [`Arrived`], which the record layer adds to its extensions; answers
+/// with the metered answer.
 #[derive(Clone, Debug)]
 pub struct Forward {
     shared: Arc<Backends>,
