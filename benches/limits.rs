@@ -93,6 +93,7 @@ const NEED: Need = Need {
     output_tokens: 100,
     sequences: 1,
     alone: None,
+    in_turns: false,
 };
 
 fn admission_core() -> f64 {

@@ -57,6 +57,7 @@ const NEED: Need = Need {
     output_tokens: COST.decode,
     sequences: 1,
     alone: None,
+    in_turns: false,
 };
 
 /// One setup: a limiter on a store, an admission room on a ledger.

@@ -81,6 +81,7 @@ impl KvGeometry {
             output_tokens: cost.decode,
             sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
             alone,
+            in_turns: false,
         }
     }
 

@@ -27,6 +27,7 @@ use crate::limiter::Cost;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -238,6 +239,7 @@ impl State {
                 return Need {
                     bytes: l.kv_capacity_bytes(),
                     sequences: l.max_batch().max(1),
+                    in_turns: true,
                     ..need
                 };
             }
@@ -245,6 +247,7 @@ impl State {
         match known().map(KvLedger::max_batch).max() {
             Some(batch) if batch > 0 && need.sequences > batch => Need {
                 sequences: batch,
+                in_turns: true,
                 ..need
             },
             _ => need,
@@ -261,6 +264,8 @@ struct Shared {
     state: Mutex<State>,
     /// With a shared ledger, the way to it.
     link: Option<ledger_store::Link>,
+    /// Per backend: this replica's live leases that run in turns there ([`Need::in_turns`]).
+    in_turns: Vec<AtomicU32>,
 }
 
 impl Shared {
@@ -460,9 +465,11 @@ impl Admission {
             })
             .collect();
         let learned = backends.iter().map(|b| b.engine.then_some(None)).collect();
+        let in_turns = backends.iter().map(|_| AtomicU32::new(0)).collect();
         let (link, replica) = shared.unzip();
         Self {
             shared: Arc::new(Shared {
+                in_turns,
                 learned: RwLock::new(learned),
                 names: backends.into_iter().map(|b| b.name).collect(),
                 queue,
@@ -675,6 +682,12 @@ impl Admission {
         self.shared.state().queue.counter(p, tenant)
     }
 
+    /// Whether one of this replica's live leases runs in turns on `backend` ([`Need::in_turns`]):
+    /// the engine then keeps the request's other sequences waiting, by design.
+    pub fn runs_in_turns(&self, backend: usize) -> bool {
+        self.shared.in_turns[backend].load(Ordering::Relaxed) > 0
+    }
+
     /// Backends and queue now.
     pub fn snapshot(&self) -> AdmissionSnapshot {
         let state = self.shared.state();
@@ -768,6 +781,9 @@ impl Lease {
             need,
             ..
         } = grant;
+        if need.in_turns {
+            shared.in_turns[backend].fetch_add(1, Ordering::Relaxed);
+        }
         Self {
             shared: Arc::clone(shared),
             backend,
@@ -837,6 +853,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if self.need.in_turns {
+            self.shared.in_turns[self.backend].fetch_sub(1, Ordering::Relaxed);
+        }
         // The counter first, so that the waiters granted below are ordered by it.
         drop(self.served.take());
         let (backend, footprint, class) = (self.backend, self.need.footprint(), self.class);
@@ -912,6 +931,7 @@ mod tests {
             output_tokens: 0,
             sequences: 1,
             alone: None,
+            in_turns: false,
         }
     }
     use tokio::task::JoinHandle;
@@ -963,6 +983,7 @@ mod tests {
             (b.kv_reserved_bytes, b.inflight)
         };
         assert_eq!(held(&adm), (63 * 384, 16));
+        assert!(adm.runs_in_turns(0));
         // Nothing beside it, not even a page.
         let waiter = {
             let adm = adm.clone();
@@ -971,7 +992,7 @@ mod tests {
         until_queued(&adm, 1).await;
         drop(turns);
         let one = waiter.await.expect("ran").expect("granted");
-        assert_eq!(held(&adm), (384, 1));
+        assert_eq!((held(&adm), adm.runs_in_turns(0)), ((384, 1), false));
         drop(one);
         // Eight output tokens each grow into pages the engine may not have: together they
         // must fit at once, and cannot.
@@ -1038,6 +1059,8 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(inflight(&adm), [0, 8]);
+        // What the backend's feedback is told: its engine keeps 12 of them waiting, by design.
+        assert_eq!((adm.runs_in_turns(0), adm.runs_in_turns(1)), (false, true));
         // Six fit the large batch only, whole: they wait for it, although the small is idle.
         let waiter = {
             let adm = adm.clone();
@@ -1053,6 +1076,8 @@ mod tests {
         drop(turns);
         let (name, six) = waiter.await.expect("ran").expect("granted");
         assert_eq!((name.as_str(), inflight(&adm)), ("large", vec![0, 6]));
+        // Six within the batch run at once, not in turns.
+        assert!(!adm.runs_in_turns(1));
         drop(six);
         assert_eq!(inflight(&adm), [0, 0]);
         // In a class that may hold half a batch, more than a whole batch never fits.
@@ -1412,6 +1437,7 @@ mod tests {
             output_tokens: 50,
             sequences: 1,
             alone: None,
+            in_turns: false,
         };
         let counter = |adm: &Admission| adm.fairness_counter(Standard, "a");
         let mut lease = adm.admit("a", Standard, asked).await.expect("room");

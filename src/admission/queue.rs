@@ -64,6 +64,11 @@ pub struct Need {
     /// the largest of them holds alone: such a request can run in turns, a few sequences at a
     /// time, even when together they are larger than a cache. `None` when they grow.
     pub alone: Option<u64>,
+    /// Admission runs it in turns on its backend: it holds the whole batch (more sequences
+    /// than that) or the whole backend (sequences that never grow, together past a cache), and
+    /// the engine keeps its other sequences waiting until one of its own ends. Set by the
+    /// admission when it takes the need, never by the caller.
+    pub in_turns: bool,
 }
 
 impl Need {
@@ -486,6 +491,7 @@ mod tests {
             output_tokens: 0,
             sequences: 1,
             alone: None,
+            in_turns: false,
         }
     }
 
@@ -725,6 +731,7 @@ mod tests {
             output_tokens: 500,
             sequences: 1,
             alone: None,
+            in_turns: false,
         };
         assert!(matches!(
             q.arrive(&mut ledgers, "a", Standard, asked),
@@ -854,6 +861,7 @@ mod tests {
             output_tokens: 100,
             sequences: 1,
             alone: None,
+            in_turns: false,
         };
         queued(q.arrive(&mut ledgers, "a", Standard, u));
         queued(q.arrive(&mut ledgers, "b", Standard, need(1)));
@@ -998,6 +1006,7 @@ mod tests {
                         output_tokens: output,
                         sequences: 1,
                         alone: None,
+                        in_turns: false,
                     };
                     let above = self.waiting.iter().filter(|w| w.2 > class).count();
                     match self.q.arrive(&mut self.ledgers, &tenant, class, need) {

@@ -1,7 +1,8 @@
 //! Backend feedback: the gateway reads each backend's own Prometheus metrics on an interval
 //! (vLLM / vLLM-ascend and MindIE names, [`parse`]), shows the latest reading beside the ledger
-//! in `/admin/backends`, and lets a backend that queues or preempts shrink its ledger's
-//! effective KV capacity, and calm regrow it ([`pressure`]). From a vLLM engine it also learns
+//! in `/admin/backends`, and lets a backend that queues (beyond the sequences of a request it
+//! runs in turns) or preempts shrink its ledger's effective KV capacity, and calm regrow it
+//! ([`pressure`]). From a vLLM engine it also learns
 //! the KV geometry in the engine's own units ([`engine`]): a backend with `kv = "engine"`
 //! admits by it, and one whose geometry is set by hand is checked against it; and the vLLM
 //! version it runs ([`version`]), which says how an output limit past the context is answered.
@@ -224,11 +225,12 @@ impl ScrapeError {
     }
 }
 
-fn ledger_view(b: &BackendSnapshot) -> LedgerView {
+fn ledger_view(b: &BackendSnapshot, in_turns: bool) -> LedgerView {
     LedgerView {
         configured_bytes: b.kv_capacity_bytes,
         reserved_bytes: b.kv_reserved_bytes,
         live: b.inflight,
+        in_turns,
     }
 }
 
@@ -644,7 +646,9 @@ impl Scraper {
         };
         let adjustment = if self.cfg.adjust_capacity {
             let ledger = &self.admission.snapshot().backends[self.index];
-            self.pressure.observe(&reading, ledger_view(ledger))
+            let in_turns = self.admission.runs_in_turns(self.index);
+            self.pressure
+                .observe(&reading, ledger_view(ledger, in_turns))
         } else {
             None
         };

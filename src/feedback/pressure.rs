@@ -6,7 +6,9 @@
 //! - **shrink** by [`SHRINK_PERMILLE`] (x0.9) at every scrape where the backend preempted since
 //!   the last one, or has had requests waiting (or swapped out) for [`QUEUED_SCRAPES`] scrapes in
 //!   a row, while the gateway has leases on it: every request a backend queues passed the ledger,
-//!   so the ledger showed room the backend did not have. Never below `floor`.
+//!   so the ledger showed room the backend did not have. Never below `floor`. While a request
+//!   runs in turns there, the backend's queue is that request's own sequences waiting for their
+//!   turn, and is not pressure (its preemptions still are).
 //! - **grow back** by [`GROW_PERMILLE`] after [`CALM_SCRAPES`] scrapes in a row without pressure,
 //!   up to the configured capacity.
 //! - **overcommit** (opt-in, `overcommit` > 1): past the configured capacity by the same steps, up
@@ -56,6 +58,9 @@ pub struct LedgerView {
     pub reserved_bytes: u64,
     /// Live leases.
     pub live: u32,
+    /// One of them runs in turns ([`crate::admission::Need::in_turns`]): the backend keeps its
+    /// other sequences waiting by design, so its queue says nothing of the ledger.
+    pub in_turns: bool,
 }
 
 /// Why the scale moved.
@@ -134,7 +139,11 @@ impl Pressure {
         if r.preemptions_total.is_some() {
             self.last_preemptions = r.preemptions_total;
         }
-        let queued = r.waiting.unwrap_or(0) + r.swapped.unwrap_or(0);
+        // While a request runs in turns, the queue is its own sequences waiting for theirs.
+        let queued = match ledger.in_turns {
+            true => 0,
+            false => r.waiting.unwrap_or(0) + r.swapped.unwrap_or(0),
+        };
         self.queued_streak = if queued > 0 {
             self.queued_streak + 1
         } else {
@@ -223,6 +232,7 @@ mod tests {
             configured_bytes: 1000,
             reserved_bytes,
             live,
+            in_turns: false,
         }
     }
 
@@ -262,6 +272,31 @@ mod tests {
         );
         assert_eq!(got[2], 650);
         assert_eq!(p.scale_permille(), 1000);
+    }
+
+    #[test]
+    fn a_request_run_in_turns_queues_its_own_sequences_which_is_not_pressure() {
+        let mut p = Pressure::new(BOUNDS);
+        // 24 sequences on a batch of 16: the engine keeps 8 waiting, scrape after scrape.
+        let turns = LedgerView {
+            in_turns: true,
+            ..ledger(1000, 16)
+        };
+        let waiting: Vec<_> = (0..4).map(|_| (reading(8, 0, 0.9), turns)).collect();
+        assert_eq!(scales(&mut p, &waiting), [1000, 1000, 1000, 1000]);
+        // Its preemptions still are.
+        assert_eq!(
+            p.observe(&reading(8, 2, 0.9), turns),
+            Some(Adjustment {
+                from_permille: 1000,
+                to_permille: 900,
+                reason: Reason::Preempted { preempted: 2 }
+            })
+        );
+        // Once it has ended, a queue is pressure again, after two scrapes.
+        let busy = ledger(500, 4);
+        let after = [(reading(2, 2, 0.9), busy), (reading(2, 2, 0.9), busy)];
+        assert_eq!(scales(&mut p, &after), [900, 810]);
     }
 
     #[test]

@@ -10,6 +10,7 @@ const NEED: Need = Need {
     output_tokens: 0,
     sequences: 1,
     alone: None,
+    in_turns: false,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -194,6 +195,40 @@ async fn preemptions_shrink_the_ledger_and_calm_grows_it_back() {
         seen,
         [800, 800, 850, 850, 850, 900, 900, 900, 950, 950, 950, 1000]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_engines_queue_while_a_request_runs_in_turns_there_leaves_the_ledger_alone() {
+    let (mut s, adm, _) = scraper(FeedbackConfig {
+        enabled: true,
+        ..FeedbackConfig::default()
+    });
+    // 20 sequences on a batch of 8: the engine runs 8 and keeps 12 waiting until theirs end.
+    let turns = adm
+        .admit(
+            "a",
+            Priority::Standard,
+            Need {
+                sequences: 20,
+                ..NEED
+            },
+        )
+        .await
+        .expect("in turns");
+    for _ in 0..4 {
+        s.take(text(12, 0));
+    }
+    assert_eq!(effective(&adm), 1000);
+    // A queue beside requests that run at once is the ledger's: two scrapes in a row shrink it.
+    drop(turns);
+    let _lease = adm
+        .admit("a", Priority::Standard, NEED)
+        .await
+        .expect("room");
+    s.take(text(3, 0));
+    assert_eq!(effective(&adm), 1000);
+    s.take(text(3, 0));
+    assert_eq!(effective(&adm), 900);
 }
 
 #[tokio::test(start_paused = true)]

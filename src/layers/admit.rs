@@ -419,6 +419,7 @@ mod tests {
                     output_tokens: 0,
                     sequences: 1,
                     alone: None,
+                    in_turns: false,
                 },
             )
             .await
@@ -464,6 +465,7 @@ mod tests {
                     output_tokens: 0,
                     sequences: 1,
                     alone: None,
+                    in_turns: false,
                 },
             )
             .await

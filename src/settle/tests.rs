@@ -107,6 +107,7 @@ impl World {
             output_tokens: 80,
             sequences: 1,
             alone: None,
+            in_turns: false,
         };
         let lease = (self.admission.admit("a", Priority::Standard, need))
             .await

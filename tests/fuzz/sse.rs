@@ -431,6 +431,7 @@ fn meter(frames: Vec<Bytes>, case: &Case) -> (Vec<u8>, Settlement) {
                     output_tokens: case.reserved,
                     sequences: 1,
                     alone: None,
+                    in_turns: false,
                 },
             )
             .await
