@@ -3,8 +3,8 @@
 //!
 //! Your code says who the tenant is and what the request costs (here from two headers: the
 //! prompt's tokens and the output asked for; your own tokenizer would go there): it prices the
-//! request, an `Arc<Tenant>` and a `Cost` beside it (`Priced`). tokengate's charge layer charges the
-//! tenant's prefill, decode and request buckets (a 429 with `retry-after` and `x-ratelimit-*`
+//! request, an `Arc<Tenant>` and a `Cost` beside it (`Priced`). tokengate's charge layer charges
+//! the tenant's prefill, decode and request buckets (a 429 with `retry-after` and `x-ratelimit-*`
 //! when they are short) and its admission layer leases the request's KV footprint on the
 //! backend (a 503 when the cache is full). Your service takes the request `Ticketed`, owning its
 //! `Ticket` while it works: dropping it settles, giving back the decode tokens not produced, or

@@ -7,8 +7,8 @@
 //! `app::build` makes every part from a config, as `tokengate serve` does; each layer takes
 //! only its own part of it. Your service takes the request `Ticketed`: the request `Counted`
 //! (its head, the parsed request, `GenerationRequest`, and its sequences) and its `Ticket`,
-//! which it owns while it works: ending it (or dropping it: the client went) settles, giving back the output
-//! tokens not produced, and writes the request's record.
+//! which it owns while it works: ending it (or dropping it: the client went) settles, giving
+//! back the output tokens not produced, and writes the request's record.
 //!
 //! `cargo run --example whole_chain` sends a few requests through it in-process and prints the
 //! answers; `cargo test --example whole_chain` checks them. Both need the tokenizer that

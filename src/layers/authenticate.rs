@@ -2,8 +2,9 @@
 //! (a reload swaps it whole); the request goes on [`Authenticated`], its tenant beside it, with
 //! its [`Priority`](crate::admission::Priority) in its extensions (the tenant's class, or the
 //! lower one its `x-tokengate-priority` header asks for), and the tenant is noted in the
-//! request's [`Pending`] record and its trace when it has them. A missing or unknown key is a 401; a header asking for a class above the
-//! tenant's, or for none, a 400 before anything is counted.
+//! request's [`Pending`] record and its trace when it has them. A missing or unknown key is a
+//! 401; a header asking for a class above the tenant's, or for none, a 400 before anything is
+//! counted.
 
 use super::step::{Step, StepLayer};
 use crate::error::ApiError;

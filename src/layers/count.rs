@@ -181,7 +181,7 @@ where
         Box::pin(async move {
             let span = crate::otel::step(req.request.extensions(), crate::otel::Step::Count);
             let req = counter.count(req).await?;
-            crate::otel::counted(req.request.request.extensions(), &req.request.parsed);
+            crate::otel::counted(req.request.extensions(), &req.request.parsed);
             drop(span);
             inner.call(req).await.map_err(Into::into)
         })
@@ -288,8 +288,8 @@ impl Counter {
         Some(refusal.into())
     }
 
-    /// Steps 6-7 on one request: its [`Cost`] beside it, its parsed form in its extensions,
-    /// its body spent.
+    /// Steps 6-7 on one request: [`Counted`] (its parsed form beside its head, its body spent)
+    /// and [`Priced`] (its [`Cost`] beside that).
     async fn count<B>(
         &self,
         req: Authenticated<Request<Bounded<B>>>,

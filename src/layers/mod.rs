@@ -25,8 +25,8 @@
 //! Every layer's error is an [`ApiError`](crate::error::ApiError) (its inner service's error
 //! converts into one), and none reads the body but the counting layer, so the charge and
 //! admission layers go in front of any service with any body type: the user's own code can
-//! price a request (see `examples/limit_my_service.rs`). A [`Pending`](crate::record::Pending) record is optional:
-//! without the record layer nothing is recorded.
+//! price a request (see `examples/limit_my_service.rs`). A [`Pending`](crate::record::Pending)
+//! record is optional: without the record layer nothing is recorded.
 
 pub mod admit;
 pub mod authenticate;
