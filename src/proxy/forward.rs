@@ -218,7 +218,7 @@ impl Backends {
     /// Steps 10-11: send to the leased backend as `sent` says and meter the answer.
     async fn forward(
         &self,
-        mut req: GenerationRequest,
+        mut req: Box<GenerationRequest>,
         sent: Sent,
         mut admitted: Admitted,
     ) -> Result<Response<GatewayBody>, ApiError> {
