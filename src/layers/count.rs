@@ -341,8 +341,9 @@ impl Counter {
                     max_model_len: config.model.max_model_len,
                     vision: &config.vision_rules,
                 };
-                // Forwarded as sent where the rewrite changes nothing.
-                api::parse_generation(route, body, &limits)
+                // Forwarded as sent where the rewrite changes nothing. Boxed from here: the
+                // request moves through every step after this one.
+                api::parse_generation(route, body, &limits).map(Box::new)
             })
             .await?;
         // A refusal from here on is recorded with the model it named.
@@ -497,7 +498,7 @@ impl Counter {
         let counted = Counted {
             request: Request::from_parts(parts, Empty::new()),
             route,
-            parsed: Box::new(parsed),
+            parsed,
             sequences: runs,
         };
         Ok(Priced {
