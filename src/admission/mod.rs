@@ -250,7 +250,11 @@ impl State {
                 in_turns: true,
                 ..need
             },
-            _ => need,
+            // Whether a need runs in turns is the admission's to say, not its caller's.
+            _ => Need {
+                in_turns: false,
+                ..need
+            },
         }
     }
 }
@@ -956,6 +960,18 @@ mod tests {
             shared_prompt_blocks: false,
             lookahead_tokens: 0,
         }
+    }
+
+    /// A need that fits the batch runs at once, whatever its caller said of turns.
+    #[tokio::test]
+    async fn only_the_admission_says_a_need_runs_in_turns() {
+        let adm = admission(vec![backend("b", 1000, 4)], 4);
+        let said = Need {
+            in_turns: true,
+            ..need(100)
+        };
+        let _lease = adm.admit("a", Standard, said).await.expect("room");
+        assert!(!adm.runs_in_turns(0));
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! The main listener's routes answered without the backend: `POST /tokenize`,
 //! `POST /detokenize` and `POST /v1/messages/count_tokens` (locally, in vLLM's shape) and
-//! `GET /v1/models` (from the backends) and TGI's `GET /info` (from the config). Both come after the authenticate
-//! layer, whose `Arc<Tenant>` they find in the request's extensions.
+//! `GET /v1/models` (from the backends) and TGI's `GET /info` (from the config). Both come after the
+//! authenticate layer: they take the request [`Authenticated`], its tenant beside it.
 //!
 //! `/tokenize` and `count_tokens` cost one request from the tenant's requests bucket and a
 //! prefill token per [`COUNTED_PER_TOKEN`] tokens counted (nothing is taken when they are
