@@ -34,6 +34,16 @@ impl<'a> Chunk<'a> {
         }
     }
 
+    /// A stream event's bytes read by the shape of the events before it
+    /// ([`sse::Chunk::parse_shaped_sse_event`]: most events of an OpenAI stream), without
+    /// taking its [`sse::data`] first; `None` when it must be read with [`Chunk::of_event`].
+    pub fn of_shaped_event(wire: Wire, event: &'a [u8], head: &sse::EventHead) -> Option<Self> {
+        match wire {
+            Wire::OpenAi => sse::Chunk::parse_shaped_sse_event(event, head).map(Chunk::OpenAi),
+            _ => None,
+        }
+    }
+
     /// [`Chunk::of`] a stream event's [`sse::data`] (text, so not checked for UTF-8 again),
     /// with what the stream's events begin with (an OpenAI stream's head is read once).
     pub fn of_event(wire: Wire, data: &'a str, head: &mut sse::EventHead) -> Self {

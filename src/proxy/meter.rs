@@ -481,13 +481,20 @@ fn filter(
     // The events the client does not get (by their place in `split.events`): rarely any.
     let mut left_out = Vec::new();
     for (i, event) in split.events.iter().enumerate() {
-        let data = sse::payload(wire.framing(), event);
-        let chunk = Chunk::of_event(wire, &data, head);
+        let data;
+        let (chunk, ends_answer) = match Chunk::of_shaped_event(wire, event, head) {
+            // A content string between the bytes of an event before it: no answer's end.
+            Some(chunk) => (chunk, false),
+            None => {
+                data = sse::payload(wire.framing(), event);
+                (Chunk::of_event(wire, &data, head), wire.ends_answer(&data))
+            }
+        };
         if let Some(a) = admitted.as_mut() {
             progressed |= a.observe_event(&chunk, &mut now);
             // The answer is whole: a client that closes now, before the backend's body ends,
             // was answered, not cut off (what may still come is metered all the same).
-            if wire.ends_answer(&data) {
+            if ends_answer {
                 a.answered_whole();
                 progressed = true;
             }
