@@ -76,8 +76,15 @@ impl SseSplitter {
         }
         if self.buf.is_empty() {
             // One search of the whole read for the byte that may end an event.
-            let mut taken = 0;
-            for at in memchr::memchr_iter(self.framing.end_byte(), &bytes) {
+            let end = self.framing.end_byte();
+            let (mut taken, mut from) = (0, 0);
+            while let Some(found) = memchr::memchr(end, &bytes[from..]) {
+                let mut at = from + found;
+                // The usual event ends in two: the second is looked at here, not searched for.
+                if !ends_event(self.framing, &bytes[taken..at]) && bytes.get(at + 1) == Some(&end) {
+                    at += 1;
+                }
+                from = at + 1;
                 if !ends_event(self.framing, &bytes[taken..at]) {
                     continue;
                 }
