@@ -80,14 +80,16 @@ impl SseSplitter {
             let (mut taken, mut from) = (0, 0);
             while let Some(found) = memchr::memchr(end, &bytes[from..]) {
                 let mut at = from + found;
-                // The usual event ends in two: the second is looked at here, not searched for.
-                if !ends_event(self.framing, &bytes[taken..at]) && bytes.get(at + 1) == Some(&end) {
+                if !ends_event(self.framing, &bytes[taken..at]) {
+                    // The usual event ends in two: the second is looked at here, not searched
+                    // for (an SSE event ends at any `\n` after a `\n`).
+                    if bytes.get(at + 1) != Some(&end) {
+                        from = at + 1;
+                        continue;
+                    }
                     at += 1;
                 }
                 from = at + 1;
-                if !ends_event(self.framing, &bytes[taken..at]) {
-                    continue;
-                }
                 if at + 1 - taken > self.max_event_bytes {
                     break;
                 }
